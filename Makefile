@@ -1,0 +1,63 @@
+# ipcref: the single header is generated from src/ and committed.
+#   make            regenerate ipcref.h if src/ changed, then check it
+#   make test       the whole suite (tests/run.sh)
+#   make demo       build and run the examples
+#   make bench      our workloads beside the peers', as ratios
+#   make format     clang-format the sources (format-check: only look)
+#   make install    headers and ipcref.pc under $(DESTDIR)$(PREFIX)
+
+PREFIX   ?= /usr/local
+DESTDIR  ?=
+PYTHON   ?= python3
+CC       ?= cc
+BUILD_DIR ?= ./build
+CFLAGS   ?= -O2 -Wall -Wextra -Wpedantic -Werror
+
+LAYERS  := $(wildcard src/*.h) src/manual.txt src/licence.txt
+HEADERS := ipcref.h $(wildcard ipcref_cuda.h ipcref_hip.h)
+FORMATTED := $(wildcard src/*.h tests/*.c tests/*.h tests/compile/*.c \
+                        examples/*.c bench/*.c) $(HEADERS)
+EXAMPLES := threads_demo
+
+.PHONY: all check test demo bench format format-check install uninstall clean
+
+all: ipcref.h check
+
+ipcref.h: $(LAYERS) tools/amalgamate.py
+	$(PYTHON) tools/amalgamate.py
+
+check:
+	@$(PYTHON) tools/amalgamate.py --check
+
+test: all
+	@bash tests/run.sh
+
+demo: ipcref.h
+	@mkdir -p $(BUILD_DIR)
+	@for e in $(EXAMPLES); do \
+	  $(CC) $(CFLAGS) -std=c11 -I. examples/$$e.c -o $(BUILD_DIR)/$$e -pthread && \
+	  $(BUILD_DIR)/$$e || exit 1; \
+	done
+
+bench: ipcref.h
+	@bash bench/run.sh
+
+format:
+	clang-format -i $(filter-out ipcref.h,$(FORMATTED))
+	$(PYTHON) tools/amalgamate.py
+
+format-check:
+	@clang-format --dry-run --Werror $(FORMATTED)
+
+install: ipcref.h
+	install -d $(DESTDIR)$(PREFIX)/include $(DESTDIR)$(PREFIX)/lib/pkgconfig
+	install -m 644 $(HEADERS) $(DESTDIR)$(PREFIX)/include/
+	sed -e 's|@PREFIX@|$(PREFIX)|' -e "s|@VERSION@|$$(sed -n 's/^#define IPCREF_VERSION_STRING "\(.*\)"/\1/p' ipcref.h)|" \
+	  tools/ipcref.pc.in > $(DESTDIR)$(PREFIX)/lib/pkgconfig/ipcref.pc
+
+uninstall:
+	rm -f $(addprefix $(DESTDIR)$(PREFIX)/include/,$(HEADERS)) \
+	  $(DESTDIR)$(PREFIX)/lib/pkgconfig/ipcref.pc
+
+clean:
+	rm -rf $(BUILD_DIR)

@@ -1,0 +1,379 @@
+/* buf: an atomically reference-counted allocation, in the manner of Rust's
+ * Arc. One allocation holds the header and the data; strong references keep
+ * the data alive, weak references keep only the header. */
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* A buffer: opaque. Handles are plain pointers; each one you hold is one
+ * strong reference. */
+typedef struct ipcref_buf ipcref_buf;
+/* A weak reference to a buffer: keeps its header, not its data. */
+typedef struct ipcref_weak ipcref_weak;
+
+/* Allocates a buffer of `size` bytes whose data is 64-byte aligned and not
+ * initialized. The new buffer has one strong reference, returned in *out.
+ * Errors: EINVAL (out is NULL), ERANGE (size too large to represent),
+ * ENOMEM. On error *out is left unchanged. */
+IPCREF_API ipcref_result ipcref_buf_new(size_t size, ipcref_buf **out);
+
+/* As ipcref_buf_new, with the data aligned to `align`, a power of two.
+ * Errors: EINVAL (out is NULL, align is 0 or not a power of two), ERANGE,
+ * ENOMEM. */
+IPCREF_API ipcref_result ipcref_buf_new_aligned(size_t size, size_t align,
+                                                ipcref_buf **out);
+
+/* As ipcref_buf_new_aligned, with the header and data taken from
+ * `allocator` (copied; its `user` must outlive the buffer). The buffer is
+ * returned to the same allocator. A NULL allocator means the default.
+ * Errors: as ipcref_buf_new_aligned, and EINVAL for an allocator whose
+ * alloc or free is NULL. */
+IPCREF_API ipcref_result ipcref_buf_new_in(const ipcref_allocator *allocator,
+                                           size_t size, size_t align,
+                                           ipcref_buf **out);
+
+/* Adopts memory the caller allocated. When the last strong reference goes,
+ * `release(user, data)` is called exactly once (a NULL release means the
+ * memory is borrowed and nothing is called). On error nothing is adopted,
+ * `release` is never called, and the caller still owns `data`.
+ * Errors: EINVAL (out is NULL, or data is NULL with a non-zero size),
+ * ERANGE (size larger than PTRDIFF_MAX), ENOMEM (for the header). */
+IPCREF_API ipcref_result ipcref_buf_wrap(void *data, size_t size,
+                                         void (*release)(void *user,
+                                                         void *data),
+                                         void *user, ipcref_buf **out);
+
+/* Takes one more strong reference and returns `b` (NULL gives NULL). The
+ * caller must already hold one. Cannot fail: past 2^31-1 references the
+ * count saturates, the buffer is never freed (a leak, never a premature
+ * free), and the error hook hears IPCREF_ESATURATED. */
+IPCREF_API ipcref_buf *ipcref_buf_retain(ipcref_buf *b);
+
+/* Drops one strong reference; the last one releases the data, and the
+ * header too unless weak references remain. NULL is a no-op. A release on a
+ * buffer whose count is already zero is refused and reported to the error
+ * hook as IPCREF_EDEAD (every time); it never frees twice. */
+IPCREF_API void ipcref_buf_release(ipcref_buf *b);
+
+/* The data pointer (NULL for NULL). Reading through it is always allowed
+ * while you hold a reference; writing needs ipcref_buf_get_mut. */
+IPCREF_API void *ipcref_buf_data(const ipcref_buf *b);
+
+/* The size in bytes (0 for NULL). */
+IPCREF_API size_t ipcref_buf_size(const ipcref_buf *b);
+
+/* The number of strong references, read without synchronization (another
+ * thread may change it at once). SIZE_MAX once saturated; 0 for NULL. */
+IPCREF_API size_t ipcref_buf_strong_count(const ipcref_buf *b);
+
+/* The number of weak references (not counting the one all strong
+ * references share), read without synchronization; 0 for NULL. */
+IPCREF_API size_t ipcref_buf_weak_count(const ipcref_buf *b);
+
+/* 1 when the caller's reference is the only one, strong or weak, else 0
+ * (also for NULL). While it holds, nobody else can gain a reference. */
+IPCREF_API int ipcref_buf_is_unique(ipcref_buf *b);
+
+/* A writable pointer to the data when the caller's reference is the only
+ * one, strong or weak; NULL when the buffer is shared (or b is NULL). */
+IPCREF_API void *ipcref_buf_get_mut(ipcref_buf *b);
+
+/* Copy-on-write. When *b is unique this does nothing. Otherwise it copies
+ * the data into a new buffer (same size and alignment), releases the
+ * caller's reference to the old one and stores the new one in *b; weak
+ * references keep pointing at the old buffer. Afterwards
+ * ipcref_buf_get_mut(*b) succeeds. Errors: EINVAL (b or *b is NULL),
+ * ENOMEM (*b unchanged). */
+IPCREF_API ipcref_result ipcref_buf_make_mut(ipcref_buf **b);
+
+/* A new weak reference to `b` (the caller holds a strong one); NULL gives
+ * NULL. Cannot fail (saturates like ipcref_buf_retain). */
+IPCREF_API ipcref_weak *ipcref_buf_downgrade(ipcref_buf *b);
+
+/* A new strong reference, or NULL once the data is gone (or w is NULL).
+ * Never revives a buffer whose last strong reference is being released on
+ * another thread at the same moment. */
+IPCREF_API ipcref_buf *ipcref_weak_upgrade(ipcref_weak *w);
+
+/* Drops a weak reference; the last reference of all frees the header.
+ * NULL is a no-op. */
+IPCREF_API void ipcref_weak_release(ipcref_weak *w);
+
+#ifdef IPCREF_TEST_HOOKS
+/* Tests only: overwrite the raw counters (the weak one includes the
+ * reference all strong ones share). */
+IPCREF_API void ipcref_test_set_counts(ipcref_buf *b, int32_t strong,
+                                       int32_t weak);
+#endif
+
+#ifdef __cplusplus
+}
+#endif
+
+/* @implementation */
+
+/* The counters are signed 32-bit, as in Linux's refcount_t. A count that
+ * would pass INT32_MAX, or that is found at zero or below when it must not
+ * be, is pinned at IPCREF__SATURATED: far from both zero and the overflow
+ * edge, so that racing increments and decrements cannot bring it back to a
+ * value that frees. A saturated buffer leaks; it is never freed early. */
+#define IPCREF__SATURATED ((int32_t)(INT32_MIN / 2))
+/* The weak count is "locked" with this value while is_unique looks at the
+ * strong count, so that no weak reference can be upgraded meanwhile. */
+#define IPCREF__WEAK_LOCKED INT32_MIN
+
+struct ipcref_buf {
+  int32_t strong; /* atomic */
+  int32_t weak;   /* atomic; strong references together hold one */
+  void *data;
+  size_t size;
+  size_t align;
+  void (*release)(void *user, void *data); /* NULL: data is inline */
+  void *release_user;
+  ipcref_allocator allocator; /* allocated the header (and inline data) */
+  size_t alloc_size;
+};
+
+/* The slow path of every counter change that found `old` where it must not
+ * be. A dead object (old == 0) stays dead: the count goes back to zero, so
+ * that no later release can free it again and no upgrade can revive it.
+ * An overflow pins the count at IPCREF__SATURATED for good. */
+IPCREF_PRIVATE IPCREF__NOINLINE void
+ipcref__saturate(int32_t *counter, int32_t old, const char *what) {
+  if (old == 0) {
+    __atomic_store_n(counter, 0, __ATOMIC_RELAXED);
+    ipcref__report(IPCREF_EDEAD, what);
+    return;
+  }
+  __atomic_store_n(counter, IPCREF__SATURATED, __ATOMIC_RELAXED);
+  if (old > 0) ipcref__report(IPCREF_ESATURATED, what);
+  /* old < 0: already saturated; keep it pinned and stay quiet. */
+}
+
+IPCREF_PRIVATE ipcref_result ipcref__buf_alloc(const ipcref_allocator *a,
+                                               size_t size, size_t align,
+                                               ipcref_buf **out) {
+  size_t total, addr;
+  unsigned char *raw;
+  ipcref_buf *b;
+  if (!out || align == 0 || (align & (align - 1)) != 0) return IPCREF_EINVAL;
+  if (!a) a = &ipcref__default_allocator;
+  if (!a->alloc || !a->free) return IPCREF_EINVAL;
+  if (size > (size_t)PTRDIFF_MAX) return IPCREF_ERANGE;
+  if (!ipcref__add_size(sizeof(ipcref_buf), align - 1, &total) ||
+      !ipcref__add_size(total, size, &total) || total > (size_t)PTRDIFF_MAX)
+    return IPCREF_ERANGE;
+  raw = (unsigned char *)a->alloc(a->user, total);
+  if (!raw) return IPCREF_ENOMEM;
+  b = (ipcref_buf *)(void *)raw;
+  addr = (size_t)(uintptr_t)(raw + sizeof(ipcref_buf));
+  addr = (addr + align - 1) & ~(align - 1);
+  b->strong = 1;
+  b->weak = 1;
+  b->data = raw + (addr - (size_t)(uintptr_t)raw);
+  b->size = size;
+  b->align = align;
+  b->release = NULL;
+  b->release_user = NULL;
+  b->allocator = *a;
+  b->alloc_size = total;
+  *out = b;
+  return IPCREF_OK;
+}
+
+IPCREF_API ipcref_result ipcref_buf_new(size_t size, ipcref_buf **out) {
+  return ipcref__buf_alloc(NULL, size, 64, out);
+}
+
+IPCREF_API ipcref_result ipcref_buf_new_aligned(size_t size, size_t align,
+                                                ipcref_buf **out) {
+  return ipcref__buf_alloc(NULL, size, align, out);
+}
+
+IPCREF_API ipcref_result ipcref_buf_new_in(const ipcref_allocator *allocator,
+                                           size_t size, size_t align,
+                                           ipcref_buf **out) {
+  return ipcref__buf_alloc(allocator, size, align, out);
+}
+
+IPCREF_API ipcref_result ipcref_buf_wrap(void *data, size_t size,
+                                         void (*release)(void *user,
+                                                         void *data),
+                                         void *user, ipcref_buf **out) {
+  ipcref_buf *b;
+  ipcref_result r;
+  if (!out || (!data && size != 0)) return IPCREF_EINVAL;
+  if (size > (size_t)PTRDIFF_MAX) return IPCREF_ERANGE;
+  r = ipcref__buf_alloc(NULL, 0, 1, &b);
+  if (r != IPCREF_OK) return r;
+  b->data = data;
+  b->size = size;
+  b->align = 1;
+  b->release = release;
+  b->release_user = user;
+  *out = b;
+  return IPCREF_OK;
+}
+
+IPCREF_API ipcref_buf *ipcref_buf_retain(ipcref_buf *b) {
+  int32_t old;
+  if (!b) return NULL;
+  /* Relaxed is enough: the caller's own reference keeps the buffer alive,
+   * and handing the new reference to another thread synchronizes by
+   * itself (Arc, Boost). The check after the add catches overflow and a
+   * retain on a dead buffer; both pin the count instead of wrapping. */
+  old = __atomic_fetch_add(&b->strong, 1, __ATOMIC_RELAXED);
+  if (IPCREF__UNLIKELY(old <= 0 || old == INT32_MAX))
+    ipcref__saturate(&b->strong, old, "retain on a dead or saturated buffer");
+  return b;
+}
+
+IPCREF_PRIVATE void ipcref__weak_drop(ipcref_buf *b) {
+  int32_t old = __atomic_fetch_sub(&b->weak, 1, __ATOMIC_RELEASE);
+  if (IPCREF__LIKELY(old != 1)) {
+    if (IPCREF__UNLIKELY(old <= 0))
+      ipcref__saturate(&b->weak, old, "weak release on a dead buffer");
+    return;
+  }
+  IPCREF__ACQUIRE_FENCE(&b->weak);
+  b->allocator.free(b->allocator.user, b, b->alloc_size);
+}
+
+IPCREF_PRIVATE IPCREF__NOINLINE void ipcref__buf_drop_slow(ipcref_buf *b) {
+  if (b->release) b->release(b->release_user, b->data);
+  /* The implicit weak reference the strong ones shared goes last. */
+  ipcref__weak_drop(b);
+}
+
+IPCREF_API void ipcref_buf_release(ipcref_buf *b) {
+  int32_t old;
+  if (!b) return;
+  /* Release ordering: every use of the data by this thread happens before
+   * the decrement. The thread that brings the count to zero then fences
+   * with acquire, so all other threads' uses happen before the free. */
+  old = __atomic_fetch_sub(&b->strong, 1, __ATOMIC_RELEASE);
+  if (IPCREF__LIKELY(old != 1)) {
+    if (IPCREF__UNLIKELY(old <= 0))
+      ipcref__saturate(&b->strong, old, "release on a dead buffer");
+    return;
+  }
+  IPCREF__ACQUIRE_FENCE(&b->strong);
+  ipcref__buf_drop_slow(b);
+}
+
+IPCREF_API void *ipcref_buf_data(const ipcref_buf *b) {
+  return b ? b->data : NULL;
+}
+
+IPCREF_API size_t ipcref_buf_size(const ipcref_buf *b) {
+  return b ? b->size : 0;
+}
+
+IPCREF_API size_t ipcref_buf_strong_count(const ipcref_buf *b) {
+  int32_t n;
+  if (!b) return 0;
+  n = __atomic_load_n(&b->strong, __ATOMIC_RELAXED);
+  return n < 0 ? SIZE_MAX : (size_t)n;
+}
+
+IPCREF_API size_t ipcref_buf_weak_count(const ipcref_buf *b) {
+  int32_t w, s;
+  if (!b) return 0;
+  w = __atomic_load_n(&b->weak, __ATOMIC_RELAXED);
+  s = __atomic_load_n(&b->strong, __ATOMIC_RELAXED);
+  if (w == IPCREF__WEAK_LOCKED) return 0; /* locked only when it was 1 */
+  if (w < 0) return SIZE_MAX;
+  /* While strong references exist they share one weak reference. */
+  return (size_t)w - (s != 0 && w > 0 ? 1u : 0u);
+}
+
+IPCREF_API int ipcref_buf_is_unique(ipcref_buf *b) {
+  int unique;
+  int32_t one = 1;
+  if (!b) return 0;
+  /* Lock the weak count at 1 (no weak references) so that no upgrade can
+   * race with the look at the strong count; acquire pairs with the release
+   * in weak_release so that a weak holder's last use came before. */
+  if (!__atomic_compare_exchange_n(&b->weak, &one, IPCREF__WEAK_LOCKED, 0,
+                                   __ATOMIC_ACQUIRE, __ATOMIC_RELAXED))
+    return 0;
+  unique = __atomic_load_n(&b->strong, __ATOMIC_ACQUIRE) == 1;
+  __atomic_store_n(&b->weak, 1, __ATOMIC_RELEASE);
+  return unique;
+}
+
+IPCREF_API void *ipcref_buf_get_mut(ipcref_buf *b) {
+  return ipcref_buf_is_unique(b) ? b->data : NULL;
+}
+
+IPCREF_API ipcref_result ipcref_buf_make_mut(ipcref_buf **pb) {
+  ipcref_buf *old, *copy;
+  ipcref_result r;
+  if (!pb || !*pb) return IPCREF_EINVAL;
+  old = *pb;
+  if (ipcref_buf_is_unique(old)) return IPCREF_OK;
+  /* Inline buffers copy into their own allocator; adopted memory (whose
+   * owner we do not know) into the default one. */
+  r = ipcref__buf_alloc(old->release ? NULL : &old->allocator, old->size,
+                        old->align, &copy);
+  if (r != IPCREF_OK) return r;
+  if (old->size) memcpy(copy->data, old->data, old->size);
+  *pb = copy;
+  ipcref_buf_release(old);
+  return IPCREF_OK;
+}
+
+IPCREF_API ipcref_weak *ipcref_buf_downgrade(ipcref_buf *b) {
+  int32_t cur;
+  if (!b) return NULL;
+  cur = __atomic_load_n(&b->weak, __ATOMIC_RELAXED);
+  for (;;) {
+    if (cur == IPCREF__WEAK_LOCKED) { /* is_unique is looking: brief */
+      cur = __atomic_load_n(&b->weak, __ATOMIC_RELAXED);
+      continue;
+    }
+    if (cur < 0) break; /* saturated: stays pinned */
+    if (cur == INT32_MAX) {
+      ipcref__saturate(&b->weak, cur, "weak count saturated");
+      break;
+    }
+    /* Acquire pairs with the release store that unlocks is_unique. */
+    if (__atomic_compare_exchange_n(&b->weak, &cur, cur + 1, 1,
+                                    __ATOMIC_ACQUIRE, __ATOMIC_RELAXED))
+      break;
+  }
+  return (ipcref_weak *)(void *)b;
+}
+
+IPCREF_API ipcref_buf *ipcref_weak_upgrade(ipcref_weak *w) {
+  ipcref_buf *b = (ipcref_buf *)(void *)w;
+  int32_t cur;
+  if (!b) return NULL;
+  cur = __atomic_load_n(&b->strong, __ATOMIC_RELAXED);
+  for (;;) {
+    /* Never from zero: a buffer whose last strong reference went (or is
+     * going on another thread) stays dead. */
+    if (cur == 0) return NULL;
+    if (cur < 0) return b; /* saturated: the data never dies */
+    if (cur == INT32_MAX) {
+      ipcref__saturate(&b->strong, cur, "strong count saturated");
+      return b;
+    }
+    if (__atomic_compare_exchange_n(&b->strong, &cur, cur + 1, 1,
+                                    __ATOMIC_ACQUIRE, __ATOMIC_RELAXED))
+      return b;
+  }
+}
+
+IPCREF_API void ipcref_weak_release(ipcref_weak *w) {
+  if (w) ipcref__weak_drop((ipcref_buf *)(void *)w);
+}
+
+#ifdef IPCREF_TEST_HOOKS
+IPCREF_API void ipcref_test_set_counts(ipcref_buf *b, int32_t strong,
+                                       int32_t weak) {
+  __atomic_store_n(&b->strong, strong, __ATOMIC_SEQ_CST);
+  __atomic_store_n(&b->weak, weak, __ATOMIC_SEQ_CST);
+}
+#endif

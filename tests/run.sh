@@ -1,0 +1,146 @@
+#!/usr/bin/env bash
+# The whole test suite: what `make test` runs. Every step prints one line;
+# the output of a step that fails follows it. The last line is the sum:
+# "N passed, N failed" (test binaries count their own cases, other steps
+# count one each). IPCREF_REQUIRE_ALL=1 turns every skip into a failure.
+set -u
+cd "$(dirname "$0")/.."
+ROOT=$PWD
+B=${BUILD_DIR:-$ROOT/build/test}
+mkdir -p "$B"
+LOG=$B/log
+REQUIRE_ALL=${IPCREF_REQUIRE_ALL:-0}
+PASSED=0
+FAILED=0
+SKIPPED=0
+
+# The suites, as test names under tests/ (tests/NAME.c).
+SUITE="test_buf test_threads"
+THREADED="test_threads" # also run under TSan
+WARN="-Wall -Wextra -Wpedantic -Werror"
+export IPCREF_TEST_OPS=${IPCREF_TEST_OPS:-1000000}
+
+have() { command -v "$1" >/dev/null 2>&1; }
+pass() { PASSED=$((PASSED + ${2:-1})); printf 'ok    %s\n' "$1"; }
+fail() {
+  FAILED=$((FAILED + ${2:-1}))
+  printf 'FAIL  %s\n' "$1"
+  [ -s "$LOG" ] && sed 's/^/      | /' "$LOG" | tail -n 60
+}
+skip() {
+  if [ "$REQUIRE_ALL" = 1 ]; then
+    fail "$1 (skipped: $2; IPCREF_REQUIRE_ALL=1 forbids skips)"
+  else
+    SKIPPED=$((SKIPPED + 1)); printf 'skip  %s (%s)\n' "$1" "$2"
+  fi
+}
+
+# step NAME CMD...: one check; passes when CMD exits 0.
+step() {
+  local name=$1; shift
+  if "$@" >"$LOG" 2>&1; then pass "$name"; else fail "$name"; fi
+}
+
+# run_tests LABEL PREFIX-CMD... -- BINARIES...: runs each test binary and adds
+# the counts from its "N passed, N failed" line.
+run_tests() {
+  local label=$1; shift
+  local prefix=()
+  while [ "$1" != "--" ]; do prefix+=("$1"); shift; done
+  shift
+  local bin p f rc
+  for bin in "$@"; do
+    "${prefix[@]}" "$B/$bin" >"$LOG" 2>&1
+    rc=$?
+    read -r p f < <(sed -n 's/^\([0-9]*\) passed, \([0-9]*\) failed$/\1 \2/p' "$LOG" | tail -n 1)
+    p=${p:-0}; f=${f:-0}
+    if [ $rc -eq 0 ] && [ "$f" = 0 ] && [ "$p" -gt 0 ]; then
+      pass "$label: $(basename "$bin") ($p cases)" "$p"
+    else
+      [ "$f" = 0 ] && f=1
+      fail "$label: $(basename "$bin") (exit $rc, $p passed, $f failed)" "$f"
+      PASSED=$((PASSED + p))
+    fi
+  done
+}
+
+# build_suite DIR CC FLAGS...: builds every suite test into $B/DIR.
+build_suite() {
+  local dir=$1 cc=$2; shift 2
+  local t ok=0
+  mkdir -p "$B/$dir"
+  for t in $SUITE; do
+    "$cc" "$@" -I"$ROOT" "tests/$t.c" -o "$B/$dir/$t" -pthread >"$LOG" 2>&1 || ok=1
+    [ $ok = 0 ] || { fail "build $dir/$t with $cc"; return 1; }
+  done
+  return 0
+}
+
+suite_bins() { local d=$1 t; for t in $SUITE; do printf '%s ' "$d/$t"; done; }
+
+# ---------------------------------------------------------------- generated header
+step "ipcref.h matches src/ (tools/amalgamate.py --check)" python3 tools/amalgamate.py --check
+
+# ---------------------------------------------------------------- formatting
+if have clang-format; then
+  step "clang-format (make format-check)" make -s format-check
+else
+  skip "clang-format (make format-check)" "clang-format not installed"
+fi
+
+# ---------------------------------------------------------------- the suite, gcc and clang at -O2
+build_suite gcc gcc -O2 -std=c11 $WARN && run_tests "gcc -O2" -- $(suite_bins gcc)
+if have clang; then
+  build_suite clang clang -O2 -std=c11 $WARN && run_tests "clang -O2" -- $(suite_bins clang)
+else
+  skip "clang -O2 suite" "clang not installed"
+fi
+
+# ---------------------------------------------------------------- sanitizers
+if have clang; then
+  SAN="-fsanitize=address,undefined -fno-sanitize-recover=all -fno-omit-frame-pointer"
+  build_suite asan clang -O1 -g -std=c11 $WARN $SAN &&
+    ASAN_OPTIONS=detect_leaks=1:abort_on_error=1:allocator_may_return_null=1 UBSAN_OPTIONS=print_stacktrace=1 \
+      run_tests "ASan+UBSan" -- $(suite_bins asan)
+  mkdir -p "$B/tsan"
+  for t in $THREADED; do
+    if clang -O1 -g -std=c11 $WARN -fsanitize=thread -I"$ROOT" "tests/$t.c" -o "$B/tsan/$t" -pthread >"$LOG" 2>&1; then
+      TSAN_OPTIONS=halt_on_error=1 run_tests "TSan" -- "tsan/$t"
+    else
+      fail "build tsan/$t"
+    fi
+  done
+else
+  skip "ASan+UBSan suite" "clang not installed"
+  skip "TSan suite" "clang not installed"
+fi
+
+# ---------------------------------------------------------------- valgrind
+if have valgrind; then
+  IPCREF_TEST_OPS=20000 run_tests "valgrind memcheck" \
+    valgrind -q --error-exitcode=99 --leak-check=full --errors-for-leak-kinds=all \
+    --show-leak-kinds=all -- $(suite_bins gcc)
+else
+  skip "valgrind suite" "valgrind not installed"
+fi
+
+# ---------------------------------------------------------------- compile matrix
+bash tests/compile/matrix.sh "$B/compile" >"$LOG" 2>&1
+read -r p f < <(sed -n 's/^\([0-9]*\) passed, \([0-9]*\) failed$/\1 \2/p' "$LOG" | tail -n 1)
+if [ "${f:-1}" = 0 ]; then pass "compile matrix ($p builds)" "$p"; else fail "compile matrix" "${f:-1}"; PASSED=$((PASSED + ${p:-0})); fi
+
+# ---------------------------------------------------------------- README, examples, install
+step "README quick start compiles and runs" bash tests/readme_check.sh "$B/readme"
+step "examples build and run (make demo)" make -s demo BUILD_DIR="$B/demo"
+if have pkg-config; then
+  step "make install: headers and ipcref.pc usable" bash tests/install_check.sh "$B/install"
+else
+  skip "make install check" "pkg-config not installed"
+fi
+
+if [ "$SKIPPED" -gt 0 ]; then
+  printf '%s passed, %s failed, %s skipped\n' "$PASSED" "$FAILED" "$SKIPPED"
+else
+  printf '%s passed, %s failed\n' "$PASSED" "$FAILED"
+fi
+[ "$FAILED" = 0 ]

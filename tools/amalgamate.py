@@ -1,0 +1,85 @@
+#!/usr/bin/env python3
+"""Joins the layers under src/ into the single header ipcref.h.
+
+Each layer file holds its public part, a line `/* @implementation */`, then
+its implementation. The output is: the manual (src/manual.txt), the public
+parts of every layer in order inside the include guard, the implementation
+parts inside `#ifdef IPCREF_IMPLEMENTATION`, and the licence.
+
+    python3 tools/amalgamate.py            write ipcref.h
+    python3 tools/amalgamate.py --check    exit 1 if ipcref.h is stale
+    python3 tools/amalgamate.py --stdout   print instead of writing
+
+Output is deterministic (no dates, LF line ends), so the check is exact.
+"""
+import os
+import sys
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+SRC = os.path.join(ROOT, "src")
+OUT = os.path.join(ROOT, "ipcref.h")
+
+# Bottom to top: a layer uses only the ones before it.
+LAYERS = ["base", "buf"]
+MARKER = "/* @implementation */"
+
+
+def read(name):
+    with open(os.path.join(SRC, name), encoding="utf-8") as f:
+        return f.read().replace("\r\n", "\n")
+
+
+def split_layer(name):
+    text = read(name + ".h")
+    if text.count(MARKER) != 1:
+        sys.exit(f"amalgamate: src/{name}.h must contain exactly one '{MARKER}' line")
+    api, impl = text.split(MARKER)
+    return api.strip("\n"), impl.strip("\n")
+
+
+def banner(kind, name):
+    return f"/* ---- {name}: {kind} (src/{name}.h) " + "-" * max(0, 52 - len(name) - len(kind)) + " */"
+
+
+def build():
+    version = None
+    parts = [split_layer(n) for n in LAYERS]
+    for line in parts[0][0].splitlines():
+        if line.startswith("#define IPCREF_VERSION_STRING"):
+            version = line.split('"')[1]
+    manual = read("manual.txt").strip("\n").replace("@VERSION@", version or "?")
+    licence = read("licence.txt").strip("\n")
+    out = [manual, "", "#ifndef IPCREF_H_INCLUDED", "#define IPCREF_H_INCLUDED", ""]
+    for name, (api, _) in zip(LAYERS, parts):
+        out += [banner("API", name), "", api, ""]
+    out += ["#endif /* IPCREF_H_INCLUDED */", "",
+            "#if defined(IPCREF_IMPLEMENTATION) && !defined(IPCREF_IMPLEMENTATION_INCLUDED)",
+            "#define IPCREF_IMPLEMENTATION_INCLUDED", ""]
+    for name, (_, impl) in zip(LAYERS, parts):
+        out += [banner("implementation", name), "", impl, ""]
+    out += ["#endif /* IPCREF_IMPLEMENTATION */", "", licence, ""]
+    return "\n".join(out)
+
+
+def main(argv):
+    text = build()
+    if "--stdout" in argv:
+        sys.stdout.write(text)
+        return 0
+    if "--check" in argv:
+        try:
+            with open(OUT, encoding="utf-8") as f:
+                current = f.read()
+        except FileNotFoundError:
+            current = None
+        if current != text:
+            print("amalgamate: ipcref.h is stale: run `make` (tools/amalgamate.py) and commit it", file=sys.stderr)
+            return 1
+        return 0
+    with open(OUT, "w", encoding="utf-8", newline="\n") as f:
+        f.write(text)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
