@@ -41,7 +41,8 @@ typedef enum ipcref_result {
   IPCREF_EPEER = -8,       /* the peer is gone or not allowed */
   IPCREF_ETIMEDOUT = -9,   /* the wait ran out */
   IPCREF_ESATURATED = -10, /* a reference count saturated: the object leaks */
-  IPCREF_EDEAD = -11       /* a reference was released on a dead object */
+  IPCREF_EDEAD = -11,      /* a reference was released on a dead object */
+  IPCREF_ENEEDCOPY = -12   /* not possible without copying the data */
 } ipcref_result;
 
 /* A short English description of `r`. Unknown values give "unknown error".
@@ -150,6 +151,8 @@ IPCREF_API const char *ipcref_strerror(ipcref_result r) {
   case IPCREF_ETIMEDOUT: return "timed out";
   case IPCREF_ESATURATED: return "reference count saturated; the object leaks";
   case IPCREF_EDEAD: return "reference released on a dead object";
+  case IPCREF_ENEEDCOPY:
+    return "not possible without a copy (the strides do not allow it)";
   }
   return "unknown error";
 }

@@ -100,6 +100,15 @@ IPCREF_API ipcref_buf *ipcref_weak_upgrade(ipcref_weak *w);
  * NULL is a no-op. */
 IPCREF_API void ipcref_weak_release(ipcref_weak *w);
 
+/* Opens (on != 0) or closes a buffer for shared writes: its views are then
+ * writable (ipcref_view_data_mut, ipcref_view_copy) although other
+ * references exist, and the holders synchronize their writes themselves.
+ * ipcref_buf_get_mut keeps the strict rule. Cannot fail; NULL is a no-op. */
+IPCREF_API void ipcref_buf_set_shared_mut(ipcref_buf *b, int on);
+
+/* 1 when `b` was opened for shared writes, else 0 (also for NULL). */
+IPCREF_API int ipcref_buf_is_shared_mut(const ipcref_buf *b);
+
 #ifdef IPCREF_TEST_HOOKS
 /* Tests only: overwrite the raw counters (the weak one includes the
  * reference all strong ones share). */
@@ -123,9 +132,12 @@ IPCREF_API void ipcref_test_set_counts(ipcref_buf *b, int32_t strong,
  * strong count, so that no weak reference can be upgraded meanwhile. */
 #define IPCREF__WEAK_LOCKED INT32_MIN
 
+#define IPCREF__BUF_SHARED_MUT 1u /* flags: opened for shared writes */
+
 struct ipcref_buf {
   int32_t strong; /* atomic */
   int32_t weak;   /* atomic; strong references together hold one */
+  uint32_t flags; /* atomic; IPCREF__BUF_* */
   void *data;
   size_t size;
   size_t align;
@@ -171,6 +183,7 @@ IPCREF_PRIVATE ipcref_result ipcref__buf_alloc(const ipcref_allocator *a,
   addr = (addr + align - 1) & ~(align - 1);
   b->strong = 1;
   b->weak = 1;
+  b->flags = 0;
   b->data = raw + (addr - (size_t)(uintptr_t)raw);
   b->size = size;
   b->align = align;
@@ -246,20 +259,28 @@ IPCREF_PRIVATE IPCREF__NOINLINE void ipcref__buf_drop_slow(ipcref_buf *b) {
   ipcref__weak_drop(b);
 }
 
+/* The rare ends of a release, kept out of line so that the fast path is
+ * one atomic and one compare, small enough for compilers to inline. */
+IPCREF_PRIVATE IPCREF__NOINLINE void ipcref__buf_release_slow(ipcref_buf *b,
+                                                              int32_t old) {
+  if (old <= 0) {
+    ipcref__saturate(&b->strong, old, "release on a dead buffer");
+    return;
+  }
+  /* old == 1: the last reference. Acquire pairs with every other thread's
+   * release decrement, so all their uses happen before the free. */
+  IPCREF__ACQUIRE_FENCE(&b->strong);
+  ipcref__buf_drop_slow(b);
+}
+
 IPCREF_API void ipcref_buf_release(ipcref_buf *b) {
   int32_t old;
   if (!b) return;
   /* Release ordering: every use of the data by this thread happens before
-   * the decrement. The thread that brings the count to zero then fences
-   * with acquire, so all other threads' uses happen before the free. */
+   * the decrement. */
   old = __atomic_fetch_sub(&b->strong, 1, __ATOMIC_RELEASE);
-  if (IPCREF__LIKELY(old != 1)) {
-    if (IPCREF__UNLIKELY(old <= 0))
-      ipcref__saturate(&b->strong, old, "release on a dead buffer");
-    return;
-  }
-  IPCREF__ACQUIRE_FENCE(&b->strong);
-  ipcref__buf_drop_slow(b);
+  if (IPCREF__LIKELY(old > 1)) return;
+  ipcref__buf_release_slow(b, old);
 }
 
 IPCREF_API void *ipcref_buf_data(const ipcref_buf *b) {
@@ -368,6 +389,19 @@ IPCREF_API ipcref_buf *ipcref_weak_upgrade(ipcref_weak *w) {
 
 IPCREF_API void ipcref_weak_release(ipcref_weak *w) {
   if (w) ipcref__weak_drop((ipcref_buf *)(void *)w);
+}
+
+IPCREF_API void ipcref_buf_set_shared_mut(ipcref_buf *b, int on) {
+  if (!b) return;
+  if (on)
+    __atomic_fetch_or(&b->flags, IPCREF__BUF_SHARED_MUT, __ATOMIC_RELEASE);
+  else
+    __atomic_fetch_and(&b->flags, ~IPCREF__BUF_SHARED_MUT, __ATOMIC_RELEASE);
+}
+
+IPCREF_API int ipcref_buf_is_shared_mut(const ipcref_buf *b) {
+  return b && (__atomic_load_n(&b->flags, __ATOMIC_ACQUIRE) &
+               IPCREF__BUF_SHARED_MUT) != 0;
 }
 
 #ifdef IPCREF_TEST_HOOKS

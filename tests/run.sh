@@ -50,7 +50,7 @@ run_tests() {
   shift
   local bin p f rc
   for bin in "$@"; do
-    "${prefix[@]}" "$B/$bin" >"$LOG" 2>&1
+    timeout -k 5 "${TEST_TIMEOUT:-600}" "${prefix[@]}" "$B/$bin" >"$LOG" 2>&1
     rc=$?
     read -r p f < <(sed -n 's/^\([0-9]*\) passed, \([0-9]*\) failed$/\1 \2/p' "$LOG" | tail -n 1)
     p=${p:-0}; f=${f:-0}

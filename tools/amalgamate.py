@@ -20,7 +20,7 @@ SRC = os.path.join(ROOT, "src")
 OUT = os.path.join(ROOT, "ipcref.h")
 
 # Bottom to top: a layer uses only the ones before it.
-LAYERS = ["base", "buf"]
+LAYERS = ["base", "buf", "view", "dlpack"]
 MARKER = "/* @implementation */"
 
 
@@ -38,7 +38,8 @@ def split_layer(name):
 
 
 def banner(kind, name):
-    return f"/* ---- {name}: {kind} (src/{name}.h) " + "-" * max(0, 52 - len(name) - len(kind)) + " */"
+    head = f"/* ---- {name}: {kind} (src/{name}.h) "
+    return head + "-" * max(0, 76 - len(head)) + " */"
 
 
 def build():

@@ -1,0 +1,415 @@
+/* dlpack: views to and from DLPack tensors, for handing tensors to other
+ * frameworks (NumPy, PyTorch, JAX, CuPy, ...) and taking theirs, without
+ * copying. Present only when <dlpack/dlpack.h> (v0.6 or later) is included
+ * before ipcref.h; the versioned structs (DLManagedTensorVersioned) only
+ * with a DLPack 1.x header.
+ *
+ * Export. ipcref_view_to_dlpack gives a DLManagedTensor that holds its own
+ * reference to the view's buffer: the consumer calls its deleter once, when
+ * it is done, and that releases the reference. `data` points at element
+ * (0,...,0) and `byte_offset` is 0 (several consumers ignore byte_offset);
+ * `strides` are always set (in elements; 0 and negative strides pass as
+ * they are); the device is kDLCPU, id 0. The tensor is shared with the
+ * consumer: by ipcref's rules it may write only when the buffer is open for
+ * shared writes (ipcref_buf_set_shared_mut); the versioned export says so
+ * with DLPACK_FLAG_BITMASK_READ_ONLY.
+ *
+ * Import. ipcref_view_from_dlpack adopts a producer's tensor: the view's
+ * buffer wraps the producer's memory, from the lowest to the highest byte
+ * that the shape and strides reach (negative strides reach below `data`),
+ * and the producer's deleter runs exactly once, when the last reference to
+ * that buffer goes (views derived from the imported one keep it alive). On
+ * success ownership of the managed tensor passes to ipcref: do not call its
+ * deleter yourself. On error NOTHING is taken: the deleter is not called
+ * and the caller still owns the tensor (usually it calls the deleter).
+ * The checks, in this order, and their codes: `t` or `out` NULL: EINVAL;
+ * a device other than kDLCPU id 0: ENODEV; ndim < 0 or > IPCREF_MAX_DIMS:
+ * ERANGE; lanes != 1 or a (code, bits) pair with no ipcref dtype: EINVAL;
+ * shape NULL with ndim > 0, or data NULL for a non-empty tensor: EINVAL; a
+ * negative size, or an element count, stride extent or byte size that
+ * overflows, or memory that would wrap the address space: ERANGE; the
+ * allocator failing: ENOMEM. NULL strides mean compact row-major.
+ *
+ * Types, both ways:
+ *   BOOL  kDLBool 8 (code 6; DLPack >= 0.8 names it, older headers do not,
+ *         and NumPy < 1.25 refuses it both ways)
+ *   I8..I64  kDLInt 8..64     U8..U64  kDLUInt 8..64
+ *   F16 kDLFloat 16   BF16 kDLBfloat 16   F32/F64 kDLFloat 32/64
+ *   C64 kDLComplex 64   C128 kDLComplex 128
+ * Anything else (vector lanes, fp8, opaque handles) is EINVAL on import. */
+
+#if defined(DLPACK_VERSION) || defined(DLPACK_MAJOR_VERSION)
+#define IPCREF_HAVE_DLPACK 1
+#if defined(DLPACK_MAJOR_VERSION)
+#define IPCREF_HAVE_DLPACK_VERSIONED 1
+#endif
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* The DLPack type of an ipcref dtype (lanes 1). EINVAL: out NULL or an
+ * invalid dtype (*out unchanged). */
+IPCREF_API ipcref_result ipcref_dtype_to_dlpack(ipcref_dtype dt,
+                                                DLDataType *out);
+
+/* The ipcref dtype of a DLPack type. EINVAL: out NULL, lanes != 1, or no
+ * ipcref dtype has that code and size (*out unchanged). */
+IPCREF_API ipcref_result ipcref_dtype_from_dlpack(DLDataType dt,
+                                                  ipcref_dtype *out);
+
+/* Exports `v` (see above). The view is checked as every view operation
+ * checks it, and keeps its own reference. Errors: EINVAL (NULL, an invalid
+ * view), ENOMEM; *out is unchanged on error. */
+IPCREF_API ipcref_result ipcref_view_to_dlpack(const ipcref_view *v,
+                                               DLManagedTensor **out);
+
+/* Imports `t` into `out` (see above for ownership and errors). `out` is
+ * overwritten as if uninitialized. */
+IPCREF_API ipcref_result ipcref_view_from_dlpack(DLManagedTensor *t,
+                                                 ipcref_view *out);
+
+#ifdef IPCREF_HAVE_DLPACK_VERSIONED
+/* As ipcref_view_to_dlpack, for the DLPack 1.x versioned struct: version
+ * {DLPACK_MAJOR_VERSION, DLPACK_MINOR_VERSION}, flags READ_ONLY unless the
+ * buffer is open for shared writes. */
+IPCREF_API ipcref_result ipcref_view_to_dlpack_versioned(
+    const ipcref_view *v, struct DLManagedTensorVersioned **out);
+
+/* As ipcref_view_from_dlpack, for the versioned struct. A major version
+ * other than DLPACK_MAJOR_VERSION is EPROTO (nothing else is read; the
+ * caller still owns `t` and, as DLPack says, should call its deleter).
+ * A tensor flagged READ_ONLY gives a view that is never writable (its
+ * buffer keeps one weak reference to itself until its data is released, so
+ * it is never unique; ipcref_view_make_mut copies). */
+IPCREF_API ipcref_result ipcref_view_from_dlpack_versioned(
+    struct DLManagedTensorVersioned *t, ipcref_view *out);
+#endif
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* DLPACK */
+
+/* @implementation */
+
+#if defined(DLPACK_VERSION) || defined(DLPACK_MAJOR_VERSION)
+
+/* kDLBool appeared in DLPack 0.8; the value is the same in every header. */
+#define IPCREF__DL_BOOL 6u
+
+static const struct {
+  uint8_t code, bits;
+} ipcref__dl_types[IPCREF_DTYPE_COUNT] = {
+    {IPCREF__DL_BOOL, 8}, /* BOOL */
+    {(uint8_t)kDLInt, 8},      {(uint8_t)kDLInt, 16},
+    {(uint8_t)kDLInt, 32},     {(uint8_t)kDLInt, 64},
+    {(uint8_t)kDLUInt, 8},     {(uint8_t)kDLUInt, 16},
+    {(uint8_t)kDLUInt, 32},    {(uint8_t)kDLUInt, 64},
+    {(uint8_t)kDLFloat, 16},   {(uint8_t)kDLBfloat, 16},
+    {(uint8_t)kDLFloat, 32},   {(uint8_t)kDLFloat, 64},
+    {(uint8_t)kDLComplex, 64}, {(uint8_t)kDLComplex, 128}};
+
+IPCREF_API ipcref_result ipcref_dtype_to_dlpack(ipcref_dtype dt,
+                                                DLDataType *out) {
+  if (!out || (int)dt < 0 || (int)dt >= (int)IPCREF_DTYPE_COUNT)
+    return IPCREF_EINVAL;
+  out->code = ipcref__dl_types[dt].code;
+  out->bits = ipcref__dl_types[dt].bits;
+  out->lanes = 1;
+  return IPCREF_OK;
+}
+
+IPCREF_API ipcref_result ipcref_dtype_from_dlpack(DLDataType dt,
+                                                  ipcref_dtype *out) {
+  int i;
+  if (!out || dt.lanes != 1) return IPCREF_EINVAL;
+  for (i = 0; i < (int)IPCREF_DTYPE_COUNT; i++) {
+    if (ipcref__dl_types[i].code == dt.code &&
+        ipcref__dl_types[i].bits == dt.bits) {
+      *out = (ipcref_dtype)i;
+      return IPCREF_OK;
+    }
+  }
+  return IPCREF_EINVAL;
+}
+
+/* The devices: ipcref views live in host memory for now. Device backends
+ * will map their kinds here. */
+IPCREF_PRIVATE ipcref_result ipcref__dlpack_device_in(DLDevice d) {
+  if (d.device_type == kDLCPU && d.device_id == 0) return IPCREF_OK;
+  return IPCREF_ENODEV;
+}
+
+IPCREF_PRIVATE void ipcref__dlpack_device_out(DLDevice *d) {
+  d->device_type = kDLCPU;
+  d->device_id = 0;
+}
+
+/* ---- export */
+
+/* What an exported tensor owns: a reference to the view, and the arrays the
+ * DLTensor points to. One allocation for all. */
+typedef struct ipcref__dlpack_keep {
+  ipcref_view view;
+  int64_t shape[IPCREF_MAX_DIMS];
+  int64_t strides[IPCREF_MAX_DIMS];
+} ipcref__dlpack_keep;
+
+/* Fills `t` from keep->view (already checked and retained). */
+IPCREF_PRIVATE void ipcref__dlpack_fill(ipcref__dlpack_keep *k, DLTensor *t) {
+  const ipcref_view *v = &k->view;
+  char *base = (char *)ipcref_buf_data(v->buf);
+  int i;
+  for (i = 0; i < v->ndim; i++) {
+    k->shape[i] = v->shape[i];
+    k->strides[i] = v->strides[i];
+  }
+  /* Element (0,...,0) itself, with byte_offset 0: NumPy adds byte_offset
+   * but other consumers (older PyTorch) ignore it. */
+  t->data = base ? (void *)(base + v->byte_offset) : NULL;
+  ipcref__dlpack_device_out(&t->device);
+  t->ndim = v->ndim;
+  ipcref_dtype_to_dlpack(v->dtype, &t->dtype);
+  t->shape = k->shape;
+  t->strides = k->strides;
+  t->byte_offset = 0;
+}
+
+typedef struct ipcref__dlpack_export {
+  DLManagedTensor mt; /* first: the address the consumer gets */
+  ipcref__dlpack_keep keep;
+} ipcref__dlpack_export;
+
+IPCREF_PRIVATE void ipcref__dlpack_export_deleter(DLManagedTensor *self) {
+  ipcref__dlpack_export *e;
+  if (!self) return;
+  e = (ipcref__dlpack_export *)self->manager_ctx;
+  ipcref_view_release(&e->keep.view);
+  IPCREF_FREE(e);
+}
+
+IPCREF_API ipcref_result ipcref_view_to_dlpack(const ipcref_view *v,
+                                               DLManagedTensor **out) {
+  ipcref__dlpack_export *e;
+  ipcref_view keep;
+  ipcref_result r;
+  DLDataType dt;
+  if (!v || !out) return IPCREF_EINVAL;
+  if (ipcref_dtype_to_dlpack(v->dtype, &dt) != IPCREF_OK) return IPCREF_EINVAL;
+  r = ipcref_view_clone(v, &keep); /* checks the view */
+  if (r != IPCREF_OK) return r;
+  e = (ipcref__dlpack_export *)IPCREF_MALLOC(sizeof *e);
+  if (!e) {
+    ipcref_view_release(&keep);
+    return IPCREF_ENOMEM;
+  }
+  memset(e, 0, sizeof *e);
+  e->keep.view = keep;
+  ipcref__dlpack_fill(&e->keep, &e->mt.dl_tensor);
+  e->mt.manager_ctx = e;
+  e->mt.deleter = ipcref__dlpack_export_deleter;
+  *out = &e->mt;
+  return IPCREF_OK;
+}
+
+/* ---- import */
+
+/* What the wrapped buffer's release callback gets: which managed tensor to
+ * delete, and the weak reference that keeps a read-only import from ever
+ * being unique. */
+typedef struct ipcref__dlpack_adopt {
+  void *managed;
+  int versioned;
+  ipcref_weak *read_only;
+} ipcref__dlpack_adopt;
+
+IPCREF_PRIVATE void ipcref__dlpack_import_release(void *user, void *data) {
+  ipcref__dlpack_adopt *im = (ipcref__dlpack_adopt *)user;
+  (void)data;
+  if (!im->versioned) {
+    DLManagedTensor *t = (DLManagedTensor *)im->managed;
+    if (t->deleter) t->deleter(t);
+  }
+#ifdef IPCREF_HAVE_DLPACK_VERSIONED
+  else {
+    struct DLManagedTensorVersioned *t =
+        (struct DLManagedTensorVersioned *)im->managed;
+    if (t->deleter) t->deleter(t);
+  }
+#endif
+  /* The buffer's header outlives this call (its implicit weak reference
+   * goes after the callback), so dropping ours here frees nothing yet. */
+  ipcref_weak_release(im->read_only);
+  IPCREF_FREE(im);
+}
+
+/* The common import: checks `t`, wraps the memory its elements reach and
+ * fills *out. Nothing is adopted unless it returns OK. */
+IPCREF_PRIVATE ipcref_result ipcref__dlpack_import(const DLTensor *t,
+                                                   void *managed, int versioned,
+                                                   int read_only,
+                                                   ipcref_view *out) {
+  ipcref_dtype dt;
+  ipcref_view v;
+  ipcref__dlpack_adopt *im;
+  ipcref_buf *b;
+  ipcref_result r;
+  int64_t strides[IPCREF_MAX_DIMS];
+  int64_t numel = 1, lo = 0, hi = 0, esize, lo_b, hi_b;
+  uintptr_t addr, start;
+  int i;
+
+  if (ipcref__dlpack_device_in(t->device) != IPCREF_OK) return IPCREF_ENODEV;
+  if (t->ndim < 0 || t->ndim > IPCREF_MAX_DIMS) return IPCREF_ERANGE;
+  if (ipcref_dtype_from_dlpack(t->dtype, &dt) != IPCREF_OK)
+    return IPCREF_EINVAL;
+  if (t->ndim > 0 && !t->shape) return IPCREF_EINVAL;
+  esize = (int64_t)ipcref_dtype_size(dt);
+
+  for (i = 0; i < t->ndim; i++) {
+    if (t->shape[i] < 0) return IPCREF_ERANGE;
+    if (t->shape[i] == 0) numel = 0;
+  }
+  if (numel != 0) {
+    for (i = 0; i < t->ndim; i++)
+      if (__builtin_mul_overflow(numel, t->shape[i], &numel))
+        return IPCREF_ERANGE;
+  }
+
+  /* Strides: given, or compact row-major (for an empty tensor whose
+   * compact strides would overflow, any strides do: those are 0). */
+  if (t->strides) {
+    for (i = 0; i < t->ndim; i++) strides[i] = t->strides[i];
+  } else {
+    int64_t s = 1;
+    for (i = t->ndim - 1; i >= 0; i--) {
+      strides[i] = s;
+      if (__builtin_mul_overflow(s, t->shape[i] > 1 ? t->shape[i] : 1, &s))
+        s = 0;
+    }
+  }
+
+  /* The bytes reached, relative to element (0,...,0): [lo_b, hi_b). */
+  lo_b = 0;
+  hi_b = 0;
+  if (numel != 0) {
+    for (i = 0; i < t->ndim; i++) {
+      int64_t reach;
+      if (__builtin_mul_overflow(t->shape[i] - 1, strides[i], &reach) ||
+          __builtin_add_overflow(reach < 0 ? lo : hi, reach,
+                                 reach < 0 ? &lo : &hi))
+        return IPCREF_ERANGE;
+    }
+    if (__builtin_mul_overflow(lo, esize, &lo_b) ||
+        __builtin_add_overflow(hi, 1, &hi_b) ||
+        __builtin_mul_overflow(hi_b, esize, &hi_b))
+      return IPCREF_ERANGE;
+    if (!t->data) return IPCREF_EINVAL;
+  }
+  /* hi_b - lo_b cannot overflow: lo_b <= 0 <= hi_b, and the size must fit
+   * in ptrdiff_t for the buffer anyway. */
+  if (hi_b > PTRDIFF_MAX + lo_b) return IPCREF_ERANGE;
+  if (t->byte_offset > (uint64_t)PTRDIFF_MAX) return IPCREF_ERANGE;
+
+  /* The first byte reached and the size, without wrapping around. */
+  addr = (uintptr_t)t->data;
+  if (addr > UINTPTR_MAX - (uintptr_t)t->byte_offset) return IPCREF_ERANGE;
+  addr += (uintptr_t)t->byte_offset;
+  if (addr < (uintptr_t)(-lo_b) || addr > UINTPTR_MAX - (uintptr_t)hi_b)
+    return IPCREF_ERANGE;
+  start = numel == 0 && !t->data ? 0 : addr - (uintptr_t)(-lo_b);
+
+  im = (ipcref__dlpack_adopt *)IPCREF_MALLOC(sizeof *im);
+  if (!im) return IPCREF_ENOMEM;
+  im->managed = managed;
+  im->versioned = versioned;
+  im->read_only = NULL;
+  r = ipcref_buf_wrap(start ? (void *)start : NULL, (size_t)(hi_b - lo_b),
+                      ipcref__dlpack_import_release, im, &b);
+  if (r != IPCREF_OK) {
+    IPCREF_FREE(im);
+    return r;
+  }
+  if (read_only) im->read_only = ipcref_buf_downgrade(b);
+
+  /* From here nothing can fail: the view takes the buffer's reference. */
+  memset(&v, 0, sizeof v);
+  v.buf = b;
+  v.byte_offset = -lo_b;
+  v.dtype = dt;
+  v.ndim = t->ndim;
+  for (i = 0; i < t->ndim; i++) {
+    v.shape[i] = t->shape[i];
+    v.strides[i] = strides[i];
+  }
+  *out = v;
+  return IPCREF_OK;
+}
+
+IPCREF_API ipcref_result ipcref_view_from_dlpack(DLManagedTensor *t,
+                                                 ipcref_view *out) {
+  if (!t || !out) return IPCREF_EINVAL;
+  return ipcref__dlpack_import(&t->dl_tensor, t, 0, 0, out);
+}
+
+#ifdef IPCREF_HAVE_DLPACK_VERSIONED
+
+typedef struct ipcref__dlpack_export_v {
+  struct DLManagedTensorVersioned mt; /* first */
+  ipcref__dlpack_keep keep;
+} ipcref__dlpack_export_v;
+
+IPCREF_PRIVATE void
+ipcref__dlpack_export_v_deleter(struct DLManagedTensorVersioned *self) {
+  ipcref__dlpack_export_v *e;
+  if (!self) return;
+  e = (ipcref__dlpack_export_v *)self->manager_ctx;
+  ipcref_view_release(&e->keep.view);
+  IPCREF_FREE(e);
+}
+
+IPCREF_API ipcref_result ipcref_view_to_dlpack_versioned(
+    const ipcref_view *v, struct DLManagedTensorVersioned **out) {
+  ipcref__dlpack_export_v *e;
+  ipcref_view keep;
+  ipcref_result r;
+  DLDataType dt;
+  if (!v || !out) return IPCREF_EINVAL;
+  if (ipcref_dtype_to_dlpack(v->dtype, &dt) != IPCREF_OK) return IPCREF_EINVAL;
+  r = ipcref_view_clone(v, &keep);
+  if (r != IPCREF_OK) return r;
+  e = (ipcref__dlpack_export_v *)IPCREF_MALLOC(sizeof *e);
+  if (!e) {
+    ipcref_view_release(&keep);
+    return IPCREF_ENOMEM;
+  }
+  memset(e, 0, sizeof *e);
+  e->keep.view = keep;
+  ipcref__dlpack_fill(&e->keep, &e->mt.dl_tensor);
+  e->mt.version.major = DLPACK_MAJOR_VERSION;
+  e->mt.version.minor = DLPACK_MINOR_VERSION;
+  e->mt.manager_ctx = e;
+  e->mt.deleter = ipcref__dlpack_export_v_deleter;
+  /* The consumer shares the buffer with us: writable only when open for
+   * shared writes, as for any other holder. */
+  e->mt.flags = ipcref_buf_is_shared_mut(keep.buf)
+                    ? 0
+                    : (uint64_t)DLPACK_FLAG_BITMASK_READ_ONLY;
+  *out = &e->mt;
+  return IPCREF_OK;
+}
+
+IPCREF_API ipcref_result ipcref_view_from_dlpack_versioned(
+    struct DLManagedTensorVersioned *t, ipcref_view *out) {
+  if (!t || !out) return IPCREF_EINVAL;
+  if (t->version.major != DLPACK_MAJOR_VERSION) return IPCREF_EPROTO;
+  return ipcref__dlpack_import(
+      &t->dl_tensor, t, 1,
+      (t->flags & (uint64_t)DLPACK_FLAG_BITMASK_READ_ONLY) != 0, out);
+}
+
+#endif /* IPCREF_HAVE_DLPACK_VERSIONED */
+
+#endif /* DLPACK */
