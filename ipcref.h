@@ -7,8 +7,10 @@
  *
  *   Atomically reference-counted buffers in the manner of Rust's Arc: strong
  *   and weak counts, unique-owner mutation, copy-on-write. One allocation
- *   holds the header and the data. Views, cross-process sharing and device
- *   backends build on this layer.
+ *   holds the header and the data. On top of them, strided zero-copy views
+ *   (slice, select, permute, reshape, expand, ...; contiguous() and copy()
+ *   materialize) and, when <dlpack/dlpack.h> is included first, DLPack in
+ *   and out. Cross-process sharing and device backends build on these.
  *
  * HOW TO USE IT
  *
@@ -26,6 +28,14 @@
  *       ipcref_buf_release(b);                     // data lives on
  *       ipcref_buf_release(other);                 // data freed here
  *
+ *       ipcref_view v, t;                          // views: value types
+ *       int64_t shape[2] = {480, 640};
+ *       ipcref_view_new(IPCREF_U8, 2, shape, &v);  // one reference
+ *       ipcref_view_transpose(&v, 0, 1, &t);       // another; no copy
+ *       ipcref_view_slice(&t, 0, 0, 100, 2, &t);   // in place: t[0:100:2]
+ *       ipcref_view_release(&t);
+ *       ipcref_view_release(&v);
+ *
  * COMPILE-TIME OPTIONS (define before the include)
  *
  *   where   macro                  meaning
@@ -41,7 +51,9 @@
  *   impl    IPCREF_DEBUG           default on unless NDEBUG: the default
  *                                  error hook prints to stderr
  *   impl    IPCREF_NO_STDIO        never print, not even in debug builds
+ *   all     IPCREF_MAX_DIMS        most dims a view can have (default 8)
  *   all     IPCREF_NO_SHARING      the portable core only: no POSIX calls
+ *                                  (and no huge-page advice)
  *   all     IPCREF_TEST_HOOKS      test-only entry points (never in
  *                                  production)
  *
@@ -64,7 +76,12 @@
  *   decrement followed by an acquire fence before the data is freed. A
  *   buffer's data may be read from many threads; it may be written only
  *   through a pointer from ipcref_buf_get_mut (or after
- *   ipcref_buf_make_mut), which proves there is no other reference.
+ *   ipcref_buf_make_mut), which proves there is no other reference. Views
+ *   follow the same rule (ipcref_view_data_mut, ipcref_view_make_mut),
+ *   unless the buffer was opened for shared writes with
+ *   ipcref_buf_set_shared_mut, when its holders synchronize themselves.
+ *   A view struct itself is a plain value: share it between threads like
+ *   any struct (each thread should hold its own clone).
  *
  * REQUIREMENTS
  *
@@ -530,7 +547,8 @@ IPCREF_API void *ipcref_view_iter_next(ipcref_view_iter *it);
  * Export. ipcref_view_to_dlpack gives a DLManagedTensor that holds its own
  * reference to the view's buffer: the consumer calls its deleter once, when
  * it is done, and that releases the reference. `data` points at element
- * (0,...,0) and `byte_offset` is 0 (several consumers ignore byte_offset);
+ * (0,...,0), never NULL (PyTorch 1.13 leaks a tensor whose data is NULL),
+ * and `byte_offset` is 0 (PyTorch 1.13 ignores byte_offset);
  * `strides` are always set (in elements; 0 and negative strides pass as
  * they are); the device is kDLCPU, id 0. The tensor is shared with the
  * consumer: by ipcref's rules it may write only when the buffer is open for
@@ -541,21 +559,25 @@ IPCREF_API void *ipcref_view_iter_next(ipcref_view_iter *it);
  * buffer wraps the producer's memory, from the lowest to the highest byte
  * that the shape and strides reach (negative strides reach below `data`),
  * and the producer's deleter runs exactly once, when the last reference to
- * that buffer goes (views derived from the imported one keep it alive). On
- * success ownership of the managed tensor passes to ipcref: do not call its
- * deleter yourself. On error NOTHING is taken: the deleter is not called
- * and the caller still owns the tensor (usually it calls the deleter).
- * The checks, in this order, and their codes: `t` or `out` NULL: EINVAL;
- * a device other than kDLCPU id 0: ENODEV; ndim < 0 or > IPCREF_MAX_DIMS:
- * ERANGE; lanes != 1 or a (code, bits) pair with no ipcref dtype: EINVAL;
- * shape NULL with ndim > 0, or data NULL for a non-empty tensor: EINVAL; a
- * negative size, or an element count, stride extent or byte size that
+ * that buffer goes (views derived from the imported one keep it alive), on
+ * the thread that drops it (a Python producer's deleter may need the GIL).
+ * On success ownership of the managed tensor passes to ipcref: do not call
+ * its deleter yourself. A legacy tensor carries no read-only flag: the
+ * view is writable by the usual rule (while it holds the only reference),
+ * and writes land in the producer's memory. On error NOTHING is taken: the
+ * deleter is not called and the caller still owns the tensor (usually it calls
+ * the deleter). The checks, in this order, and their codes: `t` or `out` NULL:
+ * EINVAL; a device other than kDLCPU id 0: ENODEV; ndim < 0 or >
+ * IPCREF_MAX_DIMS: ERANGE; lanes != 1 or a (code, bits) pair with no ipcref
+ * dtype: EINVAL; shape NULL with ndim > 0, or data NULL for a non-empty tensor:
+ * EINVAL; a negative size, or an element count, stride extent or byte size that
  * overflows, or memory that would wrap the address space: ERANGE; the
  * allocator failing: ENOMEM. NULL strides mean compact row-major.
  *
  * Types, both ways:
- *   BOOL  kDLBool 8 (code 6; DLPack >= 0.8 names it, older headers do not,
- *         and NumPy < 1.25 refuses it both ways)
+ *   BOOL  kDLBool 8 (code 6; DLPack >= 0.8 names it, older headers do not;
+ *         NumPy 1.24 and PyTorch 1.13 have no bool in DLPack and refuse it,
+ *         later releases use kDLBool 8)
  *   I8..I64  kDLInt 8..64     U8..U64  kDLUInt 8..64
  *   F16 kDLFloat 16   BF16 kDLBfloat 16   F32/F64 kDLFloat 32/64
  *   C64 kDLComplex 64   C128 kDLComplex 128
@@ -655,6 +677,7 @@ IPCREF_API ipcref_result ipcref_view_from_dlpack_versioned(
 #define IPCREF__LIKELY(x)   __builtin_expect(!!(x), 1)
 #define IPCREF__UNLIKELY(x) __builtin_expect(!!(x), 0)
 #define IPCREF__NOINLINE    __attribute__((noinline))
+#define IPCREF__INLINE      inline __attribute__((always_inline))
 #else
 #error "ipcref needs GCC or Clang (it uses their __atomic builtins)"
 #endif
@@ -1060,27 +1083,34 @@ IPCREF_API const char *ipcref_dtype_name(ipcref_dtype dt) {
 
 /* [lo, hi): the bytes of the buffer a view can reach, relative to its data.
  * 0 when some product overflows. `numel` receives the element count. */
-IPCREF_PRIVATE int ipcref__view_span(const ipcref_view *v, int64_t *lo,
-                                     int64_t *hi, int64_t *numel) {
+IPCREF_PRIVATE IPCREF__INLINE int ipcref__view_span(const ipcref_view *v,
+                                                    int64_t *lo, int64_t *hi,
+                                                    int64_t *numel) {
   int64_t item = (int64_t)ipcref__dtype_sizes[v->dtype], n = 1, neg = 0,
           pos = 0, reach;
   int d;
   for (d = 0; d < v->ndim; d++) {
-    int64_t size = v->shape[d];
-    if (size < 0) return 0;
-    if (__builtin_mul_overflow(n, size, &n)) return 0;
-    if (size > 1) {
-      if (__builtin_mul_overflow(size - 1, v->strides[d], &reach) ||
-          __builtin_mul_overflow(reach, item, &reach))
-        return 0;
-      if (reach < 0) {
-        if (__builtin_add_overflow(neg, reach, &neg)) return 0;
-      } else if (__builtin_add_overflow(pos, reach, &pos)) {
-        return 0;
-      }
+    if (v->shape[d] < 0) return 0;
+    if (v->shape[d] == 0) n = 0; /* empty, however large the rest */
+  }
+  for (d = 0; d < v->ndim && n != 0; d++)
+    if (__builtin_mul_overflow(n, v->shape[d], &n)) return 0;
+  *numel = n;
+  if (n == 0) { /* an empty view reaches nothing; its strides are moot */
+    *lo = *hi = v->byte_offset;
+    return 1;
+  }
+  for (d = 0; d < v->ndim; d++) {
+    if (v->shape[d] < 2) continue;
+    if (__builtin_mul_overflow(v->shape[d] - 1, v->strides[d], &reach) ||
+        __builtin_mul_overflow(reach, item, &reach))
+      return 0;
+    if (reach < 0) {
+      if (__builtin_add_overflow(neg, reach, &neg)) return 0;
+    } else if (__builtin_add_overflow(pos, reach, &pos)) {
+      return 0;
     }
   }
-  *numel = n;
   if (__builtin_add_overflow(v->byte_offset, neg, lo) ||
       __builtin_add_overflow(v->byte_offset, pos, hi) ||
       __builtin_add_overflow(*hi, item, hi))
@@ -1088,7 +1118,7 @@ IPCREF_PRIVATE int ipcref__view_span(const ipcref_view *v, int64_t *lo,
   return 1;
 }
 
-IPCREF_PRIVATE int ipcref__view_valid(const ipcref_view *v) {
+IPCREF_PRIVATE IPCREF__INLINE int ipcref__view_valid(const ipcref_view *v) {
   int64_t lo, hi, n;
   if (!v || !v->buf || (unsigned)v->dtype >= IPCREF_DTYPE_COUNT ||
       v->ndim < 0 || v->ndim > IPCREF_MAX_DIMS)
@@ -1096,6 +1126,16 @@ IPCREF_PRIVATE int ipcref__view_valid(const ipcref_view *v) {
   if (!ipcref__view_span(v, &lo, &hi, &n)) return 0;
   if (v->byte_offset < 0 || (uint64_t)v->byte_offset > v->buf->size) return 0;
   return n == 0 || (lo >= 0 && (uint64_t)hi <= v->buf->size);
+}
+
+/* The element count of a view already known to be valid. */
+IPCREF_PRIVATE int64_t ipcref__numel(const ipcref_view *v) {
+  int64_t n = 1;
+  int d;
+  for (d = 0; d < v->ndim; d++)
+    if (v->shape[d] == 0) return 0; /* the others may multiply past int64 */
+  for (d = 0; d < v->ndim; d++) n *= v->shape[d];
+  return n;
 }
 
 /* The check of a result whose geometry came from the caller: EINVAL for
@@ -1113,7 +1153,7 @@ IPCREF_PRIVATE ipcref_result ipcref__view_check_new(const ipcref_view *v) {
 }
 
 /* Python's dim rule: -ndim <= dim < ndim. */
-IPCREF_PRIVATE int ipcref__dim(int dim, int ndim, int *out) {
+IPCREF_PRIVATE IPCREF__INLINE int ipcref__dim(int dim, int ndim, int *out) {
   if (dim < -ndim || dim >= ndim) return 0;
   *out = dim < 0 ? dim + ndim : dim;
   return 1;
@@ -1129,8 +1169,10 @@ IPCREF_PRIVATE ipcref_result ipcref__shape_numel(int ndim, const int64_t *shape,
   if (ndim > 0 && !shape) return IPCREF_EINVAL;
   for (d = 0; d < ndim; d++) {
     if (shape[d] < 0) return IPCREF_ERANGE;
-    if (__builtin_mul_overflow(n, shape[d], &n)) return IPCREF_ERANGE;
+    if (shape[d] == 0) n = 0; /* empty, however large the rest */
   }
+  for (d = 0; d < ndim && n != 0; d++)
+    if (__builtin_mul_overflow(n, shape[d], &n)) return IPCREF_ERANGE;
   if (__builtin_mul_overflow(n, (int64_t)item, &bytes) ||
       (uint64_t)bytes > (uint64_t)PTRDIFF_MAX)
     return IPCREF_ERANGE;
@@ -1144,17 +1186,33 @@ IPCREF_PRIVATE void ipcref__contiguous_strides(int ndim, const int64_t *shape,
   int d;
   for (d = ndim - 1; d >= 0; d--) {
     strides[d] = s;
-    s *= shape[d] > 1 ? shape[d] : 1;
+    /* Only an empty view can overflow here, and its strides are moot. */
+    if (shape[d] > 1 && __builtin_mul_overflow(s, shape[d], &s)) s = 1;
   }
+}
+
+/* Copies a view's fields: the head, dims [0, ndim), and zeros past ndim
+ * (so that a view is always fully initialized memory). */
+IPCREF_PRIVATE IPCREF__INLINE void ipcref__view_set(ipcref_view *to,
+                                                    const ipcref_view *from) {
+  size_t used = (size_t)from->ndim * sizeof(int64_t),
+         rest = sizeof to->shape - used;
+  to->buf = from->buf;
+  to->byte_offset = from->byte_offset;
+  to->dtype = from->dtype;
+  to->ndim = from->ndim;
+  memcpy(to->shape, from->shape, used);
+  memcpy(to->strides, from->strides, used);
+  memset((char *)to->shape + used, 0, rest);
+  memset((char *)to->strides + used, 0, rest);
 }
 
 /* Stores a finished result. When `out` is the input, the input's reference
  * moves to the result; otherwise the result takes a reference of its own. */
-IPCREF_PRIVATE ipcref_result ipcref__view_finish(const ipcref_view *in,
-                                                 const ipcref_view *r,
-                                                 ipcref_view *out) {
+IPCREF_PRIVATE IPCREF__INLINE ipcref_result ipcref__view_finish(
+    const ipcref_view *in, const ipcref_view *r, ipcref_view *out) {
   if (out != in) ipcref_buf_retain(r->buf);
-  *out = *r;
+  ipcref__view_set(out, r);
   return IPCREF_OK;
 }
 
@@ -1289,9 +1347,12 @@ IPCREF_API ipcref_result ipcref_view_slice(const ipcref_view *v, int dim,
     n = start < stop ? (stop - start - 1) / step + 1 : 0;
   else
     n = stop < start ? (start - stop - 1) / (-step) + 1 : 0;
-  r = *v;
+  ipcref__view_set(&r, v);
   r.shape[d] = n;
-  if (n > 0) r.byte_offset += start * v->strides[d] * ipcref__item(v);
+  /* An empty view keeps its offset: with another dim at 0 the start may
+   * lie past the buffer's end. */
+  if (n > 0 && ipcref__numel(v) > 0)
+    r.byte_offset += start * v->strides[d] * ipcref__item(v);
   /* With two or more elements left the new stride lies inside the old
    * dim's reach, so it cannot overflow; with fewer it does not matter, and
    * the old one is kept where the product would overflow. */
@@ -1308,8 +1369,9 @@ IPCREF_API ipcref_result ipcref_view_select(const ipcref_view *v, int dim,
   if (!ipcref__dim(dim, v->ndim, &d)) return IPCREF_EINVAL;
   if (index < 0) index += v->shape[d];
   if (index < 0 || index >= v->shape[d]) return IPCREF_ERANGE;
-  r = *v;
-  r.byte_offset += index * v->strides[d] * ipcref__item(v);
+  ipcref__view_set(&r, v);
+  if (ipcref__numel(v) > 0) /* empty views keep their offset */
+    r.byte_offset += index * v->strides[d] * ipcref__item(v);
   ipcref__drop_dim(&r, d);
   return ipcref__view_finish(v, &r, out);
 }
@@ -1325,9 +1387,10 @@ IPCREF_API ipcref_result ipcref_view_narrow(const ipcref_view *v, int dim,
   if (start < 0 || start > v->shape[d] || length < 0 ||
       length > v->shape[d] - start)
     return IPCREF_ERANGE;
-  r = *v;
+  ipcref__view_set(&r, v);
   r.shape[d] = length;
-  if (length > 0) r.byte_offset += start * v->strides[d] * ipcref__item(v);
+  if (length > 0 && ipcref__numel(v) > 0) /* empty views keep theirs */
+    r.byte_offset += start * v->strides[d] * ipcref__item(v);
   return ipcref__view_finish(v, &r, out);
 }
 
@@ -1339,7 +1402,7 @@ IPCREF_API ipcref_result ipcref_view_permute(const ipcref_view *v,
   int i, d;
   IPCREF__CHECK_IN(v, out);
   if (!perm && v->ndim > 0) return IPCREF_EINVAL;
-  r = *v;
+  ipcref__view_set(&r, v);
   for (i = 0; i < v->ndim; i++) {
     if (!ipcref__dim(perm[i], v->ndim, &d) || (seen & (1u << d)))
       return IPCREF_EINVAL;
@@ -1357,7 +1420,7 @@ IPCREF_API ipcref_result ipcref_view_transpose(const ipcref_view *v, int d0,
   IPCREF__CHECK_IN(v, out);
   if (!ipcref__dim(d0, v->ndim, &a) || !ipcref__dim(d1, v->ndim, &b))
     return IPCREF_EINVAL;
-  r = *v;
+  ipcref__view_set(&r, v);
   r.shape[a] = v->shape[b];
   r.strides[a] = v->strides[b];
   r.shape[b] = v->shape[a];
@@ -1380,9 +1443,13 @@ IPCREF_PRIVATE int ipcref__reshape_strides(const ipcref_view *v, int ndim,
   }
   chunk_stride = v->strides[v->ndim - 1];
   for (td = v->ndim - 1; td >= 0; td--) {
+    int64_t span;
     tensor_n *= v->shape[td];
+    /* A chunk ends where the next dim out does not continue it; a stride
+     * product that overflows cannot continue anything. */
     if (td == 0 || (v->shape[td - 1] != 1 &&
-                    v->strides[td - 1] != tensor_n * chunk_stride)) {
+                    (__builtin_mul_overflow(tensor_n, chunk_stride, &span) ||
+                     v->strides[td - 1] != span))) {
       while (vd >= 0 && (view_n < tensor_n || shape[vd] == 1)) {
         if (__builtin_mul_overflow(view_n, chunk_stride, &strides[vd]))
           return 0;
@@ -1415,10 +1482,13 @@ IPCREF_PRIVATE ipcref_result ipcref__infer_shape(int ndim, const int64_t *in,
       infer = d;
     } else if (in[d] < 0) {
       return IPCREF_ERANGE;
-    } else if (__builtin_mul_overflow(known, in[d], &known)) {
-      return IPCREF_ERANGE;
+    } else if (in[d] == 0) {
+      known = 0; /* empty, however large the rest */
     }
   }
+  for (d = 0; d < ndim && known != 0; d++)
+    if (in[d] != -1 && __builtin_mul_overflow(known, in[d], &known))
+      return IPCREF_ERANGE;
   if (infer >= 0) {
     if (known == 0 || numel % known != 0) return IPCREF_EINVAL;
     shape[infer] = numel / known;
@@ -1434,11 +1504,11 @@ IPCREF_API ipcref_result ipcref_view_reshape(const ipcref_view *v, int ndim,
   ipcref_view r;
   ipcref_result res;
   IPCREF__CHECK_IN(v, out);
-  r = *v;
-  res = ipcref__infer_shape(ndim, shape, ipcref_view_numel(v), r.shape);
+  ipcref__view_set(&r, v);
+  res = ipcref__infer_shape(ndim, shape, ipcref__numel(v), r.shape);
   if (res != IPCREF_OK) return res;
   r.ndim = ndim;
-  if (ipcref_view_numel(v) == 0)
+  if (ipcref__numel(v) == 0)
     ipcref__contiguous_strides(ndim, r.shape, r.strides);
   else if (!ipcref__reshape_strides(v, ndim, r.shape, r.strides))
     return IPCREF_ENEEDCOPY;
@@ -1459,7 +1529,7 @@ IPCREF_API ipcref_result ipcref_view_reshape_copy(const ipcref_view *v,
   ipcref_result res = ipcref_view_reshape(v, ndim, shape, out);
   if (res != IPCREF_ENEEDCOPY) return res;
   /* Check the shape first, so that a bad one costs no copy. */
-  res = ipcref__infer_shape(ndim, shape, ipcref_view_numel(v), resolved);
+  res = ipcref__infer_shape(ndim, shape, ipcref__numel(v), resolved);
   if (res != IPCREF_OK) return res;
   res = ipcref_view_contiguous(v, &tmp);
   if (res != IPCREF_OK) return res;
@@ -1490,7 +1560,9 @@ IPCREF_API ipcref_result ipcref_view_flatten(const ipcref_view *v,
     return IPCREF_EINVAL;
   for (d = 0; d < s; d++) shape[n++] = v->shape[d];
   shape[n] = 1;
-  for (d = s; d <= e; d++) shape[n] *= v->shape[d];
+  for (d = s; d <= e; d++)
+    if (__builtin_mul_overflow(shape[n], v->shape[d], &shape[n]))
+      return IPCREF_ERANGE; /* the merged size cannot be represented */
   n++;
   for (d = e + 1; d < v->ndim; d++) shape[n++] = v->shape[d];
   return ipcref_view_reshape(v, n, shape, out);
@@ -1503,10 +1575,10 @@ IPCREF_API ipcref_result ipcref_view_expand(const ipcref_view *v, int ndim,
   int64_t n = 1;
   int i, lead;
   IPCREF__CHECK_IN(v, out);
-  if (ndim < v->ndim || ndim > IPCREF_MAX_DIMS) return IPCREF_ERANGE;
-  if (ndim > 0 && !shape) return IPCREF_EINVAL;
+  if (ndim > IPCREF_MAX_DIMS) return IPCREF_ERANGE;
+  if (ndim < v->ndim || (ndim > 0 && !shape)) return IPCREF_EINVAL;
   lead = ndim - v->ndim;
-  r = *v;
+  ipcref__view_set(&r, v);
   r.ndim = ndim;
   for (i = 0; i < ndim; i++) {
     int64_t want = shape[i];
@@ -1528,8 +1600,13 @@ IPCREF_API ipcref_result ipcref_view_expand(const ipcref_view *v, int ndim,
         return IPCREF_EINVAL;
       }
     }
-    if (__builtin_mul_overflow(n, r.shape[i], &n)) return IPCREF_ERANGE;
   }
+  /* The count (zero when any size is) and its bytes must fit. */
+  for (i = 0; i < ndim; i++)
+    if (r.shape[i] == 0) n = 0;
+  for (i = 0; i < ndim && n != 0; i++)
+    if (__builtin_mul_overflow(n, r.shape[i], &n)) return IPCREF_ERANGE;
+  if (__builtin_mul_overflow(n, ipcref__item(v), &n)) return IPCREF_ERANGE;
   return ipcref__view_finish(v, &r, out);
 }
 
@@ -1538,7 +1615,7 @@ IPCREF_API ipcref_result ipcref_view_squeeze(const ipcref_view *v, int dim,
   ipcref_view r;
   int d;
   IPCREF__CHECK_IN(v, out);
-  r = *v;
+  ipcref__view_set(&r, v);
   if (dim == IPCREF_DIM_ALL) {
     for (d = r.ndim - 1; d >= 0; d--)
       if (r.shape[d] == 1) ipcref__drop_dim(&r, d);
@@ -1557,7 +1634,7 @@ IPCREF_API ipcref_result ipcref_view_unsqueeze(const ipcref_view *v, int dim,
   IPCREF__CHECK_IN(v, out);
   if (v->ndim >= IPCREF_MAX_DIMS) return IPCREF_ERANGE;
   if (!ipcref__dim(dim, v->ndim + 1, &d)) return IPCREF_EINVAL;
-  r = *v;
+  ipcref__view_set(&r, v);
   for (i = v->ndim; i > d; i--) {
     r.shape[i] = r.shape[i - 1];
     r.strides[i] = r.strides[i - 1];
@@ -1578,8 +1655,8 @@ IPCREF_API ipcref_result ipcref_view_flip(const ipcref_view *v, int dim,
   int d;
   IPCREF__CHECK_IN(v, out);
   if (!ipcref__dim(dim, v->ndim, &d)) return IPCREF_EINVAL;
-  r = *v;
-  if (v->shape[d] > 1) { /* the reach is inside the buffer: no overflow */
+  ipcref__view_set(&r, v);
+  if (v->shape[d] > 1 && ipcref__numel(v) > 0) { /* inside: no overflow */
     r.byte_offset += (v->shape[d] - 1) * v->strides[d] * ipcref__item(v);
     r.strides[d] = -v->strides[d];
   }
@@ -1615,7 +1692,7 @@ IPCREF_API int ipcref_view_is_contiguous(const ipcref_view *v) {
   int64_t expect = 1;
   int d;
   if (!ipcref__view_valid(v)) return 0;
-  if (ipcref_view_numel(v) == 0) return 1;
+  if (ipcref__numel(v) == 0) return 1;
   for (d = v->ndim - 1; d >= 0; d--) {
     if (v->shape[d] == 1) continue;
     if (v->strides[d] != expect) return 0;
@@ -1625,18 +1702,13 @@ IPCREF_API int ipcref_view_is_contiguous(const ipcref_view *v) {
 }
 
 IPCREF_API int64_t ipcref_view_numel(const ipcref_view *v) {
-  int64_t n = 1;
-  int d;
-  if (!v || v->ndim < 0 || v->ndim > IPCREF_MAX_DIMS) return 0;
-  for (d = 0; d < v->ndim; d++)
-    if (v->shape[d] < 0 || __builtin_mul_overflow(n, v->shape[d], &n)) return 0;
-  return n;
+  return ipcref__view_valid(v) ? ipcref__numel(v) : 0;
 }
 
 IPCREF_API void *ipcref_view_ptr(const ipcref_view *v, const int64_t *index) {
   int64_t off;
   int d;
-  if (!ipcref__view_valid(v) || ipcref_view_numel(v) == 0) return NULL;
+  if (!ipcref__view_valid(v) || ipcref__numel(v) == 0) return NULL;
   if (v->ndim > 0 && !index) return NULL;
   off = v->byte_offset;
   for (d = 0; d < v->ndim; d++) {
@@ -1654,11 +1726,14 @@ IPCREF_API ipcref_result ipcref_view_iter_init(const ipcref_view *v,
   if (!it || !ipcref__view_valid(v)) return IPCREF_EINVAL;
   memset(it, 0, sizeof *it);
   it->base = (char *)v->buf->data + v->byte_offset;
-  it->remaining = ipcref_view_numel(v);
+  it->remaining = ipcref__numel(v);
   it->ndim = v->ndim;
   for (d = 0; d < v->ndim; d++) {
     it->shape[d] = v->shape[d];
-    it->byte_strides[d] = v->strides[d] * ipcref__item(v);
+    /* A dim of size 1 never steps, and its stride may be anything. */
+    it->byte_strides[d] = v->shape[d] > 1 && it->remaining > 0
+                              ? v->strides[d] * ipcref__item(v)
+                              : 0;
   }
   return IPCREF_OK;
 }
@@ -1711,7 +1786,7 @@ IPCREF_PRIVATE void ipcref__plan(ipcref__copy_plan *p, const ipcref_view *dst,
   int d, n = 0;
   int64_t item = ipcref__item(dst);
   p->item = (size_t)item;
-  p->stream = ipcref_view_numel(dst) >= IPCREF__STREAM_MIN / item;
+  p->stream = ipcref__numel(dst) >= IPCREF__STREAM_MIN / item;
   for (d = 0; d < dst->ndim; d++) {
     if (dst->shape[d] == 1) continue;
     p->shape[n] = dst->shape[d];
@@ -1722,8 +1797,10 @@ IPCREF_PRIVATE void ipcref__plan(ipcref__copy_plan *p, const ipcref_view *dst,
   /* Merge dim d into d+1 when both sides step over d exactly as far as
    * one full run of d+1. */
   for (d = n - 2; d >= 0; d--) {
-    if (p->ds[d] == p->ds[d + 1] * p->shape[d + 1] &&
-        p->ss[d] == p->ss[d + 1] * p->shape[d + 1]) {
+    int64_t dspan, sspan;
+    if (!__builtin_mul_overflow(p->ds[d + 1], p->shape[d + 1], &dspan) &&
+        !__builtin_mul_overflow(p->ss[d + 1], p->shape[d + 1], &sspan) &&
+        p->ds[d] == dspan && p->ss[d] == sspan) {
       int i;
       p->shape[d + 1] *= p->shape[d];
       for (i = d; i + 1 < n; i++) {
@@ -1818,9 +1895,21 @@ IPCREF_PRIVATE int ipcref__transpose4(char *d, int64_t drs, const char *s,
   stream = stream && ((uintptr_t)d & 15) == 0 && (drs & 15) == 0;
   for (r0 = 0; r0 + IPCREF__TT <= rows; r0 += IPCREF__TT) {
     for (c0 = 0; c0 + IPCREF__TT <= cols; c0 += IPCREF__TT) {
+      int64_t nr = r0, nc = c0 + IPCREF__TT; /* the next tile */
       for (c = 0; c < IPCREF__TT; c++)
         memcpy(tile + c * IPCREF__TT, s + (c0 + c) * scs + r0 * 4,
                IPCREF__TT * 4);
+      /* Its source lines lie far apart: no hardware prefetcher finds them,
+       * so ask for them while this tile is being written. */
+      if (nc + IPCREF__TT > cols) nr += IPCREF__TT, nc = 0;
+      if (nr + IPCREF__TT <= rows)
+        for (c = 0; c < IPCREF__TT; c++) {
+          const char *line = s + (nc + c) * scs + nr * 4;
+          _mm_prefetch(line, _MM_HINT_T0);
+          _mm_prefetch(line + 64, _MM_HINT_T0);
+          _mm_prefetch(line + 128, _MM_HINT_T0);
+          _mm_prefetch(line + 192, _MM_HINT_T0);
+        }
       for (r = 0; r < IPCREF__TT; r += 4) {
         char *o = d + (r0 + r) * drs + c0 * 4;
         for (c = 0; c < IPCREF__TT; c += 4) {
@@ -1949,7 +2038,7 @@ IPCREF_PRIVATE void ipcref__copy_plan_run(const ipcref__copy_plan *p, char *d,
 IPCREF_PRIVATE void ipcref__copy_elements(const ipcref_view *dst,
                                           const ipcref_view *src) {
   ipcref__copy_plan p;
-  if (ipcref_view_numel(dst) == 0) return;
+  if (ipcref__numel(dst) == 0) return;
   ipcref__plan(&p, dst, src);
   ipcref__copy_plan_run(&p, (char *)dst->buf->data + dst->byte_offset,
                         (const char *)src->buf->data + src->byte_offset);
@@ -1976,7 +2065,7 @@ IPCREF_PRIVATE int ipcref__view_writable(const ipcref_view *v) {
 /* The absolute address range [lo, hi) a non-empty valid view touches. */
 IPCREF_PRIVATE void ipcref__view_range(const ipcref_view *v, uintptr_t *lo,
                                        uintptr_t *hi) {
-  int64_t l, h, n;
+  int64_t l = 0, h = 0, n;
   (void)ipcref__view_span(v, &l, &h, &n);
   *lo = (uintptr_t)v->buf->data + (uintptr_t)l;
   *hi = (uintptr_t)v->buf->data + (uintptr_t)h;
@@ -1998,7 +2087,7 @@ IPCREF_API ipcref_result ipcref_view_copy(const ipcref_view *dst,
   for (d = 0; d < dst->ndim; d++)
     if (dst->strides[d] == 0 && dst->shape[d] > 1) return IPCREF_EINVAL;
   if (!ipcref__view_writable(dst)) return IPCREF_EBUSY;
-  if (ipcref_view_numel(dst) == 0) return IPCREF_OK;
+  if (ipcref__numel(dst) == 0) return IPCREF_OK;
   ipcref__view_range(dst, &dlo, &dhi);
   ipcref__view_range(&from, &slo, &shi);
   if (dlo < shi && slo < dhi) {
@@ -2108,8 +2197,12 @@ IPCREF_PRIVATE void ipcref__dlpack_fill(ipcref__dlpack_keep *k, DLTensor *t) {
     k->strides[i] = v->strides[i];
   }
   /* Element (0,...,0) itself, with byte_offset 0: NumPy adds byte_offset
-   * but other consumers (older PyTorch) ignore it. */
-  t->data = base ? (void *)(base + v->byte_offset) : NULL;
+   * but other consumers (older PyTorch) ignore it. Never NULL, although
+   * DLPack 1.x suggests NULL for an empty tensor: PyTorch 1.13 never calls
+   * the deleter of a tensor whose data is NULL. Only an empty view can have
+   * a NULL buffer (an adopted empty tensor); it gets an address that is
+   * never read. */
+  t->data = base ? (void *)(base + v->byte_offset) : (void *)k;
   ipcref__dlpack_device_out(&t->device);
   t->ndim = v->ndim;
   ipcref_dtype_to_dlpack(v->dtype, &t->dtype);

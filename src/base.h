@@ -115,6 +115,7 @@ typedef struct ipcref_allocator {
 #define IPCREF__LIKELY(x)   __builtin_expect(!!(x), 1)
 #define IPCREF__UNLIKELY(x) __builtin_expect(!!(x), 0)
 #define IPCREF__NOINLINE    __attribute__((noinline))
+#define IPCREF__INLINE      inline __attribute__((always_inline))
 #else
 #error "ipcref needs GCC or Clang (it uses their __atomic builtins)"
 #endif

@@ -7,7 +7,8 @@
  * Export. ipcref_view_to_dlpack gives a DLManagedTensor that holds its own
  * reference to the view's buffer: the consumer calls its deleter once, when
  * it is done, and that releases the reference. `data` points at element
- * (0,...,0) and `byte_offset` is 0 (several consumers ignore byte_offset);
+ * (0,...,0), never NULL (PyTorch 1.13 leaks a tensor whose data is NULL),
+ * and `byte_offset` is 0 (PyTorch 1.13 ignores byte_offset);
  * `strides` are always set (in elements; 0 and negative strides pass as
  * they are); the device is kDLCPU, id 0. The tensor is shared with the
  * consumer: by ipcref's rules it may write only when the buffer is open for
@@ -18,21 +19,25 @@
  * buffer wraps the producer's memory, from the lowest to the highest byte
  * that the shape and strides reach (negative strides reach below `data`),
  * and the producer's deleter runs exactly once, when the last reference to
- * that buffer goes (views derived from the imported one keep it alive). On
- * success ownership of the managed tensor passes to ipcref: do not call its
- * deleter yourself. On error NOTHING is taken: the deleter is not called
- * and the caller still owns the tensor (usually it calls the deleter).
- * The checks, in this order, and their codes: `t` or `out` NULL: EINVAL;
- * a device other than kDLCPU id 0: ENODEV; ndim < 0 or > IPCREF_MAX_DIMS:
- * ERANGE; lanes != 1 or a (code, bits) pair with no ipcref dtype: EINVAL;
- * shape NULL with ndim > 0, or data NULL for a non-empty tensor: EINVAL; a
- * negative size, or an element count, stride extent or byte size that
+ * that buffer goes (views derived from the imported one keep it alive), on
+ * the thread that drops it (a Python producer's deleter may need the GIL).
+ * On success ownership of the managed tensor passes to ipcref: do not call
+ * its deleter yourself. A legacy tensor carries no read-only flag: the
+ * view is writable by the usual rule (while it holds the only reference),
+ * and writes land in the producer's memory. On error NOTHING is taken: the
+ * deleter is not called and the caller still owns the tensor (usually it calls
+ * the deleter). The checks, in this order, and their codes: `t` or `out` NULL:
+ * EINVAL; a device other than kDLCPU id 0: ENODEV; ndim < 0 or >
+ * IPCREF_MAX_DIMS: ERANGE; lanes != 1 or a (code, bits) pair with no ipcref
+ * dtype: EINVAL; shape NULL with ndim > 0, or data NULL for a non-empty tensor:
+ * EINVAL; a negative size, or an element count, stride extent or byte size that
  * overflows, or memory that would wrap the address space: ERANGE; the
  * allocator failing: ENOMEM. NULL strides mean compact row-major.
  *
  * Types, both ways:
- *   BOOL  kDLBool 8 (code 6; DLPack >= 0.8 names it, older headers do not,
- *         and NumPy < 1.25 refuses it both ways)
+ *   BOOL  kDLBool 8 (code 6; DLPack >= 0.8 names it, older headers do not;
+ *         NumPy 1.24 and PyTorch 1.13 have no bool in DLPack and refuse it,
+ *         later releases use kDLBool 8)
  *   I8..I64  kDLInt 8..64     U8..U64  kDLUInt 8..64
  *   F16 kDLFloat 16   BF16 kDLBfloat 16   F32/F64 kDLFloat 32/64
  *   C64 kDLComplex 64   C128 kDLComplex 128
@@ -167,8 +172,12 @@ IPCREF_PRIVATE void ipcref__dlpack_fill(ipcref__dlpack_keep *k, DLTensor *t) {
     k->strides[i] = v->strides[i];
   }
   /* Element (0,...,0) itself, with byte_offset 0: NumPy adds byte_offset
-   * but other consumers (older PyTorch) ignore it. */
-  t->data = base ? (void *)(base + v->byte_offset) : NULL;
+   * but other consumers (older PyTorch) ignore it. Never NULL, although
+   * DLPack 1.x suggests NULL for an empty tensor: PyTorch 1.13 never calls
+   * the deleter of a tensor whose data is NULL. Only an empty view can have
+   * a NULL buffer (an adopted empty tensor); it gets an address that is
+   * never read. */
+  t->data = base ? (void *)(base + v->byte_offset) : (void *)k;
   ipcref__dlpack_device_out(&t->device);
   t->ndim = v->ndim;
   ipcref_dtype_to_dlpack(v->dtype, &t->dtype);

@@ -15,7 +15,7 @@ FAILED=0
 SKIPPED=0
 
 # The suites, as test names under tests/ (tests/NAME.c).
-SUITE="test_buf test_threads"
+SUITE="test_buf test_threads test_view_model test_view_args"
 THREADED="test_threads" # also run under TSan
 WARN="-Wall -Wextra -Wpedantic -Werror"
 export IPCREF_TEST_OPS=${IPCREF_TEST_OPS:-1000000}
@@ -78,6 +78,14 @@ build_suite() {
 
 suite_bins() { local d=$1 t; for t in $SUITE; do printf '%s ' "$d/$t"; done; }
 
+# DLPack's C tests join the suite where <dlpack/dlpack.h> is installed.
+if echo '#include <dlpack/dlpack.h>' | cc -E -x c - >/dev/null 2>&1; then
+  SUITE="$SUITE test_dlpack"
+  HAVE_DLPACK=1
+else
+  HAVE_DLPACK=0
+fi
+
 # ---------------------------------------------------------------- generated header
 step "ipcref.h matches src/ (tools/amalgamate.py --check)" python3 tools/amalgamate.py --check
 
@@ -122,6 +130,29 @@ if have valgrind; then
     --show-leak-kinds=all -- $(suite_bins gcc)
 else
   skip "valgrind suite" "valgrind not installed"
+fi
+
+# ---------------------------------------------------------------- DLPack with real clients
+[ $HAVE_DLPACK = 1 ] || skip "DLPack C tests" "<dlpack/dlpack.h> not installed (libdlpack-dev)"
+bash tests/dlpack_py/run.sh "$B/dlpack_py" >"$LOG" 2>&1
+rc=$?
+read -r p f < <(sed -n 's/^\([0-9]*\) passed, \([0-9]*\) failed$/\1 \2/p' "$LOG" | tail -n 1)
+if [ $rc = 77 ]; then
+  skip "DLPack with numpy/torch (tests/dlpack_py)" "$(head -n 1 "$LOG")"
+elif [ $rc = 0 ] && [ "${f:-1}" = 0 ]; then
+  pass "DLPack with numpy$(grep -q 'skipped: torch' "$LOG" && echo ' (torch not installed: skipped, optional)' || echo ' and torch') ($p cases)" 1
+else
+  fail "DLPack with numpy/torch (tests/dlpack_py)"
+fi
+
+# ---------------------------------------------------------------- fuzzing
+if [ -f tests/fuzz.sh ]; then
+  if have clang; then
+    bash tests/fuzz.sh "$B/fuzz" >"$LOG" 2>&1
+    if [ $? = 0 ]; then pass "libFuzzer: view op sequences, ${FUZZ_SECONDS:-60} s, no findings"; else fail "libFuzzer: view op sequences"; fi
+  else
+    skip "libFuzzer" "clang not installed"
+  fi
 fi
 
 # ---------------------------------------------------------------- compile matrix

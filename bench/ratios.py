@@ -1,0 +1,188 @@
+"""Ratio table ipcref / peer from result lines: python3 bench/ratios.py results.txt [more.txt ...]
+
+Reads `peer=<name> workload=<id> size=<bytes> metric=<m> value=<v> ...` lines (as printed by
+bench/run.sh and the peers' run_all.sh) and prints, as markdown, one row per (workload, size,
+metric, peer) where both the peer and its like-for-like ipcref row have a value. ns_per_op and
+us_per_handoff: lower is better; GBps: higher is better. A key seen more than once (several
+files) takes the median.
+
+Like with like (W3): a fresh output each call (peer=ipcref: ipcref_view_contiguous) is compared
+with numpy, torch and c_memcpy_fresh; a pre-faulted, reused destination (peer=ipcref_prealloc:
+ipcref_view_copy) with numpy_prealloc, torch_prealloc and c_memcpy (the limit). Every other peer
+is compared with peer=ipcref.
+
+Then the goals below, PASS or MISS, with the margin. A goal whose peer (or ipcref row) is missing
+prints n/a. Always exits 0: benchmarks report, they do not fail. Stdlib only."""
+import statistics
+import sys
+
+LOWER_IS_BETTER = {"ns_per_op": "time", "us_per_handoff": "time"}
+HIGHER_IS_BETTER = {"GBps": "throughput"}
+
+# The ipcref row a peer is compared with; peers not listed are compared with "ipcref".
+OURS_FOR = {
+    "numpy_prealloc": "ipcref_prealloc",
+    "torch_prealloc": "ipcref_prealloc",
+    "c_memcpy": "ipcref_prealloc",
+}
+# Peers that are not a library to compare with (the interpreter's own cost).
+NOT_COMPARED = {"python_timeit_empty"}
+
+W2 = 67108864
+W3_T, W3_S = 67108864, 33554432
+# Goals (workload, size, metric, ours, peer, bound). With a peer: ours / peer must be <= bound
+# for a time metric, >= bound for a throughput metric. With peer None the bound is absolute: the
+# value itself must be <= bound (time) or >= bound (throughput). Goals whose workload is not in
+# the input are not printed.
+GOALS = [
+    ("w1a", 0, "ns_per_op", "ipcref", "c_atomic", 1.1),
+    ("w1a", 0, "ns_per_op", "ipcref", "rust_arc", 1.1),
+    ("w1b", 0, "ns_per_op", "ipcref", "rust_arc", 1.0),
+    ("w2_slice", W2, "ns_per_op", "ipcref", None, 15.0),
+    ("w2_transpose", W2, "ns_per_op", "ipcref", None, 15.0),
+    ("w3_transpose", W3_T, "GBps", "ipcref", "numpy", 3.0),
+    ("w3_transpose", W3_T, "GBps", "ipcref_prealloc", "torch_prealloc", 1.5),
+    ("w3_transpose", W3_T, "GBps", "ipcref_prealloc", "c_memcpy", 0.5),
+    ("w3_stride2", W3_S, "GBps", "ipcref_prealloc", "numpy_prealloc", 1.0),
+]
+UNITS = {"ns_per_op": "ns", "us_per_handoff": "us", "GBps": "GB/s"}
+
+
+def parse(paths):
+    vals, notes = {}, []
+    for path in paths:
+        with open(path) as f:
+            for line in f:
+                line = line.strip()
+                if not line.startswith("peer="):
+                    continue
+                kv = dict(x.split("=", 1) for x in line.split() if "=" in x)
+                if "value" not in kv or "metric" not in kv:
+                    notes.append(line)
+                    continue
+                try:
+                    key = (kv["workload"], int(kv.get("size", 0)), kv["metric"], kv["peer"])
+                    vals.setdefault(key, []).append(float(kv["value"]))
+                except (KeyError, ValueError):
+                    notes.append(line)
+    return {k: statistics.median(v) for k, v in vals.items()}, notes
+
+
+def ours_for(peer):
+    return OURS_FOR.get(peer, "ipcref")
+
+
+def compare(metric, ours, theirs):
+    """(ratio, text, ipcref_better) or None when the metric is unknown or a value is 0."""
+    if theirs == 0 or ours == 0:
+        return None
+    ratio = ours / theirs
+    if metric in LOWER_IS_BETTER:
+        return ratio, f"{ratio:.2f}x the peer's time", ratio < 1
+    if metric in HIGHER_IS_BETTER:
+        return ratio, f"{ratio:.2f}x the peer's throughput", ratio > 1
+    return None
+
+
+def margin(measured, bound, lower_is_better):
+    """How far a measured figure is from its bound, in % of the bound: + is on the good side."""
+    pct = (bound - measured) / bound * 100 if lower_is_better else (measured - bound) / bound * 100
+    return f"{pct:+.1f}%"
+
+
+def ratio_table(vals):
+    print("### ipcref / peer (like with like)\n")
+    print("| workload | size (B) | metric | ipcref row | peer | ipcref | peer value | ratio "
+          "| ipcref better? |")
+    print("|---|---|---|---|---|---|---|---|---|")
+    rows = 0
+    for (wl, size, metric, peer), theirs in sorted(vals.items()):
+        if peer.startswith("ipcref") or peer in NOT_COMPARED:
+            continue
+        mine = ours_for(peer)
+        ours = vals.get((wl, size, metric, mine))
+        c = None if ours is None else compare(metric, ours, theirs)
+        if c is None:
+            continue
+        print(f"| {wl} | {size} | {metric} | {mine} | {peer} | {ours:g} | {theirs:g} | {c[1]} | "
+              f"{'yes' if c[2] else 'no'} |")
+        rows += 1
+    if not rows:
+        print("| (no workload has both ipcref and a peer) | | | | | | | | |")
+
+
+def w2_note(vals):
+    """The W2 peers' figures include the interpreter's per-statement cost: show their share
+    without it, so that the native ipcref figure can be read against both."""
+    empty = vals.get(("w2_empty", W2, "ns_per_op", "python_timeit_empty"))
+    lines = []
+    for (wl, size, metric, peer), theirs in sorted(vals.items()):
+        if not wl.startswith("w2_") or wl == "w2_empty" or peer.startswith("ipcref"):
+            continue
+        ours = vals.get((wl, size, metric, "ipcref"))
+        if ours is None or empty is None:
+            continue
+        lib = theirs - empty
+        rel = f"{ours / lib:.2f}x" if lib > 0 else "n/a"
+        lines.append(f"| {wl} | {peer} | {theirs:g} | {empty:g} | {lib:.1f} | {ours:g} | {rel} |")
+    if lines:
+        print("\n### W2 without the interpreter (peer value - python_timeit_empty w2_empty)\n")
+        print("ipcref's W2 loop is native C; the peers' timeit figures include Python's "
+              "per-statement cost.\n")
+        print("| workload | peer | peer value (ns) | timeit empty (ns) | peer library share (ns) "
+              "| ipcref (ns) | ipcref / share |")
+        print("|---|---|---|---|---|---|---|")
+        for line in lines:
+            print(line)
+
+
+def goal_table(vals):
+    workloads = {k[0] for k in vals}
+    goals = [g for g in GOALS if g[0] in workloads]
+    if not goals:
+        return
+    print("\n### Goals\n")
+    print("margin: how far the figure is from its bound, in % of the bound (+ better, - short).\n")
+    print("| goal | measured | result | margin |")
+    print("|---|---|---|---|")
+    for wl, size, metric, ours_name, peer, bound in goals:
+        lower = metric in LOWER_IS_BETTER
+        op = "<=" if lower else ">="
+        ours = vals.get((wl, size, metric, ours_name))
+        if peer is None:  # absolute
+            unit = UNITS.get(metric, metric)
+            name = f"{wl} {metric}: {ours_name} {op} {bound:g} {unit} (absolute)"
+            if ours is None:
+                print(f"| {name} | n/a | n/a (not measured: {ours_name}) | |")
+                continue
+            ok = ours <= bound if lower else ours >= bound
+            print(f"| {name} | {ours:g} {unit} | {'PASS' if ok else 'MISS'} | "
+                  f"{margin(ours, bound, lower)} |")
+            continue
+        name = f"{wl} {metric}: {ours_name} {op} {bound:.1f}x {peer}"
+        theirs = vals.get((wl, size, metric, peer))
+        c = None if ours is None or theirs is None else compare(metric, ours, theirs)
+        if c is None:
+            missing = [n for n, v in ((ours_name, ours), (peer, theirs)) if v is None]
+            print(f"| {name} | n/a | n/a (not measured: {', '.join(missing) or 'a zero'}) | |")
+            continue
+        ok = c[0] <= bound if lower else c[0] >= bound
+        print(f"| {name} | {c[0]:.2f}x | {'PASS' if ok else 'MISS'} | "
+              f"{margin(c[0], bound, lower)} |")
+
+
+def main():
+    if len(sys.argv) < 2:
+        sys.exit(__doc__)
+    vals, notes = parse(sys.argv[1:])
+    ratio_table(vals)
+    w2_note(vals)
+    goal_table(vals)
+    if notes:
+        print("\nNot measured:\n")
+        for n in notes:
+            print(f"- `{n}`")
+
+
+if __name__ == "__main__":
+    main()
