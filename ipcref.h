@@ -1089,12 +1089,16 @@ IPCREF_PRIVATE IPCREF__INLINE int ipcref__view_span(const ipcref_view *v,
   int64_t item = (int64_t)ipcref__dtype_sizes[v->dtype], n = 1, neg = 0,
           pos = 0, reach;
   int d;
+  int big = 0, empty = 0; /* an overflowed count is fine when empty */
   for (d = 0; d < v->ndim; d++) {
     if (v->shape[d] < 0) return 0;
-    if (v->shape[d] == 0) n = 0; /* empty, however large the rest */
+    empty |= v->shape[d] == 0;
+    big |= __builtin_mul_overflow(n, v->shape[d], &n);
   }
-  for (d = 0; d < v->ndim && n != 0; d++)
-    if (__builtin_mul_overflow(n, v->shape[d], &n)) return 0;
+  if (empty)
+    n = 0;
+  else if (big)
+    return 0;
   *numel = n;
   if (n == 0) { /* an empty view reaches nothing; its strides are moot */
     *lo = *hi = v->byte_offset;
@@ -1191,28 +1195,12 @@ IPCREF_PRIVATE void ipcref__contiguous_strides(int ndim, const int64_t *shape,
   }
 }
 
-/* Copies a view's fields: the head, dims [0, ndim), and zeros past ndim
- * (so that a view is always fully initialized memory). */
-IPCREF_PRIVATE IPCREF__INLINE void ipcref__view_set(ipcref_view *to,
-                                                    const ipcref_view *from) {
-  size_t used = (size_t)from->ndim * sizeof(int64_t),
-         rest = sizeof to->shape - used;
-  to->buf = from->buf;
-  to->byte_offset = from->byte_offset;
-  to->dtype = from->dtype;
-  to->ndim = from->ndim;
-  memcpy(to->shape, from->shape, used);
-  memcpy(to->strides, from->strides, used);
-  memset((char *)to->shape + used, 0, rest);
-  memset((char *)to->strides + used, 0, rest);
-}
-
 /* Stores a finished result. When `out` is the input, the input's reference
  * moves to the result; otherwise the result takes a reference of its own. */
 IPCREF_PRIVATE IPCREF__INLINE ipcref_result ipcref__view_finish(
     const ipcref_view *in, const ipcref_view *r, ipcref_view *out) {
   if (out != in) ipcref_buf_retain(r->buf);
-  ipcref__view_set(out, r);
+  *out = *r;
   return IPCREF_OK;
 }
 
@@ -1343,11 +1331,13 @@ IPCREF_API ipcref_result ipcref_view_slice(const ipcref_view *v, int dim,
   } else if (stop >= len) {
     stop = step < 0 ? len - 1 : len;
   }
-  if (step > 0)
+  if (step == 1) /* the common case, without a division */
+    n = start < stop ? stop - start : 0;
+  else if (step > 0)
     n = start < stop ? (stop - start - 1) / step + 1 : 0;
   else
     n = stop < start ? (start - stop - 1) / (-step) + 1 : 0;
-  ipcref__view_set(&r, v);
+  r = *v;
   r.shape[d] = n;
   /* An empty view keeps its offset: with another dim at 0 the start may
    * lie past the buffer's end. */
@@ -1369,7 +1359,7 @@ IPCREF_API ipcref_result ipcref_view_select(const ipcref_view *v, int dim,
   if (!ipcref__dim(dim, v->ndim, &d)) return IPCREF_EINVAL;
   if (index < 0) index += v->shape[d];
   if (index < 0 || index >= v->shape[d]) return IPCREF_ERANGE;
-  ipcref__view_set(&r, v);
+  r = *v;
   if (ipcref__numel(v) > 0) /* empty views keep their offset */
     r.byte_offset += index * v->strides[d] * ipcref__item(v);
   ipcref__drop_dim(&r, d);
@@ -1387,7 +1377,7 @@ IPCREF_API ipcref_result ipcref_view_narrow(const ipcref_view *v, int dim,
   if (start < 0 || start > v->shape[d] || length < 0 ||
       length > v->shape[d] - start)
     return IPCREF_ERANGE;
-  ipcref__view_set(&r, v);
+  r = *v;
   r.shape[d] = length;
   if (length > 0 && ipcref__numel(v) > 0) /* empty views keep theirs */
     r.byte_offset += start * v->strides[d] * ipcref__item(v);
@@ -1402,7 +1392,7 @@ IPCREF_API ipcref_result ipcref_view_permute(const ipcref_view *v,
   int i, d;
   IPCREF__CHECK_IN(v, out);
   if (!perm && v->ndim > 0) return IPCREF_EINVAL;
-  ipcref__view_set(&r, v);
+  r = *v;
   for (i = 0; i < v->ndim; i++) {
     if (!ipcref__dim(perm[i], v->ndim, &d) || (seen & (1u << d)))
       return IPCREF_EINVAL;
@@ -1420,7 +1410,7 @@ IPCREF_API ipcref_result ipcref_view_transpose(const ipcref_view *v, int d0,
   IPCREF__CHECK_IN(v, out);
   if (!ipcref__dim(d0, v->ndim, &a) || !ipcref__dim(d1, v->ndim, &b))
     return IPCREF_EINVAL;
-  ipcref__view_set(&r, v);
+  r = *v;
   r.shape[a] = v->shape[b];
   r.strides[a] = v->strides[b];
   r.shape[b] = v->shape[a];
@@ -1504,7 +1494,7 @@ IPCREF_API ipcref_result ipcref_view_reshape(const ipcref_view *v, int ndim,
   ipcref_view r;
   ipcref_result res;
   IPCREF__CHECK_IN(v, out);
-  ipcref__view_set(&r, v);
+  r = *v;
   res = ipcref__infer_shape(ndim, shape, ipcref__numel(v), r.shape);
   if (res != IPCREF_OK) return res;
   r.ndim = ndim;
@@ -1578,7 +1568,7 @@ IPCREF_API ipcref_result ipcref_view_expand(const ipcref_view *v, int ndim,
   if (ndim > IPCREF_MAX_DIMS) return IPCREF_ERANGE;
   if (ndim < v->ndim || (ndim > 0 && !shape)) return IPCREF_EINVAL;
   lead = ndim - v->ndim;
-  ipcref__view_set(&r, v);
+  r = *v;
   r.ndim = ndim;
   for (i = 0; i < ndim; i++) {
     int64_t want = shape[i];
@@ -1615,7 +1605,7 @@ IPCREF_API ipcref_result ipcref_view_squeeze(const ipcref_view *v, int dim,
   ipcref_view r;
   int d;
   IPCREF__CHECK_IN(v, out);
-  ipcref__view_set(&r, v);
+  r = *v;
   if (dim == IPCREF_DIM_ALL) {
     for (d = r.ndim - 1; d >= 0; d--)
       if (r.shape[d] == 1) ipcref__drop_dim(&r, d);
@@ -1634,7 +1624,7 @@ IPCREF_API ipcref_result ipcref_view_unsqueeze(const ipcref_view *v, int dim,
   IPCREF__CHECK_IN(v, out);
   if (v->ndim >= IPCREF_MAX_DIMS) return IPCREF_ERANGE;
   if (!ipcref__dim(dim, v->ndim + 1, &d)) return IPCREF_EINVAL;
-  ipcref__view_set(&r, v);
+  r = *v;
   for (i = v->ndim; i > d; i--) {
     r.shape[i] = r.shape[i - 1];
     r.strides[i] = r.strides[i - 1];
@@ -1655,7 +1645,7 @@ IPCREF_API ipcref_result ipcref_view_flip(const ipcref_view *v, int dim,
   int d;
   IPCREF__CHECK_IN(v, out);
   if (!ipcref__dim(dim, v->ndim, &d)) return IPCREF_EINVAL;
-  ipcref__view_set(&r, v);
+  r = *v;
   if (v->shape[d] > 1 && ipcref__numel(v) > 0) { /* inside: no overflow */
     r.byte_offset += (v->shape[d] - 1) * v->strides[d] * ipcref__item(v);
     r.strides[d] = -v->strides[d];
