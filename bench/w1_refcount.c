@@ -17,25 +17,7 @@
 
 #define IPCREF_IMPLEMENTATION
 #include "../ipcref.h"
-
-/* The same barrier as the C peer: the compiler must assume the pointer escapes
- * and memory changes, so it cannot fold the retain/release pair away. */
-static inline void opaque(void *p) {
-  __asm__ volatile("" : : "r"(p) : "memory");
-}
-static double now_ns(void) {
-  struct timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return (double)ts.tv_sec * 1e9 + (double)ts.tv_nsec;
-}
-static int cmpd(const void *a, const void *b) {
-  double x = *(const double *)a, y = *(const double *)b;
-  return (x > y) - (x < y);
-}
-static double median(double *v, int n) {
-  qsort(v, (size_t)n, sizeof *v, cmpd);
-  return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
-}
+#include "bench.h"
 
 static __attribute__((noinline)) void loop(ipcref_buf *b, long n) {
   for (long i = 0; i < n; i++) {

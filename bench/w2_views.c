@@ -18,29 +18,11 @@
 
 #define IPCREF_IMPLEMENTATION
 #include "../ipcref.h"
+#include "bench.h"
 
 #define ROWS 4096
 #define COLS 4096
 #define SIZE ((long long)ROWS * COLS * 4)
-
-/* The same barrier as w1_refcount.c: the compiler must assume the view
- * escapes and memory changes, so it cannot fold the create/release away. */
-static inline void opaque(void *p) {
-  __asm__ volatile("" : : "r"(p) : "memory");
-}
-static double now_ns(void) {
-  struct timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return (double)ts.tv_sec * 1e9 + (double)ts.tv_nsec;
-}
-static int cmpd(const void *a, const void *b) {
-  double x = *(const double *)a, y = *(const double *)b;
-  return (x > y) - (x < y);
-}
-static double median(double *v, int n) {
-  qsort(v, (size_t)n, sizeof *v, cmpd);
-  return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
-}
 
 static int g_failed;
 
