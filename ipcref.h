@@ -1204,6 +1204,19 @@ IPCREF_PRIVATE IPCREF__INLINE ipcref_result ipcref__view_finish(
   return IPCREF_OK;
 }
 
+/* Makes `out` the input view, holding its own reference (or, when it is
+ * the input, keeping the input's), ready to be changed in place. Called
+ * only after every check passed, with everything read from `v` already
+ * in locals (`out` may be `v`). */
+IPCREF_PRIVATE IPCREF__INLINE ipcref_view *
+ipcref__view_out(const ipcref_view *v, ipcref_view *out) {
+  if (out != v) {
+    *out = *v;
+    ipcref_buf_retain(out->buf);
+  }
+  return out;
+}
+
 #define IPCREF__CHECK_IN(v, out)                                               \
   do {                                                                         \
     if (!(out) || !ipcref__view_valid(v)) return IPCREF_EINVAL;                \
@@ -1311,9 +1324,9 @@ IPCREF_PRIVATE int64_t ipcref__item(const ipcref_view *v) {
 IPCREF_API ipcref_result ipcref_view_slice(const ipcref_view *v, int dim,
                                            int64_t start, int64_t stop,
                                            int64_t step, ipcref_view *out) {
-  ipcref_view r;
-  int64_t len, n, stride;
-  int d;
+  ipcref_view *r;
+  int64_t len, n, stride, offset;
+  int d, stride_ok;
   IPCREF__CHECK_IN(v, out);
   if (!ipcref__dim(dim, v->ndim, &d) || step == 0) return IPCREF_EINVAL;
   len = v->shape[d];
@@ -1337,39 +1350,45 @@ IPCREF_API ipcref_result ipcref_view_slice(const ipcref_view *v, int dim,
     n = start < stop ? (stop - start - 1) / step + 1 : 0;
   else
     n = stop < start ? (start - stop - 1) / (-step) + 1 : 0;
-  r = *v;
-  r.shape[d] = n;
   /* An empty view keeps its offset: with another dim at 0 the start may
    * lie past the buffer's end. */
+  offset = v->byte_offset;
   if (n > 0 && ipcref__numel(v) > 0)
-    r.byte_offset += start * v->strides[d] * ipcref__item(v);
+    offset += start * v->strides[d] * ipcref__item(v);
   /* With two or more elements left the new stride lies inside the old
    * dim's reach, so it cannot overflow; with fewer it does not matter, and
    * the old one is kept where the product would overflow. */
-  if (!__builtin_mul_overflow(v->strides[d], step, &stride))
-    r.strides[d] = stride;
-  return ipcref__view_finish(v, &r, out);
+  stride_ok = !__builtin_mul_overflow(v->strides[d], step, &stride);
+  r = ipcref__view_out(v, out);
+  r->shape[d] = n;
+  r->byte_offset = offset;
+  if (stride_ok) r->strides[d] = stride;
+  return IPCREF_OK;
 }
 
 IPCREF_API ipcref_result ipcref_view_select(const ipcref_view *v, int dim,
                                             int64_t index, ipcref_view *out) {
-  ipcref_view r;
+  ipcref_view *r;
+  int64_t offset;
   int d;
   IPCREF__CHECK_IN(v, out);
   if (!ipcref__dim(dim, v->ndim, &d)) return IPCREF_EINVAL;
   if (index < 0) index += v->shape[d];
   if (index < 0 || index >= v->shape[d]) return IPCREF_ERANGE;
-  r = *v;
+  offset = v->byte_offset;
   if (ipcref__numel(v) > 0) /* empty views keep their offset */
-    r.byte_offset += index * v->strides[d] * ipcref__item(v);
-  ipcref__drop_dim(&r, d);
-  return ipcref__view_finish(v, &r, out);
+    offset += index * v->strides[d] * ipcref__item(v);
+  r = ipcref__view_out(v, out);
+  r->byte_offset = offset;
+  ipcref__drop_dim(r, d);
+  return IPCREF_OK;
 }
 
 IPCREF_API ipcref_result ipcref_view_narrow(const ipcref_view *v, int dim,
                                             int64_t start, int64_t length,
                                             ipcref_view *out) {
-  ipcref_view r;
+  ipcref_view *r;
+  int64_t offset;
   int d;
   IPCREF__CHECK_IN(v, out);
   if (!ipcref__dim(dim, v->ndim, &d)) return IPCREF_EINVAL;
@@ -1377,11 +1396,13 @@ IPCREF_API ipcref_result ipcref_view_narrow(const ipcref_view *v, int dim,
   if (start < 0 || start > v->shape[d] || length < 0 ||
       length > v->shape[d] - start)
     return IPCREF_ERANGE;
-  r = *v;
-  r.shape[d] = length;
+  offset = v->byte_offset;
   if (length > 0 && ipcref__numel(v) > 0) /* empty views keep theirs */
-    r.byte_offset += start * v->strides[d] * ipcref__item(v);
-  return ipcref__view_finish(v, &r, out);
+    offset += start * v->strides[d] * ipcref__item(v);
+  r = ipcref__view_out(v, out);
+  r->shape[d] = length;
+  r->byte_offset = offset;
+  return IPCREF_OK;
 }
 
 IPCREF_API ipcref_result ipcref_view_permute(const ipcref_view *v,
@@ -1405,17 +1426,20 @@ IPCREF_API ipcref_result ipcref_view_permute(const ipcref_view *v,
 
 IPCREF_API ipcref_result ipcref_view_transpose(const ipcref_view *v, int d0,
                                                int d1, ipcref_view *out) {
-  ipcref_view r;
+  ipcref_view *r;
+  int64_t size_a, stride_a, size_b, stride_b;
   int a, b;
   IPCREF__CHECK_IN(v, out);
   if (!ipcref__dim(d0, v->ndim, &a) || !ipcref__dim(d1, v->ndim, &b))
     return IPCREF_EINVAL;
-  r = *v;
-  r.shape[a] = v->shape[b];
-  r.strides[a] = v->strides[b];
-  r.shape[b] = v->shape[a];
-  r.strides[b] = v->strides[a];
-  return ipcref__view_finish(v, &r, out);
+  size_a = v->shape[a], stride_a = v->strides[a];
+  size_b = v->shape[b], stride_b = v->strides[b];
+  r = ipcref__view_out(v, out);
+  r->shape[a] = size_b;
+  r->strides[a] = stride_b;
+  r->shape[b] = size_a;
+  r->strides[b] = stride_a;
+  return IPCREF_OK;
 }
 
 /* The strides that let `v` be seen with `shape` (same element count)
@@ -1641,16 +1665,21 @@ IPCREF_API ipcref_result ipcref_view_unsqueeze(const ipcref_view *v, int dim,
 
 IPCREF_API ipcref_result ipcref_view_flip(const ipcref_view *v, int dim,
                                           ipcref_view *out) {
-  ipcref_view r;
+  ipcref_view *r;
+  int64_t offset, stride;
   int d;
   IPCREF__CHECK_IN(v, out);
   if (!ipcref__dim(dim, v->ndim, &d)) return IPCREF_EINVAL;
-  r = *v;
+  offset = v->byte_offset;
+  stride = v->strides[d];
   if (v->shape[d] > 1 && ipcref__numel(v) > 0) { /* inside: no overflow */
-    r.byte_offset += (v->shape[d] - 1) * v->strides[d] * ipcref__item(v);
-    r.strides[d] = -v->strides[d];
+    offset += (v->shape[d] - 1) * stride * ipcref__item(v);
+    stride = -stride;
   }
-  return ipcref__view_finish(v, &r, out);
+  r = ipcref__view_out(v, out);
+  r->byte_offset = offset;
+  r->strides[d] = stride;
+  return IPCREF_OK;
 }
 
 IPCREF_API ipcref_result ipcref_view_as_strided(const ipcref_view *v, int ndim,
