@@ -17,7 +17,7 @@ LAYERS  := $(wildcard src/*.h) src/manual.txt src/licence.txt
 HEADERS := ipcref.h $(wildcard ipcref_cuda.h ipcref_hip.h)
 FORMATTED := $(wildcard src/*.h tests/*.c tests/*.h tests/*/*.c \
                         examples/*.c bench/*.c bench/*.h) $(HEADERS)
-EXAMPLES := threads_demo
+EXAMPLES := threads_demo share_demo
 
 .PHONY: all check test demo bench format format-check install uninstall clean
 

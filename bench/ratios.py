@@ -8,22 +8,27 @@ files) takes the median.
 
 Like with like (W3): a fresh output each call (peer=ipcref: ipcref_view_contiguous) is compared
 with numpy, torch and c_memcpy_fresh; a pre-faulted, reused destination (peer=ipcref_prealloc:
-ipcref_view_copy) with numpy_prealloc, torch_prealloc and c_memcpy (the limit). Every other peer
-is compared with peer=ipcref.
+ipcref_view_copy) with numpy_prealloc, torch_prealloc and c_memcpy (the limit). W4: c_memfd_scm
+(an fd crosses and is mapped on every hand-off) is compared with peer=ipcref and with
+peer=ipcref_first (the first hand-off of a new segment: its fd crosses). Every other peer is
+compared with peer=ipcref. Rows are only ever compared within one workload id (w4, w4_1cpu and
+w4_2cpu are separate setups).
 
-Then the goals below, PASS or MISS, with the margin. A goal whose peer (or ipcref row) is missing
-prints n/a. Always exits 0: benchmarks report, they do not fail. Stdlib only."""
+Then a W4 table (us per hand-off, one column per peer), and the goals below, PASS or MISS, with
+the margin. A goal whose peer (or ipcref row) is missing prints n/a. Always exits 0: benchmarks
+report, they do not fail. Stdlib only."""
 import statistics
 import sys
 
 LOWER_IS_BETTER = {"ns_per_op": "time", "us_per_handoff": "time"}
 HIGHER_IS_BETTER = {"GBps": "throughput"}
 
-# The ipcref row a peer is compared with; peers not listed are compared with "ipcref".
+# The ipcref rows a peer is compared with; peers not listed are compared with "ipcref".
 OURS_FOR = {
-    "numpy_prealloc": "ipcref_prealloc",
-    "torch_prealloc": "ipcref_prealloc",
-    "c_memcpy": "ipcref_prealloc",
+    "numpy_prealloc": ("ipcref_prealloc",),
+    "torch_prealloc": ("ipcref_prealloc",),
+    "c_memcpy": ("ipcref_prealloc",),
+    "c_memfd_scm": ("ipcref", "ipcref_first"),
 }
 # Peers that are not a library to compare with (the interpreter's own cost).
 NOT_COMPARED = {"python_timeit_empty"}
@@ -45,6 +50,22 @@ GOALS = [
     ("w3_transpose", W3_T, "GBps", "ipcref_prealloc", "c_memcpy", 0.5),
     ("w3_stride2", W3_S, "GBps", "ipcref_prealloc", "numpy_prealloc", 1.0),
 ]
+
+# W4: the same goals in each scheduler setup, never across setups.
+W4_IDS = ("w4", "w4_1cpu", "w4_2cpu")
+W4_SMALL, W4_LARGE = 4096, 67108864
+W4_FLAT = 1.2  # flatness: max / min of ipcref's time at W4_SMALL and W4_LARGE
+# (ours, peer, bound, size or None for every size ipcref measured, how to read the bound)
+W4_GOALS = [
+    ("ipcref", "c_msg64", 1.3, None, ""),
+    ("ipcref_first", "c_memfd_scm", 1.3, None, ""),
+    ("ipcref", "torch_mp_fd", 1 / 20, W4_LARGE, " (>= 20x faster)"),
+    ("ipcref", "torch_mp_fs", 1 / 10, W4_LARGE, " (>= 10x faster)"),
+    ("ipcref", "c_pipe_copy", 1.0, W4_SMALL, " (no slower)"),
+]
+# Columns of the W4 table, in this order; other peers follow.
+W4_COLUMNS = ["ipcref", "ipcref_first", "c_msg64", "c_memfd_scm", "c_shm_spin", "c_pipe_copy",
+              "c_socket_copy", "py_pipe_msg64", "py_shm_pipe", "torch_mp_fd", "torch_mp_fs"]
 UNITS = {"ns_per_op": "ns", "us_per_handoff": "us", "GBps": "GB/s"}
 
 
@@ -69,7 +90,7 @@ def parse(paths):
 
 
 def ours_for(peer):
-    return OURS_FOR.get(peer, "ipcref")
+    return OURS_FOR.get(peer, ("ipcref",))
 
 
 def compare(metric, ours, theirs):
@@ -99,14 +120,14 @@ def ratio_table(vals):
     for (wl, size, metric, peer), theirs in sorted(vals.items()):
         if peer.startswith("ipcref") or peer in NOT_COMPARED:
             continue
-        mine = ours_for(peer)
-        ours = vals.get((wl, size, metric, mine))
-        c = None if ours is None else compare(metric, ours, theirs)
-        if c is None:
-            continue
-        print(f"| {wl} | {size} | {metric} | {mine} | {peer} | {ours:g} | {theirs:g} | {c[1]} | "
-              f"{'yes' if c[2] else 'no'} |")
-        rows += 1
+        for mine in ours_for(peer):
+            ours = vals.get((wl, size, metric, mine))
+            c = None if ours is None else compare(metric, ours, theirs)
+            if c is None:
+                continue
+            print(f"| {wl} | {size} | {metric} | {mine} | {peer} | {ours:g} | {theirs:g} | "
+                  f"{c[1]} | {'yes' if c[2] else 'no'} |")
+            rows += 1
     if not rows:
         print("| (no workload has both ipcref and a peer) | | | | | | | | |")
 
@@ -136,10 +157,68 @@ def w2_note(vals):
             print(line)
 
 
+def w4_table(vals):
+    """us per hand-off of every W4 peer, one row per (setup, size)."""
+    rows = sorted({(wl, size) for (wl, size, metric, _) in vals
+                   if wl.startswith("w4") and metric == "us_per_handoff"},
+                  key=lambda r: (W4_IDS.index(r[0]) if r[0] in W4_IDS else 99, r[0], r[1]))
+    if not rows:
+        return
+    seen = {peer for (wl, _, metric, peer) in vals
+            if wl.startswith("w4") and metric == "us_per_handoff"}
+    cols = [c for c in W4_COLUMNS if c in seen] + sorted(seen - set(W4_COLUMNS))
+    print("\n### W4 hand-off: us per hand-off (median), per setup\n")
+    print("| setup | size (B) | " + " | ".join(cols) + " |")
+    print("|---|---|" + "---|" * len(cols))
+    for wl, size in rows:
+        cells = []
+        for c in cols:
+            v = vals.get((wl, size, "us_per_handoff", c))
+            cells.append("" if v is None else f"{v:g}")
+        print(f"| {wl} | {size} | " + " | ".join(cells) + " |")
+
+
+def w4_goal_rows(vals):
+    """The W4 goals of every setup present, as (name, measured, ok, margin) or (name, why)."""
+    out = []
+    workloads = {k[0] for k in vals}
+    metric = "us_per_handoff"
+    for wl in W4_IDS:
+        if wl not in workloads:
+            continue
+        ours_sizes = sorted(k[1] for k in vals if k[0] == wl and k[2] == metric
+                            and k[3] == "ipcref")
+        for ours_name, peer, bound, size, note in W4_GOALS:
+            sizes = [size] if size is not None else (ours_sizes or [W4_SMALL])
+            for sz in sizes:
+                name = f"{wl} {metric} @ {sz}: {ours_name} <= {bound:.3g}x {peer}{note}"
+                ours = vals.get((wl, sz, metric, ours_name))
+                theirs = vals.get((wl, sz, metric, peer))
+                c = None if ours is None or theirs is None else compare(metric, ours, theirs)
+                if c is None:
+                    missing = [n for n, v in ((ours_name, ours), (peer, theirs)) if v is None]
+                    out.append((name, f"not measured: {', '.join(missing) or 'a zero'}"))
+                    continue
+                out.append((name, f"{c[0]:.3g}x", c[0] <= bound, margin(c[0], bound, True)))
+        # flatness: ipcref's time at the small and the large size within W4_FLAT of each other
+        name = (f"{wl} {metric}: ipcref flat, {W4_LARGE} vs {W4_SMALL} within "
+                f"{(W4_FLAT - 1) * 100:.0f}% (max/min <= {W4_FLAT:g})")
+        a = vals.get((wl, W4_SMALL, metric, "ipcref"))
+        b = vals.get((wl, W4_LARGE, metric, "ipcref"))
+        if not a or not b:
+            out.append((name, "not measured: ipcref at both sizes"))
+            continue
+        spread = max(a, b) / min(a, b)
+        out.append((name, f"{spread:.3g} ({b:g} / {a:g} us)", spread <= W4_FLAT,
+                    margin(spread, W4_FLAT, True)))
+    return out
+
+
 def goal_table(vals):
     workloads = {k[0] for k in vals}
     goals = [g for g in GOALS if g[0] in workloads]
-    if not goals:
+    w4 = w4_goal_rows(vals)
+    if not goals and not w4:
         return
     print("\n### Goals\n")
     print("margin: how far the figure is from its bound, in % of the bound (+ better, - short).\n")
@@ -170,6 +249,12 @@ def goal_table(vals):
         print(f"| {name} | {c[0]:.2f}x | {'PASS' if ok else 'MISS'} | "
               f"{margin(c[0], bound, lower)} |")
 
+    for row in w4:
+        if len(row) == 2:
+            print(f"| {row[0]} | n/a | n/a ({row[1]}) | |")
+        else:
+            print(f"| {row[0]} | {row[1]} | {'PASS' if row[2] else 'MISS'} | {row[3]} |")
+
 
 def main():
     if len(sys.argv) < 2:
@@ -177,6 +262,7 @@ def main():
     vals, notes = parse(sys.argv[1:])
     ratio_table(vals)
     w2_note(vals)
+    w4_table(vals)
     goal_table(vals)
     if notes:
         print("\nNot measured:\n")

@@ -6,7 +6,7 @@
  * shows when a write forces a copy. The counts are printed as they change.
  *
  *   cc -O2 -I. examples/threads_demo.c -o threads_demo -pthread */
-#define _POSIX_C_SOURCE 200809L
+#define _GNU_SOURCE
 #include <pthread.h>
 #include <stdint.h>
 #include <stdio.h>

@@ -3,6 +3,14 @@
  * Every other layer stands on this one. It has no state but the process-wide
  * error hook, and makes no system call. */
 
+/* The sharing layer's implementation uses Linux APIs that glibc declares
+ * only under _GNU_SOURCE, which must be set before the first system header
+ * of the file: set it when this header comes first. */
+#if defined(IPCREF_IMPLEMENTATION) && !defined(IPCREF_NO_SHARING) &&           \
+    !defined(_GNU_SOURCE)
+#define _GNU_SOURCE 1
+#endif
+
 #include <stddef.h>
 #include <stdint.h>
 

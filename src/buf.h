@@ -76,7 +76,9 @@ IPCREF_API size_t ipcref_buf_weak_count(const ipcref_buf *b);
 IPCREF_API int ipcref_buf_is_unique(ipcref_buf *b);
 
 /* A writable pointer to the data when the caller's reference is the only
- * one, strong or weak; NULL when the buffer is shared (or b is NULL). */
+ * one, strong or weak; NULL when the buffer is shared, when its memory is
+ * read-only (a consumer's mapping of another process's buffer), or when b
+ * is NULL. */
 IPCREF_API void *ipcref_buf_get_mut(ipcref_buf *b);
 
 /* Copy-on-write. When *b is unique this does nothing. Otherwise it copies
@@ -133,6 +135,7 @@ IPCREF_API void ipcref_test_set_counts(ipcref_buf *b, int32_t strong,
 #define IPCREF__WEAK_LOCKED INT32_MIN
 
 #define IPCREF__BUF_SHARED_MUT 1u /* flags: opened for shared writes */
+#define IPCREF__BUF_READ_ONLY  2u /* flags: the memory cannot be written */
 
 struct ipcref_buf {
   int32_t strong; /* atomic */
@@ -324,8 +327,18 @@ IPCREF_API int ipcref_buf_is_unique(ipcref_buf *b) {
   return unique;
 }
 
+/* Marks memory that must never be written (a read-only mapping). */
+IPCREF_PRIVATE void ipcref__buf_set_read_only(ipcref_buf *b) {
+  __atomic_fetch_or(&b->flags, IPCREF__BUF_READ_ONLY, __ATOMIC_RELEASE);
+}
+
+IPCREF_PRIVATE int ipcref__buf_read_only(const ipcref_buf *b) {
+  return (__atomic_load_n(&b->flags, __ATOMIC_ACQUIRE) &
+          IPCREF__BUF_READ_ONLY) != 0;
+}
+
 IPCREF_API void *ipcref_buf_get_mut(ipcref_buf *b) {
-  return ipcref_buf_is_unique(b) ? b->data : NULL;
+  return ipcref_buf_is_unique(b) && !ipcref__buf_read_only(b) ? b->data : NULL;
 }
 
 IPCREF_API ipcref_result ipcref_buf_make_mut(ipcref_buf **pb) {

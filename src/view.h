@@ -1256,6 +1256,7 @@ IPCREF_API ipcref_result ipcref_view_contiguous(const ipcref_view *v,
 }
 
 IPCREF_PRIVATE int ipcref__view_writable(const ipcref_view *v) {
+  if (ipcref__buf_read_only(v->buf)) return 0;
   return ipcref_buf_is_shared_mut(v->buf) || ipcref_buf_is_unique(v->buf);
 }
 

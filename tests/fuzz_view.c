@@ -12,6 +12,7 @@
  *   - a tampered view the library accepts must also stay inside its buffer.
  * ASan and UBSan catch the rest (out-of-bounds, overflow). Any violation
  * aborts. Built and run by tests/fuzz.sh. */
+#define _GNU_SOURCE /* the sharing layer needs GNU declarations */
 #include <stdarg.h>
 #include <stdint.h>
 #include <stdio.h>

@@ -15,7 +15,8 @@ FAILED=0
 SKIPPED=0
 
 # The suites, as test names under tests/ (tests/NAME.c).
-SUITE="test_buf test_threads test_view_model test_view_args"
+SUITE="test_buf test_threads test_view_model test_view_args test_share"
+# The sharing layer's suite needs POSIX; without it the portable core runs.
 THREADED="test_threads" # also run under TSan
 WARN="-Wall -Wextra -Wpedantic -Werror"
 export IPCREF_TEST_OPS=${IPCREF_TEST_OPS:-1000000}
@@ -125,7 +126,7 @@ fi
 
 # ---------------------------------------------------------------- valgrind
 if have valgrind; then
-  IPCREF_TEST_OPS=20000 run_tests "valgrind memcheck" \
+  IPCREF_TEST_OPS=20000 IPCREF_UNDER_VALGRIND=1 run_tests "valgrind memcheck" \
     valgrind -q --error-exitcode=99 --leak-check=full --errors-for-leak-kinds=all \
     --show-leak-kinds=all -- $(suite_bins gcc)
 else

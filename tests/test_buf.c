@@ -2,6 +2,7 @@
  * copy-on-write, adopted memory, saturation, and every wrong argument.
  * Every allocation goes through a counting allocator, so each test can
  * prove exactly when memory is freed. */
+#define _GNU_SOURCE /* the sharing layer needs GNU declarations */
 #include <stdint.h>
 #include <string.h>
 

@@ -8,6 +8,7 @@
  * Build against the system header (DLPack 0.6 on Debian 12) or any other
  * with -I: the versioned tests run when the header defines
  * DLPACK_MAJOR_VERSION. */
+#define _GNU_SOURCE /* the sharing layer needs GNU declarations */
 #include <stdint.h>
 #include <string.h>
 

@@ -2,7 +2,7 @@
  * downgrade and upgrade on shared buffers; then two threads race an upgrade
  * against the last release, round after round. Run under TSan by make test.
  * IPCREF_TEST_OPS sets the operations per thread (default 10^6). */
-#define _POSIX_C_SOURCE 200809L
+#define _GNU_SOURCE
 #include <pthread.h>
 #include <sched.h>
 #include <string.h>

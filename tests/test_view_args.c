@@ -6,6 +6,7 @@
  * buffer its strong count, and no allocation is left behind. Where the
  * documentation leaves the choice between two codes open, both are
  * accepted (marked "either"). */
+#define _GNU_SOURCE /* the sharing layer needs GNU declarations */
 #include <limits.h>
 #include <stdint.h>
 #include <string.h>

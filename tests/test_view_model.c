@@ -13,6 +13,7 @@
  * default 10^6 runs 10^5 sequences. Seeds are fixed; a failing sequence
  * prints its seed and the calls that led to the failure. Every allocation
  * goes through a counting allocator: nothing may be left alive. */
+#define _GNU_SOURCE /* the sharing layer needs GNU declarations */
 #include <stdarg.h>
 #include <stdint.h>
 #include <string.h>

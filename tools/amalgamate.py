@@ -20,7 +20,7 @@ SRC = os.path.join(ROOT, "src")
 OUT = os.path.join(ROOT, "ipcref.h")
 
 # Bottom to top: a layer uses only the ones before it.
-LAYERS = ["base", "buf", "view", "dlpack"]
+LAYERS = ["base", "buf", "view", "share", "dlpack"]
 MARKER = "/* @implementation */"
 
 

@@ -1,5 +1,10 @@
 /* stb's rule: declarations first, then the implementation in the same file
- * (a header that includes ipcref.h may come before the implementation). */
+ * (a header that includes ipcref.h may come before the implementation).
+ * Here ipcref.h is not the first include of the implementation file, so
+ * the file asks for the GNU declarations the sharing layer needs itself. */
+#ifndef _GNU_SOURCE
+#define _GNU_SOURCE
+#endif
 #include "ipcref.h"
 #define IPCREF_IMPLEMENTATION
 #include "ipcref.h"

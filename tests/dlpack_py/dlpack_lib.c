@@ -5,6 +5,7 @@
  *
  *   gcc -shared -fPIC -I. tests/dlpack_py/dlpack_lib.c -o libdlpack_test.so
  */
+#define _GNU_SOURCE /* the sharing layer needs GNU declarations */
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>

@@ -1,0 +1,2033 @@
+/* share: buffers that cross processes without copies (POSIX/Linux; absent
+ * under IPCREF_NO_SHARING).
+ *
+ * A producer's shared buffers live in sealed memfd segments. Handing a view
+ * to a peer (another process, over a connected AF_UNIX socket) takes a
+ * lease: a slot in a counter file ("ledger") that the producer gives to
+ * that peer. The consumer maps the segment (read-only unless shared
+ * writable) and the ledger once; when its last reference to the imported
+ * buffer dies it returns the lease without a system call. The producer
+ * never waits: when its own last reference dies while leases are live, the
+ * block goes to the limbo, and a sweep frees it once every lease is back.
+ * The sweep runs on each release of a shared block, when an allocation
+ * fails (then the allocation is retried once), and on ipcref_collect; its
+ * cost follows the number of leases returned since the last sweep, not the
+ * size of the limbo.
+ *
+ * A consumer may export what it imported to a third process (forwarding):
+ * the new lease is taken in the original producer's ledger, so the
+ * producer sees every holder on its own.
+ *
+ * Everything hangs off an ipcref_ctx; it is thread-safe (one mutex, never
+ * held across a system call that can block on a peer). */
+
+#if !defined(IPCREF_NO_SHARING)
+#define IPCREF_HAVE_SHARING 1
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef struct ipcref_ctx ipcref_ctx;
+typedef struct ipcref_peer ipcref_peer;
+
+/* Options for ipcref_ctx_new; zero fields take the defaults. */
+typedef struct ipcref_ctx_options {
+  size_t segment_size;   /* bytes per shared segment (default 16 MiB);
+                            larger blocks get a segment of their own */
+  size_t segment_cache;  /* bytes of empty segments kept for reuse
+                            (default one segment) */
+  size_t max_bytes;      /* cap on all segment bytes (default: none) */
+  uint32_t ledger_slots; /* slots per counter file (default 4096) */
+  int writable_shares;   /* nonzero: consumers map segments writable */
+} ipcref_ctx_options;
+
+/* Exact counts at the moment of the call. */
+typedef struct ipcref_stats {
+  size_t live_bufs;       /* shared buffers this process holds */
+  size_t live_bytes;      /* their block bytes */
+  size_t limbo_blocks;    /* blocks dropped here, still leased out */
+  size_t limbo_bytes;     /* their bytes */
+  size_t counter_files;   /* ledgers this ctx created or mapped */
+  size_t live_slots;      /* leases given out and not yet returned */
+  size_t peers;           /* live ipcref_peer objects */
+  size_t mapped_segments; /* segments mapped (own and imported) */
+  size_t segment_bytes;   /* bytes of own segments */
+  size_t imported_bufs;   /* imported buffers alive in this process */
+  uint64_t fds_sent;      /* file descriptors sent, ever */
+  uint64_t fds_received;  /* file descriptors received, ever */
+  uint64_t sweeps;        /* sweeps run, ever */
+} ipcref_stats;
+
+/* A message: a small byte record plus the fds the peer does not have yet.
+ * Produced by ipcref_export, consumed by ipcref_import (which takes the
+ * fds); ipcref_msg_free releases what an unused message holds (a message
+ * that is never imported keeps its lease until it is freed). */
+#define IPCREF_MSG_MAX_VIEWS 16 /* views in one message (a batch) */
+#define IPCREF_MSG_MAX_FDS   (2 * IPCREF_MSG_MAX_VIEWS)
+#define IPCREF_MSG_MAX_BYTES                                                   \
+  (1024 + IPCREF_MSG_MAX_FDS * 32 +                                            \
+   IPCREF_MSG_MAX_VIEWS * (80 + 16 * IPCREF_MAX_DIMS))
+typedef struct ipcref_msg {
+  size_t len;
+  unsigned char bytes[IPCREF_MSG_MAX_BYTES];
+  int nfds;
+  int fds[IPCREF_MSG_MAX_FDS];
+  ipcref_peer *origin; /* exporting peer; cancels the lease on free */
+} ipcref_msg;
+
+/* A new context. NULL options mean the defaults. Errors: EINVAL (out
+ * NULL, a nonsensical option), ENOMEM. */
+IPCREF_API ipcref_result ipcref_ctx_new(const ipcref_ctx_options *opt,
+                                        ipcref_ctx **out);
+
+/* Frees the context. Peers must have been freed first, and no shared or
+ * imported buffer of this context may still be alive (buffers alive
+ * elsewhere, in consumer processes, keep their memory: memfd mappings
+ * outlive the producer). NULL is a no-op. */
+IPCREF_API void ipcref_ctx_free(ipcref_ctx *ctx);
+
+/* A buffer of `size` bytes in shared memory (64-byte aligned), exportable
+ * to peers. Errors: EINVAL, ERANGE, ENOMEM (after a sweep and a retry),
+ * ESYS. */
+IPCREF_API ipcref_result ipcref_shared_new(ipcref_ctx *ctx, size_t size,
+                                           ipcref_buf **out);
+
+/* A C-contiguous view over a new shared buffer. */
+IPCREF_API ipcref_result ipcref_view_new_shared(ipcref_ctx *ctx,
+                                                ipcref_dtype dt, int ndim,
+                                                const int64_t *shape,
+                                                ipcref_view *out);
+
+/* 1 when `b` is a shared buffer (made here or imported), else 0. */
+IPCREF_API int ipcref_buf_is_shared(const ipcref_buf *b);
+
+/* Adopts `sockfd`, a connected AF_UNIX socket (SOCK_STREAM or
+ * SOCK_SEQPACKET; the peer is closed with it), and sends the other side a
+ * hello carrying this process's credentials, checked by the kernel
+ * (SCM_CREDENTIALS). The other side's pid and uid come from its hello
+ * (SO_PEERCRED alone names whoever created a socketpair, not who holds the
+ * other end). Does not wait for the other side. Errors: EINVAL (not a
+ * connected AF_UNIX stream/seqpacket socket), EPEER (the other end is
+ * closed), ESYS, ENOMEM; on error the socket is not closed. */
+IPCREF_API ipcref_result ipcref_peer_new(ipcref_ctx *ctx, int sockfd,
+                                         ipcref_peer **out);
+
+/* Closes the socket and frees the peer. Leases it holds from us stay until
+ * they are returned (or, later, until that process is gone); buffers
+ * imported through it stay valid. NULL is a no-op. */
+IPCREF_API void ipcref_peer_free(ipcref_peer *p);
+
+/* The pid of the process on the other side, from its hello: waits for it
+ * up to 5 s if it has not arrived (then the SO_PEERCRED pid is returned);
+ * 0 for NULL. */
+IPCREF_API int ipcref_peer_pid(ipcref_peer *p);
+
+/* Exports `v` to peer `p` as a message (for users with their own
+ * transport): takes a lease and adds the fds the peer lacks. The view's
+ * buffer must be shared (ipcref_shared_new, or imported: forwarding).
+ * Small views may travel inline (a private copy). Errors: EINVAL (not a
+ * shared buffer, bad view), ENOMEM, ESYS. */
+IPCREF_API ipcref_result ipcref_export(ipcref_peer *p, const ipcref_view *v,
+                                       ipcref_msg *msg);
+
+/* Imports a message from peer `p`: validates every field against the real
+ * fds, maps what is new (or finds it in the cache), and returns a view
+ * whose buffer returns the lease when it dies. Takes the message's fds
+ * (also on error: they are closed). Errors: EPROTO (malformed, replayed,
+ * or not matching the fds), EINVAL, ENOMEM, ESYS. */
+IPCREF_API ipcref_result ipcref_import(ipcref_peer *p, ipcref_msg *msg,
+                                       ipcref_view *out);
+
+/* Releases what an unused message holds: its fds, and its lease when it
+ * was exported here. */
+IPCREF_API void ipcref_msg_free(ipcref_msg *msg);
+
+/* Exports `n` views and sends them in one message over the peer's socket.
+ * Blocks only while the socket is full. Errors: as ipcref_export, EPEER
+ * (the peer hung up). */
+IPCREF_API ipcref_result ipcref_send_batch(ipcref_peer *p,
+                                           const ipcref_view *views, int n);
+IPCREF_API ipcref_result ipcref_send(ipcref_peer *p, const ipcref_view *v);
+
+/* Receives one message (one view) from the peer's socket and imports it.
+ * timeout_ms: -1 waits, 0 polls. Errors: ETIMEDOUT, EPEER (hung up),
+ * EPROTO, ENOMEM, ESYS. A batch is received one view per call. */
+IPCREF_API ipcref_result ipcref_recv(ipcref_peer *p, ipcref_view *out,
+                                     int timeout_ms);
+
+/* Sweeps the limbo: frees every block whose leases all came back. Returns
+ * the bytes freed. */
+IPCREF_API size_t ipcref_collect(ipcref_ctx *ctx);
+
+/* Fills *out. Errors: EINVAL. */
+IPCREF_API ipcref_result ipcref_ctx_stats(ipcref_ctx *ctx, ipcref_stats *out);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* !IPCREF_NO_SHARING */
+
+/* @implementation */
+
+#if !defined(IPCREF_NO_SHARING)
+
+/* The sharing layer uses Linux APIs that glibc declares only with
+ * _GNU_SOURCE (memfd_create, F_ADD_SEALS, SO_PEERCRED, struct ucred).
+ * ipcref.h defines it when it is the first include of the implementation
+ * file; otherwise the file has to define it before its first include. */
+#include <errno.h>
+#include <fcntl.h>
+#include <poll.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <sys/mman.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/uio.h>
+#include <time.h>
+#include <unistd.h>
+#if defined(__GLIBC__) && !defined(__USE_GNU)
+#error                                                                         \
+    "ipcref: sharing needs _GNU_SOURCE: include ipcref.h first in the file that defines IPCREF_IMPLEMENTATION, or #define _GNU_SOURCE before its first #include (or define IPCREF_NO_SHARING)"
+#else
+
+/* ---- layout of a ledger (counter file), shared with every process that
+ * maps it. All fields little endian (the host's: peers share a machine).
+ *
+ *   header   64 bytes: magic, version, nslots, origin pid, origin nonce,
+ *            ledger id, and `head`, the ring's write position
+ *   slots    nslots x u64: (generation << 2) | state, one per lease
+ *   ring     2 * nslots x u64: returned and linked leases, in order
+ *
+ * The producer allocates slots [0, nslots/2); forwarders claim slots in
+ * [nslots/2, nslots) with a compare-and-swap. A consumer returns a lease
+ * by taking a ring position (one fetch_add) and storing the entry there:
+ * no system call, no lock. The producer reads the ring from its private
+ * tail, so a sweep costs what was returned since the last one. */
+#define IPCREF__LEDGER_MAGIC   0x4c465249u /* "IRFL" */
+#define IPCREF__LEDGER_VERSION 1u
+#define IPCREF__LEDGER_HDR     64u
+#define IPCREF__SLOT_FREE      0u
+#define IPCREF__SLOT_LIVE      1u
+#define IPCREF__RING_RELEASE   0u /* entry: a lease came back */
+#define IPCREF__RING_LINK      1u /* entry pair: a forwarded lease */
+#define IPCREF__RING_PARENT    2u /* second half of a link */
+
+typedef struct ipcref__ledger_hdr {
+  uint32_t magic, version, nslots, origin_pid;
+  uint64_t origin_nonce, ledger_id;
+  uint64_t head; /* atomic: next ring position */
+  uint64_t reserved[3];
+} ipcref__ledger_hdr;
+
+/* A ring entry: slot + 1 in bits 0..29 (0 marks "not written yet"), the
+ * kind in bits 30..31, the generation in bits 32..63. */
+IPCREF_PRIVATE uint64_t ipcref__ring_entry(uint32_t kind, uint32_t slot,
+                                           uint32_t gen) {
+  return ((uint64_t)gen << 32) | ((uint64_t)kind << 30) | (slot + 1u);
+}
+
+IPCREF_PRIVATE uint64_t *ipcref__ledger_slots(unsigned char *base) {
+  return (uint64_t *)(void *)(base + IPCREF__LEDGER_HDR);
+}
+IPCREF_PRIVATE uint64_t *ipcref__ledger_ring(unsigned char *base, uint32_t n) {
+  return (uint64_t *)(void *)(base + IPCREF__LEDGER_HDR + (size_t)n * 8);
+}
+IPCREF_PRIVATE size_t ipcref__ledger_bytes(uint32_t n) {
+  return IPCREF__LEDGER_HDR + (size_t)n * 8 * 3;
+}
+
+/* Pushes entries to a ledger's ring: what a consumer does to return a
+ * lease (and a forwarder to link one). Lock-free, no system call. */
+IPCREF_PRIVATE void ipcref__ring_push(unsigned char *base, uint32_t n,
+                                      const uint64_t *e, int count) {
+  ipcref__ledger_hdr *h = (ipcref__ledger_hdr *)(void *)base;
+  uint64_t *ring = ipcref__ledger_ring(base, n);
+  uint64_t pos =
+      __atomic_fetch_add(&h->head, (uint64_t)count, __ATOMIC_RELAXED);
+  int i;
+  /* Release: everything this process did with the data happens before the
+   * producer sees the entry and frees the block. */
+  for (i = 0; i < count; i++)
+    __atomic_store_n(&ring[(pos + (uint64_t)i) % (2u * (uint64_t)n)], e[i],
+                     __ATOMIC_RELEASE);
+}
+
+/* ---- producer-side records (private memory) ---------------------------- */
+
+typedef struct ipcref__segment ipcref__segment;
+typedef struct ipcref__ledger ipcref__ledger;
+
+typedef struct ipcref__block {
+  ipcref__segment *seg;
+  size_t offset;   /* in the segment */
+  uint32_t leases; /* live leases on it, in any ledger */
+  int local;       /* a local buffer still holds it */
+  int in_limbo;
+  struct ipcref__block *limbo_prev, *limbo_next;
+} ipcref__block;
+
+struct ipcref__segment {
+  ipcref_ctx *ctx;
+  uint64_t id; /* never reused in a ctx: the id is its generation too */
+  int fd, ro_fd;
+  unsigned char *base;
+  size_t size, block_size;
+  uint32_t nblocks, nfree, cls; /* cls: size class; UINT32_MAX: own */
+  uint32_t *free_stack;
+  ipcref__block *blocks;
+  ipcref__segment *next, *prev;             /* all segments */
+  ipcref__segment *class_next, *class_prev; /* with free blocks */
+  int in_class;
+};
+
+typedef struct ipcref__lease {
+  ipcref__block *block; /* NULL: free */
+  uint32_t gen;
+} ipcref__lease;
+
+struct ipcref__ledger {
+  uint64_t id;
+  int fd;
+  unsigned char *base;
+  uint32_t n;
+  uint64_t tail; /* ring entries consumed */
+  ipcref__lease *leases;
+  uint32_t *free_stack, nfree; /* free slots of the producer half */
+  uint32_t live;
+  ipcref_peer *peer; /* NULL once the peer is gone */
+  ipcref__ledger *next, *prev;
+};
+
+/* ---- consumer-side mappings (cached per ctx) --------------------------- */
+
+typedef struct ipcref__map {
+  int kind; /* 1: segment, 2: ledger */
+  uint64_t origin_nonce, id;
+  int origin_pid;
+  int fd; /* kept for forwarding */
+  unsigned char *base;
+  size_t size;
+  int writable;
+  uint32_t nslots;    /* ledgers */
+  uint32_t *imported; /* ledgers: generation + 1 of the last import */
+  int refs;           /* atomic: imported buffers using it */
+  int retired;        /* the origin destroyed it: unmap at refs 0 */
+  struct ipcref__map *next, *prev;
+} ipcref__map;
+
+typedef struct ipcref__import {
+  ipcref_ctx *ctx;
+  ipcref__map *seg, *ledger;
+  uint32_t slot, gen;
+  size_t offset, size;
+} ipcref__import;
+
+typedef struct ipcref__seen {
+  uint64_t nonce, key; /* key: id << 1 | (1 for a ledger) */
+} ipcref__seen_key;
+
+struct ipcref_peer {
+  ipcref_ctx *ctx;
+  int fd, pid, uid, sock_type;
+  int hello; /* 0: the other side's hello not read yet; 1: read; -1: bad */
+  ipcref__ledger *ledger; /* the current one for exports to this peer */
+  ipcref__seen_key *seen; /* what the other side has been sent */
+  size_t nseen, capseen;
+  uint64_t *retired; /* own segments destroyed since, to announce */
+  size_t nretired, capretired;
+  ipcref_view pending[64]; /* received views not handed out yet */
+  int npending, pending_pos;
+  ipcref_peer *next, *prev;
+};
+
+#define IPCREF__CLASSES   40
+#define IPCREF__MIN_BLOCK 64u
+
+struct ipcref_ctx {
+  pthread_mutex_t lock;
+  ipcref_ctx_options opt;
+  uint64_t nonce;
+  int pid;
+  uint64_t next_id;
+  ipcref__segment *segments;
+  ipcref__segment *classes[IPCREF__CLASSES];
+  ipcref__ledger *ledgers;
+  ipcref__map *maps;
+  ipcref_peer *peers;
+  ipcref__block *limbo;
+  size_t empty_bytes;
+  ipcref_stats st;
+  int imported_bufs; /* atomic */
+};
+
+/* ---- small helpers ----------------------------------------------------- */
+
+#define IPCREF__LOCK(c)   pthread_mutex_lock(&(c)->lock)
+#define IPCREF__UNLOCK(c) pthread_mutex_unlock(&(c)->lock)
+
+IPCREF_PRIVATE void *ipcref__zalloc(size_t n) {
+  void *p = IPCREF_MALLOC(n ? n : 1);
+  if (p) memset(p, 0, n ? n : 1);
+  return p;
+}
+
+/* Grows *arr (elements of `size` bytes) to hold `need`. 0 on ENOMEM. */
+IPCREF_PRIVATE int ipcref__grow(void **arr, size_t *cap, size_t need,
+                                size_t size) {
+  size_t ncap;
+  void *p;
+  if (need <= *cap) return 1;
+  ncap = *cap ? *cap * 2 : 8;
+  while (ncap < need) ncap *= 2;
+  p = IPCREF_REALLOC(*arr, ncap * size);
+  if (!p) return 0;
+  *arr = p;
+  *cap = ncap;
+  return 1;
+}
+
+#ifndef F_SEAL_FUTURE_WRITE
+#define F_SEAL_FUTURE_WRITE 0x0010 /* Linux 5.1 */
+#endif
+
+/* A sealed memfd of `size` bytes, mapped read-write at *base. Sealed
+ * against shrinking and growing (a mapping of it can never SIGBUS) and
+ * against further seals; with `read_only_elsewhere`, also against any new
+ * writable mapping or write(): the producer's mapping, made before, is the
+ * only way to change it, whoever else gets hold of the file. */
+IPCREF_PRIVATE int ipcref__memfd(const char *name, size_t size,
+                                 int read_only_elsewhere,
+                                 unsigned char **base) {
+  int fd = memfd_create(name, MFD_CLOEXEC | MFD_ALLOW_SEALING);
+  int seals = F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL;
+  void *p;
+  if (fd < 0) return -1;
+  if (ftruncate(fd, (off_t)size) != 0) goto fail;
+  p = mmap(NULL, size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+  if (p == MAP_FAILED) goto fail;
+  if (read_only_elsewhere) seals |= F_SEAL_FUTURE_WRITE;
+  if (fcntl(fd, F_ADD_SEALS, seals) != 0) {
+    munmap(p, size);
+    goto fail;
+  }
+  *base = (unsigned char *)p;
+  return fd;
+fail:
+  close(fd);
+  return -1;
+}
+
+/* ---- segments and blocks ----------------------------------------------- */
+
+IPCREF_PRIVATE uint32_t ipcref__class_of(size_t size, size_t *block) {
+  size_t b = IPCREF__MIN_BLOCK;
+  uint32_t c = 0;
+  while (b < size) b <<= 1, c++;
+  *block = b;
+  return c;
+}
+
+IPCREF_PRIVATE void ipcref__class_add(ipcref_ctx *ctx, ipcref__segment *s) {
+  ipcref__segment **head = &ctx->classes[s->cls];
+  if (s->in_class || s->cls == UINT32_MAX) return;
+  s->class_prev = NULL;
+  s->class_next = *head;
+  if (*head) (*head)->class_prev = s;
+  *head = s;
+  s->in_class = 1;
+}
+
+IPCREF_PRIVATE void ipcref__class_remove(ipcref_ctx *ctx, ipcref__segment *s) {
+  if (!s->in_class) return;
+  if (s->class_prev)
+    s->class_prev->class_next = s->class_next;
+  else
+    ctx->classes[s->cls] = s->class_next;
+  if (s->class_next) s->class_next->class_prev = s->class_prev;
+  s->in_class = 0;
+}
+
+IPCREF_PRIVATE void ipcref__retire_announce(ipcref_ctx *ctx, uint64_t id) {
+  ipcref_peer *p;
+  size_t i;
+  for (p = ctx->peers; p; p = p->next)
+    for (i = 0; i < p->nseen; i++)
+      if (p->seen[i].nonce == ctx->nonce && p->seen[i].key == (id << 1)) {
+        p->seen[i] = p->seen[--p->nseen];
+        if (ipcref__grow((void **)&p->retired, &p->capretired, p->nretired + 1,
+                         sizeof(uint64_t)))
+          p->retired[p->nretired++] = id;
+        break;
+      }
+}
+
+IPCREF_PRIVATE void ipcref__segment_destroy(ipcref_ctx *ctx,
+                                            ipcref__segment *s) {
+  ipcref__class_remove(ctx, s);
+  if (s->prev)
+    s->prev->next = s->next;
+  else
+    ctx->segments = s->next;
+  if (s->next) s->next->prev = s->prev;
+  ipcref__retire_announce(ctx, s->id);
+  munmap(s->base, s->size);
+  close(s->fd);
+  if (s->ro_fd >= 0) close(s->ro_fd);
+  ctx->st.segment_bytes -= s->size;
+  ctx->st.mapped_segments--;
+  IPCREF_FREE(s->free_stack);
+  IPCREF_FREE(s->blocks);
+  IPCREF_FREE(s);
+}
+
+IPCREF_PRIVATE ipcref_result ipcref__segment_new(ipcref_ctx *ctx, size_t size,
+                                                 size_t block, uint32_t cls,
+                                                 ipcref__segment **out) {
+  ipcref__segment *s;
+  uint32_t i;
+  if (ctx->opt.max_bytes && ctx->st.segment_bytes + size > ctx->opt.max_bytes)
+    return IPCREF_ENOMEM;
+  s = (ipcref__segment *)ipcref__zalloc(sizeof *s);
+  if (!s) return IPCREF_ENOMEM;
+  s->nblocks = (uint32_t)(size / block);
+  s->free_stack = (uint32_t *)ipcref__zalloc(s->nblocks * sizeof(uint32_t));
+  s->blocks = (ipcref__block *)ipcref__zalloc(s->nblocks * sizeof *s->blocks);
+  if (!s->free_stack || !s->blocks) goto nomem;
+  s->fd = ipcref__memfd("ipcref-segment", size, !ctx->opt.writable_shares,
+                        &s->base);
+  if (s->fd < 0) goto sys;
+  s->ro_fd = -1;
+  s->ctx = ctx;
+  s->id = ++ctx->next_id;
+  s->size = size;
+  s->block_size = block;
+  s->cls = cls;
+  for (i = 0; i < s->nblocks; i++) {
+    s->free_stack[i] = s->nblocks - 1 - i; /* hand out low offsets first */
+    s->blocks[i].seg = s;
+    s->blocks[i].offset = (size_t)i * block;
+  }
+  s->nfree = s->nblocks;
+  s->next = ctx->segments;
+  if (ctx->segments) ctx->segments->prev = s;
+  ctx->segments = s;
+  ctx->st.segment_bytes += size;
+  ctx->st.mapped_segments++;
+  *out = s;
+  return IPCREF_OK;
+sys:
+  IPCREF_FREE(s->free_stack);
+  IPCREF_FREE(s->blocks);
+  IPCREF_FREE(s);
+  return errno == ENOMEM ? IPCREF_ENOMEM : IPCREF_ESYS;
+nomem:
+  IPCREF_FREE(s->free_stack);
+  IPCREF_FREE(s->blocks);
+  IPCREF_FREE(s);
+  return IPCREF_ENOMEM;
+}
+
+/* A free block of at least `size` bytes (under the lock). */
+IPCREF_PRIVATE ipcref_result ipcref__block_alloc(ipcref_ctx *ctx, size_t size,
+                                                 ipcref__block **out) {
+  ipcref__segment *s;
+  ipcref__block *b;
+  size_t block;
+  uint32_t cls = ipcref__class_of(size, &block);
+  ipcref_result r;
+  if (block > ctx->opt.segment_size / 2 || cls >= IPCREF__CLASSES) {
+    /* Large: a segment of its own, rounded to pages. */
+    size_t page = 4096, bytes = (size + page - 1) & ~(page - 1);
+    if (bytes == 0) bytes = page;
+    r = ipcref__segment_new(ctx, bytes, bytes, UINT32_MAX, &s);
+    if (r != IPCREF_OK) return r;
+  } else if ((s = ctx->classes[cls]) == NULL) {
+    r = ipcref__segment_new(ctx, ctx->opt.segment_size, block, cls, &s);
+    if (r != IPCREF_OK) return r;
+    ipcref__class_add(ctx, s);
+  }
+  if (s->nfree == s->nblocks && s->cls != UINT32_MAX)
+    ctx->empty_bytes -= s->size; /* an empty cached segment comes back */
+  b = &s->blocks[s->free_stack[--s->nfree]];
+  if (s->nfree == 0) ipcref__class_remove(ctx, s);
+  b->leases = 0;
+  b->local = 1;
+  b->in_limbo = 0;
+  *out = b;
+  return IPCREF_OK;
+}
+
+IPCREF_PRIVATE void ipcref__block_free(ipcref_ctx *ctx, ipcref__block *b) {
+  ipcref__segment *s = b->seg;
+  s->free_stack[s->nfree++] = (uint32_t)(b - s->blocks);
+  if (s->nfree < s->nblocks) {
+    ipcref__class_add(ctx, s);
+    return;
+  }
+  /* Empty: keep it while the cache has room, else return it to the OS. */
+  if (s->cls != UINT32_MAX &&
+      ctx->empty_bytes + s->size <= ctx->opt.segment_cache) {
+    ctx->empty_bytes += s->size;
+    ipcref__class_add(ctx, s);
+    return;
+  }
+  ipcref__segment_destroy(ctx, s);
+}
+
+IPCREF_PRIVATE void ipcref__limbo_remove(ipcref_ctx *ctx, ipcref__block *b) {
+  if (b->limbo_prev)
+    b->limbo_prev->limbo_next = b->limbo_next;
+  else
+    ctx->limbo = b->limbo_next;
+  if (b->limbo_next) b->limbo_next->limbo_prev = b->limbo_prev;
+  b->in_limbo = 0;
+  ctx->st.limbo_blocks--;
+  ctx->st.limbo_bytes -= b->seg->block_size;
+}
+
+/* A lease on `b` ended (under the lock): frees the block when nothing
+ * holds it any more. Returns the bytes freed. */
+IPCREF_PRIVATE size_t ipcref__lease_end(ipcref_ctx *ctx, ipcref__block *b) {
+  size_t bytes;
+  b->leases--;
+  ctx->st.live_slots--;
+  if (b->leases || b->local) return 0;
+  bytes = b->seg->block_size;
+  if (b->in_limbo) ipcref__limbo_remove(ctx, b);
+  ipcref__block_free(ctx, b);
+  return bytes;
+}
+
+/* ---- ledgers (producer side) ------------------------------------------- */
+
+IPCREF_PRIVATE void ipcref__ledger_destroy(ipcref_ctx *ctx, ipcref__ledger *l) {
+  if (l->prev)
+    l->prev->next = l->next;
+  else
+    ctx->ledgers = l->next;
+  if (l->next) l->next->prev = l->prev;
+  munmap(l->base, ipcref__ledger_bytes(l->n));
+  close(l->fd);
+  ctx->st.counter_files--;
+  IPCREF_FREE(l->leases);
+  IPCREF_FREE(l->free_stack);
+  IPCREF_FREE(l);
+}
+
+IPCREF_PRIVATE ipcref_result ipcref__ledger_new(ipcref_ctx *ctx, ipcref_peer *p,
+                                                ipcref__ledger **out) {
+  uint32_t n = ctx->opt.ledger_slots, i;
+  size_t bytes = ipcref__ledger_bytes(n);
+  ipcref__ledger *l = (ipcref__ledger *)ipcref__zalloc(sizeof *l);
+  ipcref__ledger_hdr *h;
+  if (!l) return IPCREF_ENOMEM;
+  l->leases = (ipcref__lease *)ipcref__zalloc(n * sizeof *l->leases);
+  l->free_stack = (uint32_t *)ipcref__zalloc(n / 2 * sizeof(uint32_t));
+  if (!l->leases || !l->free_stack) goto nomem;
+  /* Consumers write their returns into it: no write seal. */
+  l->fd = ipcref__memfd("ipcref-ledger", bytes, 0, &l->base);
+  if (l->fd < 0) goto sys;
+  l->n = n;
+  l->id = ++ctx->next_id;
+  l->peer = p;
+  for (i = 0; i < n / 2; i++) l->free_stack[i] = n / 2 - 1 - i;
+  l->nfree = n / 2;
+  h = (ipcref__ledger_hdr *)(void *)l->base;
+  h->magic = IPCREF__LEDGER_MAGIC;
+  h->version = IPCREF__LEDGER_VERSION;
+  h->nslots = n;
+  h->origin_pid = (uint32_t)ctx->pid;
+  h->origin_nonce = ctx->nonce;
+  h->ledger_id = l->id;
+  l->next = ctx->ledgers;
+  if (ctx->ledgers) ctx->ledgers->prev = l;
+  ctx->ledgers = l;
+  ctx->st.counter_files++;
+  *out = l;
+  return IPCREF_OK;
+sys:
+  IPCREF_FREE(l->leases);
+  IPCREF_FREE(l->free_stack);
+  IPCREF_FREE(l);
+  return IPCREF_ESYS;
+nomem:
+  IPCREF_FREE(l->leases);
+  IPCREF_FREE(l->free_stack);
+  IPCREF_FREE(l);
+  return IPCREF_ENOMEM;
+}
+
+/* Reads what came back to ledger `l` since the last sweep (under the
+ * lock). Every entry is checked against the private lease table: a
+ * ledger can only end its own peer's leases, and a stale, replayed or
+ * forged entry is reported and ignored. Returns the bytes freed. */
+IPCREF_PRIVATE size_t ipcref__ledger_drain(ipcref_ctx *ctx, ipcref__ledger *l) {
+  ipcref__ledger_hdr *h = (ipcref__ledger_hdr *)(void *)l->base;
+  uint64_t *ring = ipcref__ledger_ring(l->base, l->n);
+  uint64_t *slots = ipcref__ledger_slots(l->base);
+  uint64_t cap = 2u * (uint64_t)l->n;
+  uint64_t head = __atomic_load_n(&h->head, __ATOMIC_ACQUIRE);
+  size_t freed = 0;
+  if (head - l->tail > cap) { /* a consumer wrote past the ring: distrust */
+    ipcref__report(IPCREF_EPROTO, "ledger ring overrun by a peer");
+    l->tail = head - cap;
+  }
+  while (l->tail != head) {
+    uint64_t *cell = &ring[l->tail % cap];
+    uint64_t e = __atomic_load_n(cell, __ATOMIC_ACQUIRE);
+    uint32_t slot, gen, kind;
+    if (e == 0) break; /* taken but not written yet: next sweep */
+    slot = (uint32_t)(e & 0x3fffffffu) - 1u;
+    kind = (uint32_t)(e >> 30) & 3u;
+    gen = (uint32_t)(e >> 32);
+    if (kind == IPCREF__RING_LINK) {
+      uint64_t p;
+      uint32_t ps, pg;
+      ipcref__lease *parent;
+      if (l->tail + 1 == head) break; /* the pair is not complete yet */
+      p = __atomic_load_n(&ring[(l->tail + 1) % cap], __ATOMIC_ACQUIRE);
+      if (p == 0) break;
+      __atomic_store_n(&ring[(l->tail + 1) % cap], 0, __ATOMIC_RELAXED);
+      __atomic_store_n(cell, 0, __ATOMIC_RELAXED);
+      l->tail += 2;
+      ps = (uint32_t)(p & 0x3fffffffu) - 1u;
+      pg = (uint32_t)(p >> 32);
+      parent = ps < l->n ? &l->leases[ps] : NULL;
+      if (((p >> 30) & 3u) != IPCREF__RING_PARENT || slot < l->n / 2 ||
+          slot >= l->n || l->leases[slot].block || !parent || !parent->block ||
+          parent->gen != pg ||
+          __atomic_load_n(&slots[slot], __ATOMIC_ACQUIRE) !=
+              (((uint64_t)gen << 2) | IPCREF__SLOT_LIVE)) {
+        ipcref__report(IPCREF_EPROTO, "invalid forwarded lease in a ledger");
+        continue;
+      }
+      l->leases[slot].block = parent->block;
+      l->leases[slot].gen = gen;
+      parent->block->leases++;
+      l->live++;
+      ctx->st.live_slots++;
+      continue;
+    }
+    __atomic_store_n(cell, 0, __ATOMIC_RELAXED);
+    l->tail++;
+    if (kind != IPCREF__RING_RELEASE || slot >= l->n ||
+        !l->leases[slot].block || l->leases[slot].gen != gen) {
+      ipcref__report(IPCREF_EPROTO, "invalid lease return in a ledger");
+      continue;
+    }
+    {
+      ipcref__block *b = l->leases[slot].block;
+      l->leases[slot].block = NULL;
+      l->live--;
+      /* The slot is free again at the same generation; the next lease on
+       * it takes the next one, so a replay of this one is refused. */
+      __atomic_store_n(&slots[slot], ((uint64_t)gen << 2) | IPCREF__SLOT_FREE,
+                       __ATOMIC_RELEASE);
+      if (slot < l->n / 2) l->free_stack[l->nfree++] = slot;
+      freed += ipcref__lease_end(ctx, b);
+    }
+  }
+  return freed;
+}
+
+/* The sweep (under the lock): every ledger's returns, then the ledgers
+ * that nobody can use any more. */
+IPCREF_PRIVATE size_t ipcref__sweep(ipcref_ctx *ctx) {
+  ipcref__ledger *l, *next;
+  size_t freed = 0;
+  ctx->st.sweeps++;
+  for (l = ctx->ledgers; l; l = next) {
+    next = l->next;
+    freed += ipcref__ledger_drain(ctx, l);
+    if (!l->peer && l->live == 0) ipcref__ledger_destroy(ctx, l);
+  }
+  return freed;
+}
+
+/* ---- the context ------------------------------------------------------- */
+
+IPCREF_API ipcref_result ipcref_ctx_new(const ipcref_ctx_options *opt,
+                                        ipcref_ctx **out) {
+  ipcref_ctx *ctx;
+  struct timespec ts;
+  if (!out) return IPCREF_EINVAL;
+  ctx = (ipcref_ctx *)ipcref__zalloc(sizeof *ctx);
+  if (!ctx) return IPCREF_ENOMEM;
+  if (opt) ctx->opt = *opt;
+  if (!ctx->opt.segment_size) ctx->opt.segment_size = (size_t)16 << 20;
+  if (!ctx->opt.segment_cache) ctx->opt.segment_cache = ctx->opt.segment_size;
+  if (!ctx->opt.ledger_slots) ctx->opt.ledger_slots = 4096;
+  if (ctx->opt.segment_size < 4096 || (ctx->opt.segment_size & 4095) ||
+      ctx->opt.ledger_slots < 8 || ctx->opt.ledger_slots > (1u << 24) ||
+      (ctx->opt.ledger_slots & 1)) {
+    IPCREF_FREE(ctx);
+    return IPCREF_EINVAL;
+  }
+  if (pthread_mutex_init(&ctx->lock, NULL) != 0) {
+    IPCREF_FREE(ctx);
+    return IPCREF_ESYS;
+  }
+  ctx->pid = (int)getpid();
+  /* Identifies this ctx across processes (pids get reused). */
+  clock_gettime(CLOCK_REALTIME, &ts);
+  ctx->nonce = ((uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec) ^
+               ((uint64_t)ctx->pid << 40) ^ (uint64_t)(uintptr_t)ctx;
+  *out = ctx;
+  return IPCREF_OK;
+}
+
+IPCREF_PRIVATE void ipcref__map_unmap(ipcref_ctx *ctx, ipcref__map *m) {
+  if (m->prev)
+    m->prev->next = m->next;
+  else
+    ctx->maps = m->next;
+  if (m->next) m->next->prev = m->prev;
+  munmap(m->base, m->size);
+  close(m->fd);
+  if (m->kind == 1)
+    ctx->st.mapped_segments--;
+  else
+    ctx->st.counter_files--;
+  IPCREF_FREE(m->imported);
+  IPCREF_FREE(m);
+}
+
+IPCREF_API void ipcref_ctx_free(ipcref_ctx *ctx) {
+  if (!ctx) return;
+  IPCREF__LOCK(ctx);
+  while (ctx->peers) { /* misuse, but free what we can */
+    ipcref_peer *p = ctx->peers;
+    IPCREF__UNLOCK(ctx);
+    ipcref_peer_free(p);
+    IPCREF__LOCK(ctx);
+  }
+  ipcref__sweep(ctx);
+  while (ctx->ledgers) ipcref__ledger_destroy(ctx, ctx->ledgers);
+  while (ctx->segments) ipcref__segment_destroy(ctx, ctx->segments);
+  while (ctx->maps) ipcref__map_unmap(ctx, ctx->maps);
+  IPCREF__UNLOCK(ctx);
+  pthread_mutex_destroy(&ctx->lock);
+  IPCREF_FREE(ctx);
+}
+
+IPCREF_API ipcref_result ipcref_ctx_stats(ipcref_ctx *ctx, ipcref_stats *out) {
+  if (!ctx || !out) return IPCREF_EINVAL;
+  IPCREF__LOCK(ctx);
+  *out = ctx->st;
+  out->imported_bufs =
+      (size_t)__atomic_load_n(&ctx->imported_bufs, __ATOMIC_ACQUIRE);
+  IPCREF__UNLOCK(ctx);
+  return IPCREF_OK;
+}
+
+IPCREF_API size_t ipcref_collect(ipcref_ctx *ctx) {
+  size_t freed;
+  if (!ctx) return 0;
+  IPCREF__LOCK(ctx);
+  freed = ipcref__sweep(ctx);
+  IPCREF__UNLOCK(ctx);
+  return freed;
+}
+
+/* ---- shared buffers ---------------------------------------------------- */
+
+/* The release callback of a local shared buffer: the producer's own last
+ * reference went. The block goes back, or to the limbo while leased; and
+ * since leases may have come back meanwhile, the ledgers are swept. */
+IPCREF_PRIVATE void ipcref__block_release(void *user, void *data) {
+  ipcref__block *b = (ipcref__block *)user;
+  ipcref_ctx *ctx = b->seg->ctx;
+  (void)data;
+  IPCREF__LOCK(ctx);
+  ctx->st.live_bufs--;
+  ctx->st.live_bytes -= b->seg->block_size;
+  ipcref__sweep(ctx);
+  b->local = 0;
+  if (b->leases == 0) {
+    ipcref__block_free(ctx, b);
+  } else {
+    b->in_limbo = 1;
+    b->limbo_prev = NULL;
+    b->limbo_next = ctx->limbo;
+    if (ctx->limbo) ctx->limbo->limbo_prev = b;
+    ctx->limbo = b;
+    ctx->st.limbo_blocks++;
+    ctx->st.limbo_bytes += b->seg->block_size;
+  }
+  IPCREF__UNLOCK(ctx);
+}
+
+IPCREF_PRIVATE void ipcref__import_release(void *user, void *data);
+
+IPCREF_API int ipcref_buf_is_shared(const ipcref_buf *b) {
+  return b && (b->release == ipcref__block_release ||
+               b->release == ipcref__import_release);
+}
+
+IPCREF_API ipcref_result ipcref_shared_new(ipcref_ctx *ctx, size_t size,
+                                           ipcref_buf **out) {
+  ipcref__block *b;
+  ipcref_buf *buf;
+  ipcref_result r;
+  if (!ctx || !out) return IPCREF_EINVAL;
+  if (size > (size_t)PTRDIFF_MAX / 2) return IPCREF_ERANGE;
+  IPCREF__LOCK(ctx);
+  r = ipcref__block_alloc(ctx, size, &b);
+  if (r == IPCREF_ENOMEM) { /* the limbo may hold what we need */
+    ipcref__sweep(ctx);
+    r = ipcref__block_alloc(ctx, size, &b);
+  }
+  if (r == IPCREF_OK) {
+    ctx->st.live_bufs++;
+    ctx->st.live_bytes += b->seg->block_size;
+  }
+  IPCREF__UNLOCK(ctx);
+  if (r != IPCREF_OK) return r;
+  r = ipcref_buf_wrap(b->seg->base + b->offset, size, ipcref__block_release, b,
+                      &buf);
+  if (r != IPCREF_OK) {
+    ipcref__block_release(b, NULL);
+    return r;
+  }
+  *out = buf;
+  return IPCREF_OK;
+}
+
+IPCREF_API ipcref_result ipcref_view_new_shared(ipcref_ctx *ctx,
+                                                ipcref_dtype dt, int ndim,
+                                                const int64_t *shape,
+                                                ipcref_view *out) {
+  ipcref_buf *b;
+  ipcref_result r;
+  int64_t n;
+  if (!ctx || !out || (unsigned)dt >= IPCREF_DTYPE_COUNT) return IPCREF_EINVAL;
+  r = ipcref__shape_numel(ndim, shape, ipcref__dtype_sizes[dt], &n);
+  if (r != IPCREF_OK) return r;
+  r = ipcref_shared_new(ctx, (size_t)n * ipcref__dtype_sizes[dt], &b);
+  if (r != IPCREF_OK) return r;
+  r = ipcref_view_of(b, dt, ndim, shape, out);
+  ipcref_buf_release(b); /* the view holds it now (or nothing does) */
+  return r;
+}
+
+/* ---- the wire format ----------------------------------------------------
+ * Little endian, field by field (no struct copies, no padding):
+ *
+ *   u32 magic "IPCM"  u16 version  u16 nviews  u16 nfds  u16 nretired
+ *   u32 sender pid    u64 sender nonce
+ *   nfds x      { u8 kind (1 segment, 2 ledger)  u8 writable  u32 origin pid
+ *                 u64 origin nonce  u64 id  u64 size }      (one per fd)
+ *   nretired x  { u64 id }          (sender's segments it has destroyed)
+ *   nviews x    { u32 origin pid  u64 origin nonce  u64 segment id
+ *                 u64 segment size  u64 block offset  u64 block size
+ *                 u64 ledger id  u32 slot  u32 generation
+ *                 u8 dtype  u8 ndim  u8 writable  u8 0  i64 byte offset
+ *                 ndim x i64 shape  ndim x i64 strides }
+ *
+ * Caches key on (origin nonce, id), never on bytes of a handle. */
+#define IPCREF__MSG_MAGIC   0x4d435049u /* "IPCM" */
+#define IPCREF__MSG_VERSION 1u
+#define IPCREF__MSG_VIEWS   IPCREF_MSG_MAX_VIEWS
+#define IPCREF__MSG_RETIRED 64          /* announced per message at most */
+
+typedef struct ipcref__wire {
+  unsigned char *p;
+  size_t len, pos;
+  int bad; /* overflowed or short */
+} ipcref__wire;
+
+IPCREF_PRIVATE void ipcref__put(ipcref__wire *w, uint64_t v, int bytes) {
+  int i;
+  if (w->pos + (size_t)bytes > w->len) {
+    w->bad = 1;
+    return;
+  }
+  for (i = 0; i < bytes; i++) w->p[w->pos++] = (unsigned char)(v >> (8 * i));
+}
+
+IPCREF_PRIVATE uint64_t ipcref__get(ipcref__wire *w, int bytes) {
+  uint64_t v = 0;
+  int i;
+  if (w->pos + (size_t)bytes > w->len) {
+    w->bad = 1;
+    return 0;
+  }
+  for (i = 0; i < bytes; i++) v |= (uint64_t)w->p[w->pos++] << (8 * i);
+  return v;
+}
+
+typedef struct ipcref__view_rec {
+  uint32_t origin_pid;
+  uint64_t origin_nonce, seg_id, seg_size, block_offset, block_size;
+  uint64_t ledger_id;
+  uint32_t slot, gen;
+  ipcref_view view; /* buf NULL; the geometry relative to the block */
+  int writable;
+} ipcref__view_rec;
+
+typedef struct ipcref__fd_rec {
+  int kind, writable;
+  uint32_t origin_pid;
+  uint64_t origin_nonce, id, size;
+} ipcref__fd_rec;
+
+IPCREF_PRIVATE void ipcref__put_view(ipcref__wire *w,
+                                     const ipcref__view_rec *r) {
+  int d;
+  ipcref__put(w, r->origin_pid, 4);
+  ipcref__put(w, r->origin_nonce, 8);
+  ipcref__put(w, r->seg_id, 8);
+  ipcref__put(w, r->seg_size, 8);
+  ipcref__put(w, r->block_offset, 8);
+  ipcref__put(w, r->block_size, 8);
+  ipcref__put(w, r->ledger_id, 8);
+  ipcref__put(w, r->slot, 4);
+  ipcref__put(w, r->gen, 4);
+  ipcref__put(w, (uint64_t)r->view.dtype, 1);
+  ipcref__put(w, (uint64_t)r->view.ndim, 1);
+  ipcref__put(w, (uint64_t)r->writable, 1);
+  ipcref__put(w, 0, 1);
+  ipcref__put(w, (uint64_t)r->view.byte_offset, 8);
+  for (d = 0; d < r->view.ndim; d++)
+    ipcref__put(w, (uint64_t)r->view.shape[d], 8);
+  for (d = 0; d < r->view.ndim; d++)
+    ipcref__put(w, (uint64_t)r->view.strides[d], 8);
+}
+
+/* Reads a view record; 0 when it is malformed. */
+IPCREF_PRIVATE int ipcref__get_view(ipcref__wire *w, ipcref__view_rec *r) {
+  uint64_t dt, nd;
+  int d;
+  memset(r, 0, sizeof *r);
+  r->origin_pid = (uint32_t)ipcref__get(w, 4);
+  r->origin_nonce = ipcref__get(w, 8);
+  r->seg_id = ipcref__get(w, 8);
+  r->seg_size = ipcref__get(w, 8);
+  r->block_offset = ipcref__get(w, 8);
+  r->block_size = ipcref__get(w, 8);
+  r->ledger_id = ipcref__get(w, 8);
+  r->slot = (uint32_t)ipcref__get(w, 4);
+  r->gen = (uint32_t)ipcref__get(w, 4);
+  dt = ipcref__get(w, 1);
+  nd = ipcref__get(w, 1);
+  r->writable = (int)ipcref__get(w, 1);
+  (void)ipcref__get(w, 1);
+  if (w->bad || dt >= IPCREF_DTYPE_COUNT || nd > IPCREF_MAX_DIMS) return 0;
+  r->view.dtype = (ipcref_dtype)dt;
+  r->view.ndim = (int)nd;
+  r->view.byte_offset = (int64_t)ipcref__get(w, 8);
+  for (d = 0; d < (int)nd; d++) r->view.shape[d] = (int64_t)ipcref__get(w, 8);
+  for (d = 0; d < (int)nd; d++) r->view.strides[d] = (int64_t)ipcref__get(w, 8);
+  return !w->bad;
+}
+
+/* ---- peers ------------------------------------------------------------- */
+
+/* ---- the hello ----------------------------------------------------------
+ * The first message each side sends: "IPCH", version, pid, ctx nonce,
+ * with SCM_CREDENTIALS (the kernel refuses a pid or uid that is not the
+ * sender's). On a stream it is framed like every message (a 4-byte length
+ * first). */
+#define IPCREF__HELLO_MAGIC 0x48435049u /* "IPCH" */
+#define IPCREF__HELLO_BYTES 20
+
+IPCREF_PRIVATE ipcref_result ipcref__hello_send(ipcref_peer *p) {
+  union {
+    char buf[CMSG_SPACE(sizeof(struct ucred))];
+    struct cmsghdr align;
+  } u;
+  unsigned char b[4 + IPCREF__HELLO_BYTES];
+  struct ucred cred;
+  struct msghdr mh;
+  struct iovec iov;
+  struct cmsghdr *c;
+  ipcref__wire w;
+  int stream = p->sock_type == SOCK_STREAM;
+  ssize_t k;
+  w.p = b;
+  w.len = sizeof b;
+  w.pos = 0;
+  w.bad = 0;
+  if (stream) ipcref__put(&w, IPCREF__HELLO_BYTES, 4);
+  ipcref__put(&w, IPCREF__HELLO_MAGIC, 4);
+  ipcref__put(&w, IPCREF__MSG_VERSION, 4);
+  ipcref__put(&w, (uint64_t)p->ctx->pid, 4);
+  ipcref__put(&w, p->ctx->nonce, 8);
+  cred.pid = getpid();
+  cred.uid = getuid();
+  cred.gid = getgid();
+  memset(&u, 0, sizeof u);
+  memset(&mh, 0, sizeof mh);
+  iov.iov_base = b;
+  iov.iov_len = w.pos;
+  mh.msg_iov = &iov;
+  mh.msg_iovlen = 1;
+  mh.msg_control = u.buf;
+  mh.msg_controllen = sizeof u.buf;
+  c = CMSG_FIRSTHDR(&mh);
+  c->cmsg_level = SOL_SOCKET;
+  c->cmsg_type = SCM_CREDENTIALS;
+  c->cmsg_len = CMSG_LEN(sizeof cred);
+  memcpy(CMSG_DATA(c), &cred, sizeof cred);
+  do k = sendmsg(p->fd, &mh, MSG_NOSIGNAL);
+  while (k < 0 && errno == EINTR);
+  if (k < 0)
+    return errno == EPIPE || errno == ECONNRESET ? IPCREF_EPEER : IPCREF_ESYS;
+  return k == (ssize_t)w.pos ? IPCREF_OK : IPCREF_ESYS;
+}
+
+/* Reads the other side's hello (the first thing it sends), waiting up to
+ * timeout_ms (-1: forever). */
+IPCREF_PRIVATE ipcref_result ipcref__hello_read(ipcref_peer *p,
+                                                int timeout_ms) {
+  union {
+    char buf[CMSG_SPACE(sizeof(struct ucred)) +
+             CMSG_SPACE(sizeof(int) * IPCREF_MSG_MAX_FDS)];
+    struct cmsghdr align;
+  } u;
+  unsigned char b[4 + IPCREF__HELLO_BYTES];
+  struct pollfd pfd;
+  struct msghdr mh;
+  struct iovec iov;
+  struct cmsghdr *c;
+  ipcref__wire w;
+  int stream = p->sock_type == SOCK_STREAM, got_cred = 0;
+  size_t want = IPCREF__HELLO_BYTES + (stream ? 4u : 0u);
+  ssize_t k;
+  if (p->hello) return p->hello > 0 ? IPCREF_OK : IPCREF_EPROTO;
+  pfd.fd = p->fd;
+  pfd.events = POLLIN;
+  pfd.revents = 0;
+  for (;;) {
+    int pr = poll(&pfd, 1, timeout_ms);
+    if (pr > 0) break;
+    if (pr == 0) return IPCREF_ETIMEDOUT;
+    if (errno != EINTR) return IPCREF_ESYS;
+  }
+  memset(&mh, 0, sizeof mh);
+  iov.iov_base = b;
+  iov.iov_len = want;
+  mh.msg_iov = &iov;
+  mh.msg_iovlen = 1;
+  mh.msg_control = u.buf;
+  mh.msg_controllen = sizeof u.buf;
+  do k = recvmsg(p->fd, &mh, MSG_CMSG_CLOEXEC | (stream ? MSG_WAITALL : 0));
+  while (k < 0 && errno == EINTR);
+  if (k == 0 || (k < 0 && errno == ECONNRESET)) return IPCREF_EPEER;
+  if (k < 0) return IPCREF_ESYS;
+  for (c = CMSG_FIRSTHDR(&mh); c; c = CMSG_NXTHDR(&mh, c)) {
+    if (c->cmsg_level != SOL_SOCKET) continue;
+    if (c->cmsg_type == SCM_CREDENTIALS &&
+        c->cmsg_len == CMSG_LEN(sizeof(struct ucred))) {
+      struct ucred cred;
+      memcpy(&cred, CMSG_DATA(c), sizeof cred);
+      p->pid = (int)cred.pid;
+      p->uid = (int)cred.uid;
+      got_cred = 1;
+    } else if (c->cmsg_type == SCM_RIGHTS) { /* not in a hello: drop */
+      int cnt = (int)((c->cmsg_len - CMSG_LEN(0)) / sizeof(int)), j, fd;
+      for (j = 0; j < cnt; j++) {
+        memcpy(&fd, CMSG_DATA(c) + (size_t)j * sizeof(int), sizeof fd);
+        close(fd);
+      }
+    }
+  }
+  w.p = b;
+  w.len = (size_t)k;
+  w.pos = 0;
+  w.bad = 0;
+  if ((stream && ipcref__get(&w, 4) != IPCREF__HELLO_BYTES) ||
+      ipcref__get(&w, 4) != IPCREF__HELLO_MAGIC ||
+      ipcref__get(&w, 4) != IPCREF__MSG_VERSION || w.bad || (size_t)k != want ||
+      !got_cred) {
+    p->hello = -1;
+    return IPCREF_EPROTO;
+  }
+  p->hello = 1;
+  return IPCREF_OK;
+}
+
+IPCREF_API ipcref_result ipcref_peer_new(ipcref_ctx *ctx, int sockfd,
+                                         ipcref_peer **out) {
+  ipcref_peer *p;
+  struct ucred cred;
+  socklen_t len = sizeof cred;
+  int type = 0;
+  socklen_t tlen = sizeof type;
+  if (!ctx || !out || sockfd < 0) return IPCREF_EINVAL;
+  if (getsockopt(sockfd, SOL_SOCKET, SO_TYPE, &type, &tlen) != 0)
+    return errno == ENOTSOCK || errno == EBADF ? IPCREF_EINVAL : IPCREF_ESYS;
+  if (type != SOCK_STREAM && type != SOCK_SEQPACKET) return IPCREF_EINVAL;
+  if (getsockopt(sockfd, SOL_SOCKET, SO_PEERCRED, &cred, &len) != 0 ||
+      cred.pid <= 0)
+    return IPCREF_EINVAL; /* not a connected AF_UNIX socket */
+  p = (ipcref_peer *)ipcref__zalloc(sizeof *p);
+  if (!p) return IPCREF_ENOMEM;
+  p->ctx = ctx;
+  p->fd = sockfd;
+  p->pid = (int)cred.pid;
+  p->uid = (int)cred.uid;
+  p->sock_type = type;
+  {
+    int on = 1;
+    ipcref_result r = IPCREF_ESYS;
+    if (setsockopt(sockfd, SOL_SOCKET, SO_PASSCRED, &on, sizeof on) != 0 ||
+        (r = ipcref__hello_send(p)) != IPCREF_OK) {
+      IPCREF_FREE(p);
+      return r;
+    }
+  }
+  IPCREF__LOCK(ctx);
+  p->next = ctx->peers;
+  if (ctx->peers) ctx->peers->prev = p;
+  ctx->peers = p;
+  ctx->st.peers++;
+  IPCREF__UNLOCK(ctx);
+  *out = p;
+  return IPCREF_OK;
+}
+
+IPCREF_API int ipcref_peer_pid(ipcref_peer *p) {
+  if (!p) return 0;
+  if (!p->hello) (void)ipcref__hello_read(p, 5000);
+  return p->pid;
+}
+
+IPCREF_API void ipcref_peer_free(ipcref_peer *p) {
+  ipcref_ctx *ctx;
+  ipcref__ledger *l;
+  if (!p) return;
+  ctx = p->ctx;
+  while (p->pending_pos < p->npending)
+    ipcref_view_release(&p->pending[p->pending_pos++]);
+  IPCREF__LOCK(ctx);
+  if (p->prev)
+    p->prev->next = p->next;
+  else
+    ctx->peers = p->next;
+  if (p->next) p->next->prev = p->prev;
+  /* Its ledgers stay until every lease in them comes back. */
+  for (l = ctx->ledgers; l; l = l->next)
+    if (l->peer == p) l->peer = NULL;
+  ctx->st.peers--;
+  ipcref__sweep(ctx);
+  IPCREF__UNLOCK(ctx);
+  close(p->fd);
+  IPCREF_FREE(p->seen);
+  IPCREF_FREE(p->retired);
+  IPCREF_FREE(p);
+}
+
+/* 1 when the other side was sent (nonce, key) already; else records it. */
+IPCREF_PRIVATE int ipcref__seen(ipcref_peer *p, uint64_t nonce, uint64_t key,
+                                int *fail) {
+  size_t i;
+  for (i = 0; i < p->nseen; i++)
+    if (p->seen[i].nonce == nonce && p->seen[i].key == key) return 1;
+  if (!ipcref__grow((void **)&p->seen, &p->capseen, p->nseen + 1,
+                    sizeof *p->seen)) {
+    *fail = 1;
+    return 0;
+  }
+  p->seen[p->nseen].nonce = nonce;
+  p->seen[p->nseen].key = key;
+  p->nseen++;
+  return 0;
+}
+
+/* ---- export ------------------------------------------------------------ */
+
+IPCREF_PRIVATE ipcref__map *ipcref__map_find(ipcref_ctx *ctx, int kind,
+                                             uint64_t nonce, uint64_t id) {
+  ipcref__map *m;
+  for (m = ctx->maps; m; m = m->next)
+    if (m->kind == kind && m->origin_nonce == nonce && m->id == id) return m;
+  return NULL;
+}
+
+IPCREF_PRIVATE ipcref__ledger *ipcref__ledger_find(ipcref_ctx *ctx,
+                                                   uint64_t id) {
+  ipcref__ledger *l;
+  for (l = ctx->ledgers; l; l = l->next)
+    if (l->id == id) return l;
+  return NULL;
+}
+
+/* Ends a lease that was exported but never imported (under the lock). */
+IPCREF_PRIVATE void ipcref__lease_cancel(ipcref_ctx *ctx,
+                                         const ipcref__view_rec *r) {
+  if (r->origin_nonce == ctx->nonce) {
+    ipcref__ledger *l = ipcref__ledger_find(ctx, r->ledger_id);
+    uint64_t *slots;
+    ipcref__block *b;
+    if (!l || r->slot >= l->n || !l->leases[r->slot].block ||
+        l->leases[r->slot].gen != r->gen)
+      return;
+    b = l->leases[r->slot].block;
+    l->leases[r->slot].block = NULL;
+    l->live--;
+    slots = ipcref__ledger_slots(l->base);
+    __atomic_store_n(&slots[r->slot],
+                     ((uint64_t)r->gen << 2) | IPCREF__SLOT_FREE,
+                     __ATOMIC_RELEASE);
+    if (r->slot < l->n / 2) l->free_stack[l->nfree++] = r->slot;
+    (void)ipcref__lease_end(ctx, b);
+  } else { /* a forwarded lease: return it to its origin's ledger */
+    ipcref__map *m = ipcref__map_find(ctx, 2, r->origin_nonce, r->ledger_id);
+    uint64_t e = ipcref__ring_entry(IPCREF__RING_RELEASE, r->slot, r->gen);
+    if (m && r->slot < m->nslots) ipcref__ring_push(m->base, m->nslots, &e, 1);
+  }
+}
+
+/* Takes a lease for `v` and fills its record (under the lock). */
+IPCREF_PRIVATE ipcref_result ipcref__lease_take(ipcref_peer *p,
+                                                const ipcref_view *v,
+                                                ipcref__view_rec *r,
+                                                ipcref__fd_rec *fdr, int *nfd,
+                                                int *fds, int dup_fds) {
+  ipcref_ctx *ctx = p->ctx;
+  ipcref_buf *buf = v->buf;
+  int seg_fd, ledger_fd, fail = 0, seg_writable;
+  uint64_t nonce, seg_id, ledger_id, seg_size;
+  uint32_t origin_pid, ledger_n;
+  memset(r, 0, sizeof *r);
+  if (buf->release == ipcref__block_release) {
+    ipcref__block *b = (ipcref__block *)buf->release_user;
+    ipcref__ledger *l = p->ledger;
+    uint64_t *slots;
+    ipcref_result res;
+    if (b->seg->ctx != ctx) return IPCREF_EINVAL;
+    if (!l || l->nfree == 0) {
+      res = ipcref__ledger_new(ctx, p, &l);
+      if (res != IPCREF_OK) return res;
+      p->ledger = l;
+    }
+    slots = ipcref__ledger_slots(l->base);
+    r->slot = l->free_stack[--l->nfree];
+    r->gen =
+        (uint32_t)(__atomic_load_n(&slots[r->slot], __ATOMIC_RELAXED) >> 2) +
+        1u;
+    l->leases[r->slot].block = b;
+    l->leases[r->slot].gen = r->gen;
+    l->live++;
+    b->leases++;
+    ctx->st.live_slots++;
+    __atomic_store_n(&slots[r->slot],
+                     ((uint64_t)r->gen << 2) | IPCREF__SLOT_LIVE,
+                     __ATOMIC_RELEASE);
+    if (ctx->opt.writable_shares) {
+      seg_fd = b->seg->fd;
+    } else {
+      if (b->seg->ro_fd < 0) {
+        /* A second open of the memfd, read-only: the consumer cannot map
+         * it writable, whatever it tries. */
+        char path[64];
+        snprintf(path, sizeof path, "/proc/self/fd/%d", b->seg->fd);
+        b->seg->ro_fd = open(path, O_RDONLY | O_CLOEXEC);
+      }
+      seg_fd = b->seg->ro_fd;
+    }
+    seg_writable = ctx->opt.writable_shares != 0;
+    nonce = ctx->nonce;
+    origin_pid = (uint32_t)ctx->pid;
+    seg_id = b->seg->id;
+    seg_size = b->seg->size;
+    r->block_offset = b->offset;
+    r->block_size = b->seg->block_size;
+    ledger_id = l->id;
+    ledger_fd = l->fd;
+    ledger_n = l->n;
+  } else { /* forwarding an imported buffer */
+    ipcref__import *imp = (ipcref__import *)buf->release_user;
+    ipcref__map *lm = imp->ledger;
+    uint64_t *slots = ipcref__ledger_slots(lm->base), e[2];
+    uint32_t half = lm->nslots / 2, i, start, s = 0;
+    int got = 0;
+    start = (uint32_t)((uintptr_t)v >> 6) % half;
+    for (i = 0; i < half && !got; i++) {
+      uint64_t w;
+      s = half + (start + i) % half;
+      w = __atomic_load_n(&slots[s], __ATOMIC_ACQUIRE);
+      if ((w & 3u) != IPCREF__SLOT_FREE) continue;
+      /* Claim it: forwarders of one ledger may race here. */
+      got = __atomic_compare_exchange_n(
+          &slots[s], &w, (((w >> 2) + 1) << 2) | IPCREF__SLOT_LIVE, 0,
+          __ATOMIC_ACQ_REL, __ATOMIC_RELAXED);
+      if (got) r->gen = (uint32_t)((w >> 2) + 1);
+    }
+    if (!got) return IPCREF_EBUSY; /* every forwarding slot is in use */
+    r->slot = s;
+    e[0] = ipcref__ring_entry(IPCREF__RING_LINK, s, r->gen);
+    e[1] = ipcref__ring_entry(IPCREF__RING_PARENT, imp->slot, imp->gen);
+    ipcref__ring_push(lm->base, lm->nslots, e, 2);
+    seg_fd = imp->seg->fd;
+    seg_writable = imp->seg->writable;
+    nonce = imp->seg->origin_nonce;
+    origin_pid = (uint32_t)imp->seg->origin_pid;
+    seg_id = imp->seg->id;
+    seg_size = imp->seg->size;
+    r->block_offset = imp->offset;
+    r->block_size = imp->size;
+    ledger_id = lm->id;
+    ledger_fd = lm->fd;
+    ledger_n = lm->nslots;
+  }
+  r->origin_pid = origin_pid;
+  r->origin_nonce = nonce;
+  r->seg_id = seg_id;
+  r->seg_size = seg_size;
+  r->ledger_id = ledger_id;
+  r->writable = seg_writable;
+  r->view = *v;
+  r->view.buf = NULL;
+  r->view.byte_offset = v->byte_offset; /* relative to the block's data */
+  /* The fds the peer lacks. */
+  if (seg_fd < 0) goto sys;
+  if (!ipcref__seen(p, nonce, seg_id << 1, &fail) && !fail) {
+    fdr[*nfd].kind = 1;
+    fdr[*nfd].writable = seg_writable;
+    fdr[*nfd].origin_pid = origin_pid;
+    fdr[*nfd].origin_nonce = nonce;
+    fdr[*nfd].id = seg_id;
+    fdr[*nfd].size = seg_size;
+    fds[(*nfd)++] = dup_fds ? fcntl(seg_fd, F_DUPFD_CLOEXEC, 0) : seg_fd;
+  }
+  if (!fail && !ipcref__seen(p, nonce, (ledger_id << 1) | 1u, &fail) && !fail) {
+    fdr[*nfd].kind = 2;
+    fdr[*nfd].writable = 1;
+    fdr[*nfd].origin_pid = origin_pid;
+    fdr[*nfd].origin_nonce = nonce;
+    fdr[*nfd].id = ledger_id;
+    fdr[*nfd].size = ipcref__ledger_bytes(ledger_n);
+    fds[(*nfd)++] = dup_fds ? fcntl(ledger_fd, F_DUPFD_CLOEXEC, 0) : ledger_fd;
+  }
+  if (fail) {
+    ipcref__lease_cancel(ctx, r);
+    return IPCREF_ENOMEM;
+  }
+  return IPCREF_OK;
+sys:
+  ipcref__lease_cancel(ctx, r);
+  return IPCREF_ESYS;
+}
+
+/* Forgets that the peer was sent the fds of these records (the message
+ * carrying them never left). */
+IPCREF_PRIVATE void ipcref__unsee(ipcref_peer *p, const ipcref__fd_rec *fdr,
+                                  int n) {
+  int i;
+  size_t k;
+  for (i = 0; i < n; i++)
+    for (k = 0; k < p->nseen; k++)
+      if (p->seen[k].nonce == fdr[i].origin_nonce &&
+          p->seen[k].key == ((fdr[i].id << 1) | (fdr[i].kind == 2))) {
+        p->seen[k] = p->seen[--p->nseen];
+        break;
+      }
+}
+
+/* Builds a message for `n` views (under the lock). */
+IPCREF_PRIVATE ipcref_result ipcref__export_msg(ipcref_peer *p,
+                                                const ipcref_view *views, int n,
+                                                ipcref_msg *msg, int dup_fds) {
+  ipcref_ctx *ctx = p->ctx;
+  ipcref__view_rec recs[IPCREF__MSG_VIEWS];
+  ipcref__fd_rec fdr[IPCREF_MSG_MAX_FDS];
+  ipcref__wire w;
+  size_t nret;
+  int i, nfd = 0;
+  ipcref_result r = IPCREF_OK;
+  if (n < 1 || n > IPCREF__MSG_VIEWS) return IPCREF_EINVAL;
+  for (i = 0; i < n; i++)
+    if (!ipcref__view_valid(&views[i]) || !ipcref_buf_is_shared(views[i].buf))
+      return IPCREF_EINVAL;
+  for (i = 0; i < n && r == IPCREF_OK; i++) {
+    int k, first = nfd;
+    r = ipcref__lease_take(p, &views[i], &recs[i], fdr, &nfd, msg->fds,
+                           dup_fds);
+    if (r != IPCREF_OK) break; /* it ended its own lease */
+    for (k = first; k < nfd; k++)
+      if (msg->fds[k] < 0) r = IPCREF_ESYS; /* a dup failed */
+    if (r != IPCREF_OK) {
+      ipcref__lease_cancel(ctx, &recs[i]);
+      break;
+    }
+  }
+  if (r != IPCREF_OK) {
+    int k;
+    for (k = 0; k < i; k++) ipcref__lease_cancel(ctx, &recs[k]);
+    ipcref__unsee(p, fdr, nfd);
+    if (dup_fds)
+      for (k = 0; k < nfd; k++)
+        if (msg->fds[k] >= 0) close(msg->fds[k]);
+    return r;
+  }
+  nret = p->nretired < IPCREF__MSG_RETIRED ? p->nretired : IPCREF__MSG_RETIRED;
+  w.p = msg->bytes;
+  w.len = sizeof msg->bytes;
+  w.pos = 0;
+  w.bad = 0;
+  ipcref__put(&w, IPCREF__MSG_MAGIC, 4);
+  ipcref__put(&w, IPCREF__MSG_VERSION, 2);
+  ipcref__put(&w, (uint64_t)n, 2);
+  ipcref__put(&w, (uint64_t)nfd, 2);
+  ipcref__put(&w, nret, 2);
+  ipcref__put(&w, (uint64_t)ctx->pid, 4);
+  ipcref__put(&w, ctx->nonce, 8);
+  for (i = 0; i < nfd; i++) {
+    ipcref__put(&w, (uint64_t)fdr[i].kind, 1);
+    ipcref__put(&w, (uint64_t)fdr[i].writable, 1);
+    ipcref__put(&w, fdr[i].origin_pid, 4);
+    ipcref__put(&w, fdr[i].origin_nonce, 8);
+    ipcref__put(&w, fdr[i].id, 8);
+    ipcref__put(&w, fdr[i].size, 8);
+  }
+  for (i = 0; i < (int)nret; i++) ipcref__put(&w, p->retired[i], 8);
+  for (i = 0; i < n; i++) ipcref__put_view(&w, &recs[i]);
+  /* IPCREF_MSG_MAX_BYTES holds the largest record these limits allow. */
+  IPCREF_ASSERT(!w.bad);
+  if (nret) {
+    memmove(p->retired, p->retired + nret, (p->nretired - nret) * 8);
+    p->nretired -= nret;
+  }
+  msg->len = w.pos;
+  msg->nfds = nfd;
+  msg->origin = p;
+  ctx->st.fds_sent += (uint64_t)nfd;
+  return IPCREF_OK;
+}
+
+/* ---- import ------------------------------------------------------------ */
+
+/* The release callback of an imported buffer: this process's last
+ * reference went, so the lease goes back to its producer. One fetch_add
+ * and stores into shared memory, a free: no system call, no lock. */
+IPCREF_PRIVATE void ipcref__import_release(void *user, void *data) {
+  ipcref__import *imp = (ipcref__import *)user;
+  uint64_t e = ipcref__ring_entry(IPCREF__RING_RELEASE, imp->slot, imp->gen);
+  (void)data;
+  ipcref__ring_push(imp->ledger->base, imp->ledger->nslots, &e, 1);
+  __atomic_fetch_sub(&imp->seg->refs, 1, __ATOMIC_RELEASE);
+  __atomic_fetch_sub(&imp->ledger->refs, 1, __ATOMIC_RELEASE);
+  __atomic_fetch_sub(&imp->ctx->imported_bufs, 1, __ATOMIC_RELEASE);
+  IPCREF_FREE(imp);
+}
+
+/* Unmaps what its origin retired and nobody here uses (under the lock). */
+IPCREF_PRIVATE void ipcref__maps_trim(ipcref_ctx *ctx) {
+  ipcref__map *m, *next;
+  for (m = ctx->maps; m; m = next) {
+    next = m->next;
+    if (m->retired && __atomic_load_n(&m->refs, __ATOMIC_ACQUIRE) == 0)
+      ipcref__map_unmap(ctx, m);
+  }
+}
+
+/* Checks a received fd against its record and maps it. The fd must be a
+ * memfd sealed against shrinking and growing (so the mapping can never
+ * SIGBUS), of exactly the announced size, opened with the access the
+ * mapping needs. A ledger's header must agree with the record. */
+IPCREF_PRIVATE ipcref_result ipcref__map_fd(int fd, const ipcref__fd_rec *r,
+                                            ipcref__map **out) {
+  struct stat st;
+  int seals, fl, prot;
+  ipcref__map *m;
+  unsigned char *base;
+  if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode) ||
+      (uint64_t)st.st_size != r->size || r->size == 0 ||
+      r->size > (uint64_t)PTRDIFF_MAX)
+    return IPCREF_EPROTO;
+  seals = fcntl(fd, F_GET_SEALS);
+  if (seals < 0 ||
+      (seals & (F_SEAL_SHRINK | F_SEAL_GROW)) != (F_SEAL_SHRINK | F_SEAL_GROW))
+    return IPCREF_EPROTO;
+  fl = fcntl(fd, F_GETFL);
+  if (fl < 0) return IPCREF_EPROTO;
+  if (r->kind == 2) {
+    if ((fl & O_ACCMODE) != O_RDWR || r->size < IPCREF__LEDGER_HDR)
+      return IPCREF_EPROTO;
+    prot = PROT_READ | PROT_WRITE;
+  } else {
+    if (r->writable && (fl & O_ACCMODE) != O_RDWR) return IPCREF_EPROTO;
+    prot = r->writable ? PROT_READ | PROT_WRITE : PROT_READ;
+  }
+  base = (unsigned char *)mmap(NULL, (size_t)r->size, prot, MAP_SHARED, fd, 0);
+  if (base == (unsigned char *)MAP_FAILED) return IPCREF_ESYS;
+  m = (ipcref__map *)ipcref__zalloc(sizeof *m);
+  if (!m) {
+    munmap(base, (size_t)r->size);
+    return IPCREF_ENOMEM;
+  }
+  m->kind = r->kind;
+  m->origin_nonce = r->origin_nonce;
+  m->origin_pid = (int)r->origin_pid;
+  m->id = r->id;
+  m->fd = fd;
+  m->base = base;
+  m->size = (size_t)r->size;
+  m->writable = r->kind == 1 && r->writable;
+  if (r->kind == 2) {
+    ipcref__ledger_hdr *h = (ipcref__ledger_hdr *)(void *)base;
+    uint32_t n = h->nslots;
+    if (h->magic != IPCREF__LEDGER_MAGIC ||
+        h->version != IPCREF__LEDGER_VERSION || n < 2 || n > (1u << 24) ||
+        (n & 1) || ipcref__ledger_bytes(n) != r->size ||
+        h->origin_nonce != r->origin_nonce || h->ledger_id != r->id) {
+      munmap(base, (size_t)r->size);
+      IPCREF_FREE(m);
+      return IPCREF_EPROTO;
+    }
+    m->nslots = n;
+    m->imported = (uint32_t *)ipcref__zalloc(n * sizeof(uint32_t));
+    if (!m->imported) {
+      munmap(base, (size_t)r->size);
+      IPCREF_FREE(m);
+      return IPCREF_ENOMEM;
+    }
+  }
+  *out = m;
+  return IPCREF_OK;
+}
+
+/* Imports a received record with its fds (takes the fds). `views` gets
+ * one view per record. */
+IPCREF_PRIVATE ipcref_result ipcref__import_bytes(ipcref_peer *p,
+                                                  const unsigned char *bytes,
+                                                  size_t len, int *fds,
+                                                  int nfds, ipcref_view *views,
+                                                  int *nviews) {
+  ipcref_ctx *ctx = p->ctx;
+  ipcref__wire w;
+  ipcref__fd_rec fdr[IPCREF_MSG_MAX_FDS];
+  ipcref__map *fresh[IPCREF_MSG_MAX_FDS];
+  ipcref__view_rec recs[IPCREF__MSG_VIEWS];
+  ipcref__map *segm[IPCREF__MSG_VIEWS], *ledm[IPCREF__MSG_VIEWS];
+  uint64_t sender_nonce;
+  int i, k, n, nfd, nret, nfresh = 0, made = 0;
+  ipcref_result r = IPCREF_EPROTO;
+  w.p = (unsigned char *)(uintptr_t)bytes;
+  w.len = len;
+  w.pos = 0;
+  w.bad = 0;
+  memset(fresh, 0, sizeof fresh);
+  if (ipcref__get(&w, 4) != IPCREF__MSG_MAGIC ||
+      ipcref__get(&w, 2) != IPCREF__MSG_VERSION)
+    goto close_fds;
+  n = (int)ipcref__get(&w, 2);
+  nfd = (int)ipcref__get(&w, 2);
+  nret = (int)ipcref__get(&w, 2);
+  (void)ipcref__get(&w, 4);
+  sender_nonce = ipcref__get(&w, 8);
+  if (w.bad || n < 1 || n > IPCREF__MSG_VIEWS || nfd != nfds ||
+      nfd > IPCREF_MSG_MAX_FDS || nret > IPCREF__MSG_RETIRED)
+    goto close_fds;
+  for (i = 0; i < nfd; i++) {
+    fdr[i].kind = (int)ipcref__get(&w, 1);
+    fdr[i].writable = (int)ipcref__get(&w, 1);
+    fdr[i].origin_pid = (uint32_t)ipcref__get(&w, 4);
+    fdr[i].origin_nonce = ipcref__get(&w, 8);
+    fdr[i].id = ipcref__get(&w, 8);
+    fdr[i].size = ipcref__get(&w, 8);
+    if (fdr[i].kind != 1 && fdr[i].kind != 2) w.bad = 1;
+  }
+  if (w.bad) goto close_fds;
+  IPCREF__LOCK(ctx);
+  for (i = 0; i < nret; i++) { /* the sender destroyed these segments */
+    ipcref__map *m = ipcref__map_find(ctx, 1, sender_nonce, ipcref__get(&w, 8));
+    if (m) m->retired = 1;
+  }
+  ipcref__maps_trim(ctx);
+  for (i = 0; i < n; i++)
+    if (!ipcref__get_view(&w, &recs[i])) goto unlock;
+  if (w.pos != w.len) goto unlock;
+  /* Map what is new; an fd for something already mapped is redundant. */
+  for (i = 0; i < nfd; i++) {
+    if (ipcref__map_find(ctx, fdr[i].kind, fdr[i].origin_nonce, fdr[i].id))
+      continue;
+    for (k = 0; k < nfresh; k++)
+      if (fresh[k]->kind == fdr[i].kind &&
+          fresh[k]->origin_nonce == fdr[i].origin_nonce &&
+          fresh[k]->id == fdr[i].id)
+        break;
+    if (k < nfresh) continue;
+    r = ipcref__map_fd(fds[i], &fdr[i], &fresh[nfresh]);
+    if (r != IPCREF_OK) goto unlock;
+    fds[i] = -1; /* the map owns it now */
+    nfresh++;
+  }
+  /* Check every record before anything is taken. */
+  r = IPCREF_EPROTO;
+  for (i = 0; i < n; i++) {
+    ipcref__view_rec *v = &recs[i];
+    struct ipcref_buf fake;
+    ipcref_view geo;
+    uint64_t *slots, word, end;
+    segm[i] = ipcref__map_find(ctx, 1, v->origin_nonce, v->seg_id);
+    ledm[i] = ipcref__map_find(ctx, 2, v->origin_nonce, v->ledger_id);
+    for (k = 0; k < nfresh; k++) {
+      if (fresh[k]->origin_nonce != v->origin_nonce) continue;
+      if (fresh[k]->kind == 1 && fresh[k]->id == v->seg_id) segm[i] = fresh[k];
+      if (fresh[k]->kind == 2 && fresh[k]->id == v->ledger_id)
+        ledm[i] = fresh[k];
+    }
+    if (!segm[i] || !ledm[i] || segm[i]->retired ||
+        segm[i]->size != v->seg_size || v->block_size == 0 ||
+        __builtin_add_overflow(v->block_offset, v->block_size, &end) ||
+        end > segm[i]->size || v->slot >= ledm[i]->nslots ||
+        (v->writable && !segm[i]->writable))
+      goto unlock;
+    /* The lease must be live at exactly this generation (a replay of an
+     * older message finds the slot freed or reused), and not imported
+     * already (one export, one import). */
+    slots = ipcref__ledger_slots(ledm[i]->base);
+    word = __atomic_load_n(&slots[v->slot], __ATOMIC_ACQUIRE);
+    if (word != (((uint64_t)v->gen << 2) | IPCREF__SLOT_LIVE) ||
+        ledm[i]->imported[v->slot] == v->gen + 1u)
+      goto unlock;
+    for (k = 0; k < i; k++)
+      if (ledm[k] == ledm[i] && recs[k].slot == v->slot) goto unlock;
+    /* Every element the view reaches lies inside the block. */
+    memset(&fake, 0, sizeof fake);
+    fake.data = segm[i]->base + v->block_offset;
+    fake.size = (size_t)v->block_size;
+    geo = v->view;
+    geo.buf = &fake;
+    if (ipcref__view_check_new(&geo) != IPCREF_OK ||
+        geo.byte_offset % (int64_t)ipcref__dtype_sizes[geo.dtype] != 0)
+      goto unlock;
+  }
+  /* Commit: the new mappings join the cache, and each view gets a buffer
+   * whose death returns its lease. */
+  for (k = 0; k < nfresh; k++) {
+    fresh[k]->next = ctx->maps;
+    fresh[k]->prev = NULL;
+    if (ctx->maps) ctx->maps->prev = fresh[k];
+    ctx->maps = fresh[k];
+    if (fresh[k]->kind == 1)
+      ctx->st.mapped_segments++;
+    else
+      ctx->st.counter_files++;
+  }
+  nfresh = 0;
+  ctx->st.fds_received += (uint64_t)nfd;
+  r = IPCREF_OK;
+  for (i = 0; i < n; i++) {
+    ipcref__view_rec *v = &recs[i];
+    ipcref__import *imp = (ipcref__import *)ipcref__zalloc(sizeof *imp);
+    ipcref_buf *b = NULL;
+    if (!imp ||
+        ipcref_buf_wrap(segm[i]->base + v->block_offset, (size_t)v->block_size,
+                        ipcref__import_release, imp, &b) != IPCREF_OK) {
+      /* Out of memory: give back the leases we cannot use. */
+      IPCREF_FREE(imp);
+      for (k = i; k < n; k++) {
+        uint64_t e =
+            ipcref__ring_entry(IPCREF__RING_RELEASE, recs[k].slot, recs[k].gen);
+        ledm[k]->imported[recs[k].slot] = recs[k].gen + 1u;
+        ipcref__ring_push(ledm[k]->base, ledm[k]->nslots, &e, 1);
+      }
+      r = IPCREF_ENOMEM;
+      break;
+    }
+    /* A read-only mapping is never writable, however unique. */
+    if (!segm[i]->writable) ipcref__buf_set_read_only(b);
+    imp->ctx = ctx;
+    imp->seg = segm[i];
+    imp->ledger = ledm[i];
+    imp->slot = v->slot;
+    imp->gen = v->gen;
+    imp->offset = (size_t)v->block_offset;
+    imp->size = (size_t)v->block_size;
+    ledm[i]->imported[v->slot] = v->gen + 1u;
+    __atomic_fetch_add(&segm[i]->refs, 1, __ATOMIC_RELAXED);
+    __atomic_fetch_add(&ledm[i]->refs, 1, __ATOMIC_RELAXED);
+    __atomic_fetch_add(&ctx->imported_bufs, 1, __ATOMIC_RELAXED);
+    views[i] = v->view;
+    views[i].buf = b;
+    made++;
+  }
+  *nviews = made;
+unlock:
+  for (k = 0; k < nfresh; k++) { /* not committed: undo */
+    munmap(fresh[k]->base, fresh[k]->size);
+    close(fresh[k]->fd);
+    IPCREF_FREE(fresh[k]->imported);
+    IPCREF_FREE(fresh[k]);
+  }
+  IPCREF__UNLOCK(ctx);
+  if (r != IPCREF_OK && made) { /* ENOMEM partway */
+    for (i = 0; i < made; i++) ipcref_view_release(&views[i]);
+    *nviews = 0;
+  }
+close_fds:
+  for (i = 0; i < nfds; i++)
+    if (fds[i] >= 0) close(fds[i]);
+  return r;
+}
+
+IPCREF_API ipcref_result ipcref_export(ipcref_peer *p, const ipcref_view *v,
+                                       ipcref_msg *msg) {
+  ipcref_result r;
+  if (!p || !v || !msg) return IPCREF_EINVAL;
+  msg->len = 0;
+  msg->nfds = 0;
+  msg->origin = NULL;
+  IPCREF__LOCK(p->ctx);
+  r = ipcref__export_msg(p, v, 1, msg, 1);
+  IPCREF__UNLOCK(p->ctx);
+  return r;
+}
+
+IPCREF_API ipcref_result ipcref_import(ipcref_peer *p, ipcref_msg *msg,
+                                       ipcref_view *out) {
+  ipcref_view views[IPCREF__MSG_VIEWS];
+  ipcref_result r;
+  int n = 0, i;
+  if (!p || !msg || !out || msg->nfds < 0 || msg->nfds > IPCREF_MSG_MAX_FDS ||
+      msg->len > sizeof msg->bytes)
+    return IPCREF_EINVAL;
+  r = ipcref__import_bytes(p, msg->bytes, msg->len, msg->fds, msg->nfds, views,
+                           &n);
+  msg->nfds = 0; /* taken (and closed on error) */
+  msg->origin = NULL;
+  if (r != IPCREF_OK) return r;
+  for (i = 1; i < n; i++) ipcref_view_release(&views[i]); /* one per msg */
+  *out = views[0];
+  return IPCREF_OK;
+}
+
+IPCREF_API void ipcref_msg_free(ipcref_msg *msg) {
+  int i;
+  if (!msg) return;
+  for (i = 0; i < msg->nfds && i < IPCREF_MSG_MAX_FDS; i++)
+    if (msg->fds[i] >= 0) close(msg->fds[i]);
+  msg->nfds = 0;
+  if (msg->origin && msg->len <= sizeof msg->bytes) {
+    /* Never imported: end the leases it carries. */
+    ipcref_ctx *ctx = msg->origin->ctx;
+    ipcref__wire w;
+    ipcref__view_rec rec;
+    int n, nfd, nret;
+    w.p = msg->bytes;
+    w.len = msg->len;
+    w.pos = 0;
+    w.bad = 0;
+    (void)ipcref__get(&w, 6);
+    n = (int)ipcref__get(&w, 2);
+    nfd = (int)ipcref__get(&w, 2);
+    nret = (int)ipcref__get(&w, 2);
+    (void)ipcref__get(&w, 8); /* sender pid and nonce */
+    (void)ipcref__get(&w, 4);
+    IPCREF__LOCK(ctx);
+    /* The peer never got these fds: send them again next time. */
+    for (; nfd > 0 && !w.bad; nfd--) {
+      ipcref__fd_rec f;
+      f.kind = (int)ipcref__get(&w, 1);
+      (void)ipcref__get(&w, 5);
+      f.origin_nonce = ipcref__get(&w, 8);
+      f.id = ipcref__get(&w, 8);
+      (void)ipcref__get(&w, 8);
+      ipcref__unsee(msg->origin, &f, 1);
+    }
+    w.pos += (size_t)nret * 8;
+    while (n-- > 0 && ipcref__get_view(&w, &rec))
+      ipcref__lease_cancel(ctx, &rec);
+    IPCREF__UNLOCK(ctx);
+  }
+  msg->origin = NULL;
+  msg->len = 0;
+}
+
+/* ---- send and receive -------------------------------------------------- */
+
+/* Sends a record with fds: one datagram on SOCK_SEQPACKET; on SOCK_STREAM a
+ * 4-byte length first (the fds travel with it). */
+IPCREF_PRIVATE ipcref_result ipcref__send_raw(ipcref_peer *p,
+                                              const ipcref_msg *msg) {
+  union {
+    char buf[CMSG_SPACE(sizeof(int) * IPCREF_MSG_MAX_FDS)];
+    struct cmsghdr align;
+  } u;
+  unsigned char lenbuf[4];
+  struct iovec iov[2];
+  struct msghdr mh;
+  size_t total, sent = 0;
+  int stream = p->sock_type == SOCK_STREAM, i;
+  memset(&mh, 0, sizeof mh);
+  lenbuf[0] = (unsigned char)msg->len;
+  lenbuf[1] = (unsigned char)(msg->len >> 8);
+  lenbuf[2] = (unsigned char)(msg->len >> 16);
+  lenbuf[3] = 0;
+  iov[0].iov_base = lenbuf;
+  iov[0].iov_len = 4;
+  iov[1].iov_base = (void *)(uintptr_t)msg->bytes;
+  iov[1].iov_len = msg->len;
+  mh.msg_iov = stream ? iov : iov + 1;
+  mh.msg_iovlen = stream ? 2 : 1;
+  total = msg->len + (stream ? 4 : 0);
+  if (msg->nfds > 0) {
+    struct cmsghdr *c;
+    memset(&u, 0, sizeof u);
+    mh.msg_control = u.buf;
+    mh.msg_controllen = CMSG_SPACE(sizeof(int) * (size_t)msg->nfds);
+    c = CMSG_FIRSTHDR(&mh);
+    c->cmsg_level = SOL_SOCKET;
+    c->cmsg_type = SCM_RIGHTS;
+    c->cmsg_len = CMSG_LEN(sizeof(int) * (size_t)msg->nfds);
+    memcpy(CMSG_DATA(c), msg->fds, sizeof(int) * (size_t)msg->nfds);
+  }
+  while (sent < total) {
+    ssize_t k = sendmsg(p->fd, &mh, MSG_NOSIGNAL);
+    if (k < 0) {
+      if (errno == EINTR) continue;
+      return errno == EPIPE || errno == ECONNRESET ? IPCREF_EPEER : IPCREF_ESYS;
+    }
+    sent += (size_t)k;
+    if (sent >= total) break;
+    /* A stream took part of it: send the rest, without the fds. */
+    mh.msg_control = NULL;
+    mh.msg_controllen = 0;
+    for (i = 0; i < (int)mh.msg_iovlen && k > 0; i++) {
+      size_t take =
+          (size_t)k < mh.msg_iov[i].iov_len ? (size_t)k : mh.msg_iov[i].iov_len;
+      mh.msg_iov[i].iov_base = (char *)mh.msg_iov[i].iov_base + take;
+      mh.msg_iov[i].iov_len -= take;
+      k -= (ssize_t)take;
+    }
+  }
+  return IPCREF_OK;
+}
+
+IPCREF_API ipcref_result ipcref_send_batch(ipcref_peer *p,
+                                           const ipcref_view *views, int n) {
+  ipcref_msg msg;
+  ipcref_result r;
+  if (!p || !views || n < 1 || n > IPCREF__MSG_VIEWS) return IPCREF_EINVAL;
+  msg.len = 0;
+  msg.nfds = 0;
+  msg.origin = NULL;
+  IPCREF__LOCK(p->ctx);
+  r = ipcref__export_msg(p, views, n, &msg, 0); /* fds borrowed */
+  IPCREF__UNLOCK(p->ctx);
+  if (r != IPCREF_OK) return r;
+  /* Not under the lock: the socket may block on the peer. */
+  r = ipcref__send_raw(p, &msg);
+  if (r != IPCREF_OK) {
+    msg.nfds = 0; /* borrowed: not ours to close */
+    ipcref_msg_free(&msg);
+  }
+  return r;
+}
+
+IPCREF_API ipcref_result ipcref_send(ipcref_peer *p, const ipcref_view *v) {
+  return ipcref_send_batch(p, v, 1);
+}
+
+/* Reads exactly n bytes from a stream socket. */
+IPCREF_PRIVATE ipcref_result ipcref__read_all(int fd, unsigned char *b,
+                                              size_t n) {
+  while (n) {
+    ssize_t k = read(fd, b, n);
+    if (k < 0 && errno == EINTR) continue;
+    if (k < 0) return errno == ECONNRESET ? IPCREF_EPEER : IPCREF_ESYS;
+    if (k == 0) return IPCREF_EPEER;
+    b += k;
+    n -= (size_t)k;
+  }
+  return IPCREF_OK;
+}
+
+IPCREF_API ipcref_result ipcref_recv(ipcref_peer *p, ipcref_view *out,
+                                     int timeout_ms) {
+  union {
+    char buf[CMSG_SPACE(sizeof(int) * IPCREF_MSG_MAX_FDS)];
+    struct cmsghdr align;
+  } u;
+  unsigned char *bytes;
+  unsigned char head[4];
+  struct pollfd pfd;
+  struct msghdr mh;
+  struct iovec iov;
+  struct cmsghdr *c;
+  int fds[IPCREF_MSG_MAX_FDS], nfds = 0, stream, i, n = 0;
+  size_t len;
+  ssize_t k;
+  ipcref_result r;
+  if (!p || !out) return IPCREF_EINVAL;
+  if (p->pending_pos < p->npending) {
+    *out = p->pending[p->pending_pos++];
+    return IPCREF_OK;
+  }
+  if (!p->hello) { /* the other side's first message */
+    r = ipcref__hello_read(p, timeout_ms);
+    if (r != IPCREF_OK) return r;
+  }
+  if (p->hello < 0) return IPCREF_EPROTO;
+  pfd.fd = p->fd;
+  pfd.events = POLLIN;
+  pfd.revents = 0;
+  for (;;) {
+    int pr = poll(&pfd, 1, timeout_ms);
+    if (pr > 0) break;
+    if (pr == 0) return IPCREF_ETIMEDOUT;
+    if (errno != EINTR) return IPCREF_ESYS;
+  }
+  bytes = (unsigned char *)IPCREF_MALLOC(IPCREF_MSG_MAX_BYTES);
+  if (!bytes) return IPCREF_ENOMEM;
+  stream = p->sock_type == SOCK_STREAM;
+  memset(&mh, 0, sizeof mh);
+  iov.iov_base = stream ? (void *)head : (void *)bytes;
+  iov.iov_len = stream ? 4 : IPCREF_MSG_MAX_BYTES;
+  mh.msg_iov = &iov;
+  mh.msg_iovlen = 1;
+  mh.msg_control = u.buf;
+  mh.msg_controllen = sizeof u.buf;
+  do k = recvmsg(p->fd, &mh, MSG_CMSG_CLOEXEC | (stream ? MSG_WAITALL : 0));
+  while (k < 0 && errno == EINTR);
+  for (c = k >= 0 ? CMSG_FIRSTHDR(&mh) : NULL; c; c = CMSG_NXTHDR(&mh, c)) {
+    if (c->cmsg_level == SOL_SOCKET && c->cmsg_type == SCM_RIGHTS) {
+      int cnt = (int)((c->cmsg_len - CMSG_LEN(0)) / sizeof(int)), j;
+      for (j = 0; j < cnt; j++) {
+        int fd;
+        memcpy(&fd, CMSG_DATA(c) + (size_t)j * sizeof(int), sizeof fd);
+        if (nfds < IPCREF_MSG_MAX_FDS)
+          fds[nfds++] = fd;
+        else
+          close(fd);
+      }
+    }
+  }
+  if (k <= 0) {
+    r = k == 0 || errno == ECONNRESET ? IPCREF_EPEER : IPCREF_ESYS;
+    goto fail;
+  }
+  r = IPCREF_EPROTO;
+  if (mh.msg_flags & (MSG_CTRUNC | MSG_TRUNC)) goto fail;
+  if (stream) {
+    if (k != 4) goto fail;
+    len = (size_t)head[0] | (size_t)head[1] << 8 | (size_t)head[2] << 16 |
+          (size_t)head[3] << 24;
+    if (len > IPCREF_MSG_MAX_BYTES) goto fail;
+    r = ipcref__read_all(p->fd, bytes, len);
+    if (r != IPCREF_OK) goto fail;
+  } else {
+    len = (size_t)k;
+  }
+  r = ipcref__import_bytes(p, bytes, len, fds, nfds, p->pending, &n);
+  IPCREF_FREE(bytes);
+  if (r != IPCREF_OK) return r;
+  *out = p->pending[0];
+  p->npending = n;
+  p->pending_pos = 1;
+  return IPCREF_OK;
+fail:
+  for (i = 0; i < nfds; i++) close(fds[i]);
+  IPCREF_FREE(bytes);
+  return r;
+}
+
+#endif /* __USE_GNU */
+#endif /* !IPCREF_NO_SHARING */
