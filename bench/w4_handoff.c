@@ -16,19 +16,22 @@
  *                                 c_msg64
  *   first         ipcref_first    the FIRST hand-off of a new segment: each
  *                                 iteration allocates a new buffer that gets
- *                                 a segment of its own (segment_size below
- *                                 SIZE, no segment cache), so its memfd
- *                                 crosses and the consumer maps it; the
- *                                 allocation (and writing the two bytes)
+ *                                 a segment of its own (segment_size 4096,
+ *                                 the smallest: blocks over half a segment
+ *                                 get their own; no segment cache), so its
+ *                                 memfd crosses and the consumer maps it.
+ *                                 The allocation (and writing the two bytes)
  *                                 and the producer's release after the ack
  *                                 are not timed, as c_memfd_scm's memfd is
- *                                 made once. Compare with c_memfd_scm
+ *                                 made once. Every timed hand-off must send
+ *                                 an fd (ipcref_stats.fds_sent), else the
+ *                                 row fails. Compare with c_memfd_scm
  * The data travels over a socketpair(AF_UNIX, SOCK_SEQPACKET) owned by the
  * two ipcref_peers; the 1-byte ack over a second socketpair.
  * W4_PIN=split pins the producer to the first and the consumer to the second
  * allowed CPU. The workload id printed is $W4_ID if set (w4, w4_1cpu,
- * w4_2cpu), else w4. There is no inline small-block path in the API, so no
- * ipcref_inline row.
+ * w4_2cpu), else w4. The library has no inline small-block path (a view's
+ * bytes inside the message), so there is no ipcref_inline row.
  * Build: gcc -O2 -std=c11 -I.. w4_handoff.c -o w4_ipcref -pthread
  * Run:   ./w4_ipcref ipcref|first SIZE [SECONDS=1.0] */
 #define _GNU_SOURCE /* clock_gettime, sched_setaffinity */
@@ -47,9 +50,9 @@
 #include "../ipcref.h"
 #include "bench.h"
 
-#define WARMUPS  3
-#define MAX_N    50000000
-#define PAGE_MIN 4096 /* the smallest segment we ask for */
+#define WARMUPS 3
+#define MAX_N   50000000
+#define SEG_MIN 4096 /* the smallest segment_size ipcref_ctx_new takes */
 
 enum { MODE_STEADY, MODE_FIRST };
 
@@ -103,7 +106,7 @@ static ipcref_ctx_options options(void) {
   ipcref_ctx_options o;
   memset(&o, 0, sizeof o);
   if (g_mode == MODE_FIRST) {
-    o.segment_size = PAGE_MIN;
+    o.segment_size = SEG_MIN;
     o.segment_cache = 1; /* less than any segment: none is kept */
   }
   return o;

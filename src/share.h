@@ -126,8 +126,10 @@ IPCREF_API int ipcref_peer_pid(ipcref_peer *p);
 /* Exports `v` to peer `p` as a message (for users with their own
  * transport): takes a lease and adds the fds the peer lacks. The view's
  * buffer must be shared (ipcref_shared_new, or imported: forwarding).
- * Small views may travel inline (a private copy). Errors: EINVAL (not a
- * shared buffer, bad view), ENOMEM, ESYS. */
+ * Deliver the message, then call ipcref_msg_sent (or, if it never left,
+ * ipcref_msg_free). Errors: EINVAL (not a shared buffer, bad view),
+ * ENOMEM, ESYS, EBUSY (a forwarded view: every forwarding slot of its
+ * ledger is in use). */
 IPCREF_API ipcref_result ipcref_export(ipcref_peer *p, const ipcref_view *v,
                                        ipcref_msg *msg);
 
@@ -139,9 +141,14 @@ IPCREF_API ipcref_result ipcref_export(ipcref_peer *p, const ipcref_view *v,
 IPCREF_API ipcref_result ipcref_import(ipcref_peer *p, ipcref_msg *msg,
                                        ipcref_view *out);
 
-/* Releases what an unused message holds: its fds, and its lease when it
- * was exported here. */
+/* Releases what an unused message holds: its fds, and its leases when it
+ * was exported here (the receiver never got them). */
 IPCREF_API void ipcref_msg_free(ipcref_msg *msg);
+
+/* After a message exported here was delivered by the caller's own
+ * transport: closes its fds (the transport gave the receiver its own) and
+ * forgets it, leaving its leases to the receiver. */
+IPCREF_API void ipcref_msg_sent(ipcref_msg *msg);
 
 /* Exports `n` views and sends them in one message over the peer's socket.
  * Blocks only while the socket is full. Errors: as ipcref_export, EPEER
@@ -198,7 +205,7 @@ IPCREF_API ipcref_result ipcref_ctx_stats(ipcref_ctx *ctx, ipcref_stats *out);
  *
  *   header   64 bytes: magic, version, nslots, origin pid, origin nonce,
  *            ledger id, and `head`, the ring's write position
- *   slots    nslots x u64: (generation << 2) | state, one per lease
+ *   slots    nslots x { u64 (generation << 2) | state, u64 holder pid }
  *   ring     2 * nslots x u64: returned and linked leases, in order
  *
  * The producer allocates slots [0, nslots/2); forwarders claim slots in
@@ -233,10 +240,10 @@ IPCREF_PRIVATE uint64_t *ipcref__ledger_slots(unsigned char *base) {
   return (uint64_t *)(void *)(base + IPCREF__LEDGER_HDR);
 }
 IPCREF_PRIVATE uint64_t *ipcref__ledger_ring(unsigned char *base, uint32_t n) {
-  return (uint64_t *)(void *)(base + IPCREF__LEDGER_HDR + (size_t)n * 8);
+  return (uint64_t *)(void *)(base + IPCREF__LEDGER_HDR + (size_t)n * 16);
 }
 IPCREF_PRIVATE size_t ipcref__ledger_bytes(uint32_t n) {
-  return IPCREF__LEDGER_HDR + (size_t)n * 8 * 3;
+  return IPCREF__LEDGER_HDR + (size_t)n * 16 + (size_t)n * 16;
 }
 
 /* Pushes entries to a ledger's ring: what a consumer does to return a
@@ -617,11 +624,17 @@ IPCREF_PRIVATE void ipcref__ledger_destroy(ipcref_ctx *ctx, ipcref__ledger *l) {
   IPCREF_FREE(l);
 }
 
+/* A new ledger for peer p. Each one a peer gets is twice the size of its
+ * last (up to 2^22 slots), so a peer holding n leases needs O(log n)
+ * ledgers, and a sweep, which looks at every ledger, stays cheap. */
 IPCREF_PRIVATE ipcref_result ipcref__ledger_new(ipcref_ctx *ctx, ipcref_peer *p,
                                                 ipcref__ledger **out) {
   uint32_t n = ctx->opt.ledger_slots, i;
-  size_t bytes = ipcref__ledger_bytes(n);
-  ipcref__ledger *l = (ipcref__ledger *)ipcref__zalloc(sizeof *l);
+  size_t bytes;
+  ipcref__ledger *l;
+  if (p && p->ledger && p->ledger->n < (1u << 22)) n = p->ledger->n * 2;
+  bytes = ipcref__ledger_bytes(n);
+  l = (ipcref__ledger *)ipcref__zalloc(sizeof *l);
   ipcref__ledger_hdr *h;
   if (!l) return IPCREF_ENOMEM;
   l->leases = (ipcref__lease *)ipcref__zalloc(n * sizeof *l->leases);
@@ -699,7 +712,7 @@ IPCREF_PRIVATE size_t ipcref__ledger_drain(ipcref_ctx *ctx, ipcref__ledger *l) {
       if (((p >> 30) & 3u) != IPCREF__RING_PARENT || slot < l->n / 2 ||
           slot >= l->n || l->leases[slot].block || !parent || !parent->block ||
           parent->gen != pg ||
-          __atomic_load_n(&slots[slot], __ATOMIC_ACQUIRE) !=
+          __atomic_load_n(&slots[2 * (size_t)slot], __ATOMIC_ACQUIRE) !=
               (((uint64_t)gen << 2) | IPCREF__SLOT_LIVE)) {
         ipcref__report(IPCREF_EPROTO, "invalid forwarded lease in a ledger");
         continue;
@@ -724,7 +737,8 @@ IPCREF_PRIVATE size_t ipcref__ledger_drain(ipcref_ctx *ctx, ipcref__ledger *l) {
       l->live--;
       /* The slot is free again at the same generation; the next lease on
        * it takes the next one, so a replay of this one is refused. */
-      __atomic_store_n(&slots[slot], ((uint64_t)gen << 2) | IPCREF__SLOT_FREE,
+      __atomic_store_n(&slots[2 * (size_t)slot],
+                       ((uint64_t)gen << 2) | IPCREF__SLOT_FREE,
                        __ATOMIC_RELEASE);
       if (slot < l->n / 2) l->free_stack[l->nfree++] = slot;
       freed += ipcref__lease_end(ctx, b);
@@ -1026,6 +1040,19 @@ IPCREF_PRIVATE int ipcref__get_view(ipcref__wire *w, ipcref__view_rec *r) {
 
 /* ---- peers ------------------------------------------------------------- */
 
+/* recvmsg, retried on EINTR and once on ECONNRESET: a peer that closed its
+ * end with our data unread resets the connection, but what it sent before
+ * is still queued here, and the retry reads it. */
+IPCREF_PRIVATE ssize_t ipcref__recvmsg(int fd, struct msghdr *mh, int stream) {
+  int resets = 0;
+  ssize_t k;
+  for (;;) {
+    k = recvmsg(fd, mh, MSG_CMSG_CLOEXEC | (stream ? MSG_WAITALL : 0));
+    if (k >= 0 || (errno != EINTR && (errno != ECONNRESET || resets++)))
+      return k;
+  }
+}
+
 /* ---- the hello ----------------------------------------------------------
  * The first message each side sends: "IPCH", version, pid, ctx nonce,
  * with SCM_CREDENTIALS (the kernel refuses a pid or uid that is not the
@@ -1114,8 +1141,7 @@ IPCREF_PRIVATE ipcref_result ipcref__hello_read(ipcref_peer *p,
   mh.msg_iovlen = 1;
   mh.msg_control = u.buf;
   mh.msg_controllen = sizeof u.buf;
-  do k = recvmsg(p->fd, &mh, MSG_CMSG_CLOEXEC | (stream ? MSG_WAITALL : 0));
-  while (k < 0 && errno == EINTR);
+  k = ipcref__recvmsg(p->fd, &mh, stream);
   if (k == 0 || (k < 0 && errno == ECONNRESET)) return IPCREF_EPEER;
   if (k < 0) return IPCREF_ESYS;
   for (c = CMSG_FIRSTHDR(&mh); c; c = CMSG_NXTHDR(&mh, c)) {
@@ -1201,8 +1227,14 @@ IPCREF_API void ipcref_peer_free(ipcref_peer *p) {
   ipcref__ledger *l;
   if (!p) return;
   ctx = p->ctx;
-  while (p->pending_pos < p->npending)
-    ipcref_view_release(&p->pending[p->pending_pos++]);
+  /* Read what the other side sent and nobody will: the leases in it go
+   * back at once, and closing a socket with unread data would reset the
+   * connection, so the other side would lose what we sent it. */
+  for (;;) {
+    ipcref_view v;
+    if (ipcref_recv(p, &v, 0) != IPCREF_OK) break;
+    ipcref_view_release(&v);
+  }
   IPCREF__LOCK(ctx);
   if (p->prev)
     p->prev->next = p->next;
@@ -1270,7 +1302,7 @@ IPCREF_PRIVATE void ipcref__lease_cancel(ipcref_ctx *ctx,
     l->leases[r->slot].block = NULL;
     l->live--;
     slots = ipcref__ledger_slots(l->base);
-    __atomic_store_n(&slots[r->slot],
+    __atomic_store_n(&slots[2 * (size_t)r->slot],
                      ((uint64_t)r->gen << 2) | IPCREF__SLOT_FREE,
                      __ATOMIC_RELEASE);
     if (r->slot < l->n / 2) l->free_stack[l->nfree++] = r->slot;
@@ -1300,22 +1332,28 @@ IPCREF_PRIVATE ipcref_result ipcref__lease_take(ipcref_peer *p,
     uint64_t *slots;
     ipcref_result res;
     if (b->seg->ctx != ctx) return IPCREF_EINVAL;
-    if (!l || l->nfree == 0) {
-      res = ipcref__ledger_new(ctx, p, &l);
-      if (res != IPCREF_OK) return res;
+    if (!l || l->nfree == 0) { /* an older one with room, or a new one */
+      for (l = ctx->ledgers; l; l = l->next)
+        if (l->peer == p && l->nfree) break;
+      if (!l) {
+        res = ipcref__ledger_new(ctx, p, &l);
+        if (res != IPCREF_OK) return res;
+      }
       p->ledger = l;
     }
     slots = ipcref__ledger_slots(l->base);
     r->slot = l->free_stack[--l->nfree];
-    r->gen =
-        (uint32_t)(__atomic_load_n(&slots[r->slot], __ATOMIC_RELAXED) >> 2) +
-        1u;
+    r->gen = (uint32_t)(__atomic_load_n(&slots[2 * (size_t)r->slot],
+                                        __ATOMIC_RELAXED) >>
+                        2) +
+             1u;
     l->leases[r->slot].block = b;
     l->leases[r->slot].gen = r->gen;
     l->live++;
     b->leases++;
     ctx->st.live_slots++;
-    __atomic_store_n(&slots[r->slot],
+    slots[2 * (size_t)r->slot + 1] = (uint64_t)(uint32_t)p->pid; /* holder */
+    __atomic_store_n(&slots[2 * (size_t)r->slot],
                      ((uint64_t)r->gen << 2) | IPCREF__SLOT_LIVE,
                      __ATOMIC_RELEASE);
     if (ctx->opt.writable_shares) {
@@ -1350,16 +1388,17 @@ IPCREF_PRIVATE ipcref_result ipcref__lease_take(ipcref_peer *p,
     for (i = 0; i < half && !got; i++) {
       uint64_t w;
       s = half + (start + i) % half;
-      w = __atomic_load_n(&slots[s], __ATOMIC_ACQUIRE);
+      w = __atomic_load_n(&slots[2 * (size_t)s], __ATOMIC_ACQUIRE);
       if ((w & 3u) != IPCREF__SLOT_FREE) continue;
       /* Claim it: forwarders of one ledger may race here. */
       got = __atomic_compare_exchange_n(
-          &slots[s], &w, (((w >> 2) + 1) << 2) | IPCREF__SLOT_LIVE, 0,
-          __ATOMIC_ACQ_REL, __ATOMIC_RELAXED);
+          &slots[2 * (size_t)s], &w, (((w >> 2) + 1) << 2) | IPCREF__SLOT_LIVE,
+          0, __ATOMIC_ACQ_REL, __ATOMIC_RELAXED);
       if (got) r->gen = (uint32_t)((w >> 2) + 1);
     }
     if (!got) return IPCREF_EBUSY; /* every forwarding slot is in use */
     r->slot = s;
+    slots[2 * (size_t)s + 1] = (uint64_t)(uint32_t)p->pid; /* the holder */
     e[0] = ipcref__ring_entry(IPCREF__RING_LINK, s, r->gen);
     e[1] = ipcref__ring_entry(IPCREF__RING_PARENT, imp->slot, imp->gen);
     ipcref__ring_push(lm->base, lm->nslots, e, 2);
@@ -1683,7 +1722,7 @@ IPCREF_PRIVATE ipcref_result ipcref__import_bytes(ipcref_peer *p,
      * older message finds the slot freed or reused), and not imported
      * already (one export, one import). */
     slots = ipcref__ledger_slots(ledm[i]->base);
-    word = __atomic_load_n(&slots[v->slot], __ATOMIC_ACQUIRE);
+    word = __atomic_load_n(&slots[2 * (size_t)v->slot], __ATOMIC_ACQUIRE);
     if (word != (((uint64_t)v->gen << 2) | IPCREF__SLOT_LIVE) ||
         ledm[i]->imported[v->slot] == v->gen + 1u)
       goto unlock;
@@ -1799,6 +1838,15 @@ IPCREF_API ipcref_result ipcref_import(ipcref_peer *p, ipcref_msg *msg,
   return IPCREF_OK;
 }
 
+IPCREF_API void ipcref_msg_sent(ipcref_msg *msg) {
+  int i;
+  if (!msg) return;
+  for (i = 0; i < msg->nfds && i < IPCREF_MSG_MAX_FDS; i++)
+    if (msg->fds[i] >= 0) close(msg->fds[i]);
+  msg->nfds = 0;
+  msg->origin = NULL;
+}
+
 IPCREF_API void ipcref_msg_free(ipcref_msg *msg) {
   int i;
   if (!msg) return;
@@ -1906,6 +1954,9 @@ IPCREF_API ipcref_result ipcref_send_batch(ipcref_peer *p,
   ipcref_msg msg;
   ipcref_result r;
   if (!p || !views || n < 1 || n > IPCREF__MSG_VIEWS) return IPCREF_EINVAL;
+  /* Read the other side's hello when it is there, so that a producer that
+   * only sends leaves nothing unread (see ipcref__recvmsg). */
+  if (!p->hello) (void)ipcref__hello_read(p, 0);
   msg.len = 0;
   msg.nfds = 0;
   msg.origin = NULL;
@@ -1962,8 +2013,17 @@ IPCREF_API ipcref_result ipcref_recv(ipcref_peer *p, ipcref_view *out,
     return IPCREF_OK;
   }
   if (!p->hello) { /* the other side's first message */
+    struct timespec t0, t1;
+    clock_gettime(CLOCK_MONOTONIC, &t0);
     r = ipcref__hello_read(p, timeout_ms);
     if (r != IPCREF_OK) return r;
+    if (timeout_ms > 0) { /* what is left of the caller's wait */
+      long spent;
+      clock_gettime(CLOCK_MONOTONIC, &t1);
+      spent = (long)(t1.tv_sec - t0.tv_sec) * 1000 +
+              (long)(t1.tv_nsec - t0.tv_nsec) / 1000000;
+      timeout_ms = spent >= timeout_ms ? 0 : timeout_ms - (int)spent;
+    }
   }
   if (p->hello < 0) return IPCREF_EPROTO;
   pfd.fd = p->fd;
@@ -1985,8 +2045,7 @@ IPCREF_API ipcref_result ipcref_recv(ipcref_peer *p, ipcref_view *out,
   mh.msg_iovlen = 1;
   mh.msg_control = u.buf;
   mh.msg_controllen = sizeof u.buf;
-  do k = recvmsg(p->fd, &mh, MSG_CMSG_CLOEXEC | (stream ? MSG_WAITALL : 0));
-  while (k < 0 && errno == EINTR);
+  k = ipcref__recvmsg(p->fd, &mh, stream);
   for (c = k >= 0 ? CMSG_FIRSTHDR(&mh) : NULL; c; c = CMSG_NXTHDR(&mh, c)) {
     if (c->cmsg_level == SOL_SOCKET && c->cmsg_type == SCM_RIGHTS) {
       int cnt = (int)((c->cmsg_len - CMSG_LEN(0)) / sizeof(int)), j;

@@ -67,6 +67,7 @@ any_fn ipcref_compile_all_functions[] = {
     FN(export),
     FN(import),
     FN(msg_free),
+    FN(msg_sent),
     FN(send_batch),
     FN(send),
     FN(recv),
