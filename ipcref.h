@@ -10,7 +10,10 @@
  *   holds the header and the data. On top of them, strided zero-copy views
  *   (slice, select, permute, reshape, expand, ...; contiguous() and copy()
  *   materialize) and, when <dlpack/dlpack.h> is included first, DLPack in
- *   and out. Cross-process sharing and device backends build on these.
+ *   and out. Across processes (Linux): buffers in sealed memfd segments
+ *   handed to peers over AF_UNIX sockets without copies; every hand-off is
+ *   a lease in a counter file, the producer never waits, and a block its
+ *   owner dropped stays in the limbo until every lease is back.
  *
  * HOW TO USE IT
  *
@@ -53,7 +56,10 @@
  *   impl    IPCREF_NO_STDIO        never print, not even in debug builds
  *   all     IPCREF_MAX_DIMS        most dims a view can have (default 8)
  *   all     IPCREF_NO_SHARING      the portable core only: no POSIX calls
- *                                  (and no huge-page advice)
+ *                                  (no sharing, no huge-page advice)
+ *   impl    _GNU_SOURCE            needed by the sharing layer; ipcref.h
+ *                                  defines it when it is the first include
+ *                                  of the implementation file
  *   all     IPCREF_TEST_HOOKS      test-only entry points (never in
  *                                  production)
  *
@@ -569,7 +575,14 @@ IPCREF_API void *ipcref_view_iter_next(ipcref_view_iter *it);
  * producer sees every holder on its own.
  *
  * Everything hangs off an ipcref_ctx; it is thread-safe (one mutex, never
- * held across a system call that can block on a peer). */
+ * held across a system call that can block on a peer). A peer is used by
+ * one thread at a time (give each thread its own peer, or lock); buffers
+ * and views from any peer may be released on any thread.
+ *
+ * What crosses the socket is a small versioned record in little endian plus
+ * the fds the other side does not have yet; everything received is checked
+ * against the real fds before it is mapped (see ipcref_import). Caches key
+ * on (exporter, id), never on handle bytes. */
 
 #if !defined(IPCREF_NO_SHARING)
 #define IPCREF_HAVE_SHARING 1
@@ -713,8 +726,11 @@ IPCREF_API ipcref_result ipcref_send(ipcref_peer *p, const ipcref_view *v);
 IPCREF_API ipcref_result ipcref_recv(ipcref_peer *p, ipcref_view *out,
                                      int timeout_ms);
 
-/* Sweeps the limbo: frees every block whose leases all came back. Returns
- * the bytes freed. */
+/* Sweeps the limbo: frees every block whose leases all came back, and (on
+ * a consumer) unmaps segments their producer destroyed that nothing here
+ * uses any more; a receive does the latter only past 1 GiB of them, since
+ * freeing the last mapping of a segment takes time in proportion to its
+ * size. Returns the bytes freed in the limbo. */
 IPCREF_API size_t ipcref_collect(ipcref_ctx *ctx);
 
 /* Fills *out. Errors: EINVAL. */
@@ -2455,6 +2471,7 @@ struct ipcref__segment {
   ipcref__segment *next, *prev;             /* all segments */
   ipcref__segment *class_next, *class_prev; /* with free blocks */
   int in_class;
+  int cached; /* empty, and counted in ctx->empty_bytes */
 };
 
 typedef struct ipcref__lease {
@@ -2641,6 +2658,7 @@ IPCREF_PRIVATE void ipcref__retire_announce(ipcref_ctx *ctx, uint64_t id) {
 IPCREF_PRIVATE void ipcref__segment_destroy(ipcref_ctx *ctx,
                                             ipcref__segment *s) {
   ipcref__class_remove(ctx, s);
+  if (s->cached) ctx->empty_bytes -= s->size;
   if (s->prev)
     s->prev->next = s->next;
   else
@@ -2674,6 +2692,13 @@ IPCREF_PRIVATE ipcref_result ipcref__segment_new(ipcref_ctx *ctx, size_t size,
                         &s->base);
   if (s->fd < 0) goto sys;
   s->ro_fd = -1;
+  if (!ctx->opt.writable_shares) {
+    /* A second open of the memfd, read-only, for consumers: made here, off
+     * the hand-off path. */
+    char path[64];
+    snprintf(path, sizeof path, "/proc/self/fd/%d", s->fd);
+    s->ro_fd = open(path, O_RDONLY | O_CLOEXEC);
+  }
   s->ctx = ctx;
   s->id = ++ctx->next_id;
   s->size = size;
@@ -2723,8 +2748,10 @@ IPCREF_PRIVATE ipcref_result ipcref__block_alloc(ipcref_ctx *ctx, size_t size,
     if (r != IPCREF_OK) return r;
     ipcref__class_add(ctx, s);
   }
-  if (s->nfree == s->nblocks && s->cls != UINT32_MAX)
-    ctx->empty_bytes -= s->size; /* an empty cached segment comes back */
+  if (s->cached) { /* an empty cached segment comes back into use */
+    ctx->empty_bytes -= s->size;
+    s->cached = 0;
+  }
   b = &s->blocks[s->free_stack[--s->nfree]];
   if (s->nfree == 0) ipcref__class_remove(ctx, s);
   b->leases = 0;
@@ -2745,6 +2772,7 @@ IPCREF_PRIVATE void ipcref__block_free(ipcref_ctx *ctx, ipcref__block *b) {
   if (s->cls != UINT32_MAX &&
       ctx->empty_bytes + s->size <= ctx->opt.segment_cache) {
     ctx->empty_bytes += s->size;
+    s->cached = 1;
     ipcref__class_add(ctx, s);
     return;
   }
@@ -2976,6 +3004,24 @@ IPCREF_PRIVATE void ipcref__map_unmap(ipcref_ctx *ctx, ipcref__map *m) {
   IPCREF_FREE(m);
 }
 
+/* Unmaps what its origin retired and nobody here uses (under the lock),
+ * once that adds up to `min_bytes`. Unmapping the last mapping of a
+ * segment frees its pages, which takes time in proportion to its size: a
+ * receive only does it past a large threshold, ipcref_collect always. */
+IPCREF_PRIVATE void ipcref__maps_trim(ipcref_ctx *ctx, size_t min_bytes) {
+  ipcref__map *m, *next;
+  size_t idle = 0;
+  for (m = ctx->maps; m; m = m->next)
+    if (m->retired && __atomic_load_n(&m->refs, __ATOMIC_ACQUIRE) == 0)
+      idle += m->size;
+  if (idle == 0 || idle < min_bytes) return;
+  for (m = ctx->maps; m; m = next) {
+    next = m->next;
+    if (m->retired && __atomic_load_n(&m->refs, __ATOMIC_ACQUIRE) == 0)
+      ipcref__map_unmap(ctx, m);
+  }
+}
+
 IPCREF_API void ipcref_ctx_free(ipcref_ctx *ctx) {
   if (!ctx) return;
   IPCREF__LOCK(ctx);
@@ -2997,6 +3043,7 @@ IPCREF_API void ipcref_ctx_free(ipcref_ctx *ctx) {
 IPCREF_API ipcref_result ipcref_ctx_stats(ipcref_ctx *ctx, ipcref_stats *out) {
   if (!ctx || !out) return IPCREF_EINVAL;
   IPCREF__LOCK(ctx);
+  ipcref__sweep(ctx); /* count what came back as back */
   *out = ctx->st;
   out->imported_bufs =
       (size_t)__atomic_load_n(&ctx->imported_bufs, __ATOMIC_ACQUIRE);
@@ -3009,6 +3056,7 @@ IPCREF_API size_t ipcref_collect(ipcref_ctx *ctx) {
   if (!ctx) return 0;
   IPCREF__LOCK(ctx);
   freed = ipcref__sweep(ctx);
+  ipcref__maps_trim(ctx, 0); /* a consumer's retired mappings */
   IPCREF__UNLOCK(ctx);
   return freed;
 }
@@ -3295,7 +3343,7 @@ IPCREF_PRIVATE ipcref_result ipcref__hello_read(ipcref_peer *p,
   pfd.fd = p->fd;
   pfd.events = POLLIN;
   pfd.revents = 0;
-  for (;;) {
+  for (; timeout_ms >= 0;) { /* a blocking read needs no poll */
     int pr = poll(&pfd, 1, timeout_ms);
     if (pr > 0) break;
     if (pr == 0) return IPCREF_ETIMEDOUT;
@@ -3500,6 +3548,7 @@ IPCREF_PRIVATE ipcref_result ipcref__lease_take(ipcref_peer *p,
     ipcref_result res;
     if (b->seg->ctx != ctx) return IPCREF_EINVAL;
     if (!l || l->nfree == 0) { /* an older one with room, or a new one */
+      ipcref__sweep(ctx);      /* returned leases free their slots first */
       for (l = ctx->ledgers; l; l = l->next)
         if (l->peer == p && l->nfree) break;
       if (!l) {
@@ -3526,13 +3575,8 @@ IPCREF_PRIVATE ipcref_result ipcref__lease_take(ipcref_peer *p,
     if (ctx->opt.writable_shares) {
       seg_fd = b->seg->fd;
     } else {
-      if (b->seg->ro_fd < 0) {
-        /* A second open of the memfd, read-only: the consumer cannot map
-         * it writable, whatever it tries. */
-        char path[64];
-        snprintf(path, sizeof path, "/proc/self/fd/%d", b->seg->fd);
-        b->seg->ro_fd = open(path, O_RDONLY | O_CLOEXEC);
-      }
+      /* Read-only: with the segment's F_SEAL_FUTURE_WRITE, no consumer can
+       * map it writable, whatever it does with the fd. */
       seg_fd = b->seg->ro_fd;
     }
     seg_writable = ctx->opt.writable_shares != 0;
@@ -3722,16 +3766,6 @@ IPCREF_PRIVATE void ipcref__import_release(void *user, void *data) {
   IPCREF_FREE(imp);
 }
 
-/* Unmaps what its origin retired and nobody here uses (under the lock). */
-IPCREF_PRIVATE void ipcref__maps_trim(ipcref_ctx *ctx) {
-  ipcref__map *m, *next;
-  for (m = ctx->maps; m; m = next) {
-    next = m->next;
-    if (m->retired && __atomic_load_n(&m->refs, __ATOMIC_ACQUIRE) == 0)
-      ipcref__map_unmap(ctx, m);
-  }
-}
-
 /* Checks a received fd against its record and maps it. The fd must be a
  * memfd sealed against shrinking and growing (so the mapping can never
  * SIGBUS), of exactly the announced size, opened with the access the
@@ -3845,7 +3879,7 @@ IPCREF_PRIVATE ipcref_result ipcref__import_bytes(ipcref_peer *p,
     ipcref__map *m = ipcref__map_find(ctx, 1, sender_nonce, ipcref__get(&w, 8));
     if (m) m->retired = 1;
   }
-  ipcref__maps_trim(ctx);
+  ipcref__maps_trim(ctx, (size_t)1 << 30);
   for (i = 0; i < n; i++)
     if (!ipcref__get_view(&w, &recs[i])) goto unlock;
   if (w.pos != w.len) goto unlock;
@@ -4196,7 +4230,7 @@ IPCREF_API ipcref_result ipcref_recv(ipcref_peer *p, ipcref_view *out,
   pfd.fd = p->fd;
   pfd.events = POLLIN;
   pfd.revents = 0;
-  for (;;) {
+  for (; timeout_ms >= 0;) { /* a blocking read needs no poll */
     int pr = poll(&pfd, 1, timeout_ms);
     if (pr > 0) break;
     if (pr == 0) return IPCREF_ETIMEDOUT;

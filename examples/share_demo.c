@@ -218,6 +218,10 @@ static int consumer(int data_fd, int ctl_fd) {
         held_bytes += g_sizes[step];
       } else {
         ipcref_view_release(&v);
+        /* Unmap what the producer retired and nothing here uses any more
+         * (the consumer's side of the sweep; it costs time in proportion
+         * to the size freed, so it is done here, after the ack). */
+        ipcref_collect(ctx);
       }
     }
     memset(&m, 0, sizeof m);
