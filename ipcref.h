@@ -3010,11 +3010,12 @@ IPCREF_PRIVATE void ipcref__map_unmap(ipcref_ctx *ctx, ipcref__map *m) {
  * receive only does it past a large threshold, ipcref_collect always. */
 IPCREF_PRIVATE void ipcref__maps_trim(ipcref_ctx *ctx, size_t min_bytes) {
   ipcref__map *m, *next;
-  size_t idle = 0;
+  size_t idle = 0, count = 0;
   for (m = ctx->maps; m; m = m->next)
     if (m->retired && __atomic_load_n(&m->refs, __ATOMIC_ACQUIRE) == 0)
-      idle += m->size;
-  if (idle == 0 || idle < min_bytes) return;
+      idle += m->size, count++;
+  /* Many small ones cost lookups: trim past 64 of them too. */
+  if (count == 0 || (idle < min_bytes && count < 64)) return;
   for (m = ctx->maps; m; m = next) {
     next = m->next;
     if (m->retired && __atomic_load_n(&m->refs, __ATOMIC_ACQUIRE) == 0)

@@ -3,7 +3,7 @@
 # into a temp dir (removed on exit), runs them, then the peers' run_all.sh restricted to the same
 # workloads; prints every result line on stdout, then the ratio table of bench/ratios.py.
 # Usage: bash bench/run.sh
-# Knobs (env): WORKLOADS (default "w1 w2 w3 w4"; also the peers' ONLY), PEERS (default
+# Knobs (env): WORKLOADS (default "w1 w2 w3 w4 limbo"; also the peers' ONLY), PEERS (default
 #              <repo>/../shared/peers), W1_N, W1_REPS, W23_REPS (W2 and W3 repetitions, ours and
 #              the peers'), W4_SECONDS (timed seconds per peer and size), W4_SIZES (comma
 #              separated), W4_VARIANTS (scheduler setups: w4 w4_1cpu w4_2cpu; all W4 knobs are
@@ -18,7 +18,7 @@ set -u
 HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 REPO="$(dirname "$HERE")"
 PEERS="${PEERS:-$REPO/../shared/peers}"
-WORKLOADS="${WORKLOADS:-w1 w2 w3 w4}"
+WORKLOADS="${WORKLOADS:-w1 w2 w3 w4 limbo}"
 CC="${CC:-gcc}"
 STEP_TIMEOUT="${STEP_TIMEOUT:-120}"
 export W1_N="${W1_N:-10000000}" W1_REPS="${W1_REPS:-5}" W23_REPS="${W23_REPS:-7}"
@@ -33,6 +33,7 @@ args_for() { # the command-line arguments of workload $1's program
     case $1 in
         w1) echo "$W1_N $W1_REPS" ;;
         w2 | w3) echo "$W23_REPS" ;;
+        limbo) echo "5" ;;
         *) echo "" ;;
     esac
 }
