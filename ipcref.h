@@ -2868,6 +2868,27 @@ nomem:
   return IPCREF_ENOMEM;
 }
 
+/* Ends lease (slot, gen) of ledger `l` (under the lock): the slot is free
+ * again at the same generation (the next lease on it takes the next one,
+ * so a replay of this one is refused), and the block goes when nothing
+ * else holds it. 0 when there is no such live lease. */
+IPCREF_PRIVATE int ipcref__lease_free(ipcref_ctx *ctx, ipcref__ledger *l,
+                                      uint32_t slot, uint32_t gen,
+                                      size_t *freed) {
+  uint64_t *slots = ipcref__ledger_slots(l->base);
+  ipcref__block *b;
+  if (slot >= l->n || !l->leases[slot].block || l->leases[slot].gen != gen)
+    return 0;
+  b = l->leases[slot].block;
+  l->leases[slot].block = NULL;
+  l->live--;
+  __atomic_store_n(&slots[2 * (size_t)slot],
+                   ((uint64_t)gen << 2) | IPCREF__SLOT_FREE, __ATOMIC_RELEASE);
+  if (slot < l->n / 2) l->free_stack[l->nfree++] = slot;
+  *freed += ipcref__lease_end(ctx, b);
+  return 1;
+}
+
 /* Reads what came back to ledger `l` since the last sweep (under the
  * lock). Every entry is checked against the private lease table: a
  * ledger can only end its own peer's leases, and a stale, replayed or
@@ -2921,23 +2942,9 @@ IPCREF_PRIVATE size_t ipcref__ledger_drain(ipcref_ctx *ctx, ipcref__ledger *l) {
     }
     __atomic_store_n(cell, 0, __ATOMIC_RELAXED);
     l->tail++;
-    if (kind != IPCREF__RING_RELEASE || slot >= l->n ||
-        !l->leases[slot].block || l->leases[slot].gen != gen) {
+    if (kind != IPCREF__RING_RELEASE ||
+        !ipcref__lease_free(ctx, l, slot, gen, &freed))
       ipcref__report(IPCREF_EPROTO, "invalid lease return in a ledger");
-      continue;
-    }
-    {
-      ipcref__block *b = l->leases[slot].block;
-      l->leases[slot].block = NULL;
-      l->live--;
-      /* The slot is free again at the same generation; the next lease on
-       * it takes the next one, so a replay of this one is refused. */
-      __atomic_store_n(&slots[2 * (size_t)slot],
-                       ((uint64_t)gen << 2) | IPCREF__SLOT_FREE,
-                       __ATOMIC_RELEASE);
-      if (slot < l->n / 2) l->free_stack[l->nfree++] = slot;
-      freed += ipcref__lease_end(ctx, b);
-    }
   }
   return freed;
 }
@@ -3509,20 +3516,8 @@ IPCREF_PRIVATE void ipcref__lease_cancel(ipcref_ctx *ctx,
                                          const ipcref__view_rec *r) {
   if (r->origin_nonce == ctx->nonce) {
     ipcref__ledger *l = ipcref__ledger_find(ctx, r->ledger_id);
-    uint64_t *slots;
-    ipcref__block *b;
-    if (!l || r->slot >= l->n || !l->leases[r->slot].block ||
-        l->leases[r->slot].gen != r->gen)
-      return;
-    b = l->leases[r->slot].block;
-    l->leases[r->slot].block = NULL;
-    l->live--;
-    slots = ipcref__ledger_slots(l->base);
-    __atomic_store_n(&slots[2 * (size_t)r->slot],
-                     ((uint64_t)r->gen << 2) | IPCREF__SLOT_FREE,
-                     __ATOMIC_RELEASE);
-    if (r->slot < l->n / 2) l->free_stack[l->nfree++] = r->slot;
-    (void)ipcref__lease_end(ctx, b);
+    size_t freed = 0;
+    if (l) (void)ipcref__lease_free(ctx, l, r->slot, r->gen, &freed);
   } else { /* a forwarded lease: return it to its origin's ledger */
     ipcref__map *m = ipcref__map_find(ctx, 2, r->origin_nonce, r->ledger_id);
     uint64_t e = ipcref__ring_entry(IPCREF__RING_RELEASE, r->slot, r->gen);

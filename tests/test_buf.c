@@ -8,31 +8,7 @@
 
 #include "harness.h"
 
-static long live_allocs;    /* allocations not yet freed */
-static long total_allocs;   /* allocations ever made */
-static int fail_next_alloc; /* make the next allocation return NULL */
-
-static void *counting_malloc(size_t n) {
-  void *p;
-  if (fail_next_alloc) {
-    fail_next_alloc = 0;
-    return NULL;
-  }
-  p = malloc(n);
-  if (p) live_allocs++, total_allocs++;
-  return p;
-}
-static __attribute__((unused)) void *counting_realloc(void *p, size_t n) {
-  return realloc(p, n);
-}
-static void counting_free(void *p) {
-  if (p) live_allocs--;
-  free(p);
-}
-
-#define IPCREF_MALLOC(n)     counting_malloc(n)
-#define IPCREF_REALLOC(p, n) counting_realloc(p, n)
-#define IPCREF_FREE(p)       counting_free(p)
+#include "counting_alloc.h"
 #define IPCREF_TEST_HOOKS
 #define IPCREF_IMPLEMENTATION
 #include "../ipcref.h"

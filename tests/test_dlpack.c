@@ -16,28 +16,7 @@
 
 #include "harness.h"
 
-static long live_allocs;  /* library allocations not yet freed */
-static int fail_alloc_in; /* when > 0: the allocation that brings it to 0
-                             fails */
-
-static void *counting_malloc(size_t n) {
-  void *p;
-  if (fail_alloc_in > 0 && --fail_alloc_in == 0) return NULL;
-  p = malloc(n);
-  if (p) live_allocs++;
-  return p;
-}
-static __attribute__((unused)) void *counting_realloc(void *p, size_t n) {
-  return realloc(p, n);
-}
-static void counting_free(void *p) {
-  if (p) live_allocs--;
-  free(p);
-}
-
-#define IPCREF_MALLOC(n)     counting_malloc(n)
-#define IPCREF_REALLOC(p, n) counting_realloc(p, n)
-#define IPCREF_FREE(p)       counting_free(p)
+#include "counting_alloc.h"
 #define IPCREF_IMPLEMENTATION
 #include "../ipcref.h"
 
