@@ -644,10 +644,12 @@ typedef struct ipcref_msg {
 IPCREF_API ipcref_result ipcref_ctx_new(const ipcref_ctx_options *opt,
                                         ipcref_ctx **out);
 
-/* Frees the context. Peers must have been freed first, and no shared or
- * imported buffer of this context may still be alive (buffers alive
- * elsewhere, in consumer processes, keep their memory: memfd mappings
- * outlive the producer). NULL is a no-op. */
+/* Frees the context: its peers now (what they hold from us stays leased
+ * until it comes back or the ledger goes), the rest once the last shared
+ * or imported buffer of this context is released: until then those
+ * buffers stay valid. Buffers alive in other processes keep their memory
+ * whatever happens here (memfd mappings outlive the producer). NULL is a
+ * no-op. */
 IPCREF_API void ipcref_ctx_free(ipcref_ctx *ctx);
 
 /* A buffer of `size` bytes in shared memory (64-byte aligned), exportable
@@ -2552,6 +2554,8 @@ struct ipcref_ctx {
   size_t empty_bytes;
   ipcref_stats st;
   int imported_bufs; /* atomic */
+  int refs;          /* atomic: the owner's, and one per live shared or imported
+                        buffer; the context is torn down when the last one goes */
 };
 
 /* ---- small helpers ----------------------------------------------------- */
@@ -2987,6 +2991,7 @@ IPCREF_API ipcref_result ipcref_ctx_new(const ipcref_ctx_options *opt,
     return IPCREF_ESYS;
   }
   ctx->pid = (int)getpid();
+  ctx->refs = 1;
   /* Identifies this ctx across processes (pids get reused). */
   clock_gettime(CLOCK_REALTIME, &ts);
   ctx->nonce = ((uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec) ^
@@ -3030,15 +3035,9 @@ IPCREF_PRIVATE void ipcref__maps_trim(ipcref_ctx *ctx, size_t min_bytes) {
   }
 }
 
-IPCREF_API void ipcref_ctx_free(ipcref_ctx *ctx) {
-  if (!ctx) return;
+/* The teardown, when the last reference to the context goes. */
+IPCREF_PRIVATE void ipcref__ctx_destroy(ipcref_ctx *ctx) {
   IPCREF__LOCK(ctx);
-  while (ctx->peers) { /* misuse, but free what we can */
-    ipcref_peer *p = ctx->peers;
-    IPCREF__UNLOCK(ctx);
-    ipcref_peer_free(p);
-    IPCREF__LOCK(ctx);
-  }
   ipcref__sweep(ctx);
   while (ctx->ledgers) ipcref__ledger_destroy(ctx, ctx->ledgers);
   while (ctx->segments) ipcref__segment_destroy(ctx, ctx->segments);
@@ -3046,6 +3045,20 @@ IPCREF_API void ipcref_ctx_free(ipcref_ctx *ctx) {
   IPCREF__UNLOCK(ctx);
   pthread_mutex_destroy(&ctx->lock);
   IPCREF_FREE(ctx);
+}
+
+/* Drops one reference to the context (release ordering, then acquire
+ * before the teardown, as for buffers). */
+IPCREF_PRIVATE void ipcref__ctx_unref(ipcref_ctx *ctx) {
+  if (__atomic_fetch_sub(&ctx->refs, 1, __ATOMIC_RELEASE) != 1) return;
+  IPCREF__ACQUIRE_FENCE(&ctx->refs);
+  ipcref__ctx_destroy(ctx);
+}
+
+IPCREF_API void ipcref_ctx_free(ipcref_ctx *ctx) {
+  if (!ctx) return;
+  while (ctx->peers) ipcref_peer_free(ctx->peers);
+  ipcref__ctx_unref(ctx);
 }
 
 IPCREF_API ipcref_result ipcref_ctx_stats(ipcref_ctx *ctx, ipcref_stats *out) {
@@ -3095,6 +3108,7 @@ IPCREF_PRIVATE void ipcref__block_release(void *user, void *data) {
     ctx->st.limbo_bytes += b->seg->block_size;
   }
   IPCREF__UNLOCK(ctx);
+  ipcref__ctx_unref(ctx); /* the buffer's reference */
 }
 
 IPCREF_PRIVATE void ipcref__import_release(void *user, void *data);
@@ -3120,6 +3134,7 @@ IPCREF_API ipcref_result ipcref_shared_new(ipcref_ctx *ctx, size_t size,
   if (r == IPCREF_OK) {
     ctx->st.live_bufs++;
     ctx->st.live_bytes += b->seg->block_size;
+    __atomic_fetch_add(&ctx->refs, 1, __ATOMIC_RELAXED);
   }
   IPCREF__UNLOCK(ctx);
   if (r != IPCREF_OK) return r;
@@ -3753,13 +3768,16 @@ IPCREF_PRIVATE ipcref_result ipcref__export_msg(ipcref_peer *p,
  * and stores into shared memory, a free: no system call, no lock. */
 IPCREF_PRIVATE void ipcref__import_release(void *user, void *data) {
   ipcref__import *imp = (ipcref__import *)user;
+  ipcref_ctx *ctx;
   uint64_t e = ipcref__ring_entry(IPCREF__RING_RELEASE, imp->slot, imp->gen);
   (void)data;
   ipcref__ring_push(imp->ledger->base, imp->ledger->nslots, &e, 1);
   __atomic_fetch_sub(&imp->seg->refs, 1, __ATOMIC_RELEASE);
   __atomic_fetch_sub(&imp->ledger->refs, 1, __ATOMIC_RELEASE);
   __atomic_fetch_sub(&imp->ctx->imported_bufs, 1, __ATOMIC_RELEASE);
+  ctx = imp->ctx;
   IPCREF_FREE(imp);
+  ipcref__ctx_unref(ctx); /* only the last one after ctx_free tears down */
 }
 
 /* Checks a received fd against its record and maps it. The fd must be a
@@ -3981,6 +3999,7 @@ IPCREF_PRIVATE ipcref_result ipcref__import_bytes(ipcref_peer *p,
     __atomic_fetch_add(&segm[i]->refs, 1, __ATOMIC_RELAXED);
     __atomic_fetch_add(&ledm[i]->refs, 1, __ATOMIC_RELAXED);
     __atomic_fetch_add(&ctx->imported_bufs, 1, __ATOMIC_RELAXED);
+    __atomic_fetch_add(&ctx->refs, 1, __ATOMIC_RELAXED);
     views[i] = v->view;
     views[i].buf = b;
     made++;

@@ -2193,6 +2193,39 @@ static int detect_valgrind(void) {
   return found;
 }
 
+/* ipcref_ctx_free with buffers still alive: the producer's own view and a
+ * consumer's imported one (both ends in this process, over a socketpair)
+ * stay valid, and the last release tears each context down, leaving no fd
+ * and no mapping behind. */
+static void test_ctx_free_with_live_buffers(void) {
+  res_mark m;
+  int sv[2];
+  ipcref_ctx *a = NULL, *b = NULL;
+  ipcref_peer *pa = NULL, *pb = NULL;
+  ipcref_view v, w;
+  const int64_t shape[1] = {1000};
+  int64_t last[1] = {999};
+  res_begin(&m);
+  CHECK_EQ(socketpair(AF_UNIX, SOCK_SEQPACKET, 0, sv), 0);
+  CHECK_EQ(ipcref_ctx_new(NULL, &a), IPCREF_OK);
+  CHECK_EQ(ipcref_ctx_new(NULL, &b), IPCREF_OK);
+  CHECK_EQ(ipcref_peer_new(a, sv[0], &pa), IPCREF_OK);
+  CHECK_EQ(ipcref_peer_new(b, sv[1], &pb), IPCREF_OK);
+  CHECK_EQ(ipcref_view_new_shared(a, IPCREF_F32, 1, shape, &v), IPCREF_OK);
+  *(float *)ipcref_view_ptr(&v, last) = 7.5f;
+  CHECK_EQ(ipcref_send(pa, &v), IPCREF_OK);
+  CHECK_EQ(ipcref_recv(pb, &w, 1000), IPCREF_OK);
+  ipcref_ctx_free(a); /* frees its peer; v keeps the rest alive */
+  ipcref_ctx_free(b);
+  CHECK(*(float *)ipcref_view_ptr(&v, last) == 7.5f);
+  CHECK(*(float *)ipcref_view_ptr(&w, last) == 7.5f);
+  *(float *)ipcref_view_data_mut(&v) = 1.0f; /* still ours to write */
+  CHECK(*(float *)ipcref_view_ptr(&w, last) == 7.5f);
+  ipcref_view_release(&w); /* the consumer's context goes here */
+  ipcref_view_release(&v); /* and the producer's */
+  RES_END(&m);
+}
+
 int main(void) {
   long seed;
   under_valgrind = detect_valgrind();
@@ -2215,5 +2248,6 @@ int main(void) {
   RUN(test_timeouts_and_hangup_stream);
   RUN(test_wrong_arguments);
   RUN(test_wrong_arguments_with_peer);
+  RUN(test_ctx_free_with_live_buffers);
   return harness_finish();
 }
