@@ -385,6 +385,24 @@ struct ipcref_ctx {
                         buffer; the context is torn down when the last one goes */
 };
 
+/* Intrusive doubly linked lists: `head` is the first node, nodes link
+ * through the fields named `next` and `prev`. */
+#define IPCREF__LIST_PUSH(head, node, next, prev)                              \
+  do {                                                                         \
+    (node)->prev = NULL;                                                       \
+    (node)->next = (head);                                                     \
+    if (head) (head)->prev = (node);                                           \
+    (head) = (node);                                                           \
+  } while (0)
+#define IPCREF__LIST_REMOVE(head, node, next, prev)                            \
+  do {                                                                         \
+    if ((node)->prev)                                                          \
+      (node)->prev->next = (node)->next;                                       \
+    else                                                                       \
+      (head) = (node)->next;                                                   \
+    if ((node)->next) (node)->next->prev = (node)->prev;                       \
+  } while (0)
+
 /* ---- small helpers ----------------------------------------------------- */
 
 #define IPCREF__LOCK(c)   pthread_mutex_lock(&(c)->lock)
@@ -455,20 +473,13 @@ IPCREF_PRIVATE uint32_t ipcref__class_of(size_t size, size_t *block) {
 IPCREF_PRIVATE void ipcref__class_add(ipcref_ctx *ctx, ipcref__segment *s) {
   ipcref__segment **head = &ctx->classes[s->cls];
   if (s->in_class || s->cls == UINT32_MAX) return;
-  s->class_prev = NULL;
-  s->class_next = *head;
-  if (*head) (*head)->class_prev = s;
-  *head = s;
+  IPCREF__LIST_PUSH(*head, s, class_next, class_prev);
   s->in_class = 1;
 }
 
 IPCREF_PRIVATE void ipcref__class_remove(ipcref_ctx *ctx, ipcref__segment *s) {
   if (!s->in_class) return;
-  if (s->class_prev)
-    s->class_prev->class_next = s->class_next;
-  else
-    ctx->classes[s->cls] = s->class_next;
-  if (s->class_next) s->class_next->class_prev = s->class_prev;
+  IPCREF__LIST_REMOVE(ctx->classes[s->cls], s, class_next, class_prev);
   s->in_class = 0;
 }
 
@@ -490,11 +501,7 @@ IPCREF_PRIVATE void ipcref__segment_destroy(ipcref_ctx *ctx,
                                             ipcref__segment *s) {
   ipcref__class_remove(ctx, s);
   if (s->cached) ctx->empty_bytes -= s->size;
-  if (s->prev)
-    s->prev->next = s->next;
-  else
-    ctx->segments = s->next;
-  if (s->next) s->next->prev = s->prev;
+  IPCREF__LIST_REMOVE(ctx->segments, s, next, prev);
   ipcref__retire_announce(ctx, s->id);
   munmap(s->base, s->size);
   close(s->fd);
@@ -541,9 +548,7 @@ IPCREF_PRIVATE ipcref_result ipcref__segment_new(ipcref_ctx *ctx, size_t size,
     s->blocks[i].offset = (size_t)i * block;
   }
   s->nfree = s->nblocks;
-  s->next = ctx->segments;
-  if (ctx->segments) ctx->segments->prev = s;
-  ctx->segments = s;
+  IPCREF__LIST_PUSH(ctx->segments, s, next, prev);
   ctx->st.segment_bytes += size;
   ctx->st.mapped_segments++;
   *out = s;
@@ -611,11 +616,7 @@ IPCREF_PRIVATE void ipcref__block_free(ipcref_ctx *ctx, ipcref__block *b) {
 }
 
 IPCREF_PRIVATE void ipcref__limbo_remove(ipcref_ctx *ctx, ipcref__block *b) {
-  if (b->limbo_prev)
-    b->limbo_prev->limbo_next = b->limbo_next;
-  else
-    ctx->limbo = b->limbo_next;
-  if (b->limbo_next) b->limbo_next->limbo_prev = b->limbo_prev;
+  IPCREF__LIST_REMOVE(ctx->limbo, b, limbo_next, limbo_prev);
   b->in_limbo = 0;
   ctx->st.limbo_blocks--;
   ctx->st.limbo_bytes -= b->seg->block_size;
@@ -637,11 +638,7 @@ IPCREF_PRIVATE size_t ipcref__lease_end(ipcref_ctx *ctx, ipcref__block *b) {
 /* ---- ledgers (producer side) ------------------------------------------- */
 
 IPCREF_PRIVATE void ipcref__ledger_destroy(ipcref_ctx *ctx, ipcref__ledger *l) {
-  if (l->prev)
-    l->prev->next = l->next;
-  else
-    ctx->ledgers = l->next;
-  if (l->next) l->next->prev = l->prev;
+  IPCREF__LIST_REMOVE(ctx->ledgers, l, next, prev);
   munmap(l->base, ipcref__ledger_bytes(l->n));
   close(l->fd);
   ctx->st.counter_files--;
@@ -681,9 +678,7 @@ IPCREF_PRIVATE ipcref_result ipcref__ledger_new(ipcref_ctx *ctx, ipcref_peer *p,
   h->origin_pid = (uint32_t)ctx->pid;
   h->origin_nonce = ctx->nonce;
   h->ledger_id = l->id;
-  l->next = ctx->ledgers;
-  if (ctx->ledgers) ctx->ledgers->prev = l;
-  ctx->ledgers = l;
+  IPCREF__LIST_PUSH(ctx->ledgers, l, next, prev);
   ctx->st.counter_files++;
   *out = l;
   return IPCREF_OK;
@@ -828,11 +823,7 @@ IPCREF_API ipcref_result ipcref_ctx_new(const ipcref_ctx_options *opt,
 }
 
 IPCREF_PRIVATE void ipcref__map_unmap(ipcref_ctx *ctx, ipcref__map *m) {
-  if (m->prev)
-    m->prev->next = m->next;
-  else
-    ctx->maps = m->next;
-  if (m->next) m->next->prev = m->prev;
+  IPCREF__LIST_REMOVE(ctx->maps, m, next, prev);
   munmap(m->base, m->size);
   close(m->fd);
   if (m->kind == 1)
@@ -927,10 +918,7 @@ IPCREF_PRIVATE void ipcref__block_release(void *user, void *data) {
     ipcref__block_free(ctx, b);
   } else {
     b->in_limbo = 1;
-    b->limbo_prev = NULL;
-    b->limbo_next = ctx->limbo;
-    if (ctx->limbo) ctx->limbo->limbo_prev = b;
-    ctx->limbo = b;
+    IPCREF__LIST_PUSH(ctx->limbo, b, limbo_next, limbo_prev);
     ctx->st.limbo_blocks++;
     ctx->st.limbo_bytes += b->seg->block_size;
   }
@@ -1272,9 +1260,7 @@ IPCREF_API ipcref_result ipcref_peer_new(ipcref_ctx *ctx, int sockfd,
     }
   }
   IPCREF__LOCK(ctx);
-  p->next = ctx->peers;
-  if (ctx->peers) ctx->peers->prev = p;
-  ctx->peers = p;
+  IPCREF__LIST_PUSH(ctx->peers, p, next, prev);
   ctx->st.peers++;
   IPCREF__UNLOCK(ctx);
   *out = p;
@@ -1301,11 +1287,7 @@ IPCREF_API void ipcref_peer_free(ipcref_peer *p) {
     ipcref_view_release(&v);
   }
   IPCREF__LOCK(ctx);
-  if (p->prev)
-    p->prev->next = p->next;
-  else
-    ctx->peers = p->next;
-  if (p->next) p->next->prev = p->prev;
+  IPCREF__LIST_REMOVE(ctx->peers, p, next, prev);
   /* Its ledgers stay until every lease in them comes back. */
   for (l = ctx->ledgers; l; l = l->next)
     if (l->peer == p) l->peer = NULL;
@@ -1783,10 +1765,7 @@ IPCREF_PRIVATE ipcref_result ipcref__import_bytes(ipcref_peer *p,
   /* Commit: the new mappings join the cache, and each view gets a buffer
    * whose death returns its lease. */
   for (k = 0; k < nfresh; k++) {
-    fresh[k]->next = ctx->maps;
-    fresh[k]->prev = NULL;
-    if (ctx->maps) ctx->maps->prev = fresh[k];
-    ctx->maps = fresh[k];
+    IPCREF__LIST_PUSH(ctx->maps, fresh[k], next, prev);
     if (fresh[k]->kind == 1)
       ctx->st.mapped_segments++;
     else
