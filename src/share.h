@@ -172,7 +172,10 @@ IPCREF_API ipcref_result ipcref_send(ipcref_peer *p, const ipcref_view *v);
 IPCREF_API ipcref_result ipcref_recv(ipcref_peer *p, ipcref_view *out,
                                      int timeout_ms);
 
-/* Sweeps the limbo: frees every block whose leases all came back, and (on
+/* Sweeps the limbo: frees every block whose leases all came back; reclaims
+ * the leases of consumer processes that died holding them (a forwarded
+ * hold stays while its own holder lives, whatever became of the
+ * middleman); and (on
  * a consumer) unmaps segments their producer destroyed that nothing here
  * uses any more; a receive does the latter only past 1 GiB of them, since
  * freeing the last mapping of a segment takes time in proportion to its
@@ -200,10 +203,12 @@ IPCREF_API ipcref_result ipcref_ctx_stats(ipcref_ctx *ctx, ipcref_stats *out);
 #include <fcntl.h>
 #include <poll.h>
 #include <pthread.h>
+#include <signal.h>
 #include <stdio.h>
 #include <sys/mman.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
+#include <sys/syscall.h>
 #include <sys/uio.h>
 #include <time.h>
 #include <unistd.h>
@@ -318,6 +323,9 @@ struct ipcref__ledger {
   uint32_t *free_stack, nfree; /* free slots of the producer half */
   uint32_t live;
   ipcref_peer *peer; /* NULL once the peer is gone */
+  int holder_pidfd;  /* after that: the holder process, to see it die */
+  int holder_pid;
+  int holder_dead; /* its own leases were reclaimed */
   ipcref__ledger *next, *prev;
 };
 
@@ -352,6 +360,7 @@ typedef struct ipcref__seen {
 struct ipcref_peer {
   ipcref_ctx *ctx;
   int fd, pid, uid, sock_type;
+  int pidfd; /* the other process (from its hello), -1 until known */
   int hello; /* 0: the other side's hello not read yet; 1: read; -1: bad */
   ipcref__ledger *ledger; /* the current one for exports to this peer */
   ipcref__seen_key *seen; /* what the other side has been sent */
@@ -381,6 +390,7 @@ struct ipcref_ctx {
   size_t empty_bytes;
   ipcref_stats st;
   int imported_bufs; /* atomic */
+  int no_pidfd;      /* pidfd_open is missing here: deaths seen by pid */
   int refs;          /* atomic: the owner's, and one per live shared or imported
                         buffer; the context is torn down when the last one goes */
 };
@@ -641,6 +651,7 @@ IPCREF_PRIVATE void ipcref__ledger_destroy(ipcref_ctx *ctx, ipcref__ledger *l) {
   IPCREF__LIST_REMOVE(ctx->ledgers, l, next, prev);
   munmap(l->base, ipcref__ledger_bytes(l->n));
   close(l->fd);
+  if (l->holder_pidfd >= 0) close(l->holder_pidfd);
   ctx->st.counter_files--;
   IPCREF_FREE(l->leases);
   IPCREF_FREE(l->free_stack);
@@ -669,6 +680,7 @@ IPCREF_PRIVATE ipcref_result ipcref__ledger_new(ipcref_ctx *ctx, ipcref_peer *p,
   l->n = n;
   l->id = ++ctx->next_id;
   l->peer = p;
+  l->holder_pidfd = -1;
   for (i = 0; i < n / 2; i++) l->free_stack[i] = n / 2 - 1 - i;
   l->nfree = n / 2;
   h = (ipcref__ledger_hdr *)(void *)l->base;
@@ -890,12 +902,58 @@ IPCREF_API ipcref_result ipcref_ctx_stats(ipcref_ctx *ctx, ipcref_stats *out) {
   return IPCREF_OK;
 }
 
+/* 1 when the process has exited: its pidfd is readable or, without one,
+ * its pid no longer exists. */
+IPCREF_PRIVATE int ipcref__process_gone(int pidfd, int pid) {
+  struct pollfd pfd;
+  if (pidfd < 0) return pid > 0 && kill((pid_t)pid, 0) != 0 && errno == ESRCH;
+  pfd.fd = pidfd;
+  pfd.events = POLLIN;
+  pfd.revents = 0;
+  return poll(&pfd, 1, 0) > 0 && (pfd.revents & (POLLIN | POLLHUP)) != 0;
+}
+
+/* Reclaims the leases of consumers that died holding them (under the
+ * lock): every lease a dead peer held itself, and the forwarded ones whose
+ * own holder is gone too. A forwarded hold whose holder still lives stays,
+ * whatever happened to the middleman. Returns the bytes freed. */
+IPCREF_PRIVATE size_t ipcref__reap(ipcref_ctx *ctx) {
+  ipcref__ledger *l, *next;
+  size_t freed = 0;
+  for (l = ctx->ledgers; l; l = next) {
+    uint64_t *slots = ipcref__ledger_slots(l->base);
+    int pidfd = l->peer ? l->peer->pidfd : l->holder_pidfd;
+    int pid = l->peer ? (l->peer->hello > 0 ? l->peer->pid : 0) : l->holder_pid;
+    uint32_t s;
+    next = l->next;
+    if (l->live == 0) continue;
+    if (!l->holder_dead) {
+      if (!ipcref__process_gone(pidfd, pid)) continue;
+      freed += ipcref__ledger_drain(ctx, l); /* what it returned first */
+      for (s = 0; s < l->n / 2; s++)
+        if (l->leases[s].block)
+          (void)ipcref__lease_free(ctx, l, s, l->leases[s].gen, &freed);
+      l->holder_dead = 1;
+    }
+    for (s = l->n / 2; s < l->n && l->live; s++) {
+      pid_t holder;
+      if (!l->leases[s].block) continue;
+      holder = (pid_t)slots[2 * (size_t)s + 1];
+      if (holder <= 0 || (kill(holder, 0) != 0 && errno == ESRCH))
+        (void)ipcref__lease_free(ctx, l, s, l->leases[s].gen, &freed);
+    }
+  }
+  return freed;
+}
+
 IPCREF_API size_t ipcref_collect(ipcref_ctx *ctx) {
   size_t freed;
   if (!ctx) return 0;
   IPCREF__LOCK(ctx);
   freed = ipcref__sweep(ctx);
-  ipcref__maps_trim(ctx, 0); /* a consumer's retired mappings */
+  freed += ipcref__reap(ctx);
+  if (freed) ipcref__sweep(ctx); /* ledgers the dead left empty */
+  ipcref__maps_trim(ctx, 0);     /* a consumer's retired mappings */
   IPCREF__UNLOCK(ctx);
   return freed;
 }
@@ -1226,6 +1284,14 @@ IPCREF_PRIVATE ipcref_result ipcref__hello_read(ipcref_peer *p,
     return IPCREF_EPROTO;
   }
   p->hello = 1;
+#ifdef SYS_pidfd_open
+  /* A handle on the process itself (pids get reused): it becomes readable
+   * when the process dies. Linux 5.3; without it deaths go unseen. */
+  if (!p->ctx->no_pidfd) {
+    p->pidfd = (int)syscall(SYS_pidfd_open, (pid_t)p->pid, 0);
+    if (p->pidfd < 0 && errno == ENOSYS) p->ctx->no_pidfd = 1;
+  }
+#endif
   return IPCREF_OK;
 }
 
@@ -1250,6 +1316,7 @@ IPCREF_API ipcref_result ipcref_peer_new(ipcref_ctx *ctx, int sockfd,
   p->pid = (int)cred.pid;
   p->uid = (int)cred.uid;
   p->sock_type = type;
+  p->pidfd = -1;
   {
     int on = 1;
     ipcref_result r = IPCREF_ESYS;
@@ -1290,11 +1357,16 @@ IPCREF_API void ipcref_peer_free(ipcref_peer *p) {
   IPCREF__LIST_REMOVE(ctx->peers, p, next, prev);
   /* Its ledgers stay until every lease in them comes back. */
   for (l = ctx->ledgers; l; l = l->next)
-    if (l->peer == p) l->peer = NULL;
+    if (l->peer == p) {
+      l->peer = NULL;
+      l->holder_pid = p->hello > 0 ? p->pid : 0;
+      if (p->pidfd >= 0) l->holder_pidfd = fcntl(p->pidfd, F_DUPFD_CLOEXEC, 0);
+    }
   ctx->st.peers--;
   ipcref__sweep(ctx);
   IPCREF__UNLOCK(ctx);
   close(p->fd);
+  if (p->pidfd >= 0) close(p->pidfd);
   IPCREF_FREE(p->seen);
   IPCREF_FREE(p->retired);
   IPCREF_FREE(p);
@@ -1829,6 +1901,20 @@ close_fds:
   return r;
 }
 
+/* Before an export (not under the lock): reads the other side's hello when
+ * it is there, so that a producer that only sends leaves nothing unread
+ * (see ipcref__recvmsg); a forwarder waits for it (up to 5 s), since the
+ * hold it records in the origin's ledger names that process. */
+IPCREF_PRIVATE void ipcref__hello_for_export(ipcref_peer *p,
+                                             const ipcref_view *views, int n) {
+  int i, forwards = 0;
+  if (p->hello) return;
+  for (i = 0; i < n && views; i++)
+    if (views[i].buf && views[i].buf->release == ipcref__import_release)
+      forwards = 1;
+  (void)ipcref__hello_read(p, forwards ? 5000 : 0);
+}
+
 IPCREF_API ipcref_result ipcref_export(ipcref_peer *p, const ipcref_view *v,
                                        ipcref_msg *msg) {
   ipcref_result r;
@@ -1836,6 +1922,7 @@ IPCREF_API ipcref_result ipcref_export(ipcref_peer *p, const ipcref_view *v,
   msg->len = 0;
   msg->nfds = 0;
   msg->origin = NULL;
+  ipcref__hello_for_export(p, v, 1);
   IPCREF__LOCK(p->ctx);
   r = ipcref__export_msg(p, v, 1, msg, 1);
   IPCREF__UNLOCK(p->ctx);
@@ -1976,9 +2063,7 @@ IPCREF_API ipcref_result ipcref_send_batch(ipcref_peer *p,
   ipcref_msg msg;
   ipcref_result r;
   if (!p || !views || n < 1 || n > IPCREF__MSG_VIEWS) return IPCREF_EINVAL;
-  /* Read the other side's hello when it is there, so that a producer that
-   * only sends leaves nothing unread (see ipcref__recvmsg). */
-  if (!p->hello) (void)ipcref__hello_read(p, 0);
+  ipcref__hello_for_export(p, views, n);
   msg.len = 0;
   msg.nfds = 0;
   msg.origin = NULL;

@@ -2226,6 +2226,163 @@ static void test_ctx_free_with_live_buffers(void) {
   RES_END(&m);
 }
 
+/* A consumer killed with SIGKILL while it holds blocks: the producer's next
+ * ipcref_collect reclaims every lease it held. And a middleman killed
+ * after forwarding: the hold of the process it forwarded to stays until
+ * that one lets go (or dies too). */
+static void kill_holder_child(int sock, int ready, int ctl_fd, int n) {
+  ipcref_ctx *c;
+  ipcref_peer *p;
+  ipcref_view v;
+  int i;
+  char x;
+  if (ipcref_ctx_new(NULL, &c) || ipcref_peer_new(c, sock, &p)) _exit(2);
+  for (i = 0; i < n; i++)
+    if (ipcref_recv(p, &v, 5000) != IPCREF_OK)
+      _exit(3); /* held, never let go */
+  if (write(ready, "r", 1) != 1) _exit(4);
+  if (read(ctl_fd, &x, 1) < 0) _exit(5); /* killed while waiting here */
+  _exit(6);
+}
+
+static void test_consumer_killed(void) {
+  res_mark m;
+  int sv[2], pipe_ready[2], pipe_ctl[2], status, i;
+  ipcref_ctx *ctx = NULL;
+  ipcref_peer *p;
+  ipcref_stats st;
+  pid_t pid;
+  char x;
+  const int n = 100;
+  res_begin(&m);
+  CHECK_EQ(socketpair(AF_UNIX, SOCK_SEQPACKET, 0, sv), 0);
+  CHECK_EQ(pipe(pipe_ready), 0);
+  CHECK_EQ(pipe(pipe_ctl), 0);
+  pid = fork();
+  if (pid == 0) {
+    alarm(20);
+    close(sv[0]);
+    close(pipe_ready[0]);
+    close(pipe_ctl[1]);
+    kill_holder_child(sv[1], pipe_ready[1], pipe_ctl[0], n);
+  }
+  close(sv[1]);
+  close(pipe_ready[1]);
+  close(pipe_ctl[0]);
+  CHECK_EQ(ipcref_ctx_new(NULL, &ctx), IPCREF_OK);
+  CHECK_EQ(ipcref_peer_new(ctx, sv[0], &p), IPCREF_OK);
+  for (i = 0; i < n; i++) {
+    ipcref_view v;
+    const int64_t shape[1] = {64 + i};
+    CHECK_EQ(ipcref_view_new_shared(ctx, IPCREF_U8, 1, shape, &v), IPCREF_OK);
+    CHECK_EQ(ipcref_send(p, &v), IPCREF_OK);
+    ipcref_view_release(&v); /* to the limbo: the consumer holds it */
+  }
+  CHECK_EQ(read(pipe_ready[0], &x, 1), 1);
+  CHECK_EQ(ipcref_peer_pid(p), pid);
+  ipcref_collect(ctx);
+  st = stats_of(ctx);
+  CHECK_EQ(st.limbo_blocks, (size_t)n); /* alive: everything stays */
+  CHECK_EQ(st.live_slots, (size_t)n);
+  kill(pid, SIGKILL);
+  CHECK_EQ(waitpid(pid, &status, 0), pid);
+  CHECK(WIFSIGNALED(status) && WTERMSIG(status) == SIGKILL);
+  ipcref_collect(ctx); /* sees the death, reclaims */
+  st = stats_of(ctx);
+  CHECK_EQ(st.limbo_blocks, 0);
+  CHECK_EQ(st.live_slots, 0);
+  CHECK_EQ(st.live_bytes, 0);
+  ipcref_peer_free(p);
+  close(pipe_ready[0]);
+  close(pipe_ctl[1]);
+  EXPECT_DRAINED(ctx);
+  ipcref_ctx_free(ctx);
+  RES_END(&m);
+}
+
+/* A -> B -> C, then B is killed holding its own lease: A keeps the block
+ * for C (whose hold it counts itself), and frees it when C lets go. */
+static void test_middleman_killed(void) {
+  res_mark m;
+  int ab[2], bc[2], b_ready[2], c_ready[2], c_go[2], status;
+  ipcref_ctx *ctx = NULL;
+  ipcref_peer *p;
+  ipcref_stats st;
+  pid_t b, c;
+  char x;
+  res_begin(&m);
+  CHECK_EQ(socketpair(AF_UNIX, SOCK_SEQPACKET, 0, ab), 0);
+  CHECK_EQ(socketpair(AF_UNIX, SOCK_SEQPACKET, 0, bc), 0);
+  CHECK_EQ(pipe(b_ready), 0);
+  CHECK_EQ(pipe(c_ready), 0);
+  CHECK_EQ(pipe(c_go), 0);
+  c = fork();
+  if (c == 0) { /* C: holds what B forwards until told to let go */
+    ipcref_ctx *cc;
+    ipcref_peer *cp;
+    ipcref_view v;
+    int64_t last[1] = {255};
+    alarm(20);
+    close(ab[0]), close(ab[1]), close(bc[0]);
+    if (ipcref_ctx_new(NULL, &cc) || ipcref_peer_new(cc, bc[1], &cp) ||
+        ipcref_recv(cp, &v, 5000))
+      _exit(2);
+    if (write(c_ready[1], "c", 1) != 1 || read(c_go[0], &x, 1) != 1) _exit(3);
+    /* B is dead by now; the data is still A's block, intact. */
+    if (*(unsigned char *)ipcref_view_ptr(&v, last) != 0xab) _exit(4);
+    ipcref_view_release(&v);
+    ipcref_peer_free(cp);
+    ipcref_ctx_free(cc);
+    _exit(0);
+  }
+  b = fork();
+  if (b == 0) { /* B: forwards to C, then waits to be killed */
+    ipcref_ctx *bctx;
+    ipcref_peer *pa, *pc;
+    ipcref_view v;
+    alarm(20);
+    close(ab[0]), close(bc[1]);
+    if (ipcref_ctx_new(NULL, &bctx) || ipcref_peer_new(bctx, ab[1], &pa) ||
+        ipcref_peer_new(bctx, bc[0], &pc) || ipcref_recv(pa, &v, 5000) ||
+        ipcref_send(pc, &v))
+      _exit(2);
+    if (write(b_ready[1], "b", 1) != 1) _exit(3);
+    for (;;) pause();
+  }
+  close(ab[1]), close(bc[0]), close(bc[1]);
+  CHECK_EQ(ipcref_ctx_new(NULL, &ctx), IPCREF_OK);
+  CHECK_EQ(ipcref_peer_new(ctx, ab[0], &p), IPCREF_OK);
+  {
+    ipcref_view v;
+    const int64_t shape[1] = {256};
+    CHECK_EQ(ipcref_view_new_shared(ctx, IPCREF_U8, 1, shape, &v), IPCREF_OK);
+    memset(ipcref_view_data_mut(&v), 0xab, 256);
+    CHECK_EQ(ipcref_send(p, &v), IPCREF_OK);
+    ipcref_view_release(&v);
+  }
+  CHECK_EQ(read(b_ready[0], &x, 1), 1);
+  CHECK_EQ(read(c_ready[0], &x, 1), 1);
+  kill(b, SIGKILL);
+  CHECK_EQ(waitpid(b, &status, 0), b);
+  ipcref_collect(ctx); /* B's own hold goes; C's stays */
+  st = stats_of(ctx);
+  CHECK_EQ(st.limbo_blocks, 1);
+  CHECK_EQ(st.live_slots, 1);
+  CHECK_EQ(write(c_go[1], "g", 1), 1);
+  CHECK_EQ(waitpid(c, &status, 0), c);
+  CHECK(WIFEXITED(status) && WEXITSTATUS(status) == 0);
+  ipcref_collect(ctx);
+  st = stats_of(ctx);
+  CHECK_EQ(st.limbo_blocks, 0);
+  CHECK_EQ(st.live_slots, 0);
+  ipcref_peer_free(p);
+  close(b_ready[0]), close(b_ready[1]), close(c_ready[0]), close(c_ready[1]);
+  close(c_go[0]), close(c_go[1]);
+  EXPECT_DRAINED(ctx);
+  ipcref_ctx_free(ctx);
+  RES_END(&m);
+}
+
 int main(void) {
   long seed;
   under_valgrind = detect_valgrind();
@@ -2249,5 +2406,7 @@ int main(void) {
   RUN(test_wrong_arguments);
   RUN(test_wrong_arguments_with_peer);
   RUN(test_ctx_free_with_live_buffers);
+  RUN(test_consumer_killed);
+  RUN(test_middleman_killed);
   return harness_finish();
 }
