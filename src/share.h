@@ -175,7 +175,8 @@ IPCREF_API ipcref_result ipcref_recv(ipcref_peer *p, ipcref_view *out,
 /* Sweeps the limbo: frees every block whose leases all came back; reclaims
  * the leases of consumer processes that died holding them (a forwarded
  * hold stays while its own holder lives, whatever became of the
- * middleman); and (on
+ * middleman: a consumer is known by the hello it sent, which a receive,
+ * ipcref_peer_pid or any later send reads); and (on
  * a consumer) unmaps segments their producer destroyed that nothing here
  * uses any more; a receive does the latter only past 1 GiB of them, since
  * freeing the last mapping of a segment takes time in proportion to its

@@ -2362,6 +2362,9 @@ static void test_middleman_killed(void) {
   }
   CHECK_EQ(read(b_ready[0], &x, 1), 1);
   CHECK_EQ(read(c_ready[0], &x, 1), 1);
+  /* B's identity comes with its hello, which this producer may not have
+   * read yet (it only sent): reading it is what lets A see B die. */
+  CHECK_EQ(ipcref_peer_pid(p), b);
   kill(b, SIGKILL);
   CHECK_EQ(waitpid(b, &status, 0), b);
   ipcref_collect(ctx); /* B's own hold goes; C's stays */
