@@ -3325,6 +3325,36 @@ IPCREF_PRIVATE int ipcref__get_view(ipcref__wire *w, ipcref__view_rec *r) {
 
 /* ---- peers ------------------------------------------------------------- */
 
+/* Waits until fd is readable: timeout_ms -1 means no wait at all here (the
+ * blocking read that follows waits), 0 polls. */
+IPCREF_PRIVATE ipcref_result ipcref__wait_readable(int fd, int timeout_ms) {
+  struct pollfd pfd;
+  pfd.fd = fd;
+  pfd.events = POLLIN;
+  pfd.revents = 0;
+  for (; timeout_ms >= 0;) {
+    int pr = poll(&pfd, 1, timeout_ms);
+    if (pr > 0) break;
+    if (pr == 0) return IPCREF_ETIMEDOUT;
+    if (errno != EINTR) return IPCREF_ESYS;
+  }
+  return IPCREF_OK;
+}
+
+/* Appends the fds an SCM_RIGHTS header carries to fds[*n] (up to max);
+ * closes the ones past max, so that no received fd ever leaks. */
+IPCREF_PRIVATE void ipcref__take_fds(const struct cmsghdr *c, int *fds, int *n,
+                                     int max) {
+  int cnt = (int)((c->cmsg_len - CMSG_LEN(0)) / sizeof(int)), j, fd;
+  for (j = 0; j < cnt; j++) {
+    memcpy(&fd, CMSG_DATA(c) + (size_t)j * sizeof(int), sizeof fd);
+    if (*n < max)
+      fds[(*n)++] = fd;
+    else
+      close(fd);
+  }
+}
+
 /* recvmsg, retried on EINTR and once on ECONNRESET: a peer that closed its
  * end with our data unread resets the connection, but what it sent before
  * is still queued here, and the retry reads it. */
@@ -3401,7 +3431,6 @@ IPCREF_PRIVATE ipcref_result ipcref__hello_read(ipcref_peer *p,
     struct cmsghdr align;
   } u;
   unsigned char b[4 + IPCREF__HELLO_BYTES];
-  struct pollfd pfd;
   struct msghdr mh;
   struct iovec iov;
   struct cmsghdr *c;
@@ -3409,16 +3438,10 @@ IPCREF_PRIVATE ipcref_result ipcref__hello_read(ipcref_peer *p,
   int stream = p->sock_type == SOCK_STREAM, got_cred = 0;
   size_t want = IPCREF__HELLO_BYTES + (stream ? 4u : 0u);
   ssize_t k;
+  ipcref_result r;
   if (p->hello) return p->hello > 0 ? IPCREF_OK : IPCREF_EPROTO;
-  pfd.fd = p->fd;
-  pfd.events = POLLIN;
-  pfd.revents = 0;
-  for (; timeout_ms >= 0;) { /* a blocking read needs no poll */
-    int pr = poll(&pfd, 1, timeout_ms);
-    if (pr > 0) break;
-    if (pr == 0) return IPCREF_ETIMEDOUT;
-    if (errno != EINTR) return IPCREF_ESYS;
-  }
+  r = ipcref__wait_readable(p->fd, timeout_ms);
+  if (r != IPCREF_OK) return r;
   memset(&mh, 0, sizeof mh);
   iov.iov_base = b;
   iov.iov_len = want;
@@ -3439,11 +3462,8 @@ IPCREF_PRIVATE ipcref_result ipcref__hello_read(ipcref_peer *p,
       p->uid = (int)cred.uid;
       got_cred = 1;
     } else if (c->cmsg_type == SCM_RIGHTS) { /* not in a hello: drop */
-      int cnt = (int)((c->cmsg_len - CMSG_LEN(0)) / sizeof(int)), j, fd;
-      for (j = 0; j < cnt; j++) {
-        memcpy(&fd, CMSG_DATA(c) + (size_t)j * sizeof(int), sizeof fd);
-        close(fd);
-      }
+      int none = 0;
+      ipcref__take_fds(c, NULL, &none, 0);
     }
   }
   w.p = b;
@@ -4280,7 +4300,6 @@ IPCREF_API ipcref_result ipcref_recv(ipcref_peer *p, ipcref_view *out,
   } u;
   unsigned char *bytes;
   unsigned char head[4];
-  struct pollfd pfd;
   struct msghdr mh;
   struct iovec iov;
   struct cmsghdr *c;
@@ -4307,15 +4326,8 @@ IPCREF_API ipcref_result ipcref_recv(ipcref_peer *p, ipcref_view *out,
     }
   }
   if (p->hello < 0) return IPCREF_EPROTO;
-  pfd.fd = p->fd;
-  pfd.events = POLLIN;
-  pfd.revents = 0;
-  for (; timeout_ms >= 0;) { /* a blocking read needs no poll */
-    int pr = poll(&pfd, 1, timeout_ms);
-    if (pr > 0) break;
-    if (pr == 0) return IPCREF_ETIMEDOUT;
-    if (errno != EINTR) return IPCREF_ESYS;
-  }
+  r = ipcref__wait_readable(p->fd, timeout_ms);
+  if (r != IPCREF_OK) return r;
   bytes = (unsigned char *)IPCREF_MALLOC(IPCREF_MSG_MAX_BYTES);
   if (!bytes) return IPCREF_ENOMEM;
   stream = p->sock_type == SOCK_STREAM;
@@ -4328,17 +4340,8 @@ IPCREF_API ipcref_result ipcref_recv(ipcref_peer *p, ipcref_view *out,
   mh.msg_controllen = sizeof u.buf;
   k = ipcref__recvmsg(p->fd, &mh, stream);
   for (c = k >= 0 ? CMSG_FIRSTHDR(&mh) : NULL; c; c = CMSG_NXTHDR(&mh, c)) {
-    if (c->cmsg_level == SOL_SOCKET && c->cmsg_type == SCM_RIGHTS) {
-      int cnt = (int)((c->cmsg_len - CMSG_LEN(0)) / sizeof(int)), j;
-      for (j = 0; j < cnt; j++) {
-        int fd;
-        memcpy(&fd, CMSG_DATA(c) + (size_t)j * sizeof(int), sizeof fd);
-        if (nfds < IPCREF_MSG_MAX_FDS)
-          fds[nfds++] = fd;
-        else
-          close(fd);
-      }
-    }
+    if (c->cmsg_level == SOL_SOCKET && c->cmsg_type == SCM_RIGHTS)
+      ipcref__take_fds(c, fds, &nfds, IPCREF_MSG_MAX_FDS);
   }
   if (k <= 0) {
     r = k == 0 || errno == ECONNRESET ? IPCREF_EPEER : IPCREF_ESYS;
