@@ -603,6 +603,16 @@ typedef struct ipcref_ctx_options {
   size_t max_bytes;      /* cap on all segment bytes (default: none) */
   uint32_t ledger_slots; /* slots per counter file (default 4096) */
   int writable_shares;   /* nonzero: consumers map segments writable */
+  int isolate;           /* nonzero: every block in a segment of its own (see
+                            ipcref_shared_new_isolated) */
+  const uint32_t *allow_uids; /* uids besides our own whose peers are
+                                 accepted (copied); others get EPEER */
+  size_t allow_uids_count;
+  ipcref_error_hook error_hook; /* hears what peers did wrong (a forged,
+                                   replayed or double return, a refused
+                                   peer); fn NULL: the process-wide hook.
+                                   Runs with the context locked: it must
+                                   not call into this context. */
 } ipcref_ctx_options;
 
 /* Exact counts at the moment of the call. */
@@ -620,6 +630,12 @@ typedef struct ipcref_stats {
   uint64_t fds_sent;      /* file descriptors sent, ever */
   uint64_t fds_received;  /* file descriptors received, ever */
   uint64_t sweeps;        /* sweeps run, ever */
+  uint64_t peer_deaths;   /* watched processes seen to die, ever */
+  uint64_t reclaimed;     /* leases ended because their holder died, ever */
+  uint64_t bad_returns;   /* ledger entries refused (forged, replayed, a
+                             second return of one lease), ever */
+  uint64_t refused;       /* imports refused (EPROTO) and peers refused
+                             (EPEER), ever */
 } ipcref_stats;
 
 /* A message: a small byte record plus the fds the peer does not have yet.
@@ -658,6 +674,16 @@ IPCREF_API void ipcref_ctx_free(ipcref_ctx *ctx);
 IPCREF_API ipcref_result ipcref_shared_new(ipcref_ctx *ctx, size_t size,
                                            ipcref_buf **out);
 
+/* As ipcref_shared_new, but the block gets a memfd segment of its own
+ * (its size rounded up to whole pages), so a consumer that maps it can
+ * reach nothing else. A consumer of a pooled block maps the whole 16 MiB
+ * segment and can read the other blocks in it (never write them, unless
+ * writable_shares). The price of isolation: one memfd, one mmap on each
+ * side and one fd hand-off per block, and at least a page per block. */
+IPCREF_API ipcref_result ipcref_shared_new_isolated(ipcref_ctx *ctx,
+                                                    size_t size,
+                                                    ipcref_buf **out);
+
 /* A C-contiguous view over a new shared buffer. */
 IPCREF_API ipcref_result ipcref_view_new_shared(ipcref_ctx *ctx,
                                                 ipcref_dtype dt, int ndim,
@@ -672,15 +698,19 @@ IPCREF_API int ipcref_buf_is_shared(const ipcref_buf *b);
  * hello carrying this process's credentials, checked by the kernel
  * (SCM_CREDENTIALS). The other side's pid and uid come from its hello
  * (SO_PEERCRED alone names whoever created a socketpair, not who holds the
- * other end). Does not wait for the other side. Errors: EINVAL (not a
- * connected AF_UNIX stream/seqpacket socket), EPEER (the other end is
- * closed), ESYS, ENOMEM; on error the socket is not closed. */
+ * other end). Does not wait for the other side; the first export, receive
+ * or import on the peer reads its hello (waiting up to 5 s for it), and a
+ * peer whose uid is neither ours nor in the allow_uids option is refused
+ * then: those calls return EPEER. Errors: EINVAL (not a connected AF_UNIX
+ * stream/seqpacket socket), EPEER (the other end is closed, or whoever
+ * connected is of a uid not allowed), ESYS, ENOMEM; on error the socket is
+ * not closed. */
 IPCREF_API ipcref_result ipcref_peer_new(ipcref_ctx *ctx, int sockfd,
                                          ipcref_peer **out);
 
 /* Closes the socket and frees the peer. Leases it holds from us stay until
- * they are returned (or, later, until that process is gone); buffers
- * imported through it stay valid. NULL is a no-op. */
+ * they are returned or that process dies; buffers imported through it stay
+ * valid. NULL is a no-op. */
 IPCREF_API void ipcref_peer_free(ipcref_peer *p);
 
 /* The pid of the process on the other side, from its hello: waits for it
@@ -692,9 +722,12 @@ IPCREF_API int ipcref_peer_pid(ipcref_peer *p);
  * transport): takes a lease and adds the fds the peer lacks. The view's
  * buffer must be shared (ipcref_shared_new, or imported: forwarding).
  * Deliver the message, then call ipcref_msg_sent (or, if it never left,
- * ipcref_msg_free). Errors: EINVAL (not a shared buffer, bad view),
- * ENOMEM, ESYS, EBUSY (a forwarded view: every forwarding slot of its
- * ledger is in use). */
+ * ipcref_msg_free). Waits for the peer's hello first (see
+ * ipcref_peer_new): nothing is leased to a process not identified.
+ * Errors: EINVAL (not a shared buffer, bad view), EPEER (refused, or hung
+ * up before its hello), ETIMEDOUT (no hello within 5 s), ENOMEM, ESYS,
+ * EBUSY (a forwarded view: every forwarding slot of its ledger is in
+ * use). */
 IPCREF_API ipcref_result ipcref_export(ipcref_peer *p, const ipcref_view *v,
                                        ipcref_msg *msg);
 
@@ -729,18 +762,48 @@ IPCREF_API ipcref_result ipcref_recv(ipcref_peer *p, ipcref_view *out,
                                      int timeout_ms);
 
 /* Sweeps the limbo: frees every block whose leases all came back; reclaims
- * the leases of consumer processes that died holding them (a forwarded
- * hold stays while its own holder lives, whatever became of the
- * middleman: a consumer is known by the hello it sent, which a receive,
- * ipcref_peer_pid or any later send reads); and (on
- * a consumer) unmaps segments their producer destroyed that nothing here
- * uses any more; a receive does the latter only past 1 GiB of them, since
- * freeing the last mapping of a segment takes time in proportion to its
- * size. Returns the bytes freed in the limbo. */
+ * the leases of processes that died holding them (checking every watched
+ * process now; a forwarded hold stays while its own holder lives, whatever
+ * became of the middleman); and (on a consumer) unmaps segments their
+ * producer destroyed that nothing here uses any more; a receive does the
+ * latter only past 1 GiB of them, since freeing the last mapping of a
+ * segment takes time in proportion to its size. Returns the bytes freed. */
 IPCREF_API size_t ipcref_collect(ipcref_ctx *ctx);
 
 /* Fills *out. Errors: EINVAL. */
 IPCREF_API ipcref_result ipcref_ctx_stats(ipcref_ctx *ctx, ipcref_stats *out);
+
+/* An fd that becomes readable when a process this context watches dies (a
+ * peer, a consumer holding leases, a holder of a forwarded lease): add it
+ * to your own event loop (poll, epoll, select) and call ipcref_ctx_poll
+ * when it is readable. There are no hidden threads: deaths are also
+ * noticed by the calls on the context (at most once per clock tick) and by
+ * ipcref_collect. -1 for NULL. The fd belongs to the context: do not
+ * close it. Without pidfd_open (Linux < 5.3) it never becomes readable and
+ * deaths are seen by ipcref_collect alone. */
+IPCREF_API int ipcref_ctx_poll_fd(ipcref_ctx *ctx);
+
+/* Waits up to timeout_ms (-1: forever, 0: not at all) for a watched
+ * process to die, then reclaims what every dead one held: the leases of a
+ * consumer, the forwarded holds whose holder is gone, and the blocks that
+ * only they kept. *freed (may be NULL) gets the bytes freed. Errors:
+ * EINVAL, ETIMEDOUT (nothing died within the wait), ESYS. */
+IPCREF_API ipcref_result ipcref_ctx_poll(ipcref_ctx *ctx, int timeout_ms,
+                                         size_t *freed);
+
+/* 1 while the process on the other side of `p` lives (as far as can be
+ * seen without waiting), 0 once it is gone or hung up without a hello, or
+ * for NULL. A consumer whose producer died keeps its imported views: they
+ * stay mapped and readable, and releasing them still succeeds. */
+IPCREF_API int ipcref_peer_alive(ipcref_peer *p);
+
+#ifdef IPCREF_TEST_HOOKS
+/* Tests only: `fn` is called at each labelled step of the protocol:
+ * "allocate", "export", "send", "receive", "map", "import", "forward",
+ * "release", "sweep" (NULL: none). Crash tests stop a process there and
+ * kill it. */
+IPCREF_API void ipcref_test_set_step_hook(void (*fn)(const char *step));
+#endif
 
 #ifdef __cplusplus
 }
@@ -2379,6 +2442,7 @@ IPCREF_API ipcref_result ipcref_view_make_mut(ipcref_view *v) {
 #include <pthread.h>
 #include <signal.h>
 #include <stdio.h>
+#include <sys/epoll.h>
 #include <sys/mman.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
@@ -2390,6 +2454,25 @@ IPCREF_API ipcref_result ipcref_view_make_mut(ipcref_view *v) {
 #error                                                                         \
     "ipcref: sharing needs _GNU_SOURCE: include ipcref.h first in the file that defines IPCREF_IMPLEMENTATION, or #define _GNU_SOURCE before its first #include (or define IPCREF_NO_SHARING)"
 #else
+
+/* ---- test hooks ---------------------------------------------------------
+ * IPCREF__STEP marks the labelled steps of the protocol; crash tests stop
+ * a process at one and kill it there. Nothing at all without
+ * IPCREF_TEST_HOOKS. */
+#ifdef IPCREF_TEST_HOOKS
+static void (*ipcref__step_hook)(const char *step);
+IPCREF_API void ipcref_test_set_step_hook(void (*fn)(const char *step)) {
+  __atomic_store_n(&ipcref__step_hook, fn, __ATOMIC_RELEASE);
+}
+#define IPCREF__STEP(label)                                                    \
+  do {                                                                         \
+    void (*step_fn_)(const char *) =                                           \
+        __atomic_load_n(&ipcref__step_hook, __ATOMIC_ACQUIRE);                 \
+    if (step_fn_) step_fn_(label);                                             \
+  } while (0)
+#else
+#define IPCREF__STEP(label) ((void)0)
+#endif
 
 /* ---- layout of a ledger (counter file), shared with every process that
  * maps it. All fields little endian (the host's: peers share a machine).
@@ -2438,14 +2521,20 @@ IPCREF_PRIVATE size_t ipcref__ledger_bytes(uint32_t n) {
 }
 
 /* Pushes entries to a ledger's ring: what a consumer does to return a
- * lease (and a forwarder to link one). Lock-free, no system call. */
+ * lease (and a forwarder to link one). Lock-free, no system call. A
+ * process that dies between taking its positions and writing them leaves
+ * a hole, which the producer's sweep steps over once it is stale (see
+ * ipcref__hole_stale). `step` labels the moment for the test hook. */
 IPCREF_PRIVATE void ipcref__ring_push(unsigned char *base, uint32_t n,
-                                      const uint64_t *e, int count) {
+                                      const uint64_t *e, int count,
+                                      const char *step) {
   ipcref__ledger_hdr *h = (ipcref__ledger_hdr *)(void *)base;
   uint64_t *ring = ipcref__ledger_ring(base, n);
   uint64_t pos =
       __atomic_fetch_add(&h->head, (uint64_t)count, __ATOMIC_RELAXED);
   int i;
+  (void)step;
+  if (step) IPCREF__STEP(step);
   /* Release: everything this process did with the data happens before the
    * producer sees the entry and frees the block. */
   for (i = 0; i < count; i++)
@@ -2457,6 +2546,19 @@ IPCREF_PRIVATE void ipcref__ring_push(unsigned char *base, uint32_t n,
 
 typedef struct ipcref__segment ipcref__segment;
 typedef struct ipcref__ledger ipcref__ledger;
+
+/* A process this context watches for its death: a peer, a consumer that
+ * holds leases, the holder of a forwarded lease. One per live pid, shared
+ * by whatever needs it (counted); its pidfd sits in the context's epoll
+ * set, so the poll fd wakes when it dies. A pidfd names the process, not
+ * the number: a reused pid is a new watch. */
+typedef struct ipcref__watch {
+  int pid;
+  int pidfd; /* -1: dead, or no pidfd_open here (then kill(pid, 0)) */
+  int dead;
+  int refs;
+  struct ipcref__watch *next, *prev;
+} ipcref__watch;
 
 typedef struct ipcref__block {
   ipcref__segment *seg;
@@ -2485,6 +2587,8 @@ struct ipcref__segment {
 typedef struct ipcref__lease {
   ipcref__block *block; /* NULL: free */
   uint32_t gen;
+  int holder;           /* forwarded leases: the holder's pid */
+  ipcref__watch *watch; /* and its watch (NULL: watched by pid alone) */
 } ipcref__lease;
 
 struct ipcref__ledger {
@@ -2496,10 +2600,12 @@ struct ipcref__ledger {
   ipcref__lease *leases;
   uint32_t *free_stack, nfree; /* free slots of the producer half */
   uint32_t live;
-  ipcref_peer *peer; /* NULL once the peer is gone */
-  int holder_pidfd;  /* after that: the holder process, to see it die */
-  int holder_pid;
-  int holder_dead; /* its own leases were reclaimed */
+  ipcref_peer *peer;    /* NULL once the peer is gone */
+  ipcref__watch *watch; /* the process it was made for */
+  int holder_dead;      /* its own leases were reclaimed */
+  uint64_t hole_pos;    /* ring position + 1 of a hole seen at the tail */
+  long hole_ms;         /* when it was first seen */
+  uint64_t hole_deaths; /* deaths counted then */
   ipcref__ledger *next, *prev;
 };
 
@@ -2534,8 +2640,9 @@ typedef struct ipcref__seen {
 struct ipcref_peer {
   ipcref_ctx *ctx;
   int fd, pid, uid, sock_type;
-  int pidfd; /* the other process (from its hello), -1 until known */
-  int hello; /* 0: the other side's hello not read yet; 1: read; -1: bad */
+  ipcref__watch *watch; /* the other process (from its hello) */
+  int hello; /* 0: the other side's hello not read yet; 1: read; -1: bad;
+                -2: refused (a uid not allowed) */
   ipcref__ledger *ledger; /* the current one for exports to this peer */
   ipcref__seen_key *seen; /* what the other side has been sent */
   size_t nseen, capseen;
@@ -2565,8 +2672,15 @@ struct ipcref_ctx {
   ipcref_stats st;
   int imported_bufs; /* atomic */
   int no_pidfd;      /* pidfd_open is missing here: deaths seen by pid */
-  int refs;          /* atomic: the owner's, and one per live shared or imported
-                        buffer; the context is torn down when the last one goes */
+  int epfd;          /* the poll fd: the watches' pidfds */
+  ipcref__watch *watches;
+  uint64_t reaped;  /* peer_deaths when the last reap ran */
+  long pump_tick;   /* the clock tick of the last death check */
+  uint32_t *uids;   /* allowed besides our own (opt.allow_uids) */
+  uint64_t refused; /* atomic: st.refused, counted outside the lock */
+  int uid;
+  int refs; /* atomic: the owner's, and one per live shared or imported
+               buffer; the context is torn down when the last one goes */
 };
 
 /* Intrusive doubly linked lists: `head` is the first node, nodes link
@@ -2642,6 +2756,116 @@ IPCREF_PRIVATE int ipcref__memfd(const char *name, size_t size,
 fail:
   close(fd);
   return -1;
+}
+
+/* What a peer did wrong, to the context's hook (or the process-wide one). */
+IPCREF_PRIVATE void ipcref__ctx_report(ipcref_ctx *ctx, ipcref_result code,
+                                       const char *message) {
+  if (ctx->opt.error_hook.fn)
+    ctx->opt.error_hook.fn(ctx->opt.error_hook.user, code, message);
+  else
+    ipcref__report(code, message);
+}
+
+/* Milliseconds of the coarse monotonic clock (a vDSO read, no system
+ * call; it moves once per clock tick). */
+IPCREF_PRIVATE long ipcref__now_ms(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC_COARSE, &ts);
+  return (long)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+}
+
+/* ---- watching processes -------------------------------------------------
+ * Under the lock. A death is noticed by the pidfd turning readable (the
+ * epoll set: ipcref__watch_events), or, where there is no pidfd, by
+ * kill(pid, 0) in ipcref_collect. Whatever notices one counts it in
+ * st.peer_deaths; the reap that follows compares that with ctx->reaped. */
+
+IPCREF_PRIVATE void ipcref__watch_dead(ipcref_ctx *ctx, ipcref__watch *w) {
+  if (w->dead) return;
+  w->dead = 1;
+  ctx->st.peer_deaths++;
+  if (w->pidfd >= 0) {
+    (void)epoll_ctl(ctx->epfd, EPOLL_CTL_DEL, w->pidfd, NULL);
+    close(w->pidfd);
+    w->pidfd = -1;
+  }
+}
+
+/* The watch on process `pid` (a new one, or one more use of the live
+ * one); NULL for pid <= 0 or out of memory (then the caller falls back on
+ * the pid). A process already gone is dead from the start. */
+IPCREF_PRIVATE ipcref__watch *ipcref__watch_get(ipcref_ctx *ctx, int pid) {
+  ipcref__watch *w;
+  if (pid <= 0) return NULL;
+  for (w = ctx->watches; w; w = w->next)
+    if (w->pid == pid && !w->dead) {
+      w->refs++;
+      return w;
+    }
+  w = (ipcref__watch *)ipcref__zalloc(sizeof *w);
+  if (!w) return NULL;
+  w->pid = pid;
+  w->pidfd = -1;
+  w->refs = 1;
+  IPCREF__LIST_PUSH(ctx->watches, w, next, prev);
+#ifdef SYS_pidfd_open
+  if (!ctx->no_pidfd) { /* Linux 5.3; the fd is close-on-exec */
+    w->pidfd = (int)syscall(SYS_pidfd_open, (pid_t)pid, 0);
+    if (w->pidfd >= 0) {
+      struct epoll_event ev;
+      memset(&ev, 0, sizeof ev);
+      ev.events = EPOLLIN;
+      ev.data.ptr = w;
+      /* Without the epoll entry the death is still seen by collect. */
+      (void)epoll_ctl(ctx->epfd, EPOLL_CTL_ADD, w->pidfd, &ev);
+    } else if (errno == ESRCH) {
+      ipcref__watch_dead(ctx, w);
+    } else if (errno == ENOSYS) {
+      ctx->no_pidfd = 1;
+    }
+  }
+#endif
+  return w;
+}
+
+IPCREF_PRIVATE void ipcref__watch_put(ipcref_ctx *ctx, ipcref__watch *w) {
+  if (!w || --w->refs > 0) return;
+  if (w->pidfd >= 0) {
+    (void)epoll_ctl(ctx->epfd, EPOLL_CTL_DEL, w->pidfd, NULL);
+    close(w->pidfd);
+  }
+  IPCREF__LIST_REMOVE(ctx->watches, w, next, prev);
+  IPCREF_FREE(w);
+}
+
+/* 1 when process `pid` is known to be gone: kill(pid, 0) finds none. */
+IPCREF_PRIVATE int ipcref__pid_gone(int pid) {
+  return pid <= 0 || (kill((pid_t)pid, 0) != 0 && errno == ESRCH);
+}
+
+/* Marks the watches whose pidfd turned readable (the process exited, or
+ * is a zombie). Returns how many. */
+IPCREF_PRIVATE int ipcref__watch_events(ipcref_ctx *ctx) {
+  struct epoll_event ev[16];
+  int n, i, got = 0;
+  do {
+    n = epoll_wait(ctx->epfd, ev, 16, 0);
+    for (i = 0; i < n; i++)
+      ipcref__watch_dead(ctx, (ipcref__watch *)ev[i].data.ptr);
+    if (n > 0) got += n;
+  } while (n == 16);
+  return got;
+}
+
+/* Every check there is: the epoll set, then kill(pid, 0) for the watches
+ * without a pidfd. */
+IPCREF_PRIVATE void ipcref__watch_refresh(ipcref_ctx *ctx) {
+  ipcref__watch *w;
+  (void)ipcref__watch_events(ctx);
+  for (w = ctx->watches; w; w = w->next)
+    if (!w->dead && w->pidfd < 0 && ipcref__pid_gone(w->pid))
+      ipcref__watch_dead(ctx, w);
 }
 
 /* ---- segments and blocks ----------------------------------------------- */
@@ -2749,16 +2973,17 @@ nomem:
   return IPCREF_ENOMEM;
 }
 
-/* A free block of at least `size` bytes (under the lock). */
+/* A free block of at least `size` bytes (under the lock); `own`: in a
+ * segment of its own. */
 IPCREF_PRIVATE ipcref_result ipcref__block_alloc(ipcref_ctx *ctx, size_t size,
-                                                 ipcref__block **out) {
+                                                 int own, ipcref__block **out) {
   ipcref__segment *s;
   ipcref__block *b;
   size_t block;
   uint32_t cls = ipcref__class_of(size, &block);
   ipcref_result r;
-  if (block > ctx->opt.segment_size / 2 || cls >= IPCREF__CLASSES) {
-    /* Large: a segment of its own, rounded to pages. */
+  if (own || block > ctx->opt.segment_size / 2 || cls >= IPCREF__CLASSES) {
+    /* Isolated or large: a segment of its own, rounded to pages. */
     size_t page = 4096, bytes = (size + page - 1) & ~(page - 1);
     if (bytes == 0) bytes = page;
     r = ipcref__segment_new(ctx, bytes, bytes, UINT32_MAX, &s);
@@ -2822,10 +3047,12 @@ IPCREF_PRIVATE size_t ipcref__lease_end(ipcref_ctx *ctx, ipcref__block *b) {
 /* ---- ledgers (producer side) ------------------------------------------- */
 
 IPCREF_PRIVATE void ipcref__ledger_destroy(ipcref_ctx *ctx, ipcref__ledger *l) {
+  uint32_t s;
   IPCREF__LIST_REMOVE(ctx->ledgers, l, next, prev);
+  for (s = l->n / 2; s < l->n; s++) ipcref__watch_put(ctx, l->leases[s].watch);
+  ipcref__watch_put(ctx, l->watch);
   munmap(l->base, ipcref__ledger_bytes(l->n));
   close(l->fd);
-  if (l->holder_pidfd >= 0) close(l->holder_pidfd);
   ctx->st.counter_files--;
   IPCREF_FREE(l->leases);
   IPCREF_FREE(l->free_stack);
@@ -2854,7 +3081,10 @@ IPCREF_PRIVATE ipcref_result ipcref__ledger_new(ipcref_ctx *ctx, ipcref_peer *p,
   l->n = n;
   l->id = ++ctx->next_id;
   l->peer = p;
-  l->holder_pidfd = -1;
+  if (p && p->watch) { /* the same process as the peer's */
+    l->watch = p->watch;
+    l->watch->refs++;
+  }
   for (i = 0; i < n / 2; i++) l->free_stack[i] = n / 2 - 1 - i;
   l->nfree = n / 2;
   h = (ipcref__ledger_hdr *)(void *)l->base;
@@ -2893,6 +3123,8 @@ IPCREF_PRIVATE int ipcref__lease_free(ipcref_ctx *ctx, ipcref__ledger *l,
     return 0;
   b = l->leases[slot].block;
   l->leases[slot].block = NULL;
+  ipcref__watch_put(ctx, l->leases[slot].watch);
+  l->leases[slot].watch = NULL;
   l->live--;
   __atomic_store_n(&slots[2 * (size_t)slot],
                    ((uint64_t)gen << 2) | IPCREF__SLOT_FREE, __ATOMIC_RELEASE);
@@ -2901,10 +3133,38 @@ IPCREF_PRIVATE int ipcref__lease_free(ipcref_ctx *ctx, ipcref__ledger *l,
   return 1;
 }
 
+/* A ring entry refused (under the lock): counted, and reported to the
+ * context's hook. Never a free: the private lease table decides. */
+IPCREF_PRIVATE void ipcref__bad_return(ipcref_ctx *ctx, const char *what) {
+  ctx->st.bad_returns++;
+  ipcref__ctx_report(ctx, IPCREF_EPROTO, what);
+}
+
+/* A hole at the ring's tail: a position taken whose entry is not written.
+ * Normally its writer is between its two instructions and the next sweep
+ * finds it; but a writer killed there never writes it, and every entry
+ * behind it would wait forever. So a hole is stepped over once a death has
+ * been seen since it was first seen, or once it is 100 ms old. Stepping
+ * over a live writer's hole is safe, only slow: its entry, written late,
+ * is read a lap later or lost, and a lost return keeps a block alive until
+ * its holder dies; nothing is ever freed early. */
+IPCREF_PRIVATE int ipcref__hole_stale(ipcref_ctx *ctx, ipcref__ledger *l) {
+  long now = ipcref__now_ms();
+  if (l->hole_pos != l->tail + 1) {
+    l->hole_pos = l->tail + 1;
+    l->hole_ms = now;
+    l->hole_deaths = ctx->st.peer_deaths;
+    return 0;
+  }
+  return ctx->st.peer_deaths != l->hole_deaths || now - l->hole_ms >= 100;
+}
+
 /* Reads what came back to ledger `l` since the last sweep (under the
  * lock). Every entry is checked against the private lease table: a
  * ledger can only end its own peer's leases, and a stale, replayed or
- * forged entry is reported and ignored. Returns the bytes freed. */
+ * forged entry (a second return of one lease, a return from a process
+ * that died and was reclaimed) is reported and ignored: a count can never
+ * go below zero. Returns the bytes freed. */
 IPCREF_PRIVATE size_t ipcref__ledger_drain(ipcref_ctx *ctx, ipcref__ledger *l) {
   ipcref__ledger_hdr *h = (ipcref__ledger_hdr *)(void *)l->base;
   uint64_t *ring = ipcref__ledger_ring(l->base, l->n);
@@ -2912,15 +3172,21 @@ IPCREF_PRIVATE size_t ipcref__ledger_drain(ipcref_ctx *ctx, ipcref__ledger *l) {
   uint64_t cap = 2u * (uint64_t)l->n;
   uint64_t head = __atomic_load_n(&h->head, __ATOMIC_ACQUIRE);
   size_t freed = 0;
+  if (head == l->tail) return 0;
+  IPCREF__STEP("sweep");
   if (head - l->tail > cap) { /* a consumer wrote past the ring: distrust */
-    ipcref__report(IPCREF_EPROTO, "ledger ring overrun by a peer");
+    ipcref__bad_return(ctx, "ledger ring overrun by a peer");
     l->tail = head - cap;
   }
   while (l->tail != head) {
     uint64_t *cell = &ring[l->tail % cap];
     uint64_t e = __atomic_load_n(cell, __ATOMIC_ACQUIRE);
     uint32_t slot, gen, kind;
-    if (e == 0) break; /* taken but not written yet: next sweep */
+    if (e == 0) { /* taken but not written (yet) */
+      if (!ipcref__hole_stale(ctx, l)) break;
+      l->tail++;
+      continue;
+    }
     slot = (uint32_t)(e & 0x3fffffffu) - 1u;
     kind = (uint32_t)(e >> 30) & 3u;
     gen = (uint32_t)(e >> 32);
@@ -2930,7 +3196,13 @@ IPCREF_PRIVATE size_t ipcref__ledger_drain(ipcref_ctx *ctx, ipcref__ledger *l) {
       ipcref__lease *parent;
       if (l->tail + 1 == head) break; /* the pair is not complete yet */
       p = __atomic_load_n(&ring[(l->tail + 1) % cap], __ATOMIC_ACQUIRE);
-      if (p == 0) break;
+      if (p == 0) { /* its second half is a hole: wait, or drop both */
+        int stale;
+        l->tail++;
+        stale = ipcref__hole_stale(ctx, l);
+        l->tail--;
+        if (!stale) break;
+      }
       __atomic_store_n(&ring[(l->tail + 1) % cap], 0, __ATOMIC_RELAXED);
       __atomic_store_n(cell, 0, __ATOMIC_RELAXED);
       l->tail += 2;
@@ -2942,11 +3214,15 @@ IPCREF_PRIVATE size_t ipcref__ledger_drain(ipcref_ctx *ctx, ipcref__ledger *l) {
           parent->gen != pg ||
           __atomic_load_n(&slots[2 * (size_t)slot], __ATOMIC_ACQUIRE) !=
               (((uint64_t)gen << 2) | IPCREF__SLOT_LIVE)) {
-        ipcref__report(IPCREF_EPROTO, "invalid forwarded lease in a ledger");
+        ipcref__bad_return(ctx, "invalid forwarded lease in a ledger");
         continue;
       }
       l->leases[slot].block = parent->block;
       l->leases[slot].gen = gen;
+      /* The holder, as the forwarder wrote it before the link. */
+      l->leases[slot].holder = (int)(uint32_t)__atomic_load_n(
+          &slots[2 * (size_t)slot + 1], __ATOMIC_RELAXED);
+      l->leases[slot].watch = ipcref__watch_get(ctx, l->leases[slot].holder);
       parent->block->leases++;
       l->live++;
       ctx->st.live_slots++;
@@ -2956,7 +3232,7 @@ IPCREF_PRIVATE size_t ipcref__ledger_drain(ipcref_ctx *ctx, ipcref__ledger *l) {
     l->tail++;
     if (kind != IPCREF__RING_RELEASE ||
         !ipcref__lease_free(ctx, l, slot, gen, &freed))
-      ipcref__report(IPCREF_EPROTO, "invalid lease return in a ledger");
+      ipcref__bad_return(ctx, "invalid lease return in a ledger");
   }
   return freed;
 }
@@ -2994,11 +3270,30 @@ IPCREF_API ipcref_result ipcref_ctx_new(const ipcref_ctx_options *opt,
     IPCREF_FREE(ctx);
     return IPCREF_EINVAL;
   }
-  if (pthread_mutex_init(&ctx->lock, NULL) != 0) {
+  if (ctx->opt.allow_uids_count) {
+    if (!ctx->opt.allow_uids || ctx->opt.allow_uids_count > 65536) {
+      IPCREF_FREE(ctx);
+      return IPCREF_EINVAL;
+    }
+    ctx->uids =
+        (uint32_t *)IPCREF_MALLOC(ctx->opt.allow_uids_count * sizeof(uint32_t));
+    if (!ctx->uids) {
+      IPCREF_FREE(ctx);
+      return IPCREF_ENOMEM;
+    }
+    memcpy(ctx->uids, ctx->opt.allow_uids,
+           ctx->opt.allow_uids_count * sizeof(uint32_t));
+  }
+  ctx->opt.allow_uids = ctx->uids; /* ours, not the caller's */
+  ctx->epfd = epoll_create1(EPOLL_CLOEXEC);
+  if (ctx->epfd < 0 || pthread_mutex_init(&ctx->lock, NULL) != 0) {
+    if (ctx->epfd >= 0) close(ctx->epfd);
+    IPCREF_FREE(ctx->uids);
     IPCREF_FREE(ctx);
-    return IPCREF_ESYS;
+    return errno == ENOMEM ? IPCREF_ENOMEM : IPCREF_ESYS;
   }
   ctx->pid = (int)getpid();
+  ctx->uid = (int)getuid();
   ctx->refs = 1;
   /* Identifies this ctx across processes (pids get reused). */
   clock_gettime(CLOCK_REALTIME, &ts);
@@ -3048,6 +3343,8 @@ IPCREF_PRIVATE void ipcref__ctx_destroy(ipcref_ctx *ctx) {
   while (ctx->maps) ipcref__map_unmap(ctx, ctx->maps);
   IPCREF__UNLOCK(ctx);
   pthread_mutex_destroy(&ctx->lock);
+  close(ctx->epfd);
+  IPCREF_FREE(ctx->uids);
   IPCREF_FREE(ctx);
 }
 
@@ -3065,17 +3362,6 @@ IPCREF_API void ipcref_ctx_free(ipcref_ctx *ctx) {
   ipcref__ctx_unref(ctx);
 }
 
-IPCREF_API ipcref_result ipcref_ctx_stats(ipcref_ctx *ctx, ipcref_stats *out) {
-  if (!ctx || !out) return IPCREF_EINVAL;
-  IPCREF__LOCK(ctx);
-  ipcref__sweep(ctx); /* count what came back as back */
-  *out = ctx->st;
-  out->imported_bufs =
-      (size_t)__atomic_load_n(&ctx->imported_bufs, __ATOMIC_ACQUIRE);
-  IPCREF__UNLOCK(ctx);
-  return IPCREF_OK;
-}
-
 /* 1 when the process has exited: its pidfd is readable or, without one,
  * its pid no longer exists. */
 IPCREF_PRIVATE int ipcref__process_gone(int pidfd, int pid) {
@@ -3087,37 +3373,49 @@ IPCREF_PRIVATE int ipcref__process_gone(int pidfd, int pid) {
   return poll(&pfd, 1, 0) > 0 && (pfd.revents & (POLLIN | POLLHUP)) != 0;
 }
 
-/* Reclaims the leases of consumers that died holding them (under the
- * lock): every lease a dead peer held itself, and the forwarded ones whose
- * own holder is gone too. A forwarded hold whose holder still lives stays,
- * whatever happened to the middleman. Returns the bytes freed. */
+/* Reclaims what dead processes held (under the lock): every lease a dead
+ * consumer held itself, and each forwarded lease whose own holder is gone.
+ * A forwarded hold whose holder lives stays, whatever became of the
+ * middleman. Then the sweep frees the blocks only they kept, and the
+ * ledgers nobody can use any more. Returns the bytes freed. */
 IPCREF_PRIVATE size_t ipcref__reap(ipcref_ctx *ctx) {
-  ipcref__ledger *l, *next;
+  ipcref__ledger *l;
   size_t freed = 0;
-  for (l = ctx->ledgers; l; l = next) {
-    uint64_t *slots = ipcref__ledger_slots(l->base);
-    int pidfd = l->peer ? l->peer->pidfd : l->holder_pidfd;
-    int pid = l->peer ? (l->peer->hello > 0 ? l->peer->pid : 0) : l->holder_pid;
+  ctx->reaped = ctx->st.peer_deaths;
+  for (l = ctx->ledgers; l; l = l->next) {
     uint32_t s;
-    next = l->next;
     if (l->live == 0) continue;
-    if (!l->holder_dead) {
-      if (!ipcref__process_gone(pidfd, pid)) continue;
+    if (!l->holder_dead && l->watch && l->watch->dead) {
       freed += ipcref__ledger_drain(ctx, l); /* what it returned first */
       for (s = 0; s < l->n / 2; s++)
-        if (l->leases[s].block)
-          (void)ipcref__lease_free(ctx, l, s, l->leases[s].gen, &freed);
+        if (l->leases[s].block &&
+            ipcref__lease_free(ctx, l, s, l->leases[s].gen, &freed))
+          ctx->st.reclaimed++;
       l->holder_dead = 1;
     }
     for (s = l->n / 2; s < l->n && l->live; s++) {
-      pid_t holder;
-      if (!l->leases[s].block) continue;
-      holder = (pid_t)slots[2 * (size_t)s + 1];
-      if (holder <= 0 || (kill(holder, 0) != 0 && errno == ESRCH))
-        (void)ipcref__lease_free(ctx, l, s, l->leases[s].gen, &freed);
+      ipcref__lease *ls = &l->leases[s];
+      if (!ls->block ||
+          !(ls->watch ? ls->watch->dead : ipcref__pid_gone(ls->holder)))
+        continue;
+      if (ipcref__lease_free(ctx, l, s, ls->gen, &freed)) ctx->st.reclaimed++;
     }
   }
-  return freed;
+  return freed + ipcref__sweep(ctx);
+}
+
+/* Notices deaths and reclaims what the dead held (under the lock). Every
+ * call on the context pumps this, at most once per clock tick (`force`:
+ * now), so that a process that never polls still gets its memory back. */
+IPCREF_PRIVATE size_t ipcref__pump(ipcref_ctx *ctx, int force) {
+  if (!ctx->watches) return 0;
+  if (!force) {
+    long tick = ipcref__now_ms();
+    if (tick == ctx->pump_tick) return 0;
+    ctx->pump_tick = tick;
+  }
+  (void)ipcref__watch_events(ctx);
+  return ctx->st.peer_deaths != ctx->reaped ? ipcref__reap(ctx) : 0;
 }
 
 IPCREF_API size_t ipcref_collect(ipcref_ctx *ctx) {
@@ -3125,11 +3423,50 @@ IPCREF_API size_t ipcref_collect(ipcref_ctx *ctx) {
   if (!ctx) return 0;
   IPCREF__LOCK(ctx);
   freed = ipcref__sweep(ctx);
+  ipcref__watch_refresh(ctx);
   freed += ipcref__reap(ctx);
-  if (freed) ipcref__sweep(ctx); /* ledgers the dead left empty */
-  ipcref__maps_trim(ctx, 0);     /* a consumer's retired mappings */
+  ipcref__maps_trim(ctx, 0); /* a consumer's retired mappings */
   IPCREF__UNLOCK(ctx);
   return freed;
+}
+
+IPCREF_API int ipcref_ctx_poll_fd(ipcref_ctx *ctx) {
+  return ctx ? ctx->epfd : -1;
+}
+
+IPCREF_API ipcref_result ipcref_ctx_poll(ipcref_ctx *ctx, int timeout_ms,
+                                         size_t *freed) {
+  struct pollfd pfd;
+  uint64_t deaths;
+  size_t bytes;
+  if (freed) *freed = 0;
+  if (!ctx) return IPCREF_EINVAL;
+  pfd.fd = ctx->epfd;
+  pfd.events = POLLIN;
+  pfd.revents = 0;
+  /* The wait is outside the lock; what woke it is read under it. */
+  while (timeout_ms != 0 && poll(&pfd, 1, timeout_ms) < 0)
+    if (errno != EINTR) return IPCREF_ESYS;
+  IPCREF__LOCK(ctx);
+  deaths = ctx->reaped;
+  ipcref__watch_refresh(ctx);
+  bytes = ctx->st.peer_deaths != ctx->reaped ? ipcref__reap(ctx) : 0;
+  IPCREF__UNLOCK(ctx);
+  if (freed) *freed = bytes;
+  return ctx->reaped != deaths ? IPCREF_OK : IPCREF_ETIMEDOUT;
+}
+
+IPCREF_API ipcref_result ipcref_ctx_stats(ipcref_ctx *ctx, ipcref_stats *out) {
+  if (!ctx || !out) return IPCREF_EINVAL;
+  IPCREF__LOCK(ctx);
+  ipcref__sweep(ctx);         /* count what came back as back */
+  (void)ipcref__pump(ctx, 1); /* and what the dead held as free */
+  *out = ctx->st;
+  out->refused = __atomic_load_n(&ctx->refused, __ATOMIC_RELAXED);
+  out->imported_bufs =
+      (size_t)__atomic_load_n(&ctx->imported_bufs, __ATOMIC_ACQUIRE);
+  IPCREF__UNLOCK(ctx);
+  return IPCREF_OK;
 }
 
 /* ---- shared buffers ---------------------------------------------------- */
@@ -3145,6 +3482,7 @@ IPCREF_PRIVATE void ipcref__block_release(void *user, void *data) {
   ctx->st.live_bufs--;
   ctx->st.live_bytes -= b->seg->block_size;
   ipcref__sweep(ctx);
+  (void)ipcref__pump(ctx, 0);
   b->local = 0;
   if (b->leases == 0) {
     ipcref__block_free(ctx, b);
@@ -3165,20 +3503,23 @@ IPCREF_API int ipcref_buf_is_shared(const ipcref_buf *b) {
                b->release == ipcref__import_release);
 }
 
-IPCREF_API ipcref_result ipcref_shared_new(ipcref_ctx *ctx, size_t size,
-                                           ipcref_buf **out) {
+IPCREF_PRIVATE ipcref_result ipcref__shared_new(ipcref_ctx *ctx, size_t size,
+                                                int own, ipcref_buf **out) {
   ipcref__block *b;
   ipcref_buf *buf;
   ipcref_result r;
   if (!ctx || !out) return IPCREF_EINVAL;
   if (size > (size_t)PTRDIFF_MAX / 2) return IPCREF_ERANGE;
   IPCREF__LOCK(ctx);
-  r = ipcref__block_alloc(ctx, size, &b);
-  if (r == IPCREF_ENOMEM) { /* the limbo may hold what we need */
+  (void)ipcref__pump(ctx, 0);
+  r = ipcref__block_alloc(ctx, size, own, &b);
+  if (r == IPCREF_ENOMEM) { /* the limbo, or the dead, may hold it */
     ipcref__sweep(ctx);
-    r = ipcref__block_alloc(ctx, size, &b);
+    (void)ipcref__pump(ctx, 1);
+    r = ipcref__block_alloc(ctx, size, own, &b);
   }
   if (r == IPCREF_OK) {
+    IPCREF__STEP("allocate");
     ctx->st.live_bufs++;
     ctx->st.live_bytes += b->seg->block_size;
     __atomic_fetch_add(&ctx->refs, 1, __ATOMIC_RELAXED);
@@ -3193,6 +3534,17 @@ IPCREF_API ipcref_result ipcref_shared_new(ipcref_ctx *ctx, size_t size,
   }
   *out = buf;
   return IPCREF_OK;
+}
+
+IPCREF_API ipcref_result ipcref_shared_new(ipcref_ctx *ctx, size_t size,
+                                           ipcref_buf **out) {
+  return ipcref__shared_new(ctx, size, 0, out);
+}
+
+IPCREF_API ipcref_result ipcref_shared_new_isolated(ipcref_ctx *ctx,
+                                                    size_t size,
+                                                    ipcref_buf **out) {
+  return ipcref__shared_new(ctx, size, 1, out);
 }
 
 IPCREF_API ipcref_result ipcref_view_new_shared(ipcref_ctx *ctx,
@@ -3421,6 +3773,32 @@ IPCREF_PRIVATE ipcref_result ipcref__hello_send(ipcref_peer *p) {
   return k == (ssize_t)w.pos ? IPCREF_OK : IPCREF_ESYS;
 }
 
+/* 1 when a peer of `uid` may connect: our own uid, or one allowed. */
+IPCREF_PRIVATE int ipcref__uid_allowed(const ipcref_ctx *ctx, uint32_t uid) {
+  size_t i;
+  if (uid == (uint32_t)ctx->uid) return 1;
+  for (i = 0; i < ctx->opt.allow_uids_count; i++)
+    if (ctx->uids[i] == uid) return 1;
+  return 0;
+}
+
+/* A peer refused (its uid): counted and reported, and nothing goes to it
+ * or comes from it. */
+IPCREF_PRIVATE ipcref_result ipcref__peer_refuse(ipcref_peer *p) {
+  ipcref_ctx *ctx = p->ctx;
+  p->hello = -2;
+  __atomic_fetch_add(&ctx->refused, 1, __ATOMIC_RELAXED);
+  IPCREF__LOCK(ctx);
+  ipcref__ctx_report(ctx, IPCREF_EPEER, "peer of a uid not allowed refused");
+  IPCREF__UNLOCK(ctx);
+  return IPCREF_EPEER;
+}
+
+IPCREF_PRIVATE ipcref_result ipcref__hello_result(const ipcref_peer *p) {
+  if (p->hello > 0) return IPCREF_OK;
+  return p->hello == -2 ? IPCREF_EPEER : IPCREF_EPROTO;
+}
+
 /* Reads the other side's hello (the first thing it sends), waiting up to
  * timeout_ms (-1: forever). */
 IPCREF_PRIVATE ipcref_result ipcref__hello_read(ipcref_peer *p,
@@ -3439,7 +3817,7 @@ IPCREF_PRIVATE ipcref_result ipcref__hello_read(ipcref_peer *p,
   size_t want = IPCREF__HELLO_BYTES + (stream ? 4u : 0u);
   ssize_t k;
   ipcref_result r;
-  if (p->hello) return p->hello > 0 ? IPCREF_OK : IPCREF_EPROTO;
+  if (p->hello) return ipcref__hello_result(p);
   r = ipcref__wait_readable(p->fd, timeout_ms);
   if (r != IPCREF_OK) return r;
   memset(&mh, 0, sizeof mh);
@@ -3477,15 +3855,13 @@ IPCREF_PRIVATE ipcref_result ipcref__hello_read(ipcref_peer *p,
     p->hello = -1;
     return IPCREF_EPROTO;
   }
+  if (!ipcref__uid_allowed(p->ctx, (uint32_t)p->uid))
+    return ipcref__peer_refuse(p);
   p->hello = 1;
-#ifdef SYS_pidfd_open
-  /* A handle on the process itself (pids get reused): it becomes readable
-   * when the process dies. Linux 5.3; without it deaths go unseen. */
-  if (!p->ctx->no_pidfd) {
-    p->pidfd = (int)syscall(SYS_pidfd_open, (pid_t)p->pid, 0);
-    if (p->pidfd < 0 && errno == ENOSYS) p->ctx->no_pidfd = 1;
-  }
-#endif
+  /* Watch the process itself (a pidfd: pids get reused). */
+  IPCREF__LOCK(p->ctx);
+  p->watch = ipcref__watch_get(p->ctx, p->pid);
+  IPCREF__UNLOCK(p->ctx);
   return IPCREF_OK;
 }
 
@@ -3503,6 +3879,11 @@ IPCREF_API ipcref_result ipcref_peer_new(ipcref_ctx *ctx, int sockfd,
   if (getsockopt(sockfd, SOL_SOCKET, SO_PEERCRED, &cred, &len) != 0 ||
       cred.pid <= 0)
     return IPCREF_EINVAL; /* not a connected AF_UNIX socket */
+  if (!ipcref__uid_allowed(ctx, (uint32_t)cred.uid)) {
+    /* Who connected (or made the pair) is not allowed: say nothing. */
+    __atomic_fetch_add(&ctx->refused, 1, __ATOMIC_RELAXED);
+    return IPCREF_EPEER;
+  }
   p = (ipcref_peer *)ipcref__zalloc(sizeof *p);
   if (!p) return IPCREF_ENOMEM;
   p->ctx = ctx;
@@ -3510,7 +3891,6 @@ IPCREF_API ipcref_result ipcref_peer_new(ipcref_ctx *ctx, int sockfd,
   p->pid = (int)cred.pid;
   p->uid = (int)cred.uid;
   p->sock_type = type;
-  p->pidfd = -1;
   {
     int on = 1;
     ipcref_result r = IPCREF_ESYS;
@@ -3534,6 +3914,31 @@ IPCREF_API int ipcref_peer_pid(ipcref_peer *p) {
   return p->pid;
 }
 
+IPCREF_API int ipcref_peer_alive(ipcref_peer *p) {
+  struct pollfd pfd;
+  int alive;
+  if (!p) return 0;
+  if (!p->hello) (void)ipcref__hello_read(p, 0);
+  if (p->hello > 0) {
+    ipcref_ctx *ctx = p->ctx;
+    ipcref__watch *w = p->watch;
+    IPCREF__LOCK(ctx);
+    if (!w)
+      alive = !ipcref__pid_gone(p->pid);
+    else if (!w->dead && ipcref__process_gone(w->pidfd, w->pid))
+      ipcref__watch_dead(ctx, w);
+    alive = w ? !w->dead : alive;
+    IPCREF__UNLOCK(ctx);
+    return alive;
+  }
+  /* Not identified (yet): alive while its end of the socket is open. */
+  pfd.fd = p->fd;
+  pfd.events = POLLRDHUP;
+  pfd.revents = 0;
+  return !(poll(&pfd, 1, 0) > 0 &&
+           (pfd.revents & (POLLHUP | POLLRDHUP | POLLERR)) != 0);
+}
+
 IPCREF_API void ipcref_peer_free(ipcref_peer *p) {
   ipcref_ctx *ctx;
   ipcref__ledger *l;
@@ -3549,18 +3954,16 @@ IPCREF_API void ipcref_peer_free(ipcref_peer *p) {
   }
   IPCREF__LOCK(ctx);
   IPCREF__LIST_REMOVE(ctx->peers, p, next, prev);
-  /* Its ledgers stay until every lease in them comes back. */
+  /* Its ledgers stay until every lease in them comes back, or their
+   * holder dies (they watch it on their own). */
   for (l = ctx->ledgers; l; l = l->next)
-    if (l->peer == p) {
-      l->peer = NULL;
-      l->holder_pid = p->hello > 0 ? p->pid : 0;
-      if (p->pidfd >= 0) l->holder_pidfd = fcntl(p->pidfd, F_DUPFD_CLOEXEC, 0);
-    }
+    if (l->peer == p) l->peer = NULL;
   ctx->st.peers--;
+  ipcref__watch_put(ctx, p->watch);
   ipcref__sweep(ctx);
+  (void)ipcref__pump(ctx, 0);
   IPCREF__UNLOCK(ctx);
   close(p->fd);
-  if (p->pidfd >= 0) close(p->pidfd);
   IPCREF_FREE(p->seen);
   IPCREF_FREE(p->retired);
   IPCREF_FREE(p);
@@ -3611,7 +4014,8 @@ IPCREF_PRIVATE void ipcref__lease_cancel(ipcref_ctx *ctx,
   } else { /* a forwarded lease: return it to its origin's ledger */
     ipcref__map *m = ipcref__map_find(ctx, 2, r->origin_nonce, r->ledger_id);
     uint64_t e = ipcref__ring_entry(IPCREF__RING_RELEASE, r->slot, r->gen);
-    if (m && r->slot < m->nslots) ipcref__ring_push(m->base, m->nslots, &e, 1);
+    if (m && r->slot < m->nslots)
+      ipcref__ring_push(m->base, m->nslots, &e, 1, NULL);
   }
 }
 
@@ -3658,6 +4062,7 @@ IPCREF_PRIVATE ipcref_result ipcref__lease_take(ipcref_peer *p,
     __atomic_store_n(&slots[2 * (size_t)r->slot],
                      ((uint64_t)r->gen << 2) | IPCREF__SLOT_LIVE,
                      __ATOMIC_RELEASE);
+    IPCREF__STEP("export");
     if (ctx->opt.writable_shares) {
       seg_fd = b->seg->fd;
     } else {
@@ -3698,7 +4103,7 @@ IPCREF_PRIVATE ipcref_result ipcref__lease_take(ipcref_peer *p,
     slots[2 * (size_t)s + 1] = (uint64_t)(uint32_t)p->pid; /* the holder */
     e[0] = ipcref__ring_entry(IPCREF__RING_LINK, s, r->gen);
     e[1] = ipcref__ring_entry(IPCREF__RING_PARENT, imp->slot, imp->gen);
-    ipcref__ring_push(lm->base, lm->nslots, e, 2);
+    ipcref__ring_push(lm->base, lm->nslots, e, 2, "forward");
     seg_fd = imp->seg->fd;
     seg_writable = imp->seg->writable;
     nonce = imp->seg->origin_nonce;
@@ -3780,6 +4185,7 @@ IPCREF_PRIVATE ipcref_result ipcref__export_msg(ipcref_peer *p,
   for (i = 0; i < n; i++)
     if (!ipcref__view_valid(&views[i]) || !ipcref_buf_is_shared(views[i].buf))
       return IPCREF_EINVAL;
+  (void)ipcref__pump(ctx, 0);
   for (i = 0; i < n && r == IPCREF_OK; i++) {
     int k, first = nfd;
     r = ipcref__lease_take(p, &views[i], &recs[i], fdr, &nfd, msg->fds,
@@ -3846,7 +4252,7 @@ IPCREF_PRIVATE void ipcref__import_release(void *user, void *data) {
   ipcref_ctx *ctx;
   uint64_t e = ipcref__ring_entry(IPCREF__RING_RELEASE, imp->slot, imp->gen);
   (void)data;
-  ipcref__ring_push(imp->ledger->base, imp->ledger->nslots, &e, 1);
+  ipcref__ring_push(imp->ledger->base, imp->ledger->nslots, &e, 1, "release");
   __atomic_fetch_sub(&imp->seg->refs, 1, __ATOMIC_RELEASE);
   __atomic_fetch_sub(&imp->ledger->refs, 1, __ATOMIC_RELEASE);
   __atomic_fetch_sub(&imp->ctx->imported_bufs, 1, __ATOMIC_RELEASE);
@@ -3964,6 +4370,7 @@ IPCREF_PRIVATE ipcref_result ipcref__import_bytes(ipcref_peer *p,
   }
   if (w.bad) goto close_fds;
   IPCREF__LOCK(ctx);
+  (void)ipcref__pump(ctx, 0);
   for (i = 0; i < nret; i++) { /* the sender destroyed these segments */
     ipcref__map *m = ipcref__map_find(ctx, 1, sender_nonce, ipcref__get(&w, 8));
     if (m) m->retired = 1;
@@ -3986,6 +4393,7 @@ IPCREF_PRIVATE ipcref_result ipcref__import_bytes(ipcref_peer *p,
     if (r != IPCREF_OK) goto unlock;
     fds[i] = -1; /* the map owns it now */
     nfresh++;
+    IPCREF__STEP("map");
   }
   /* Check every record before anything is taken. */
   r = IPCREF_EPROTO;
@@ -4053,7 +4461,7 @@ IPCREF_PRIVATE ipcref_result ipcref__import_bytes(ipcref_peer *p,
         uint64_t e =
             ipcref__ring_entry(IPCREF__RING_RELEASE, recs[k].slot, recs[k].gen);
         ledm[k]->imported[recs[k].slot] = recs[k].gen + 1u;
-        ipcref__ring_push(ledm[k]->base, ledm[k]->nslots, &e, 1);
+        ipcref__ring_push(ledm[k]->base, ledm[k]->nslots, &e, 1, NULL);
       }
       r = IPCREF_ENOMEM;
       break;
@@ -4077,6 +4485,7 @@ IPCREF_PRIVATE ipcref_result ipcref__import_bytes(ipcref_peer *p,
     made++;
   }
   *nviews = made;
+  if (made) IPCREF__STEP("import");
 unlock:
   for (k = 0; k < nfresh; k++) { /* not committed: undo */
     munmap(fresh[k]->base, fresh[k]->size);
@@ -4092,21 +4501,23 @@ unlock:
 close_fds:
   for (i = 0; i < nfds; i++)
     if (fds[i] >= 0) close(fds[i]);
+  if (r == IPCREF_EPROTO)
+    __atomic_fetch_add(&ctx->refused, 1, __ATOMIC_RELAXED);
   return r;
 }
 
-/* Before an export (not under the lock): reads the other side's hello when
- * it is there, so that a producer that only sends leaves nothing unread
- * (see ipcref__recvmsg); a forwarder waits for it (up to 5 s), since the
- * hold it records in the origin's ledger names that process. */
-IPCREF_PRIVATE void ipcref__hello_for_export(ipcref_peer *p,
-                                             const ipcref_view *views, int n) {
-  int i, forwards = 0;
-  if (p->hello) return;
-  for (i = 0; i < n && views; i++)
-    if (views[i].buf && views[i].buf->release == ipcref__import_release)
-      forwards = 1;
-  (void)ipcref__hello_read(p, forwards ? 5000 : 0);
+/* Before anything goes to a peer or is taken from it (not under the
+ * lock): its hello, waited for up to 5 s (the other side sends it from
+ * ipcref_peer_new). Nothing is leased to a process we have not identified:
+ * its uid decides whether it may connect, and its pid is what is watched
+ * for its death (and what a forwarded hold names). Reading it also leaves
+ * nothing unread on a producer that only sends (see ipcref__recvmsg). */
+IPCREF_PRIVATE ipcref_result ipcref__hello_need(ipcref_peer *p) {
+  if (!p->hello) {
+    ipcref_result r = ipcref__hello_read(p, 5000);
+    if (r != IPCREF_OK) return r;
+  }
+  return ipcref__hello_result(p);
 }
 
 IPCREF_API ipcref_result ipcref_export(ipcref_peer *p, const ipcref_view *v,
@@ -4116,7 +4527,8 @@ IPCREF_API ipcref_result ipcref_export(ipcref_peer *p, const ipcref_view *v,
   msg->len = 0;
   msg->nfds = 0;
   msg->origin = NULL;
-  ipcref__hello_for_export(p, v, 1);
+  r = ipcref__hello_need(p);
+  if (r != IPCREF_OK) return r;
   IPCREF__LOCK(p->ctx);
   r = ipcref__export_msg(p, v, 1, msg, 1);
   IPCREF__UNLOCK(p->ctx);
@@ -4131,8 +4543,13 @@ IPCREF_API ipcref_result ipcref_import(ipcref_peer *p, ipcref_msg *msg,
   if (!p || !msg || !out || msg->nfds < 0 || msg->nfds > IPCREF_MSG_MAX_FDS ||
       msg->len > sizeof msg->bytes)
     return IPCREF_EINVAL;
-  r = ipcref__import_bytes(p, msg->bytes, msg->len, msg->fds, msg->nfds, views,
-                           &n);
+  r = ipcref__hello_need(p);
+  if (r == IPCREF_OK)
+    r = ipcref__import_bytes(p, msg->bytes, msg->len, msg->fds, msg->nfds,
+                             views, &n);
+  else
+    for (i = 0; i < msg->nfds; i++) /* its fds, as on any error */
+      if (msg->fds[i] >= 0) close(msg->fds[i]);
   msg->nfds = 0; /* taken (and closed on error) */
   msg->origin = NULL;
   if (r != IPCREF_OK) return r;
@@ -4257,7 +4674,8 @@ IPCREF_API ipcref_result ipcref_send_batch(ipcref_peer *p,
   ipcref_msg msg;
   ipcref_result r;
   if (!p || !views || n < 1 || n > IPCREF__MSG_VIEWS) return IPCREF_EINVAL;
-  ipcref__hello_for_export(p, views, n);
+  r = ipcref__hello_need(p);
+  if (r != IPCREF_OK) return r;
   msg.len = 0;
   msg.nfds = 0;
   msg.origin = NULL;
@@ -4265,6 +4683,7 @@ IPCREF_API ipcref_result ipcref_send_batch(ipcref_peer *p,
   r = ipcref__export_msg(p, views, n, &msg, 0); /* fds borrowed */
   IPCREF__UNLOCK(p->ctx);
   if (r != IPCREF_OK) return r;
+  IPCREF__STEP("send");
   /* Not under the lock: the socket may block on the peer. */
   r = ipcref__send_raw(p, &msg);
   if (r != IPCREF_OK) {
@@ -4325,7 +4744,7 @@ IPCREF_API ipcref_result ipcref_recv(ipcref_peer *p, ipcref_view *out,
       timeout_ms = spent >= timeout_ms ? 0 : timeout_ms - (int)spent;
     }
   }
-  if (p->hello < 0) return IPCREF_EPROTO;
+  if (p->hello < 0) return ipcref__hello_result(p);
   r = ipcref__wait_readable(p->fd, timeout_ms);
   if (r != IPCREF_OK) return r;
   bytes = (unsigned char *)IPCREF_MALLOC(IPCREF_MSG_MAX_BYTES);
@@ -4359,6 +4778,7 @@ IPCREF_API ipcref_result ipcref_recv(ipcref_peer *p, ipcref_view *out,
   } else {
     len = (size_t)k;
   }
+  IPCREF__STEP("receive");
   r = ipcref__import_bytes(p, bytes, len, fds, nfds, p->pending, &n);
   IPCREF_FREE(bytes);
   if (r != IPCREF_OK) return r;

@@ -1707,8 +1707,12 @@ static int64_t malformed_imports(ipcref_peer *p, ipcref_ctx *ctx,
   ipcref_stats s;
   int64_t bad = 0;
   size_t len;
-  int fds = count_fds(), i;
+  int fds, i;
   ipcref_result rc;
+  /* The producer's hello first: the pidfd that watches it is the one fd
+   * an import may add. */
+  (void)ipcref_peer_pid(p);
+  fds = count_fds();
   memset(&v, 0, sizeof v);
   memset(&s, 0, sizeof s);
 #define REFUSED(expr, what)                                                    \
