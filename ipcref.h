@@ -2602,6 +2602,7 @@ struct ipcref__ledger {
   uint32_t live;
   ipcref_peer *peer;    /* NULL once the peer is gone */
   ipcref__watch *watch; /* the process it was made for */
+  int holder;           /* its pid (watched by pid alone if watch NULL) */
   int holder_dead;      /* its own leases were reclaimed */
   uint64_t hole_pos;    /* ring position + 1 of a hole seen at the tail */
   long hole_ms;         /* when it was first seen */
@@ -3081,6 +3082,7 @@ IPCREF_PRIVATE ipcref_result ipcref__ledger_new(ipcref_ctx *ctx, ipcref_peer *p,
   l->n = n;
   l->id = ++ctx->next_id;
   l->peer = p;
+  if (p) l->holder = p->hello > 0 ? p->pid : 0;
   if (p && p->watch) { /* the same process as the peer's */
     l->watch = p->watch;
     l->watch->refs++;
@@ -3385,7 +3387,8 @@ IPCREF_PRIVATE size_t ipcref__reap(ipcref_ctx *ctx) {
   for (l = ctx->ledgers; l; l = l->next) {
     uint32_t s;
     if (l->live == 0) continue;
-    if (!l->holder_dead && l->watch && l->watch->dead) {
+    if (!l->holder_dead && l->holder > 0 &&
+        (l->watch ? l->watch->dead : ipcref__pid_gone(l->holder))) {
       freed += ipcref__ledger_drain(ctx, l); /* what it returned first */
       for (s = 0; s < l->n / 2; s++)
         if (l->leases[s].block &&

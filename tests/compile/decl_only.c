@@ -59,11 +59,13 @@ any_fn ipcref_compile_all_functions[] = {
     FN(ctx_new),
     FN(ctx_free),
     FN(shared_new),
+    FN(shared_new_isolated),
     FN(view_new_shared),
     FN(buf_is_shared),
     FN(peer_new),
     FN(peer_free),
     FN(peer_pid),
+    FN(peer_alive),
     FN(export),
     FN(import),
     FN(msg_free),
@@ -73,5 +75,7 @@ any_fn ipcref_compile_all_functions[] = {
     FN(recv),
     FN(collect),
     FN(ctx_stats),
+    FN(ctx_poll_fd),
+    FN(ctx_poll),
 #endif
 };
