@@ -1,6 +1,7 @@
 # ipcref: the single header is generated from src/ and committed.
 #   make            regenerate ipcref.h if src/ changed, then check it
 #   make test       the whole suite (tests/run.sh)
+#   make soak       the crash tests with 1000 kill rounds (IPCREF_SOAK_ROUNDS)
 #   make demo       build and run the examples
 #   make bench      our workloads beside the peers', as ratios
 #   make format     clang-format the sources (format-check: only look)
@@ -19,7 +20,7 @@ FORMATTED := $(wildcard src/*.h tests/*.c tests/*.h tests/*/*.c \
                         examples/*.c bench/*.c bench/*.h) $(HEADERS)
 EXAMPLES := threads_demo share_demo
 
-.PHONY: all check test demo bench format format-check install uninstall clean
+.PHONY: all check test soak demo bench format format-check install uninstall clean
 
 all: ipcref.h check
 
@@ -31,6 +32,12 @@ check:
 
 test: all
 	@bash tests/run.sh
+
+soak: ipcref.h
+	@mkdir -p $(BUILD_DIR)
+	$(CC) -O2 -g -std=c11 -Wall -Wextra -Wpedantic -Werror -I. \
+	  tests/test_crash.c -o $(BUILD_DIR)/test_crash -pthread
+	IPCREF_SOAK_ROUNDS=$${IPCREF_SOAK_ROUNDS:-1000} $(BUILD_DIR)/test_crash
 
 demo: ipcref.h
 	@mkdir -p $(BUILD_DIR)

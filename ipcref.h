@@ -787,7 +787,8 @@ IPCREF_API int ipcref_ctx_poll_fd(ipcref_ctx *ctx);
  * process to die, then reclaims what every dead one held: the leases of a
  * consumer, the forwarded holds whose holder is gone, and the blocks that
  * only they kept. *freed (may be NULL) gets the bytes freed. Errors:
- * EINVAL, ETIMEDOUT (nothing died within the wait), ESYS. */
+ * EINVAL, ETIMEDOUT (no death was left to handle: none within the wait,
+ * or another call handled it first), ESYS. */
 IPCREF_API ipcref_result ipcref_ctx_poll(ipcref_ctx *ctx, int timeout_ms,
                                          size_t *freed);
 
@@ -3440,7 +3441,7 @@ IPCREF_API int ipcref_ctx_poll_fd(ipcref_ctx *ctx) {
 IPCREF_API ipcref_result ipcref_ctx_poll(ipcref_ctx *ctx, int timeout_ms,
                                          size_t *freed) {
   struct pollfd pfd;
-  uint64_t deaths;
+  int reaped;
   size_t bytes;
   if (freed) *freed = 0;
   if (!ctx) return IPCREF_EINVAL;
@@ -3451,12 +3452,12 @@ IPCREF_API ipcref_result ipcref_ctx_poll(ipcref_ctx *ctx, int timeout_ms,
   while (timeout_ms != 0 && poll(&pfd, 1, timeout_ms) < 0)
     if (errno != EINTR) return IPCREF_ESYS;
   IPCREF__LOCK(ctx);
-  deaths = ctx->reaped;
   ipcref__watch_refresh(ctx);
-  bytes = ctx->st.peer_deaths != ctx->reaped ? ipcref__reap(ctx) : 0;
+  reaped = ctx->st.peer_deaths != ctx->reaped;
+  bytes = reaped ? ipcref__reap(ctx) : 0;
   IPCREF__UNLOCK(ctx);
   if (freed) *freed = bytes;
-  return ctx->reaped != deaths ? IPCREF_OK : IPCREF_ETIMEDOUT;
+  return reaped ? IPCREF_OK : IPCREF_ETIMEDOUT;
 }
 
 IPCREF_API ipcref_result ipcref_ctx_stats(ipcref_ctx *ctx, ipcref_stats *out) {

@@ -2,9 +2,9 @@
 
 Reads `peer=<name> workload=<id> size=<bytes> metric=<m> value=<v> ...` lines (as printed by
 bench/run.sh and the peers' run_all.sh) and prints, as markdown, one row per (workload, size,
-metric, peer) where both the peer and its like-for-like ipcref row have a value. ns_per_op and
-us_per_handoff: lower is better; GBps: higher is better. A key seen more than once (several
-files) takes the median.
+metric, peer) where both the peer and its like-for-like ipcref row have a value. ns_per_op,
+us_per_handoff, us_median and us_p90: lower is better; GBps: higher is better. A key seen more
+than once (several files) takes the median. (reclaim: size is the number of blocks held.)
 
 Like with like (W3): a fresh output each call (peer=ipcref: ipcref_view_contiguous) is compared
 with numpy, torch and c_memcpy_fresh; a pre-faulted, reused destination (peer=ipcref_prealloc:
@@ -20,7 +20,8 @@ report, they do not fail. Stdlib only."""
 import statistics
 import sys
 
-LOWER_IS_BETTER = {"ns_per_op": "time", "us_per_handoff": "time"}
+LOWER_IS_BETTER = {"ns_per_op": "time", "us_per_handoff": "time", "us_median": "time",
+                   "us_p90": "time"}
 HIGHER_IS_BETTER = {"GBps": "throughput"}
 
 # The ipcref rows a peer is compared with; peers not listed are compared with "ipcref".
@@ -67,6 +68,9 @@ W4_GOALS = [
 W4_COLUMNS = ["ipcref", "ipcref_first", "c_msg64", "c_memfd_scm", "c_shm_spin", "c_pipe_copy",
               "c_socket_copy", "py_pipe_msg64", "py_shm_pipe", "torch_mp_fd", "torch_mp_fs"]
 UNITS = {"ns_per_op": "ns", "us_per_handoff": "us", "GBps": "GB/s"}
+# reclaim.c: everything a SIGKILLed consumer held, up to RECLAIM_BLOCKS blocks, is back within
+# RECLAIM_US of its death (median over the rounds), the producer waiting in poll().
+RECLAIM_BLOCKS, RECLAIM_US = 10000, 1000.0
 
 
 def parse(paths):
@@ -214,11 +218,26 @@ def w4_goal_rows(vals):
     return out
 
 
-def goal_table(vals):
+def reclaim_goal_row(vals, notes):
+    """The reclaim goal as a table row, or None when reclaim.c did not run."""
+    name = "reclaim: median <= 1 ms for 10,000 blocks"
+    med = vals.get(("reclaim", RECLAIM_BLOCKS, "us_median", "ipcref"))
+    if med is None:
+        if any("workload=reclaim " in n for n in notes):
+            return f"| {name} | n/a | n/a (not measured: reclaim failed) | |"
+        return None
+    hi = vals.get(("reclaim", RECLAIM_BLOCKS, "us_p90", "ipcref"))
+    p90 = "" if hi is None else f", p90 {hi:g} us"
+    return (f"| {name} | {med:g} us{p90} | {'PASS' if med <= RECLAIM_US else 'MISS'} | "
+            f"{margin(med, RECLAIM_US, True)} |")
+
+
+def goal_table(vals, notes=()):
     workloads = {k[0] for k in vals}
+    reclaim = reclaim_goal_row(vals, notes)
     goals = [g for g in GOALS if g[0] in workloads]
     w4 = w4_goal_rows(vals)
-    if not goals and not w4 and "limbo_release" not in workloads:
+    if not goals and not w4 and "limbo_release" not in workloads and reclaim is None:
         return
     print("\n### Goals\n")
     print("margin: how far the figure is from its bound, in % of the bound (+ better, - short).\n")
@@ -256,6 +275,8 @@ def goal_table(vals):
         r = many / few
         print(f"| limbo_release: a release with 100000 blocks in the limbo <= 2.0x one with 10 | "
               f"{r:.2f}x | {'PASS' if r <= 2.0 else 'MISS'} | {margin(r, 2.0, True)} |")
+    if reclaim is not None:
+        print(reclaim)
     for row in w4:
         if len(row) == 2:
             print(f"| {row[0]} | n/a | n/a ({row[1]}) | |")
@@ -270,7 +291,7 @@ def main():
     ratio_table(vals)
     w2_note(vals)
     w4_table(vals)
-    goal_table(vals)
+    goal_table(vals, notes)
     if notes:
         print("\nNot measured:\n")
         for n in notes:

@@ -3,27 +3,30 @@
 # into a temp dir (removed on exit), runs them, then the peers' run_all.sh restricted to the same
 # workloads; prints every result line on stdout, then the ratio table of bench/ratios.py.
 # Usage: bash bench/run.sh
-# Knobs (env): WORKLOADS (default "w1 w2 w3 w4 limbo"; also the peers' ONLY), PEERS (default
+# Knobs (env): WORKLOADS (default "w1 w2 w3 w4 limbo reclaim"; also the peers' ONLY), PEERS (default
 #              <repo>/../shared/peers), W1_N, W1_REPS, W23_REPS (W2 and W3 repetitions, ours and
 #              the peers'), W4_SECONDS (timed seconds per peer and size), W4_SIZES (comma
 #              separated), W4_VARIANTS (scheduler setups: w4 w4_1cpu w4_2cpu; all W4 knobs are
-#              the peers' too), STEP_TIMEOUT, CC, OUT (also keep the raw result lines in this file).
+#              the peers' too), RECLAIM_ROUNDS (rounds per block count, default 30), RECLAIM_BLOCK
+#              (bytes per block, default 256), STEP_TIMEOUT, CC, OUT (also keep the raw result lines
+#              in this file).
 # W4 runs as the peers' run_all.sh runs its W4 peers: for each variant, each mode of
 # bench/w4_handoff.c (ipcref, first) and each size, one process: w4 as is, w4_1cpu under
 # `taskset -c 0`, w4_2cpu with W4_PIN=split (producer and consumer on two CPUs); W4_ID names the
 # variant.
-# To add a workload: add bench/<wl>_*.c printing `peer=ipcref workload=<id> ...` lines, give its
-# arguments in args_for below, and add it to WORKLOADS.
+# To add a workload: add bench/<wl>.c or bench/<wl>_*.c printing `peer=ipcref workload=<id> ...`
+# lines, give its arguments in args_for below, and add it to WORKLOADS.
 set -u
 HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 REPO="$(dirname "$HERE")"
 PEERS="${PEERS:-$REPO/../shared/peers}"
-WORKLOADS="${WORKLOADS:-w1 w2 w3 w4 limbo}"
+WORKLOADS="${WORKLOADS:-w1 w2 w3 w4 limbo reclaim}"
 CC="${CC:-gcc}"
 STEP_TIMEOUT="${STEP_TIMEOUT:-120}"
 export W1_N="${W1_N:-10000000}" W1_REPS="${W1_REPS:-5}" W23_REPS="${W23_REPS:-7}"
 export W4_SECONDS="${W4_SECONDS:-1.0}" W4_SIZES="${W4_SIZES:-4096,1048576,67108864}"
 export W4_VARIANTS="${W4_VARIANTS:-w4 w4_1cpu w4_2cpu}"
+RECLAIM_ROUNDS="${RECLAIM_ROUNDS:-30}" RECLAIM_BLOCK="${RECLAIM_BLOCK:-256}"
 
 BUILD="$(mktemp -d "${TMPDIR:-/tmp}/ipcref-bench.XXXXXX")"
 trap 'rm -rf "$BUILD"' EXIT
@@ -34,6 +37,7 @@ args_for() { # the command-line arguments of workload $1's program
         w1) echo "$W1_N $W1_REPS" ;;
         w2 | w3) echo "$W23_REPS" ;;
         limbo) echo "5" ;;
+        reclaim) echo "$RECLAIM_ROUNDS $RECLAIM_BLOCK" ;;
         *) echo "" ;;
     esac
 }
@@ -67,11 +71,11 @@ run_w4() { # run_w4 EXE: every W4 variant x mode x size, one time-limited proces
 }
 
 {
-    echo "# ipcref bench: WORKLOADS=\"$WORKLOADS\" W1_N=$W1_N W1_REPS=$W1_REPS W23_REPS=$W23_REPS W4_SECONDS=$W4_SECONDS W4_SIZES=$W4_SIZES W4_VARIANTS=\"$W4_VARIANTS\" cc=$($CC -dumpfullversion 2>/dev/null || echo none)"
+    echo "# ipcref bench: WORKLOADS=\"$WORKLOADS\" W1_N=$W1_N W1_REPS=$W1_REPS W23_REPS=$W23_REPS W4_SECONDS=$W4_SECONDS W4_SIZES=$W4_SIZES W4_VARIANTS=\"$W4_VARIANTS\" RECLAIM_ROUNDS=$RECLAIM_ROUNDS RECLAIM_BLOCK=$RECLAIM_BLOCK cc=$($CC -dumpfullversion 2>/dev/null || echo none)"
     # ---- ours
     for wl in $WORKLOADS; do
         found=0
-        for src in "$HERE/${wl}"_*.c; do
+        for src in "$HERE/${wl}.c" "$HERE/${wl}"_*.c; do
             [ -e "$src" ] || continue
             found=1
             exe="$BUILD/$(basename "$src" .c)"
