@@ -813,7 +813,9 @@ IPCREF_PRIVATE ipcref_result ipcref__block_alloc(ipcref_ctx *ctx, size_t size,
   ipcref_result r;
   if (own || block > ctx->opt.segment_size / 2 || cls >= IPCREF__CLASSES) {
     /* Isolated or large: a segment of its own, rounded to pages. */
-    size_t page = 4096, bytes = (size + page - 1) & ~(page - 1);
+    long pg = sysconf(_SC_PAGESIZE);
+    size_t page = pg > 0 ? (size_t)pg : 4096;
+    size_t bytes = (size + page - 1) & ~(page - 1);
     if (bytes == 0) bytes = page;
     r = ipcref__segment_new(ctx, bytes, bytes, UINT32_MAX, &s);
     if (r != IPCREF_OK) return r;
@@ -1369,7 +1371,7 @@ IPCREF_PRIVATE ipcref_result ipcref__shared_new(ipcref_ctx *ctx, size_t size,
 
 IPCREF_API ipcref_result ipcref_shared_new(ipcref_ctx *ctx, size_t size,
                                            ipcref_buf **out) {
-  return ipcref__shared_new(ctx, size, 0, out);
+  return ipcref__shared_new(ctx, size, ctx && ctx->opt.isolate, out);
 }
 
 IPCREF_API ipcref_result ipcref_shared_new_isolated(ipcref_ctx *ctx,
@@ -2112,13 +2114,15 @@ IPCREF_PRIVATE ipcref_result ipcref__map_fd(int fd, const ipcref__fd_rec *r,
     return IPCREF_EPROTO;
   fl = fcntl(fd, F_GETFL);
   if (fl < 0) return IPCREF_EPROTO;
-  if (r->kind == 2) {
-    if ((fl & O_ACCMODE) != O_RDWR || r->size < IPCREF__LEDGER_HDR)
+  if (r->kind == 2 && r->size < IPCREF__LEDGER_HDR) return IPCREF_EPROTO;
+  if (r->kind == 2 || r->writable) { /* mapped writable */
+    if ((fl & O_ACCMODE) != O_RDWR ||
+        (seals & (F_SEAL_WRITE | F_SEAL_FUTURE_WRITE)) != 0)
       return IPCREF_EPROTO;
     prot = PROT_READ | PROT_WRITE;
-  } else {
-    if (r->writable && (fl & O_ACCMODE) != O_RDWR) return IPCREF_EPROTO;
-    prot = r->writable ? PROT_READ | PROT_WRITE : PROT_READ;
+  } else { /* mapped read-only: the fd must be readable */
+    if ((fl & O_ACCMODE) == O_WRONLY) return IPCREF_EPROTO;
+    prot = PROT_READ;
   }
   base = (unsigned char *)mmap(NULL, (size_t)r->size, prot, MAP_SHARED, fd, 0);
   if (base == (unsigned char *)MAP_FAILED) return IPCREF_ESYS;

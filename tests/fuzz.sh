@@ -1,12 +1,15 @@
 #!/usr/bin/env bash
-# Fuzzes the view layer: builds tests/fuzz_view.c with libFuzzer, ASan and
+# Fuzzes one target: builds tests/fuzz_TARGET.c with libFuzzer, ASan and
 # UBSan, and runs it for ${FUZZ_SECONDS:-60} seconds over a copy of the seed
-# corpus tests/corpus/view/. New inputs go to OUTDIR/corpus (never into the
-# repository); a crash, leak or sanitizer report leaves its input in OUTDIR
-# (crash-*, leak-*, ...) and fails the run. The last line is
-# "1 passed, 0 failed" or "0 passed, 1 failed".
+# corpus tests/corpus/TARGET/. New inputs go to OUTDIR/corpus (never into
+# the repository); a crash, leak or sanitizer report leaves its input in
+# OUTDIR (crash-*, leak-*, ...) and fails the run. The last line is
+# "1 passed, 0 failed" or "0 passed, 1 failed". Give each target its own
+# OUTDIR.
 #
-#   usage: bash tests/fuzz.sh OUTDIR
+#   usage: bash tests/fuzz.sh OUTDIR [TARGET]
+#   TARGET: view (the default: view op sequences) or import (ipcref_import
+#           fed arbitrary bytes and fds)
 #   env:   FUZZ_SECONDS (60), FUZZ_CC (clang)
 set -u
 cd "$(dirname "$0")/.." || exit 1
@@ -17,11 +20,19 @@ result() {
   exit "$1"
 }
 
-if [ $# -ne 1 ]; then
-  echo "usage: bash tests/fuzz.sh OUTDIR" >&2
+if [ $# -lt 1 ] || [ $# -gt 2 ]; then
+  echo "usage: bash tests/fuzz.sh OUTDIR [TARGET]" >&2
   result 2
 fi
 OUT=$1
+TARGET=${2:-view}
+case $TARGET in
+  view) MAXLEN=512; TRACE=FUZZ_VIEW_TRACE ;;
+  import) MAXLEN=4096; TRACE=FUZZ_IMPORT_TRACE ;;
+  *) echo "fuzz.sh: unknown target '$TARGET' (view or import)" >&2; result 2 ;;
+esac
+SRC=$ROOT/tests/fuzz_$TARGET.c
+SEEDS=$ROOT/tests/corpus/$TARGET
 mkdir -p "$OUT" || result 1
 OUT=$(cd "$OUT" && pwd)
 SECS=${FUZZ_SECONDS:-60}
@@ -32,11 +43,11 @@ if ! command -v "$CC" >/dev/null 2>&1; then
   result 1
 fi
 
-BIN=$OUT/fuzz_view
+BIN=$OUT/fuzz_$TARGET
 echo "fuzz.sh: building $BIN"
 if ! "$CC" -O1 -g -std=c11 -Wall -Wextra -Wpedantic -Werror \
   -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=all \
-  -fno-omit-frame-pointer -I"$ROOT" "$ROOT/tests/fuzz_view.c" -o "$BIN" \
+  -fno-omit-frame-pointer -I"$ROOT" "$SRC" -o "$BIN" -pthread \
   >"$OUT/build.log" 2>&1; then
   cat "$OUT/build.log"
   echo "fuzz.sh: build failed (is libclang-rt installed?)"
@@ -47,7 +58,7 @@ fi
 CORPUS=$OUT/corpus
 rm -rf "$CORPUS"
 mkdir -p "$CORPUS"
-cp "$ROOT"/tests/corpus/view/* "$CORPUS"/ || result 1
+cp "$SEEDS"/* "$CORPUS"/ || result 1
 rm -f "$OUT"/crash-* "$OUT"/leak-* "$OUT"/timeout-* "$OUT"/oom-* \
   "$OUT"/slow-unit-* 2>/dev/null
 
@@ -55,7 +66,7 @@ echo "fuzz.sh: fuzzing for ${SECS}s over $(find "$CORPUS" -type f | wc -l) seeds
 ASAN_OPTIONS=detect_leaks=1:allocator_may_return_null=1:abort_on_error=1 \
   UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
   "$BIN" -max_total_time="$SECS" -timeout=20 -rss_limit_mb=2048 \
-  -max_len=512 -print_final_stats=1 \
+  -max_len="$MAXLEN" -print_final_stats=1 \
   -artifact_prefix="$OUT/" "$CORPUS" >"$OUT/fuzz.log" 2>&1
 rc=$?
 
@@ -65,7 +76,7 @@ if [ $rc -ne 0 ] || ls "$OUT"/crash-* "$OUT"/leak-* "$OUT"/timeout-* \
   art=$(find "$OUT" -maxdepth 1 -type f \( -name 'crash-*' -o -name 'leak-*' \
     -o -name 'timeout-*' -o -name 'oom-*' \) | head -n 1)
   echo "fuzz.sh: FAILED (exit $rc); replay with:"
-  echo "  FUZZ_VIEW_TRACE=1 $BIN $art"
+  echo "  $TRACE=1 $BIN $art"
   result 1
 fi
 grep -E '^(#[0-9]+.*DONE|stat::number_of_executed_units|Done )' "$OUT/fuzz.log" | tail -n 3

@@ -15,7 +15,7 @@ FAILED=0
 SKIPPED=0
 
 # The suites, as test names under tests/ (tests/NAME.c).
-SUITE="test_buf test_threads test_view_model test_view_args test_share test_share_threads"
+SUITE="test_buf test_threads test_view_model test_view_args test_share test_share_threads test_hostile"
 # The sharing layer's suite needs POSIX; without it the portable core runs.
 THREADED="test_threads test_share_threads" # also run under TSan
 WARN="-Wall -Wextra -Wpedantic -Werror"
@@ -147,13 +147,21 @@ else
 fi
 
 # ---------------------------------------------------------------- fuzzing
-if [ -f tests/fuzz.sh ]; then
-  if have clang; then
-    bash tests/fuzz.sh "$B/fuzz" >"$LOG" 2>&1
-    if [ $? = 0 ]; then pass "libFuzzer: view op sequences, ${FUZZ_SECONDS:-60} s, no findings"; else fail "libFuzzer: view op sequences"; fi
-  else
-    skip "libFuzzer" "clang not installed"
-  fi
+# Two targets, one per core, at once: view op sequences, and ipcref_import
+# fed arbitrary bytes and fds (what crosses a process boundary).
+if have clang; then
+  bash tests/fuzz.sh "$B/fuzz" view >"$B/fuzz-view.log" 2>&1 &
+  FUZZ_VIEW=$!
+  bash tests/fuzz.sh "$B/fuzz-import" import >"$B/fuzz-import.log" 2>&1
+  FUZZ_IMPORT_RC=$?
+  wait $FUZZ_VIEW
+  FUZZ_VIEW_RC=$?
+  cp "$B/fuzz-view.log" "$LOG"
+  if [ $FUZZ_VIEW_RC = 0 ]; then pass "libFuzzer: view op sequences, ${FUZZ_SECONDS:-60} s, no findings"; else fail "libFuzzer: view op sequences"; fi
+  cp "$B/fuzz-import.log" "$LOG"
+  if [ $FUZZ_IMPORT_RC = 0 ]; then pass "libFuzzer: ipcref_import, ${FUZZ_SECONDS:-60} s, no findings"; else fail "libFuzzer: ipcref_import"; fi
+else
+  skip "libFuzzer" "clang not installed"
 fi
 
 # ---------------------------------------------------------------- compile matrix

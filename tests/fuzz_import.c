@@ -1,0 +1,862 @@
+/* A libFuzzer target for ipcref_import: arbitrary message bytes with
+ * arbitrary fds, as a malicious producer would send them.
+ *
+ * Once per process: two producer contexts (read-only and writable shares)
+ * holding four blocks (pooled read-only, pooled writable, isolated, large).
+ * Per input: a fresh consumer context, a socketpair with a producer peer
+ * and a consumer peer, and one or two genuine exports of the chosen block
+ * (so a real, live lease exists). The input then says what the consumer is
+ * handed:
+ *
+ *   byte 0   flags: bits 0-1 the block (0 pooled, 1 pooled writable,
+ *            2 isolated, 3 large); bit 2 a second lease; bit 3 patch mode;
+ *            bit 4 the genuine fds, as exported (the fd list is ignored)
+ *   byte 1   the number of fds (0-7)
+ *   2 bytes  per fd: a kind (low 4 bits: see make_fd) with a size index
+ *            (high 4 bits), and a content byte (sealed memfds, files)
+ *   the rest raw mode: the message bytes, where every 8-byte token
+ *            0xa5a5a5a5a5a5a5NN (little endian) becomes a value of this
+ *            run: NN 1 the producer's nonce, 2 the segment id, 3 its size,
+ *            4 the block offset, 5 its size, 6 the ledger id, 7 its size,
+ *            8 lease 1 (slot | generation << 32), 9 lease 2; and
+ *            every 4-byte token 0xa5a5a50a becomes this process's pid
+ *            patch mode: the genuine message, resized by the first byte
+ *            (int8), then patched: {u16 offset, u8 length, bytes}...
+ *
+ * After every input:
+ *   - the result is one of the documented codes (OK, EPROTO, ENOMEM,
+ *     ESYS; with FUZZ_IMPORT_STRICT=1 not ESYS);
+ *   - a view imported is valid, lies inside one mapping, and every element
+ *     it reaches (up to 65,536, else every corner) lies inside its buffer
+ *     and is read; a contiguous copy is made of it; then it is released;
+ *   - no fd is left open, no memfd mapping is left, the producers have no
+ *     live lease, no limbo and no extra ledger, and no return they got
+ *     was refused.
+ * Any violation aborts. Built and run by tests/fuzz.sh (TARGET import).
+ *
+ * Built without -fsanitize=fuzzer and with -DFUZZ_IMPORT_SEEDS, main()
+ * writes the seed corpus to the directory given (tests/corpus/import/)
+ * and replays each seed, printing what it gave. */
+#define _GNU_SOURCE
+#include <dirent.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <stdarg.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/eventfd.h>
+#include <sys/mman.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#define IPCREF_IMPLEMENTATION
+#include "ipcref.h"
+
+#define MAX_FDS     7
+#define MAX_VISIT   65536
+#define COPY_LIMIT  ((int64_t)1 << 20)
+#define SEGMENT     ((size_t)256 << 10) /* producers' segment size */
+#define LEDGER_N    16u                 /* slots per ledger */
+#define POOLED_SIZE 2048
+#define ISO_SIZE    1000
+#define LARGE_SIZE  ((size_t)160 << 10) /* over SEGMENT / 2: own segment */
+
+/* FUZZ_IMPORT_TRACE=1: print what each input decodes to. */
+static int tracing = -1;
+
+static void tr(const char *fmt, ...) {
+  va_list ap;
+  if (tracing < 0) {
+    const char *e = getenv("FUZZ_IMPORT_TRACE");
+    tracing = e && *e && *e != '0';
+  }
+  if (!tracing) return;
+  va_start(ap, fmt);
+  vfprintf(stderr, fmt, ap);
+  va_end(ap);
+}
+
+/* FUZZ_IMPORT_STRICT=1: ESYS is a finding too (what a hostile producer
+ * sends should be EPROTO; a system call can still fail for real, e.g. an
+ * mmap out of address space, so it is not the default). */
+static int strict(void) {
+  static int s = -1;
+  if (s < 0) {
+    const char *e = getenv("FUZZ_IMPORT_STRICT");
+    s = e && *e && *e != '0';
+  }
+  return s;
+}
+
+static void fail(const char *what) {
+  fprintf(stderr, "fuzz_import: %s\n", what);
+  abort();
+}
+
+/* ------------------------------------------------------------ resources */
+
+static int count_fds(void) {
+  DIR *d = opendir("/proc/self/fd");
+  struct dirent *e;
+  int n = 0;
+  if (!d) fail("cannot list /proc/self/fd");
+  while ((e = readdir(d)) != NULL)
+    if (e->d_name[0] != '.') n++;
+  closedir(d);
+  return n - 1; /* the directory's own */
+}
+
+/* Reads /proc/self/maps with read(2) into a static buffer (no allocation:
+ * this runs between inputs). `lo`..`hi`: when nonzero, returns 1 when one
+ * mapping covers the range; else returns the count of memfd mappings. */
+static long scan_maps(uintptr_t lo, uintptr_t hi) {
+  static char buf[1 << 20];
+  size_t len = 0;
+  ssize_t n;
+  long memfds = 0;
+  char *line, *nl;
+  int fd = open("/proc/self/maps", O_RDONLY | O_CLOEXEC);
+  if (fd < 0) fail("cannot read /proc/self/maps");
+  while (len < sizeof buf - 1 &&
+         (n = read(fd, buf + len, sizeof buf - 1 - len)) > 0)
+    len += (size_t)n;
+  close(fd);
+  buf[len] = 0;
+  for (line = buf; *line; line = nl + 1) {
+    unsigned long s, e;
+    nl = strchr(line, '\n');
+    if (!nl) break;
+    *nl = 0;
+    if (sscanf(line, "%lx-%lx", &s, &e) != 2) continue;
+    if (hi) {
+      if (s <= lo && hi <= e) return 1;
+    } else if (strstr(line, "/memfd:")) {
+      memfds++;
+    }
+  }
+  return hi ? 0 : memfds;
+}
+
+/* ------------------------------------------------------------ producers */
+
+typedef struct block {
+  ipcref_ctx *ctx;
+  ipcref_view v; /* U8, the whole block; held for the whole run */
+} block;
+
+static ipcref_ctx *prod_ro, *prod_rw;
+static block blocks[4];
+static int base_fds;
+static long base_memfd_maps;
+static ipcref_stats base_ro, base_rw;
+
+static void make_block(block *b, ipcref_ctx *ctx, size_t size, int isolated) {
+  ipcref_buf *buf = NULL;
+  int64_t n = (int64_t)size, i;
+  ipcref_result r = isolated ? ipcref_shared_new_isolated(ctx, size, &buf)
+                             : ipcref_shared_new(ctx, size, &buf);
+  if (r != IPCREF_OK) fail("cannot allocate a block");
+  if (ipcref_view_of(buf, IPCREF_U8, 1, &n, &b->v) != IPCREF_OK)
+    fail("cannot view a block");
+  ipcref_buf_release(buf);
+  for (i = 0; i < n; i++)
+    ((unsigned char *)ipcref_buf_data(b->v.buf))[i] =
+        (unsigned char)(i * 7 + (i >> 8));
+  b->ctx = ctx;
+}
+
+static void setup(void) {
+  ipcref_ctx_options opt;
+  static int done;
+  if (done) return;
+  done = 1;
+  memset(&opt, 0, sizeof opt);
+  opt.segment_size = SEGMENT;
+  opt.ledger_slots = LEDGER_N;
+  if (ipcref_ctx_new(&opt, &prod_ro) != IPCREF_OK) fail("ctx");
+  opt.writable_shares = 1;
+  if (ipcref_ctx_new(&opt, &prod_rw) != IPCREF_OK) fail("ctx");
+  make_block(&blocks[0], prod_ro, POOLED_SIZE, 0);
+  make_block(&blocks[1], prod_rw, POOLED_SIZE, 0);
+  make_block(&blocks[2], prod_ro, ISO_SIZE, 1);
+  make_block(&blocks[3], prod_ro, LARGE_SIZE, 0);
+  ipcref_ctx_stats(prod_ro, &base_ro);
+  ipcref_ctx_stats(prod_rw, &base_rw);
+  base_fds = count_fds();
+  base_memfd_maps = scan_maps(0, 0);
+}
+
+/* ------------------------------------------------------------ the wire */
+
+#define TOKEN      0xa5a5a5a5a5a5a500ull
+#define PID_TOKEN  0xa5a5a50aull
+#define VIEW_FIXED 72 /* bytes of a view record before shape and strides */
+
+enum {
+  T_NONCE = 1,
+  T_SEG_ID,
+  T_SEG_SIZE,
+  T_BLOCK_OFF,
+  T_BLOCK_SIZE,
+  T_LEDGER_ID,
+  T_LEDGER_SIZE,
+  T_LEASE1,
+  T_LEASE2,
+  T_COUNT
+};
+
+static uint64_t le(const unsigned char *b, size_t at, int bytes) {
+  uint64_t v = 0;
+  int i;
+  for (i = 0; i < bytes; i++) v |= (uint64_t)b[at + (size_t)i] << (8 * i);
+  return v;
+}
+
+static void put_le(unsigned char *b, size_t at, uint64_t v, int bytes) {
+  int i;
+  for (i = 0; i < bytes; i++) b[at + (size_t)i] = (unsigned char)(v >> (8 * i));
+}
+
+/* Where the first view record of an exported message starts (it has 24
+ * header bytes, 30 per fd record, 8 per retired id); 0 if not there. */
+static size_t view_at(const ipcref_msg *m) {
+  size_t at;
+  if (m->len < 24 || le(m->bytes, 0, 4) != 0x4d435049u) return 0;
+  at = 24 + (size_t)le(m->bytes, 8, 2) * 30 + (size_t)le(m->bytes, 10, 2) * 8;
+  return at + VIEW_FIXED <= m->len ? at : 0;
+}
+
+/* This run's values of the tokens, from the genuine exports. */
+static void token_values(const ipcref_msg *e1, const ipcref_msg *e2,
+                         uint64_t val[T_COUNT]) {
+  size_t v = view_at(e1), i;
+  memset(val, 0, sizeof(uint64_t) * T_COUNT);
+  if (!v) fail("an exported message has an unknown layout");
+  val[T_NONCE] = le(e1->bytes, v + 4, 8);
+  val[T_SEG_ID] = le(e1->bytes, v + 12, 8);
+  val[T_SEG_SIZE] = le(e1->bytes, v + 20, 8);
+  val[T_BLOCK_OFF] = le(e1->bytes, v + 28, 8);
+  val[T_BLOCK_SIZE] = le(e1->bytes, v + 36, 8);
+  val[T_LEDGER_ID] = le(e1->bytes, v + 44, 8);
+  val[T_LEASE1] = le(e1->bytes, v + 52, 8);
+  for (i = 0; i < (size_t)le(e1->bytes, 8, 2); i++)
+    if (e1->bytes[24 + 30 * i] == 2)
+      val[T_LEDGER_SIZE] = le(e1->bytes, 24 + 30 * i + 22, 8);
+  if (e2 && (v = view_at(e2)) != 0) val[T_LEASE2] = le(e2->bytes, v + 52, 8);
+}
+
+static void substitute(unsigned char *b, size_t len,
+                       const uint64_t val[T_COUNT]) {
+  size_t i;
+  for (i = 0; i + 8 <= len; i++) {
+    uint64_t t = le(b, i, 8);
+    if ((t & ~0xffull) == TOKEN && (t & 0xff) >= 1 && (t & 0xff) < T_COUNT) {
+      put_le(b, i, val[t & 0xff], 8);
+      i += 7;
+    }
+  }
+  for (i = 0; i + 4 <= len; i++)
+    if (le(b, i, 4) == PID_TOKEN) {
+      put_le(b, i, (uint64_t)(uint32_t)getpid(), 4);
+      i += 3;
+    }
+}
+
+/* ------------------------------------------------------------ fds */
+
+enum {
+  FD_SEG,           /* the genuine segment fd */
+  FD_LEDGER,        /* the genuine ledger fd */
+  FD_SEALED,        /* a memfd sealed against shrink, grow and seals */
+  FD_UNSEALED,      /* a memfd without sealing */
+  FD_PIPE,          /* a pipe's read end */
+  FD_SOCKET,        /* a socket */
+  FD_DEVNULL,       /* /dev/null */
+  FD_REGULAR,       /* a regular file (unlinked) */
+  FD_SEG_RDWR,      /* the segment reopened read-write */
+  FD_SEG_WRONLY,    /* the segment reopened write-only */
+  FD_LEDGER_RDONLY, /* the ledger reopened read-only */
+  FD_SEG_PATH,      /* the segment as O_PATH */
+  FD_NONE,          /* -1 */
+  FD_EVENTFD,       /* an eventfd (an anonymous inode) */
+  FD_SEALED_RO,     /* a sealed memfd also sealed against writes */
+  FD_SAME           /* a duplicate of the fd before it */
+};
+
+static const char *const fd_names[16] = {
+    "seg",       "ledger",  "sealed",    "unsealed",   "pipe",      "socket",
+    "/dev/null", "regular", "seg-rdwr",  "seg-wronly", "ledger-ro", "seg-path",
+    "none",      "eventfd", "sealed-ro", "same"};
+
+/* The size a size index names. */
+static size_t size_of(unsigned idx, const uint64_t val[T_COUNT]) {
+  switch (idx) {
+  case 0: return 0;
+  case 1: return 1;
+  case 2: return 64;
+  case 3: return 100;
+  case 4: return 4095;
+  case 5: return 4096;
+  case 6: return 8192;
+  case 7: return (size_t)val[T_SEG_SIZE];
+  case 8: return (size_t)val[T_SEG_SIZE] + 4096;
+  case 9: return (size_t)val[T_SEG_SIZE] - 1;
+  case 10: return (size_t)val[T_LEDGER_SIZE];
+  case 11: return (size_t)val[T_LEDGER_SIZE] + 16;
+  case 12: return (size_t)val[T_LEDGER_SIZE] - 16;
+  case 13: return ipcref__ledger_bytes(8);
+  case 14: return ipcref__ledger_bytes(2);
+  default: return (size_t)val[T_BLOCK_SIZE];
+  }
+}
+
+/* Fills a new file's first bytes: content byte c, low 2 bits: 0 zeros,
+ * 1 the genuine ledger's bytes, 2 the genuine segment's, 3 the byte c
+ * repeated; in modes 1 and 2, c >> 2 nonzero flips the byte at
+ * (c >> 2) * 8 (0: a perfect copy). */
+static int fill_file(int fd, size_t size, unsigned c, int seg, int ledger) {
+  static unsigned char buf[1 << 16];
+  size_t n = size < sizeof buf ? size : sizeof buf;
+  ssize_t got = 0;
+  if (n == 0) return 0;
+  memset(buf, 0, n);
+  switch (c & 3) {
+  case 1: got = pread(ledger, buf, n, 0); break;
+  case 2: got = pread(seg, buf, n, 0); break;
+  case 3: memset(buf, (int)c, n); break;
+  default: break;
+  }
+  (void)got;
+  if (((c & 3) == 1 || (c & 3) == 2) && (c >> 2)) {
+    size_t at = (size_t)(c >> 2) * 8;
+    if (at < n) buf[at] ^= 0x5a;
+  }
+  return pwrite(fd, buf, n, 0) == (ssize_t)n ? 0 : -1;
+}
+
+static int memfd_of(size_t size, unsigned seals, unsigned c, int seg,
+                    int ledger) {
+  int fd = memfd_create("fuzz-import",
+                        MFD_CLOEXEC | (seals ? MFD_ALLOW_SEALING : 0));
+  if (fd < 0) return -1;
+  if (ftruncate(fd, (off_t)size) != 0 || fill_file(fd, size, c, seg, ledger) ||
+      (seals && fcntl(fd, F_ADD_SEALS, (int)seals) != 0)) {
+    close(fd);
+    return -1;
+  }
+  return fd;
+}
+
+static int reopen(int fd, int flags) {
+  char path[64];
+  snprintf(path, sizeof path, "/proc/self/fd/%d", fd);
+  return open(path, flags | O_CLOEXEC);
+}
+
+/* A new fd of the kind selector `sel` names (-1 for FD_NONE or on
+ * failure). `prev`: the fd made before it (for FD_SAME). */
+static int make_fd(unsigned sel, unsigned c, int seg, int ledger, int prev,
+                   const uint64_t val[T_COUNT]) {
+  const unsigned sealed = F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL;
+  size_t size = size_of(sel >> 4, val);
+  int pv[2], fd;
+  switch (sel & 15) {
+  case FD_SEG: return fcntl(seg, F_DUPFD_CLOEXEC, 0);
+  case FD_LEDGER: return fcntl(ledger, F_DUPFD_CLOEXEC, 0);
+  case FD_SEALED: return memfd_of(size, sealed, c, seg, ledger);
+  case FD_UNSEALED: return memfd_of(size, 0, c, seg, ledger);
+  case FD_PIPE:
+    if (pipe2(pv, O_CLOEXEC) != 0) return -1;
+    close(pv[1]);
+    return pv[0];
+  case FD_SOCKET:
+    if (socketpair(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0, pv) != 0)
+      return -1;
+    close(pv[1]);
+    return pv[0];
+  case FD_DEVNULL: return open("/dev/null", O_RDWR | O_CLOEXEC);
+  case FD_REGULAR:
+    fd = open("/tmp", O_TMPFILE | O_RDWR | O_CLOEXEC, 0600);
+    if (fd < 0) {
+      char path[] = "/tmp/fuzz-import-XXXXXX";
+      fd = mkstemp(path);
+      if (fd >= 0) unlink(path);
+    }
+    if (fd >= 0 && (ftruncate(fd, (off_t)size) != 0 ||
+                    fill_file(fd, size, c, seg, ledger))) {
+      close(fd);
+      fd = -1;
+    }
+    return fd;
+  case FD_SEG_RDWR: return reopen(seg, O_RDWR);
+  case FD_SEG_WRONLY: return reopen(seg, O_WRONLY);
+  case FD_LEDGER_RDONLY: return reopen(ledger, O_RDONLY);
+  case FD_SEG_PATH: return reopen(seg, O_PATH);
+  case FD_NONE: return -1;
+  case FD_EVENTFD: return eventfd(0, EFD_CLOEXEC);
+  case FD_SEALED_RO:
+    return memfd_of(size, sealed | F_SEAL_FUTURE_WRITE, c, seg, ledger);
+  default: return prev >= 0 ? fcntl(prev, F_DUPFD_CLOEXEC, 0) : -1;
+  }
+}
+
+/* ------------------------------------------------------------ checking */
+
+static volatile unsigned sink;
+
+static void check_elem(const unsigned char *p, const unsigned char *lo,
+                       size_t size, size_t item) {
+  if (!p || p < lo || (size_t)(p - lo) > size || size - (size_t)(p - lo) < item)
+    fail("an imported view reaches outside its buffer");
+  sink += p[0] + p[item - 1];
+}
+
+/* Everything a successful import's view reaches lies in its buffer, and
+ * the buffer in one mapping. */
+static void check_view(const ipcref_view *v) {
+  const unsigned char *lo;
+  size_t size, item;
+  int64_t numel;
+  ipcref_view c;
+  if (!v->buf) fail("an import succeeded without a buffer");
+  if (ipcref__view_check_new(v) != IPCREF_OK) fail("an invalid view imported");
+  lo = (const unsigned char *)ipcref_buf_data(v->buf);
+  size = ipcref_buf_size(v->buf);
+  item = ipcref_dtype_size(v->dtype);
+  if (size && !scan_maps((uintptr_t)lo, (uintptr_t)lo + size))
+    fail("an imported buffer is not inside one mapping");
+  numel = ipcref_view_numel(v);
+  tr("  imported: dtype %d ndim %d numel %lld offset %lld in %zu bytes\n",
+     (int)v->dtype, v->ndim, (long long)numel, (long long)v->byte_offset, size);
+  if (numel <= 0) return;
+  if (numel <= MAX_VISIT) {
+    ipcref_view_iter it;
+    const unsigned char *p;
+    int64_t seen = 0;
+    if (ipcref_view_iter_init(v, &it) != IPCREF_OK) fail("iter_init");
+    while ((p = (const unsigned char *)ipcref_view_iter_next(&it)) != NULL) {
+      check_elem(p, lo, size, item);
+      seen++;
+    }
+    if (seen != numel) fail("the iterator missed elements");
+  } else { /* every corner */
+    int64_t idx[IPCREF_MAX_DIMS];
+    unsigned mask, d;
+    for (mask = 0; mask < (1u << v->ndim); mask++) {
+      for (d = 0; d < (unsigned)v->ndim; d++)
+        idx[d] = (mask >> d) & 1 ? v->shape[d] - 1 : 0;
+      check_elem((const unsigned char *)ipcref_view_ptr(v, idx), lo, size,
+                 item);
+    }
+  }
+  if (numel <= COPY_LIMIT / (int64_t)item) {
+    memset(&c, 0, sizeof c);
+    if (ipcref_view_contiguous(v, &c) == IPCREF_OK) {
+      if (ipcref_view_numel(&c) != numel) fail("contiguous lost elements");
+      ipcref_view_release(&c);
+    }
+  }
+}
+
+static void check_producer(ipcref_ctx *ctx, const ipcref_stats *base) {
+  ipcref_stats s;
+  if (ipcref_ctx_stats(ctx, &s) != IPCREF_OK) fail("stats");
+  if (s.live_slots || s.limbo_blocks ||
+      s.counter_files != base->counter_files) {
+    fprintf(stderr, "live_slots %zu limbo %zu ledgers %zu (%zu before)\n",
+            s.live_slots, s.limbo_blocks, s.counter_files, base->counter_files);
+    fail("a producer kept a lease, a limbo block or a ledger");
+  }
+  if (s.bad_returns != base->bad_returns)
+    fail("a producer refused a return (a lease came back twice?)");
+  if (s.live_bufs != base->live_bufs || s.imported_bufs != 0)
+    fail("a producer's buffers changed");
+}
+
+/* ------------------------------------------------------------ one input */
+
+typedef struct reader {
+  const uint8_t *p;
+  size_t n;
+} reader;
+
+static unsigned u8(reader *r) {
+  if (!r->n) return 0;
+  r->n--;
+  return *r->p++;
+}
+
+/* Runs one input; returns the result of the import. */
+static ipcref_result run_one(const uint8_t *data, size_t size) {
+  reader rd;
+  unsigned flags, nfds, kind, i;
+  block *b;
+  ipcref_ctx *cons = NULL;
+  ipcref_peer *pp = NULL, *cp = NULL;
+  ipcref_msg e1, e2, m;
+  ipcref_view got;
+  ipcref_result rc;
+  uint64_t val[T_COUNT];
+  int sv[2], seg = -1, ledger = -1, have_e2 = 0;
+  setup();
+  rd.p = data;
+  rd.n = size;
+  flags = u8(&rd);
+  nfds = u8(&rd) % (MAX_FDS + 1);
+  kind = flags & 3;
+  b = &blocks[kind];
+  /* A consumer, a pair of peers, and the genuine exports. */
+  if (ipcref_ctx_new(NULL, &cons) != IPCREF_OK) fail("consumer ctx");
+  if (socketpair(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0, sv) != 0)
+    fail("socketpair");
+  if (ipcref_peer_new(b->ctx, sv[0], &pp) != IPCREF_OK ||
+      ipcref_peer_new(cons, sv[1], &cp) != IPCREF_OK)
+    fail("peers");
+  memset(&e1, 0, sizeof e1);
+  memset(&e2, 0, sizeof e2);
+  if (ipcref_export(pp, &b->v, &e1) != IPCREF_OK || e1.nfds != 2)
+    fail("the genuine export");
+  if (flags & 4) {
+    if (ipcref_export(pp, &b->v, &e2) != IPCREF_OK) fail("a second export");
+    have_e2 = 1;
+  }
+  for (i = 0; i < (unsigned)e1.nfds; i++) {
+    size_t at = 24 + 30 * (size_t)i;
+    if (e1.bytes[at] == 1) seg = e1.fds[i];
+    if (e1.bytes[at] == 2) ledger = e1.fds[i];
+  }
+  if (seg < 0 || ledger < 0) fail("the genuine export lacks an fd");
+  token_values(&e1, have_e2 ? &e2 : NULL, val);
+  /* The message. */
+  memset(&m, 0, sizeof m);
+  if (flags & 16) {
+    for (i = 0; i < (unsigned)e1.nfds; i++)
+      m.fds[m.nfds++] = fcntl(e1.fds[i], F_DUPFD_CLOEXEC, 0);
+    for (i = 0; i < nfds; i++) (void)u8(&rd), (void)u8(&rd);
+    tr("fds: the genuine ones\n");
+  } else {
+    int prev = -1;
+    for (i = 0; i < nfds; i++) {
+      unsigned sel = u8(&rd), c = u8(&rd);
+      int fd = make_fd(sel, c, seg, ledger, prev, val);
+      tr("fd %u: %s size %zu content %u -> %d\n", i, fd_names[sel & 15],
+         size_of(sel >> 4, val), c, fd);
+      m.fds[m.nfds++] = fd;
+      prev = fd;
+    }
+  }
+  if (flags & 8) { /* patch the genuine message */
+    int delta = (int)(int8_t)u8(&rd);
+    size_t len = e1.len;
+    memcpy(m.bytes, e1.bytes, e1.len);
+    if (delta < 0 && (size_t)-delta > len)
+      len = 0;
+    else if (delta < 0)
+      len -= (size_t)-delta;
+    else
+      len += (size_t)delta; /* the bytes past it are zeros */
+    m.len = len;
+    while (rd.n >= 3) {
+      size_t off = u8(&rd);
+      unsigned n;
+      off |= (size_t)u8(&rd) << 8;
+      n = u8(&rd) % 9;
+      for (; n > 0 && rd.n > 0; n--, off++) {
+        unsigned char byte = (unsigned char)u8(&rd);
+        if (off < m.len) m.bytes[off] = byte;
+      }
+    }
+    tr("patched message, %zu bytes\n", m.len);
+  } else {
+    m.len = rd.n < sizeof m.bytes ? rd.n : sizeof m.bytes;
+    memcpy(m.bytes, rd.p, m.len);
+    substitute(m.bytes, m.len, val);
+    tr("raw message, %zu bytes\n", m.len);
+  }
+  /* The import. */
+  memset(&got, 0, sizeof got);
+  rc = ipcref_import(cp, &m, &got);
+  tr("import: %s\n", ipcref_strerror(rc));
+  if (m.nfds != 0) fail("ipcref_import did not take the message's fds");
+  switch (rc) {
+  case IPCREF_OK: check_view(&got); break;
+  case IPCREF_ESYS:
+    if (strict()) fail("ESYS for a message (FUZZ_IMPORT_STRICT=1)");
+    /* fall through */
+  case IPCREF_EPROTO:
+  case IPCREF_ENOMEM:
+    if (got.buf) fail("a failed import gave a buffer");
+    break;
+  default: fail("ipcref_import returned an undocumented code");
+  }
+  ipcref_view_release(&got);
+  /* What came back is back; what never went out is cancelled. */
+  {
+    ipcref_stats s;
+    ipcref_ctx_stats(b->ctx, &s);
+  }
+  ipcref_msg_free(&e1);
+  ipcref_msg_free(&e2);
+  ipcref_peer_free(cp);
+  ipcref_ctx_free(cons);
+  ipcref_peer_free(pp);
+  check_producer(prod_ro, &base_ro);
+  check_producer(prod_rw, &base_rw);
+  if (count_fds() != base_fds) fail("an fd leaked");
+  if (scan_maps(0, 0) != base_memfd_maps) fail("a memfd mapping leaked");
+  return rc;
+}
+
+int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
+
+int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
+  (void)run_one(data, size);
+  return 0;
+}
+
+/* ------------------------------------------------------------ seeds */
+
+#ifdef FUZZ_IMPORT_SEEDS
+#include <sys/stat.h>
+
+static const char *seed_dir;
+static int nseeds, seeds_ok;
+
+/* The genuine message of exporting `v` (over block `kind`), with every
+ * value of this run replaced by its token. */
+static void templated(const ipcref_view *v, int kind, unsigned char *out,
+                      size_t *len) {
+  ipcref_ctx *cons = NULL;
+  ipcref_peer *pp = NULL, *cp = NULL;
+  ipcref_msg m;
+  unsigned char *t = out; /* the copy that gets the tokens */
+  int sv[2];
+  size_t at, i;
+  memset(&m, 0, sizeof m);
+  if (ipcref_ctx_new(NULL, &cons) != IPCREF_OK ||
+      socketpair(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0, sv) != 0 ||
+      ipcref_peer_new(blocks[kind].ctx, sv[0], &pp) != IPCREF_OK ||
+      ipcref_peer_new(cons, sv[1], &cp) != IPCREF_OK ||
+      ipcref_export(pp, v, &m) != IPCREF_OK)
+    fail("seed export");
+  at = view_at(&m);
+  memcpy(t, m.bytes, m.len);
+  *len = m.len;
+  for (i = 0; i < (size_t)le(m.bytes, 8, 2); i++) {
+    size_t f = 24 + 30 * i;
+    int led = m.bytes[f] == 2;
+    put_le(t, f + 2, PID_TOKEN, 4);
+    put_le(t, f + 6, TOKEN | T_NONCE, 8);
+    put_le(t, f + 14, TOKEN | (led ? T_LEDGER_ID : T_SEG_ID), 8);
+    put_le(t, f + 22, TOKEN | (led ? T_LEDGER_SIZE : T_SEG_SIZE), 8);
+  }
+  put_le(t, 12, PID_TOKEN, 4);
+  put_le(t, 16, TOKEN | T_NONCE, 8);
+  put_le(t, at, PID_TOKEN, 4);
+  put_le(t, at + 4, TOKEN | T_NONCE, 8);
+  put_le(t, at + 12, TOKEN | T_SEG_ID, 8);
+  put_le(t, at + 20, TOKEN | T_SEG_SIZE, 8);
+  put_le(t, at + 28, TOKEN | T_BLOCK_OFF, 8);
+  put_le(t, at + 36, TOKEN | T_BLOCK_SIZE, 8);
+  put_le(t, at + 44, TOKEN | T_LEDGER_ID, 8);
+  put_le(t, at + 52, TOKEN | T_LEASE1, 8);
+  ipcref_msg_free(&m); /* it cancels the lease its own bytes name */
+  ipcref_peer_free(cp);
+  ipcref_peer_free(pp);
+  ipcref_ctx_free(cons);
+}
+
+static void seed(const char *name, const unsigned char *b, size_t n) {
+  char path[512];
+  FILE *f;
+  ipcref_result rc;
+  snprintf(path, sizeof path, "%s/%s", seed_dir, name);
+  f = fopen(path, "wb");
+  if (!f || fwrite(b, 1, n, f) != n || fclose(f) != 0) fail("seed write");
+  rc = run_one(b, n);
+  nseeds++;
+  seeds_ok += rc == IPCREF_OK;
+  printf("%-28s %4zu bytes: %s\n", name, n, ipcref_strerror(rc));
+}
+
+/* A raw-mode seed: flags, fd selectors (pairs), the message. */
+static void raw_seed(const char *name, unsigned flags, const unsigned char *sel,
+                     unsigned nsel, const unsigned char *msg, size_t len) {
+  unsigned char b[4096];
+  size_t n = 0;
+  b[n++] = (unsigned char)flags;
+  b[n++] = (unsigned char)nsel;
+  if (nsel) memcpy(b + n, sel, 2 * (size_t)nsel);
+  n += 2 * (size_t)nsel;
+  memcpy(b + n, msg, len);
+  seed(name, b, n + len);
+}
+
+/* A patch-mode seed with the genuine fds: flags | 8 | 16, then patches. */
+static void patch_seed(const char *name, unsigned flags, int delta,
+                       const unsigned char *patches, size_t plen) {
+  unsigned char b[256];
+  size_t n = 0;
+  b[n++] = (unsigned char)(flags | 8 | 16);
+  b[n++] = 0;
+  b[n++] = (unsigned char)(int8_t)delta;
+  if (plen) memcpy(b + n, patches, plen);
+  seed(name, b, n + plen);
+}
+
+int main(int argc, char **argv) {
+  static const unsigned char genuine[4] = {FD_SEG, 0, FD_LEDGER, 0};
+  unsigned char msg[4096], two[8192];
+  size_t len, len2;
+  ipcref_view v, w;
+  int64_t shape[4];
+  int k;
+  if (argc != 2) {
+    fprintf(stderr, "usage: %s DIR\n", argv[0]);
+    return 2;
+  }
+  seed_dir = argv[1];
+  mkdir(seed_dir, 0755);
+  setup();
+  /* The genuine message of each block with the fds as exported; of the
+   * pooled one with the fds named one by one, and patched (no patch). */
+  for (k = 3; k >= 0; k--) {
+    char name[64];
+    templated(&blocks[k].v, k, msg, &len);
+    snprintf(name, sizeof name, "valid_block%d", k);
+    raw_seed(name, (unsigned)k | 16, NULL, 0, msg, len);
+  }
+  raw_seed("valid_block0_fds", 0, genuine, 2, msg, len);
+  patch_seed("patch_none", 0, 0, NULL, 0);
+  /* Geometries over the pooled block (2048 bytes). */
+  shape[0] = 16;
+  shape[1] = 32;
+  if (ipcref_view_of(blocks[0].v.buf, IPCREF_F32, 2, shape, &v) != IPCREF_OK)
+    fail("an f32 view");
+  templated(&v, 0, msg, &len);
+  raw_seed("geo_2d", 16, NULL, 0, msg, len);
+  if (ipcref_view_transpose(&v, 0, 1, &w) != IPCREF_OK) fail("transpose");
+  templated(&w, 0, msg, &len);
+  raw_seed("geo_transposed", 16, NULL, 0, msg, len);
+  ipcref_view_release(&w);
+  if (ipcref_view_slice(&v, 1, 3, 29, 3, &w) != IPCREF_OK) fail("slice");
+  templated(&w, 0, msg, &len);
+  raw_seed("geo_sliced", 16, NULL, 0, msg, len);
+  ipcref_view_release(&w);
+  if (ipcref_view_flip(&v, 0, &w) != IPCREF_OK) fail("flip");
+  templated(&w, 0, msg, &len);
+  raw_seed("geo_flipped", 16, NULL, 0, msg, len);
+  ipcref_view_release(&w);
+  if (ipcref_view_select(&v, 0, 7, &w) != IPCREF_OK) fail("select");
+  templated(&w, 0, msg, &len);
+  raw_seed("geo_row_offset", 16, NULL, 0, msg, len);
+  ipcref_view_release(&w);
+  shape[0] = 4;
+  shape[1] = 16;
+  shape[2] = 32;
+  {
+    ipcref_view row;
+    if (ipcref_view_select(&v, 0, 2, &row) != IPCREF_OK ||
+        ipcref_view_expand(&row, 3, (int64_t[]){4, 1, 32}, &w) != IPCREF_OK)
+      fail("expand");
+    ipcref_view_release(&row);
+  }
+  templated(&w, 0, msg, &len);
+  raw_seed("geo_broadcast", 16, NULL, 0, msg, len);
+  ipcref_view_release(&w);
+  if (ipcref_view_narrow(&v, 1, 5, 0, &w) != IPCREF_OK) fail("narrow");
+  templated(&w, 0, msg, &len);
+  raw_seed("geo_empty", 16, NULL, 0, msg, len);
+  ipcref_view_release(&w);
+  shape[0] = 2;
+  shape[1] = 4;
+  shape[2] = 8;
+  shape[3] = 32;
+  if (ipcref_view_reshape(&blocks[0].v, 4, shape, &w) != IPCREF_OK)
+    fail("reshape 4");
+  templated(&w, 0, msg, &len);
+  raw_seed("geo_4d", 16, NULL, 0, msg, len);
+  ipcref_view_release(&w);
+  if (ipcref_view_select(&v, 0, 3, &w) != IPCREF_OK ||
+      ipcref_view_select(&w, 0, 5, &w) != IPCREF_OK)
+    fail("scalar");
+  templated(&w, 0, msg, &len);
+  raw_seed("geo_scalar", 16, NULL, 0, msg, len);
+  ipcref_view_release(&w);
+  ipcref_view_release(&v);
+  /* Two leases in one batch: the genuine message, then the second lease's
+   * view record appended (with nviews 2). */
+  templated(&blocks[0].v, 0, msg, &len);
+  {
+    size_t at = 24 + 2 * 30;
+    memcpy(two, msg, len);
+    memcpy(two + len, msg + at, len - at);
+    put_le(two + len, 52, TOKEN | T_LEASE2, 8);
+    len2 = len + (len - at);
+    put_le(two, 6, 2, 2);
+    raw_seed("batch_two_leases", 4 | 16, NULL, 0, two, len2);
+    put_le(two + len, 52, TOKEN | T_LEASE1, 8);
+    raw_seed("batch_same_lease_twice", 4 | 16, NULL, 0, two, len2);
+  }
+  /* The genuine bytes with hostile fds. */
+  {
+    static const struct {
+      const char *name;
+      unsigned char sel[4];
+      unsigned n;
+    } fdseeds[] = {
+        {"fd_unsealed_segment", {FD_UNSEALED | 7 << 4, 2, FD_LEDGER, 0}, 2},
+        {"fd_sealed_small_segment", {FD_SEALED | 5 << 4, 2, FD_LEDGER, 0}, 2},
+        {"fd_sealed_copy_segment", {FD_SEALED | 7 << 4, 2, FD_LEDGER, 0}, 2},
+        {"fd_regular_segment", {FD_REGULAR | 7 << 4, 2, FD_LEDGER, 0}, 2},
+        {"fd_pipe_segment", {FD_PIPE, 0, FD_LEDGER, 0}, 2},
+        {"fd_socket_segment", {FD_SOCKET, 0, FD_LEDGER, 0}, 2},
+        {"fd_wronly_segment", {FD_SEG_WRONLY, 0, FD_LEDGER, 0}, 2},
+        {"fd_path_segment", {FD_SEG_PATH, 0, FD_LEDGER, 0}, 2},
+        {"fd_eventfd_segment", {FD_EVENTFD, 0, FD_LEDGER, 0}, 2},
+        {"fd_swapped", {FD_LEDGER, 0, FD_SEG, 0}, 2},
+        {"fd_same_twice", {FD_SEG, 0, FD_SAME, 0}, 2},
+        {"fd_missing", {FD_SEG, 0, 0, 0}, 1},
+        {"fd_ledger_copy_sealed", {FD_SEG, 0, FD_SEALED | 10 << 4, 1}, 2},
+        {"fd_ledger_copy_flipped",
+         {FD_SEG, 0, FD_SEALED | 10 << 4, 1 | 2 << 2},
+         2},
+        {"fd_ledger_copy_unsealed", {FD_SEG, 0, FD_UNSEALED | 10 << 4, 1}, 2},
+        {"fd_ledger_copy_short", {FD_SEG, 0, FD_SEALED | 12 << 4, 1}, 2},
+        {"fd_ledger_copy_ro_sealed", {FD_SEG, 0, FD_SEALED_RO | 10 << 4, 1}, 2},
+        {"fd_ledger_readonly", {FD_SEG, 0, FD_LEDGER_RDONLY, 0}, 2},
+        {"fd_ledger_none", {FD_SEG, 0, FD_NONE, 0}, 2},
+    };
+    unsigned i;
+    templated(&blocks[0].v, 0, msg, &len);
+    for (i = 0; i < sizeof fdseeds / sizeof fdseeds[0]; i++)
+      raw_seed(fdseeds[i].name, 0, fdseeds[i].sel, fdseeds[i].n, msg, len);
+  }
+  /* The genuine message with one field patched (offsets of the first view
+   * record: 24 + 2 * 30 = 84). */
+  {
+    static const unsigned char slot_past[] = {84 + 52, 0, 4, 0xff, 0xff, 0, 0};
+    static const unsigned char gen_next[] = {84 + 56, 0, 1, 0x02};
+    static const unsigned char block_past[] = {84 + 28, 0, 3, 0, 0, 0x10};
+    static const unsigned char stride2[] = {84 + 80, 0, 1, 2};
+    static const unsigned char offset_neg[] = {
+        84 + 64, 0, 8, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff};
+    static const unsigned char dtype_f64[] = {84 + 60, 0, 1, IPCREF_F64};
+    static const unsigned char writable[] = {84 + 62, 0, 1, 1};
+    patch_seed("patch_slot_past", 0, 0, slot_past, sizeof slot_past);
+    patch_seed("patch_gen_next", 0, 0, gen_next, sizeof gen_next);
+    patch_seed("patch_block_past", 0, 0, block_past, sizeof block_past);
+    patch_seed("patch_stride2", 0, 0, stride2, sizeof stride2);
+    patch_seed("patch_offset_negative", 0, 0, offset_neg, sizeof offset_neg);
+    patch_seed("patch_dtype_f64", 0, 0, dtype_f64, sizeof dtype_f64);
+    patch_seed("patch_writable_ro", 0, 0, writable, sizeof writable);
+    patch_seed("patch_writable_rw", 1, 0, writable, sizeof writable);
+    patch_seed("patch_truncated", 0, -9, NULL, 0);
+  }
+  printf("%d seeds, %d import\n", nseeds, seeds_ok);
+  return 0;
+}
+#endif
