@@ -307,7 +307,8 @@ IPCREF_API void ipcref_test_set_step_hook(void (*fn)(const char *step)) {
  *
  *   header   64 bytes: magic, version, nslots, origin pid, origin nonce,
  *            ledger id, and `head`, the ring's write position
- *   slots    nslots x { u64 (generation << 2) | state, u64 holder pid }
+ *   slots    nslots x { u64 (generation << 2) | state, u64 holder: its pid,
+ *            and for a forwarded lease the parent slot + 1 << 32 }
  *   ring     2 * nslots x u64: returned and linked leases, in order
  *
  * The producer allocates slots [0, nslots/2); forwarders claim slots in
@@ -358,8 +359,10 @@ IPCREF_PRIVATE void ipcref__ring_push(unsigned char *base, uint32_t n,
                                       const char *step) {
   ipcref__ledger_hdr *h = (ipcref__ledger_hdr *)(void *)base;
   uint64_t *ring = ipcref__ledger_ring(base, n);
+  /* Release: a forwarder's slot, written before, is seen by the producer
+   * that reads this head (see ipcref__adopt_forwards). */
   uint64_t pos =
-      __atomic_fetch_add(&h->head, (uint64_t)count, __ATOMIC_RELAXED);
+      __atomic_fetch_add(&h->head, (uint64_t)count, __ATOMIC_RELEASE);
   int i;
   (void)step;
   if (step) IPCREF__STEP(step);
@@ -412,6 +415,8 @@ struct ipcref__segment {
   int cached; /* empty, and counted in ctx->empty_bytes */
 };
 
+#define IPCREF__LATE 16 /* holes stepped over that a ledger remembers */
+
 typedef struct ipcref__lease {
   ipcref__block *block; /* NULL: free */
   uint32_t gen;
@@ -434,7 +439,10 @@ struct ipcref__ledger {
   int holder_dead;      /* its own leases were reclaimed */
   uint64_t hole_pos;    /* ring position + 1 of a hole seen at the tail */
   long hole_ms;         /* when it was first seen */
-  uint64_t hole_deaths; /* deaths counted then */
+  uint64_t death_head;  /* the ring's head when a death was last reaped */
+  uint64_t late[IPCREF__LATE]; /* holes stepped over, watched for late
+                                  entries */
+  uint32_t nlate;
   ipcref__ledger *next, *prev;
 };
 
@@ -470,6 +478,8 @@ struct ipcref_peer {
   ipcref_ctx *ctx;
   int fd, pid, uid, sock_type;
   ipcref__watch *watch; /* the other process (from its hello) */
+  uint64_t nonce;       /* its context (from its hello) */
+  int origin_retired;   /* it died: its mappings here were retired */
   int hello; /* 0: the other side's hello not read yet; 1: read; -1: bad;
                 -2: refused (a uid not allowed) */
   ipcref__ledger *ledger; /* the current one for exports to this peer */
@@ -972,23 +982,107 @@ IPCREF_PRIVATE void ipcref__bad_return(ipcref_ctx *ctx, const char *what) {
   ipcref__ctx_report(ctx, IPCREF_EPROTO, what);
 }
 
+/* Records a forwarded lease (slot, gen) on block `b`, held by `holder`
+ * (under the lock). */
+IPCREF_PRIVATE void ipcref__lease_link(ipcref_ctx *ctx, ipcref__ledger *l,
+                                       uint32_t slot, uint32_t gen,
+                                       ipcref__block *b, int holder) {
+  l->leases[slot].block = b;
+  l->leases[slot].gen = gen;
+  l->leases[slot].holder = holder;
+  l->leases[slot].watch = ipcref__watch_get(ctx, holder);
+  b->leases++;
+  l->live++;
+  ctx->st.live_slots++;
+}
+
+/* Adopts the forwarded leases whose link the ring has not delivered
+ * (under the lock): every forwarding slot that is live in the shared
+ * table, unknown here, and names a live parent. A forwarder writes the
+ * slot (holder pid, parent slot + 1) before it takes its ring positions,
+ * so when a hole is stepped over its link is found here, before any later
+ * entry (the parent's own return comes later) is read. A link that
+ * arrives after all is then taken as already known. */
+IPCREF_PRIVATE void ipcref__adopt_forwards(ipcref_ctx *ctx, ipcref__ledger *l) {
+  uint64_t *slots = ipcref__ledger_slots(l->base);
+  uint32_t s;
+  for (s = l->n / 2; s < l->n; s++) {
+    uint64_t w = __atomic_load_n(&slots[2 * (size_t)s], __ATOMIC_ACQUIRE), h;
+    uint32_t parent;
+    if ((w & 3u) != IPCREF__SLOT_LIVE || l->leases[s].block) continue;
+    h = __atomic_load_n(&slots[2 * (size_t)s + 1], __ATOMIC_ACQUIRE);
+    parent = (uint32_t)(h >> 32);
+    if (parent == 0 || parent > l->n || !l->leases[parent - 1].block)
+      continue; /* not written yet (its link will come), or never linked */
+    ipcref__lease_link(ctx, l, s, (uint32_t)(w >> 2),
+                       l->leases[parent - 1].block, (int)(uint32_t)h);
+  }
+}
+
 /* A hole at the ring's tail: a position taken whose entry is not written.
- * Normally its writer is between its two instructions and the next sweep
+ * Normally its writer is between two instructions and the next sweep
  * finds it; but a writer killed there never writes it, and every entry
- * behind it would wait forever. So a hole is stepped over once a death has
- * been seen since it was first seen, or once it is 100 ms old. Stepping
- * over a live writer's hole is safe, only slow: its entry, written late,
- * is read a lap later or lost, and a lost return keeps a block alive until
- * its holder dies; nothing is ever freed early. */
-IPCREF_PRIVATE int ipcref__hole_stale(ipcref_ctx *ctx, ipcref__ledger *l) {
+ * behind it would wait forever. So a hole is stepped over at once when it
+ * lies before the head the ring had when a death was reaped (its writer
+ * may be the dead one), and otherwise once it is 100 ms old. Stepping over
+ * a live writer's hole frees nothing early: the forwarded leases it may
+ * have been linking are adopted from the shared slots at once, and its
+ * position is remembered, so an entry written late is still read (unless
+ * the ring has come round to that cell again by then, when a return is
+ * lost and its block stays until its holder dies). */
+IPCREF_PRIVATE int ipcref__hole_stale(ipcref__ledger *l) {
   long now = ipcref__now_ms();
+  if (l->tail < l->death_head) return 1;
   if (l->hole_pos != l->tail + 1) {
     l->hole_pos = l->tail + 1;
     l->hole_ms = now;
-    l->hole_deaths = ctx->st.peer_deaths;
     return 0;
   }
-  return ctx->st.peer_deaths != l->hole_deaths || now - l->hole_ms >= 100;
+  return now - l->hole_ms >= 100;
+}
+
+/* Steps over the hole at ring position `pos` (under the lock). */
+IPCREF_PRIVATE void ipcref__hole_skip(ipcref_ctx *ctx, ipcref__ledger *l,
+                                      uint64_t pos) {
+  if (l->nlate == IPCREF__LATE) { /* forget the oldest */
+    memmove(l->late, l->late + 1, (IPCREF__LATE - 1) * sizeof l->late[0]);
+    l->nlate--;
+  }
+  l->late[l->nlate++] = pos;
+  ipcref__adopt_forwards(ctx, l);
+}
+
+/* One ring entry that is not a link (under the lock). */
+IPCREF_PRIVATE void ipcref__ring_release(ipcref_ctx *ctx, ipcref__ledger *l,
+                                         uint64_t e, size_t *freed) {
+  uint32_t slot = (uint32_t)(e & 0x3fffffffu) - 1u;
+  if (((e >> 30) & 3u) != IPCREF__RING_RELEASE ||
+      !ipcref__lease_free(ctx, l, slot, (uint32_t)(e >> 32), freed))
+    ipcref__bad_return(ctx, "invalid lease return in a ledger");
+}
+
+/* Entries written late into holes stepped over (under the lock): a return
+ * is taken as any other; half a link is known already (adopted). A cell
+ * is watched until the ring's head reaches its next lap. */
+IPCREF_PRIVATE void ipcref__late_entries(ipcref_ctx *ctx, ipcref__ledger *l,
+                                         uint64_t head, size_t *freed) {
+  uint64_t *ring = ipcref__ledger_ring(l->base, l->n);
+  uint64_t cap = 2u * (uint64_t)l->n;
+  uint32_t i = 0;
+  while (i < l->nlate) {
+    uint64_t pos = l->late[i], e = 0;
+    if (head <= pos + cap) {
+      e = __atomic_load_n(&ring[pos % cap], __ATOMIC_ACQUIRE);
+      if (e == 0) {
+        i++;
+        continue;
+      }
+      __atomic_store_n(&ring[pos % cap], 0, __ATOMIC_RELAXED);
+    }
+    l->late[i] = l->late[--l->nlate];
+    if (e && ((e >> 30) & 3u) == IPCREF__RING_RELEASE)
+      ipcref__ring_release(ctx, l, e, freed);
+  }
 }
 
 /* Reads what came back to ledger `l` since the last sweep (under the
@@ -1002,69 +1096,70 @@ IPCREF_PRIVATE size_t ipcref__ledger_drain(ipcref_ctx *ctx, ipcref__ledger *l) {
   uint64_t *ring = ipcref__ledger_ring(l->base, l->n);
   uint64_t *slots = ipcref__ledger_slots(l->base);
   uint64_t cap = 2u * (uint64_t)l->n;
+  /* Acquire: pairs with the release of a writer's fetch_add, so what it
+   * wrote before taking its positions (a forwarded slot) is seen. */
   uint64_t head = __atomic_load_n(&h->head, __ATOMIC_ACQUIRE);
   size_t freed = 0;
-  if (head == l->tail) return 0;
+  if (l->nlate) ipcref__late_entries(ctx, l, head, &freed);
+  if (head == l->tail) return freed;
   IPCREF__STEP("sweep");
   if (head - l->tail > cap) { /* a consumer wrote past the ring: distrust */
     ipcref__bad_return(ctx, "ledger ring overrun by a peer");
     l->tail = head - cap;
   }
   while (l->tail != head) {
-    uint64_t *cell = &ring[l->tail % cap];
-    uint64_t e = __atomic_load_n(cell, __ATOMIC_ACQUIRE);
-    uint32_t slot, gen, kind;
+    uint64_t *cell = &ring[l->tail % cap], *next = &ring[(l->tail + 1) % cap];
+    uint64_t e = __atomic_load_n(cell, __ATOMIC_ACQUIRE), p;
+    uint32_t slot, gen, ps;
+    ipcref__lease *parent;
     if (e == 0) { /* taken but not written (yet) */
-      if (!ipcref__hole_stale(ctx, l)) break;
-      l->tail++;
+      if (!ipcref__hole_stale(l)) break;
+      ipcref__hole_skip(ctx, l, l->tail++);
       continue;
     }
-    slot = (uint32_t)(e & 0x3fffffffu) - 1u;
-    kind = (uint32_t)(e >> 30) & 3u;
-    gen = (uint32_t)(e >> 32);
-    if (kind == IPCREF__RING_LINK) {
-      uint64_t p;
-      uint32_t ps, pg;
-      ipcref__lease *parent;
-      if (l->tail + 1 == head) break; /* the pair is not complete yet */
-      p = __atomic_load_n(&ring[(l->tail + 1) % cap], __ATOMIC_ACQUIRE);
-      if (p == 0) { /* its second half is a hole: wait, or drop both */
-        int stale;
-        l->tail++;
-        stale = ipcref__hole_stale(ctx, l);
-        l->tail--;
-        if (!stale) break;
-      }
-      __atomic_store_n(&ring[(l->tail + 1) % cap], 0, __ATOMIC_RELAXED);
+    if (((e >> 30) & 3u) != IPCREF__RING_LINK) {
       __atomic_store_n(cell, 0, __ATOMIC_RELAXED);
-      l->tail += 2;
-      ps = (uint32_t)(p & 0x3fffffffu) - 1u;
-      pg = (uint32_t)(p >> 32);
-      parent = ps < l->n ? &l->leases[ps] : NULL;
-      if (((p >> 30) & 3u) != IPCREF__RING_PARENT || slot < l->n / 2 ||
-          slot >= l->n || l->leases[slot].block || !parent || !parent->block ||
-          parent->gen != pg ||
-          __atomic_load_n(&slots[2 * (size_t)slot], __ATOMIC_ACQUIRE) !=
-              (((uint64_t)gen << 2) | IPCREF__SLOT_LIVE)) {
-        ipcref__bad_return(ctx, "invalid forwarded lease in a ledger");
-        continue;
-      }
-      l->leases[slot].block = parent->block;
-      l->leases[slot].gen = gen;
-      /* The holder, as the forwarder wrote it before the link. */
-      l->leases[slot].holder = (int)(uint32_t)__atomic_load_n(
-          &slots[2 * (size_t)slot + 1], __ATOMIC_RELAXED);
-      l->leases[slot].watch = ipcref__watch_get(ctx, l->leases[slot].holder);
-      parent->block->leases++;
-      l->live++;
-      ctx->st.live_slots++;
+      l->tail++;
+      ipcref__ring_release(ctx, l, e, &freed);
       continue;
     }
+    /* A link: two entries, the forwarded lease and its parent. */
+    if (l->tail + 1 == head) break; /* the pair is not complete yet */
+    p = __atomic_load_n(next, __ATOMIC_ACQUIRE);
+    if (p == 0) { /* its second half is a hole: wait, or step over both */
+      int stale;
+      l->tail++;
+      stale = ipcref__hole_stale(l);
+      l->tail--;
+      if (!stale) break;
+      __atomic_store_n(cell, 0, __ATOMIC_RELAXED);
+      ipcref__hole_skip(ctx, l, l->tail + 1);
+      l->tail += 2;
+      continue;
+    }
+    __atomic_store_n(next, 0, __ATOMIC_RELAXED);
     __atomic_store_n(cell, 0, __ATOMIC_RELAXED);
-    l->tail++;
-    if (kind != IPCREF__RING_RELEASE ||
-        !ipcref__lease_free(ctx, l, slot, gen, &freed))
-      ipcref__bad_return(ctx, "invalid lease return in a ledger");
+    l->tail += 2;
+    slot = (uint32_t)(e & 0x3fffffffu) - 1u;
+    gen = (uint32_t)(e >> 32);
+    ps = (uint32_t)(p & 0x3fffffffu) - 1u;
+    parent = ps < l->n ? &l->leases[ps] : NULL;
+    if (slot >= l->n / 2 && slot < l->n && l->leases[slot].block &&
+        l->leases[slot].gen == gen && parent &&
+        parent->block == l->leases[slot].block)
+      continue; /* adopted already, while its link was a hole */
+    if (((p >> 30) & 3u) != IPCREF__RING_PARENT || slot < l->n / 2 ||
+        slot >= l->n || l->leases[slot].block || !parent || !parent->block ||
+        parent->gen != (uint32_t)(p >> 32) ||
+        __atomic_load_n(&slots[2 * (size_t)slot], __ATOMIC_ACQUIRE) !=
+            (((uint64_t)gen << 2) | IPCREF__SLOT_LIVE)) {
+      ipcref__bad_return(ctx, "invalid forwarded lease in a ledger");
+      continue;
+    }
+    /* The holder, as the forwarder wrote it before the link. */
+    ipcref__lease_link(ctx, l, slot, gen, parent->block,
+                       (int)(uint32_t)__atomic_load_n(
+                           &slots[2 * (size_t)slot + 1], __ATOMIC_RELAXED));
   }
   return freed;
 }
@@ -1205,6 +1300,23 @@ IPCREF_PRIVATE int ipcref__process_gone(int pidfd, int pid) {
   return poll(&pfd, 1, 0) > 0 && (pfd.revents & (POLLIN | POLLHUP)) != 0;
 }
 
+/* When the peer `p` is freed and its process is dead (under the lock): a
+ * dead producer never reuses nor destroys its segments, so their mappings
+ * here are retired, to go once nothing uses them; else its memory would
+ * live as long as this context. (Not before the peer is freed: messages
+ * it sent may still be queued.) 1 if it did. */
+IPCREF_PRIVATE int ipcref__retire_origin(ipcref_ctx *ctx, ipcref_peer *p) {
+  ipcref__map *m;
+  if (p->origin_retired || !p->watch) return 0;
+  if (!p->watch->dead && ipcref__process_gone(p->watch->pidfd, p->pid))
+    ipcref__watch_dead(ctx, p->watch);
+  if (!p->watch->dead) return 0;
+  p->origin_retired = 1;
+  for (m = ctx->maps; m; m = m->next)
+    if (m->origin_nonce == p->nonce) m->retired = 1;
+  return 1;
+}
+
 /* Reclaims what dead processes held (under the lock): every lease a dead
  * consumer held itself, and each forwarded lease whose own holder is gone.
  * A forwarded hold whose holder lives stays, whatever became of the
@@ -1213,9 +1325,14 @@ IPCREF_PRIVATE int ipcref__process_gone(int pidfd, int pid) {
 IPCREF_PRIVATE size_t ipcref__reap(ipcref_ctx *ctx) {
   ipcref__ledger *l;
   size_t freed = 0;
+  int deaths = ctx->reaped != ctx->st.peer_deaths;
   ctx->reaped = ctx->st.peer_deaths;
   for (l = ctx->ledgers; l; l = l->next) {
     uint32_t s;
+    /* A hole left before a death may be the dead one's: not waited for. */
+    if (deaths)
+      l->death_head = __atomic_load_n(
+          &((ipcref__ledger_hdr *)(void *)l->base)->head, __ATOMIC_ACQUIRE);
     if (l->live == 0) continue;
     if (!l->holder_dead && l->holder > 0 &&
         (l->watch ? l->watch->dead : ipcref__pid_gone(l->holder))) {
@@ -1688,6 +1805,8 @@ IPCREF_PRIVATE ipcref_result ipcref__hello_read(ipcref_peer *p,
     p->hello = -1;
     return IPCREF_EPROTO;
   }
+  (void)ipcref__get(&w, 4); /* its pid: the credentials' is the one */
+  p->nonce = ipcref__get(&w, 8);
   if (!ipcref__uid_allowed(p->ctx, (uint32_t)p->uid))
     return ipcref__peer_refuse(p);
   p->hello = 1;
@@ -1792,6 +1911,7 @@ IPCREF_API void ipcref_peer_free(ipcref_peer *p) {
   for (l = ctx->ledgers; l; l = l->next)
     if (l->peer == p) l->peer = NULL;
   ctx->st.peers--;
+  if (ipcref__retire_origin(ctx, p)) ipcref__maps_trim(ctx, 0);
   ipcref__watch_put(ctx, p->watch);
   ipcref__sweep(ctx);
   (void)ipcref__pump(ctx, 0);
@@ -1933,7 +2053,11 @@ IPCREF_PRIVATE ipcref_result ipcref__lease_take(ipcref_peer *p,
     }
     if (!got) return IPCREF_EBUSY; /* every forwarding slot is in use */
     r->slot = s;
-    slots[2 * (size_t)s + 1] = (uint64_t)(uint32_t)p->pid; /* the holder */
+    /* The holder, and the parent, for the producer to adopt this lease
+     * should its link never be written (see ipcref__adopt_forwards). */
+    __atomic_store_n(&slots[2 * (size_t)s + 1],
+                     ((uint64_t)(imp->slot + 1u) << 32) | (uint32_t)p->pid,
+                     __ATOMIC_RELEASE);
     e[0] = ipcref__ring_entry(IPCREF__RING_LINK, s, r->gen);
     e[1] = ipcref__ring_entry(IPCREF__RING_PARENT, imp->slot, imp->gen);
     ipcref__ring_push(lm->base, lm->nslots, e, 2, "forward");
