@@ -151,7 +151,8 @@ typedef enum ipcref_result {
   IPCREF_ETIMEDOUT = -9,   /* the wait ran out */
   IPCREF_ESATURATED = -10, /* a reference count saturated: the object leaks */
   IPCREF_EDEAD = -11,      /* a reference was released on a dead object */
-  IPCREF_ENEEDCOPY = -12   /* not possible without copying the data */
+  IPCREF_ENEEDCOPY = -12,  /* not possible without copying the data */
+  IPCREF_EDEVICE = -13     /* device memory: the host cannot touch it */
 } ipcref_result;
 
 /* A short English description of `r`. Unknown values give "unknown error".
@@ -199,6 +200,18 @@ typedef struct ipcref_allocator {
 extern "C" {
 #endif
 
+/* Where a buffer's memory lives, in DLPack's terms: a device type and an
+ * ordinal. Host memory is {IPCREF_DEVICE_CPU, 0}. The host never reads or
+ * writes device memory: what would copy it on the host (make_mut,
+ * contiguous, copy) refuses with IPCREF_EDEVICE. */
+typedef struct ipcref_device {
+  int32_t type; /* DLPack's DLDeviceType */
+  int32_t id;
+} ipcref_device;
+#define IPCREF_DEVICE_CPU  1  /* kDLCPU */
+#define IPCREF_DEVICE_CUDA 2  /* kDLCUDA */
+#define IPCREF_DEVICE_ROCM 10 /* kDLROCM */
+
 /* A buffer: opaque. Handles are plain pointers; each one you hold is one
  * strong reference. */
 typedef struct ipcref_buf ipcref_buf;
@@ -236,6 +249,17 @@ IPCREF_API ipcref_result ipcref_buf_wrap(void *data, size_t size,
                                          void (*release)(void *user,
                                                          void *data),
                                          void *user, ipcref_buf **out);
+
+/* As ipcref_buf_wrap, for memory on a device: `data` is the device
+ * address (never dereferenced here). Errors: as ipcref_buf_wrap, and
+ * EINVAL for a device type below 1 or a negative id. */
+IPCREF_API ipcref_result ipcref_buf_wrap_device(
+    void *data, size_t size, ipcref_device device,
+    void (*release)(void *user, void *data), void *user, ipcref_buf **out);
+
+/* The device the buffer's memory is on ({IPCREF_DEVICE_CPU, 0} for host
+ * memory and for NULL). */
+IPCREF_API ipcref_device ipcref_buf_device(const ipcref_buf *b);
 
 /* Takes one more strong reference and returns `b` (NULL gives NULL). The
  * caller must already hold one. Cannot fail: past 2^31-1 references the
@@ -279,7 +303,8 @@ IPCREF_API void *ipcref_buf_get_mut(ipcref_buf *b);
  * caller's reference to the old one and stores the new one in *b; weak
  * references keep pointing at the old buffer. Afterwards
  * ipcref_buf_get_mut(*b) succeeds. Errors: EINVAL (b or *b is NULL),
- * ENOMEM (*b unchanged). */
+ * ENOMEM (*b unchanged), EDEVICE (device memory, shared: the host cannot
+ * copy it). */
 IPCREF_API ipcref_result ipcref_buf_make_mut(ipcref_buf **b);
 
 /* A new weak reference to `b` (the caller holds a strong one); NULL gives
@@ -501,7 +526,8 @@ IPCREF_API void *ipcref_view_ptr(const ipcref_view *v, const int64_t *index);
 
 /* Materializes: when v is contiguous, `out` is another view of the same
  * storage (retained, no copy); otherwise a new contiguous buffer holding a
- * copy of the elements. */
+ * copy of the elements (EDEVICE for device memory: the host cannot copy
+ * it). */
 IPCREF_API ipcref_result ipcref_view_contiguous(const ipcref_view *v,
                                                 ipcref_view *out);
 
@@ -509,7 +535,8 @@ IPCREF_API ipcref_result ipcref_view_contiguous(const ipcref_view *v,
  * broadcast to dst's (as expand). Any strides on either side; when the two
  * overlap in memory the result is as if src was read completely first.
  * EBUSY when dst is not writable (see ipcref_view_data_mut); EINVAL when
- * dst has a broadcast (stride 0) dim of size > 1 or dtypes differ. */
+ * dst has a broadcast (stride 0) dim of size > 1 or dtypes differ; EDEVICE
+ * when either is device memory. */
 IPCREF_API ipcref_result ipcref_view_copy(const ipcref_view *dst,
                                           const ipcref_view *src);
 
@@ -523,8 +550,8 @@ IPCREF_API void *ipcref_view_data_mut(const ipcref_view *v);
 
 /* Makes v writable: when its buffer is shared (and not opened for shared
  * writes), copies the viewed elements into a new contiguous buffer and
- * points v there (its strides change); else does nothing. ENOMEM leaves v
- * unchanged. */
+ * points v there (its strides change); else does nothing. ENOMEM and
+ * EDEVICE (device memory) leave v unchanged. */
 IPCREF_API ipcref_result ipcref_view_make_mut(ipcref_view *v);
 
 /* An iterator over a view's elements in C order, for users' own loops:
@@ -826,7 +853,9 @@ IPCREF_API void ipcref_test_set_step_hook(void (*fn)(const char *step));
  * (0,...,0), never NULL (PyTorch 1.13 leaks a tensor whose data is NULL),
  * and `byte_offset` is 0 (PyTorch 1.13 ignores byte_offset);
  * `strides` are always set (in elements; 0 and negative strides pass as
- * they are); the device is kDLCPU, id 0. The tensor is shared with the
+ * they are); the device is the buffer's (kDLCPU 0 for host memory,
+ * kDLCUDA or kDLROCM for a backend's device memory). The tensor is shared
+ * with the
  * consumer: by ipcref's rules it may write only when the buffer is open for
  * shared writes (ipcref_buf_set_shared_mut); the versioned export says so
  * with DLPACK_FLAG_BITMASK_READ_ONLY.
@@ -843,7 +872,8 @@ IPCREF_API void ipcref_test_set_step_hook(void (*fn)(const char *step));
  * and writes land in the producer's memory. On error NOTHING is taken: the
  * deleter is not called and the caller still owns the tensor (usually it calls
  * the deleter). The checks, in this order, and their codes: `t` or `out` NULL:
- * EINVAL; a device other than kDLCPU id 0: ENODEV; ndim < 0 or >
+ * EINVAL; a device other than kDLCPU id 0, kDLCUDA or kDLROCM: ENODEV
+ * (device memory is adopted as such: see ipcref_buf_device); ndim < 0 or >
  * IPCREF_MAX_DIMS: ERANGE; lanes != 1 or a (code, bits) pair with no ipcref
  * dtype: EINVAL; shape NULL with ndim > 0, or data NULL for a non-empty tensor:
  * EINVAL; a negative size, or an element count, stride extent or byte size that
@@ -992,6 +1022,8 @@ IPCREF_API const char *ipcref_strerror(ipcref_result r) {
   case IPCREF_EDEAD: return "reference released on a dead object";
   case IPCREF_ENEEDCOPY:
     return "not possible without a copy (the strides do not allow it)";
+  case IPCREF_EDEVICE:
+    return "the memory is on a device, where the host cannot touch it";
   }
   return "unknown error";
 }
@@ -1065,6 +1097,7 @@ struct ipcref_buf {
   void *release_user;
   ipcref_allocator allocator; /* allocated the header (and inline data) */
   size_t alloc_size;
+  ipcref_device device;
 };
 
 /* The slow path of every counter change that found `old` where it must not
@@ -1111,6 +1144,8 @@ IPCREF_PRIVATE ipcref_result ipcref__buf_alloc(const ipcref_allocator *a,
   b->release_user = NULL;
   b->allocator = *a;
   b->alloc_size = total;
+  b->device.type = IPCREF_DEVICE_CPU;
+  b->device.id = 0;
   *out = b;
   return IPCREF_OK;
 }
@@ -1147,6 +1182,28 @@ IPCREF_API ipcref_result ipcref_buf_wrap(void *data, size_t size,
   b->release_user = user;
   *out = b;
   return IPCREF_OK;
+}
+
+IPCREF_API ipcref_result ipcref_buf_wrap_device(
+    void *data, size_t size, ipcref_device device,
+    void (*release)(void *user, void *data), void *user, ipcref_buf **out) {
+  ipcref_result r;
+  if (device.type < 1 || device.id < 0) return IPCREF_EINVAL;
+  r = ipcref_buf_wrap(data, size, release, user, out);
+  if (r == IPCREF_OK) (*out)->device = device;
+  return r;
+}
+
+IPCREF_API ipcref_device ipcref_buf_device(const ipcref_buf *b) {
+  ipcref_device cpu;
+  cpu.type = IPCREF_DEVICE_CPU;
+  cpu.id = 0;
+  return b ? b->device : cpu;
+}
+
+/* 1 when the host can read and write the buffer's memory. */
+IPCREF_PRIVATE int ipcref__buf_on_host(const ipcref_buf *b) {
+  return b->device.type == IPCREF_DEVICE_CPU;
 }
 
 IPCREF_API ipcref_buf *ipcref_buf_retain(ipcref_buf *b) {
@@ -1264,6 +1321,7 @@ IPCREF_API ipcref_result ipcref_buf_make_mut(ipcref_buf **pb) {
   if (!pb || !*pb) return IPCREF_EINVAL;
   old = *pb;
   if (ipcref_buf_is_unique(old)) return IPCREF_OK;
+  if (!ipcref__buf_on_host(old)) return IPCREF_EDEVICE;
   /* Inline buffers copy into their own allocator; adopted memory (whose
    * owner we do not know) into the default one. */
   r = ipcref__buf_alloc(old->release ? NULL : &old->allocator, old->size,
@@ -2356,6 +2414,7 @@ IPCREF_API ipcref_result ipcref_view_contiguous(const ipcref_view *v,
   ipcref_result res;
   IPCREF__CHECK_IN(v, out);
   if (ipcref_view_is_contiguous(v)) return ipcref_view_clone(v, out);
+  if (!ipcref__buf_on_host(v->buf)) return IPCREF_EDEVICE;
   res = ipcref_view_new(v->dtype, v->ndim, v->shape, &r);
   if (res != IPCREF_OK) return res;
   ipcref__copy_elements(&r, v);
@@ -2387,6 +2446,8 @@ IPCREF_API ipcref_result ipcref_view_copy(const ipcref_view *dst,
   if (!ipcref__view_valid(dst) || !ipcref__view_valid(src) ||
       dst->dtype != src->dtype)
     return IPCREF_EINVAL;
+  if (!ipcref__buf_on_host(dst->buf) || !ipcref__buf_on_host(src->buf))
+    return IPCREF_EDEVICE;
   /* Broadcast src to dst's shape (metadata only; no reference taken). */
   res = ipcref_view_expand(src, dst->ndim, dst->shape, &from);
   if (res != IPCREF_OK) return IPCREF_EINVAL;
@@ -2421,6 +2482,7 @@ IPCREF_API ipcref_result ipcref_view_make_mut(ipcref_view *v) {
   ipcref_result res;
   if (!ipcref__view_valid(v)) return IPCREF_EINVAL;
   if (ipcref__view_writable(v)) return IPCREF_OK;
+  if (!ipcref__buf_on_host(v->buf)) return IPCREF_EDEVICE;
   res = ipcref_view_new(v->dtype, v->ndim, v->shape, &r);
   if (res != IPCREF_OK) return res;
   ipcref__copy_elements(&r, v);
@@ -4970,16 +5032,26 @@ IPCREF_API ipcref_result ipcref_dtype_from_dlpack(DLDataType dt,
   return IPCREF_EINVAL;
 }
 
-/* The devices: ipcref views live in host memory for now. Device backends
- * will map their kinds here. */
-IPCREF_PRIVATE ipcref_result ipcref__dlpack_device_in(DLDevice d) {
-  if (d.device_type == kDLCPU && d.device_id == 0) return IPCREF_OK;
+/* The devices: host memory (kDLCPU, id 0), and the device memory the
+ * backends share (kDLCUDA and kDLROCM, any ordinal); a buffer carries its
+ * device, so what is exported reports where it lives. */
+IPCREF_PRIVATE ipcref_result ipcref__dlpack_device_in(DLDevice d,
+                                                      ipcref_device *out) {
+  if ((d.device_type == kDLCPU && d.device_id == 0) ||
+      ((d.device_type == kDLCUDA || d.device_type == kDLROCM) &&
+       d.device_id >= 0)) {
+    out->type = (int32_t)d.device_type;
+    out->id = (int32_t)d.device_id;
+    return IPCREF_OK;
+  }
   return IPCREF_ENODEV;
 }
 
-IPCREF_PRIVATE void ipcref__dlpack_device_out(DLDevice *d) {
-  d->device_type = kDLCPU;
-  d->device_id = 0;
+IPCREF_PRIVATE void ipcref__dlpack_device_out(DLDevice *d,
+                                              const ipcref_buf *b) {
+  ipcref_device dev = ipcref_buf_device(b);
+  d->device_type = (DLDeviceType)dev.type;
+  d->device_id = dev.id;
 }
 
 /* ---- export */
@@ -5008,7 +5080,7 @@ IPCREF_PRIVATE void ipcref__dlpack_fill(ipcref__dlpack_keep *k, DLTensor *t) {
    * a NULL buffer (an adopted empty tensor); it gets an address that is
    * never read. */
   t->data = base ? (void *)(base + v->byte_offset) : (void *)k;
-  ipcref__dlpack_device_out(&t->device);
+  ipcref__dlpack_device_out(&t->device, v->buf);
   t->ndim = v->ndim;
   ipcref_dtype_to_dlpack(v->dtype, &t->dtype);
   t->shape = k->shape;
@@ -5098,9 +5170,11 @@ IPCREF_PRIVATE ipcref_result ipcref__dlpack_import(const DLTensor *t,
   int64_t strides[IPCREF_MAX_DIMS];
   int64_t numel = 1, lo = 0, hi = 0, esize, lo_b, hi_b;
   uintptr_t addr, start;
+  ipcref_device dev;
   int i;
 
-  if (ipcref__dlpack_device_in(t->device) != IPCREF_OK) return IPCREF_ENODEV;
+  if (ipcref__dlpack_device_in(t->device, &dev) != IPCREF_OK)
+    return IPCREF_ENODEV;
   if (t->ndim < 0 || t->ndim > IPCREF_MAX_DIMS) return IPCREF_ERANGE;
   if (ipcref_dtype_from_dlpack(t->dtype, &dt) != IPCREF_OK)
     return IPCREF_EINVAL;
@@ -5165,8 +5239,9 @@ IPCREF_PRIVATE ipcref_result ipcref__dlpack_import(const DLTensor *t,
   im->managed = managed;
   im->versioned = versioned;
   im->read_only = NULL;
-  r = ipcref_buf_wrap(start ? (void *)start : NULL, (size_t)(hi_b - lo_b),
-                      ipcref__dlpack_import_release, im, &b);
+  r = ipcref_buf_wrap_device(start ? (void *)start : NULL,
+                             (size_t)(hi_b - lo_b), dev,
+                             ipcref__dlpack_import_release, im, &b);
   if (r != IPCREF_OK) {
     IPCREF_FREE(im);
     return r;

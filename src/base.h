@@ -50,7 +50,8 @@ typedef enum ipcref_result {
   IPCREF_ETIMEDOUT = -9,   /* the wait ran out */
   IPCREF_ESATURATED = -10, /* a reference count saturated: the object leaks */
   IPCREF_EDEAD = -11,      /* a reference was released on a dead object */
-  IPCREF_ENEEDCOPY = -12   /* not possible without copying the data */
+  IPCREF_ENEEDCOPY = -12,  /* not possible without copying the data */
+  IPCREF_EDEVICE = -13     /* device memory: the host cannot touch it */
 } ipcref_result;
 
 /* A short English description of `r`. Unknown values give "unknown error".
@@ -162,6 +163,8 @@ IPCREF_API const char *ipcref_strerror(ipcref_result r) {
   case IPCREF_EDEAD: return "reference released on a dead object";
   case IPCREF_ENEEDCOPY:
     return "not possible without a copy (the strides do not allow it)";
+  case IPCREF_EDEVICE:
+    return "the memory is on a device, where the host cannot touch it";
   }
   return "unknown error";
 }

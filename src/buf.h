@@ -6,6 +6,18 @@
 extern "C" {
 #endif
 
+/* Where a buffer's memory lives, in DLPack's terms: a device type and an
+ * ordinal. Host memory is {IPCREF_DEVICE_CPU, 0}. The host never reads or
+ * writes device memory: what would copy it on the host (make_mut,
+ * contiguous, copy) refuses with IPCREF_EDEVICE. */
+typedef struct ipcref_device {
+  int32_t type; /* DLPack's DLDeviceType */
+  int32_t id;
+} ipcref_device;
+#define IPCREF_DEVICE_CPU  1  /* kDLCPU */
+#define IPCREF_DEVICE_CUDA 2  /* kDLCUDA */
+#define IPCREF_DEVICE_ROCM 10 /* kDLROCM */
+
 /* A buffer: opaque. Handles are plain pointers; each one you hold is one
  * strong reference. */
 typedef struct ipcref_buf ipcref_buf;
@@ -43,6 +55,17 @@ IPCREF_API ipcref_result ipcref_buf_wrap(void *data, size_t size,
                                          void (*release)(void *user,
                                                          void *data),
                                          void *user, ipcref_buf **out);
+
+/* As ipcref_buf_wrap, for memory on a device: `data` is the device
+ * address (never dereferenced here). Errors: as ipcref_buf_wrap, and
+ * EINVAL for a device type below 1 or a negative id. */
+IPCREF_API ipcref_result ipcref_buf_wrap_device(
+    void *data, size_t size, ipcref_device device,
+    void (*release)(void *user, void *data), void *user, ipcref_buf **out);
+
+/* The device the buffer's memory is on ({IPCREF_DEVICE_CPU, 0} for host
+ * memory and for NULL). */
+IPCREF_API ipcref_device ipcref_buf_device(const ipcref_buf *b);
 
 /* Takes one more strong reference and returns `b` (NULL gives NULL). The
  * caller must already hold one. Cannot fail: past 2^31-1 references the
@@ -86,7 +109,8 @@ IPCREF_API void *ipcref_buf_get_mut(ipcref_buf *b);
  * caller's reference to the old one and stores the new one in *b; weak
  * references keep pointing at the old buffer. Afterwards
  * ipcref_buf_get_mut(*b) succeeds. Errors: EINVAL (b or *b is NULL),
- * ENOMEM (*b unchanged). */
+ * ENOMEM (*b unchanged), EDEVICE (device memory, shared: the host cannot
+ * copy it). */
 IPCREF_API ipcref_result ipcref_buf_make_mut(ipcref_buf **b);
 
 /* A new weak reference to `b` (the caller holds a strong one); NULL gives
@@ -148,6 +172,7 @@ struct ipcref_buf {
   void *release_user;
   ipcref_allocator allocator; /* allocated the header (and inline data) */
   size_t alloc_size;
+  ipcref_device device;
 };
 
 /* The slow path of every counter change that found `old` where it must not
@@ -194,6 +219,8 @@ IPCREF_PRIVATE ipcref_result ipcref__buf_alloc(const ipcref_allocator *a,
   b->release_user = NULL;
   b->allocator = *a;
   b->alloc_size = total;
+  b->device.type = IPCREF_DEVICE_CPU;
+  b->device.id = 0;
   *out = b;
   return IPCREF_OK;
 }
@@ -230,6 +257,28 @@ IPCREF_API ipcref_result ipcref_buf_wrap(void *data, size_t size,
   b->release_user = user;
   *out = b;
   return IPCREF_OK;
+}
+
+IPCREF_API ipcref_result ipcref_buf_wrap_device(
+    void *data, size_t size, ipcref_device device,
+    void (*release)(void *user, void *data), void *user, ipcref_buf **out) {
+  ipcref_result r;
+  if (device.type < 1 || device.id < 0) return IPCREF_EINVAL;
+  r = ipcref_buf_wrap(data, size, release, user, out);
+  if (r == IPCREF_OK) (*out)->device = device;
+  return r;
+}
+
+IPCREF_API ipcref_device ipcref_buf_device(const ipcref_buf *b) {
+  ipcref_device cpu;
+  cpu.type = IPCREF_DEVICE_CPU;
+  cpu.id = 0;
+  return b ? b->device : cpu;
+}
+
+/* 1 when the host can read and write the buffer's memory. */
+IPCREF_PRIVATE int ipcref__buf_on_host(const ipcref_buf *b) {
+  return b->device.type == IPCREF_DEVICE_CPU;
 }
 
 IPCREF_API ipcref_buf *ipcref_buf_retain(ipcref_buf *b) {
@@ -347,6 +396,7 @@ IPCREF_API ipcref_result ipcref_buf_make_mut(ipcref_buf **pb) {
   if (!pb || !*pb) return IPCREF_EINVAL;
   old = *pb;
   if (ipcref_buf_is_unique(old)) return IPCREF_OK;
+  if (!ipcref__buf_on_host(old)) return IPCREF_EDEVICE;
   /* Inline buffers copy into their own allocator; adopted memory (whose
    * owner we do not know) into the default one. */
   r = ipcref__buf_alloc(old->release ? NULL : &old->allocator, old->size,

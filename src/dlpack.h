@@ -10,7 +10,9 @@
  * (0,...,0), never NULL (PyTorch 1.13 leaks a tensor whose data is NULL),
  * and `byte_offset` is 0 (PyTorch 1.13 ignores byte_offset);
  * `strides` are always set (in elements; 0 and negative strides pass as
- * they are); the device is kDLCPU, id 0. The tensor is shared with the
+ * they are); the device is the buffer's (kDLCPU 0 for host memory,
+ * kDLCUDA or kDLROCM for a backend's device memory). The tensor is shared
+ * with the
  * consumer: by ipcref's rules it may write only when the buffer is open for
  * shared writes (ipcref_buf_set_shared_mut); the versioned export says so
  * with DLPACK_FLAG_BITMASK_READ_ONLY.
@@ -27,7 +29,8 @@
  * and writes land in the producer's memory. On error NOTHING is taken: the
  * deleter is not called and the caller still owns the tensor (usually it calls
  * the deleter). The checks, in this order, and their codes: `t` or `out` NULL:
- * EINVAL; a device other than kDLCPU id 0: ENODEV; ndim < 0 or >
+ * EINVAL; a device other than kDLCPU id 0, kDLCUDA or kDLROCM: ENODEV
+ * (device memory is adopted as such: see ipcref_buf_device); ndim < 0 or >
  * IPCREF_MAX_DIMS: ERANGE; lanes != 1 or a (code, bits) pair with no ipcref
  * dtype: EINVAL; shape NULL with ndim > 0, or data NULL for a non-empty tensor:
  * EINVAL; a negative size, or an element count, stride extent or byte size that
@@ -140,16 +143,26 @@ IPCREF_API ipcref_result ipcref_dtype_from_dlpack(DLDataType dt,
   return IPCREF_EINVAL;
 }
 
-/* The devices: ipcref views live in host memory for now. Device backends
- * will map their kinds here. */
-IPCREF_PRIVATE ipcref_result ipcref__dlpack_device_in(DLDevice d) {
-  if (d.device_type == kDLCPU && d.device_id == 0) return IPCREF_OK;
+/* The devices: host memory (kDLCPU, id 0), and the device memory the
+ * backends share (kDLCUDA and kDLROCM, any ordinal); a buffer carries its
+ * device, so what is exported reports where it lives. */
+IPCREF_PRIVATE ipcref_result ipcref__dlpack_device_in(DLDevice d,
+                                                      ipcref_device *out) {
+  if ((d.device_type == kDLCPU && d.device_id == 0) ||
+      ((d.device_type == kDLCUDA || d.device_type == kDLROCM) &&
+       d.device_id >= 0)) {
+    out->type = (int32_t)d.device_type;
+    out->id = (int32_t)d.device_id;
+    return IPCREF_OK;
+  }
   return IPCREF_ENODEV;
 }
 
-IPCREF_PRIVATE void ipcref__dlpack_device_out(DLDevice *d) {
-  d->device_type = kDLCPU;
-  d->device_id = 0;
+IPCREF_PRIVATE void ipcref__dlpack_device_out(DLDevice *d,
+                                              const ipcref_buf *b) {
+  ipcref_device dev = ipcref_buf_device(b);
+  d->device_type = (DLDeviceType)dev.type;
+  d->device_id = dev.id;
 }
 
 /* ---- export */
@@ -178,7 +191,7 @@ IPCREF_PRIVATE void ipcref__dlpack_fill(ipcref__dlpack_keep *k, DLTensor *t) {
    * a NULL buffer (an adopted empty tensor); it gets an address that is
    * never read. */
   t->data = base ? (void *)(base + v->byte_offset) : (void *)k;
-  ipcref__dlpack_device_out(&t->device);
+  ipcref__dlpack_device_out(&t->device, v->buf);
   t->ndim = v->ndim;
   ipcref_dtype_to_dlpack(v->dtype, &t->dtype);
   t->shape = k->shape;
@@ -268,9 +281,11 @@ IPCREF_PRIVATE ipcref_result ipcref__dlpack_import(const DLTensor *t,
   int64_t strides[IPCREF_MAX_DIMS];
   int64_t numel = 1, lo = 0, hi = 0, esize, lo_b, hi_b;
   uintptr_t addr, start;
+  ipcref_device dev;
   int i;
 
-  if (ipcref__dlpack_device_in(t->device) != IPCREF_OK) return IPCREF_ENODEV;
+  if (ipcref__dlpack_device_in(t->device, &dev) != IPCREF_OK)
+    return IPCREF_ENODEV;
   if (t->ndim < 0 || t->ndim > IPCREF_MAX_DIMS) return IPCREF_ERANGE;
   if (ipcref_dtype_from_dlpack(t->dtype, &dt) != IPCREF_OK)
     return IPCREF_EINVAL;
@@ -335,8 +350,9 @@ IPCREF_PRIVATE ipcref_result ipcref__dlpack_import(const DLTensor *t,
   im->managed = managed;
   im->versioned = versioned;
   im->read_only = NULL;
-  r = ipcref_buf_wrap(start ? (void *)start : NULL, (size_t)(hi_b - lo_b),
-                      ipcref__dlpack_import_release, im, &b);
+  r = ipcref_buf_wrap_device(start ? (void *)start : NULL,
+                             (size_t)(hi_b - lo_b), dev,
+                             ipcref__dlpack_import_release, im, &b);
   if (r != IPCREF_OK) {
     IPCREF_FREE(im);
     return r;

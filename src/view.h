@@ -182,7 +182,8 @@ IPCREF_API void *ipcref_view_ptr(const ipcref_view *v, const int64_t *index);
 
 /* Materializes: when v is contiguous, `out` is another view of the same
  * storage (retained, no copy); otherwise a new contiguous buffer holding a
- * copy of the elements. */
+ * copy of the elements (EDEVICE for device memory: the host cannot copy
+ * it). */
 IPCREF_API ipcref_result ipcref_view_contiguous(const ipcref_view *v,
                                                 ipcref_view *out);
 
@@ -190,7 +191,8 @@ IPCREF_API ipcref_result ipcref_view_contiguous(const ipcref_view *v,
  * broadcast to dst's (as expand). Any strides on either side; when the two
  * overlap in memory the result is as if src was read completely first.
  * EBUSY when dst is not writable (see ipcref_view_data_mut); EINVAL when
- * dst has a broadcast (stride 0) dim of size > 1 or dtypes differ. */
+ * dst has a broadcast (stride 0) dim of size > 1 or dtypes differ; EDEVICE
+ * when either is device memory. */
 IPCREF_API ipcref_result ipcref_view_copy(const ipcref_view *dst,
                                           const ipcref_view *src);
 
@@ -204,8 +206,8 @@ IPCREF_API void *ipcref_view_data_mut(const ipcref_view *v);
 
 /* Makes v writable: when its buffer is shared (and not opened for shared
  * writes), copies the viewed elements into a new contiguous buffer and
- * points v there (its strides change); else does nothing. ENOMEM leaves v
- * unchanged. */
+ * points v there (its strides change); else does nothing. ENOMEM and
+ * EDEVICE (device memory) leave v unchanged. */
 IPCREF_API ipcref_result ipcref_view_make_mut(ipcref_view *v);
 
 /* An iterator over a view's elements in C order, for users' own loops:
@@ -1247,6 +1249,7 @@ IPCREF_API ipcref_result ipcref_view_contiguous(const ipcref_view *v,
   ipcref_result res;
   IPCREF__CHECK_IN(v, out);
   if (ipcref_view_is_contiguous(v)) return ipcref_view_clone(v, out);
+  if (!ipcref__buf_on_host(v->buf)) return IPCREF_EDEVICE;
   res = ipcref_view_new(v->dtype, v->ndim, v->shape, &r);
   if (res != IPCREF_OK) return res;
   ipcref__copy_elements(&r, v);
@@ -1278,6 +1281,8 @@ IPCREF_API ipcref_result ipcref_view_copy(const ipcref_view *dst,
   if (!ipcref__view_valid(dst) || !ipcref__view_valid(src) ||
       dst->dtype != src->dtype)
     return IPCREF_EINVAL;
+  if (!ipcref__buf_on_host(dst->buf) || !ipcref__buf_on_host(src->buf))
+    return IPCREF_EDEVICE;
   /* Broadcast src to dst's shape (metadata only; no reference taken). */
   res = ipcref_view_expand(src, dst->ndim, dst->shape, &from);
   if (res != IPCREF_OK) return IPCREF_EINVAL;
@@ -1312,6 +1317,7 @@ IPCREF_API ipcref_result ipcref_view_make_mut(ipcref_view *v) {
   ipcref_result res;
   if (!ipcref__view_valid(v)) return IPCREF_EINVAL;
   if (ipcref__view_writable(v)) return IPCREF_OK;
+  if (!ipcref__buf_on_host(v->buf)) return IPCREF_EDEVICE;
   res = ipcref_view_new(v->dtype, v->ndim, v->shape, &r);
   if (res != IPCREF_OK) return res;
   ipcref__copy_elements(&r, v);

@@ -206,6 +206,37 @@ static void test_make_mut_wrapped(void) {
   CHECK_EQ(wrap_calls, 1);
 }
 
+/* Device memory: the buffer says where it lives; bad devices are refused
+ * with nothing adopted; host buffers and NULL say CPU 0. */
+static void test_wrap_device(void) {
+  static char mem[64];
+  ipcref_device dev = {IPCREF_DEVICE_ROCM, 3}, bad = {0, 0}, neg = {2, -1};
+  ipcref_buf *b = NULL, *h = NULL;
+  CHECK_EQ(ipcref_buf_wrap_device(mem, sizeof mem, bad, NULL, NULL, &b),
+           IPCREF_EINVAL);
+  CHECK_EQ(ipcref_buf_wrap_device(mem, sizeof mem, neg, NULL, NULL, &b),
+           IPCREF_EINVAL);
+  CHECK_EQ(ipcref_buf_wrap_device(mem, sizeof mem, dev, NULL, NULL, NULL),
+           IPCREF_EINVAL);
+  CHECK(b == NULL);
+  CHECK_EQ(ipcref_buf_wrap_device(mem, sizeof mem, dev, NULL, NULL, &b),
+           IPCREF_OK);
+  CHECK_EQ(ipcref_buf_device(b).type, IPCREF_DEVICE_ROCM);
+  CHECK_EQ(ipcref_buf_device(b).id, 3);
+  CHECK(ipcref_buf_data(b) == mem);
+  h = ipcref_buf_retain(b);
+  CHECK_EQ(ipcref_buf_make_mut(&h), IPCREF_EDEVICE); /* no host copy */
+  CHECK(h == b);
+  ipcref_buf_release(h);
+  ipcref_buf_release(b);
+  CHECK_EQ(ipcref_buf_new(8, &h), IPCREF_OK);
+  CHECK_EQ(ipcref_buf_device(h).type, IPCREF_DEVICE_CPU);
+  CHECK_EQ(ipcref_buf_device(h).id, 0);
+  ipcref_buf_release(h);
+  CHECK_EQ(ipcref_buf_device(NULL).type, IPCREF_DEVICE_CPU);
+  CHECK(strcmp(ipcref_strerror(IPCREF_EDEVICE), "unknown error") != 0);
+}
+
 static void test_wrap_exactly_once(void) {
   int user_calls = 0, i;
   char *mem = (char *)malloc(8);
@@ -413,6 +444,7 @@ int main(void) {
   RUN(test_make_mut);
   RUN(test_make_mut_wrapped);
   RUN(test_wrap_exactly_once);
+  RUN(test_wrap_device);
   RUN(test_saturation);
   RUN(test_release_on_dead);
   RUN(test_error_hook_install);

@@ -546,7 +546,8 @@ static void test_import_errors(void) {
 
   CHECK_EQ(ipcref_view_from_dlpack(NULL, &out), IPCREF_EINVAL);
   CHECK_EQ(ipcref_view_from_dlpack(&f->mt, NULL), IPCREF_EINVAL);
-  t->device.device_type = kDLCUDA;
+  t->device.device_type = kDLCUDA; /* device memory, but no such ordinal */
+  t->device.device_id = -1;
   EXPECT_IMPORT(IPCREF_ENODEV);
   t->device.device_type = kDLCUDAHost;
   EXPECT_IMPORT(IPCREF_ENODEV);
@@ -627,6 +628,54 @@ static void test_import_null_deleter(void) {
   CHECK_EQ(live_allocs, before);
   free(f->mem);
   free(f);
+}
+
+/* A framework's device tensor (kDLCUDA, ordinal 1) is adopted as device
+ * memory: views of it work, the buffer says where it lives, an export
+ * reports the same device, and nothing copies it on the host (EDEVICE).
+ * The "device" memory here is host memory with a device label, never
+ * touched by the library (ASan would see it if it were, after the free). */
+static void test_device_tensor(void) {
+  long before = live_allocs;
+  int64_t shape[2] = {4, 8}, strides[2] = {8, 1}, idx[2] = {1, 2};
+  fake *f = fake_new(dl_type(kDLFloat, 32), 2, shape, strides, 128, 0);
+  ipcref_view v, t, c, sel;
+  ipcref_buf *b;
+  ipcref_device dev;
+  DLManagedTensor *out = NULL;
+  f->mt.dl_tensor.device.device_type = kDLCUDA;
+  f->mt.dl_tensor.device.device_id = 1;
+  fake_deleted = 0;
+  CHECK_EQ(ipcref_view_from_dlpack(&f->mt, &v), IPCREF_OK);
+  dev = ipcref_buf_device(v.buf);
+  CHECK_EQ(dev.type, IPCREF_DEVICE_CUDA);
+  CHECK_EQ(dev.id, 1);
+  /* Metadata-only views are fine on a device; addresses are computed,
+   * never dereferenced. */
+  CHECK_EQ(ipcref_view_transpose(&v, 0, 1, &t), IPCREF_OK);
+  CHECK(ipcref_view_ptr(&v, idx) == (char *)f->mem + 4 * (8 + 2));
+  CHECK_EQ(ipcref_view_select(&v, 0, 3, &sel), IPCREF_OK);
+  /* What would copy on the host refuses. */
+  CHECK_EQ(ipcref_view_contiguous(&t, &c), IPCREF_EDEVICE);
+  CHECK_EQ(ipcref_view_copy(&v, &v), IPCREF_EDEVICE);
+  CHECK_EQ(ipcref_view_make_mut(&t), IPCREF_EDEVICE);
+  b = ipcref_buf_retain(v.buf);
+  CHECK_EQ(ipcref_buf_make_mut(&b), IPCREF_EDEVICE);
+  CHECK(b == v.buf);
+  ipcref_buf_release(b);
+  CHECK_EQ(ipcref_view_reshape_copy(&t, 1, (const int64_t[]){32}, &c),
+           IPCREF_EDEVICE);
+  /* Out again: the same device. */
+  CHECK_EQ(ipcref_view_to_dlpack(&sel, &out), IPCREF_OK);
+  CHECK_EQ(out->dl_tensor.device.device_type, kDLCUDA);
+  CHECK_EQ(out->dl_tensor.device.device_id, 1);
+  out->deleter(out);
+  ipcref_view_release(&sel);
+  ipcref_view_release(&t);
+  CHECK_EQ(fake_deleted, 0);
+  ipcref_view_release(&v);
+  CHECK_EQ(fake_deleted, 1);
+  CHECK_EQ(live_allocs, before);
 }
 
 /* Import in one thread of ownership, release in another place: the deleter
@@ -762,7 +811,7 @@ static void test_versioned_import(void) {
   CHECK(memcmp(&out, &sentinel, sizeof out) == 0);
   CHECK_EQ(fake_deleted, 2);
   v2->mt.version.major = DLPACK_MAJOR_VERSION;
-  v2->mt.dl_tensor.device.device_type = kDLCUDA;
+  v2->mt.dl_tensor.device.device_type = kDLCUDAHost;
   CHECK_EQ(ipcref_view_from_dlpack_versioned(&v2->mt, &out), IPCREF_ENODEV);
   v2->mt.dl_tensor.device.device_type = kDLCPU;
   CHECK_EQ(ipcref_view_from_dlpack_versioned(NULL, &out), IPCREF_EINVAL);
@@ -814,6 +863,7 @@ int main(void) {
   RUN(test_import_empty_and_scalar);
   RUN(test_import_errors);
   RUN(test_import_null_deleter);
+  RUN(test_device_tensor);
   RUN(test_chain);
 #ifdef IPCREF_HAVE_DLPACK_VERSIONED
   RUN(test_versioned_export);

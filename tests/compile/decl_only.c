@@ -13,6 +13,8 @@ any_fn ipcref_compile_all_functions[] = {
     FN(buf_new_aligned),
     FN(buf_new_in),
     FN(buf_wrap),
+    FN(buf_wrap_device),
+    FN(buf_device),
     FN(buf_retain),
     FN(buf_release),
     FN(buf_data),
