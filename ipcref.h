@@ -621,6 +621,55 @@ extern "C" {
 typedef struct ipcref_ctx ipcref_ctx;
 typedef struct ipcref_peer ipcref_peer;
 
+/* A device backend: what the sharing layer needs from a GPU driver to
+ * keep blocks in device memory and hand them to other processes. The
+ * backend headers (ipcref_cuda.h, ipcref_hip.h) fill one in; the host path
+ * is the built-in case of the same steps (a segment is a memfd, its export
+ * the fd itself, its import an mmap). Device addresses are uint64_t; an
+ * IPC handle is 64 opaque bytes. Every function returns IPCREF_OK or an
+ * error code, and may be called from any thread. */
+#define IPCREF_HANDLE_BYTES 64
+typedef struct ipcref_backend ipcref_backend;
+struct ipcref_backend {
+  int32_t device_type; /* IPCREF_DEVICE_CUDA, IPCREF_DEVICE_ROCM */
+  const char *name;
+  void *user;
+  /* A device allocation of `size` bytes (a segment) and its free. */
+  ipcref_result (*seg_alloc)(ipcref_backend *be, int32_t dev, size_t size,
+                             uint64_t *addr);
+  void (*seg_free)(ipcref_backend *be, int32_t dev, uint64_t addr);
+  /* The allocation that contains `addr`: its base and size. */
+  ipcref_result (*seg_range)(ipcref_backend *be, int32_t dev, uint64_t addr,
+                             uint64_t *base, size_t *size);
+  /* The IPC handle of the allocation at `base` (called once per segment).
+   * Memory the driver cannot export this way is refused (EINVAL). */
+  ipcref_result (*seg_export)(ipcref_backend *be, int32_t dev, uint64_t base,
+                              unsigned char *handle);
+  /* Opens a segment another process exported (once per segment and
+   * process: the caller caches it); a handle this process exported gives
+   * back its own address. seg_close undoes it. */
+  ipcref_result (*seg_import)(ipcref_backend *be, int32_t dev,
+                              const unsigned char *handle, uint64_t *addr);
+  void (*seg_close)(ipcref_backend *be, int32_t dev, uint64_t addr);
+  /* Ordering. event_record: an event after the work queued on `stream`
+   * so far, that another process can wait on; its handle goes with the
+   * message, and *event is kept until the lease ends (event_free). A
+   * backend without interprocess events synchronizes the stream instead
+   * and gives an all-zero handle. event_wait: `stream` waits for the event
+   * of `handle` (all zero: nothing to wait for). */
+  ipcref_result (*event_record)(ipcref_backend *be, int32_t dev, void *stream,
+                                unsigned char *handle, void **event);
+  void (*event_free)(ipcref_backend *be, void *event);
+  ipcref_result (*event_wait)(ipcref_backend *be, int32_t dev, void *stream,
+                              const unsigned char *handle);
+  /* Deferred release: *fence marks the work queued on `stream` so far
+   * (NULL: nothing pending); fence_done is 1 once it completed, and frees
+   * the fence then. */
+  ipcref_result (*fence)(ipcref_backend *be, int32_t dev, void *stream,
+                         void **fence);
+  int (*fence_done)(ipcref_backend *be, void *fence);
+};
+
 /* Options for ipcref_ctx_new; zero fields take the defaults. */
 typedef struct ipcref_ctx_options {
   size_t segment_size;   /* bytes per shared segment (default 16 MiB);
@@ -663,6 +712,9 @@ typedef struct ipcref_stats {
                              second return of one lease), ever */
   uint64_t refused;       /* imports refused (EPROTO) and peers refused
                              (EPEER), ever */
+  size_t device_bytes;    /* bytes of own device segments (in
+                             segment_bytes too) */
+  size_t deferred;        /* device releases waiting for their stream */
 } ipcref_stats;
 
 /* A message: a small byte record plus the fds the peer does not have yet.
@@ -672,8 +724,8 @@ typedef struct ipcref_stats {
 #define IPCREF_MSG_MAX_VIEWS 16 /* views in one message (a batch) */
 #define IPCREF_MSG_MAX_FDS   (2 * IPCREF_MSG_MAX_VIEWS)
 #define IPCREF_MSG_MAX_BYTES                                                   \
-  (1024 + IPCREF_MSG_MAX_FDS * 32 +                                            \
-   IPCREF_MSG_MAX_VIEWS * (80 + 16 * IPCREF_MAX_DIMS))
+  (1024 + IPCREF_MSG_MAX_FDS * (40 + IPCREF_HANDLE_BYTES) +                    \
+   IPCREF_MSG_MAX_VIEWS * (80 + IPCREF_HANDLE_BYTES + 16 * IPCREF_MAX_DIMS))
 typedef struct ipcref_msg {
   size_t len;
   unsigned char bytes[IPCREF_MSG_MAX_BYTES];
@@ -716,6 +768,34 @@ IPCREF_API ipcref_result ipcref_view_new_shared(ipcref_ctx *ctx,
                                                 ipcref_dtype dt, int ndim,
                                                 const int64_t *shape,
                                                 ipcref_view *out);
+
+/* Adds a device backend to the context (at most one per device type; it
+ * must outlive the context). Device blocks can then be made, exported and
+ * imported like host ones. Errors: EINVAL (NULL, a missing function, a
+ * device type already served, or IPCREF_DEVICE_CPU). */
+IPCREF_API ipcref_result ipcref_ctx_add_backend(ipcref_ctx *ctx,
+                                                ipcref_backend *be);
+
+/* A shared buffer of `size` bytes in the memory of device `dev` (a
+ * backend for dev.type must be added), sub-allocated from device segments
+ * like host blocks: an allocation the device cannot satisfy sweeps the
+ * limbo and retries before it fails. Its data pointer is a device address.
+ * Errors: EINVAL, ENODEV (no backend for that device), ERANGE, ENOMEM, or
+ * the backend's own. */
+IPCREF_API ipcref_result ipcref_device_new(ipcref_ctx *ctx, ipcref_device dev,
+                                           size_t size, ipcref_buf **out);
+
+/* Adopts device memory from any other allocator (a framework's caching
+ * allocator) for sharing: `ptr` and `size` lie inside one allocation,
+ * whose base the backend finds (seg_range) and exports once, cached; the
+ * offset travels beside the handle. `release(user, ptr)` runs exactly
+ * once, when this buffer and every lease on it are gone (the limbo holds
+ * it while consumers do). Errors: EINVAL (NULL, not inside one
+ * allocation), ENODEV, ENOMEM, or the backend's own. On error nothing is
+ * adopted. */
+IPCREF_API ipcref_result ipcref_device_wrap(
+    ipcref_ctx *ctx, ipcref_device dev, void *ptr, size_t size,
+    void (*release)(void *user, void *ptr), void *user, ipcref_buf **out);
 
 /* 1 when `b` is a shared buffer (made here or imported), else 0. */
 IPCREF_API int ipcref_buf_is_shared(const ipcref_buf *b);
@@ -782,11 +862,30 @@ IPCREF_API ipcref_result ipcref_send_batch(ipcref_peer *p,
                                            const ipcref_view *views, int n);
 IPCREF_API ipcref_result ipcref_send(ipcref_peer *p, const ipcref_view *v);
 
+/* As ipcref_send, for a view of device memory written by work queued on
+ * `stream` (a CUstream / hipStream_t; NULL: the default stream): an event
+ * recorded after that work travels with the message, and the receiver's
+ * stream waits on it before using the data. The producer never blocks
+ * (with HIP 5, which has no interprocess events, the stream is
+ * synchronized first). For host views the stream is ignored. */
+IPCREF_API ipcref_result ipcref_send_on(ipcref_peer *p, const ipcref_view *v,
+                                        void *stream);
+
 /* Receives one message (one view) from the peer's socket and imports it.
  * timeout_ms: -1 waits, 0 polls. Errors: ETIMEDOUT, EPEER (hung up),
  * EPROTO, ENOMEM, ESYS. A batch is received one view per call. */
 IPCREF_API ipcref_result ipcref_recv(ipcref_peer *p, ipcref_view *out,
                                      int timeout_ms);
+
+/* As ipcref_recv, for device views used by work on `stream` (NULL: the
+ * default stream): the stream waits on the producer's event before it
+ * runs anything queued after this call, and when the view's last
+ * reference goes its lease is returned only once the work queued on that
+ * stream by then has completed (checked by later calls on the context; no
+ * thread waits for it). A segment already mapped is waited on the same
+ * way. Errors: as ipcref_recv, ENODEV (no backend here for its device). */
+IPCREF_API ipcref_result ipcref_recv_on(ipcref_peer *p, ipcref_view *out,
+                                        int timeout_ms, void *stream);
 
 /* Sweeps the limbo: frees every block whose leases all came back; reclaims
  * the leases of processes that died holding them (checking every watched
@@ -2629,19 +2728,44 @@ typedef struct ipcref__watch {
 typedef struct ipcref__block {
   ipcref__segment *seg;
   size_t offset;   /* in the segment */
+  size_t size;     /* bytes: the class's block size, or a wrap's own */
   uint32_t leases; /* live leases on it, in any ledger */
   int local;       /* a local buffer still holds it */
   int in_limbo;
-  struct ipcref__block *limbo_prev, *limbo_next;
+  struct ipcref__block *limbo_prev, *limbo_next; /* also: to release */
+  void (*release)(void *user, void *ptr);        /* a wrap's owner */
+  void *user;
+  void *ptr; /* a wrap's address */
 } ipcref__block;
+
+/* The segments of one kind of memory, by size class: host memory, or one
+ * device of one backend. */
+#define IPCREF__CLASSES        40
+#define IPCREF__MIN_BLOCK      64u
+#define IPCREF__OWN            UINT32_MAX       /* cls: a block of its own */
+#define IPCREF__FOREIGN        (UINT32_MAX - 1) /* cls: wrapped allocation */
+typedef struct ipcref__pool {
+  ipcref_backend *be; /* NULL: host memory */
+  int32_t dev;
+  ipcref__segment *classes[IPCREF__CLASSES];
+  struct ipcref__pool *next;
+} ipcref__pool;
 
 struct ipcref__segment {
   ipcref_ctx *ctx;
-  uint64_t id; /* never reused in a ctx: the id is its generation too */
-  int fd, ro_fd;
-  unsigned char *base;
+  ipcref__pool *pool;
+  uint64_t id;         /* never reused in a ctx: the id is its generation too */
+  int fd, ro_fd;       /* host: the memfd (and its read-only open) */
+  unsigned char *base; /* host: the mapping */
+  uint64_t daddr;      /* device: the allocation's address */
+  unsigned char handle[IPCREF_HANDLE_BYTES]; /* device: its IPC handle */
+  int exported;                              /* handle made */
+  int leaked;      /* device memory still leased when the context went: never
+                      freed (a consumer may have it open) */
+  uint32_t nwraps; /* foreign: blocks in it */
   size_t size, block_size;
-  uint32_t nblocks, nfree, cls; /* cls: size class; UINT32_MAX: own */
+  uint32_t nblocks, nfree, cls; /* cls: size class, IPCREF__OWN, or
+                                   IPCREF__FOREIGN */
   uint32_t *free_stack;
   ipcref__block *blocks;
   ipcref__segment *next, *prev;             /* all segments */
@@ -2727,9 +2851,6 @@ struct ipcref_peer {
   ipcref_peer *next, *prev;
 };
 
-#define IPCREF__CLASSES   40
-#define IPCREF__MIN_BLOCK 64u
-
 struct ipcref_ctx {
   pthread_mutex_t lock;
   ipcref_ctx_options opt;
@@ -2737,7 +2858,10 @@ struct ipcref_ctx {
   int pid;
   uint64_t next_id;
   ipcref__segment *segments;
-  ipcref__segment *classes[IPCREF__CLASSES];
+  ipcref__pool host;   /* host memory's size classes */
+  ipcref__pool *pools; /* each device's */
+  ipcref_backend *backends[8];
+  ipcref__block *released; /* wraps to hand back after the unlock */
   ipcref__ledger *ledgers;
   ipcref__map *maps;
   ipcref_peer *peers;
@@ -2778,7 +2902,22 @@ struct ipcref_ctx {
 /* ---- small helpers ----------------------------------------------------- */
 
 #define IPCREF__LOCK(c)   pthread_mutex_lock(&(c)->lock)
-#define IPCREF__UNLOCK(c) pthread_mutex_unlock(&(c)->lock)
+#define IPCREF__UNLOCK(c) ipcref__unlock(c)
+
+/* Unlocks the context, then hands the wrapped allocations whose last hold
+ * went back to their owners: their release runs outside the lock, since
+ * it may call back into ipcref. */
+IPCREF_PRIVATE void ipcref__unlock(ipcref_ctx *ctx) {
+  ipcref__block *b = ctx->released;
+  ctx->released = NULL;
+  pthread_mutex_unlock(&ctx->lock);
+  while (b) {
+    ipcref__block *next = b->limbo_next;
+    if (b->release) b->release(b->user, b->ptr);
+    IPCREF_FREE(b);
+    b = next;
+  }
+}
 
 IPCREF_PRIVATE void *ipcref__zalloc(size_t n) {
   void *p = IPCREF_MALLOC(n ? n : 1);
@@ -2952,16 +3091,15 @@ IPCREF_PRIVATE uint32_t ipcref__class_of(size_t size, size_t *block) {
   return c;
 }
 
-IPCREF_PRIVATE void ipcref__class_add(ipcref_ctx *ctx, ipcref__segment *s) {
-  ipcref__segment **head = &ctx->classes[s->cls];
-  if (s->in_class || s->cls == UINT32_MAX) return;
-  IPCREF__LIST_PUSH(*head, s, class_next, class_prev);
+IPCREF_PRIVATE void ipcref__class_add(ipcref__segment *s) {
+  if (s->in_class || s->cls >= IPCREF__CLASSES) return;
+  IPCREF__LIST_PUSH(s->pool->classes[s->cls], s, class_next, class_prev);
   s->in_class = 1;
 }
 
-IPCREF_PRIVATE void ipcref__class_remove(ipcref_ctx *ctx, ipcref__segment *s) {
+IPCREF_PRIVATE void ipcref__class_remove(ipcref__segment *s) {
   if (!s->in_class) return;
-  IPCREF__LIST_REMOVE(ctx->classes[s->cls], s, class_next, class_prev);
+  IPCREF__LIST_REMOVE(s->pool->classes[s->cls], s, class_next, class_prev);
   s->in_class = 0;
 }
 
@@ -2981,13 +3119,19 @@ IPCREF_PRIVATE void ipcref__retire_announce(ipcref_ctx *ctx, uint64_t id) {
 
 IPCREF_PRIVATE void ipcref__segment_destroy(ipcref_ctx *ctx,
                                             ipcref__segment *s) {
-  ipcref__class_remove(ctx, s);
+  ipcref__class_remove(s);
   if (s->cached) ctx->empty_bytes -= s->size;
   IPCREF__LIST_REMOVE(ctx->segments, s, next, prev);
   ipcref__retire_announce(ctx, s->id);
-  munmap(s->base, s->size);
-  close(s->fd);
-  if (s->ro_fd >= 0) close(s->ro_fd);
+  if (s->pool->be) { /* a wrapped allocation stays its owner's */
+    if (s->cls != IPCREF__FOREIGN && !s->leaked)
+      s->pool->be->seg_free(s->pool->be, s->pool->dev, s->daddr);
+    ctx->st.device_bytes -= s->size;
+  } else {
+    munmap(s->base, s->size);
+    close(s->fd);
+    if (s->ro_fd >= 0) close(s->ro_fd);
+  }
   ctx->st.segment_bytes -= s->size;
   ctx->st.mapped_segments--;
   IPCREF_FREE(s->free_stack);
@@ -2995,24 +3139,41 @@ IPCREF_PRIVATE void ipcref__segment_destroy(ipcref_ctx *ctx,
   IPCREF_FREE(s);
 }
 
-IPCREF_PRIVATE ipcref_result ipcref__segment_new(ipcref_ctx *ctx, size_t size,
-                                                 size_t block, uint32_t cls,
+/* A new segment of `size` bytes in `pool`, cut into blocks of `block`
+ * bytes (none for IPCREF__FOREIGN: the caller adds its wraps); device
+ * memory comes from the pool's backend (daddr: given for a foreign one). */
+IPCREF_PRIVATE ipcref_result ipcref__segment_new(ipcref_ctx *ctx,
+                                                 ipcref__pool *pool,
+                                                 size_t size, size_t block,
+                                                 uint32_t cls, uint64_t daddr,
                                                  ipcref__segment **out) {
   ipcref__segment *s;
+  ipcref_result r;
   uint32_t i;
-  if (ctx->opt.max_bytes && ctx->st.segment_bytes + size > ctx->opt.max_bytes)
+  if (ctx->opt.max_bytes && cls != IPCREF__FOREIGN &&
+      ctx->st.segment_bytes + size > ctx->opt.max_bytes)
     return IPCREF_ENOMEM;
   s = (ipcref__segment *)ipcref__zalloc(sizeof *s);
   if (!s) return IPCREF_ENOMEM;
-  s->nblocks = (uint32_t)(size / block);
+  s->nblocks = cls == IPCREF__FOREIGN ? 0 : (uint32_t)(size / block);
   s->free_stack = (uint32_t *)ipcref__zalloc(s->nblocks * sizeof(uint32_t));
   s->blocks = (ipcref__block *)ipcref__zalloc(s->nblocks * sizeof *s->blocks);
   if (!s->free_stack || !s->blocks) goto nomem;
-  s->fd = ipcref__memfd("ipcref-segment", size, !ctx->opt.writable_shares,
-                        &s->base);
-  if (s->fd < 0) goto sys;
-  s->ro_fd = -1;
-  if (!ctx->opt.writable_shares) {
+  s->pool = pool;
+  s->fd = s->ro_fd = -1;
+  s->daddr = daddr;
+  if (pool->be) {
+    if (cls != IPCREF__FOREIGN) {
+      r = pool->be->seg_alloc(pool->be, pool->dev, size, &s->daddr);
+      if (r != IPCREF_OK) goto fail;
+    }
+    ctx->st.device_bytes += size;
+  } else {
+    s->fd = ipcref__memfd("ipcref-segment", size, !ctx->opt.writable_shares,
+                          &s->base);
+    if (s->fd < 0) goto sys;
+  }
+  if (!pool->be && !ctx->opt.writable_shares) {
     /* A second open of the memfd, read-only, for consumers: made here, off
      * the hand-off path. */
     char path[64];
@@ -3028,6 +3189,7 @@ IPCREF_PRIVATE ipcref_result ipcref__segment_new(ipcref_ctx *ctx, size_t size,
     s->free_stack[i] = s->nblocks - 1 - i; /* hand out low offsets first */
     s->blocks[i].seg = s;
     s->blocks[i].offset = (size_t)i * block;
+    s->blocks[i].size = block;
   }
   s->nfree = s->nblocks;
   IPCREF__LIST_PUSH(ctx->segments, s, next, prev);
@@ -3036,10 +3198,12 @@ IPCREF_PRIVATE ipcref_result ipcref__segment_new(ipcref_ctx *ctx, size_t size,
   *out = s;
   return IPCREF_OK;
 sys:
+  r = errno == ENOMEM ? IPCREF_ENOMEM : IPCREF_ESYS;
+fail:
   IPCREF_FREE(s->free_stack);
   IPCREF_FREE(s->blocks);
   IPCREF_FREE(s);
-  return errno == ENOMEM ? IPCREF_ENOMEM : IPCREF_ESYS;
+  return r;
 nomem:
   IPCREF_FREE(s->free_stack);
   IPCREF_FREE(s->blocks);
@@ -3047,10 +3211,12 @@ nomem:
   return IPCREF_ENOMEM;
 }
 
-/* A free block of at least `size` bytes (under the lock); `own`: in a
- * segment of its own. */
-IPCREF_PRIVATE ipcref_result ipcref__block_alloc(ipcref_ctx *ctx, size_t size,
-                                                 int own, ipcref__block **out) {
+/* A free block of at least `size` bytes in `pool` (under the lock); `own`:
+ * in a segment of its own. */
+IPCREF_PRIVATE ipcref_result ipcref__block_alloc(ipcref_ctx *ctx,
+                                                 ipcref__pool *pool,
+                                                 size_t size, int own,
+                                                 ipcref__block **out) {
   ipcref__segment *s;
   ipcref__block *b;
   size_t block;
@@ -3062,19 +3228,20 @@ IPCREF_PRIVATE ipcref_result ipcref__block_alloc(ipcref_ctx *ctx, size_t size,
     size_t page = pg > 0 ? (size_t)pg : 4096;
     size_t bytes = (size + page - 1) & ~(page - 1);
     if (bytes == 0) bytes = page;
-    r = ipcref__segment_new(ctx, bytes, bytes, UINT32_MAX, &s);
+    r = ipcref__segment_new(ctx, pool, bytes, bytes, IPCREF__OWN, 0, &s);
     if (r != IPCREF_OK) return r;
-  } else if ((s = ctx->classes[cls]) == NULL) {
-    r = ipcref__segment_new(ctx, ctx->opt.segment_size, block, cls, &s);
+  } else if ((s = pool->classes[cls]) == NULL) {
+    r = ipcref__segment_new(ctx, pool, ctx->opt.segment_size, block, cls, 0,
+                            &s);
     if (r != IPCREF_OK) return r;
-    ipcref__class_add(ctx, s);
+    ipcref__class_add(s);
   }
   if (s->cached) { /* an empty cached segment comes back into use */
     ctx->empty_bytes -= s->size;
     s->cached = 0;
   }
   b = &s->blocks[s->free_stack[--s->nfree]];
-  if (s->nfree == 0) ipcref__class_remove(ctx, s);
+  if (s->nfree == 0) ipcref__class_remove(s);
   b->leases = 0;
   b->local = 1;
   b->in_limbo = 0;
@@ -3084,17 +3251,23 @@ IPCREF_PRIVATE ipcref_result ipcref__block_alloc(ipcref_ctx *ctx, size_t size,
 
 IPCREF_PRIVATE void ipcref__block_free(ipcref_ctx *ctx, ipcref__block *b) {
   ipcref__segment *s = b->seg;
+  if (s->cls == IPCREF__FOREIGN) { /* back to its owner, after the unlock */
+    b->limbo_next = ctx->released;
+    ctx->released = b;
+    if (--s->nwraps == 0) ipcref__segment_destroy(ctx, s);
+    return;
+  }
   s->free_stack[s->nfree++] = (uint32_t)(b - s->blocks);
   if (s->nfree < s->nblocks) {
-    ipcref__class_add(ctx, s);
+    ipcref__class_add(s);
     return;
   }
   /* Empty: keep it while the cache has room, else return it to the OS. */
-  if (s->cls != UINT32_MAX &&
+  if (s->cls < IPCREF__CLASSES &&
       ctx->empty_bytes + s->size <= ctx->opt.segment_cache) {
     ctx->empty_bytes += s->size;
     s->cached = 1;
-    ipcref__class_add(ctx, s);
+    ipcref__class_add(s);
     return;
   }
   ipcref__segment_destroy(ctx, s);
@@ -3104,7 +3277,7 @@ IPCREF_PRIVATE void ipcref__limbo_remove(ipcref_ctx *ctx, ipcref__block *b) {
   IPCREF__LIST_REMOVE(ctx->limbo, b, limbo_next, limbo_prev);
   b->in_limbo = 0;
   ctx->st.limbo_blocks--;
-  ctx->st.limbo_bytes -= b->seg->block_size;
+  ctx->st.limbo_bytes -= b->size;
 }
 
 /* A lease on `b` ended (under the lock): frees the block when nothing
@@ -3114,7 +3287,7 @@ IPCREF_PRIVATE size_t ipcref__lease_end(ipcref_ctx *ctx, ipcref__block *b) {
   b->leases--;
   ctx->st.live_slots--;
   if (b->leases || b->local) return 0;
-  bytes = b->seg->block_size;
+  bytes = b->size;
   if (b->in_limbo) ipcref__limbo_remove(ctx, b);
   ipcref__block_free(ctx, b);
   return bytes;
@@ -3456,6 +3629,7 @@ IPCREF_API ipcref_result ipcref_ctx_new(const ipcref_ctx_options *opt,
   }
   ctx->pid = (int)getpid();
   ctx->uid = (int)getuid();
+  ctx->host.dev = 0; /* host memory: no backend */
   ctx->refs = 1;
   /* Identifies this ctx across processes (pids get reused). */
   clock_gettime(CLOCK_REALTIME, &ts);
@@ -3498,12 +3672,31 @@ IPCREF_PRIVATE void ipcref__maps_trim(ipcref_ctx *ctx, size_t min_bytes) {
 
 /* The teardown, when the last reference to the context goes. */
 IPCREF_PRIVATE void ipcref__ctx_destroy(ipcref_ctx *ctx) {
+  ipcref__block *b;
+  ipcref__pool *pool;
   IPCREF__LOCK(ctx);
   ipcref__sweep(ctx);
+  /* Device memory a consumer may still have open is never freed (that is
+   * undefined behaviour for the driver) nor handed back to a wrap's owner:
+   * it goes back to the driver when the process exits. */
+  for (b = ctx->limbo; b; b = b->limbo_next)
+    if (b->seg->pool->be) {
+      b->seg->leaked = 1;
+      b->release = NULL;
+    }
+  while (ctx->limbo) {
+    b = ctx->limbo;
+    ipcref__limbo_remove(ctx, b);
+    if (b->seg->cls == IPCREF__FOREIGN) ipcref__block_free(ctx, b);
+  }
   while (ctx->ledgers) ipcref__ledger_destroy(ctx, ctx->ledgers);
   while (ctx->segments) ipcref__segment_destroy(ctx, ctx->segments);
   while (ctx->maps) ipcref__map_unmap(ctx, ctx->maps);
   IPCREF__UNLOCK(ctx);
+  while ((pool = ctx->pools) != NULL) {
+    ctx->pools = pool->next;
+    IPCREF_FREE(pool);
+  }
   pthread_mutex_destroy(&ctx->lock);
   close(ctx->epfd);
   IPCREF_FREE(ctx->uids);
@@ -3665,7 +3858,7 @@ IPCREF_PRIVATE void ipcref__block_release(void *user, void *data) {
   (void)data;
   IPCREF__LOCK(ctx);
   ctx->st.live_bufs--;
-  ctx->st.live_bytes -= b->seg->block_size;
+  ctx->st.live_bytes -= b->size;
   ipcref__sweep(ctx);
   (void)ipcref__pump(ctx, 0);
   b->local = 0;
@@ -3675,7 +3868,7 @@ IPCREF_PRIVATE void ipcref__block_release(void *user, void *data) {
     b->in_limbo = 1;
     IPCREF__LIST_PUSH(ctx->limbo, b, limbo_next, limbo_prev);
     ctx->st.limbo_blocks++;
-    ctx->st.limbo_bytes += b->seg->block_size;
+    ctx->st.limbo_bytes += b->size;
   }
   IPCREF__UNLOCK(ctx);
   ipcref__ctx_unref(ctx); /* the buffer's reference */
@@ -3688,48 +3881,189 @@ IPCREF_API int ipcref_buf_is_shared(const ipcref_buf *b) {
                b->release == ipcref__import_release);
 }
 
-IPCREF_PRIVATE ipcref_result ipcref__shared_new(ipcref_ctx *ctx, size_t size,
+IPCREF_PRIVATE void ipcref__block_release(void *user, void *data);
+
+/* The buffer of a new block (its first local reference); on error the
+ * block goes back (a wrap without calling its owner's release). */
+IPCREF_PRIVATE ipcref_result ipcref__block_buf(ipcref__block *b, size_t size,
+                                               ipcref_buf **out) {
+  ipcref__pool *pool = b->seg->pool;
+  ipcref_result r;
+  if (pool->be) {
+    ipcref_device dev;
+    dev.type = pool->be->device_type;
+    dev.id = pool->dev;
+    r = ipcref_buf_wrap_device((void *)(uintptr_t)(b->seg->daddr + b->offset),
+                               size, dev, ipcref__block_release, b, out);
+  } else {
+    r = ipcref_buf_wrap(b->seg->base + b->offset, size, ipcref__block_release,
+                        b, out);
+  }
+  if (r != IPCREF_OK) {
+    b->release = NULL;
+    ipcref__block_release(b, NULL);
+  }
+  return r;
+}
+
+/* Counts a new block as live (under the lock). */
+IPCREF_PRIVATE void ipcref__block_live(ipcref_ctx *ctx, ipcref__block *b) {
+  ctx->st.live_bufs++;
+  ctx->st.live_bytes += b->size;
+  __atomic_fetch_add(&ctx->refs, 1, __ATOMIC_RELAXED);
+}
+
+IPCREF_PRIVATE ipcref_result ipcref__shared_new(ipcref_ctx *ctx,
+                                                ipcref__pool *pool, size_t size,
                                                 int own, ipcref_buf **out) {
   ipcref__block *b;
-  ipcref_buf *buf;
   ipcref_result r;
-  if (!ctx || !out) return IPCREF_EINVAL;
   if (size > (size_t)PTRDIFF_MAX / 2) return IPCREF_ERANGE;
   IPCREF__LOCK(ctx);
   (void)ipcref__pump(ctx, 0);
-  r = ipcref__block_alloc(ctx, size, own, &b);
+  r = ipcref__block_alloc(ctx, pool, size, own, &b);
   if (r == IPCREF_ENOMEM) { /* the limbo, or the dead, may hold it */
     ipcref__sweep(ctx);
     (void)ipcref__pump(ctx, 1);
-    r = ipcref__block_alloc(ctx, size, own, &b);
+    r = ipcref__block_alloc(ctx, pool, size, own, &b);
   }
   if (r == IPCREF_OK) {
     IPCREF__STEP("allocate");
-    ctx->st.live_bufs++;
-    ctx->st.live_bytes += b->seg->block_size;
-    __atomic_fetch_add(&ctx->refs, 1, __ATOMIC_RELAXED);
+    ipcref__block_live(ctx, b);
   }
   IPCREF__UNLOCK(ctx);
   if (r != IPCREF_OK) return r;
-  r = ipcref_buf_wrap(b->seg->base + b->offset, size, ipcref__block_release, b,
-                      &buf);
-  if (r != IPCREF_OK) {
-    ipcref__block_release(b, NULL);
-    return r;
-  }
-  *out = buf;
-  return IPCREF_OK;
+  return ipcref__block_buf(b, size, out);
 }
 
 IPCREF_API ipcref_result ipcref_shared_new(ipcref_ctx *ctx, size_t size,
                                            ipcref_buf **out) {
-  return ipcref__shared_new(ctx, size, ctx && ctx->opt.isolate, out);
+  if (!ctx || !out) return IPCREF_EINVAL;
+  return ipcref__shared_new(ctx, &ctx->host, size, ctx->opt.isolate, out);
 }
 
 IPCREF_API ipcref_result ipcref_shared_new_isolated(ipcref_ctx *ctx,
                                                     size_t size,
                                                     ipcref_buf **out) {
-  return ipcref__shared_new(ctx, size, 1, out);
+  if (!ctx || !out) return IPCREF_EINVAL;
+  return ipcref__shared_new(ctx, &ctx->host, size, 1, out);
+}
+
+/* ---- device memory ----------------------------------------------------- */
+
+IPCREF_PRIVATE ipcref_backend *ipcref__backend(ipcref_ctx *ctx, int32_t type) {
+  int i;
+  for (i = 0; i < 8; i++)
+    if (ctx->backends[i] && ctx->backends[i]->device_type == type)
+      return ctx->backends[i];
+  return NULL;
+}
+
+IPCREF_API ipcref_result ipcref_ctx_add_backend(ipcref_ctx *ctx,
+                                                ipcref_backend *be) {
+  int i;
+  ipcref_result r = IPCREF_EINVAL;
+  if (!ctx || !be || be->device_type <= IPCREF_DEVICE_CPU || !be->seg_alloc ||
+      !be->seg_free || !be->seg_range || !be->seg_export || !be->seg_import ||
+      !be->seg_close || !be->event_record || !be->event_free ||
+      !be->event_wait || !be->fence || !be->fence_done)
+    return IPCREF_EINVAL;
+  IPCREF__LOCK(ctx);
+  if (!ipcref__backend(ctx, be->device_type))
+    for (i = 0; i < 8; i++)
+      if (!ctx->backends[i]) {
+        ctx->backends[i] = be;
+        r = IPCREF_OK;
+        break;
+      }
+  IPCREF__UNLOCK(ctx);
+  return r;
+}
+
+/* The pool of device `dev` (under the lock); NULL with *r set. */
+IPCREF_PRIVATE ipcref__pool *ipcref__pool_of(ipcref_ctx *ctx, ipcref_device dev,
+                                             ipcref_result *r) {
+  ipcref_backend *be = ipcref__backend(ctx, dev.type);
+  ipcref__pool *pool;
+  if (!be) {
+    *r = IPCREF_ENODEV;
+    return NULL;
+  }
+  for (pool = ctx->pools; pool; pool = pool->next)
+    if (pool->be == be && pool->dev == dev.id) return pool;
+  pool = (ipcref__pool *)ipcref__zalloc(sizeof *pool);
+  if (!pool) {
+    *r = IPCREF_ENOMEM;
+    return NULL;
+  }
+  pool->be = be;
+  pool->dev = dev.id;
+  pool->next = ctx->pools;
+  ctx->pools = pool;
+  return pool;
+}
+
+IPCREF_API ipcref_result ipcref_device_new(ipcref_ctx *ctx, ipcref_device dev,
+                                           size_t size, ipcref_buf **out) {
+  ipcref__pool *pool;
+  ipcref_result r = IPCREF_OK;
+  if (!ctx || !out || dev.type <= IPCREF_DEVICE_CPU || dev.id < 0)
+    return IPCREF_EINVAL;
+  IPCREF__LOCK(ctx);
+  pool = ipcref__pool_of(ctx, dev, &r);
+  IPCREF__UNLOCK(ctx);
+  if (!pool) return r;
+  return ipcref__shared_new(ctx, pool, size, ctx->opt.isolate, out);
+}
+
+IPCREF_API ipcref_result ipcref_device_wrap(
+    ipcref_ctx *ctx, ipcref_device dev, void *ptr, size_t size,
+    void (*release)(void *user, void *ptr), void *user, ipcref_buf **out) {
+  ipcref__pool *pool;
+  ipcref__segment *s;
+  ipcref__block *b;
+  ipcref_result r = IPCREF_OK;
+  uint64_t addr = (uint64_t)(uintptr_t)ptr, base, end;
+  size_t alloc_size;
+  if (!ctx || !out || !ptr || dev.type <= IPCREF_DEVICE_CPU || dev.id < 0)
+    return IPCREF_EINVAL;
+  IPCREF__LOCK(ctx);
+  pool = ipcref__pool_of(ctx, dev, &r);
+  IPCREF__UNLOCK(ctx);
+  if (!pool) return r;
+  /* The allocation that holds it (a driver call: not under the lock). */
+  r = pool->be->seg_range(pool->be, dev.id, addr, &base, &alloc_size);
+  if (r != IPCREF_OK) return r;
+  if (addr < base || __builtin_add_overflow(addr, (uint64_t)size, &end) ||
+      end > base + alloc_size)
+    return IPCREF_EINVAL;
+  b = (ipcref__block *)ipcref__zalloc(sizeof *b);
+  if (!b) return IPCREF_ENOMEM;
+  IPCREF__LOCK(ctx);
+  for (s = ctx->segments; s; s = s->next) /* the allocation's segment */
+    if (s->pool == pool && s->cls == IPCREF__FOREIGN && s->daddr == base &&
+        s->size == alloc_size)
+      break;
+  if (!s)
+    r = ipcref__segment_new(ctx, pool, alloc_size, 0, IPCREF__FOREIGN, base,
+                            &s);
+  if (r == IPCREF_OK) {
+    s->nwraps++;
+    b->seg = s;
+    b->offset = (size_t)(addr - base);
+    b->size = size;
+    b->local = 1;
+    b->release = release;
+    b->user = user;
+    b->ptr = ptr;
+    ipcref__block_live(ctx, b);
+  }
+  IPCREF__UNLOCK(ctx);
+  if (r != IPCREF_OK) {
+    IPCREF_FREE(b);
+    return r;
+  }
+  return ipcref__block_buf(b, size, out);
 }
 
 IPCREF_API ipcref_result ipcref_view_new_shared(ipcref_ctx *ctx,
@@ -4264,7 +4598,7 @@ IPCREF_PRIVATE ipcref_result ipcref__lease_take(ipcref_peer *p,
     seg_id = b->seg->id;
     seg_size = b->seg->size;
     r->block_offset = b->offset;
-    r->block_size = b->seg->block_size;
+    r->block_size = b->size;
     ledger_id = l->id;
     ledger_fd = l->fd;
     ledger_n = l->n;
