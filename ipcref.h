@@ -2781,6 +2781,8 @@ typedef struct ipcref__lease {
   uint32_t gen;
   int holder;           /* forwarded leases: the holder's pid */
   ipcref__watch *watch; /* and its watch (NULL: watched by pid alone) */
+  ipcref_backend *be;   /* device: the event recorded for this hand-off, */
+  void *event;          /* kept until the lease ends */
 } ipcref__lease;
 
 struct ipcref__ledger {
@@ -2808,7 +2810,7 @@ struct ipcref__ledger {
 /* ---- consumer-side mappings (cached per ctx) --------------------------- */
 
 typedef struct ipcref__map {
-  int kind; /* 1: segment, 2: ledger */
+  int kind; /* 1: segment, 2: ledger, 3: device segment */
   uint64_t origin_nonce, id;
   int origin_pid;
   int fd; /* kept for forwarding */
@@ -2817,8 +2819,12 @@ typedef struct ipcref__map {
   int writable;
   uint32_t nslots;    /* ledgers */
   uint32_t *imported; /* ledgers: generation + 1 of the last import */
-  int refs;           /* atomic: imported buffers using it */
-  int retired;        /* the origin destroyed it: unmap at refs 0 */
+  ipcref_backend *be; /* device segments: opened by it, at daddr */
+  int32_t dev_type, dev_id;
+  uint64_t daddr;
+  unsigned char handle[IPCREF_HANDLE_BYTES]; /* kept for forwarding */
+  int refs;    /* atomic: imported buffers using it */
+  int retired; /* the origin destroyed it: unmap at refs 0 */
   struct ipcref__map *next, *prev;
 } ipcref__map;
 
@@ -2827,6 +2833,11 @@ typedef struct ipcref__import {
   ipcref__map *seg, *ledger;
   uint32_t slot, gen;
   size_t offset, size;
+  void *stream;  /* device: the stream that uses it */
+  int has_event; /* device: the producer's event, kept for forwarding */
+  unsigned char event[IPCREF_HANDLE_BYTES];
+  struct ipcref__import *next; /* deferred: waiting for its fence */
+  void *fence;
 } ipcref__import;
 
 typedef struct ipcref__seen {
@@ -2861,7 +2872,10 @@ struct ipcref_ctx {
   ipcref__pool host;   /* host memory's size classes */
   ipcref__pool *pools; /* each device's */
   ipcref_backend *backends[8];
-  ipcref__block *released; /* wraps to hand back after the unlock */
+  ipcref__block *released;         /* wraps to hand back after the unlock */
+  struct ipcref__import *deferred; /* device releases waiting for a fence */
+  struct ipcref__import *finished; /* and those to return after the unlock */
+  int owner_gone;                  /* atomic: ipcref_ctx_free was called */
   ipcref__ledger *ledgers;
   ipcref__map *maps;
   ipcref_peer *peers;
@@ -2907,15 +2921,24 @@ struct ipcref_ctx {
 /* Unlocks the context, then hands the wrapped allocations whose last hold
  * went back to their owners: their release runs outside the lock, since
  * it may call back into ipcref. */
+IPCREF_PRIVATE void ipcref__import_finish(struct ipcref__import *imp);
+
 IPCREF_PRIVATE void ipcref__unlock(ipcref_ctx *ctx) {
   ipcref__block *b = ctx->released;
+  struct ipcref__import *imp = ctx->finished;
   ctx->released = NULL;
+  ctx->finished = NULL;
   pthread_mutex_unlock(&ctx->lock);
   while (b) {
     ipcref__block *next = b->limbo_next;
     if (b->release) b->release(b->user, b->ptr);
     IPCREF_FREE(b);
     b = next;
+  }
+  while (imp) { /* device releases whose work completed */
+    struct ipcref__import *next = imp->next;
+    ipcref__import_finish(imp);
+    imp = next;
   }
 }
 
@@ -3375,6 +3398,9 @@ IPCREF_PRIVATE int ipcref__lease_free(ipcref_ctx *ctx, ipcref__ledger *l,
   l->leases[slot].block = NULL;
   ipcref__watch_put(ctx, l->leases[slot].watch);
   l->leases[slot].watch = NULL;
+  if (l->leases[slot].event)
+    l->leases[slot].be->event_free(l->leases[slot].be, l->leases[slot].event);
+  l->leases[slot].event = NULL;
   l->live--;
   __atomic_store_n(&slots[2 * (size_t)slot],
                    ((uint64_t)gen << 2) | IPCREF__SLOT_FREE, __ATOMIC_RELEASE);
@@ -3639,16 +3665,25 @@ IPCREF_API ipcref_result ipcref_ctx_new(const ipcref_ctx_options *opt,
   return IPCREF_OK;
 }
 
-IPCREF_PRIVATE void ipcref__map_unmap(ipcref_ctx *ctx, ipcref__map *m) {
-  IPCREF__LIST_REMOVE(ctx->maps, m, next, prev);
-  munmap(m->base, m->size);
-  close(m->fd);
-  if (m->kind == 1)
-    ctx->st.mapped_segments--;
-  else
-    ctx->st.counter_files--;
+/* Lets go of a mapping (not in the cache, or just taken out of it). */
+IPCREF_PRIVATE void ipcref__map_drop(ipcref__map *m) {
+  if (m->kind == 3) {
+    m->be->seg_close(m->be, m->dev_id, m->daddr);
+  } else {
+    munmap(m->base, m->size);
+    close(m->fd);
+  }
   IPCREF_FREE(m->imported);
   IPCREF_FREE(m);
+}
+
+IPCREF_PRIVATE void ipcref__map_unmap(ipcref_ctx *ctx, ipcref__map *m) {
+  IPCREF__LIST_REMOVE(ctx->maps, m, next, prev);
+  if (m->kind == 2)
+    ctx->st.counter_files--;
+  else
+    ctx->st.mapped_segments--;
+  ipcref__map_drop(m);
 }
 
 /* Unmaps what its origin retired and nobody here uses (under the lock),
@@ -3711,8 +3746,22 @@ IPCREF_PRIVATE void ipcref__ctx_unref(ipcref_ctx *ctx) {
   ipcref__ctx_destroy(ctx);
 }
 
+IPCREF_PRIVATE void ipcref__deferred_poll(ipcref_ctx *ctx);
+
 IPCREF_API void ipcref_ctx_free(ipcref_ctx *ctx) {
+  int pending;
   if (!ctx) return;
+  /* Device releases still waiting for their stream: wait for them now,
+   * since nothing will poll this context any more. */
+  __atomic_store_n(&ctx->owner_gone, 1, __ATOMIC_RELEASE);
+  for (;;) {
+    IPCREF__LOCK(ctx);
+    if (ctx->deferred) ipcref__deferred_poll(ctx);
+    pending = ctx->deferred != NULL;
+    IPCREF__UNLOCK(ctx);
+    if (!pending) break;
+    usleep(100);
+  }
   while (ctx->peers) ipcref_peer_free(ctx->peers);
   ipcref__ctx_unref(ctx);
 }
@@ -3785,7 +3834,25 @@ IPCREF_PRIVATE size_t ipcref__reap(ipcref_ctx *ctx) {
 /* Notices deaths and reclaims what the dead held (under the lock). Every
  * call on the context pumps this, at most once per clock tick (`force`:
  * now), so that a process that never polls still gets its memory back. */
+/* Device releases whose fence is done move to ctx->finished, returned
+ * after the unlock (under the lock). */
+IPCREF_PRIVATE void ipcref__deferred_poll(ipcref_ctx *ctx) {
+  struct ipcref__import **pp = &ctx->deferred;
+  while (*pp) {
+    struct ipcref__import *imp = *pp;
+    if (!imp->seg->be->fence_done(imp->seg->be, imp->fence)) {
+      pp = &imp->next;
+      continue;
+    }
+    *pp = imp->next;
+    ctx->st.deferred--;
+    imp->next = ctx->finished;
+    ctx->finished = imp;
+  }
+}
+
 IPCREF_PRIVATE size_t ipcref__pump(ipcref_ctx *ctx, int force) {
+  if (ctx->deferred) ipcref__deferred_poll(ctx);
   if (!ctx->watches) return 0;
   if (!force) {
     long tick = ipcref__now_ms();
@@ -4086,16 +4153,20 @@ IPCREF_API ipcref_result ipcref_view_new_shared(ipcref_ctx *ctx,
 /* ---- the wire format ----------------------------------------------------
  * Little endian, field by field (no struct copies, no padding):
  *
- *   u32 magic "IPCM"  u16 version  u16 nviews  u16 nfds  u16 nretired
+ *   u32 magic "IPCM"  u16 version  u16 nviews  u16 nrecs  u16 nretired
  *   u32 sender pid    u64 sender nonce
- *   nfds x      { u8 kind (1 segment, 2 ledger)  u8 writable  u32 origin pid
- *                 u64 origin nonce  u64 id  u64 size }      (one per fd)
+ *   nrecs x     { u8 kind (1 segment, 2 ledger, 3 device segment)
+ *                 u8 writable  u32 origin pid  u64 origin nonce  u64 id
+ *                 u64 size
+ *                 kind 3: u32 device type  u32 device id  64 B handle }
+ *               (kinds 1 and 2 each come with one fd, in this order)
  *   nretired x  { u64 id }          (sender's segments it has destroyed)
  *   nviews x    { u32 origin pid  u64 origin nonce  u64 segment id
  *                 u64 segment size  u64 block offset  u64 block size
  *                 u64 ledger id  u32 slot  u32 generation
- *                 u8 dtype  u8 ndim  u8 writable  u8 0  i64 byte offset
- *                 ndim x i64 shape  ndim x i64 strides }
+ *                 u8 dtype  u8 ndim  u8 writable  u8 flags  i64 byte offset
+ *                 ndim x i64 shape  ndim x i64 strides
+ *                 flags bit 0: 64 B event handle }
  *
  * Caches key on (origin nonce, id), never on bytes of a handle. */
 #define IPCREF__MSG_MAGIC   0x4d435049u /* "IPCM" */
@@ -4136,13 +4207,74 @@ typedef struct ipcref__view_rec {
   uint32_t slot, gen;
   ipcref_view view; /* buf NULL; the geometry relative to the block */
   int writable;
+  int has_event; /* device views: the producer's event follows */
+  unsigned char event[IPCREF_HANDLE_BYTES];
 } ipcref__view_rec;
 
+/* What a message carries for a segment or a ledger: kind 1 (a memfd
+ * segment) and 2 (a ledger) come with an fd, in order; kind 3 (a device
+ * segment) with its device and IPC handle instead. */
 typedef struct ipcref__fd_rec {
   int kind, writable;
   uint32_t origin_pid;
   uint64_t origin_nonce, id, size;
+  int32_t dev_type, dev_id; /* kind 3 */
+  unsigned char handle[IPCREF_HANDLE_BYTES];
 } ipcref__fd_rec;
+
+/* Writes / reads a segment or ledger record. */
+IPCREF_PRIVATE void ipcref__put_bytes(ipcref__wire *w, const unsigned char *b,
+                                      size_t n) {
+  if (w->pos + n > w->len) {
+    w->bad = 1;
+    return;
+  }
+  memcpy(w->p + w->pos, b, n);
+  w->pos += n;
+}
+
+IPCREF_PRIVATE void ipcref__get_bytes(ipcref__wire *w, unsigned char *b,
+                                      size_t n) {
+  if (w->pos + n > w->len) {
+    w->bad = 1;
+    memset(b, 0, n);
+    return;
+  }
+  memcpy(b, w->p + w->pos, n);
+  w->pos += n;
+}
+
+IPCREF_PRIVATE void ipcref__put_fd_rec(ipcref__wire *w,
+                                       const ipcref__fd_rec *f) {
+  ipcref__put(w, (uint64_t)f->kind, 1);
+  ipcref__put(w, (uint64_t)f->writable, 1);
+  ipcref__put(w, f->origin_pid, 4);
+  ipcref__put(w, f->origin_nonce, 8);
+  ipcref__put(w, f->id, 8);
+  ipcref__put(w, f->size, 8);
+  if (f->kind != 3) return;
+  ipcref__put(w, (uint64_t)(uint32_t)f->dev_type, 4);
+  ipcref__put(w, (uint64_t)(uint32_t)f->dev_id, 4);
+  ipcref__put_bytes(w, f->handle, IPCREF_HANDLE_BYTES);
+}
+
+/* 0 when malformed. */
+IPCREF_PRIVATE int ipcref__get_fd_rec(ipcref__wire *w, ipcref__fd_rec *f) {
+  memset(f, 0, sizeof *f);
+  f->kind = (int)ipcref__get(w, 1);
+  f->writable = (int)ipcref__get(w, 1);
+  f->origin_pid = (uint32_t)ipcref__get(w, 4);
+  f->origin_nonce = ipcref__get(w, 8);
+  f->id = ipcref__get(w, 8);
+  f->size = ipcref__get(w, 8);
+  if (f->kind == 3) {
+    f->dev_type = (int32_t)(uint32_t)ipcref__get(w, 4);
+    f->dev_id = (int32_t)(uint32_t)ipcref__get(w, 4);
+    ipcref__get_bytes(w, f->handle, IPCREF_HANDLE_BYTES);
+    if (f->dev_type <= IPCREF_DEVICE_CPU || f->dev_id < 0) return 0;
+  }
+  return !w->bad && f->kind >= 1 && f->kind <= 3;
+}
 
 IPCREF_PRIVATE void ipcref__put_view(ipcref__wire *w,
                                      const ipcref__view_rec *r) {
@@ -4159,17 +4291,18 @@ IPCREF_PRIVATE void ipcref__put_view(ipcref__wire *w,
   ipcref__put(w, (uint64_t)r->view.dtype, 1);
   ipcref__put(w, (uint64_t)r->view.ndim, 1);
   ipcref__put(w, (uint64_t)r->writable, 1);
-  ipcref__put(w, 0, 1);
+  ipcref__put(w, (uint64_t)(r->has_event ? 1 : 0), 1); /* flags */
   ipcref__put(w, (uint64_t)r->view.byte_offset, 8);
   for (d = 0; d < r->view.ndim; d++)
     ipcref__put(w, (uint64_t)r->view.shape[d], 8);
   for (d = 0; d < r->view.ndim; d++)
     ipcref__put(w, (uint64_t)r->view.strides[d], 8);
+  if (r->has_event) ipcref__put_bytes(w, r->event, IPCREF_HANDLE_BYTES);
 }
 
 /* Reads a view record; 0 when it is malformed. */
 IPCREF_PRIVATE int ipcref__get_view(ipcref__wire *w, ipcref__view_rec *r) {
-  uint64_t dt, nd;
+  uint64_t dt, nd, flags;
   int d;
   memset(r, 0, sizeof *r);
   r->origin_pid = (uint32_t)ipcref__get(w, 4);
@@ -4184,13 +4317,16 @@ IPCREF_PRIVATE int ipcref__get_view(ipcref__wire *w, ipcref__view_rec *r) {
   dt = ipcref__get(w, 1);
   nd = ipcref__get(w, 1);
   r->writable = (int)ipcref__get(w, 1);
-  (void)ipcref__get(w, 1);
-  if (w->bad || dt >= IPCREF_DTYPE_COUNT || nd > IPCREF_MAX_DIMS) return 0;
+  flags = ipcref__get(w, 1);
+  if (w->bad || dt >= IPCREF_DTYPE_COUNT || nd > IPCREF_MAX_DIMS || flags > 1)
+    return 0;
   r->view.dtype = (ipcref_dtype)dt;
   r->view.ndim = (int)nd;
   r->view.byte_offset = (int64_t)ipcref__get(w, 8);
   for (d = 0; d < (int)nd; d++) r->view.shape[d] = (int64_t)ipcref__get(w, 8);
   for (d = 0; d < (int)nd; d++) r->view.strides[d] = (int64_t)ipcref__get(w, 8);
+  r->has_event = (int)flags;
+  if (flags) ipcref__get_bytes(w, r->event, IPCREF_HANDLE_BYTES);
   return !w->bad;
 }
 
@@ -4514,7 +4650,9 @@ IPCREF_PRIVATE ipcref__map *ipcref__map_find(ipcref_ctx *ctx, int kind,
                                              uint64_t nonce, uint64_t id) {
   ipcref__map *m;
   for (m = ctx->maps; m; m = m->next)
-    if (m->kind == kind && m->origin_nonce == nonce && m->id == id) return m;
+    if ((m->kind == kind || (kind == 1 && m->kind == 3)) &&
+        m->origin_nonce == nonce && m->id == id)
+      return m;
   return NULL;
 }
 
@@ -4542,14 +4680,14 @@ IPCREF_PRIVATE void ipcref__lease_cancel(ipcref_ctx *ctx,
 }
 
 /* Takes a lease for `v` and fills its record (under the lock). */
-IPCREF_PRIVATE ipcref_result ipcref__lease_take(ipcref_peer *p,
-                                                const ipcref_view *v,
-                                                ipcref__view_rec *r,
-                                                ipcref__fd_rec *fdr, int *nfd,
-                                                int *fds, int dup_fds) {
+IPCREF_PRIVATE ipcref_result ipcref__lease_take(
+    ipcref_peer *p, const ipcref_view *v, void *stream, ipcref__view_rec *r,
+    ipcref__fd_rec *fdr, int *nrec, int *fds, int *nfd, int dup_fds) {
   ipcref_ctx *ctx = p->ctx;
   ipcref_buf *buf = v->buf;
-  int seg_fd, ledger_fd, fail = 0, seg_writable;
+  int seg_fd, ledger_fd, fail = 0, seg_writable, device = 0;
+  int32_t dev_type = 0, dev_id = 0;
+  const unsigned char *handle = NULL;
   uint64_t nonce, seg_id, ledger_id, seg_size;
   uint32_t origin_pid, ledger_n;
   memset(r, 0, sizeof *r);
@@ -4585,7 +4723,31 @@ IPCREF_PRIVATE ipcref_result ipcref__lease_take(ipcref_peer *p,
                      ((uint64_t)r->gen << 2) | IPCREF__SLOT_LIVE,
                      __ATOMIC_RELEASE);
     IPCREF__STEP("export");
-    if (ctx->opt.writable_shares) {
+    if (b->seg->pool->be) { /* device memory: its handle, and an event */
+      ipcref__pool *pool = b->seg->pool;
+      if (!b->seg->exported) {
+        res = pool->be->seg_export(pool->be, pool->dev, b->seg->daddr,
+                                   b->seg->handle);
+        if (res != IPCREF_OK) {
+          ipcref__lease_cancel(ctx, r);
+          return res;
+        }
+        b->seg->exported = 1;
+      }
+      res = pool->be->event_record(pool->be, pool->dev, stream, r->event,
+                                   &l->leases[r->slot].event);
+      if (res != IPCREF_OK) {
+        ipcref__lease_cancel(ctx, r);
+        return res;
+      }
+      l->leases[r->slot].be = pool->be;
+      r->has_event = 1;
+      device = 1;
+      dev_type = pool->be->device_type;
+      dev_id = pool->dev;
+      handle = b->seg->handle;
+      seg_fd = -1;
+    } else if (ctx->opt.writable_shares) {
       seg_fd = b->seg->fd;
     } else {
       /* Read-only: with the segment's F_SEAL_FUTURE_WRITE, no consumer can
@@ -4630,6 +4792,14 @@ IPCREF_PRIVATE ipcref_result ipcref__lease_take(ipcref_peer *p,
     e[0] = ipcref__ring_entry(IPCREF__RING_LINK, s, r->gen);
     e[1] = ipcref__ring_entry(IPCREF__RING_PARENT, imp->slot, imp->gen);
     ipcref__ring_push(lm->base, lm->nslots, e, 2, "forward");
+    if (imp->seg->kind == 3) { /* the producer's event goes on */
+      device = 1;
+      dev_type = imp->seg->dev_type;
+      dev_id = imp->seg->dev_id;
+      handle = imp->seg->handle;
+      r->has_event = imp->has_event;
+      memcpy(r->event, imp->event, sizeof r->event);
+    }
     seg_fd = imp->seg->fd;
     seg_writable = imp->seg->writable;
     nonce = imp->seg->origin_nonce;
@@ -4651,24 +4821,35 @@ IPCREF_PRIVATE ipcref_result ipcref__lease_take(ipcref_peer *p,
   r->view = *v;
   r->view.buf = NULL;
   r->view.byte_offset = v->byte_offset; /* relative to the block's data */
-  /* The fds the peer lacks. */
-  if (seg_fd < 0) goto sys;
+  /* What the peer lacks: the segment (its fd, or a device's handle) and
+   * the ledger's fd. */
+  if (!device && seg_fd < 0) goto sys;
   if (!ipcref__seen(p, nonce, seg_id << 1, &fail) && !fail) {
-    fdr[*nfd].kind = 1;
-    fdr[*nfd].writable = seg_writable;
-    fdr[*nfd].origin_pid = origin_pid;
-    fdr[*nfd].origin_nonce = nonce;
-    fdr[*nfd].id = seg_id;
-    fdr[*nfd].size = seg_size;
-    fds[(*nfd)++] = dup_fds ? fcntl(seg_fd, F_DUPFD_CLOEXEC, 0) : seg_fd;
+    ipcref__fd_rec *f = &fdr[(*nrec)++];
+    memset(f, 0, sizeof *f);
+    f->kind = device ? 3 : 1;
+    f->writable = seg_writable;
+    f->origin_pid = origin_pid;
+    f->origin_nonce = nonce;
+    f->id = seg_id;
+    f->size = seg_size;
+    if (device) {
+      f->dev_type = dev_type;
+      f->dev_id = dev_id;
+      memcpy(f->handle, handle, IPCREF_HANDLE_BYTES);
+    } else {
+      fds[(*nfd)++] = dup_fds ? fcntl(seg_fd, F_DUPFD_CLOEXEC, 0) : seg_fd;
+    }
   }
   if (!fail && !ipcref__seen(p, nonce, (ledger_id << 1) | 1u, &fail) && !fail) {
-    fdr[*nfd].kind = 2;
-    fdr[*nfd].writable = 1;
-    fdr[*nfd].origin_pid = origin_pid;
-    fdr[*nfd].origin_nonce = nonce;
-    fdr[*nfd].id = ledger_id;
-    fdr[*nfd].size = ipcref__ledger_bytes(ledger_n);
+    ipcref__fd_rec *f = &fdr[(*nrec)++];
+    memset(f, 0, sizeof *f);
+    f->kind = 2;
+    f->writable = 1;
+    f->origin_pid = origin_pid;
+    f->origin_nonce = nonce;
+    f->id = ledger_id;
+    f->size = ipcref__ledger_bytes(ledger_n);
     fds[(*nfd)++] = dup_fds ? fcntl(ledger_fd, F_DUPFD_CLOEXEC, 0) : ledger_fd;
   }
   if (fail) {
@@ -4690,7 +4871,7 @@ IPCREF_PRIVATE void ipcref__unsee(ipcref_peer *p, const ipcref__fd_rec *fdr,
   for (i = 0; i < n; i++)
     for (k = 0; k < p->nseen; k++)
       if (p->seen[k].nonce == fdr[i].origin_nonce &&
-          p->seen[k].key == ((fdr[i].id << 1) | (fdr[i].kind == 2))) {
+          p->seen[k].key == ((fdr[i].id << 1) | (uint64_t)(fdr[i].kind == 2))) {
         p->seen[k] = p->seen[--p->nseen];
         break;
       }
@@ -4699,13 +4880,14 @@ IPCREF_PRIVATE void ipcref__unsee(ipcref_peer *p, const ipcref__fd_rec *fdr,
 /* Builds a message for `n` views (under the lock). */
 IPCREF_PRIVATE ipcref_result ipcref__export_msg(ipcref_peer *p,
                                                 const ipcref_view *views, int n,
-                                                ipcref_msg *msg, int dup_fds) {
+                                                void *stream, ipcref_msg *msg,
+                                                int dup_fds) {
   ipcref_ctx *ctx = p->ctx;
   ipcref__view_rec recs[IPCREF__MSG_VIEWS];
   ipcref__fd_rec fdr[IPCREF_MSG_MAX_FDS];
   ipcref__wire w;
   size_t nret;
-  int i, nfd = 0;
+  int i, nfd = 0, nrec = 0;
   ipcref_result r = IPCREF_OK;
   if (n < 1 || n > IPCREF__MSG_VIEWS) return IPCREF_EINVAL;
   for (i = 0; i < n; i++)
@@ -4714,8 +4896,8 @@ IPCREF_PRIVATE ipcref_result ipcref__export_msg(ipcref_peer *p,
   (void)ipcref__pump(ctx, 0);
   for (i = 0; i < n && r == IPCREF_OK; i++) {
     int k, first = nfd;
-    r = ipcref__lease_take(p, &views[i], &recs[i], fdr, &nfd, msg->fds,
-                           dup_fds);
+    r = ipcref__lease_take(p, &views[i], stream, &recs[i], fdr, &nrec, msg->fds,
+                           &nfd, dup_fds);
     if (r != IPCREF_OK) break; /* it ended its own lease */
     for (k = first; k < nfd; k++)
       if (msg->fds[k] < 0) r = IPCREF_ESYS; /* a dup failed */
@@ -4727,7 +4909,7 @@ IPCREF_PRIVATE ipcref_result ipcref__export_msg(ipcref_peer *p,
   if (r != IPCREF_OK) {
     int k;
     for (k = 0; k < i; k++) ipcref__lease_cancel(ctx, &recs[k]);
-    ipcref__unsee(p, fdr, nfd);
+    ipcref__unsee(p, fdr, nrec);
     if (dup_fds)
       for (k = 0; k < nfd; k++)
         if (msg->fds[k] >= 0) close(msg->fds[k]);
@@ -4741,18 +4923,11 @@ IPCREF_PRIVATE ipcref_result ipcref__export_msg(ipcref_peer *p,
   ipcref__put(&w, IPCREF__MSG_MAGIC, 4);
   ipcref__put(&w, IPCREF__MSG_VERSION, 2);
   ipcref__put(&w, (uint64_t)n, 2);
-  ipcref__put(&w, (uint64_t)nfd, 2);
+  ipcref__put(&w, (uint64_t)nrec, 2);
   ipcref__put(&w, nret, 2);
   ipcref__put(&w, (uint64_t)ctx->pid, 4);
   ipcref__put(&w, ctx->nonce, 8);
-  for (i = 0; i < nfd; i++) {
-    ipcref__put(&w, (uint64_t)fdr[i].kind, 1);
-    ipcref__put(&w, (uint64_t)fdr[i].writable, 1);
-    ipcref__put(&w, fdr[i].origin_pid, 4);
-    ipcref__put(&w, fdr[i].origin_nonce, 8);
-    ipcref__put(&w, fdr[i].id, 8);
-    ipcref__put(&w, fdr[i].size, 8);
-  }
+  for (i = 0; i < nrec; i++) ipcref__put_fd_rec(&w, &fdr[i]);
   for (i = 0; i < (int)nret; i++) ipcref__put(&w, p->retired[i], 8);
   for (i = 0; i < n; i++) ipcref__put_view(&w, &recs[i]);
   /* IPCREF_MSG_MAX_BYTES holds the largest record these limits allow. */
@@ -4773,11 +4948,9 @@ IPCREF_PRIVATE ipcref_result ipcref__export_msg(ipcref_peer *p,
 /* The release callback of an imported buffer: this process's last
  * reference went, so the lease goes back to its producer. One fetch_add
  * and stores into shared memory, a free: no system call, no lock. */
-IPCREF_PRIVATE void ipcref__import_release(void *user, void *data) {
-  ipcref__import *imp = (ipcref__import *)user;
+IPCREF_PRIVATE void ipcref__import_finish(ipcref__import *imp) {
   ipcref_ctx *ctx;
   uint64_t e = ipcref__ring_entry(IPCREF__RING_RELEASE, imp->slot, imp->gen);
-  (void)data;
   ipcref__ring_push(imp->ledger->base, imp->ledger->nslots, &e, 1, "release");
   __atomic_fetch_sub(&imp->seg->refs, 1, __ATOMIC_RELEASE);
   __atomic_fetch_sub(&imp->ledger->refs, 1, __ATOMIC_RELEASE);
@@ -4785,6 +4958,35 @@ IPCREF_PRIVATE void ipcref__import_release(void *user, void *data) {
   ctx = imp->ctx;
   IPCREF_FREE(imp);
   ipcref__ctx_unref(ctx); /* only the last one after ctx_free tears down */
+}
+
+/* Device memory is returned only once the work queued on its stream has
+ * completed, and nobody waits for that: the release parks the import with
+ * a fence, and the calls on the context return it when the fence is done
+ * (ipcref__deferred_poll). After ipcref_ctx_free nothing would poll, so a
+ * release then waits for its fence here. */
+IPCREF_PRIVATE void ipcref__import_release(void *user, void *data) {
+  ipcref__import *imp = (ipcref__import *)user;
+  (void)data;
+  if (imp->seg->kind == 3) {
+    ipcref_backend *be = imp->seg->be;
+    ipcref_ctx *ctx = imp->ctx;
+    void *fence = NULL;
+    if (be->fence(be, imp->seg->dev_id, imp->stream, &fence) == IPCREF_OK &&
+        fence) {
+      if (!__atomic_load_n(&ctx->owner_gone, __ATOMIC_ACQUIRE)) {
+        imp->fence = fence;
+        IPCREF__LOCK(ctx);
+        imp->next = ctx->deferred;
+        ctx->deferred = imp;
+        ctx->st.deferred++;
+        IPCREF__UNLOCK(ctx);
+        return;
+      }
+      while (!be->fence_done(be, fence)) usleep(50);
+    }
+  }
+  ipcref__import_finish(imp);
 }
 
 /* Checks a received fd against its record and maps it. The fd must be a
@@ -4855,13 +5057,59 @@ IPCREF_PRIVATE ipcref_result ipcref__map_fd(int fd, const ipcref__fd_rec *r,
   return IPCREF_OK;
 }
 
+/* Opens a device segment another process exported (under the lock): its
+ * backend must be here, and the allocation the driver opens must be at
+ * least as large as announced. */
+IPCREF_PRIVATE ipcref_result ipcref__map_device(ipcref_ctx *ctx,
+                                                const ipcref__fd_rec *r,
+                                                ipcref__map **out) {
+  ipcref_backend *be = ipcref__backend(ctx, r->dev_type);
+  ipcref__map *m;
+  uint64_t addr, base;
+  size_t size;
+  ipcref_result res;
+  if (!be) return IPCREF_ENODEV;
+  if (r->size == 0 || r->size > (uint64_t)PTRDIFF_MAX) return IPCREF_EPROTO;
+  m = (ipcref__map *)ipcref__zalloc(sizeof *m);
+  if (!m) return IPCREF_ENOMEM;
+  res = be->seg_import(be, r->dev_id, r->handle, &addr);
+  if (res != IPCREF_OK) {
+    IPCREF_FREE(m);
+    return res;
+  }
+  if (be->seg_range(be, r->dev_id, addr, &base, &size) != IPCREF_OK ||
+      base != addr || (uint64_t)size < r->size) {
+    be->seg_close(be, r->dev_id, addr);
+    IPCREF_FREE(m);
+    return IPCREF_EPROTO;
+  }
+  m->kind = 3;
+  m->origin_nonce = r->origin_nonce;
+  m->origin_pid = (int)r->origin_pid;
+  m->id = r->id;
+  m->fd = -1;
+  m->size = (size_t)r->size;
+  m->writable = r->writable != 0;
+  m->be = be;
+  m->dev_type = r->dev_type;
+  m->dev_id = r->dev_id;
+  m->daddr = addr;
+  memcpy(m->handle, r->handle, sizeof m->handle);
+  *out = m;
+  return IPCREF_OK;
+}
+
+/* The address of `offset` in a mapped segment, host or device. */
+IPCREF_PRIVATE void *ipcref__map_addr(const ipcref__map *m, uint64_t offset) {
+  return m->kind == 3 ? (void *)(uintptr_t)(m->daddr + offset)
+                      : (void *)(m->base + offset);
+}
+
 /* Imports a received record with its fds (takes the fds). `views` gets
  * one view per record. */
-IPCREF_PRIVATE ipcref_result ipcref__import_bytes(ipcref_peer *p,
-                                                  const unsigned char *bytes,
-                                                  size_t len, int *fds,
-                                                  int nfds, ipcref_view *views,
-                                                  int *nviews) {
+IPCREF_PRIVATE ipcref_result ipcref__import_bytes(
+    ipcref_peer *p, const unsigned char *bytes, size_t len, int *fds, int nfds,
+    void *stream, ipcref_view *views, int *nviews) {
   ipcref_ctx *ctx = p->ctx;
   ipcref__wire w;
   ipcref__fd_rec fdr[IPCREF_MSG_MAX_FDS];
@@ -4869,7 +5117,8 @@ IPCREF_PRIVATE ipcref_result ipcref__import_bytes(ipcref_peer *p,
   ipcref__view_rec recs[IPCREF__MSG_VIEWS];
   ipcref__map *segm[IPCREF__MSG_VIEWS], *ledm[IPCREF__MSG_VIEWS];
   uint64_t sender_nonce;
-  int i, k, n, nfd, nret, nfresh = 0, made = 0;
+  int i, k, n, nrec, nfd = 0, nret, nfresh = 0, made = 0;
+  int fdi[IPCREF_MSG_MAX_FDS]; /* each record's fd, or -1 */
   ipcref_result r = IPCREF_EPROTO;
   w.p = (unsigned char *)(uintptr_t)bytes;
   w.len = len;
@@ -4880,23 +5129,18 @@ IPCREF_PRIVATE ipcref_result ipcref__import_bytes(ipcref_peer *p,
       ipcref__get(&w, 2) != IPCREF__MSG_VERSION)
     goto close_fds;
   n = (int)ipcref__get(&w, 2);
-  nfd = (int)ipcref__get(&w, 2);
+  nrec = (int)ipcref__get(&w, 2);
   nret = (int)ipcref__get(&w, 2);
   (void)ipcref__get(&w, 4);
   sender_nonce = ipcref__get(&w, 8);
-  if (w.bad || n < 1 || n > IPCREF__MSG_VIEWS || nfd != nfds ||
-      nfd > IPCREF_MSG_MAX_FDS || nret > IPCREF__MSG_RETIRED)
+  if (w.bad || n < 1 || n > IPCREF__MSG_VIEWS || nrec > IPCREF_MSG_MAX_FDS ||
+      nret > IPCREF__MSG_RETIRED)
     goto close_fds;
-  for (i = 0; i < nfd; i++) {
-    fdr[i].kind = (int)ipcref__get(&w, 1);
-    fdr[i].writable = (int)ipcref__get(&w, 1);
-    fdr[i].origin_pid = (uint32_t)ipcref__get(&w, 4);
-    fdr[i].origin_nonce = ipcref__get(&w, 8);
-    fdr[i].id = ipcref__get(&w, 8);
-    fdr[i].size = ipcref__get(&w, 8);
-    if (fdr[i].kind != 1 && fdr[i].kind != 2) w.bad = 1;
+  for (i = 0; i < nrec; i++) { /* kinds 1 and 2 take the fds in order */
+    if (!ipcref__get_fd_rec(&w, &fdr[i])) goto close_fds;
+    fdi[i] = fdr[i].kind == 3 ? -1 : nfd++;
   }
-  if (w.bad) goto close_fds;
+  if (nfd != nfds) goto close_fds;
   IPCREF__LOCK(ctx);
   (void)ipcref__pump(ctx, 0);
   for (i = 0; i < nret; i++) { /* the sender destroyed these segments */
@@ -4908,18 +5152,22 @@ IPCREF_PRIVATE ipcref_result ipcref__import_bytes(ipcref_peer *p,
     if (!ipcref__get_view(&w, &recs[i])) goto unlock;
   if (w.pos != w.len) goto unlock;
   /* Map what is new; an fd for something already mapped is redundant. */
-  for (i = 0; i < nfd; i++) {
-    if (ipcref__map_find(ctx, fdr[i].kind, fdr[i].origin_nonce, fdr[i].id))
-      continue;
+  for (i = 0; i < nrec; i++) {
+    int kind = fdr[i].kind == 2 ? 2 : 1; /* segments: host or device */
+    if (ipcref__map_find(ctx, kind, fdr[i].origin_nonce, fdr[i].id)) continue;
     for (k = 0; k < nfresh; k++)
-      if (fresh[k]->kind == fdr[i].kind &&
+      if ((fresh[k]->kind == 2) == (kind == 2) &&
           fresh[k]->origin_nonce == fdr[i].origin_nonce &&
           fresh[k]->id == fdr[i].id)
         break;
     if (k < nfresh) continue;
-    r = ipcref__map_fd(fds[i], &fdr[i], &fresh[nfresh]);
+    if (fdr[i].kind == 3) {
+      r = ipcref__map_device(ctx, &fdr[i], &fresh[nfresh]);
+    } else {
+      r = ipcref__map_fd(fds[fdi[i]], &fdr[i], &fresh[nfresh]);
+      if (r == IPCREF_OK) fds[fdi[i]] = -1; /* the map owns it now */
+    }
     if (r != IPCREF_OK) goto unlock;
-    fds[i] = -1; /* the map owns it now */
     nfresh++;
     IPCREF__STEP("map");
   }
@@ -4934,7 +5182,7 @@ IPCREF_PRIVATE ipcref_result ipcref__import_bytes(ipcref_peer *p,
     ledm[i] = ipcref__map_find(ctx, 2, v->origin_nonce, v->ledger_id);
     for (k = 0; k < nfresh; k++) {
       if (fresh[k]->origin_nonce != v->origin_nonce) continue;
-      if (fresh[k]->kind == 1 && fresh[k]->id == v->seg_id) segm[i] = fresh[k];
+      if (fresh[k]->kind != 2 && fresh[k]->id == v->seg_id) segm[i] = fresh[k];
       if (fresh[k]->kind == 2 && fresh[k]->id == v->ledger_id)
         ledm[i] = fresh[k];
     }
@@ -4942,7 +5190,8 @@ IPCREF_PRIVATE ipcref_result ipcref__import_bytes(ipcref_peer *p,
         segm[i]->size != v->seg_size || v->block_size == 0 ||
         __builtin_add_overflow(v->block_offset, v->block_size, &end) ||
         end > segm[i]->size || v->slot >= ledm[i]->nslots ||
-        (v->writable && !segm[i]->writable))
+        (v->writable && !segm[i]->writable) ||
+        (v->has_event && segm[i]->kind != 3))
       goto unlock;
     /* The lease must be live at exactly this generation (a replay of an
      * older message finds the slot freed or reused), and not imported
@@ -4956,7 +5205,7 @@ IPCREF_PRIVATE ipcref_result ipcref__import_bytes(ipcref_peer *p,
       if (ledm[k] == ledm[i] && recs[k].slot == v->slot) goto unlock;
     /* Every element the view reaches lies inside the block. */
     memset(&fake, 0, sizeof fake);
-    fake.data = segm[i]->base + v->block_offset;
+    fake.data = ipcref__map_addr(segm[i], v->block_offset);
     fake.size = (size_t)v->block_size;
     geo = v->view;
     geo.buf = &fake;
@@ -4964,14 +5213,22 @@ IPCREF_PRIVATE ipcref_result ipcref__import_bytes(ipcref_peer *p,
         geo.byte_offset % (int64_t)ipcref__dtype_sizes[geo.dtype] != 0)
       goto unlock;
   }
+  /* Device data: the stream waits for the producer's writes (also when
+   * the segment was mapped before). Nothing is taken yet if it fails. */
+  for (i = 0; i < n; i++)
+    if (recs[i].has_event) {
+      r = segm[i]->be->event_wait(segm[i]->be, segm[i]->dev_id, stream,
+                                  recs[i].event);
+      if (r != IPCREF_OK) goto unlock;
+    }
   /* Commit: the new mappings join the cache, and each view gets a buffer
    * whose death returns its lease. */
   for (k = 0; k < nfresh; k++) {
     IPCREF__LIST_PUSH(ctx->maps, fresh[k], next, prev);
-    if (fresh[k]->kind == 1)
-      ctx->st.mapped_segments++;
-    else
+    if (fresh[k]->kind == 2)
       ctx->st.counter_files++;
+    else
+      ctx->st.mapped_segments++;
   }
   nfresh = 0;
   ctx->st.fds_received += (uint64_t)nfd;
@@ -4980,9 +5237,13 @@ IPCREF_PRIVATE ipcref_result ipcref__import_bytes(ipcref_peer *p,
     ipcref__view_rec *v = &recs[i];
     ipcref__import *imp = (ipcref__import *)ipcref__zalloc(sizeof *imp);
     ipcref_buf *b = NULL;
+    ipcref_device dev;
+    dev.type = segm[i]->kind == 3 ? segm[i]->dev_type : IPCREF_DEVICE_CPU;
+    dev.id = segm[i]->kind == 3 ? segm[i]->dev_id : 0;
     if (!imp ||
-        ipcref_buf_wrap(segm[i]->base + v->block_offset, (size_t)v->block_size,
-                        ipcref__import_release, imp, &b) != IPCREF_OK) {
+        ipcref_buf_wrap_device(ipcref__map_addr(segm[i], v->block_offset),
+                               (size_t)v->block_size, dev,
+                               ipcref__import_release, imp, &b) != IPCREF_OK) {
       /* Out of memory: give back the leases we cannot use. */
       IPCREF_FREE(imp);
       for (k = i; k < n; k++) {
@@ -5003,6 +5264,9 @@ IPCREF_PRIVATE ipcref_result ipcref__import_bytes(ipcref_peer *p,
     imp->gen = v->gen;
     imp->offset = (size_t)v->block_offset;
     imp->size = (size_t)v->block_size;
+    imp->stream = stream;
+    imp->has_event = v->has_event;
+    memcpy(imp->event, v->event, sizeof imp->event);
     ledm[i]->imported[v->slot] = v->gen + 1u;
     __atomic_fetch_add(&segm[i]->refs, 1, __ATOMIC_RELAXED);
     __atomic_fetch_add(&ledm[i]->refs, 1, __ATOMIC_RELAXED);
@@ -5015,12 +5279,7 @@ IPCREF_PRIVATE ipcref_result ipcref__import_bytes(ipcref_peer *p,
   *nviews = made;
   if (made) IPCREF__STEP("import");
 unlock:
-  for (k = 0; k < nfresh; k++) { /* not committed: undo */
-    munmap(fresh[k]->base, fresh[k]->size);
-    close(fresh[k]->fd);
-    IPCREF_FREE(fresh[k]->imported);
-    IPCREF_FREE(fresh[k]);
-  }
+  for (k = 0; k < nfresh; k++) ipcref__map_drop(fresh[k]); /* undo */
   IPCREF__UNLOCK(ctx);
   if (r != IPCREF_OK && made) { /* ENOMEM partway */
     for (i = 0; i < made; i++) ipcref_view_release(&views[i]);
@@ -5058,7 +5317,7 @@ IPCREF_API ipcref_result ipcref_export(ipcref_peer *p, const ipcref_view *v,
   r = ipcref__hello_need(p);
   if (r != IPCREF_OK) return r;
   IPCREF__LOCK(p->ctx);
-  r = ipcref__export_msg(p, v, 1, msg, 1);
+  r = ipcref__export_msg(p, v, 1, NULL, msg, 1);
   IPCREF__UNLOCK(p->ctx);
   return r;
 }
@@ -5073,7 +5332,7 @@ IPCREF_API ipcref_result ipcref_import(ipcref_peer *p, ipcref_msg *msg,
     return IPCREF_EINVAL;
   r = ipcref__hello_need(p);
   if (r == IPCREF_OK)
-    r = ipcref__import_bytes(p, msg->bytes, msg->len, msg->fds, msg->nfds,
+    r = ipcref__import_bytes(p, msg->bytes, msg->len, msg->fds, msg->nfds, NULL,
                              views, &n);
   else
     for (i = 0; i < msg->nfds; i++) /* its fds, as on any error */
@@ -5118,15 +5377,10 @@ IPCREF_API void ipcref_msg_free(ipcref_msg *msg) {
     (void)ipcref__get(&w, 8); /* sender pid and nonce */
     (void)ipcref__get(&w, 4);
     IPCREF__LOCK(ctx);
-    /* The peer never got these fds: send them again next time. */
+    /* The peer never got these segments: send them again next time. */
     for (; nfd > 0 && !w.bad; nfd--) {
       ipcref__fd_rec f;
-      f.kind = (int)ipcref__get(&w, 1);
-      (void)ipcref__get(&w, 5);
-      f.origin_nonce = ipcref__get(&w, 8);
-      f.id = ipcref__get(&w, 8);
-      (void)ipcref__get(&w, 8);
-      ipcref__unsee(msg->origin, &f, 1);
+      if (ipcref__get_fd_rec(&w, &f)) ipcref__unsee(msg->origin, &f, 1);
     }
     w.pos += (size_t)nret * 8;
     while (n-- > 0 && ipcref__get_view(&w, &rec))
@@ -5197,8 +5451,9 @@ IPCREF_PRIVATE ipcref_result ipcref__send_raw(ipcref_peer *p,
   return IPCREF_OK;
 }
 
-IPCREF_API ipcref_result ipcref_send_batch(ipcref_peer *p,
-                                           const ipcref_view *views, int n) {
+IPCREF_PRIVATE ipcref_result ipcref__send(ipcref_peer *p,
+                                          const ipcref_view *views, int n,
+                                          void *stream) {
   ipcref_msg msg;
   ipcref_result r;
   if (!p || !views || n < 1 || n > IPCREF__MSG_VIEWS) return IPCREF_EINVAL;
@@ -5208,7 +5463,7 @@ IPCREF_API ipcref_result ipcref_send_batch(ipcref_peer *p,
   msg.nfds = 0;
   msg.origin = NULL;
   IPCREF__LOCK(p->ctx);
-  r = ipcref__export_msg(p, views, n, &msg, 0); /* fds borrowed */
+  r = ipcref__export_msg(p, views, n, stream, &msg, 0); /* fds borrowed */
   IPCREF__UNLOCK(p->ctx);
   if (r != IPCREF_OK) return r;
   IPCREF__STEP("send");
@@ -5221,8 +5476,18 @@ IPCREF_API ipcref_result ipcref_send_batch(ipcref_peer *p,
   return r;
 }
 
+IPCREF_API ipcref_result ipcref_send_batch(ipcref_peer *p,
+                                           const ipcref_view *views, int n) {
+  return ipcref__send(p, views, n, NULL);
+}
+
 IPCREF_API ipcref_result ipcref_send(ipcref_peer *p, const ipcref_view *v) {
-  return ipcref_send_batch(p, v, 1);
+  return ipcref__send(p, v, 1, NULL);
+}
+
+IPCREF_API ipcref_result ipcref_send_on(ipcref_peer *p, const ipcref_view *v,
+                                        void *stream) {
+  return ipcref__send(p, v, 1, stream);
 }
 
 /* Reads exactly n bytes from a stream socket. */
@@ -5241,6 +5506,11 @@ IPCREF_PRIVATE ipcref_result ipcref__read_all(int fd, unsigned char *b,
 
 IPCREF_API ipcref_result ipcref_recv(ipcref_peer *p, ipcref_view *out,
                                      int timeout_ms) {
+  return ipcref_recv_on(p, out, timeout_ms, NULL);
+}
+
+IPCREF_API ipcref_result ipcref_recv_on(ipcref_peer *p, ipcref_view *out,
+                                        int timeout_ms, void *stream) {
   union {
     char buf[CMSG_SPACE(sizeof(int) * IPCREF_MSG_MAX_FDS)];
     struct cmsghdr align;
@@ -5250,7 +5520,7 @@ IPCREF_API ipcref_result ipcref_recv(ipcref_peer *p, ipcref_view *out,
   struct msghdr mh;
   struct iovec iov;
   struct cmsghdr *c;
-  int fds[IPCREF_MSG_MAX_FDS], nfds = 0, stream, i, n = 0;
+  int fds[IPCREF_MSG_MAX_FDS], nfds = 0, is_stream, i, n = 0;
   size_t len;
   ssize_t k;
   ipcref_result r;
@@ -5277,15 +5547,15 @@ IPCREF_API ipcref_result ipcref_recv(ipcref_peer *p, ipcref_view *out,
   if (r != IPCREF_OK) return r;
   bytes = (unsigned char *)IPCREF_MALLOC(IPCREF_MSG_MAX_BYTES);
   if (!bytes) return IPCREF_ENOMEM;
-  stream = p->sock_type == SOCK_STREAM;
+  is_stream = p->sock_type == SOCK_STREAM;
   memset(&mh, 0, sizeof mh);
-  iov.iov_base = stream ? (void *)head : (void *)bytes;
-  iov.iov_len = stream ? 4 : IPCREF_MSG_MAX_BYTES;
+  iov.iov_base = is_stream ? (void *)head : (void *)bytes;
+  iov.iov_len = is_stream ? 4 : IPCREF_MSG_MAX_BYTES;
   mh.msg_iov = &iov;
   mh.msg_iovlen = 1;
   mh.msg_control = u.buf;
   mh.msg_controllen = sizeof u.buf;
-  k = ipcref__recvmsg(p->fd, &mh, stream);
+  k = ipcref__recvmsg(p->fd, &mh, is_stream);
   for (c = k >= 0 ? CMSG_FIRSTHDR(&mh) : NULL; c; c = CMSG_NXTHDR(&mh, c)) {
     if (c->cmsg_level == SOL_SOCKET && c->cmsg_type == SCM_RIGHTS)
       ipcref__take_fds(c, fds, &nfds, IPCREF_MSG_MAX_FDS);
@@ -5296,7 +5566,7 @@ IPCREF_API ipcref_result ipcref_recv(ipcref_peer *p, ipcref_view *out,
   }
   r = IPCREF_EPROTO;
   if (mh.msg_flags & (MSG_CTRUNC | MSG_TRUNC)) goto fail;
-  if (stream) {
+  if (is_stream) {
     if (k != 4) goto fail;
     len = (size_t)head[0] | (size_t)head[1] << 8 | (size_t)head[2] << 16 |
           (size_t)head[3] << 24;
@@ -5307,7 +5577,7 @@ IPCREF_API ipcref_result ipcref_recv(ipcref_peer *p, ipcref_view *out,
     len = (size_t)k;
   }
   IPCREF__STEP("receive");
-  r = ipcref__import_bytes(p, bytes, len, fds, nfds, p->pending, &n);
+  r = ipcref__import_bytes(p, bytes, len, fds, nfds, stream, p->pending, &n);
   IPCREF_FREE(bytes);
   if (r != IPCREF_OK) return r;
   *out = p->pending[0];
