@@ -1,5 +1,6 @@
 #!/usr/bin/env python3
-"""Joins the layers under src/ into the single header ipcref.h.
+"""Joins the layers under src/ into the single header ipcref.h, and writes
+the device backend headers (ipcref_cuda.h from src/cuda.h).
 
 Each layer file holds its public part, a line `/* @implementation */`, then
 its implementation. The output is: the manual (src/manual.txt), the public
@@ -18,6 +19,8 @@ import sys
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SRC = os.path.join(ROOT, "src")
 OUT = os.path.join(ROOT, "ipcref.h")
+# Backend headers: written from one source file each, with the licence.
+BACKENDS = {"ipcref_cuda.h": "cuda.h"}
 
 # Bottom to top: a layer uses only the ones before it.
 LAYERS = ["base", "buf", "view", "share", "dlpack"]
@@ -62,23 +65,40 @@ def build():
     return "\n".join(out)
 
 
+def build_backend(source):
+    """A backend header: its source as it is (the API, then the
+    implementation under its own macro), and the licence."""
+    licence = read("licence.txt").strip("\n")
+    return read(source).strip("\n") + "\n\n" + licence + "\n"
+
+
+def outputs():
+    yield OUT, build()
+    for name, source in BACKENDS.items():
+        yield os.path.join(ROOT, name), build_backend(source)
+
+
 def main(argv):
-    text = build()
     if "--stdout" in argv:
-        sys.stdout.write(text)
+        sys.stdout.write(build())
         return 0
-    if "--check" in argv:
+    stale = []
+    for path, text in outputs():
         try:
-            with open(OUT, encoding="utf-8") as f:
+            with open(path, encoding="utf-8") as f:
                 current = f.read()
         except FileNotFoundError:
             current = None
-        if current != text:
-            print("amalgamate: ipcref.h is stale: run `make` (tools/amalgamate.py) and commit it", file=sys.stderr)
-            return 1
-        return 0
-    with open(OUT, "w", encoding="utf-8", newline="\n") as f:
-        f.write(text)
+        if current == text:
+            continue
+        if "--check" in argv:
+            stale.append(os.path.basename(path))
+            continue
+        with open(path, "w", encoding="utf-8", newline="\n") as f:
+            f.write(text)
+    if stale:
+        print("amalgamate: " + ", ".join(stale) + " stale: run `make` (tools/amalgamate.py) and commit", file=sys.stderr)
+        return 1
     return 0
 
 
