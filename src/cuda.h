@@ -75,10 +75,10 @@ IPCREF_API void ipcref_cuda_close(ipcref_cuda *cu);
 IPCREF_API ipcref_result ipcref_cuda_alloc(ipcref_ctx *ctx, int device,
                                            size_t size, ipcref_buf **out);
 
-/* Adopts `size` bytes at device address `ptr` from another allocator:
- * ipcref_device_wrap for CUDA (see there). */
+/* Adopts `size` bytes at device address `ptr` (a CUdeviceptr, cast) from
+ * another allocator: ipcref_device_wrap for CUDA (see there). */
 IPCREF_API ipcref_result ipcref_cuda_wrap(
-    ipcref_ctx *ctx, int device, unsigned long long ptr, size_t size,
+    ipcref_ctx *ctx, int device, void *ptr, size_t size,
     void (*release)(void *user, void *ptr), void *user, ipcref_buf **out);
 
 #ifdef __cplusplus
@@ -89,19 +89,13 @@ IPCREF_API ipcref_result ipcref_cuda_wrap(
 
 /* @implementation */
 
-#if defined(IPCREF_CUDA_IMPLEMENTATION) &&                                     \
-    !defined(IPCREF_CUDA_IMPLEMENTATION_INCLUDED)
-#define IPCREF_CUDA_IMPLEMENTATION_INCLUDED
-
+/* ---- CUDA's part (the shared part is src/gpu.h) ---------------------------
+ * The driver's types: with <cuda.h> included first, its own, and the
+ * compiler checks each entry point below against the header's prototype;
+ * without it, the same layouts (a CUipcMemHandle is a 64-byte struct passed
+ * by value). */
 #include <dlfcn.h>
-#include <pthread.h>
-#include <stdio.h>
-#include <string.h>
 
-/* ---- the driver's types ---------------------------------------------------
- * With <cuda.h> included first, its own types, and the compiler checks each
- * entry point below against the header's prototype; without it, the same
- * layouts (a CUipcMemHandle is a 64-byte struct passed by value). */
 #ifdef CUDA_VERSION
 typedef CUresult ipcref__cu_result;
 typedef CUdevice ipcref__cu_device;
@@ -130,18 +124,21 @@ typedef int ipcref__cu_attr;
 typedef int ipcref__cu_query;
 #endif
 
-/* The numbers used here (cuda.h). */
-#define IPCREF__CU_SUCCESS                 0
-#define IPCREF__CU_ERROR_OUT_OF_MEMORY     2
-#define IPCREF__CU_ERROR_STUB_LIBRARY      34
-#define IPCREF__CU_ERROR_NO_DEVICE         100
-#define IPCREF__CU_ERROR_INVALID_CONTEXT   201
-#define IPCREF__CU_ERROR_NOT_READY         600
-#define IPCREF__CU_EVENT_DISABLE_TIMING    0x2
-#define IPCREF__CU_EVENT_INTERPROCESS      0x4
-#define IPCREF__CU_IPC_LAZY_PEER_ACCESS    0x1
-#define IPCREF__CU_ATTR_LEGACY_IPC_CAPABLE 10
-#define IPCREF__CU_PROC_VERSION            12000 /* every symbol we use */
+/* The numbers used here (cuda.h), and what the shared part needs. */
+#define IPCREF__CU_OOM              2   /* CUDA_ERROR_OUT_OF_MEMORY */
+#define IPCREF__CU_STUB             34  /* CUDA_ERROR_STUB_LIBRARY */
+#define IPCREF__CU_NO_DEVICE        100 /* CUDA_ERROR_NO_DEVICE */
+#define IPCREF__CU_INVALID_CONTEXT  201 /* CUDA_ERROR_INVALID_CONTEXT */
+#define IPCREF__CU_NOT_READY        600 /* CUDA_ERROR_NOT_READY */
+#define IPCREF__CU_IPC_EVENTS       1   /* interprocess events exist */
+#define IPCREF__CU_DEVICE_TYPE      IPCREF_DEVICE_CUDA
+#define IPCREF__CU_NAME             "cuda"
+#define IPCREF__CU_DEVICES          64
+#define IPCREF__CU_EVENT_NO_TIMING  0x2 /* CU_EVENT_DISABLE_TIMING */
+#define IPCREF__CU_EVENT_IPC        0x4 /* CU_EVENT_INTERPROCESS */
+#define IPCREF__CU_LAZY_PEER        0x1 /* CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS */
+#define IPCREF__CU_ATTR_IPC_CAPABLE 10  /* ..._IS_LEGACY_CUDA_IPC_CAPABLE */
+#define IPCREF__CU_PROC_VERSION     12000 /* covers every symbol used */
 
 typedef ipcref__cu_result (*ipcref__cu_get_proc_v2)(const char *, void **, int,
                                                     unsigned long long,
@@ -149,7 +146,7 @@ typedef ipcref__cu_result (*ipcref__cu_get_proc_v2)(const char *, void **, int,
 typedef ipcref__cu_result (*ipcref__cu_get_proc_v1)(const char *, void **, int,
                                                     unsigned long long);
 
-/* The entry points, by the name cuGetProcAddress knows them. */
+/* The entry points, by the names cuGetProcAddress knows them by. */
 typedef struct ipcref__cu_api {
   ipcref__cu_result (*Init)(unsigned int);
   ipcref__cu_result (*DriverGetVersion)(int *);
@@ -179,6 +176,7 @@ typedef struct ipcref__cu_api {
                                           ipcref__cu_event_handle);
   ipcref__cu_result (*StreamWaitEvent)(ipcref__cu_stream, ipcref__cu_event,
                                        unsigned int);
+  ipcref__cu_result (*StreamSynchronize)(ipcref__cu_stream);
 } ipcref__cu_api;
 
 #ifdef CUDA_VERSION
@@ -208,471 +206,203 @@ IPCREF_PRIVATE void ipcref__cu_check_prototypes(void) {
   IPCREF__CU_CHECK(IpcGetEventHandle, cuIpcGetEventHandle);
   IPCREF__CU_CHECK(IpcOpenEventHandle, cuIpcOpenEventHandle);
   IPCREF__CU_CHECK(StreamWaitEvent, cuStreamWaitEvent);
-  (void)sizeof(ipcref__cu_mem_handle[sizeof(CUipcMemHandle) == 64 ? 1 : -1]);
+  IPCREF__CU_CHECK(StreamSynchronize, cuStreamSynchronize);
+  (void)sizeof(char[sizeof(CUipcMemHandle) == IPCREF_HANDLE_BYTES ? 1 : -1]);
 }
 #endif
 
-/* ---- the backend's state ------------------------------------------------- */
-
-#define IPCREF__CU_DEVICES 64
-
-/* An interprocess event of the pool, with its handle made once. */
-typedef struct ipcref__cu_ipc_event {
-  ipcref__cu_event ev;
-  int dev;
-  unsigned char handle[64];
-  struct ipcref__cu_ipc_event *next; /* the free list */
-} ipcref__cu_ipc_event;
-
-/* An allocation opened from another process, counted. */
-typedef struct ipcref__cu_open {
-  unsigned char handle[64];
-  int dev;
-  ipcref__cu_ptr addr;
-  int refs;
-  struct ipcref__cu_open *next;
-} ipcref__cu_open;
-
-/* An allocation this process exported, so that its handle resolves here. */
-typedef struct ipcref__cu_export {
-  unsigned char handle[64];
-  ipcref__cu_ptr base;
-  struct ipcref__cu_export *next;
-} ipcref__cu_export;
-
-struct ipcref_cuda {
-  ipcref_backend backend; /* first: the backend's pointer is ours */
+/* The loaded driver: its entry points, and each device's primary context
+ * (retained on first use). */
+typedef struct ipcref__cu_state {
   void *lib;
   ipcref__cu_api api;
   pthread_mutex_t lock;
-  ipcref__cu_context ctx[IPCREF__CU_DEVICES]; /* primary, once retained */
+  ipcref__cu_context ctx[IPCREF__CU_DEVICES];
   ipcref__cu_device devs[IPCREF__CU_DEVICES];
-  ipcref__cu_ipc_event *free_events; /* the pool: events not in use */
-  ipcref__cu_open *opens;
-  ipcref__cu_export *exports;
-  size_t nevents;
-};
+} ipcref__cu_state;
 
-static __thread char ipcref__cu_why[256];
-
-/* Records why something failed, for ipcref_cuda_error(). */
-IPCREF_PRIVATE ipcref_result ipcref__cu_fail(ipcref_result r, const char *what,
-                                             const ipcref_cuda *cu, int cr) {
+IPCREF_PRIVATE const char *ipcref__cu_d_errname(ipcref__cu_state *d, int code) {
   const char *name = NULL;
-  if (cu && cu->api.GetErrorName && cr != IPCREF__CU_SUCCESS)
-    (void)cu->api.GetErrorName((ipcref__cu_result)cr, &name);
-  if (cr != IPCREF__CU_SUCCESS)
-    snprintf(ipcref__cu_why, sizeof ipcref__cu_why, "%s: %s (%d)", what,
-             name ? name : "CUDA error", (int)cr);
-  else
-    snprintf(ipcref__cu_why, sizeof ipcref__cu_why, "%s", what);
-  return r;
+  if (d->api.GetErrorName)
+    (void)d->api.GetErrorName((ipcref__cu_result)code, &name);
+  return name ? name : "CUDA error";
 }
 
-IPCREF_API const char *ipcref_cuda_error(void) {
-  return ipcref__cu_why;
-}
-
-/* A driver error as an ipcref code. */
-IPCREF_PRIVATE ipcref_result ipcref__cu_code(ipcref__cu_result cr) {
-  switch ((int)cr) {
-  case IPCREF__CU_SUCCESS: return IPCREF_OK;
-  case IPCREF__CU_ERROR_OUT_OF_MEMORY: return IPCREF_ENOMEM;
-  case IPCREF__CU_ERROR_STUB_LIBRARY:
-  case IPCREF__CU_ERROR_NO_DEVICE: return IPCREF_ENODEV;
-  default: return IPCREF_EINVAL;
-  }
-}
-
-/* Makes device `dev`'s primary context current on this thread (retained
- * once). */
-IPCREF_PRIVATE ipcref_result ipcref__cu_use(ipcref_cuda *cu, int dev) {
-  ipcref__cu_result cr;
+/* Makes device `dev`'s primary context current on this thread. */
+IPCREF_PRIVATE int ipcref__cu_d_use(ipcref__cu_state *d, int dev) {
   ipcref__cu_context c;
-  if (dev < 0 || dev >= IPCREF__CU_DEVICES)
-    return ipcref__cu_fail(IPCREF_ENODEV, "device ordinal out of range", cu, 0);
-  pthread_mutex_lock(&cu->lock);
-  c = cu->ctx[dev];
+  int code = 0;
+  pthread_mutex_lock(&d->lock);
+  c = d->ctx[dev];
   if (!c) {
-    ipcref__cu_device d;
-    cr = cu->api.DeviceGet(&d, dev);
-    if (cr == IPCREF__CU_SUCCESS) cr = cu->api.DevicePrimaryCtxRetain(&c, d);
-    if (cr != IPCREF__CU_SUCCESS) {
-      pthread_mutex_unlock(&cu->lock);
-      return ipcref__cu_fail(IPCREF_ENODEV, "cuDevicePrimaryCtxRetain", cu, cr);
+    ipcref__cu_device dv;
+    code = (int)d->api.DeviceGet(&dv, dev);
+    if (!code) code = (int)d->api.DevicePrimaryCtxRetain(&c, dv);
+    if (!code) {
+      d->ctx[dev] = c;
+      d->devs[dev] = dv;
     }
-    cu->ctx[dev] = c;
-    cu->devs[dev] = d;
   }
-  pthread_mutex_unlock(&cu->lock);
-  cr = cu->api.CtxSetCurrent(c);
-  if (cr != IPCREF__CU_SUCCESS)
-    return ipcref__cu_fail(IPCREF_ENODEV, "cuCtxSetCurrent", cu, cr);
-  return IPCREF_OK;
+  pthread_mutex_unlock(&d->lock);
+  return code ? code : (int)d->api.CtxSetCurrent(c);
 }
 
-#define IPCREF__CU(be) ((ipcref_cuda *)(void *)(be))
-
-/* ---- segments ------------------------------------------------------------ */
-
-IPCREF_PRIVATE ipcref_result ipcref__cu_seg_alloc(ipcref_backend *be,
-                                                  int32_t dev, size_t size,
-                                                  uint64_t *addr) {
-  ipcref_cuda *cu = IPCREF__CU(be);
+/* One function per driver call the shared part makes. */
+IPCREF_PRIVATE int ipcref__cu_d_alloc(ipcref__cu_state *d, size_t size,
+                                      uint64_t *addr) {
   ipcref__cu_ptr p = 0;
-  ipcref__cu_result cr;
-  ipcref_result r = ipcref__cu_use(cu, dev);
-  if (r != IPCREF_OK) return r;
-  cr = cu->api.MemAlloc(&p, size);
-  if (cr != IPCREF__CU_SUCCESS)
-    return ipcref__cu_fail(ipcref__cu_code(cr), "cuMemAlloc", cu, cr);
+  int code = (int)d->api.MemAlloc(&p, size);
   *addr = (uint64_t)p;
-  return IPCREF_OK;
+  return code;
 }
-
-IPCREF_PRIVATE void ipcref__cu_seg_free(ipcref_backend *be, int32_t dev,
-                                        uint64_t addr) {
-  ipcref_cuda *cu = IPCREF__CU(be);
-  ipcref__cu_export **pp;
-  if (ipcref__cu_use(cu, dev) == IPCREF_OK)
-    (void)cu->api.MemFree((ipcref__cu_ptr)addr);
-  pthread_mutex_lock(&cu->lock); /* its handle no longer names it */
-  for (pp = &cu->exports; *pp; pp = &(*pp)->next)
-    if ((*pp)->base == (ipcref__cu_ptr)addr) {
-      ipcref__cu_export *x = *pp;
-      *pp = x->next;
-      IPCREF_FREE(x);
-      break;
-    }
-  pthread_mutex_unlock(&cu->lock);
+IPCREF_PRIVATE int ipcref__cu_d_free(ipcref__cu_state *d, uint64_t addr) {
+  return (int)d->api.MemFree((ipcref__cu_ptr)addr);
 }
-
-IPCREF_PRIVATE ipcref_result ipcref__cu_seg_range(ipcref_backend *be,
-                                                  int32_t dev, uint64_t addr,
-                                                  uint64_t *base,
-                                                  size_t *size) {
-  ipcref_cuda *cu = IPCREF__CU(be);
+IPCREF_PRIVATE int ipcref__cu_d_range(ipcref__cu_state *d, uint64_t addr,
+                                      uint64_t *base, size_t *size) {
   ipcref__cu_ptr b = 0;
-  size_t n = 0;
-  ipcref__cu_result cr;
-  ipcref_result r = ipcref__cu_use(cu, dev);
-  if (r != IPCREF_OK) return r;
-  cr = cu->api.MemGetAddressRange(&b, &n, (ipcref__cu_ptr)addr);
-  if (cr != IPCREF__CU_SUCCESS)
-    return ipcref__cu_fail(IPCREF_EINVAL, "cuMemGetAddressRange", cu, cr);
+  int code = (int)d->api.MemGetAddressRange(&b, size, (ipcref__cu_ptr)addr);
   *base = (uint64_t)b;
-  *size = n;
-  return IPCREF_OK;
+  return code;
 }
-
-IPCREF_PRIVATE ipcref_result ipcref__cu_seg_export(ipcref_backend *be,
-                                                   int32_t dev, uint64_t base,
-                                                   unsigned char *handle) {
-  ipcref_cuda *cu = IPCREF__CU(be);
-  ipcref__cu_mem_handle h;
-  ipcref__cu_export *x;
-  ipcref__cu_result cr;
+IPCREF_PRIVATE int ipcref__cu_d_ipc_capable(ipcref__cu_state *d,
+                                            uint64_t addr) {
   int capable = 1;
-  ipcref_result r = ipcref__cu_use(cu, dev);
-  if (r != IPCREF_OK) return r;
-  /* VMM and stream-ordered pool memory cannot go through legacy IPC. */
-  if (cu->api.PointerGetAttribute &&
-      cu->api.PointerGetAttribute(
-          &capable, (ipcref__cu_attr)IPCREF__CU_ATTR_LEGACY_IPC_CAPABLE,
-          (ipcref__cu_ptr)base) == IPCREF__CU_SUCCESS &&
-      !capable)
-    return ipcref__cu_fail(IPCREF_EINVAL,
-                           "memory not exportable by legacy CUDA IPC (VMM or "
-                           "a stream-ordered pool)",
-                           cu, 0);
-  memset(&h, 0, sizeof h);
-  cr = cu->api.IpcGetMemHandle(&h, (ipcref__cu_ptr)base);
-  if (cr != IPCREF__CU_SUCCESS)
-    return ipcref__cu_fail(ipcref__cu_code(cr), "cuIpcGetMemHandle", cu, cr);
-  memcpy(handle, &h, 64);
-  x = (ipcref__cu_export *)IPCREF_MALLOC(sizeof *x);
-  if (!x) return IPCREF_ENOMEM;
-  memcpy(x->handle, &h, 64);
-  x->base = (ipcref__cu_ptr)base;
-  pthread_mutex_lock(&cu->lock);
-  x->next = cu->exports;
-  cu->exports = x;
-  pthread_mutex_unlock(&cu->lock);
-  return IPCREF_OK;
+  (void)d->api.PointerGetAttribute(&capable,
+                                   (ipcref__cu_attr)IPCREF__CU_ATTR_IPC_CAPABLE,
+                                   (ipcref__cu_ptr)addr);
+  return capable != 0;
 }
-
-IPCREF_PRIVATE ipcref_result ipcref__cu_seg_import(ipcref_backend *be,
-                                                   int32_t dev,
-                                                   const unsigned char *handle,
-                                                   uint64_t *addr) {
-  ipcref_cuda *cu = IPCREF__CU(be);
-  ipcref__cu_export *x;
-  ipcref__cu_open *o;
+IPCREF_PRIVATE int ipcref__cu_d_ipc_get(ipcref__cu_state *d, uint64_t addr,
+                                        unsigned char *handle) {
+  ipcref__cu_mem_handle h;
+  int code;
+  memset(&h, 0, sizeof h);
+  code = (int)d->api.IpcGetMemHandle(&h, (ipcref__cu_ptr)addr);
+  memcpy(handle, &h, IPCREF_HANDLE_BYTES);
+  return code;
+}
+IPCREF_PRIVATE int ipcref__cu_d_ipc_open(ipcref__cu_state *d,
+                                         const unsigned char *handle,
+                                         uint64_t *addr) {
   ipcref__cu_mem_handle h;
   ipcref__cu_ptr p = 0;
-  ipcref__cu_result cr;
-  ipcref_result r;
-  pthread_mutex_lock(&cu->lock);
-  for (x = cu->exports; x; x = x->next) /* ours: the pointer itself */
-    if (memcmp(x->handle, handle, 64) == 0) {
-      *addr = (uint64_t)x->base;
-      pthread_mutex_unlock(&cu->lock);
-      return IPCREF_OK;
-    }
-  for (o = cu->opens; o; o = o->next) /* opened already: one more user */
-    if (o->dev == dev && memcmp(o->handle, handle, 64) == 0) {
-      o->refs++;
-      *addr = (uint64_t)o->addr;
-      pthread_mutex_unlock(&cu->lock);
-      return IPCREF_OK;
-    }
-  pthread_mutex_unlock(&cu->lock);
-  o = (ipcref__cu_open *)IPCREF_MALLOC(sizeof *o);
-  if (!o) return IPCREF_ENOMEM;
-  r = ipcref__cu_use(cu, dev);
-  if (r != IPCREF_OK) {
-    IPCREF_FREE(o);
-    return r;
-  }
-  memcpy(&h, handle, 64);
-  cr = cu->api.IpcOpenMemHandle(&p, h, IPCREF__CU_IPC_LAZY_PEER_ACCESS);
-  if (cr != IPCREF__CU_SUCCESS) {
-    IPCREF_FREE(o);
-    /* A handle that opens nothing (freed, forged, its exporter gone) is
-     * bad input; running out of memory is not. */
-    return ipcref__cu_fail(cr == IPCREF__CU_ERROR_OUT_OF_MEMORY ? IPCREF_ENOMEM
-                                                                : IPCREF_EPROTO,
-                           "cuIpcOpenMemHandle", cu, cr);
-  }
-  memcpy(o->handle, handle, 64);
-  o->dev = dev;
-  o->addr = p;
-  o->refs = 1;
-  pthread_mutex_lock(&cu->lock);
-  o->next = cu->opens;
-  cu->opens = o;
-  pthread_mutex_unlock(&cu->lock);
+  int code;
+  memcpy(&h, handle, IPCREF_HANDLE_BYTES);
+  code = (int)d->api.IpcOpenMemHandle(&p, h, IPCREF__CU_LAZY_PEER);
   *addr = (uint64_t)p;
-  return IPCREF_OK;
+  return code;
 }
-
-IPCREF_PRIVATE void ipcref__cu_seg_close(ipcref_backend *be, int32_t dev,
-                                         uint64_t addr) {
-  ipcref_cuda *cu = IPCREF__CU(be);
-  ipcref__cu_open **pp, *o = NULL;
-  pthread_mutex_lock(&cu->lock);
-  for (pp = &cu->opens; *pp; pp = &(*pp)->next)
-    if ((*pp)->dev == dev && (*pp)->addr == (ipcref__cu_ptr)addr) {
-      if (--(*pp)->refs == 0) {
-        o = *pp;
-        *pp = o->next;
-      }
-      break;
-    }
-  pthread_mutex_unlock(&cu->lock);
-  if (!o) return; /* ours, or still used */
-  if (ipcref__cu_use(cu, dev) == IPCREF_OK)
-    (void)cu->api.IpcCloseMemHandle(o->addr);
-  IPCREF_FREE(o);
+IPCREF_PRIVATE int ipcref__cu_d_ipc_close(ipcref__cu_state *d, uint64_t addr) {
+  return (int)d->api.IpcCloseMemHandle((ipcref__cu_ptr)addr);
 }
-
-/* ---- events ---------------------------------------------------------------
- */
-
-IPCREF_PRIVATE ipcref_result ipcref__cu_event_record(ipcref_backend *be,
-                                                     int32_t dev, void *stream,
-                                                     unsigned char *handle,
-                                                     void **event) {
-  ipcref_cuda *cu = IPCREF__CU(be);
-  ipcref__cu_ipc_event *e, **pp;
-  ipcref__cu_result cr;
-  ipcref_result r = ipcref__cu_use(cu, dev);
-  if (r != IPCREF_OK) return r;
-  pthread_mutex_lock(&cu->lock); /* a free event of this device */
-  for (pp = &cu->free_events; *pp && (*pp)->dev != dev; pp = &(*pp)->next) {
-  }
-  e = *pp;
-  if (e) *pp = e->next;
-  pthread_mutex_unlock(&cu->lock);
-  if (!e) { /* the pool grows: no limit on events outstanding */
-    ipcref__cu_event_handle h;
-    e = (ipcref__cu_ipc_event *)IPCREF_MALLOC(sizeof *e);
-    if (!e) return IPCREF_ENOMEM;
-    cr = cu->api.EventCreate(&e->ev, IPCREF__CU_EVENT_INTERPROCESS |
-                                         IPCREF__CU_EVENT_DISABLE_TIMING);
-    if (cr == IPCREF__CU_SUCCESS) {
-      memset(&h, 0, sizeof h);
-      cr = cu->api.IpcGetEventHandle(&h, e->ev);
-      if (cr != IPCREF__CU_SUCCESS) (void)cu->api.EventDestroy(e->ev);
-    }
-    if (cr != IPCREF__CU_SUCCESS) {
-      IPCREF_FREE(e);
-      return ipcref__cu_fail(ipcref__cu_code(cr), "interprocess event", cu, cr);
-    }
-    memcpy(e->handle, &h, 64);
-    e->dev = dev;
-    pthread_mutex_lock(&cu->lock);
-    cu->nevents++;
-    pthread_mutex_unlock(&cu->lock);
-  }
-  cr = cu->api.EventRecord(e->ev, (ipcref__cu_stream)stream);
-  if (cr != IPCREF__CU_SUCCESS) {
-    pthread_mutex_lock(&cu->lock);
-    e->next = cu->free_events;
-    cu->free_events = e;
-    pthread_mutex_unlock(&cu->lock);
-    return ipcref__cu_fail(ipcref__cu_code(cr), "cuEventRecord", cu, cr);
-  }
-  memcpy(handle, e->handle, 64);
-  *event = e;
-  return IPCREF_OK;
+IPCREF_PRIVATE int ipcref__cu_d_event_new(ipcref__cu_state *d, int ipc,
+                                          void **ev) {
+  ipcref__cu_event e = NULL;
+  int code = (int)d->api.EventCreate(&e, IPCREF__CU_EVENT_NO_TIMING |
+                                             (ipc ? IPCREF__CU_EVENT_IPC : 0));
+  *ev = (void *)e;
+  return code;
 }
-
-/* Back to the pool, never destroyed before ipcref_cuda_close: a consumer
- * that opens the handle late finds an event recorded again later, which
- * only makes it wait longer. */
-IPCREF_PRIVATE void ipcref__cu_event_free(ipcref_backend *be, void *event) {
-  ipcref_cuda *cu = IPCREF__CU(be);
-  ipcref__cu_ipc_event *e = (ipcref__cu_ipc_event *)event;
-  pthread_mutex_lock(&cu->lock);
-  e->next = cu->free_events;
-  cu->free_events = e;
-  pthread_mutex_unlock(&cu->lock);
-}
-
-IPCREF_PRIVATE ipcref_result
-ipcref__cu_event_wait(ipcref_backend *be, int32_t dev, void *stream,
-                      const unsigned char *handle) {
-  static const unsigned char zero[64] = {0};
-  ipcref_cuda *cu = IPCREF__CU(be);
+IPCREF_PRIVATE int ipcref__cu_d_event_handle(ipcref__cu_state *d, void *ev,
+                                             unsigned char *handle) {
   ipcref__cu_event_handle h;
-  ipcref__cu_event ev;
-  ipcref__cu_result cr;
-  ipcref_result r;
-  if (memcmp(handle, zero, 64) == 0) return IPCREF_OK;
-  r = ipcref__cu_use(cu, dev);
-  if (r != IPCREF_OK) return r;
-  memcpy(&h, handle, 64);
-  cr = cu->api.IpcOpenEventHandle(&ev, h);
-  if (cr == IPCREF__CU_ERROR_INVALID_CONTEXT) { /* one of our own events */
-    ipcref__cu_ipc_event *e;
-    pthread_mutex_lock(&cu->lock);
-    for (e = cu->free_events; e && memcmp(e->handle, handle, 64); e = e->next) {
-    }
-    pthread_mutex_unlock(&cu->lock);
-    /* An event in use is not on the free list; the producer here recorded
-     * it on its stream, which the legacy default stream orders anyway. */
-    if (!e) return IPCREF_OK;
-    cr = cu->api.StreamWaitEvent((ipcref__cu_stream)stream, e->ev, 0);
-    return cr == IPCREF__CU_SUCCESS
-               ? IPCREF_OK
-               : ipcref__cu_fail(IPCREF_EPROTO, "cuStreamWaitEvent", cu, cr);
-  }
-  if (cr != IPCREF__CU_SUCCESS)
-    return ipcref__cu_fail(IPCREF_EPROTO, "cuIpcOpenEventHandle", cu, cr);
-  cr = cu->api.StreamWaitEvent((ipcref__cu_stream)stream, ev, 0);
-  (void)cu->api.EventDestroy(ev); /* the wait is queued: the driver keeps it */
-  if (cr != IPCREF__CU_SUCCESS)
-    return ipcref__cu_fail(ipcref__cu_code(cr), "cuStreamWaitEvent", cu, cr);
-  return IPCREF_OK;
+  int code;
+  memset(&h, 0, sizeof h);
+  code = (int)d->api.IpcGetEventHandle(&h, (ipcref__cu_event)ev);
+  memcpy(handle, &h, IPCREF_HANDLE_BYTES);
+  return code;
+}
+IPCREF_PRIVATE int ipcref__cu_d_event_open(ipcref__cu_state *d,
+                                           const unsigned char *handle,
+                                           void **ev) {
+  ipcref__cu_event_handle h;
+  ipcref__cu_event e = NULL;
+  int code;
+  memcpy(&h, handle, IPCREF_HANDLE_BYTES);
+  code = (int)d->api.IpcOpenEventHandle(&e, h);
+  *ev = (void *)e;
+  return code;
+}
+IPCREF_PRIVATE int ipcref__cu_d_event_record(ipcref__cu_state *d, void *ev,
+                                             void *stream) {
+  return (int)d->api.EventRecord((ipcref__cu_event)ev,
+                                 (ipcref__cu_stream)stream);
+}
+IPCREF_PRIVATE int ipcref__cu_d_event_query(ipcref__cu_state *d, void *ev) {
+  return (int)d->api.EventQuery((ipcref__cu_event)ev);
+}
+IPCREF_PRIVATE int ipcref__cu_d_event_destroy(ipcref__cu_state *d, void *ev) {
+  return (int)d->api.EventDestroy((ipcref__cu_event)ev);
+}
+IPCREF_PRIVATE int ipcref__cu_d_stream_wait(ipcref__cu_state *d, void *stream,
+                                            void *ev) {
+  return (int)d->api.StreamWaitEvent((ipcref__cu_stream)stream,
+                                     (ipcref__cu_event)ev, 0);
+}
+IPCREF_PRIVATE int ipcref__cu_d_stream_sync(ipcref__cu_state *d, void *stream) {
+  return (int)d->api.StreamSynchronize((ipcref__cu_stream)stream);
 }
 
-/* A fence: a plain event after the work queued on `stream`. */
-IPCREF_PRIVATE ipcref_result ipcref__cu_fence(ipcref_backend *be, int32_t dev,
-                                              void *stream, void **fence) {
-  ipcref_cuda *cu = IPCREF__CU(be);
-  ipcref__cu_event ev;
-  ipcref__cu_result cr;
-  ipcref_result r = ipcref__cu_use(cu, dev);
-  *fence = NULL;
-  if (r != IPCREF_OK) return r;
-  cr = cu->api.EventCreate(&ev, IPCREF__CU_EVENT_DISABLE_TIMING);
-  if (cr != IPCREF__CU_SUCCESS)
-    return ipcref__cu_fail(ipcref__cu_code(cr), "cuEventCreate", cu, cr);
-  cr = cu->api.EventRecord(ev, (ipcref__cu_stream)stream);
-  if (cr != IPCREF__CU_SUCCESS) {
-    (void)cu->api.EventDestroy(ev);
-    return ipcref__cu_fail(ipcref__cu_code(cr), "cuEventRecord", cu, cr);
-  }
-  if (cu->api.EventQuery(ev) == IPCREF__CU_SUCCESS) { /* nothing pending */
-    (void)cu->api.EventDestroy(ev);
-    return IPCREF_OK;
-  }
-  *fence = (void *)ev;
-  return IPCREF_OK;
+/* The stub library's message (cuda's own text says too little). */
+IPCREF_PRIVATE ipcref_result ipcref__cu_stub(const char *path) {
+  snprintf(ipcref__cu_why, sizeof ipcref__cu_why,
+           "%s is the CUDA toolkit's stub library, not a driver "
+           "(CUDA_ERROR_STUB_LIBRARY, 34)",
+           path);
+  return IPCREF_ENODEV;
 }
 
-IPCREF_PRIVATE int ipcref__cu_fence_done(ipcref_backend *be, void *fence) {
-  ipcref_cuda *cu = IPCREF__CU(be);
-  ipcref__cu_event ev = (ipcref__cu_event)fence;
-  ipcref__cu_result cr = cu->api.EventQuery(ev);
-  if (cr == IPCREF__CU_ERROR_NOT_READY) return 0;
-  (void)cu->api.EventDestroy(ev); /* done, or an error: nothing to wait on */
-  return 1;
-}
-
-/* ---- loading ----------------------------------------------------------------
- */
-
-IPCREF_API ipcref_result ipcref_cuda_open(const char *driver_path,
-                                          ipcref_cuda **out) {
+/* Loads the driver and every entry point (each one checked), then cuInit.
+ * On failure, says why and leaves nothing loaded. */
+IPCREF_PRIVATE ipcref_result ipcref__cu_d_load(ipcref__cu_state *d,
+                                               const char *driver_path) {
   ipcref__cu_get_proc_v2 get2;
   ipcref__cu_get_proc_v1 get1;
-  ipcref_cuda *cu;
-  ipcref__cu_result cr;
   const char *path = driver_path ? driver_path : "libcuda.so.1";
-  int version = 0, i;
-  /* Name and slot of every entry point; all are required. */
+  int version = 0, code, i;
+  void *sym;
   struct {
     const char *name;
     void *slot; /* a function pointer's address */
-  } syms[21];
-  void *sym;
-  ipcref__cu_why[0] = 0;
-  if (!out) return IPCREF_EINVAL;
-  cu = (ipcref_cuda *)IPCREF_MALLOC(sizeof *cu);
-  if (!cu) return IPCREF_ENOMEM;
-  memset(cu, 0, sizeof *cu);
-  cu->lib = dlopen(path, RTLD_NOW | RTLD_LOCAL);
-  if (!cu->lib) {
+  } syms[22];
+  d->lib = dlopen(path, RTLD_NOW | RTLD_LOCAL);
+  if (!d->lib) {
     const char *e = dlerror();
     snprintf(ipcref__cu_why, sizeof ipcref__cu_why,
              "the CUDA driver library could not be loaded (%s): %s", path,
              e ? e : "not found");
-    IPCREF_FREE(cu);
     return IPCREF_ENODEV;
   }
-  /* The symbols by their base names, at a pinned version (cuda.h's macros
-   * do not apply to strings: dlsym("cuMemAlloc") is the 32-bit v1 ABI). */
-  /* dlsym gives objects; POSIX makes them functions (memcpy: ISO C has no
-   * cast between the two). */
-  sym = dlsym(cu->lib, "cuGetProcAddress_v2");
+  /* Symbols by their base names at a pinned version: cuda.h's macros do
+   * not apply to strings (dlsym "cuMemAlloc" is the 32-bit v1 ABI). dlsym
+   * gives objects; POSIX makes them functions (memcpy: ISO C has no cast
+   * between the two). */
+  sym = dlsym(d->lib, "cuGetProcAddress_v2");
   memcpy(&get2, &sym, sizeof sym);
-  sym = dlsym(cu->lib, "cuGetProcAddress");
+  sym = dlsym(d->lib, "cuGetProcAddress");
   memcpy(&get1, &sym, sizeof sym);
-  sym = dlsym(cu->lib, "cuDriverGetVersion");
-  memcpy(&cu->api.DriverGetVersion, &sym, sizeof sym);
-  if ((!get2 && !get1) || !cu->api.DriverGetVersion) {
-    ipcref__cu_fail(IPCREF_ENODEV,
-                    "the CUDA driver has no cuGetProcAddress (older than "
-                    "CUDA 11.3)",
-                    NULL, 0);
+  sym = dlsym(d->lib, "cuDriverGetVersion");
+  memcpy(&d->api.DriverGetVersion, &sym, sizeof sym);
+  if ((!get2 && !get1) || !d->api.DriverGetVersion) {
+    ipcref__cu_say(IPCREF_ENODEV, "the CUDA driver has no cuGetProcAddress "
+                                  "(it is older than CUDA 11.3)");
     goto fail;
   }
-  cr = cu->api.DriverGetVersion(&version);
-  if (cr != IPCREF__CU_SUCCESS) {
-    ipcref__cu_fail(IPCREF_ENODEV, "cuDriverGetVersion", NULL, cr);
-    if (cr == IPCREF__CU_ERROR_STUB_LIBRARY)
-      snprintf(ipcref__cu_why, sizeof ipcref__cu_why,
-               "%s is the CUDA toolkit's stub library, not a driver "
-               "(CUDA_ERROR_STUB_LIBRARY, 34)",
-               path);
+  code = (int)d->api.DriverGetVersion(&version);
+  if (code == IPCREF__CU_STUB) {
+    ipcref__cu_stub(path);
+    goto fail;
+  }
+  if (code) {
+    snprintf(ipcref__cu_why, sizeof ipcref__cu_why,
+             "cuDriverGetVersion failed (%d)", code);
     goto fail;
   }
   if (version > IPCREF__CU_PROC_VERSION) version = IPCREF__CU_PROC_VERSION;
 #define IPCREF__CU_SYM(k, field)                                               \
   syms[k].name = "cu" #field;                                                  \
-  syms[k].slot = (void *)&cu->api.field
+  syms[k].slot = (void *)&d->api.field
   IPCREF__CU_SYM(0, Init);
   IPCREF__CU_SYM(1, GetErrorName);
   IPCREF__CU_SYM(2, DeviceGet);
@@ -693,114 +423,49 @@ IPCREF_API ipcref_result ipcref_cuda_open(const char *driver_path,
   IPCREF__CU_SYM(17, IpcGetEventHandle);
   IPCREF__CU_SYM(18, IpcOpenEventHandle);
   IPCREF__CU_SYM(19, StreamWaitEvent);
-  IPCREF__CU_SYM(20, DriverGetVersion);
+  IPCREF__CU_SYM(20, StreamSynchronize);
+  IPCREF__CU_SYM(21, DriverGetVersion);
 #undef IPCREF__CU_SYM
-  for (i = 0; i < 21; i++) {
+  for (i = 0; i < 22; i++) {
     void *fn = NULL;
     ipcref__cu_query q = (ipcref__cu_query)0;
-    cr = get2 ? get2(syms[i].name, &fn, version, 0, &q)
-              : get1(syms[i].name, &fn, version, 0);
-    if (cr == IPCREF__CU_ERROR_STUB_LIBRARY) {
-      snprintf(ipcref__cu_why, sizeof ipcref__cu_why,
-               "%s is the CUDA toolkit's stub library, not a driver "
-               "(CUDA_ERROR_STUB_LIBRARY, 34)",
-               path);
+    code = get2 ? (int)get2(syms[i].name, &fn, version, 0, &q)
+                : (int)get1(syms[i].name, &fn, version, 0);
+    if (code == IPCREF__CU_STUB) {
+      ipcref__cu_stub(path);
       goto fail;
     }
-    if (cr != IPCREF__CU_SUCCESS || !fn) {
+    if (code || !fn) {
       snprintf(ipcref__cu_why, sizeof ipcref__cu_why,
                "the CUDA driver lacks %s (cuGetProcAddress: %d)", syms[i].name,
-               (int)cr);
+               code);
       goto fail;
     }
     memcpy(syms[i].slot, &fn, sizeof fn);
   }
-  cr = cu->api.Init(0);
-  if (cr != IPCREF__CU_SUCCESS) {
-    ipcref__cu_fail(IPCREF_ENODEV,
-                    cr == IPCREF__CU_ERROR_NO_DEVICE
-                        ? "cuInit: no CUDA-capable device"
-                        : "cuInit",
-                    cu, cr);
+  code = (int)d->api.Init(0);
+  if (code == IPCREF__CU_STUB) {
+    ipcref__cu_stub(path);
     goto fail;
   }
-  if (pthread_mutex_init(&cu->lock, NULL) != 0) {
-    ipcref__cu_fail(IPCREF_ESYS, "pthread_mutex_init", NULL, 0);
-    dlclose(cu->lib);
-    IPCREF_FREE(cu);
-    return IPCREF_ESYS;
+  if (code) {
+    snprintf(ipcref__cu_why, sizeof ipcref__cu_why, "cuInit: %s (%d)%s",
+             ipcref__cu_d_errname(d, code), code,
+             code == IPCREF__CU_NO_DEVICE ? ": no CUDA-capable device" : "");
+    goto fail;
   }
-  cu->backend.device_type = IPCREF_DEVICE_CUDA;
-  cu->backend.name = "cuda";
-  cu->backend.user = cu;
-  cu->backend.seg_alloc = ipcref__cu_seg_alloc;
-  cu->backend.seg_free = ipcref__cu_seg_free;
-  cu->backend.seg_range = ipcref__cu_seg_range;
-  cu->backend.seg_export = ipcref__cu_seg_export;
-  cu->backend.seg_import = ipcref__cu_seg_import;
-  cu->backend.seg_close = ipcref__cu_seg_close;
-  cu->backend.event_record = ipcref__cu_event_record;
-  cu->backend.event_free = ipcref__cu_event_free;
-  cu->backend.event_wait = ipcref__cu_event_wait;
-  cu->backend.fence = ipcref__cu_fence;
-  cu->backend.fence_done = ipcref__cu_fence_done;
-  *out = cu;
-  return IPCREF_OK;
+  if (pthread_mutex_init(&d->lock, NULL) == 0) return IPCREF_OK;
+  ipcref__cu_say(IPCREF_ESYS, "pthread_mutex_init failed");
 fail:
-  dlclose(cu->lib);
-  IPCREF_FREE(cu);
+  dlclose(d->lib);
+  d->lib = NULL;
   return IPCREF_ENODEV;
 }
 
-IPCREF_API ipcref_backend *ipcref_cuda_backend(ipcref_cuda *cu) {
-  return cu ? &cu->backend : NULL;
+IPCREF_PRIVATE void ipcref__cu_d_unload(ipcref__cu_state *d) {
+  int i;
+  for (i = 0; i < IPCREF__CU_DEVICES; i++)
+    if (d->ctx[i]) (void)d->api.DevicePrimaryCtxRelease(d->devs[i]);
+  pthread_mutex_destroy(&d->lock);
+  dlclose(d->lib);
 }
-
-IPCREF_API void ipcref_cuda_close(ipcref_cuda *cu) {
-  int d;
-  if (!cu) return;
-  while (cu->free_events) {
-    ipcref__cu_ipc_event *e = cu->free_events;
-    cu->free_events = e->next;
-    if (ipcref__cu_use(cu, e->dev) == IPCREF_OK)
-      (void)cu->api.EventDestroy(e->ev);
-    IPCREF_FREE(e);
-  }
-  while (cu->opens) {
-    ipcref__cu_open *o = cu->opens;
-    cu->opens = o->next;
-    if (ipcref__cu_use(cu, o->dev) == IPCREF_OK)
-      (void)cu->api.IpcCloseMemHandle(o->addr);
-    IPCREF_FREE(o);
-  }
-  while (cu->exports) {
-    ipcref__cu_export *x = cu->exports;
-    cu->exports = x->next;
-    IPCREF_FREE(x);
-  }
-  for (d = 0; d < IPCREF__CU_DEVICES; d++)
-    if (cu->ctx[d]) (void)cu->api.DevicePrimaryCtxRelease(cu->devs[d]);
-  pthread_mutex_destroy(&cu->lock);
-  dlclose(cu->lib);
-  IPCREF_FREE(cu);
-}
-
-IPCREF_API ipcref_result ipcref_cuda_alloc(ipcref_ctx *ctx, int device,
-                                           size_t size, ipcref_buf **out) {
-  ipcref_device dev;
-  dev.type = IPCREF_DEVICE_CUDA;
-  dev.id = device;
-  return ipcref_device_new(ctx, dev, size, out);
-}
-
-IPCREF_API ipcref_result ipcref_cuda_wrap(
-    ipcref_ctx *ctx, int device, unsigned long long ptr, size_t size,
-    void (*release)(void *user, void *ptr), void *user, ipcref_buf **out) {
-  ipcref_device dev;
-  dev.type = IPCREF_DEVICE_CUDA;
-  dev.id = device;
-  return ipcref_device_wrap(ctx, dev, (void *)(uintptr_t)ptr, size, release,
-                            user, out);
-}
-
-#endif /* IPCREF_CUDA_IMPLEMENTATION */

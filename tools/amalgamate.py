@@ -19,8 +19,14 @@ import sys
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SRC = os.path.join(ROOT, "src")
 OUT = os.path.join(ROOT, "ipcref.h")
-# Backend headers: written from one source file each, with the licence.
-BACKENDS = {"ipcref_cuda.h": "cuda.h"}
+# Backend headers: each is its driver's part (src/cuda.h, src/hip.h: the
+# API, then after the marker the driver's types, loader and calls) around
+# the logic they share (src/gpu.h, renamed to the backend's prefixes).
+BACKENDS = {
+    "ipcref_cuda.h": ("cuda.h", {"ipcref_gpu": "ipcref_cuda", "ipcref__gpu": "ipcref__cu",
+                                 "IPCREF_GPU": "IPCREF_CUDA", "IPCREF__GPU": "IPCREF__CU"}),
+}
+DRIVER_MARKER = "/* @driver */"
 
 # Bottom to top: a layer uses only the ones before it.
 LAYERS = ["base", "buf", "view", "share", "dlpack"]
@@ -65,17 +71,34 @@ def build():
     return "\n".join(out)
 
 
-def build_backend(source):
-    """A backend header: its source as it is (the API, then the
-    implementation under its own macro), and the licence."""
+def build_backend(source, names):
+    """A backend header: the driver's API; then, under its implementation
+    macro, the shared prelude, the driver's part and the shared logic; then
+    the licence."""
     licence = read("licence.txt").strip("\n")
-    return read(source).strip("\n") + "\n\n" + licence + "\n"
+    api, impl = split_layer(source[:-2])
+    shared = read("gpu.h")
+    shared = shared[shared.index("*/") + 2:]  # its comment is about src/
+    if shared.count(DRIVER_MARKER) != 1:
+        sys.exit(f"amalgamate: src/gpu.h must contain exactly one '{DRIVER_MARKER}' line")
+    for old, new in names.items():
+        shared = shared.replace(old, new)
+    prelude, body = (part.strip("\n") for part in shared.split(DRIVER_MARKER))
+    macro = names["IPCREF_GPU"] + "_IMPLEMENTATION"
+    out = [api, "",
+           f"#if defined({macro}) && !defined({macro}_INCLUDED)",
+           f"#define {macro}_INCLUDED", "",
+           banner("shared backend logic, first part", "gpu"), "", prelude, "",
+           banner("driver", source[:-2]), "", impl, "",
+           banner("shared backend logic", "gpu"), "", body, "",
+           f"#endif /* {macro} */", "", licence, ""]
+    return "\n".join(out)
 
 
 def outputs():
     yield OUT, build()
-    for name, source in BACKENDS.items():
-        yield os.path.join(ROOT, name), build_backend(source)
+    for name, (source, names) in BACKENDS.items():
+        yield os.path.join(ROOT, name), build_backend(source, names)
 
 
 def main(argv):

@@ -1,0 +1,461 @@
+/* gpu: the logic both device backends share (tools/amalgamate.py writes it
+ * into ipcref_cuda.h and ipcref_hip.h, with ipcref_gpu / ipcref__gpu /
+ * IPCREF_GPU / IPCREF__GPU renamed to each backend's prefix). What differs
+ * between the drivers lives in src/cuda.h and src/hip.h: the types, the
+ * loader, and one small function per driver call (ipcref__gpu_alloc,
+ * ipcref__gpu_ipc_open, ...), each returning the driver's own error number
+ * (0 is success).
+ *
+ * The part before the marker below comes first (the driver's part uses
+ * it); the rest comes after the driver's part. */
+
+#include <pthread.h>
+#include <stdio.h>
+#include <string.h>
+#include <unistd.h>
+
+/* Why the last failure on this thread happened, for ipcref_gpu_error(). */
+static __thread char ipcref__gpu_why[256];
+
+IPCREF_PRIVATE ipcref_result ipcref__gpu_say(ipcref_result r,
+                                             const char *what) {
+  snprintf(ipcref__gpu_why, sizeof ipcref__gpu_why, "%s", what);
+  return r;
+}
+
+/* @driver */
+
+/* ---- the backend's state ------------------------------------------------- */
+
+/* An interprocess event of the pool, with its handle made once. */
+typedef struct ipcref__gpu_ipc_event {
+  void *ev;
+  int dev;
+  unsigned char handle[IPCREF_HANDLE_BYTES];
+  struct ipcref__gpu_ipc_event *next; /* the free list */
+} ipcref__gpu_ipc_event;
+
+/* An allocation opened from another process, counted. */
+typedef struct ipcref__gpu_open {
+  unsigned char handle[IPCREF_HANDLE_BYTES];
+  int dev;
+  uint64_t addr;
+  int refs;
+  struct ipcref__gpu_open *next;
+} ipcref__gpu_open;
+
+/* An allocation this process exported, so that its handle resolves here. */
+typedef struct ipcref__gpu_export {
+  unsigned char handle[IPCREF_HANDLE_BYTES];
+  uint64_t base;
+  struct ipcref__gpu_export *next;
+} ipcref__gpu_export;
+
+struct ipcref_gpu {
+  ipcref_backend backend; /* first: the backend's pointer is ours */
+  ipcref__gpu_state drv;
+  pthread_mutex_t lock;
+  ipcref__gpu_ipc_event *free_events; /* the pool: events not in use */
+  ipcref__gpu_open *opens;
+  ipcref__gpu_export *exports;
+};
+
+#define IPCREF__GPU_OF(be) ((ipcref_gpu *)(void *)(be))
+
+IPCREF_PRIVATE void ipcref__gpu_event_free(ipcref_backend *be, void *event);
+
+/* Records a failed driver call for ipcref_gpu_error(); returns `r`. */
+IPCREF_PRIVATE ipcref_result ipcref__gpu_fail(ipcref_result r, const char *what,
+                                              ipcref_gpu *g, int code) {
+  snprintf(ipcref__gpu_why, sizeof ipcref__gpu_why, "%s: %s (%d)", what,
+           ipcref__gpu_d_errname(&g->drv, code), code);
+  return r;
+}
+
+IPCREF_API const char *ipcref_gpu_error(void) {
+  return ipcref__gpu_why;
+}
+
+/* A driver error as an ipcref code. */
+IPCREF_PRIVATE ipcref_result ipcref__gpu_code(int code) {
+  if (code == 0) return IPCREF_OK;
+  if (code == IPCREF__GPU_OOM) return IPCREF_ENOMEM;
+  if (code == IPCREF__GPU_NO_DEVICE) return IPCREF_ENODEV;
+  return IPCREF_EINVAL;
+}
+
+/* Makes device `dev` current on this thread. */
+IPCREF_PRIVATE ipcref_result ipcref__gpu_on(ipcref_gpu *g, int dev) {
+  int code;
+  if (dev < 0 || dev >= IPCREF__GPU_DEVICES)
+    return ipcref__gpu_say(IPCREF_ENODEV, "device ordinal out of range");
+  code = ipcref__gpu_d_use(&g->drv, dev);
+  return code ? ipcref__gpu_fail(IPCREF_ENODEV, "selecting the device", g, code)
+              : IPCREF_OK;
+}
+
+/* ---- segments ------------------------------------------------------------ */
+
+IPCREF_PRIVATE ipcref_result ipcref__gpu_seg_alloc(ipcref_backend *be,
+                                                   int32_t dev, size_t size,
+                                                   uint64_t *addr) {
+  ipcref_gpu *g = IPCREF__GPU_OF(be);
+  ipcref_result r = ipcref__gpu_on(g, dev);
+  int code;
+  if (r != IPCREF_OK) return r;
+  code = ipcref__gpu_d_alloc(&g->drv, size, addr);
+  return code ? ipcref__gpu_fail(ipcref__gpu_code(code), "allocating", g, code)
+              : IPCREF_OK;
+}
+
+IPCREF_PRIVATE void ipcref__gpu_seg_free(ipcref_backend *be, int32_t dev,
+                                         uint64_t addr) {
+  ipcref_gpu *g = IPCREF__GPU_OF(be);
+  ipcref__gpu_export **pp;
+  if (ipcref__gpu_on(g, dev) == IPCREF_OK)
+    (void)ipcref__gpu_d_free(&g->drv, addr);
+  pthread_mutex_lock(&g->lock); /* its handle no longer names it */
+  for (pp = &g->exports; *pp; pp = &(*pp)->next)
+    if ((*pp)->base == addr) {
+      ipcref__gpu_export *x = *pp;
+      *pp = x->next;
+      IPCREF_FREE(x);
+      break;
+    }
+  pthread_mutex_unlock(&g->lock);
+}
+
+IPCREF_PRIVATE ipcref_result ipcref__gpu_seg_range(ipcref_backend *be,
+                                                   int32_t dev, uint64_t addr,
+                                                   uint64_t *base,
+                                                   size_t *size) {
+  ipcref_gpu *g = IPCREF__GPU_OF(be);
+  ipcref_result r = ipcref__gpu_on(g, dev);
+  int code;
+  if (r != IPCREF_OK) return r;
+  code = ipcref__gpu_d_range(&g->drv, addr, base, size);
+  return code ? ipcref__gpu_fail(IPCREF_EINVAL,
+                                 "finding the allocation (not device memory "
+                                 "of this device?)",
+                                 g, code)
+              : IPCREF_OK;
+}
+
+IPCREF_PRIVATE ipcref_result ipcref__gpu_seg_export(ipcref_backend *be,
+                                                    int32_t dev, uint64_t base,
+                                                    unsigned char *handle) {
+  ipcref_gpu *g = IPCREF__GPU_OF(be);
+  ipcref__gpu_export *x;
+  ipcref_result r = ipcref__gpu_on(g, dev);
+  int code;
+  if (r != IPCREF_OK) return r;
+  /* VMM and stream-ordered pool memory cannot go through legacy IPC. */
+  if (!ipcref__gpu_d_ipc_capable(&g->drv, base))
+    return ipcref__gpu_say(IPCREF_EINVAL,
+                           "memory not exportable by legacy IPC (virtual "
+                           "memory management or a stream-ordered pool)");
+  code = ipcref__gpu_d_ipc_get(&g->drv, base, handle);
+  if (code)
+    return ipcref__gpu_fail(ipcref__gpu_code(code), "exporting the handle", g,
+                            code);
+  x = (ipcref__gpu_export *)IPCREF_MALLOC(sizeof *x);
+  if (!x) return IPCREF_ENOMEM;
+  memcpy(x->handle, handle, IPCREF_HANDLE_BYTES);
+  x->base = base;
+  pthread_mutex_lock(&g->lock);
+  x->next = g->exports;
+  g->exports = x;
+  pthread_mutex_unlock(&g->lock);
+  return IPCREF_OK;
+}
+
+IPCREF_PRIVATE ipcref_result ipcref__gpu_seg_import(ipcref_backend *be,
+                                                    int32_t dev,
+                                                    const unsigned char *handle,
+                                                    uint64_t *addr) {
+  ipcref_gpu *g = IPCREF__GPU_OF(be);
+  ipcref__gpu_export *x;
+  ipcref__gpu_open *o;
+  ipcref_result r;
+  int code;
+  pthread_mutex_lock(&g->lock);
+  for (x = g->exports; x; x = x->next) /* ours: the pointer itself */
+    if (memcmp(x->handle, handle, IPCREF_HANDLE_BYTES) == 0) {
+      *addr = x->base;
+      pthread_mutex_unlock(&g->lock);
+      return IPCREF_OK;
+    }
+  for (o = g->opens; o; o = o->next) /* opened already: one more user */
+    if (o->dev == dev && memcmp(o->handle, handle, IPCREF_HANDLE_BYTES) == 0) {
+      o->refs++;
+      *addr = o->addr;
+      pthread_mutex_unlock(&g->lock);
+      return IPCREF_OK;
+    }
+  pthread_mutex_unlock(&g->lock);
+  o = (ipcref__gpu_open *)IPCREF_MALLOC(sizeof *o);
+  if (!o) return IPCREF_ENOMEM;
+  r = ipcref__gpu_on(g, dev);
+  if (r != IPCREF_OK) {
+    IPCREF_FREE(o);
+    return r;
+  }
+  code = ipcref__gpu_d_ipc_open(&g->drv, handle, &o->addr);
+  if (code) {
+    IPCREF_FREE(o);
+    /* A handle that opens nothing (freed, forged, its exporter gone) is
+     * bad input; running out of memory is not. */
+    return ipcref__gpu_fail(code == IPCREF__GPU_OOM ? IPCREF_ENOMEM
+                                                    : IPCREF_EPROTO,
+                            "opening the handle", g, code);
+  }
+  memcpy(o->handle, handle, IPCREF_HANDLE_BYTES);
+  o->dev = dev;
+  o->refs = 1;
+  pthread_mutex_lock(&g->lock);
+  o->next = g->opens;
+  g->opens = o;
+  pthread_mutex_unlock(&g->lock);
+  *addr = o->addr;
+  return IPCREF_OK;
+}
+
+IPCREF_PRIVATE void ipcref__gpu_seg_close(ipcref_backend *be, int32_t dev,
+                                          uint64_t addr) {
+  ipcref_gpu *g = IPCREF__GPU_OF(be);
+  ipcref__gpu_open **pp, *o = NULL;
+  pthread_mutex_lock(&g->lock);
+  for (pp = &g->opens; *pp; pp = &(*pp)->next)
+    if ((*pp)->dev == dev && (*pp)->addr == addr) {
+      if (--(*pp)->refs == 0) {
+        o = *pp;
+        *pp = o->next;
+      }
+      break;
+    }
+  pthread_mutex_unlock(&g->lock);
+  if (!o) return; /* ours, or still used */
+  if (ipcref__gpu_on(g, dev) == IPCREF_OK)
+    (void)ipcref__gpu_d_ipc_close(&g->drv, o->addr);
+  IPCREF_FREE(o);
+}
+
+/* ---- ordering ------------------------------------------------------------ */
+
+IPCREF_PRIVATE ipcref_result ipcref__gpu_event_record(ipcref_backend *be,
+                                                      int32_t dev, void *stream,
+                                                      unsigned char *handle,
+                                                      void **event) {
+  ipcref_gpu *g = IPCREF__GPU_OF(be);
+  ipcref__gpu_ipc_event *e, **pp;
+  ipcref_result r = ipcref__gpu_on(g, dev);
+  int code;
+  *event = NULL;
+  if (r != IPCREF_OK) return r;
+  if (!IPCREF__GPU_IPC_EVENTS) { /* no interprocess events: wait here */
+    code = ipcref__gpu_d_stream_sync(&g->drv, stream);
+    memset(handle, 0, IPCREF_HANDLE_BYTES);
+    return code ? ipcref__gpu_fail(ipcref__gpu_code(code),
+                                   "synchronizing the stream", g, code)
+                : IPCREF_OK;
+  }
+  pthread_mutex_lock(&g->lock); /* a free event of this device */
+  for (pp = &g->free_events; *pp && (*pp)->dev != dev; pp = &(*pp)->next) {
+  }
+  e = *pp;
+  if (e) *pp = e->next;
+  pthread_mutex_unlock(&g->lock);
+  if (!e) { /* the pool grows: no limit on events outstanding */
+    e = (ipcref__gpu_ipc_event *)IPCREF_MALLOC(sizeof *e);
+    if (!e) return IPCREF_ENOMEM;
+    code = ipcref__gpu_d_event_new(&g->drv, 1, &e->ev);
+    if (!code) {
+      code = ipcref__gpu_d_event_handle(&g->drv, e->ev, e->handle);
+      if (code) (void)ipcref__gpu_d_event_destroy(&g->drv, e->ev);
+    }
+    if (code) {
+      IPCREF_FREE(e);
+      return ipcref__gpu_fail(ipcref__gpu_code(code),
+                              "making an interprocess event", g, code);
+    }
+    e->dev = dev;
+  }
+  code = ipcref__gpu_d_event_record(&g->drv, e->ev, stream);
+  if (code) {
+    ipcref__gpu_event_free(be, e);
+    return ipcref__gpu_fail(ipcref__gpu_code(code), "recording the event", g,
+                            code);
+  }
+  memcpy(handle, e->handle, IPCREF_HANDLE_BYTES);
+  *event = e;
+  return IPCREF_OK;
+}
+
+/* Back to the pool, never destroyed before ipcref_gpu_close: a consumer
+ * that opens the handle late finds the event recorded again later, which
+ * only makes it wait longer. */
+IPCREF_PRIVATE void ipcref__gpu_event_free(ipcref_backend *be, void *event) {
+  ipcref_gpu *g = IPCREF__GPU_OF(be);
+  ipcref__gpu_ipc_event *e = (ipcref__gpu_ipc_event *)event;
+  pthread_mutex_lock(&g->lock);
+  e->next = g->free_events;
+  g->free_events = e;
+  pthread_mutex_unlock(&g->lock);
+}
+
+IPCREF_PRIVATE ipcref_result
+ipcref__gpu_event_wait(ipcref_backend *be, int32_t dev, void *stream,
+                       const unsigned char *handle) {
+  static const unsigned char zero[IPCREF_HANDLE_BYTES] = {0};
+  ipcref_gpu *g = IPCREF__GPU_OF(be);
+  void *ev = NULL;
+  ipcref_result r;
+  int code;
+  if (memcmp(handle, zero, IPCREF_HANDLE_BYTES) == 0) return IPCREF_OK;
+  r = ipcref__gpu_on(g, dev);
+  if (r != IPCREF_OK) return r;
+  code = ipcref__gpu_d_event_open(&g->drv, handle, &ev);
+  if (code == IPCREF__GPU_INVALID_CONTEXT) { /* one of our own events */
+    ipcref__gpu_ipc_event *e;
+    pthread_mutex_lock(&g->lock);
+    for (e = g->free_events;
+         e && memcmp(e->handle, handle, IPCREF_HANDLE_BYTES) != 0;
+         e = e->next) {
+    }
+    pthread_mutex_unlock(&g->lock);
+    /* One in use is not on the free list: it was recorded in this process
+     * on the producer's stream, and the caller orders its own streams. */
+    if (!e) return IPCREF_OK;
+    code = ipcref__gpu_d_stream_wait(&g->drv, stream, e->ev);
+    return code ? ipcref__gpu_fail(IPCREF_EPROTO, "waiting on the event", g,
+                                   code)
+                : IPCREF_OK;
+  }
+  if (code)
+    return ipcref__gpu_fail(IPCREF_EPROTO, "opening the event", g, code);
+  code = ipcref__gpu_d_stream_wait(&g->drv, stream, ev);
+  (void)ipcref__gpu_d_event_destroy(&g->drv, ev); /* the wait is queued */
+  return code ? ipcref__gpu_fail(ipcref__gpu_code(code), "waiting on the event",
+                                 g, code)
+              : IPCREF_OK;
+}
+
+/* A fence: a plain event after the work queued on `stream`; NULL when
+ * that work has completed already. */
+IPCREF_PRIVATE ipcref_result ipcref__gpu_fence(ipcref_backend *be, int32_t dev,
+                                               void *stream, void **fence) {
+  ipcref_gpu *g = IPCREF__GPU_OF(be);
+  void *ev = NULL;
+  ipcref_result r = ipcref__gpu_on(g, dev);
+  int code;
+  *fence = NULL;
+  if (r != IPCREF_OK) return r;
+  code = ipcref__gpu_d_event_new(&g->drv, 0, &ev);
+  if (code)
+    return ipcref__gpu_fail(ipcref__gpu_code(code), "making an event", g, code);
+  code = ipcref__gpu_d_event_record(&g->drv, ev, stream);
+  if (code || ipcref__gpu_d_event_query(&g->drv, ev) == 0) {
+    (void)ipcref__gpu_d_event_destroy(&g->drv, ev);
+    return code ? ipcref__gpu_fail(ipcref__gpu_code(code),
+                                   "recording the event", g, code)
+                : IPCREF_OK;
+  }
+  *fence = ev;
+  return IPCREF_OK;
+}
+
+IPCREF_PRIVATE int ipcref__gpu_fence_done(ipcref_backend *be, void *fence) {
+  ipcref_gpu *g = IPCREF__GPU_OF(be);
+  if (ipcref__gpu_d_event_query(&g->drv, fence) == IPCREF__GPU_NOT_READY)
+    return 0;
+  /* Done, or an error: either way nothing more to wait for. */
+  (void)ipcref__gpu_d_event_destroy(&g->drv, fence);
+  return 1;
+}
+
+/* ---- the public part ----------------------------------------------------- */
+
+IPCREF_API ipcref_result ipcref_gpu_open(const char *driver_path,
+                                         ipcref_gpu **out) {
+  ipcref_gpu *g;
+  ipcref_result r;
+  ipcref__gpu_why[0] = 0;
+  if (!out) return IPCREF_EINVAL;
+  g = (ipcref_gpu *)IPCREF_MALLOC(sizeof *g);
+  if (!g) return IPCREF_ENOMEM;
+  memset(g, 0, sizeof *g);
+  if (pthread_mutex_init(&g->lock, NULL) != 0) {
+    IPCREF_FREE(g);
+    return ipcref__gpu_say(IPCREF_ESYS, "pthread_mutex_init failed");
+  }
+  r = ipcref__gpu_d_load(&g->drv, driver_path);
+  if (r != IPCREF_OK) { /* it said why */
+    pthread_mutex_destroy(&g->lock);
+    IPCREF_FREE(g);
+    return r;
+  }
+  g->backend.device_type = IPCREF__GPU_DEVICE_TYPE;
+  g->backend.name = IPCREF__GPU_NAME;
+  g->backend.user = g;
+  g->backend.seg_alloc = ipcref__gpu_seg_alloc;
+  g->backend.seg_free = ipcref__gpu_seg_free;
+  g->backend.seg_range = ipcref__gpu_seg_range;
+  g->backend.seg_export = ipcref__gpu_seg_export;
+  g->backend.seg_import = ipcref__gpu_seg_import;
+  g->backend.seg_close = ipcref__gpu_seg_close;
+  g->backend.event_record = ipcref__gpu_event_record;
+  g->backend.event_free = ipcref__gpu_event_free;
+  g->backend.event_wait = ipcref__gpu_event_wait;
+  g->backend.fence = ipcref__gpu_fence;
+  g->backend.fence_done = ipcref__gpu_fence_done;
+  *out = g;
+  return IPCREF_OK;
+}
+
+IPCREF_API ipcref_backend *ipcref_gpu_backend(ipcref_gpu *g) {
+  return g ? &g->backend : NULL;
+}
+
+IPCREF_API void ipcref_gpu_close(ipcref_gpu *g) {
+  if (!g) return;
+  while (g->free_events) {
+    ipcref__gpu_ipc_event *e = g->free_events;
+    g->free_events = e->next;
+    if (ipcref__gpu_on(g, e->dev) == IPCREF_OK)
+      (void)ipcref__gpu_d_event_destroy(&g->drv, e->ev);
+    IPCREF_FREE(e);
+  }
+  while (g->opens) {
+    ipcref__gpu_open *o = g->opens;
+    g->opens = o->next;
+    if (ipcref__gpu_on(g, o->dev) == IPCREF_OK)
+      (void)ipcref__gpu_d_ipc_close(&g->drv, o->addr);
+    IPCREF_FREE(o);
+  }
+  while (g->exports) {
+    ipcref__gpu_export *x = g->exports;
+    g->exports = x->next;
+    IPCREF_FREE(x);
+  }
+  ipcref__gpu_d_unload(&g->drv);
+  pthread_mutex_destroy(&g->lock);
+  IPCREF_FREE(g);
+}
+
+IPCREF_API ipcref_result ipcref_gpu_alloc(ipcref_ctx *ctx, int device,
+                                          size_t size, ipcref_buf **out) {
+  ipcref_device dev;
+  dev.type = IPCREF__GPU_DEVICE_TYPE;
+  dev.id = device;
+  return ipcref_device_new(ctx, dev, size, out);
+}
+
+IPCREF_API ipcref_result ipcref_gpu_wrap(ipcref_ctx *ctx, int device, void *ptr,
+                                         size_t size,
+                                         void (*release)(void *user, void *ptr),
+                                         void *user, ipcref_buf **out) {
+  ipcref_device dev;
+  dev.type = IPCREF__GPU_DEVICE_TYPE;
+  dev.id = device;
+  return ipcref_device_wrap(ctx, dev, ptr, size, release, user, out);
+}
