@@ -25,6 +25,8 @@ OUT = os.path.join(ROOT, "ipcref.h")
 BACKENDS = {
     "ipcref_cuda.h": ("cuda.h", {"ipcref_gpu": "ipcref_cuda", "ipcref__gpu": "ipcref__cu",
                                  "IPCREF_GPU": "IPCREF_CUDA", "IPCREF__GPU": "IPCREF__CU"}),
+    "ipcref_hip.h": ("hip.h", {"ipcref_gpu": "ipcref_hip", "ipcref__gpu": "ipcref__hip",
+                               "IPCREF_GPU": "IPCREF_HIP", "IPCREF__GPU": "IPCREF__HIP"}),
 }
 DRIVER_MARKER = "/* @driver */"
 

@@ -1,0 +1,847 @@
+/* ipcref_hip.h: the HIP (ROCm) backend for ipcref's sharing layer.
+ *
+ * Include ipcref.h first; define IPCREF_HIP_IMPLEMENTATION in the one file
+ * that also defines IPCREF_IMPLEMENTATION. Nothing links against
+ * libamdhip64: ipcref_hip_open loads the runtime at run time (dlopen
+ * "libamdhip64.so.7", ".so.6", ".so.5", then "libamdhip64.so"; every
+ * symbol checked), so a program built with this header runs on a machine
+ * without a GPU and gets IPCREF_ENODEV, with ipcref_hip_error() saying why.
+ *
+ *     ipcref_hip *hip;
+ *     if (ipcref_hip_open(NULL, &hip) != IPCREF_OK)
+ *       fprintf(stderr, "no ROCm: %s\n", ipcref_hip_error());
+ *     ipcref_ctx_add_backend(ctx, ipcref_hip_backend(hip));
+ *     ipcref_hip_alloc(ctx, 0, bytes, &buf);     (or ipcref_hip_wrap)
+ *
+ * It is the CUDA backend's logic on HIP (both are written from one source):
+ * device segments from hipMalloc, pointers from other allocators found with
+ * hipMemGetAddressRange and exported once by their base, one
+ * hipIpcOpenMemHandle per allocation and process (counted; this process's
+ * own handles resolve to its own pointers), releases fenced by an event on
+ * the consumer's stream. One difference: HIP 5 has no usable interprocess
+ * events (its header: "Use of this flag will return an error"), so instead
+ * of an event travelling with the message, ipcref_send_on synchronizes the
+ * producer's stream before the hand-off. The producer's thread waits for
+ * its own queued work then, never for a consumer. */
+
+#ifndef IPCREF_HIP_H_INCLUDED
+#define IPCREF_HIP_H_INCLUDED
+
+#ifndef IPCREF_HAVE_SHARING
+#error                                                                         \
+    "ipcref_hip.h: include ipcref.h first (and do not define IPCREF_NO_SHARING)"
+#endif
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef struct ipcref_hip ipcref_hip;
+
+/* Loads the HIP runtime: `runtime_path` names the library (NULL: the
+ * usual names, newest first), then hipInit and a device count. Errors:
+ * EINVAL (out NULL), ENOMEM, ENODEV (no runtime library, a symbol missing,
+ * no device): ipcref_hip_error() says which. */
+IPCREF_API ipcref_result ipcref_hip_open(const char *runtime_path,
+                                         ipcref_hip **out);
+
+/* Why the last ipcref_hip_open (or backend call) on this thread failed,
+ * in English; "" when nothing failed. */
+IPCREF_API const char *ipcref_hip_error(void);
+
+/* The backend to give ipcref_ctx_add_backend; NULL for NULL. */
+IPCREF_API ipcref_backend *ipcref_hip_backend(ipcref_hip *hip);
+
+/* Releases the event pool, the imports and the library. Every context the
+ * backend was added to must be freed first. NULL: no-op. */
+IPCREF_API void ipcref_hip_close(ipcref_hip *hip);
+
+/* A shared device buffer of `size` bytes on device `device` (the backend
+ * must be added to ctx): ipcref_device_new for ROCm. */
+IPCREF_API ipcref_result ipcref_hip_alloc(ipcref_ctx *ctx, int device,
+                                          size_t size, ipcref_buf **out);
+
+/* Adopts `size` bytes at device address `ptr` from another allocator:
+ * ipcref_device_wrap for ROCm (see there). */
+IPCREF_API ipcref_result ipcref_hip_wrap(ipcref_ctx *ctx, int device, void *ptr,
+                                         size_t size,
+                                         void (*release)(void *user, void *ptr),
+                                         void *user, ipcref_buf **out);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* IPCREF_HIP_H_INCLUDED */
+
+#if defined(IPCREF_HIP_IMPLEMENTATION) && !defined(IPCREF_HIP_IMPLEMENTATION_INCLUDED)
+#define IPCREF_HIP_IMPLEMENTATION_INCLUDED
+
+/* ---- gpu: shared backend logic, first part (src/gpu.h) ------------------ */
+
+#include <pthread.h>
+#include <stdio.h>
+#include <string.h>
+#include <unistd.h>
+
+/* Why the last failure on this thread happened, for ipcref_hip_error(). */
+static __thread char ipcref__hip_why[256];
+
+IPCREF_PRIVATE ipcref_result ipcref__hip_say(ipcref_result r,
+                                             const char *what) {
+  snprintf(ipcref__hip_why, sizeof ipcref__hip_why, "%s", what);
+  return r;
+}
+
+/* ---- hip: driver (src/hip.h) -------------------------------------------- */
+
+/* ---- HIP's part (the shared part is src/gpu.h) -----------------------------
+ * The runtime's types: with <hip/hip_runtime_api.h> included first, its
+ * own, and the compiler checks each entry point against the header's
+ * prototype; without it, the same layouts. */
+#include <dlfcn.h>
+
+#ifdef HIP_IPC_HANDLE_SIZE
+typedef hipError_t ipcref__hip_result;
+typedef hipEvent_t ipcref__hip_event;
+typedef hipStream_t ipcref__hip_stream;
+typedef hipIpcMemHandle_t ipcref__hip_mem_handle;
+typedef hipPointer_attribute ipcref__hip_attr;
+#else
+typedef int ipcref__hip_result;
+typedef struct ipcref__hip_event_st *ipcref__hip_event;
+typedef struct ipcref__hip_stream_st *ipcref__hip_stream;
+typedef struct {
+  char reserved[64];
+} ipcref__hip_mem_handle;
+typedef int ipcref__hip_attr;
+#endif
+
+/* The numbers used here (hip_runtime_api.h), and what the shared part
+ * needs. */
+#define IPCREF__HIP_OOM             2   /* hipErrorOutOfMemory */
+#define IPCREF__HIP_NO_DEVICE       100 /* hipErrorNoDevice */
+#define IPCREF__HIP_INVALID_CONTEXT 201 /* hipErrorInvalidContext */
+#define IPCREF__HIP_NOT_READY       600 /* hipErrorNotReady */
+#define IPCREF__HIP_IPC_EVENTS      0   /* HIP 5: none that work */
+#define IPCREF__HIP_DEVICE_TYPE     IPCREF_DEVICE_ROCM
+#define IPCREF__HIP_NAME            "hip"
+#define IPCREF__HIP_DEVICES         64
+#define IPCREF__HIP_EVENT_NO_TIMING 0x2 /* hipEventDisableTiming */
+#define IPCREF__HIP_ATTR_IPC_CAPABLE                                           \
+  10 /* HIP_POINTER_ATTRIBUTE_IS_LEGACY_HIP_IPC_CAPABLE */
+
+/* The entry points, by their names (HIP has no versioned lookup). */
+typedef struct ipcref__hip_api {
+  ipcref__hip_result (*Init)(unsigned int);
+  ipcref__hip_result (*GetDeviceCount)(int *);
+  ipcref__hip_result (*RuntimeGetVersion)(int *);
+  const char *(*GetErrorName)(ipcref__hip_result);
+  ipcref__hip_result (*SetDevice)(int);
+  ipcref__hip_result (*Malloc)(void **, size_t);
+  ipcref__hip_result (*Free)(void *);
+  ipcref__hip_result (*MemGetAddressRange)(void **, size_t *, void *);
+  ipcref__hip_result (*PointerGetAttribute)(void *, ipcref__hip_attr, void *);
+  ipcref__hip_result (*IpcGetMemHandle)(ipcref__hip_mem_handle *, void *);
+  ipcref__hip_result (*IpcOpenMemHandle)(void **, ipcref__hip_mem_handle,
+                                         unsigned int);
+  ipcref__hip_result (*IpcCloseMemHandle)(void *);
+  ipcref__hip_result (*EventCreateWithFlags)(ipcref__hip_event *, unsigned);
+  ipcref__hip_result (*EventRecord)(ipcref__hip_event, ipcref__hip_stream);
+  ipcref__hip_result (*EventQuery)(ipcref__hip_event);
+  ipcref__hip_result (*EventDestroy)(ipcref__hip_event);
+  ipcref__hip_result (*StreamWaitEvent)(ipcref__hip_stream, ipcref__hip_event,
+                                        unsigned int);
+  ipcref__hip_result (*StreamSynchronize)(ipcref__hip_stream);
+} ipcref__hip_api;
+
+#ifdef HIP_IPC_HANDLE_SIZE
+/* Each pointer type against the real prototype: a mismatch is a
+ * diagnostic (distinct pointer types), and sizeof keeps it from linking. */
+#define IPCREF__HIP_CHECK(field, fn)                                           \
+  (void)sizeof(((ipcref__hip_api *)0)->field == &fn)
+IPCREF_PRIVATE void ipcref__hip_check_prototypes(void) {
+  IPCREF__HIP_CHECK(Init, hipInit);
+  IPCREF__HIP_CHECK(GetDeviceCount, hipGetDeviceCount);
+  IPCREF__HIP_CHECK(RuntimeGetVersion, hipRuntimeGetVersion);
+  IPCREF__HIP_CHECK(GetErrorName, hipGetErrorName);
+  IPCREF__HIP_CHECK(SetDevice, hipSetDevice);
+  IPCREF__HIP_CHECK(Malloc, hipMalloc);
+  IPCREF__HIP_CHECK(Free, hipFree);
+  IPCREF__HIP_CHECK(MemGetAddressRange, hipMemGetAddressRange);
+  IPCREF__HIP_CHECK(PointerGetAttribute, hipPointerGetAttribute);
+  IPCREF__HIP_CHECK(IpcGetMemHandle, hipIpcGetMemHandle);
+  IPCREF__HIP_CHECK(IpcOpenMemHandle, hipIpcOpenMemHandle);
+  IPCREF__HIP_CHECK(IpcCloseMemHandle, hipIpcCloseMemHandle);
+  IPCREF__HIP_CHECK(EventCreateWithFlags, hipEventCreateWithFlags);
+  IPCREF__HIP_CHECK(EventQuery, hipEventQuery);
+  IPCREF__HIP_CHECK(EventDestroy, hipEventDestroy);
+  IPCREF__HIP_CHECK(StreamWaitEvent, hipStreamWaitEvent);
+  IPCREF__HIP_CHECK(StreamSynchronize, hipStreamSynchronize);
+  (void)sizeof(char[sizeof(hipIpcMemHandle_t) == IPCREF_HANDLE_BYTES ? 1 : -1]);
+}
+#endif
+
+/* The loaded runtime. */
+typedef struct ipcref__hip_state {
+  void *lib;
+  ipcref__hip_api api;
+  unsigned int lazy_peer; /* hipIpcMemLazyEnablePeerAccess: 0 in HIP 5,
+                             1 from HIP 6 on, which insists on it */
+} ipcref__hip_state;
+
+IPCREF_PRIVATE const char *ipcref__hip_d_errname(ipcref__hip_state *d,
+                                                 int code) {
+  const char *name =
+      d->api.GetErrorName ? d->api.GetErrorName((ipcref__hip_result)code) : 0;
+  return name ? name : "HIP error";
+}
+
+/* One function per runtime call the shared part makes. */
+IPCREF_PRIVATE int ipcref__hip_d_use(ipcref__hip_state *d, int dev) {
+  return (int)d->api.SetDevice(dev);
+}
+IPCREF_PRIVATE int ipcref__hip_d_alloc(ipcref__hip_state *d, size_t size,
+                                       uint64_t *addr) {
+  void *p = NULL;
+  int code = (int)d->api.Malloc(&p, size);
+  *addr = (uint64_t)(uintptr_t)p;
+  return code;
+}
+IPCREF_PRIVATE int ipcref__hip_d_free(ipcref__hip_state *d, uint64_t addr) {
+  return (int)d->api.Free((void *)(uintptr_t)addr);
+}
+IPCREF_PRIVATE int ipcref__hip_d_range(ipcref__hip_state *d, uint64_t addr,
+                                       uint64_t *base, size_t *size) {
+  void *b = NULL;
+  int code = (int)d->api.MemGetAddressRange(&b, size, (void *)(uintptr_t)addr);
+  *base = (uint64_t)(uintptr_t)b;
+  return code;
+}
+IPCREF_PRIVATE int ipcref__hip_d_ipc_capable(ipcref__hip_state *d,
+                                             uint64_t addr) {
+  int capable = 1; /* HIP 5 does not answer: assume it can */
+  if (d->api.PointerGetAttribute)
+    (void)d->api.PointerGetAttribute(
+        &capable, (ipcref__hip_attr)IPCREF__HIP_ATTR_IPC_CAPABLE,
+        (void *)(uintptr_t)addr);
+  return capable != 0;
+}
+IPCREF_PRIVATE int ipcref__hip_d_ipc_get(ipcref__hip_state *d, uint64_t addr,
+                                         unsigned char *handle) {
+  ipcref__hip_mem_handle h;
+  int code;
+  memset(&h, 0, sizeof h);
+  code = (int)d->api.IpcGetMemHandle(&h, (void *)(uintptr_t)addr);
+  memcpy(handle, &h, IPCREF_HANDLE_BYTES);
+  return code;
+}
+IPCREF_PRIVATE int ipcref__hip_d_ipc_open(ipcref__hip_state *d,
+                                          const unsigned char *handle,
+                                          uint64_t *addr) {
+  ipcref__hip_mem_handle h;
+  void *p = NULL;
+  int code;
+  memcpy(&h, handle, IPCREF_HANDLE_BYTES);
+  code = (int)d->api.IpcOpenMemHandle(&p, h, d->lazy_peer);
+  *addr = (uint64_t)(uintptr_t)p;
+  return code;
+}
+IPCREF_PRIVATE int ipcref__hip_d_ipc_close(ipcref__hip_state *d,
+                                           uint64_t addr) {
+  return (int)d->api.IpcCloseMemHandle((void *)(uintptr_t)addr);
+}
+IPCREF_PRIVATE int ipcref__hip_d_event_new(ipcref__hip_state *d, int ipc,
+                                           void **ev) {
+  ipcref__hip_event e = NULL;
+  int code = (int)d->api.EventCreateWithFlags(&e, IPCREF__HIP_EVENT_NO_TIMING);
+  (void)ipc; /* never asked for: IPCREF__HIP_IPC_EVENTS is 0 */
+  *ev = (void *)e;
+  return code;
+}
+IPCREF_PRIVATE int ipcref__hip_d_event_handle(ipcref__hip_state *d, void *ev,
+                                              unsigned char *handle) {
+  (void)d;
+  (void)ev;
+  memset(handle, 0, IPCREF_HANDLE_BYTES);
+  return 0;
+}
+IPCREF_PRIVATE int ipcref__hip_d_event_open(ipcref__hip_state *d,
+                                            const unsigned char *handle,
+                                            void **ev) {
+  (void)d;
+  (void)handle;
+  *ev = NULL;
+  return IPCREF__HIP_INVALID_CONTEXT; /* none are sent: never asked */
+}
+IPCREF_PRIVATE int ipcref__hip_d_event_record(ipcref__hip_state *d, void *ev,
+                                              void *stream) {
+  return (int)d->api.EventRecord((ipcref__hip_event)ev,
+                                 (ipcref__hip_stream)stream);
+}
+IPCREF_PRIVATE int ipcref__hip_d_event_query(ipcref__hip_state *d, void *ev) {
+  return (int)d->api.EventQuery((ipcref__hip_event)ev);
+}
+IPCREF_PRIVATE int ipcref__hip_d_event_destroy(ipcref__hip_state *d, void *ev) {
+  return (int)d->api.EventDestroy((ipcref__hip_event)ev);
+}
+IPCREF_PRIVATE int ipcref__hip_d_stream_wait(ipcref__hip_state *d, void *stream,
+                                             void *ev) {
+  return (int)d->api.StreamWaitEvent((ipcref__hip_stream)stream,
+                                     (ipcref__hip_event)ev, 0);
+}
+IPCREF_PRIVATE int ipcref__hip_d_stream_sync(ipcref__hip_state *d,
+                                             void *stream) {
+  return (int)d->api.StreamSynchronize((ipcref__hip_stream)stream);
+}
+
+/* Loads the runtime and every entry point (each one checked), then
+ * hipInit and a device count. On failure, says why and leaves nothing
+ * loaded. */
+IPCREF_PRIVATE ipcref_result ipcref__hip_d_load(ipcref__hip_state *d,
+                                                const char *runtime_path) {
+  static const char *const names[] = {"libamdhip64.so.7", "libamdhip64.so.6",
+                                      "libamdhip64.so.5", "libamdhip64.so"};
+  const char *path = runtime_path;
+  int code, i, count = 0, version = 0;
+  struct {
+    const char *name;
+    void *slot; /* a function pointer's address */
+    int optional;
+  } syms[18];
+  if (path) {
+    d->lib = dlopen(path, RTLD_NOW | RTLD_LOCAL);
+  } else {
+    for (i = 0; i < 4 && !d->lib; i++)
+      d->lib = dlopen(path = names[i], RTLD_NOW | RTLD_LOCAL);
+  }
+  if (!d->lib) {
+    const char *e = dlerror();
+    snprintf(ipcref__hip_why, sizeof ipcref__hip_why,
+             "the HIP runtime library could not be loaded (%s): %s",
+             runtime_path ? runtime_path : "libamdhip64.so.5 or later",
+             e ? e : "not found");
+    return IPCREF_ENODEV;
+  }
+#define IPCREF__HIP_SYM(k, field, opt)                                         \
+  syms[k].name = "hip" #field;                                                 \
+  syms[k].slot = (void *)&d->api.field;                                        \
+  syms[k].optional = opt
+  IPCREF__HIP_SYM(0, Init, 0);
+  IPCREF__HIP_SYM(1, GetDeviceCount, 0);
+  IPCREF__HIP_SYM(2, RuntimeGetVersion, 0);
+  IPCREF__HIP_SYM(3, GetErrorName, 0);
+  IPCREF__HIP_SYM(4, SetDevice, 0);
+  IPCREF__HIP_SYM(5, Malloc, 0);
+  IPCREF__HIP_SYM(6, Free, 0);
+  IPCREF__HIP_SYM(7, MemGetAddressRange, 0);
+  IPCREF__HIP_SYM(8, PointerGetAttribute, 1); /* HIP 5.0 on */
+  IPCREF__HIP_SYM(9, IpcGetMemHandle, 0);
+  IPCREF__HIP_SYM(10, IpcOpenMemHandle, 0);
+  IPCREF__HIP_SYM(11, IpcCloseMemHandle, 0);
+  IPCREF__HIP_SYM(12, EventCreateWithFlags, 0);
+  IPCREF__HIP_SYM(13, EventRecord, 0);
+  IPCREF__HIP_SYM(14, EventQuery, 0);
+  IPCREF__HIP_SYM(15, EventDestroy, 0);
+  IPCREF__HIP_SYM(16, StreamWaitEvent, 0);
+  IPCREF__HIP_SYM(17, StreamSynchronize, 0);
+#undef IPCREF__HIP_SYM
+  for (i = 0; i < 18; i++) {
+    /* dlsym gives objects; POSIX makes them functions (memcpy: ISO C has
+     * no cast between the two). */
+    void *fn = dlsym(d->lib, syms[i].name);
+    if (!fn && !syms[i].optional) {
+      snprintf(ipcref__hip_why, sizeof ipcref__hip_why,
+               "the HIP runtime %s lacks %s", path, syms[i].name);
+      goto fail;
+    }
+    memcpy(syms[i].slot, &fn, sizeof fn);
+  }
+  code = (int)d->api.Init(0);
+  if (!code) code = (int)d->api.GetDeviceCount(&count);
+  if (code || count < 1) {
+    snprintf(ipcref__hip_why, sizeof ipcref__hip_why, "%s: %s (%d)%s",
+             code ? "hipInit/hipGetDeviceCount" : "hipGetDeviceCount",
+             code ? ipcref__hip_d_errname(d, code) : "no device", code,
+             code == IPCREF__HIP_NO_DEVICE || count < 1
+                 ? ": no ROCm-capable device"
+                 : "");
+    goto fail;
+  }
+  (void)d->api.RuntimeGetVersion(&version);
+  d->lazy_peer = version >= 60000000 ? 1u : 0u;
+  return IPCREF_OK;
+fail:
+  dlclose(d->lib);
+  d->lib = NULL;
+  return IPCREF_ENODEV;
+}
+
+IPCREF_PRIVATE void ipcref__hip_d_unload(ipcref__hip_state *d) {
+  dlclose(d->lib);
+}
+
+/* ---- gpu: shared backend logic (src/gpu.h) ------------------------------ */
+
+/* ---- the backend's state ------------------------------------------------- */
+
+/* An interprocess event of the pool, with its handle made once. */
+typedef struct ipcref__hip_ipc_event {
+  void *ev;
+  int dev;
+  unsigned char handle[IPCREF_HANDLE_BYTES];
+  struct ipcref__hip_ipc_event *next; /* the free list */
+} ipcref__hip_ipc_event;
+
+/* An allocation opened from another process, counted. */
+typedef struct ipcref__hip_open {
+  unsigned char handle[IPCREF_HANDLE_BYTES];
+  int dev;
+  uint64_t addr;
+  int refs;
+  struct ipcref__hip_open *next;
+} ipcref__hip_open;
+
+/* An allocation this process exported, so that its handle resolves here. */
+typedef struct ipcref__hip_export {
+  unsigned char handle[IPCREF_HANDLE_BYTES];
+  uint64_t base;
+  struct ipcref__hip_export *next;
+} ipcref__hip_export;
+
+struct ipcref_hip {
+  ipcref_backend backend; /* first: the backend's pointer is ours */
+  ipcref__hip_state drv;
+  pthread_mutex_t lock;
+  ipcref__hip_ipc_event *free_events; /* the pool: events not in use */
+  ipcref__hip_open *opens;
+  ipcref__hip_export *exports;
+};
+
+#define IPCREF__HIP_OF(be) ((ipcref_hip *)(void *)(be))
+
+IPCREF_PRIVATE void ipcref__hip_event_free(ipcref_backend *be, void *event);
+
+/* Records a failed driver call for ipcref_hip_error(); returns `r`. */
+IPCREF_PRIVATE ipcref_result ipcref__hip_fail(ipcref_result r, const char *what,
+                                              ipcref_hip *g, int code) {
+  snprintf(ipcref__hip_why, sizeof ipcref__hip_why, "%s: %s (%d)", what,
+           ipcref__hip_d_errname(&g->drv, code), code);
+  return r;
+}
+
+IPCREF_API const char *ipcref_hip_error(void) {
+  return ipcref__hip_why;
+}
+
+/* A driver error as an ipcref code. */
+IPCREF_PRIVATE ipcref_result ipcref__hip_code(int code) {
+  if (code == 0) return IPCREF_OK;
+  if (code == IPCREF__HIP_OOM) return IPCREF_ENOMEM;
+  if (code == IPCREF__HIP_NO_DEVICE) return IPCREF_ENODEV;
+  return IPCREF_EINVAL;
+}
+
+/* Makes device `dev` current on this thread. */
+IPCREF_PRIVATE ipcref_result ipcref__hip_on(ipcref_hip *g, int dev) {
+  int code;
+  if (dev < 0 || dev >= IPCREF__HIP_DEVICES)
+    return ipcref__hip_say(IPCREF_ENODEV, "device ordinal out of range");
+  code = ipcref__hip_d_use(&g->drv, dev);
+  return code ? ipcref__hip_fail(IPCREF_ENODEV, "selecting the device", g, code)
+              : IPCREF_OK;
+}
+
+/* ---- segments ------------------------------------------------------------ */
+
+IPCREF_PRIVATE ipcref_result ipcref__hip_seg_alloc(ipcref_backend *be,
+                                                   int32_t dev, size_t size,
+                                                   uint64_t *addr) {
+  ipcref_hip *g = IPCREF__HIP_OF(be);
+  ipcref_result r = ipcref__hip_on(g, dev);
+  int code;
+  if (r != IPCREF_OK) return r;
+  code = ipcref__hip_d_alloc(&g->drv, size, addr);
+  return code ? ipcref__hip_fail(ipcref__hip_code(code), "allocating", g, code)
+              : IPCREF_OK;
+}
+
+IPCREF_PRIVATE void ipcref__hip_seg_free(ipcref_backend *be, int32_t dev,
+                                         uint64_t addr) {
+  ipcref_hip *g = IPCREF__HIP_OF(be);
+  ipcref__hip_export **pp;
+  if (ipcref__hip_on(g, dev) == IPCREF_OK)
+    (void)ipcref__hip_d_free(&g->drv, addr);
+  pthread_mutex_lock(&g->lock); /* its handle no longer names it */
+  for (pp = &g->exports; *pp; pp = &(*pp)->next)
+    if ((*pp)->base == addr) {
+      ipcref__hip_export *x = *pp;
+      *pp = x->next;
+      IPCREF_FREE(x);
+      break;
+    }
+  pthread_mutex_unlock(&g->lock);
+}
+
+IPCREF_PRIVATE ipcref_result ipcref__hip_seg_range(ipcref_backend *be,
+                                                   int32_t dev, uint64_t addr,
+                                                   uint64_t *base,
+                                                   size_t *size) {
+  ipcref_hip *g = IPCREF__HIP_OF(be);
+  ipcref_result r = ipcref__hip_on(g, dev);
+  int code;
+  if (r != IPCREF_OK) return r;
+  code = ipcref__hip_d_range(&g->drv, addr, base, size);
+  return code ? ipcref__hip_fail(IPCREF_EINVAL,
+                                 "finding the allocation (not device memory "
+                                 "of this device?)",
+                                 g, code)
+              : IPCREF_OK;
+}
+
+IPCREF_PRIVATE ipcref_result ipcref__hip_seg_export(ipcref_backend *be,
+                                                    int32_t dev, uint64_t base,
+                                                    unsigned char *handle) {
+  ipcref_hip *g = IPCREF__HIP_OF(be);
+  ipcref__hip_export *x;
+  ipcref_result r = ipcref__hip_on(g, dev);
+  int code;
+  if (r != IPCREF_OK) return r;
+  /* VMM and stream-ordered pool memory cannot go through legacy IPC. */
+  if (!ipcref__hip_d_ipc_capable(&g->drv, base))
+    return ipcref__hip_say(IPCREF_EINVAL,
+                           "memory not exportable by legacy IPC (virtual "
+                           "memory management or a stream-ordered pool)");
+  code = ipcref__hip_d_ipc_get(&g->drv, base, handle);
+  if (code)
+    return ipcref__hip_fail(ipcref__hip_code(code), "exporting the handle", g,
+                            code);
+  x = (ipcref__hip_export *)IPCREF_MALLOC(sizeof *x);
+  if (!x) return IPCREF_ENOMEM;
+  memcpy(x->handle, handle, IPCREF_HANDLE_BYTES);
+  x->base = base;
+  pthread_mutex_lock(&g->lock);
+  x->next = g->exports;
+  g->exports = x;
+  pthread_mutex_unlock(&g->lock);
+  return IPCREF_OK;
+}
+
+IPCREF_PRIVATE ipcref_result ipcref__hip_seg_import(ipcref_backend *be,
+                                                    int32_t dev,
+                                                    const unsigned char *handle,
+                                                    uint64_t *addr) {
+  ipcref_hip *g = IPCREF__HIP_OF(be);
+  ipcref__hip_export *x;
+  ipcref__hip_open *o;
+  ipcref_result r;
+  int code;
+  pthread_mutex_lock(&g->lock);
+  for (x = g->exports; x; x = x->next) /* ours: the pointer itself */
+    if (memcmp(x->handle, handle, IPCREF_HANDLE_BYTES) == 0) {
+      *addr = x->base;
+      pthread_mutex_unlock(&g->lock);
+      return IPCREF_OK;
+    }
+  for (o = g->opens; o; o = o->next) /* opened already: one more user */
+    if (o->dev == dev && memcmp(o->handle, handle, IPCREF_HANDLE_BYTES) == 0) {
+      o->refs++;
+      *addr = o->addr;
+      pthread_mutex_unlock(&g->lock);
+      return IPCREF_OK;
+    }
+  pthread_mutex_unlock(&g->lock);
+  o = (ipcref__hip_open *)IPCREF_MALLOC(sizeof *o);
+  if (!o) return IPCREF_ENOMEM;
+  r = ipcref__hip_on(g, dev);
+  if (r != IPCREF_OK) {
+    IPCREF_FREE(o);
+    return r;
+  }
+  code = ipcref__hip_d_ipc_open(&g->drv, handle, &o->addr);
+  if (code) {
+    IPCREF_FREE(o);
+    /* A handle that opens nothing (freed, forged, its exporter gone) is
+     * bad input; running out of memory is not. */
+    return ipcref__hip_fail(code == IPCREF__HIP_OOM ? IPCREF_ENOMEM
+                                                    : IPCREF_EPROTO,
+                            "opening the handle", g, code);
+  }
+  memcpy(o->handle, handle, IPCREF_HANDLE_BYTES);
+  o->dev = dev;
+  o->refs = 1;
+  pthread_mutex_lock(&g->lock);
+  o->next = g->opens;
+  g->opens = o;
+  pthread_mutex_unlock(&g->lock);
+  *addr = o->addr;
+  return IPCREF_OK;
+}
+
+IPCREF_PRIVATE void ipcref__hip_seg_close(ipcref_backend *be, int32_t dev,
+                                          uint64_t addr) {
+  ipcref_hip *g = IPCREF__HIP_OF(be);
+  ipcref__hip_open **pp, *o = NULL;
+  pthread_mutex_lock(&g->lock);
+  for (pp = &g->opens; *pp; pp = &(*pp)->next)
+    if ((*pp)->dev == dev && (*pp)->addr == addr) {
+      if (--(*pp)->refs == 0) {
+        o = *pp;
+        *pp = o->next;
+      }
+      break;
+    }
+  pthread_mutex_unlock(&g->lock);
+  if (!o) return; /* ours, or still used */
+  if (ipcref__hip_on(g, dev) == IPCREF_OK)
+    (void)ipcref__hip_d_ipc_close(&g->drv, o->addr);
+  IPCREF_FREE(o);
+}
+
+/* ---- ordering ------------------------------------------------------------ */
+
+IPCREF_PRIVATE ipcref_result ipcref__hip_event_record(ipcref_backend *be,
+                                                      int32_t dev, void *stream,
+                                                      unsigned char *handle,
+                                                      void **event) {
+  ipcref_hip *g = IPCREF__HIP_OF(be);
+  ipcref__hip_ipc_event *e, **pp;
+  ipcref_result r = ipcref__hip_on(g, dev);
+  int code;
+  *event = NULL;
+  if (r != IPCREF_OK) return r;
+  if (!IPCREF__HIP_IPC_EVENTS) { /* no interprocess events: wait here */
+    code = ipcref__hip_d_stream_sync(&g->drv, stream);
+    memset(handle, 0, IPCREF_HANDLE_BYTES);
+    return code ? ipcref__hip_fail(ipcref__hip_code(code),
+                                   "synchronizing the stream", g, code)
+                : IPCREF_OK;
+  }
+  pthread_mutex_lock(&g->lock); /* a free event of this device */
+  for (pp = &g->free_events; *pp && (*pp)->dev != dev; pp = &(*pp)->next) {
+  }
+  e = *pp;
+  if (e) *pp = e->next;
+  pthread_mutex_unlock(&g->lock);
+  if (!e) { /* the pool grows: no limit on events outstanding */
+    e = (ipcref__hip_ipc_event *)IPCREF_MALLOC(sizeof *e);
+    if (!e) return IPCREF_ENOMEM;
+    code = ipcref__hip_d_event_new(&g->drv, 1, &e->ev);
+    if (!code) {
+      code = ipcref__hip_d_event_handle(&g->drv, e->ev, e->handle);
+      if (code) (void)ipcref__hip_d_event_destroy(&g->drv, e->ev);
+    }
+    if (code) {
+      IPCREF_FREE(e);
+      return ipcref__hip_fail(ipcref__hip_code(code),
+                              "making an interprocess event", g, code);
+    }
+    e->dev = dev;
+  }
+  code = ipcref__hip_d_event_record(&g->drv, e->ev, stream);
+  if (code) {
+    ipcref__hip_event_free(be, e);
+    return ipcref__hip_fail(ipcref__hip_code(code), "recording the event", g,
+                            code);
+  }
+  memcpy(handle, e->handle, IPCREF_HANDLE_BYTES);
+  *event = e;
+  return IPCREF_OK;
+}
+
+/* Back to the pool, never destroyed before ipcref_hip_close: a consumer
+ * that opens the handle late finds the event recorded again later, which
+ * only makes it wait longer. */
+IPCREF_PRIVATE void ipcref__hip_event_free(ipcref_backend *be, void *event) {
+  ipcref_hip *g = IPCREF__HIP_OF(be);
+  ipcref__hip_ipc_event *e = (ipcref__hip_ipc_event *)event;
+  pthread_mutex_lock(&g->lock);
+  e->next = g->free_events;
+  g->free_events = e;
+  pthread_mutex_unlock(&g->lock);
+}
+
+IPCREF_PRIVATE ipcref_result
+ipcref__hip_event_wait(ipcref_backend *be, int32_t dev, void *stream,
+                       const unsigned char *handle) {
+  static const unsigned char zero[IPCREF_HANDLE_BYTES] = {0};
+  ipcref_hip *g = IPCREF__HIP_OF(be);
+  void *ev = NULL;
+  ipcref_result r;
+  int code;
+  if (memcmp(handle, zero, IPCREF_HANDLE_BYTES) == 0) return IPCREF_OK;
+  r = ipcref__hip_on(g, dev);
+  if (r != IPCREF_OK) return r;
+  code = ipcref__hip_d_event_open(&g->drv, handle, &ev);
+  if (code == IPCREF__HIP_INVALID_CONTEXT) { /* one of our own events */
+    ipcref__hip_ipc_event *e;
+    pthread_mutex_lock(&g->lock);
+    for (e = g->free_events;
+         e && memcmp(e->handle, handle, IPCREF_HANDLE_BYTES) != 0;
+         e = e->next) {
+    }
+    pthread_mutex_unlock(&g->lock);
+    /* One in use is not on the free list: it was recorded in this process
+     * on the producer's stream, and the caller orders its own streams. */
+    if (!e) return IPCREF_OK;
+    code = ipcref__hip_d_stream_wait(&g->drv, stream, e->ev);
+    return code ? ipcref__hip_fail(IPCREF_EPROTO, "waiting on the event", g,
+                                   code)
+                : IPCREF_OK;
+  }
+  if (code)
+    return ipcref__hip_fail(IPCREF_EPROTO, "opening the event", g, code);
+  code = ipcref__hip_d_stream_wait(&g->drv, stream, ev);
+  (void)ipcref__hip_d_event_destroy(&g->drv, ev); /* the wait is queued */
+  return code ? ipcref__hip_fail(ipcref__hip_code(code), "waiting on the event",
+                                 g, code)
+              : IPCREF_OK;
+}
+
+/* A fence: a plain event after the work queued on `stream`; NULL when
+ * that work has completed already. */
+IPCREF_PRIVATE ipcref_result ipcref__hip_fence(ipcref_backend *be, int32_t dev,
+                                               void *stream, void **fence) {
+  ipcref_hip *g = IPCREF__HIP_OF(be);
+  void *ev = NULL;
+  ipcref_result r = ipcref__hip_on(g, dev);
+  int code;
+  *fence = NULL;
+  if (r != IPCREF_OK) return r;
+  code = ipcref__hip_d_event_new(&g->drv, 0, &ev);
+  if (code)
+    return ipcref__hip_fail(ipcref__hip_code(code), "making an event", g, code);
+  code = ipcref__hip_d_event_record(&g->drv, ev, stream);
+  if (code || ipcref__hip_d_event_query(&g->drv, ev) == 0) {
+    (void)ipcref__hip_d_event_destroy(&g->drv, ev);
+    return code ? ipcref__hip_fail(ipcref__hip_code(code),
+                                   "recording the event", g, code)
+                : IPCREF_OK;
+  }
+  *fence = ev;
+  return IPCREF_OK;
+}
+
+IPCREF_PRIVATE int ipcref__hip_fence_done(ipcref_backend *be, void *fence) {
+  ipcref_hip *g = IPCREF__HIP_OF(be);
+  if (ipcref__hip_d_event_query(&g->drv, fence) == IPCREF__HIP_NOT_READY)
+    return 0;
+  /* Done, or an error: either way nothing more to wait for. */
+  (void)ipcref__hip_d_event_destroy(&g->drv, fence);
+  return 1;
+}
+
+/* ---- the public part ----------------------------------------------------- */
+
+IPCREF_API ipcref_result ipcref_hip_open(const char *driver_path,
+                                         ipcref_hip **out) {
+  ipcref_hip *g;
+  ipcref_result r;
+  ipcref__hip_why[0] = 0;
+  if (!out) return IPCREF_EINVAL;
+  g = (ipcref_hip *)IPCREF_MALLOC(sizeof *g);
+  if (!g) return IPCREF_ENOMEM;
+  memset(g, 0, sizeof *g);
+  if (pthread_mutex_init(&g->lock, NULL) != 0) {
+    IPCREF_FREE(g);
+    return ipcref__hip_say(IPCREF_ESYS, "pthread_mutex_init failed");
+  }
+  r = ipcref__hip_d_load(&g->drv, driver_path);
+  if (r != IPCREF_OK) { /* it said why */
+    pthread_mutex_destroy(&g->lock);
+    IPCREF_FREE(g);
+    return r;
+  }
+  g->backend.device_type = IPCREF__HIP_DEVICE_TYPE;
+  g->backend.name = IPCREF__HIP_NAME;
+  g->backend.user = g;
+  g->backend.seg_alloc = ipcref__hip_seg_alloc;
+  g->backend.seg_free = ipcref__hip_seg_free;
+  g->backend.seg_range = ipcref__hip_seg_range;
+  g->backend.seg_export = ipcref__hip_seg_export;
+  g->backend.seg_import = ipcref__hip_seg_import;
+  g->backend.seg_close = ipcref__hip_seg_close;
+  g->backend.event_record = ipcref__hip_event_record;
+  g->backend.event_free = ipcref__hip_event_free;
+  g->backend.event_wait = ipcref__hip_event_wait;
+  g->backend.fence = ipcref__hip_fence;
+  g->backend.fence_done = ipcref__hip_fence_done;
+  *out = g;
+  return IPCREF_OK;
+}
+
+IPCREF_API ipcref_backend *ipcref_hip_backend(ipcref_hip *g) {
+  return g ? &g->backend : NULL;
+}
+
+IPCREF_API void ipcref_hip_close(ipcref_hip *g) {
+  if (!g) return;
+  while (g->free_events) {
+    ipcref__hip_ipc_event *e = g->free_events;
+    g->free_events = e->next;
+    if (ipcref__hip_on(g, e->dev) == IPCREF_OK)
+      (void)ipcref__hip_d_event_destroy(&g->drv, e->ev);
+    IPCREF_FREE(e);
+  }
+  while (g->opens) {
+    ipcref__hip_open *o = g->opens;
+    g->opens = o->next;
+    if (ipcref__hip_on(g, o->dev) == IPCREF_OK)
+      (void)ipcref__hip_d_ipc_close(&g->drv, o->addr);
+    IPCREF_FREE(o);
+  }
+  while (g->exports) {
+    ipcref__hip_export *x = g->exports;
+    g->exports = x->next;
+    IPCREF_FREE(x);
+  }
+  ipcref__hip_d_unload(&g->drv);
+  pthread_mutex_destroy(&g->lock);
+  IPCREF_FREE(g);
+}
+
+IPCREF_API ipcref_result ipcref_hip_alloc(ipcref_ctx *ctx, int device,
+                                          size_t size, ipcref_buf **out) {
+  ipcref_device dev;
+  dev.type = IPCREF__HIP_DEVICE_TYPE;
+  dev.id = device;
+  return ipcref_device_new(ctx, dev, size, out);
+}
+
+IPCREF_API ipcref_result ipcref_hip_wrap(ipcref_ctx *ctx, int device, void *ptr,
+                                         size_t size,
+                                         void (*release)(void *user, void *ptr),
+                                         void *user, ipcref_buf **out) {
+  ipcref_device dev;
+  dev.type = IPCREF__HIP_DEVICE_TYPE;
+  dev.id = device;
+  return ipcref_device_wrap(ctx, dev, ptr, size, release, user, out);
+}
+
+#endif /* IPCREF_HIP_IMPLEMENTATION */
+
+/*
+------------------------------------------------------------------------------
+LICENCE (MIT)
+
+Copyright (c) 2026 the ipcref authors
+
+Permission is hereby granted, free of charge, to any person obtaining a copy of
+this software and associated documentation files (the "Software"), to deal in
+the Software without restriction, including without limitation the rights to
+use, copy, modify, merge, publish, distribute, sublicense, and/or sell copies
+of the Software, and to permit persons to whom the Software is furnished to do
+so, subject to the following conditions:
+
+The above copyright notice and this permission notice shall be included in all
+copies or substantial portions of the Software.
+
+THE SOFTWARE IS PROVIDED "AS IS", WITHOUT WARRANTY OF ANY KIND, EXPRESS OR
+IMPLIED, INCLUDING BUT NOT LIMITED TO THE WARRANTIES OF MERCHANTABILITY,
+FITNESS FOR A PARTICULAR PURPOSE AND NONINFRINGEMENT. IN NO EVENT SHALL THE
+AUTHORS OR COPYRIGHT HOLDERS BE LIABLE FOR ANY CLAIM, DAMAGES OR OTHER
+LIABILITY, WHETHER IN AN ACTION OF CONTRACT, TORT OR OTHERWISE, ARISING FROM,
+OUT OF OR IN CONNECTION WITH THE SOFTWARE OR THE USE OR OTHER DEALINGS IN THE
+SOFTWARE.
+------------------------------------------------------------------------------
+*/
