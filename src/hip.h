@@ -136,9 +136,10 @@ typedef struct ipcref__hip_api {
   ipcref__hip_result (*StreamSynchronize)(ipcref__hip_stream);
 } ipcref__hip_api;
 
-#ifdef HIP_IPC_HANDLE_SIZE
+#if defined(HIP_IPC_HANDLE_SIZE) && !defined(__cplusplus)
 /* Each pointer type against the real prototype: a mismatch is a
- * diagnostic (distinct pointer types), and sizeof keeps it from linking. */
+ * diagnostic (distinct pointer types), and sizeof keeps it from linking.
+ * (In C, where the header's functions are not overloaded.) */
 #define IPCREF__HIP_CHECK(field, fn)                                           \
   (void)sizeof(((ipcref__hip_api *)0)->field == &fn)
 IPCREF_PRIVATE void ipcref__hip_check_prototypes(void) {
