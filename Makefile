@@ -13,6 +13,7 @@ PYTHON   ?= python3
 CC       ?= cc
 BUILD_DIR ?= ./build
 CFLAGS   ?= -O2 -Wall -Wextra -Wpedantic -Werror
+CUDA_INC ?= /usr/local/cuda/include
 
 LAYERS  := $(wildcard src/*.h) src/manual.txt src/licence.txt
 HEADERS := ipcref.h $(wildcard ipcref_cuda.h ipcref_hip.h)
@@ -45,6 +46,11 @@ demo: ipcref.h
 	  $(CC) $(CFLAGS) -std=c11 -I. examples/$$e.c -o $(BUILD_DIR)/$$e -pthread && \
 	  $(BUILD_DIR)/$$e || exit 1; \
 	done
+	@# The device example needs CUDA's header; without a GPU it says why.
+	@if [ -f $(CUDA_INC)/cuda.h ]; then \
+	  $(CC) $(CFLAGS) -std=c11 -I. -I$(CUDA_INC) examples/cuda_share.c \
+	    -o $(BUILD_DIR)/cuda_share -pthread -ldl && $(BUILD_DIR)/cuda_share; \
+	else echo "cuda_share: not built (no cuda.h in $(CUDA_INC))"; fi
 
 bench: ipcref.h
 	@bash bench/run.sh

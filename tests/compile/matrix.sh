@@ -41,7 +41,25 @@ for cfg in "${CONFIGS[@]}"; do
     check "$cfg: IPCREF_STATIC" sh -c "$cfg $WARN $HERE/static.c -o $OUT/$tag.static && $OUT/$tag.static"
     check "$cfg: partial allocator macros are refused" \
       sh -c "$cfg $WARN -c $HERE/alloc_partial.c -o $OUT/$tag.partial.o 2>&1 | grep -q 'IPCREF_FREE, or none'"
+    check "$cfg: ipcref_cuda.h and ipcref_hip.h with the core, run" \
+      sh -c "$cfg $WARN $HERE/backends.c -o $OUT/$tag.backends -pthread -ldl && $OUT/$tag.backends"
   }
+done
+
+# The backends against the drivers' own headers (CUDA 13's cuda.h needs C11:
+# it has anonymous unions). Both headers are required where CI runs.
+CUDA_INC=${CUDA_INC:-/usr/local/cuda/include}
+for cfg in "gcc -std=c11" "clang -std=c11" "g++ -std=c++11 -x c++" "clang++ -std=c++11 -x c++"; do
+  cc=${cfg%% *}
+  command -v "$cc" >/dev/null 2>&1 || continue
+  tag=$(echo "$cfg" | tr -c 'a-z0-9+\n' '_')
+  if [ ! -f "$CUDA_INC/cuda.h" ] || [ ! -f /usr/include/hip/hip_runtime_api.h ]; then
+    if [ "$REQUIRE_ALL" = 1 ]; then FAILED=$((FAILED + 1)); echo "FAIL  $cfg: driver headers missing"; fi
+    echo "skip  $cfg: <cuda.h> in $CUDA_INC or <hip/hip_runtime_api.h> missing"; continue
+  fi
+  # shellcheck disable=SC2086
+  check "$cfg: backends against <cuda.h> and <hip/hip_runtime_api.h>" \
+    sh -c "$cfg $WARN -I$HERE -I$CUDA_INC -D__HIP_PLATFORM_AMD__ $HERE/backends_real.c -o $OUT/$tag.real -pthread -ldl && $OUT/$tag.real"
 done
 
 # IPCREF_NO_SHARING: strict C99 (no _GNU_SOURCE), and the object may only
