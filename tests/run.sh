@@ -71,7 +71,7 @@ build_suite() {
   local t ok=0
   mkdir -p "$B/$dir"
   for t in $SUITE; do
-    "$cc" "$@" -I"$ROOT" "tests/$t.c" -o "$B/$dir/$t" -pthread >"$LOG" 2>&1 || ok=1
+    "$cc" "$@" -I"$ROOT" "tests/$t.c" -o "$B/$dir/$t" -pthread -ldl >"$LOG" 2>&1 || ok=1
     [ $ok = 0 ] || { fail "build $dir/$t with $cc"; return 1; }
   done
   return 0
@@ -95,6 +95,20 @@ if have clang-format; then
   step "clang-format (make format-check)" make -s format-check
 else
   skip "clang-format (make format-check)" "clang-format not installed"
+fi
+
+# ---------------------------------------------------------------- fake GPU drivers
+# The device backends are tested against fake libcuda.so.1 / libamdhip64.so
+# (tests/fake_gpu), built against the real CUDA and HIP headers.
+FAKE_GPU=$B/fake_gpu
+export IPCREF_FAKE_GPU_DIR=$FAKE_GPU
+if bash tests/fake_gpu/build.sh "$FAKE_GPU" >"$LOG" 2>&1; then
+  pass "fake CUDA and HIP drivers build against <cuda.h> and <hip/hip_runtime_api.h>"
+  printf '#!/bin/sh\nexec "%s/fake_gpu_selftest" "%s"\n' "$FAKE_GPU" "$FAKE_GPU" >"$FAKE_GPU/selftest.sh"
+  chmod +x "$FAKE_GPU/selftest.sh"
+  run_tests "fake drivers' self-test" -- fake_gpu/selftest.sh
+else
+  fail "fake CUDA and HIP drivers build (tests/fake_gpu/build.sh)"
 fi
 
 # ---------------------------------------------------------------- the suite, gcc and clang at -O2
@@ -172,6 +186,12 @@ if [ "${f:-1}" = 0 ]; then pass "compile matrix ($p builds)" "$p"; else fail "co
 # ---------------------------------------------------------------- README, examples, install
 step "README quick start compiles and runs" bash tests/readme_check.sh "$B/readme"
 step "examples build and run (make demo)" make -s demo BUILD_DIR="$B/demo"
+if [ -x "$B/demo/cuda_share" ] && [ -f "$FAKE_GPU/libcuda.so.1" ]; then
+  step "examples/cuda_share with the fake CUDA driver (device memory not host-readable)" \
+    env IPCREF_CUDA_DRIVER="$FAKE_GPU/libcuda.so.1" FAKE_CUDA_HOSTPTR=none FAKE_CUDA_WORK_US=2000 "$B/demo/cuda_share"
+else
+  fail "examples/cuda_share with the fake CUDA driver (not built: <cuda.h> or the fake missing)"
+fi
 if have pkg-config; then
   step "make install: headers and ipcref.pc usable" bash tests/install_check.sh "$B/install"
 else
