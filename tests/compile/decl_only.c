@@ -74,10 +74,15 @@ any_fn ipcref_compile_all_functions[] = {
     FN(msg_sent),
     FN(send_batch),
     FN(send),
+    FN(send_on),
     FN(recv),
+    FN(recv_on),
     FN(collect),
     FN(ctx_stats),
     FN(ctx_poll_fd),
     FN(ctx_poll),
+    FN(ctx_add_backend),
+    FN(device_new),
+    FN(device_wrap),
 #endif
 };
