@@ -13,7 +13,9 @@
  *   and out. Across processes (Linux): buffers in sealed memfd segments
  *   handed to peers over AF_UNIX sockets without copies; every hand-off is
  *   a lease in a counter file, the producer never waits, and a block its
- *   owner dropped stays in the limbo until every lease is back.
+ *   owner dropped stays in the limbo until every lease is back. GPU memory
+ *   goes the same way through ipcref_cuda.h and ipcref_hip.h (generated
+ *   beside this file), which load the driver at run time.
  *
  * HOW TO USE IT
  *
