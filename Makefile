@@ -17,8 +17,10 @@ CUDA_INC ?= /usr/local/cuda/include
 
 LAYERS  := $(wildcard src/*.h) src/manual.txt src/licence.txt
 HEADERS := ipcref.h $(wildcard ipcref_cuda.h ipcref_hip.h)
-FORMATTED := $(wildcard src/*.h tests/*.c tests/*.h tests/*/*.c \
-                        examples/*.c bench/*.c bench/*.h) $(HEADERS)
+# The generated backend headers are not checked: renaming src/gpu.h to each
+# backend's prefix changes line lengths; their sources are.
+FORMATTED := $(wildcard src/*.h tests/*.c tests/*.h tests/*/*.c tests/*/*.h \
+                        examples/*.c bench/*.c bench/*.h) ipcref.h
 EXAMPLES := threads_demo share_demo
 
 .PHONY: all check test soak demo bench format format-check install uninstall clean
