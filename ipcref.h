@@ -844,7 +844,8 @@ IPCREF_API ipcref_result ipcref_export(ipcref_peer *p, const ipcref_view *v,
  * fds, maps what is new (or finds it in the cache), and returns a view
  * whose buffer returns the lease when it dies. Takes the message's fds
  * (also on error: they are closed). Errors: EPROTO (malformed, replayed,
- * or not matching the fds), EINVAL, ENOMEM, ESYS. */
+ * or not matching the fds), EINVAL, ENOMEM, ESYS, ENODEV (device memory,
+ * and no backend for its device in this context). */
 IPCREF_API ipcref_result ipcref_import(ipcref_peer *p, ipcref_msg *msg,
                                        ipcref_view *out);
 
