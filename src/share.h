@@ -1434,7 +1434,7 @@ IPCREF_API ipcref_result ipcref_ctx_new(const ipcref_ctx_options *opt,
 /* Lets go of a mapping (not in the cache, or just taken out of it). */
 IPCREF_PRIVATE void ipcref__map_drop(ipcref__map *m) {
   if (m->kind == 3) {
-    m->be->seg_close(m->be, m->dev_id, m->daddr);
+    if (m->be) m->be->seg_close(m->be, m->dev_id, m->daddr);
   } else {
     munmap(m->base, m->size);
     close(m->fd);
@@ -1633,6 +1633,7 @@ IPCREF_API size_t ipcref_collect(ipcref_ctx *ctx) {
   size_t freed;
   if (!ctx) return 0;
   IPCREF__LOCK(ctx);
+  if (ctx->deferred) ipcref__deferred_poll(ctx); /* returned at the unlock */
   freed = ipcref__sweep(ctx);
   ipcref__watch_refresh(ctx);
   freed += ipcref__reap(ctx);
@@ -2484,6 +2485,8 @@ IPCREF_PRIVATE ipcref_result ipcref__lease_take(
     l->live++;
     b->leases++;
     ctx->st.live_slots++;
+    r->origin_nonce = ctx->nonce; /* what a cancel needs, from here on */
+    r->ledger_id = l->id;
     slots[2 * (size_t)r->slot + 1] = (uint64_t)(uint32_t)p->pid; /* holder */
     __atomic_store_n(&slots[2 * (size_t)r->slot],
                      ((uint64_t)r->gen << 2) | IPCREF__SLOT_LIVE,
@@ -2823,9 +2826,11 @@ IPCREF_PRIVATE ipcref_result ipcref__map_fd(int fd, const ipcref__fd_rec *r,
   return IPCREF_OK;
 }
 
-/* Opens a device segment another process exported (under the lock): its
- * backend must be here, and the allocation the driver opens must be at
- * least as large as announced. */
+/* Opens a device segment another process exported (under the lock): the
+ * allocation the driver opens must be at least as large as announced.
+ * Without a backend for its device here, the map is a placeholder (be
+ * NULL): the views in it are refused with ENODEV and their leases given
+ * back, and the peer, which counts the segment as sent, stays usable. */
 IPCREF_PRIVATE ipcref_result ipcref__map_device(ipcref_ctx *ctx,
                                                 const ipcref__fd_rec *r,
                                                 ipcref__map **out) {
@@ -2834,10 +2839,13 @@ IPCREF_PRIVATE ipcref_result ipcref__map_device(ipcref_ctx *ctx,
   uint64_t addr, base;
   size_t size;
   ipcref_result res;
-  if (!be) return IPCREF_ENODEV;
   if (r->size == 0 || r->size > (uint64_t)PTRDIFF_MAX) return IPCREF_EPROTO;
   m = (ipcref__map *)ipcref__zalloc(sizeof *m);
   if (!m) return IPCREF_ENOMEM;
+  if (!be) {
+    addr = 0;
+    goto fill;
+  }
   res = be->seg_import(be, r->dev_id, r->handle, &addr);
   if (res != IPCREF_OK) {
     IPCREF_FREE(m);
@@ -2849,6 +2857,7 @@ IPCREF_PRIVATE ipcref_result ipcref__map_device(ipcref_ctx *ctx,
     IPCREF_FREE(m);
     return IPCREF_EPROTO;
   }
+fill:
   m->kind = 3;
   m->origin_nonce = r->origin_nonce;
   m->origin_pid = (int)r->origin_pid;
@@ -2969,6 +2978,7 @@ IPCREF_PRIVATE ipcref_result ipcref__import_bytes(
       goto unlock;
     for (k = 0; k < i; k++)
       if (ledm[k] == ledm[i] && recs[k].slot == v->slot) goto unlock;
+    if (segm[i]->kind == 3 && !segm[i]->be) continue; /* refused below */
     /* Every element the view reaches lies inside the block. */
     memset(&fake, 0, sizeof fake);
     fake.data = ipcref__map_addr(segm[i], v->block_offset);
@@ -2979,6 +2989,27 @@ IPCREF_PRIVATE ipcref_result ipcref__import_bytes(
         geo.byte_offset % (int64_t)ipcref__dtype_sizes[geo.dtype] != 0)
       goto unlock;
   }
+  /* Device memory without its backend here: refused, and the leases, which
+   * are genuine, go back at once (nothing else of the message is used). */
+  for (i = 0; i < n; i++)
+    if (segm[i]->kind == 3 && !segm[i]->be) {
+      r = IPCREF_ENODEV;
+      for (k = 0; k < nfresh; k++) { /* the peer counts them as sent */
+        IPCREF__LIST_PUSH(ctx->maps, fresh[k], next, prev);
+        if (fresh[k]->kind == 2)
+          ctx->st.counter_files++;
+        else
+          ctx->st.mapped_segments++;
+      }
+      nfresh = 0;
+      for (k = 0; k < n; k++) {
+        uint64_t e =
+            ipcref__ring_entry(IPCREF__RING_RELEASE, recs[k].slot, recs[k].gen);
+        ledm[k]->imported[recs[k].slot] = recs[k].gen + 1u;
+        ipcref__ring_push(ledm[k]->base, ledm[k]->nslots, &e, 1, NULL);
+      }
+      goto unlock;
+    }
   /* Device data: the stream waits for the producer's writes (also when
    * the segment was mapped before). Nothing is taken yet if it fails. */
   for (i = 0; i < n; i++)

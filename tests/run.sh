@@ -15,7 +15,7 @@ FAILED=0
 SKIPPED=0
 
 # The suites, as test names under tests/ (tests/NAME.c).
-SUITE="test_buf test_threads test_view_model test_view_args test_share test_share_threads test_hostile test_crash"
+SUITE="test_buf test_threads test_view_model test_view_args test_share test_share_threads test_hostile test_crash test_gpu"
 # The sharing layer's suite needs POSIX; without it the portable core runs.
 THREADED="test_threads test_share_threads" # also run under TSan
 WARN="-Wall -Wextra -Wpedantic -Werror"
@@ -142,6 +142,7 @@ fi
 if have valgrind; then
   IPCREF_TEST_OPS=20000 IPCREF_UNDER_VALGRIND=1 run_tests "valgrind memcheck" \
     valgrind -q --error-exitcode=99 --leak-check=full --errors-for-leak-kinds=all \
+    --suppressions="$ROOT/tests/valgrind.supp" \
     --show-leak-kinds=all -- $(suite_bins gcc)
 else
   skip "valgrind suite" "valgrind not installed"

@@ -1,0 +1,2572 @@
+#define _GNU_SOURCE
+#define IPCREF_IMPLEMENTATION
+#define IPCREF_CUDA_IMPLEMENTATION
+#define IPCREF_HIP_IMPLEMENTATION
+#include "ipcref.h"
+#include "ipcref_cuda.h"
+#include "ipcref_hip.h"
+
+/* The device backends (ipcref_cuda.h, ipcref_hip.h) end to end, over the
+ * fake drivers of tests/fake_gpu (there is no GPU here): real processes,
+ * real sockets, SIGKILL; the fakes' call log proves what happened at the
+ * driver level (which process opened which handle how often, whether a
+ * stream waited on an event before the data was used, ...).
+ *
+ *   IPCREF_FAKE_GPU_DIR  (required) where tests/fake_gpu/build.sh put
+ *                        libcuda.so.1 and libamdhip64.so.5
+ *   IPCREF_CUDA_STUB     the CUDA toolkit's stub library
+ *                        (default /usr/local/cuda/lib64/stubs/libcuda.so)
+ *   IPCREF_HIP_REAL      the real HIP runtime, opened where present to see
+ *                        it refused without a GPU (default
+ *                        /usr/lib/x86_64-linux-gnu/libamdhip64.so.5; empty:
+ *                        skip)
+ *   IPCREF_UNDER_VALGRIND=1  longer waits, and deaths seen by polling
+ *                        (valgrind has no pidfd_open)
+ *   IPCREF_GPU_KEEP_LOGS=1   keep the call logs (their directory is
+ *                        printed)
+ *
+ * Rules kept as with a real driver: a process that needs the driver
+ * opens it itself, and every fork happens before the forking process
+ * opens it. Every wait has a timeout and every child is reaped. */
+
+#include <dirent.h>
+#include <dlfcn.h>
+#include <errno.h>
+#include <limits.h>
+#include <poll.h>
+#include <signal.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "harness.h"
+
+/* ---- configuration ------------------------------------------------------ */
+
+static char g_tmp[64];  /* the logs' directory (mkdtemp) */
+static char g_log[256]; /* this case's call log */
+static int g_seq;
+static int g_vg;  /* under valgrind */
+static int g_tmo; /* ms any single wait may take */
+static const char *g_stub;
+static const char *g_hip_real; /* the real libamdhip64, if installed */
+static int g_fd0;              /* fds open when the case began */
+static double g_case_t0;
+
+#define SEG ((size_t)1 << 20) /* segment_size for most cases */
+
+/* One kind of GPU: what differs between the two fakes. */
+typedef struct kind {
+  int hip;
+  const char *name, *pfx;
+  int32_t type, other_type;
+  const char *ok; /* the success marker in the log */
+  const char *c_get, *c_open, *c_close, *c_alloc, *c_free, *c_wait, *c_sync,
+      *c_evopen, *oom;
+  char path[PATH_MAX];
+} kind;
+
+static kind K_CUDA = {0,
+                      "cuda",
+                      "FAKE_CUDA_",
+                      IPCREF_DEVICE_CUDA,
+                      IPCREF_DEVICE_ROCM,
+                      "-> CUDA_SUCCESS",
+                      "cuIpcGetMemHandle",
+                      "cuIpcOpenMemHandle_v2",
+                      "cuIpcCloseMemHandle",
+                      "cuMemAlloc_v2",
+                      "cuMemFree_v2",
+                      "cuStreamWaitEvent",
+                      "cuStreamSynchronize",
+                      "cuIpcOpenEventHandle",
+                      "CUDA_ERROR_OUT_OF_MEMORY",
+                      ""};
+static kind K_HIP = {1,
+                     "hip",
+                     "FAKE_HIP_",
+                     IPCREF_DEVICE_ROCM,
+                     IPCREF_DEVICE_CUDA,
+                     "-> hipSuccess",
+                     "hipIpcGetMemHandle",
+                     "hipIpcOpenMemHandle",
+                     "hipIpcCloseMemHandle",
+                     "hipMalloc",
+                     "hipFree",
+                     "hipStreamWaitEvent",
+                     "hipStreamSynchronize",
+                     "hipIpcOpenEventHandle",
+                     "hipErrorOutOfMemory",
+                     ""};
+
+static double now_ms(void) {
+  struct timespec t;
+  clock_gettime(CLOCK_MONOTONIC, &t);
+  return (double)t.tv_sec * 1e3 + (double)t.tv_nsec / 1e6;
+}
+
+static void sleep_ms(int ms) {
+  struct timespec t = {ms / 1000, (long)(ms % 1000) * 1000000L};
+  while (nanosleep(&t, &t) != 0 && errno == EINTR) {
+  }
+}
+
+/* ---- the fakes' knobs and call log -------------------------------------- */
+
+static void knob(const kind *k, const char *name, const char *value) {
+  char key[64];
+  snprintf(key, sizeof key, "%s%s", k->pfx, name);
+  if (value)
+    setenv(key, value, 1);
+  else
+    unsetenv(key);
+}
+
+static void knob_num(const kind *k, const char *name, long long v) {
+  char s[32];
+  snprintf(s, sizeof s, "%lld", v);
+  knob(k, name, s);
+}
+
+static void knobs_reset(void) {
+  static const char *const names[] = {"MODE",   "DEVICES",    "MEM_LIMIT",
+                                      "REOPEN", "WORK_US",    "HOSTPTR",
+                                      "LOG",    "IPC_EVENTS", "DRIVER_VERSION"};
+  size_t i;
+  for (i = 0; i < sizeof names / sizeof *names; i++) {
+    knob(&K_CUDA, names[i], NULL);
+    knob(&K_HIP, names[i], NULL);
+  }
+}
+
+static char *slurp(const char *path) {
+  FILE *f = fopen(path, "re");
+  char *s;
+  long n;
+  if (!f) {
+    s = (char *)calloc(1, 1);
+    return s;
+  }
+  fseek(f, 0, SEEK_END);
+  n = ftell(f);
+  fseek(f, 0, SEEK_SET);
+  s = (char *)calloc(1, (size_t)(n > 0 ? n : 0) + 1);
+  if (s && n > 0 && fread(s, 1, (size_t)n, f) != (size_t)n) s[0] = 0;
+  fclose(f);
+  return s;
+}
+
+/* Does `line` (one log line, NUL-terminated) match? pid 0: any process;
+ * call NULL: any call; has NULL: anything. */
+static int log_match(const char *line, int pid, const char *call,
+                     const char *has) {
+  char *end;
+  long lp = strtol(line, &end, 10);
+  size_t n;
+  if (end == line || *end != ' ') return 0;
+  if (pid && lp != pid) return 0;
+  end++;
+  n = strcspn(end, " ");
+  if (call && (strlen(call) != n || strncmp(end, call, n) != 0)) return 0;
+  return !has || strstr(line, has) != NULL;
+}
+
+/* Visits the matching lines of the log: fn(line, index, user); returns the
+ * number of matches. */
+static int log_scan(int pid, const char *call, const char *has,
+                    void (*fn)(const char *, int, void *), void *user) {
+  char *s = slurp(g_log), *p, *nl;
+  int idx = 0, count = 0;
+  for (p = s; p && *p; p = nl ? nl + 1 : p + strlen(p), idx++) {
+    nl = strchr(p, '\n');
+    if (nl) *nl = 0;
+    if (log_match(p, pid, call, has)) {
+      if (fn) fn(p, idx, user);
+      count++;
+    }
+    if (!nl) break;
+  }
+  free(s);
+  return count;
+}
+
+static int log_count(int pid, const char *call, const char *has) {
+  return log_scan(pid, call, has, NULL, NULL);
+}
+
+struct log_pos {
+  int first, last;
+};
+static void log_pos_fn(const char *line, int idx, void *user) {
+  struct log_pos *p = (struct log_pos *)user;
+  (void)line;
+  if (p->first < 0) p->first = idx;
+  p->last = idx;
+}
+/* The index of the first (last: the last) matching line; -1 if none. */
+static int log_index(int pid, const char *call, const char *has, int last) {
+  struct log_pos p = {-1, -1};
+  log_scan(pid, call, has, log_pos_fn, &p);
+  return last ? p.last : p.first;
+}
+
+struct log_val {
+  const char *key;
+  long long value;
+  int found;
+  char text[64];
+};
+static void log_val_fn(const char *line, int idx, void *user) {
+  struct log_val *v = (struct log_val *)user;
+  const char *s = strstr(line, v->key);
+  (void)idx;
+  if (v->found || !s) return;
+  s += strlen(v->key);
+  v->found = 1;
+  v->value = strtoll(s, NULL, 0);
+  snprintf(v->text, sizeof v->text, "%.*s", (int)strcspn(s, " "), s);
+}
+/* The value after `key` (e.g. "h=", "pending_us=") in the first matching
+ * line: *text gets it as text (for handles). 0 if no line matched. */
+static int log_value(int pid, const char *call, const char *has,
+                     const char *key, long long *value, char *text,
+                     size_t textlen) {
+  struct log_val v;
+  memset(&v, 0, sizeof v);
+  v.key = key;
+  log_scan(pid, call, has, log_val_fn, &v);
+  if (value) *value = v.value;
+  if (text) snprintf(text, textlen, "%s", v.text);
+  return v.found;
+}
+
+struct log_vals {
+  const char *key;
+  long long *out;
+  int n, max;
+};
+static void log_vals_fn(const char *line, int idx, void *user) {
+  struct log_vals *v = (struct log_vals *)user;
+  const char *s = strstr(line, v->key);
+  (void)idx;
+  if (s && v->n < v->max) v->out[v->n++] = strtoll(s + strlen(v->key), NULL, 0);
+}
+/* The values after `key` in every matching line (at most max); their
+ * number. */
+static int log_values(int pid, const char *call, const char *has,
+                      const char *key, long long *out, int max) {
+  struct log_vals v;
+  v.key = key;
+  v.out = out;
+  v.n = 0;
+  v.max = max;
+  log_scan(pid, call, has, log_vals_fn, &v);
+  return v.n;
+}
+
+static void log_dump_fn(const char *line, int idx, void *user) {
+  int *n = (int *)user;
+  (void)idx;
+  if (strstr(line, "GetProcAddress") || ++*n > 150) return;
+  printf("      | %s\n", line);
+}
+static void log_dump(void) {
+  int n = 0;
+  printf("    call log %s:\n", g_log);
+  log_scan(0, NULL, NULL, log_dump_fn, &n);
+}
+
+/* ---- processes, sockets, fds --------------------------------------------- */
+
+/* Open fds, not counting those on files under g_tmp: the fake drivers keep
+ * their log open, and after dlclose that fd stays (see the report). */
+static int count_fds(void) {
+  DIR *d = opendir("/proc/self/fd");
+  struct dirent *e;
+  int n = 0;
+  size_t tl = strlen(g_tmp);
+  if (!d) return -1;
+  while ((e = readdir(d)) != NULL) {
+    char path[300], target[PATH_MAX];
+    ssize_t k;
+    if (e->d_name[0] == '.' || atoi(e->d_name) == dirfd(d)) continue;
+    snprintf(path, sizeof path, "/proc/self/fd/%s", e->d_name);
+    k = readlink(path, target, sizeof target - 1);
+    target[k > 0 ? k : 0] = 0;
+    if (tl && strncmp(target, g_tmp, tl) == 0) continue;
+    n++;
+  }
+  closedir(d);
+  return n;
+}
+
+static void pair(int sv[2]) {
+  if (socketpair(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0, sv) != 0) {
+    perror("socketpair");
+    exit(2);
+  }
+}
+
+/* A control message (an int) between the test's processes. */
+static void ctl_put(int fd, int v) {
+  if (send(fd, &v, sizeof v, MSG_NOSIGNAL) != (ssize_t)sizeof v)
+    CHECK(!"ctl_put");
+}
+/* The next control message; -1 if none came within ms. */
+static int ctl_get(int fd, int ms) {
+  struct pollfd p;
+  int v = -1;
+  p.fd = fd;
+  p.events = POLLIN;
+  p.revents = 0;
+  if (poll(&p, 1, ms) <= 0) return -1;
+  if (recv(fd, &v, sizeof v, 0) != (ssize_t)sizeof v) return -2;
+  return v;
+}
+#define CTL_EXPECT(fd, v) CHECK_EQ(ctl_get((fd), g_tmo), (v))
+
+/* Forks a child that closes `close_fds` (-1 entries skipped), runs fn and
+ * exits 0 when every CHECK in it held. */
+static pid_t spawn(int (*fn)(void *), void *arg, const int *close_fds, int n) {
+  pid_t pid;
+  fflush(stdout);
+  fflush(stderr);
+  pid = fork();
+  if (pid == 0) {
+    int i, rc;
+    for (i = 0; i < n; i++)
+      if (close_fds[i] >= 0) close(close_fds[i]);
+    harness_failures_in_test = 0;
+    rc = fn(arg);
+    if (rc || harness_failures_in_test)
+      printf("    (child %d: %d failed checks, rc %d)\n", (int)getpid(),
+             harness_failures_in_test, rc);
+    fflush(stdout);
+    _exit(rc || harness_failures_in_test ? 1 : 0);
+  }
+  CHECK(pid > 0);
+  return pid;
+}
+
+/* Waits up to ms for the child: its exit status, 128+signal, or -1 when
+ * it had to be killed. */
+static int reap(pid_t pid, int ms) {
+  double end = now_ms() + ms;
+  int st = 0;
+  if (pid <= 0) return -1;
+  for (;;) {
+    pid_t r = waitpid(pid, &st, WNOHANG);
+    if (r == pid) return WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
+    if (r < 0 && errno != EINTR) return -1;
+    if (now_ms() > end) {
+      kill(pid, SIGKILL);
+      while (waitpid(pid, &st, 0) < 0 && errno == EINTR) {
+      }
+      printf("    child %d timed out: killed\n", (int)pid);
+      return -1;
+    }
+    sleep_ms(1);
+  }
+}
+
+/* ---- the driver, from the test's side ------------------------------------
+ * ipcref's backend plus the fake library's own entry points (dlsym), to
+ * write and read device memory, allocate outside ipcref, make streams and
+ * queue "work" (an event recorded on a stream takes WORK_US). */
+
+typedef struct gdrv {
+  const kind *k;
+  ipcref_cuda *cu;
+  ipcref_hip *hp;
+  ipcref_backend *be;
+  void *lib;
+  void *cuctx; /* CUDA: device 0's primary context, retained by the test */
+  int (*htod)(unsigned long long, const void *, size_t);
+  int (*dtoh)(void *, unsigned long long, size_t);
+  int (*cmalloc)(unsigned long long *, size_t);
+  int (*cfree)(unsigned long long);
+  int (*crange)(unsigned long long *, size_t *, unsigned long long);
+  int (*retain)(void **, int);
+  int (*release)(int);
+  int (*setcur)(void *);
+  int (*cstream)(void **, unsigned);
+  int (*cstream_free)(void *);
+  int (*cevent)(void **, unsigned);
+  int (*crecord)(void *, void *);
+  int (*cevent_free)(void *);
+  int (*hmemcpy)(void *, const void *, size_t, int);
+  int (*hmalloc)(void **, size_t);
+  int (*hfree)(void *);
+  int (*hrange)(void **, size_t *, void *);
+  int (*hstream)(void **, unsigned);
+  int (*hstream_free)(void *);
+  int (*hevent)(void **, unsigned);
+  int (*hrecord)(void *, void *);
+  int (*hevent_free)(void *);
+  int (*vmm)(void **, size_t);
+} gdrv;
+
+/* dlsym gives an object pointer; copied into a function pointer. */
+#define LOAD(d, field, name)                                                   \
+  do {                                                                         \
+    void *sym_ = dlsym((d)->lib, name);                                        \
+    CHECK(sym_ != NULL);                                                       \
+    memcpy(&(d)->field, &sym_, sizeof sym_);                                   \
+  } while (0)
+
+static const char *g_err(const kind *k) {
+  return k->hip ? ipcref_hip_error() : ipcref_cuda_error();
+}
+
+static ipcref_result g_open(const kind *k, gdrv *d) {
+  ipcref_result r;
+  memset(d, 0, sizeof *d);
+  d->k = k;
+  r = k->hip ? ipcref_hip_open(k->path, &d->hp)
+             : ipcref_cuda_open(k->path, &d->cu);
+  if (r != IPCREF_OK) {
+    printf("    %s open failed: %d %s\n", k->name, (int)r, g_err(k));
+    CHECK_EQ(r, IPCREF_OK);
+    return r;
+  }
+  d->be = k->hip ? ipcref_hip_backend(d->hp) : ipcref_cuda_backend(d->cu);
+  d->lib = dlopen(k->path, RTLD_NOW | RTLD_LOCAL);
+  CHECK(d->lib != NULL);
+  if (!d->lib) return IPCREF_ENODEV;
+  if (!k->hip) {
+    LOAD(d, htod, "cuMemcpyHtoD_v2");
+    LOAD(d, dtoh, "cuMemcpyDtoH_v2");
+    LOAD(d, cmalloc, "cuMemAlloc_v2");
+    LOAD(d, cfree, "cuMemFree_v2");
+    LOAD(d, crange, "cuMemGetAddressRange_v2");
+    LOAD(d, retain, "cuDevicePrimaryCtxRetain");
+    LOAD(d, release, "cuDevicePrimaryCtxRelease_v2");
+    LOAD(d, setcur, "cuCtxSetCurrent");
+    LOAD(d, cstream, "cuStreamCreate");
+    LOAD(d, cstream_free, "cuStreamDestroy_v2");
+    LOAD(d, cevent, "cuEventCreate");
+    LOAD(d, crecord, "cuEventRecord");
+    LOAD(d, cevent_free, "cuEventDestroy_v2");
+    /* The test's own hold on device 0's primary context (a framework
+     * would have one): its copies and allocations run in it. */
+    CHECK_EQ(d->retain(&d->cuctx, 0), 0);
+    CHECK_EQ(d->setcur(d->cuctx), 0);
+  } else {
+    LOAD(d, hmemcpy, "hipMemcpy");
+    LOAD(d, hmalloc, "hipMalloc");
+    LOAD(d, hfree, "hipFree");
+    LOAD(d, hrange, "hipMemGetAddressRange");
+    LOAD(d, hstream, "hipStreamCreateWithFlags");
+    LOAD(d, hstream_free, "hipStreamDestroy");
+    LOAD(d, hevent, "hipEventCreateWithFlags");
+    LOAD(d, hrecord, "hipEventRecord");
+    LOAD(d, hevent_free, "hipEventDestroy");
+  }
+  LOAD(d, vmm, "fake_gpu_alloc_vmm");
+  return IPCREF_OK;
+}
+
+static void g_close(gdrv *d) {
+  if (!d->k) return;
+  if (d->cuctx) CHECK_EQ(d->release(0), 0);
+  if (d->k->hip)
+    ipcref_hip_close(d->hp);
+  else
+    ipcref_cuda_close(d->cu);
+  if (d->lib) dlclose(d->lib);
+  memset(d, 0, sizeof *d);
+}
+
+static void g_cur(gdrv *d) {
+  if (!d->k->hip) CHECK_EQ(d->setcur(d->cuctx), 0);
+}
+
+static int g_h2d(gdrv *d, void *dst, const void *src, size_t n) {
+  if (d->k->hip) return d->hmemcpy(dst, src, n, 1 /* HostToDevice */);
+  g_cur(d);
+  return d->htod((unsigned long long)(uintptr_t)dst, src, n);
+}
+static int g_d2h(gdrv *d, void *dst, const void *src, size_t n) {
+  if (d->k->hip) return d->hmemcpy(dst, src, n, 2 /* DeviceToHost */);
+  g_cur(d);
+  return d->dtoh(dst, (unsigned long long)(uintptr_t)src, n);
+}
+static int g_malloc(gdrv *d, size_t n, void **out) {
+  unsigned long long p = 0;
+  int e;
+  if (d->k->hip) return d->hmalloc(out, n);
+  g_cur(d);
+  e = d->cmalloc(&p, n);
+  *out = (void *)(uintptr_t)p;
+  return e;
+}
+static int g_free(gdrv *d, void *p) {
+  if (d->k->hip) return d->hfree(p);
+  g_cur(d);
+  return d->cfree((unsigned long long)(uintptr_t)p);
+}
+static int g_range(gdrv *d, const void *p, void **base, size_t *size) {
+  unsigned long long b = 0;
+  int e;
+  if (d->k->hip) return d->hrange(base, size, (void *)(uintptr_t)p);
+  g_cur(d);
+  e = d->crange(&b, size, (unsigned long long)(uintptr_t)p);
+  *base = (void *)(uintptr_t)b;
+  return e;
+}
+static int g_stream(gdrv *d, void **s) {
+  if (d->k->hip) return d->hstream(s, 0);
+  g_cur(d);
+  return d->cstream(s, 0);
+}
+static void g_stream_free(gdrv *d, void *s) {
+  if (d->k->hip)
+    CHECK_EQ(d->hstream_free(s), 0);
+  else
+    CHECK_EQ(d->cstream_free(s), 0);
+}
+/* Queues "work" on the stream: in the fake, an event recorded there that
+ * completes WORK_US later (a kernel writing the data). */
+static void g_work(gdrv *d, void *stream) {
+  void *ev = NULL;
+  if (d->k->hip) {
+    CHECK_EQ(d->hevent(&ev, 2 /* DisableTiming */), 0);
+    CHECK_EQ(d->hrecord(ev, stream), 0);
+    CHECK_EQ(d->hevent_free(ev), 0);
+  } else {
+    g_cur(d);
+    CHECK_EQ(d->cevent(&ev, 2 /* CU_EVENT_DISABLE_TIMING */), 0);
+    CHECK_EQ(d->crecord(ev, stream), 0);
+    CHECK_EQ(d->cevent_free(ev), 0);
+  }
+}
+
+static ipcref_result g_alloc(ipcref_ctx *ctx, const kind *k, int dev, size_t n,
+                             ipcref_buf **out) {
+  return k->hip ? ipcref_hip_alloc(ctx, dev, n, out)
+                : ipcref_cuda_alloc(ctx, dev, n, out);
+}
+static ipcref_result g_wrap(ipcref_ctx *ctx, const kind *k, int dev, void *p,
+                            size_t n, void (*rel)(void *, void *), void *user,
+                            ipcref_buf **out) {
+  return k->hip ? ipcref_hip_wrap(ctx, dev, p, n, rel, user, out)
+                : ipcref_cuda_wrap(ctx, dev, p, n, rel, user, out);
+}
+
+/* A recognisable word for index i of a pattern. */
+static uint32_t pat(uint32_t seed, size_t i) {
+  return (uint32_t)(i * 2654435761u) ^ (seed * 0x01000193u) ^ seed;
+}
+/* Writes pattern `seed` (word 0 = pattern index `first`) to device
+ * memory, through the driver. */
+static void dev_fill(gdrv *d, void *dptr, size_t bytes, uint32_t seed,
+                     size_t first) {
+  uint32_t *h = (uint32_t *)malloc(bytes);
+  size_t i;
+  CHECK(h != NULL);
+  if (!h) return;
+  for (i = 0; i < bytes / 4; i++) h[i] = pat(seed, first + i);
+  CHECK_EQ(g_h2d(d, dptr, h, bytes), 0);
+  free(h);
+}
+/* 1 when device memory holds that pattern (read through the driver). */
+static int dev_check(gdrv *d, const void *dptr, size_t bytes, uint32_t seed,
+                     size_t first) {
+  uint32_t *h = (uint32_t *)malloc(bytes);
+  size_t i;
+  int ok = h != NULL;
+  if (!h) return 0;
+  memset(h, 0, bytes);
+  if (g_d2h(d, h, dptr, bytes) != 0) ok = 0;
+  for (i = 0; ok && i < bytes / 4; i++)
+    if (h[i] != pat(seed, first + i)) {
+      printf("    word %zu: %08x, expected %08x\n", i, h[i],
+             pat(seed, first + i));
+      ok = 0;
+    }
+  free(h);
+  return ok;
+}
+
+static void *view_ptr(const ipcref_view *v) {
+  return (char *)ipcref_buf_data(v->buf) + v->byte_offset;
+}
+
+static ipcref_ctx *mkctx(size_t segment_size, gdrv *d) {
+  ipcref_ctx_options o;
+  ipcref_ctx *c = NULL;
+  memset(&o, 0, sizeof o);
+  o.segment_size = segment_size;
+  CHECK_EQ(ipcref_ctx_new(&o, &c), IPCREF_OK);
+  if (c && d && d->be) CHECK_EQ(ipcref_ctx_add_backend(c, d->be), IPCREF_OK);
+  return c;
+}
+static ipcref_stats stats(ipcref_ctx *c) {
+  ipcref_stats s;
+  memset(&s, 0, sizeof s);
+  CHECK_EQ(ipcref_ctx_stats(c, &s), IPCREF_OK);
+  return s;
+}
+static ipcref_peer *mkpeer(ipcref_ctx *c, int fd) {
+  ipcref_peer *p = NULL;
+  CHECK_EQ(ipcref_peer_new(c, fd, &p), IPCREF_OK);
+  return p;
+}
+static ipcref_view u32_view(ipcref_buf *b, size_t bytes) {
+  ipcref_view v;
+  int64_t n = (int64_t)(bytes / 4);
+  memset(&v, 0, sizeof v);
+  CHECK_EQ(ipcref_view_of(b, IPCREF_U32, 1, &n, &v), IPCREF_OK);
+  return v;
+}
+static void check_dev(const ipcref_buf *b, int32_t type, int32_t id) {
+  ipcref_device dv = ipcref_buf_device(b);
+  CHECK_EQ(dv.type, type);
+  CHECK_EQ(dv.id, id);
+}
+
+/* ---- the case frame -------------------------------------------------------
+ */
+
+static void case_begin(const char *name, const kind *k) {
+  knobs_reset();
+  snprintf(g_log, sizeof g_log, "%s/%02d_%s_%s.log", g_tmp, ++g_seq, name,
+           k ? k->name : "none");
+  knob(&K_CUDA, "LOG", g_log);
+  knob(&K_HIP, "LOG", g_log);
+  g_fd0 = count_fds();
+  g_case_t0 = now_ms();
+}
+
+static void case_end(void) {
+  int fds = count_fds();
+  if (fds != g_fd0)
+    printf("    fds: %d before the case, %d after\n", g_fd0, fds);
+  CHECK_EQ(fds, g_fd0);
+  if (harness_failures_in_test) log_dump();
+  if (getenv("IPCREF_GPU_TIMES")) printf("    %.0f ms\n", now_ms() - g_case_t0);
+  knobs_reset();
+}
+
+#define GPU_TEST(fn, kname, karg)                                              \
+  static void fn##_##kname(void) {                                             \
+    case_begin(#fn, karg);                                                     \
+    fn(karg);                                                                  \
+    case_end();                                                                \
+  }
+
+/* ======================================================================== */
+/* 1. The full flow: A allocates and writes, sends to B, B reads and
+ * forwards to C, C reads; all release; A's limbo sweeps; the device memory
+ * is freed when A's context goes. The device pointers are PROT_NONE on the
+ * host (HOSTPTR=none): every byte goes through the driver's copies. */
+
+struct flow_arg {
+  const kind *k;
+  int in, out, ctl;
+};
+
+static const size_t flow_size[2] = {8192, 8192}; /* one segment */
+static const uint32_t flow_seed[2] = {0x11, 0x22};
+
+static int flow_child(void *vp) {
+  struct flow_arg *a = (struct flow_arg *)vp;
+  gdrv d;
+  ipcref_ctx *ctx;
+  ipcref_peer *pin, *pout = NULL;
+  ipcref_view v[2];
+  ipcref_stats st;
+  int i;
+  memset(v, 0, sizeof v);
+  if (g_open(a->k, &d) != IPCREF_OK) return 1;
+  ctx = mkctx(SEG, &d);
+  pin = mkpeer(ctx, a->in);
+  if (a->out >= 0) pout = mkpeer(ctx, a->out);
+  for (i = 0; i < 2; i++) {
+    CHECK_EQ(ipcref_recv_on(pin, &v[i], g_tmo, NULL), IPCREF_OK);
+    if (!v[i].buf) continue;
+    check_dev(v[i].buf, a->k->type, 0);
+    CHECK_EQ(ipcref_buf_size(v[i].buf), flow_size[i]);
+    CHECK(dev_check(&d, view_ptr(&v[i]), flow_size[i], flow_seed[i], 0));
+    if (pout) CHECK_EQ(ipcref_send_on(pout, &v[i], NULL), IPCREF_OK);
+  }
+  ctl_put(a->ctl, 1); /* read (and forwarded) */
+  CTL_EXPECT(a->ctl, 2);
+  ipcref_view_release(&v[0]);
+  ipcref_view_release(&v[1]);
+  st = stats(ctx);
+  CHECK_EQ(st.imported_bufs, 0);
+  CHECK_EQ(st.deferred, 0);
+  ctl_put(a->ctl, 3); /* released */
+  CTL_EXPECT(a->ctl, 4);
+  ipcref_peer_free(pin);
+  ipcref_peer_free(pout);
+  ipcref_ctx_free(ctx);
+  g_close(&d);
+  return 0;
+}
+
+static void test_full_flow(const kind *k) {
+  int ab[2], bc[2], cb[2], cc[2], i;
+  struct flow_arg b, c;
+  pid_t pb, pc;
+  gdrv d;
+  ipcref_ctx *ctx;
+  ipcref_peer *p;
+  ipcref_buf *buf[2] = {NULL, NULL};
+  ipcref_view v[2];
+  ipcref_stats st;
+  char h[64] = "";
+  knob(k, "HOSTPTR", "none");
+  pair(ab);
+  pair(bc);
+  pair(cb);
+  pair(cc);
+  b.k = c.k = k;
+  b.in = ab[1];
+  b.out = bc[0];
+  b.ctl = cb[1];
+  c.in = bc[1];
+  c.out = -1;
+  c.ctl = cc[1];
+  {
+    int cl_b[] = {ab[0], bc[1], cb[0], cc[0], cc[1]};
+    int cl_c[] = {ab[0], ab[1], bc[0], cb[0], cb[1], cc[0]};
+    pb = spawn(flow_child, &b, cl_b, 5); /* before the driver is opened */
+    pc = spawn(flow_child, &c, cl_c, 6);
+  }
+  close(ab[1]);
+  close(bc[0]);
+  close(bc[1]);
+  close(cb[1]);
+  close(cc[1]);
+  if (g_open(k, &d) != IPCREF_OK) goto out;
+  ctx = mkctx(SEG, &d);
+  p = mkpeer(ctx, ab[0]);
+  for (i = 0; i < 2; i++) {
+    CHECK_EQ(g_alloc(ctx, k, 0, flow_size[i], &buf[i]), IPCREF_OK);
+    if (!buf[i]) goto done;
+    check_dev(buf[i], k->type, 0);
+    CHECK(ipcref_buf_is_shared(buf[i]));
+    dev_fill(&d, ipcref_buf_data(buf[i]), flow_size[i], flow_seed[i], 0);
+    v[i] = u32_view(buf[i], flow_size[i]);
+    CHECK_EQ(ipcref_send_on(p, &v[i], NULL), IPCREF_OK);
+    ipcref_view_release(&v[i]);
+    ipcref_buf_release(buf[i]);
+  }
+  st = stats(ctx);
+  CHECK_EQ(st.live_bufs, 0);
+  CHECK_EQ(st.limbo_blocks, 2);
+  CHECK(st.live_slots >= 2);
+  CHECK_EQ(st.device_bytes, SEG);
+  CTL_EXPECT(cb[0], 1); /* B read them and forwarded them to C */
+  CTL_EXPECT(cc[0], 1); /* C read them */
+  st = stats(ctx);
+  CHECK_EQ(st.live_slots, 4); /* B's two leases, and C's two forwarded */
+  ctl_put(cb[0], 2);
+  CTL_EXPECT(cb[0], 3); /* B released */
+  ipcref_collect(ctx);
+  st = stats(ctx);
+  CHECK_EQ(st.live_slots, 2);
+  CHECK_EQ(st.limbo_blocks, 2); /* C's forwarded holds keep them */
+  ctl_put(cc[0], 2);
+  CTL_EXPECT(cc[0], 3); /* C released */
+  ipcref_collect(ctx);
+  st = stats(ctx);
+  CHECK_EQ(st.live_slots, 0);
+  CHECK_EQ(st.limbo_blocks, 0);
+  CHECK_EQ(st.live_bufs, 0);
+  CHECK(st.sweeps > 0);
+  CHECK_EQ(st.device_bytes, SEG); /* the empty segment, cached */
+  ctl_put(cb[0], 4);
+  ctl_put(cc[0], 4);
+  CHECK_EQ(reap(pb, g_tmo), 0);
+  CHECK_EQ(reap(pc, g_tmo), 0);
+  pb = pc = -1;
+  /* The driver's view: one segment exported once by A, opened once and
+   * closed once in each of B and C (the handle names A's allocation). */
+  CHECK_EQ(log_count(getpid(), k->c_get, k->ok), 1);
+  CHECK(log_value(getpid(), k->c_get, k->ok, "h=", NULL, h, sizeof h));
+  {
+    char hh[80];
+    snprintf(hh, sizeof hh, "h=%s ", h);
+    CHECK_EQ(log_count(0, k->c_open, hh), 2);
+    CHECK_EQ(log_count(0, k->c_close, hh), 2);
+  }
+  if (!k->hip) { /* each consumer's stream waited on each view's event */
+    CHECK_EQ(log_count(0, k->c_evopen, k->ok), 4);
+    CHECK_EQ(log_count(0, k->c_wait, k->ok), 4);
+    CHECK_EQ(log_count(getpid(), k->c_sync, NULL), 0);
+  } else { /* HIP 5: no events; A synchronized before each hand-off */
+    CHECK_EQ(log_count(0, k->c_evopen, NULL), 0);
+    CHECK_EQ(log_count(0, k->c_wait, NULL), 0);
+    CHECK_EQ(log_count(getpid(), k->c_sync, k->ok), 2);
+  }
+  /* The empty segment stays until the context goes. */
+  CHECK_EQ(log_count(getpid(), k->c_free, NULL), 0);
+done:
+  ipcref_peer_free(p);
+  ipcref_ctx_free(ctx);
+  g_close(&d);
+  /* Every segment A allocated was freed, once. */
+  CHECK_EQ(log_count(getpid(), k->c_alloc, k->ok), 1);
+  CHECK_EQ(log_count(getpid(), k->c_free, k->ok), 1);
+  CHECK_EQ(log_count(getpid(), k->c_free, NULL), 1);
+out:
+  close(cb[0]);
+  close(cc[0]);
+  if (pb > 0) CHECK_EQ(reap(pb, g_tmo), 0);
+  if (pc > 0) CHECK_EQ(reap(pc, g_tmo), 0);
+}
+GPU_TEST(test_full_flow, cuda, &K_CUDA)
+GPU_TEST(test_full_flow, hip, &K_HIP)
+
+/* ======================================================================== */
+/* 2. Pointers from another allocator, in the middle of a larger
+ * allocation: the consumer gets exactly that slice; the release callback
+ * runs once, after both the consumer and the producer let go; two wraps in
+ * one allocation export it once; ipcref never frees it. */
+
+#define WRAP_ALLOC ((size_t)1 << 20)
+#define WRAP_SEED  0x5a
+static const size_t wrap_off[2] = {65536 + 256, 524288};
+static const size_t wrap_len[2] = {4096, 8192};
+
+struct wrap_arg {
+  const kind *k;
+  int peer, ctl;
+};
+
+static int wrap_child(void *vp) {
+  struct wrap_arg *a = (struct wrap_arg *)vp;
+  gdrv d;
+  ipcref_ctx *ctx;
+  ipcref_peer *p;
+  ipcref_view v[2];
+  void *base[2] = {NULL, NULL};
+  int i;
+  memset(v, 0, sizeof v);
+  if (g_open(a->k, &d) != IPCREF_OK) return 1;
+  ctx = mkctx(SEG, &d);
+  p = mkpeer(ctx, a->peer);
+  for (i = 0; i < 2; i++) {
+    size_t size = 0;
+    CHECK_EQ(ipcref_recv_on(p, &v[i], g_tmo, NULL), IPCREF_OK);
+    if (!v[i].buf) return 1;
+    CHECK_EQ(ipcref_buf_size(v[i].buf), wrap_len[i]);
+    check_dev(v[i].buf, a->k->type, 0);
+    /* Where it lies in the opened allocation: at the same offset. */
+    CHECK_EQ(g_range(&d, ipcref_buf_data(v[i].buf), &base[i], &size), 0);
+    CHECK_EQ(size, WRAP_ALLOC);
+    CHECK_EQ((char *)ipcref_buf_data(v[i].buf) - (char *)base[i], wrap_off[i]);
+    CHECK(dev_check(&d, view_ptr(&v[i]), wrap_len[i], WRAP_SEED,
+                    wrap_off[i] / 4));
+  }
+  CHECK(base[0] == base[1]); /* one opening of the allocation */
+  for (i = 0; i < 2; i++) {
+    CTL_EXPECT(a->ctl, 10 + i);
+    ipcref_view_release(&v[i]);
+    ipcref_collect(ctx);
+    (void)stats(ctx); /* returns a deferred release, if any */
+    ctl_put(a->ctl, 20 + i);
+  }
+  CTL_EXPECT(a->ctl, 99);
+  ipcref_peer_free(p);
+  ipcref_ctx_free(ctx);
+  g_close(&d);
+  return 0;
+}
+
+struct relcount {
+  int n;
+  void *ptr;
+};
+static void count_release(void *user, void *ptr) {
+  struct relcount *c = (struct relcount *)user;
+  c->n++;
+  c->ptr = ptr;
+}
+
+static void test_wrap_offset(const kind *k) {
+  int pp[2], cp[2], i;
+  struct wrap_arg a;
+  pid_t pid;
+  gdrv d;
+  ipcref_ctx *ctx;
+  ipcref_peer *p;
+  ipcref_buf *b[2] = {NULL, NULL};
+  ipcref_view v[2];
+  void *alloc = NULL;
+  struct relcount rc[2];
+  char h[64] = "", hh[80];
+  memset(rc, 0, sizeof rc);
+  knob(k, "HOSTPTR", "none");
+  pair(pp);
+  pair(cp);
+  a.k = k;
+  a.peer = pp[1];
+  a.ctl = cp[1];
+  {
+    int cl[] = {pp[0], cp[0]};
+    pid = spawn(wrap_child, &a, cl, 2);
+  }
+  close(pp[1]);
+  close(cp[1]);
+  if (g_open(k, &d) != IPCREF_OK) goto out;
+  CHECK_EQ(g_malloc(&d, WRAP_ALLOC, &alloc), 0);
+  dev_fill(&d, alloc, WRAP_ALLOC, WRAP_SEED, 0);
+  ctx = mkctx(SEG, &d);
+  p = mkpeer(ctx, pp[0]);
+  for (i = 0; i < 2; i++) {
+    void *ptr = (char *)alloc + wrap_off[i];
+    CHECK_EQ(g_wrap(ctx, k, 0, ptr, wrap_len[i], count_release, &rc[i], &b[i]),
+             IPCREF_OK);
+    if (!b[i]) goto done;
+    CHECK(ipcref_buf_data(b[i]) == ptr);
+    CHECK(ipcref_buf_is_shared(b[i]));
+    check_dev(b[i], k->type, 0);
+    v[i] = u32_view(b[i], wrap_len[i]);
+    CHECK_EQ(ipcref_send_on(p, &v[i], NULL), IPCREF_OK);
+    ipcref_view_release(&v[i]);
+  }
+  /* Wrap 0: the producer lets go first, then the consumer. */
+  ipcref_buf_release(b[0]);
+  ipcref_collect(ctx);
+  CHECK_EQ(rc[0].n, 0);
+  ctl_put(cp[0], 10);
+  CTL_EXPECT(cp[0], 20);
+  ipcref_collect(ctx);
+  CHECK_EQ(rc[0].n, 1);
+  CHECK(rc[0].ptr == (char *)alloc + wrap_off[0]);
+  /* Wrap 1: the consumer first, then the producer. */
+  ctl_put(cp[0], 11);
+  CTL_EXPECT(cp[0], 21);
+  ipcref_collect(ctx);
+  CHECK_EQ(rc[1].n, 0);
+  ipcref_buf_release(b[1]);
+  CHECK_EQ(rc[1].n, 1);
+  CHECK(rc[1].ptr == (char *)alloc + wrap_off[1]);
+  ipcref_collect(ctx);
+  {
+    ipcref_stats st = stats(ctx);
+    CHECK_EQ(st.live_slots, 0);
+    CHECK_EQ(st.limbo_blocks, 0);
+    CHECK_EQ(st.live_bufs, 0);
+  }
+  ctl_put(cp[0], 99);
+  CHECK_EQ(reap(pid, g_tmo), 0);
+  pid = -1;
+  /* One export of the allocation's base, one opening in the consumer. */
+  CHECK_EQ(log_count(getpid(), k->c_get, NULL), 1);
+  CHECK(log_value(getpid(), k->c_get, k->ok, "h=", NULL, h, sizeof h));
+  {
+    char base[40];
+    snprintf(base, sizeof base, "ptr=%#llx ",
+             (unsigned long long)(uintptr_t)alloc);
+    CHECK_EQ(log_count(getpid(), k->c_get, base), 1);
+  }
+  snprintf(hh, sizeof hh, "h=%s ", h);
+  CHECK_EQ(log_count(0, k->c_open, hh), 1);
+  CHECK_EQ(log_count(0, k->c_close, hh), 1);
+done:
+  ipcref_peer_free(p);
+  ipcref_ctx_free(ctx);
+  CHECK_EQ(rc[0].n, 1);
+  CHECK_EQ(rc[1].n, 1);
+  /* ipcref never freed the allocation: its owner does. */
+  CHECK_EQ(log_count(getpid(), k->c_free, NULL), 0);
+  CHECK_EQ(g_free(&d, alloc), 0);
+  g_close(&d);
+out:
+  close(cp[0]);
+  if (pid > 0) CHECK_EQ(reap(pid, g_tmo), 0);
+}
+GPU_TEST(test_wrap_offset, cuda, &K_CUDA)
+GPU_TEST(test_wrap_offset, hip, &K_HIP)
+
+/* ======================================================================== */
+/* 3. One allocation reaching a consumer several times (two views on one
+ * peer, a third through a second context of the same process and backend)
+ * is opened once and closed once, when its last user goes; whatever the
+ * driver does on a second open (REOPEN: counted, 208 ALREADY_MAPPED, a new
+ * mapping), since ipcref never asks for one. */
+
+struct twice_arg {
+  const kind *k;
+  int peer1, peer2, ctl;
+};
+
+static int twice_child(void *vp) {
+  struct twice_arg *a = (struct twice_arg *)vp;
+  gdrv d;
+  ipcref_ctx *c1, *c2;
+  ipcref_peer *p1, *p2;
+  ipcref_view v[3];
+  void *base[3] = {NULL, NULL, NULL};
+  size_t size;
+  int i, me = (int)getpid();
+  memset(v, 0, sizeof v);
+  if (g_open(a->k, &d) != IPCREF_OK) return 1;
+  c1 = mkctx(SEG, &d);
+  c2 = mkctx(SEG, &d); /* the same backend in a second context */
+  p1 = mkpeer(c1, a->peer1);
+  p2 = mkpeer(c2, a->peer2);
+  CHECK_EQ(ipcref_recv_on(p1, &v[0], g_tmo, NULL), IPCREF_OK);
+  CHECK_EQ(ipcref_recv_on(p1, &v[1], g_tmo, NULL), IPCREF_OK);
+  CHECK_EQ(ipcref_recv_on(p2, &v[2], g_tmo, NULL), IPCREF_OK);
+  for (i = 0; i < 3; i++) {
+    if (!v[i].buf) return 1;
+    CHECK_EQ(g_range(&d, ipcref_buf_data(v[i].buf), &base[i], &size), 0);
+  }
+  CHECK(base[0] == base[1] && base[1] == base[2]);
+  CHECK(dev_check(&d, view_ptr(&v[0]), 8192, 0x33, 0));
+  CHECK(dev_check(&d, view_ptr(&v[1]), 4096, 0x33, 1024));
+  CHECK(dev_check(&d, view_ptr(&v[2]), 8192, 0x44, 0));
+  CHECK_EQ(log_count(me, a->k->c_open, NULL), 1);
+  CHECK_EQ(log_count(me, a->k->c_open, a->k->ok), 1);
+  /* Still used by c2: not closed when c1 goes. */
+  ipcref_view_release(&v[0]);
+  ipcref_view_release(&v[1]);
+  ipcref_peer_free(p1);
+  ipcref_ctx_free(c1);
+  CHECK_EQ(log_count(me, a->k->c_close, NULL), 0);
+  ipcref_view_release(&v[2]);
+  ipcref_peer_free(p2);
+  ipcref_ctx_free(c2);
+  CHECK_EQ(log_count(me, a->k->c_close, NULL), 1);
+  CHECK_EQ(log_count(me, a->k->c_close, a->k->ok), 1);
+  ctl_put(a->ctl, 1);
+  CTL_EXPECT(a->ctl, 2);
+  g_close(&d);
+  return 0;
+}
+
+static void test_import_twice(const kind *k) {
+  static const char *const reopen[] = {NULL, "208", "new"};
+  int r;
+  for (r = 0; r < 3; r++) {
+    int s1[2], s2[2], cp[2];
+    struct twice_arg a;
+    pid_t pid;
+    gdrv d;
+    ipcref_ctx *ctx;
+    ipcref_peer *pa, *pb;
+    ipcref_buf *b0 = NULL, *b1 = NULL;
+    ipcref_view v0, v0s, v1;
+    char h[64] = "", hh[80];
+    knob(k, "REOPEN", reopen[r]);
+    pair(s1);
+    pair(s2);
+    pair(cp);
+    a.k = k;
+    a.peer1 = s1[1];
+    a.peer2 = s2[1];
+    a.ctl = cp[1];
+    {
+      int cl[] = {s1[0], s2[0], cp[0]};
+      pid = spawn(twice_child, &a, cl, 3);
+    }
+    close(s1[1]);
+    close(s2[1]);
+    close(cp[1]);
+    if (g_open(k, &d) != IPCREF_OK) {
+      close(s1[0]);
+      close(s2[0]);
+      close(cp[0]);
+      CHECK_EQ(reap(pid, g_tmo), 0);
+      return;
+    }
+    ctx = mkctx(SEG, &d);
+    pa = mkpeer(ctx, s1[0]);
+    pb = mkpeer(ctx, s2[0]);
+    CHECK_EQ(g_alloc(ctx, k, 0, 8192, &b0), IPCREF_OK);
+    CHECK_EQ(g_alloc(ctx, k, 0, 8192, &b1), IPCREF_OK); /* same segment */
+    if (b0 && b1) {
+      dev_fill(&d, ipcref_buf_data(b0), 8192, 0x33, 0);
+      dev_fill(&d, ipcref_buf_data(b1), 8192, 0x44, 0);
+      v0 = u32_view(b0, 8192);
+      v1 = u32_view(b1, 8192);
+      CHECK_EQ(ipcref_view_slice(&v0, 0, 1024, 2048, 1, &v0s), IPCREF_OK);
+      CHECK_EQ(ipcref_send_on(pa, &v0, NULL), IPCREF_OK);
+      CHECK_EQ(ipcref_send_on(pa, &v0s, NULL), IPCREF_OK);
+      CHECK_EQ(ipcref_send_on(pb, &v1, NULL), IPCREF_OK);
+      ipcref_view_release(&v0);
+      ipcref_view_release(&v0s);
+      ipcref_view_release(&v1);
+    }
+    ipcref_buf_release(b0);
+    ipcref_buf_release(b1);
+    CTL_EXPECT(cp[0], 1);
+    ctl_put(cp[0], 2);
+    CHECK_EQ(reap(pid, g_tmo), 0);
+    ipcref_collect(ctx);
+    {
+      ipcref_stats st = stats(ctx);
+      CHECK_EQ(st.live_slots, 0);
+      CHECK_EQ(st.limbo_blocks, 0);
+    }
+    CHECK_EQ(log_count(getpid(), k->c_get, NULL), 1);
+    CHECK(log_value(getpid(), k->c_get, k->ok, "h=", NULL, h, sizeof h));
+    snprintf(hh, sizeof hh, "h=%s ", h);
+    CHECK_EQ(log_count(pid, k->c_open, hh), 1);
+    CHECK_EQ(log_count(pid, k->c_close, hh), 1);
+    CHECK_EQ(log_count(0, NULL, "AlreadyMapped"), 0);
+    CHECK_EQ(log_count(0, NULL, "ALREADY_MAPPED"), 0);
+    ipcref_peer_free(pa);
+    ipcref_peer_free(pb);
+    ipcref_ctx_free(ctx);
+    g_close(&d);
+    close(cp[0]);
+    /* The next round's log: a fresh file. */
+    snprintf(g_log, sizeof g_log, "%s/%02d_import_twice_%s_%d.log", g_tmp,
+             ++g_seq, k->name, r + 1);
+    knob(&K_CUDA, "LOG", g_log);
+    knob(&K_HIP, "LOG", g_log);
+  }
+}
+GPU_TEST(test_import_twice, cuda, &K_CUDA)
+GPU_TEST(test_import_twice, hip, &K_HIP)
+
+/* ======================================================================== */
+/* 4. Ordering without blocking. The producer's writes take WORK_US on its
+ * stream; the consumer's stream waits on the producer's event before the
+ * data is used (CUDA), or the producer synchronized its stream before the
+ * hand-off (HIP 5). The consumer's release is fenced: it returns at once,
+ * the lease stays out until the consumer's work completed, and a later
+ * call on the context hands it back. */
+
+static int g_work_us, g_fence_us;
+
+struct order_arg {
+  const kind *k;
+  int peer, ctl;
+};
+
+static int order_child(void *vp) {
+  struct order_arg *a = (struct order_arg *)vp;
+  gdrv d;
+  ipcref_ctx *ctx;
+  ipcref_peer *p;
+  ipcref_view v;
+  ipcref_stats st;
+  void *stream = NULL;
+  double t0, t1;
+  int me = (int)getpid(), iw, iu;
+  long long pending = -1;
+  memset(&v, 0, sizeof v);
+  if (g_open(a->k, &d) != IPCREF_OK) return 1;
+  CHECK_EQ(g_stream(&d, &stream), 0);
+  ctx = mkctx(SEG, &d);
+  p = mkpeer(ctx, a->peer);
+  CHECK_EQ(ipcref_recv_on(p, &v, g_tmo, stream), IPCREF_OK);
+  if (!v.buf) return 1;
+  if (!a->k->hip) {
+    /* The stream waits for the producer's work, which is still running. */
+    CHECK_EQ(log_count(me, a->k->c_wait, a->k->ok), 1);
+    CHECK(log_value(me, a->k->c_wait, a->k->ok, "pending_us=", &pending, NULL,
+                    0));
+    CHECK(pending > 0);
+  } else {
+    CHECK_EQ(log_count(0, a->k->c_wait, NULL), 0);
+  }
+  /* Use: a copy ordered after the stream (the fake's legacy stream waits
+   * for the blocking streams, as CUDA's does). */
+  CHECK(dev_check(&d, view_ptr(&v), 4096, 0x77, 0));
+  if (!a->k->hip) {
+    iw = log_index(me, a->k->c_wait, NULL, 0);
+    iu = log_index(me, "cuMemcpyDtoH_v2", NULL, 0);
+    CHECK(iw >= 0 && iu > iw);
+  }
+  /* The release: the consumer's work on the stream takes FENCE_US; the
+   * release does not wait for it. */
+  knob_num(a->k, "WORK_US", g_fence_us);
+  g_work(&d, stream);
+  t0 = now_ms();
+  ipcref_view_release(&v);
+  t1 = now_ms();
+  CHECK(t1 - t0 < g_fence_us / 2000.0);
+  st = stats(ctx);
+  CHECK_EQ(st.deferred, 1);
+  CHECK_EQ(st.imported_bufs, 1);
+  ctl_put(a->ctl, 1); /* released, deferred */
+  CTL_EXPECT(a->ctl, 2);
+  /* Past the work: ipcref_collect alone hands the lease back. */
+  while (now_ms() < t0 + g_fence_us / 1000.0 + 20) sleep_ms(5);
+  ipcref_collect(ctx);
+  ctl_put(a->ctl, 3);
+  CTL_EXPECT(a->ctl, 4);
+  st = stats(ctx);
+  CHECK_EQ(st.deferred, 0);
+  st = stats(ctx); /* (the first one returned it: counted by the next) */
+  CHECK_EQ(st.imported_bufs, 0);
+  ctl_put(a->ctl, 5);
+  CTL_EXPECT(a->ctl, 6);
+  /* No thread of the consumer ever waited on the driver. */
+  CHECK_EQ(log_count(me, a->k->c_sync, NULL), 0);
+  CHECK_EQ(log_count(me,
+                     a->k->hip ? "hipEventSynchronize" : "cuEventSynchronize",
+                     NULL),
+           0);
+  CHECK_EQ(log_count(me,
+                     a->k->hip ? "hipDeviceSynchronize" : "cuCtxSynchronize",
+                     NULL),
+           0);
+  CHECK(log_count(me, a->k->hip ? "hipEventQuery" : "cuEventQuery",
+                  a->k->hip ? "hipErrorNotReady" : "CUDA_ERROR_NOT_READY") >=
+        1);
+  ipcref_peer_free(p);
+  ipcref_ctx_free(ctx);
+  g_stream_free(&d, stream);
+  g_close(&d);
+  return 0;
+}
+
+static void test_stream_order(const kind *k) {
+  int pp[2], cp[2];
+  struct order_arg a;
+  pid_t pid;
+  gdrv d;
+  ipcref_ctx *ctx;
+  ipcref_peer *p;
+  ipcref_buf *b = NULL;
+  ipcref_view v;
+  ipcref_stats st;
+  void *stream = NULL;
+  double t0, t1;
+  knob(k, "HOSTPTR", "none");
+  knob_num(k, "WORK_US", g_work_us);
+  pair(pp);
+  pair(cp);
+  a.k = k;
+  a.peer = pp[1];
+  a.ctl = cp[1];
+  {
+    int cl[] = {pp[0], cp[0]};
+    pid = spawn(order_child, &a, cl, 2);
+  }
+  close(pp[1]);
+  close(cp[1]);
+  if (g_open(k, &d) != IPCREF_OK) goto out;
+  CHECK_EQ(g_stream(&d, &stream), 0);
+  ctx = mkctx(SEG, &d);
+  p = mkpeer(ctx, pp[0]);
+  CHECK_EQ(g_alloc(ctx, k, 0, 4096, &b), IPCREF_OK);
+  if (!b) goto done;
+  dev_fill(&d, ipcref_buf_data(b), 4096, 0x77, 0);
+  g_work(&d, stream); /* the kernel that wrote it, still running */
+  v = u32_view(b, 4096);
+  ipcref_buf_release(b);
+  CHECK(ipcref_peer_pid(p) > 0); /* its hello is in: no wait in the send */
+  t0 = now_ms();
+  CHECK_EQ(ipcref_send_on(p, &v, stream), IPCREF_OK);
+  t1 = now_ms();
+  if (!k->hip) { /* the producer never waits */
+    CHECK(t1 - t0 < g_work_us / 2000.0);
+    CHECK_EQ(log_count(getpid(), k->c_sync, NULL), 0);
+  } else { /* HIP 5: it waits for its own stream, before the hand-off */
+    long long waited = 0;
+    CHECK(t1 - t0 >= g_work_us / 2000.0);
+    CHECK_EQ(log_count(getpid(), k->c_sync, k->ok), 1);
+    CHECK(log_value(getpid(), k->c_sync, NULL, "waited_us=", &waited, NULL, 0));
+    CHECK(waited > 0);
+  }
+  ipcref_view_release(&v);
+  CTL_EXPECT(cp[0], 1); /* the consumer released: deferred */
+  ipcref_collect(ctx);
+  st = stats(ctx);
+  CHECK_EQ(st.live_slots, 1);
+  CHECK_EQ(st.limbo_blocks, 1);
+  ctl_put(cp[0], 2);
+  CTL_EXPECT(cp[0], 3); /* its work completed, and it called ipcref_collect */
+  ipcref_collect(ctx);
+  st = stats(ctx);
+  if (st.live_slots != 0)
+    printf("    ipcref_collect did not hand back the consumer's deferred "
+           "release (live_slots %zu)\n",
+           st.live_slots);
+  CHECK_EQ(st.live_slots, 0);
+  ctl_put(cp[0], 4);
+  CTL_EXPECT(cp[0], 5); /* and ipcref_ctx_stats */
+  ipcref_collect(ctx);
+  st = stats(ctx);
+  CHECK_EQ(st.live_slots, 0);
+  CHECK_EQ(st.limbo_blocks, 0);
+  ctl_put(cp[0], 6);
+  CHECK_EQ(reap(pid, g_tmo), 0);
+  pid = -1;
+  if (k->hip) /* the producer's wait came before the consumer's open */
+    CHECK(log_index(getpid(), k->c_sync, NULL, 0) <
+          log_index(0, k->c_open, NULL, 0));
+done:
+  ipcref_peer_free(p);
+  ipcref_ctx_free(ctx);
+  g_stream_free(&d, stream);
+  g_close(&d);
+out:
+  close(cp[0]);
+  if (pid > 0) CHECK_EQ(reap(pid, g_tmo), 0);
+}
+GPU_TEST(test_stream_order, cuda, &K_CUDA)
+GPU_TEST(test_stream_order, hip, &K_HIP)
+
+/* A segment already mapped is waited on the same way: each view's event,
+ * each time (CUDA); the producer synchronizes before each hand-off (HIP). */
+
+static int cached_child(void *vp) {
+  struct order_arg *a = (struct order_arg *)vp;
+  gdrv d;
+  ipcref_ctx *ctx;
+  ipcref_peer *p;
+  ipcref_view v[2];
+  void *stream = NULL;
+  long long pending[4] = {0, 0, 0, 0};
+  int me = (int)getpid(), i;
+  double end;
+  memset(v, 0, sizeof v);
+  if (g_open(a->k, &d) != IPCREF_OK) return 1;
+  CHECK_EQ(g_stream(&d, &stream), 0);
+  ctx = mkctx(SEG, &d);
+  p = mkpeer(ctx, a->peer);
+  for (i = 0; i < 2; i++) {
+    CHECK_EQ(ipcref_recv_on(p, &v[i], g_tmo, stream), IPCREF_OK);
+    if (!v[i].buf) return 1;
+    CHECK(dev_check(&d, view_ptr(&v[i]), 4096, 0x50 + (uint32_t)i, 0));
+    ctl_put(a->ctl, 1 + i);
+  }
+  CHECK_EQ(log_count(me, a->k->c_open, NULL), 1); /* the second: cached */
+  if (!a->k->hip) {
+    CHECK_EQ(log_values(me, a->k->c_wait, a->k->ok, "pending_us=", pending, 4),
+             2);
+    CHECK(pending[0] > 0);
+    CHECK(pending[1] > 0);
+  } else {
+    CHECK_EQ(log_count(0, a->k->c_wait, NULL), 0);
+  }
+  ipcref_view_release(&v[0]);
+  ipcref_view_release(&v[1]);
+  end = now_ms() + g_tmo;
+  while (stats(ctx).deferred != 0 && now_ms() < end) sleep_ms(2);
+  CHECK_EQ(stats(ctx).deferred, 0);
+  ctl_put(a->ctl, 3);
+  CTL_EXPECT(a->ctl, 4);
+  ipcref_peer_free(p);
+  ipcref_ctx_free(ctx);
+  g_stream_free(&d, stream);
+  g_close(&d);
+  return 0;
+}
+
+static void test_wait_cached(const kind *k) {
+  int pp[2], cp[2], i;
+  struct order_arg a;
+  pid_t pid;
+  gdrv d;
+  ipcref_ctx *ctx;
+  ipcref_peer *p;
+  ipcref_buf *b[2] = {NULL, NULL};
+  void *stream = NULL;
+  knob_num(k, "WORK_US", g_work_us);
+  pair(pp);
+  pair(cp);
+  a.k = k;
+  a.peer = pp[1];
+  a.ctl = cp[1];
+  {
+    int cl[] = {pp[0], cp[0]};
+    pid = spawn(cached_child, &a, cl, 2);
+  }
+  close(pp[1]);
+  close(cp[1]);
+  if (g_open(k, &d) != IPCREF_OK) goto out;
+  CHECK_EQ(g_stream(&d, &stream), 0);
+  ctx = mkctx(SEG, &d);
+  p = mkpeer(ctx, pp[0]);
+  for (i = 0; i < 2; i++) { /* two blocks of one segment */
+    CHECK_EQ(g_alloc(ctx, k, 0, 4096, &b[i]), IPCREF_OK);
+    if (!b[i]) goto done;
+    dev_fill(&d, ipcref_buf_data(b[i]), 4096, 0x50 + (uint32_t)i, 0);
+  }
+  for (i = 0; i < 2; i++) {
+    ipcref_view v = u32_view(b[i], 4096);
+    g_work(&d, stream);
+    CHECK_EQ(ipcref_send_on(p, &v, stream), IPCREF_OK);
+    ipcref_view_release(&v);
+    ipcref_buf_release(b[i]);
+    CTL_EXPECT(cp[0], 1 + i);
+  }
+  CTL_EXPECT(cp[0], 3);
+  ipcref_collect(ctx);
+  CHECK_EQ(stats(ctx).live_slots, 0);
+  CHECK_EQ(stats(ctx).limbo_blocks, 0);
+  ctl_put(cp[0], 4);
+  CHECK_EQ(reap(pid, g_tmo), 0);
+  pid = -1;
+  CHECK_EQ(log_count(getpid(), k->c_get, NULL), 1);
+  if (k->hip) CHECK_EQ(log_count(getpid(), k->c_sync, k->ok), 2);
+done:
+  ipcref_peer_free(p);
+  ipcref_ctx_free(ctx);
+  g_stream_free(&d, stream);
+  g_close(&d);
+out:
+  close(cp[0]);
+  if (pid > 0) CHECK_EQ(reap(pid, g_tmo), 0);
+}
+GPU_TEST(test_wait_cached, cuda, &K_CUDA)
+GPU_TEST(test_wait_cached, hip, &K_HIP)
+
+/* CUDA's interprocess events come from a pool: as many as were ever
+ * outstanding at once, each with its handle made once, reused when their
+ * leases end, destroyed by ipcref_cuda_close. */
+
+#define POOL_N 12
+
+struct rounds_arg {
+  const kind *k;
+  int peer, ctl;
+};
+
+static int rounds_child(void *vp) {
+  struct rounds_arg *a = (struct rounds_arg *)vp;
+  gdrv d;
+  ipcref_ctx *ctx;
+  ipcref_peer *p;
+  ipcref_view v[POOL_N];
+  int r, i;
+  memset(v, 0, sizeof v);
+  if (g_open(a->k, &d) != IPCREF_OK) return 1;
+  ctx = mkctx(SEG, &d);
+  p = mkpeer(ctx, a->peer);
+  for (r = 0; r < 2; r++) {
+    for (i = 0; i < POOL_N; i++)
+      CHECK_EQ(ipcref_recv_on(p, &v[i], g_tmo, NULL), IPCREF_OK);
+    ctl_put(a->ctl, 1);
+    CTL_EXPECT(a->ctl, 2);
+    for (i = 0; i < POOL_N; i++) ipcref_view_release(&v[i]);
+    CHECK_EQ(stats(ctx).deferred, 0);
+    ctl_put(a->ctl, 3);
+  }
+  CTL_EXPECT(a->ctl, 4);
+  ipcref_peer_free(p);
+  ipcref_ctx_free(ctx);
+  g_close(&d);
+  return 0;
+}
+
+static void test_event_pool(const kind *k) {
+  int pp[2], cp[2], r, i, me = (int)getpid();
+  struct rounds_arg a;
+  pid_t pid;
+  gdrv d;
+  ipcref_ctx *ctx;
+  ipcref_peer *p;
+  pair(pp);
+  pair(cp);
+  a.k = k;
+  a.peer = pp[1];
+  a.ctl = cp[1];
+  {
+    int cl[] = {pp[0], cp[0]};
+    pid = spawn(rounds_child, &a, cl, 2);
+  }
+  close(pp[1]);
+  close(cp[1]);
+  if (g_open(k, &d) != IPCREF_OK) goto out;
+  ctx = mkctx(SEG, &d);
+  p = mkpeer(ctx, pp[0]);
+  for (r = 0; r < 2; r++) {
+    for (i = 0; i < POOL_N; i++) {
+      ipcref_buf *b = NULL;
+      ipcref_view v;
+      CHECK_EQ(g_alloc(ctx, k, 0, 4096, &b), IPCREF_OK);
+      if (!b) break;
+      v = u32_view(b, 4096);
+      CHECK_EQ(ipcref_send_on(p, &v, NULL), IPCREF_OK);
+      ipcref_view_release(&v);
+      ipcref_buf_release(b);
+    }
+    CTL_EXPECT(cp[0], 1); /* all POOL_N outstanding at once */
+    ctl_put(cp[0], 2);
+    CTL_EXPECT(cp[0], 3);
+    ipcref_collect(ctx);
+    CHECK_EQ(stats(ctx).live_slots, 0);
+    /* Round 2 reused round 1's events. */
+    CHECK_EQ(log_count(me, "cuEventCreate", "flags=6 "), POOL_N);
+    CHECK_EQ(log_count(me, "cuIpcGetEventHandle", k->ok), POOL_N);
+    CHECK_EQ(log_count(me, "cuEventRecord", k->ok), POOL_N * (r + 1));
+  }
+  ctl_put(cp[0], 4);
+  CHECK_EQ(reap(pid, g_tmo), 0);
+  pid = -1;
+  ipcref_peer_free(p);
+  ipcref_ctx_free(ctx);
+  CHECK_EQ(log_count(me, "cuEventDestroy_v2", NULL), 0);
+  g_close(&d);
+  CHECK_EQ(log_count(me, "cuEventDestroy_v2", k->ok), POOL_N);
+out:
+  close(cp[0]);
+  if (pid > 0) CHECK_EQ(reap(pid, g_tmo), 0);
+}
+GPU_TEST(test_event_pool, cuda, &K_CUDA)
+
+/* ======================================================================== */
+/* 5. Out of device memory with a full limbo: the allocation sweeps the
+ * limbo and retries, and succeeds once the consumer let go; what can never
+ * fit gives IPCREF_ENOMEM with the driver's out-of-memory named. */
+
+#define OOM_SEG ((size_t)65536)
+
+struct hold_arg {
+  const kind *k;
+  int peer, ctl, n;
+};
+
+/* Receives n views, says so (1), releases them when told (2 -> 3), and
+ * waits to be told to go (4). Killed in case 6 instead. */
+static int hold_child(void *vp) {
+  struct hold_arg *a = (struct hold_arg *)vp;
+  gdrv d;
+  ipcref_ctx *ctx;
+  ipcref_peer *p;
+  ipcref_view v[16];
+  int i;
+  memset(v, 0, sizeof v);
+  if (g_open(a->k, &d) != IPCREF_OK) return 1;
+  ctx = mkctx(SEG, &d);
+  p = mkpeer(ctx, a->peer);
+  for (i = 0; i < a->n; i++)
+    CHECK_EQ(ipcref_recv_on(p, &v[i], g_tmo, NULL), IPCREF_OK);
+  ctl_put(a->ctl, 1);
+  CTL_EXPECT(a->ctl, 2);
+  for (i = 0; i < a->n; i++) ipcref_view_release(&v[i]);
+  CHECK_EQ(stats(ctx).imported_bufs, 0);
+  ctl_put(a->ctl, 3);
+  CTL_EXPECT(a->ctl, 4);
+  ipcref_peer_free(p);
+  ipcref_ctx_free(ctx);
+  g_close(&d);
+  return 0;
+}
+
+static void test_oom_sweep(const kind *k) {
+  int pp[2], cp[2], i;
+  struct hold_arg a;
+  pid_t pid;
+  gdrv d;
+  ipcref_ctx *ctx;
+  ipcref_peer *p;
+  ipcref_buf *b[2] = {NULL, NULL}, *c = NULL, *big = NULL, *e = NULL;
+  ipcref_stats st;
+  uint64_t sweeps;
+  ipcref_result r;
+  knob_num(k, "MEM_LIMIT", (long long)(2 * OOM_SEG));
+  pair(pp);
+  pair(cp);
+  a.k = k;
+  a.peer = pp[1];
+  a.ctl = cp[1];
+  a.n = 2;
+  {
+    int cl[] = {pp[0], cp[0]};
+    pid = spawn(hold_child, &a, cl, 2);
+  }
+  close(pp[1]);
+  close(cp[1]);
+  if (g_open(k, &d) != IPCREF_OK) goto out;
+  ctx = mkctx(OOM_SEG, &d);
+  p = mkpeer(ctx, pp[0]);
+  /* Two blocks of a segment each: the device is full. */
+  for (i = 0; i < 2; i++) {
+    ipcref_view v;
+    CHECK_EQ(g_alloc(ctx, k, 0, OOM_SEG, &b[i]), IPCREF_OK);
+    if (!b[i]) goto done;
+    v = u32_view(b[i], OOM_SEG);
+    CHECK_EQ(ipcref_send_on(p, &v, NULL), IPCREF_OK);
+    ipcref_view_release(&v);
+    ipcref_buf_release(b[i]);
+  }
+  CTL_EXPECT(cp[0], 1);
+  st = stats(ctx);
+  CHECK_EQ(st.limbo_blocks, 2);
+  CHECK_EQ(st.device_bytes, 2 * OOM_SEG);
+  /* The consumer holds both: nothing to sweep, no memory. */
+  r = g_alloc(ctx, k, 0, OOM_SEG, &c);
+  st = stats(ctx);
+  CHECK_EQ(r, IPCREF_ENOMEM);
+  CHECK(c == NULL);
+  CHECK(strstr(g_err(k), k->oom) != NULL);
+  if (r != IPCREF_ENOMEM || !strstr(g_err(k), k->oom))
+    printf("    ipcref_%s_error(): \"%s\"\n", k->name, g_err(k));
+  if (c) ipcref_buf_release(c);
+  c = NULL;
+  /* It lets go; nobody sweeps; the next allocation does, and succeeds. */
+  sweeps = st.sweeps;
+  ctl_put(cp[0], 2);
+  CTL_EXPECT(cp[0], 3);
+  {
+    int fails = log_count(getpid(), k->c_alloc, k->oom);
+    CHECK_EQ(g_alloc(ctx, k, 0, OOM_SEG, &c), IPCREF_OK);
+    /* It failed at the driver first (the limbo still held the memory). */
+    CHECK_EQ(log_count(getpid(), k->c_alloc, k->oom), fails + 1);
+  }
+  st = stats(ctx);
+  CHECK(st.sweeps > sweeps);
+  CHECK_EQ(st.limbo_blocks, 0);
+  CHECK_EQ(st.live_slots, 0);
+  /* What can never fit. */
+  r = g_alloc(ctx, k, 0, 3 * OOM_SEG, &big);
+  CHECK_EQ(r, IPCREF_ENOMEM);
+  CHECK(big == NULL);
+  CHECK(strstr(g_err(k), k->oom) != NULL);
+  /* One more segment's worth still fits beside c. */
+  CHECK_EQ(g_alloc(ctx, k, 0, OOM_SEG, &e), IPCREF_OK);
+  ipcref_buf_release(c);
+  ipcref_buf_release(e);
+  ipcref_buf_release(big);
+  ctl_put(cp[0], 4);
+  CHECK_EQ(reap(pid, g_tmo), 0);
+  pid = -1;
+done:
+  ipcref_peer_free(p);
+  ipcref_ctx_free(ctx);
+  g_close(&d);
+  /* Every allocation that succeeded was freed. */
+  CHECK_EQ(log_count(getpid(), k->c_free, k->ok),
+           log_count(getpid(), k->c_alloc, k->ok));
+out:
+  close(cp[0]);
+  if (pid > 0) CHECK_EQ(reap(pid, g_tmo), 0);
+}
+GPU_TEST(test_oom_sweep, cuda, &K_CUDA)
+GPU_TEST(test_oom_sweep, hip, &K_HIP)
+
+/* ======================================================================== */
+/* 6. A consumer SIGKILLed while it holds device blocks: the producer
+ * learns of it through ipcref_ctx_poll_fd (or, under valgrind, which has
+ * no pidfd_open, by polling ipcref_collect) and reclaims everything. */
+
+static void test_consumer_killed(const kind *k) {
+  int pp[2], cp[2], i, status;
+  struct hold_arg a;
+  pid_t pid;
+  gdrv d;
+  ipcref_ctx *ctx;
+  ipcref_peer *p;
+  ipcref_stats st;
+  const int n = 6; /* 16 KiB blocks in 64 KiB segments: two segments */
+  pair(pp);
+  pair(cp);
+  a.k = k;
+  a.peer = pp[1];
+  a.ctl = cp[1];
+  a.n = n;
+  {
+    int cl[] = {pp[0], cp[0]};
+    pid = spawn(hold_child, &a, cl, 2);
+  }
+  close(pp[1]);
+  close(cp[1]);
+  if (g_open(k, &d) != IPCREF_OK) goto out;
+  ctx = mkctx(OOM_SEG, &d);
+  p = mkpeer(ctx, pp[0]);
+  for (i = 0; i < n; i++) {
+    ipcref_buf *b = NULL;
+    ipcref_view v;
+    CHECK_EQ(g_alloc(ctx, k, 0, 16384, &b), IPCREF_OK);
+    if (!b) break;
+    v = u32_view(b, 16384);
+    CHECK_EQ(ipcref_send_on(p, &v, NULL), IPCREF_OK);
+    ipcref_view_release(&v);
+    ipcref_buf_release(b);
+  }
+  CTL_EXPECT(cp[0], 1); /* it holds them all */
+  st = stats(ctx);
+  CHECK_EQ(st.limbo_blocks, n);
+  CHECK_EQ(st.live_slots, n);
+  CHECK_EQ(st.device_bytes, 2 * OOM_SEG);
+  kill(pid, SIGKILL);
+  status = reap(pid, g_tmo);
+  CHECK_EQ(status, 128 + SIGKILL);
+  pid = -1;
+  if (!g_vg) {
+    struct pollfd pf;
+    size_t freed = 0;
+    pf.fd = ipcref_ctx_poll_fd(ctx);
+    pf.events = POLLIN;
+    pf.revents = 0;
+    CHECK(pf.fd >= 0);
+    CHECK_EQ(poll(&pf, 1, g_tmo), 1);
+    CHECK_EQ(ipcref_ctx_poll(ctx, 0, &freed), IPCREF_OK);
+    CHECK(freed >= (size_t)n * 16384);
+  } else {
+    double end = now_ms() + g_tmo;
+    do {
+      ipcref_collect(ctx);
+      st = stats(ctx);
+      if (st.limbo_blocks == 0) break;
+      sleep_ms(10);
+    } while (now_ms() < end);
+  }
+  st = stats(ctx);
+  CHECK_EQ(st.live_slots, 0);
+  CHECK_EQ(st.limbo_blocks, 0);
+  CHECK_EQ(st.live_bufs, 0);
+  CHECK(st.reclaimed >= (uint64_t)n);
+  CHECK(st.peer_deaths >= 1);
+  CHECK(st.device_bytes <= OOM_SEG); /* at most one empty segment cached */
+  ipcref_peer_free(p);
+  ipcref_ctx_free(ctx);
+  g_close(&d);
+  CHECK_EQ(log_count(getpid(), k->c_alloc, k->ok), 2);
+  CHECK_EQ(log_count(getpid(), k->c_free, k->ok), 2);
+out:
+  close(cp[0]);
+  if (pid > 0) CHECK_EQ(reap(pid, g_tmo), 0);
+}
+GPU_TEST(test_consumer_killed, cuda, &K_CUDA)
+GPU_TEST(test_consumer_killed, hip, &K_HIP)
+
+/* ======================================================================== */
+/* 7. Errors. */
+
+/* No driver, a stub, no device: ENODEV, with a message that says which. */
+static void expect_open_fails(const kind *k, const char *path,
+                              const char *says) {
+  ipcref_result r;
+  void *out = (void *)&r; /* must stay untouched */
+  if (k->hip)
+    r = ipcref_hip_open(path, (ipcref_hip **)&out);
+  else
+    r = ipcref_cuda_open(path, (ipcref_cuda **)&out);
+  CHECK_EQ(r, IPCREF_ENODEV);
+  CHECK(out == (void *)&r);
+  if (!strstr(g_err(k), says)) {
+    printf("    %s open of %s: \"%s\", expected it to mention \"%s\"\n",
+           k->name, path ? path : "(default)", g_err(k), says);
+    CHECK(!"message");
+  }
+}
+
+static void test_open_errors(const kind *k) {
+  char missing[128];
+  snprintf(missing, sizeof missing, "%s/no-such-driver.so", g_tmp);
+  expect_open_fails(k, missing, "could not be loaded");
+  if (!k->hip) {
+    struct stat sb;
+    CHECK(stat(g_stub, &sb) == 0);
+    expect_open_fails(k, g_stub, "stub");
+    knob(k, "MODE", "stub");
+    expect_open_fails(k, k->path, "stub");
+    knob(k, "MODE", "nodevice");
+    expect_open_fails(k, k->path, "no CUDA-capable device");
+    knob(k, "MODE", NULL);
+    knob(k, "DEVICES", "0");
+    expect_open_fails(k, k->path, "no CUDA-capable device");
+    knob(k, "DEVICES", NULL);
+  } else {
+    knob(k, "MODE", "nodevice");
+    expect_open_fails(k, k->path, "no ROCm-capable device");
+    knob(k, "MODE", NULL);
+    knob(k, "DEVICES", "0");
+    expect_open_fails(k, k->path, "no ROCm-capable device");
+    knob(k, "DEVICES", NULL);
+    /* The real HIP 5 runtime, where installed (no GPU here; not under
+     * valgrind: ROCm's libraries keep what they allocate at load). */
+    if (g_hip_real && !g_vg)
+      expect_open_fails(k, g_hip_real, "no ROCm-capable device");
+  }
+  /* And then it opens, with nothing left of the failures. */
+  {
+    gdrv d;
+    if (g_open(k, &d) == IPCREF_OK) {
+      CHECK_EQ(strcmp(g_err(k), ""), 0);
+      g_close(&d);
+    }
+  }
+}
+GPU_TEST(test_open_errors, cuda, &K_CUDA)
+GPU_TEST(test_open_errors, hip, &K_HIP)
+
+/* The consumer in the exporting process (both ends of a socketpair here,
+ * in two contexts on one backend): the handle resolves to the producer's
+ * own pointer, with no IPC open (which the driver refuses there). */
+static void test_self_import(const kind *k) {
+  int sv[2];
+  gdrv d;
+  ipcref_ctx *ca, *cb;
+  ipcref_peer *pa, *pb;
+  ipcref_buf *b = NULL;
+  ipcref_view v, w;
+  memset(&w, 0, sizeof w);
+  knob(k, "HOSTPTR", "none");
+  pair(sv);
+  if (g_open(k, &d) != IPCREF_OK) {
+    close(sv[0]);
+    close(sv[1]);
+    return;
+  }
+  ca = mkctx(SEG, &d);
+  cb = mkctx(SEG, &d);
+  pa = mkpeer(ca, sv[0]);
+  pb = mkpeer(cb, sv[1]);
+  CHECK_EQ(g_alloc(ca, k, 0, 4096, &b), IPCREF_OK);
+  if (b) {
+    dev_fill(&d, ipcref_buf_data(b), 4096, 0x99, 0);
+    v = u32_view(b, 4096);
+    CHECK_EQ(ipcref_send_on(pa, &v, NULL), IPCREF_OK);
+    CHECK_EQ(ipcref_recv_on(pb, &w, g_tmo, NULL), IPCREF_OK);
+    if (w.buf) {
+      CHECK(ipcref_buf_data(w.buf) == ipcref_buf_data(b));
+      check_dev(w.buf, k->type, 0);
+      CHECK(dev_check(&d, view_ptr(&w), 4096, 0x99, 0));
+    }
+    ipcref_view_release(&v);
+    ipcref_buf_release(b);
+    ipcref_view_release(&w);
+  }
+  CHECK_EQ(log_count(0, k->c_open, NULL), 0);
+  CHECK_EQ(log_count(0, k->c_close, NULL), 0);
+  ipcref_collect(ca);
+  {
+    ipcref_stats st = stats(ca);
+    CHECK_EQ(st.live_slots, 0);
+    CHECK_EQ(st.limbo_blocks, 0);
+  }
+  CHECK_EQ(stats(cb).imported_bufs, 0);
+  ipcref_peer_free(pa);
+  ipcref_peer_free(pb);
+  ipcref_ctx_free(cb);
+  ipcref_ctx_free(ca);
+  g_close(&d);
+  CHECK_EQ(log_count(getpid(), k->c_free, k->ok), 1);
+}
+GPU_TEST(test_self_import, cuda, &K_CUDA)
+GPU_TEST(test_self_import, hip, &K_HIP)
+
+/* The same within one context: both peers of the socketpair in it. */
+static void test_self_import_one_ctx(const kind *k) {
+  int sv[2];
+  gdrv d;
+  ipcref_ctx *ctx;
+  ipcref_peer *pa, *pb;
+  ipcref_buf *b = NULL;
+  ipcref_view v, w;
+  memset(&w, 0, sizeof w);
+  pair(sv);
+  if (g_open(k, &d) != IPCREF_OK) {
+    close(sv[0]);
+    close(sv[1]);
+    return;
+  }
+  ctx = mkctx(SEG, &d);
+  pa = mkpeer(ctx, sv[0]);
+  pb = mkpeer(ctx, sv[1]);
+  CHECK_EQ(g_alloc(ctx, k, 0, 4096, &b), IPCREF_OK);
+  if (b) {
+    dev_fill(&d, ipcref_buf_data(b), 4096, 0x98, 0);
+    v = u32_view(b, 4096);
+    CHECK_EQ(ipcref_send_on(pa, &v, NULL), IPCREF_OK);
+    CHECK_EQ(ipcref_recv_on(pb, &w, g_tmo, NULL), IPCREF_OK);
+    if (w.buf) {
+      CHECK(ipcref_buf_data(w.buf) == ipcref_buf_data(b));
+      CHECK(dev_check(&d, view_ptr(&w), 4096, 0x98, 0));
+    }
+    ipcref_view_release(&v);
+    ipcref_buf_release(b);
+    ipcref_view_release(&w);
+  }
+  CHECK_EQ(log_count(0, k->c_open, NULL), 0);
+  ipcref_collect(ctx);
+  {
+    ipcref_stats st = stats(ctx);
+    CHECK_EQ(st.live_slots, 0);
+    CHECK_EQ(st.limbo_blocks, 0);
+    CHECK_EQ(st.imported_bufs, 0);
+  }
+  ipcref_peer_free(pa);
+  ipcref_peer_free(pb);
+  ipcref_ctx_free(ctx);
+  g_close(&d);
+}
+GPU_TEST(test_self_import_one_ctx, cuda, &K_CUDA)
+GPU_TEST(test_self_import_one_ctx, hip, &K_HIP)
+
+/* Memory legacy IPC cannot export (VMM, pools): wrapping works, sending
+ * is refused with EINVAL and a message naming legacy IPC, nothing leaks,
+ * and the peer still works afterwards. */
+static void test_not_ipc_capable(const kind *k) {
+  int sv[2];
+  gdrv d;
+  ipcref_ctx *ca, *cb;
+  ipcref_peer *pa, *pb;
+  ipcref_buf *b = NULL, *ok = NULL;
+  ipcref_view v, w;
+  void *vmm = NULL;
+  struct relcount rc;
+  ipcref_stats st;
+  memset(&rc, 0, sizeof rc);
+  memset(&w, 0, sizeof w);
+  pair(sv);
+  if (g_open(k, &d) != IPCREF_OK) {
+    close(sv[0]);
+    close(sv[1]);
+    return;
+  }
+  ca = mkctx(SEG, &d);
+  cb = mkctx(SEG, &d);
+  pa = mkpeer(ca, sv[0]);
+  pb = mkpeer(cb, sv[1]);
+  g_cur(&d);
+  CHECK_EQ(d.vmm(&vmm, 65536), 0);
+  CHECK_EQ(g_wrap(ca, k, 0, (char *)vmm + 4096, 4096, count_release, &rc, &b),
+           IPCREF_OK);
+  if (b) {
+    v = u32_view(b, 4096);
+    CHECK_EQ(ipcref_send_on(pa, &v, NULL), IPCREF_EINVAL);
+    if (!strstr(g_err(k), "legacy IPC")) {
+      printf("    ipcref_%s_error(): \"%s\"\n", k->name, g_err(k));
+      CHECK(!"mentions legacy IPC");
+    }
+    st = stats(ca);
+    CHECK_EQ(st.live_slots, 0);
+    CHECK_EQ(st.live_bufs, 1);
+    /* Nothing went out. */
+    CHECK_EQ(ipcref_recv_on(pb, &w, 50, NULL), IPCREF_ETIMEDOUT);
+    ipcref_view_release(&v);
+    ipcref_buf_release(b);
+    CHECK_EQ(rc.n, 1);
+    CHECK(rc.ptr == (char *)vmm + 4096);
+    st = stats(ca);
+    CHECK_EQ(st.live_bufs, 0);
+    CHECK_EQ(st.limbo_blocks, 0);
+  }
+  CHECK_EQ(log_count(0, k->c_get, k->ok), 0);
+  /* The peer is fine: a block ipcref allocated goes through. */
+  CHECK_EQ(g_alloc(ca, k, 0, 4096, &ok), IPCREF_OK);
+  if (ok) {
+    v = u32_view(ok, 4096);
+    CHECK_EQ(ipcref_send_on(pa, &v, NULL), IPCREF_OK);
+    CHECK_EQ(ipcref_recv_on(pb, &w, g_tmo, NULL), IPCREF_OK);
+    ipcref_view_release(&w);
+    ipcref_view_release(&v);
+    ipcref_buf_release(ok);
+  }
+  ipcref_collect(ca);
+  st = stats(ca);
+  CHECK_EQ(st.live_slots, 0);
+  CHECK_EQ(st.limbo_blocks, 0);
+  ipcref_peer_free(pa);
+  ipcref_peer_free(pb);
+  ipcref_ctx_free(cb);
+  ipcref_ctx_free(ca);
+  CHECK_EQ(rc.n, 1);
+  CHECK_EQ(g_free(&d, vmm), 0);
+  g_close(&d);
+}
+GPU_TEST(test_not_ipc_capable, cuda, &K_CUDA)
+GPU_TEST(test_not_ipc_capable, hip, &K_HIP)
+
+/* A handle whose allocation is gone by the time the consumer opens it
+ * (its owner freed memory it had wrapped for sharing: a misuse): the
+ * consumer's receive fails with EPROTO, saying the open failed, and
+ * nothing crashes; what it never took is reclaimed when it exits. */
+
+static int freed_child(void *vp) {
+  struct wrap_arg *a = (struct wrap_arg *)vp;
+  gdrv d;
+  ipcref_ctx *ctx;
+  ipcref_peer *p;
+  ipcref_view v;
+  memset(&v, 0, sizeof v);
+  if (g_open(a->k, &d) != IPCREF_OK) return 1;
+  ctx = mkctx(SEG, &d);
+  p = mkpeer(ctx, a->peer);
+  CTL_EXPECT(a->ctl, 1); /* sent, and freed */
+  CHECK_EQ(ipcref_recv_on(p, &v, g_tmo, NULL), IPCREF_EPROTO);
+  CHECK(v.buf == NULL);
+  if (!strstr(g_err(a->k), "opening the handle")) {
+    printf("    ipcref_%s_error(): \"%s\"\n", a->k->name, g_err(a->k));
+    CHECK(!"says the open failed");
+  }
+  CHECK_EQ(stats(ctx).imported_bufs, 0);
+  ctl_put(a->ctl, 2);
+  ipcref_peer_free(p);
+  ipcref_ctx_free(ctx);
+  g_close(&d);
+  return 0;
+}
+
+static void test_freed_handle(const kind *k) {
+  int pp[2], cp[2];
+  struct wrap_arg a;
+  pid_t pid;
+  gdrv d;
+  ipcref_ctx *ctx;
+  ipcref_peer *p;
+  ipcref_buf *b = NULL;
+  ipcref_view v;
+  ipcref_stats st;
+  void *alloc = NULL;
+  struct relcount rc;
+  double end;
+  memset(&rc, 0, sizeof rc);
+  pair(pp);
+  pair(cp);
+  a.k = k;
+  a.peer = pp[1];
+  a.ctl = cp[1];
+  {
+    int cl[] = {pp[0], cp[0]};
+    pid = spawn(freed_child, &a, cl, 2);
+  }
+  close(pp[1]);
+  close(cp[1]);
+  if (g_open(k, &d) != IPCREF_OK) goto out;
+  ctx = mkctx(SEG, &d);
+  p = mkpeer(ctx, pp[0]);
+  CHECK_EQ(g_malloc(&d, 65536, &alloc), 0);
+  CHECK_EQ(g_wrap(ctx, k, 0, alloc, 4096, count_release, &rc, &b), IPCREF_OK);
+  if (b) {
+    v = u32_view(b, 4096);
+    CHECK_EQ(ipcref_send_on(p, &v, NULL), IPCREF_OK);
+    ipcref_view_release(&v);
+    ipcref_buf_release(b);
+  }
+  CHECK_EQ(g_free(&d, alloc), 0); /* under the lease: the misuse */
+  ctl_put(cp[0], 1);
+  CTL_EXPECT(cp[0], 2);
+  CHECK_EQ(reap(pid, g_tmo), 0);
+  pid = -1;
+  CHECK_EQ(log_count(0, k->c_open, k->ok), 0);
+  CHECK_EQ(log_count(0, k->c_open, NULL), 1);
+  end = now_ms() + g_tmo;
+  do { /* the consumer is gone: its lease with it */
+    ipcref_collect(ctx);
+    st = stats(ctx);
+    if (st.live_slots == 0) break;
+    sleep_ms(5);
+  } while (now_ms() < end);
+  CHECK_EQ(st.live_slots, 0);
+  CHECK_EQ(st.limbo_blocks, 0);
+  CHECK_EQ(rc.n, 1);
+  ipcref_peer_free(p);
+  ipcref_ctx_free(ctx);
+  g_close(&d);
+out:
+  close(cp[0]);
+  if (pid > 0) CHECK_EQ(reap(pid, g_tmo), 0);
+}
+GPU_TEST(test_freed_handle, cuda, &K_CUDA)
+GPU_TEST(test_freed_handle, hip, &K_HIP)
+
+/* ======================================================================== */
+/* 8. What the host cannot do with device memory, and devices without a
+ * backend. */
+
+struct devop_arg {
+  const kind *k;
+  int peer, ctl;
+};
+
+/* Host operations refuse on a device view (ours or imported). */
+static void host_ops_refuse(ipcref_view *v) {
+  ipcref_view s, out, host;
+  ipcref_buf *b;
+  int64_t n = v->shape[0];
+  memset(&out, 0, sizeof out);
+  /* A contiguous one needs no copy: the same buffer. */
+  CHECK_EQ(ipcref_view_contiguous(v, &out), IPCREF_OK);
+  CHECK(out.buf == v->buf);
+  ipcref_view_release(&out);
+  /* A strided one would need a copy on the host. */
+  CHECK_EQ(ipcref_view_slice(v, 0, 0, IPCREF_SLICE_MAX, 2, &s), IPCREF_OK);
+  CHECK_EQ(ipcref_view_contiguous(&s, &out), IPCREF_EDEVICE);
+  CHECK(out.buf == NULL);
+  CHECK_EQ(ipcref_view_new(IPCREF_U32, 1, &n, &host), IPCREF_OK);
+  CHECK_EQ(ipcref_view_copy(&host, v), IPCREF_EDEVICE);
+  CHECK_EQ(ipcref_view_copy(v, &host), IPCREF_EDEVICE);
+  CHECK_EQ(ipcref_view_make_mut(&s), IPCREF_EDEVICE);
+  b = ipcref_buf_retain(v->buf); /* shared: make_mut would copy */
+  CHECK_EQ(ipcref_buf_make_mut(&b), IPCREF_EDEVICE);
+  CHECK(b == v->buf);
+  ipcref_buf_release(b);
+  ipcref_view_release(&host);
+  ipcref_view_release(&s);
+}
+
+static int devop_child(void *vp) {
+  struct devop_arg *a = (struct devop_arg *)vp;
+  gdrv d;
+  ipcref_ctx *ctx;
+  ipcref_peer *p;
+  ipcref_view v;
+  memset(&v, 0, sizeof v);
+  if (g_open(a->k, &d) != IPCREF_OK) return 1;
+  ctx = mkctx(SEG, &d);
+  p = mkpeer(ctx, a->peer);
+  CHECK_EQ(ipcref_recv_on(p, &v, g_tmo, NULL), IPCREF_OK);
+  if (v.buf) {
+    check_dev(v.buf, a->k->type, 1); /* device 1 travelled */
+    CHECK(dev_check(&d, view_ptr(&v), 4096, 0x1d, 0));
+    host_ops_refuse(&v);
+    ipcref_view_release(&v);
+  }
+  ctl_put(a->ctl, 1);
+  CTL_EXPECT(a->ctl, 2);
+  ipcref_peer_free(p);
+  ipcref_ctx_free(ctx);
+  g_close(&d);
+  return 0;
+}
+
+static void test_device_ops(const kind *k) {
+  int pp[2], cp[2];
+  struct devop_arg a;
+  pid_t pid;
+  gdrv d;
+  ipcref_ctx *ctx;
+  ipcref_peer *p;
+  ipcref_buf *b0 = NULL, *b1 = NULL, *x = NULL;
+  ipcref_view v;
+  ipcref_device other;
+  knob(k, "DEVICES", "2");
+  pair(pp);
+  pair(cp);
+  a.k = k;
+  a.peer = pp[1];
+  a.ctl = cp[1];
+  {
+    int cl[] = {pp[0], cp[0]};
+    pid = spawn(devop_child, &a, cl, 2);
+  }
+  close(pp[1]);
+  close(cp[1]);
+  if (g_open(k, &d) != IPCREF_OK) goto out;
+  ctx = mkctx(SEG, &d);
+  p = mkpeer(ctx, pp[0]);
+  CHECK_EQ(g_alloc(ctx, k, 0, 4096, &b0), IPCREF_OK);
+  CHECK_EQ(g_alloc(ctx, k, 1, 4096, &b1), IPCREF_OK);
+  if (b0 && b1) {
+    check_dev(b0, k->type, 0);
+    check_dev(b1, k->type, 1);
+    CHECK(ipcref_buf_data(b0) != ipcref_buf_data(b1));
+    dev_fill(&d, ipcref_buf_data(b1), 4096, 0x1d, 0);
+    v = u32_view(b1, 4096);
+    host_ops_refuse(&v);
+    CHECK_EQ(ipcref_send_on(p, &v, NULL), IPCREF_OK);
+    ipcref_view_release(&v);
+  }
+  ipcref_buf_release(b0);
+  ipcref_buf_release(b1);
+  /* The device's ordinal reached the driver: device 1's allocation. */
+  CHECK(log_count(getpid(), k->hip ? "hipSetDevice" : "cuDeviceGet",
+                  k->hip ? "dev=1 " : "ordinal=1 ") >= 1);
+  /* A device type without a backend here. */
+  other.type = k->other_type;
+  other.id = 0;
+  CHECK_EQ(ipcref_device_new(ctx, other, 4096, &x), IPCREF_ENODEV);
+  CHECK_EQ(ipcref_device_wrap(ctx, other, (void *)(uintptr_t)0x10000, 4096,
+                              NULL, NULL, &x),
+           IPCREF_ENODEV);
+  CHECK(x == NULL);
+  /* An ordinal the driver does not have. */
+  CHECK_EQ(g_alloc(ctx, k, 5, 4096, &x), IPCREF_ENODEV);
+  CHECK(x == NULL);
+  CHECK_EQ(g_alloc(ctx, k, 1000, 4096, &x), IPCREF_ENODEV);
+  CHECK(x == NULL);
+  CTL_EXPECT(cp[0], 1);
+  ipcref_collect(ctx);
+  CHECK_EQ(stats(ctx).live_slots, 0);
+  CHECK_EQ(stats(ctx).limbo_blocks, 0);
+  ctl_put(cp[0], 2);
+  CHECK_EQ(reap(pid, g_tmo), 0);
+  pid = -1;
+  ipcref_peer_free(p);
+  ipcref_ctx_free(ctx);
+  g_close(&d);
+  CHECK_EQ(log_count(getpid(), k->c_free, k->ok),
+           log_count(getpid(), k->c_alloc, k->ok));
+out:
+  close(cp[0]);
+  if (pid > 0) CHECK_EQ(reap(pid, g_tmo), 0);
+}
+GPU_TEST(test_device_ops, cuda, &K_CUDA)
+GPU_TEST(test_device_ops, hip, &K_HIP)
+
+/* A consumer with no backend for the device: ENODEV for the device view,
+ * and it goes on receiving host views. */
+static int nobackend_child(void *vp) {
+  struct devop_arg *a = (struct devop_arg *)vp;
+  ipcref_ctx *ctx;
+  ipcref_peer *p;
+  ipcref_view v;
+  ipcref_stats st;
+  int fds;
+  memset(&v, 0, sizeof v);
+  fds = count_fds();      /* with the peer's socket */
+  ctx = mkctx(SEG, NULL); /* no driver here at all */
+  p = mkpeer(ctx, a->peer);
+  CHECK_EQ(ipcref_recv_on(p, &v, g_tmo, NULL), IPCREF_ENODEV);
+  CHECK(v.buf == NULL);
+  CHECK_EQ(ipcref_recv(p, &v, g_tmo), IPCREF_OK);
+  if (v.buf) {
+    const uint32_t *w = (const uint32_t *)view_ptr(&v);
+    size_t i;
+    int good = 1;
+    check_dev(v.buf, IPCREF_DEVICE_CPU, 0);
+    for (i = 0; i < 1024; i++) good &= w[i] == pat(0xcc, i);
+    CHECK(good);
+    ipcref_view_release(&v);
+  }
+  st = stats(ctx);
+  CHECK_EQ(st.imported_bufs, 0);
+  ctl_put(a->ctl, 1);
+  CTL_EXPECT(a->ctl, 2);
+  ipcref_peer_free(p);
+  ipcref_ctx_free(ctx);
+  CHECK_EQ(count_fds(), fds - 1); /* nothing of the messages stayed */
+  return 0;
+}
+
+static void test_no_backend_consumer(const kind *k) {
+  int pp[2], cp[2];
+  struct devop_arg a;
+  pid_t pid;
+  gdrv d;
+  ipcref_ctx *ctx;
+  ipcref_peer *p;
+  ipcref_buf *b = NULL, *h = NULL;
+  ipcref_view v;
+  ipcref_stats st;
+  pair(pp);
+  pair(cp);
+  a.k = k;
+  a.peer = pp[1];
+  a.ctl = cp[1];
+  {
+    int cl[] = {pp[0], cp[0]};
+    pid = spawn(nobackend_child, &a, cl, 2);
+  }
+  close(pp[1]);
+  close(cp[1]);
+  if (g_open(k, &d) != IPCREF_OK) goto out;
+  ctx = mkctx(SEG, &d);
+  p = mkpeer(ctx, pp[0]);
+  CHECK_EQ(g_alloc(ctx, k, 0, 4096, &b), IPCREF_OK);
+  CHECK_EQ(ipcref_shared_new(ctx, 4096, &h), IPCREF_OK);
+  if (b && h) {
+    uint32_t *w = (uint32_t *)ipcref_buf_data(h);
+    size_t i;
+    for (i = 0; i < 1024; i++) w[i] = pat(0xcc, i);
+    v = u32_view(b, 4096);
+    CHECK_EQ(ipcref_send_on(p, &v, NULL), IPCREF_OK);
+    ipcref_view_release(&v);
+    v = u32_view(h, 4096);
+    CHECK_EQ(ipcref_send(p, &v), IPCREF_OK);
+    ipcref_view_release(&v);
+  }
+  ipcref_buf_release(b);
+  ipcref_buf_release(h);
+  CTL_EXPECT(cp[0], 1);
+  ipcref_collect(ctx);
+  st = stats(ctx);
+  /* The host view came back. The device view's lease: the consumer never
+   * took it, and lives on. */
+  if (st.live_slots != 0)
+    printf("    the refused device view's lease stays out while the "
+           "consumer lives (live_slots %zu, limbo %zu)\n",
+           st.live_slots, st.limbo_blocks);
+  CHECK_EQ(st.live_slots, 0);
+  CHECK_EQ(st.limbo_blocks, 0);
+  ctl_put(cp[0], 2);
+  CHECK_EQ(reap(pid, g_tmo), 0);
+  pid = -1;
+  {
+    double end = now_ms() + g_tmo;
+    do { /* once it exited, whatever it held is reclaimed */
+      ipcref_collect(ctx);
+      st = stats(ctx);
+      if (st.live_slots == 0) break;
+      sleep_ms(5);
+    } while (now_ms() < end);
+  }
+  CHECK_EQ(st.live_slots, 0);
+  CHECK_EQ(st.limbo_blocks, 0);
+  ipcref_peer_free(p);
+  ipcref_ctx_free(ctx);
+  g_close(&d);
+out:
+  close(cp[0]);
+  if (pid > 0) CHECK_EQ(reap(pid, g_tmo), 0);
+}
+GPU_TEST(test_no_backend_consumer, cuda, &K_CUDA)
+GPU_TEST(test_no_backend_consumer, hip, &K_HIP)
+
+/* ======================================================================== */
+/* 9. Wrong arguments to every new function. */
+
+static void test_bad_args(const kind *k) {
+  gdrv d;
+  ipcref_ctx *ctx;
+  ipcref_backend be, *bp;
+  ipcref_buf *b = NULL;
+  ipcref_device dev, cpu;
+  struct relcount rc;
+  void *alloc = NULL;
+  size_t i;
+  /* The backend headers. */
+  if (k->hip) {
+    CHECK_EQ(ipcref_hip_open(k->path, NULL), IPCREF_EINVAL);
+    CHECK(ipcref_hip_backend(NULL) == NULL);
+    ipcref_hip_close(NULL);
+    CHECK_EQ(ipcref_hip_alloc(NULL, 0, 4096, &b), IPCREF_EINVAL);
+    CHECK_EQ(ipcref_hip_wrap(NULL, 0, (void *)&b, 4, NULL, NULL, &b),
+             IPCREF_EINVAL);
+  } else {
+    CHECK_EQ(ipcref_cuda_open(k->path, NULL), IPCREF_EINVAL);
+    CHECK(ipcref_cuda_backend(NULL) == NULL);
+    ipcref_cuda_close(NULL);
+    CHECK_EQ(ipcref_cuda_alloc(NULL, 0, 4096, &b), IPCREF_EINVAL);
+    CHECK_EQ(ipcref_cuda_wrap(NULL, 0, (void *)&b, 4, NULL, NULL, &b),
+             IPCREF_EINVAL);
+  }
+  CHECK(b == NULL);
+  if (g_open(k, &d) != IPCREF_OK) return;
+  memset(&rc, 0, sizeof rc);
+  ctx = mkctx(SEG, NULL);
+  bp = d.be;
+  CHECK(bp != NULL);
+  CHECK_EQ(bp->device_type, k->type);
+  CHECK(bp->name != NULL);
+  /* ipcref_ctx_add_backend: NULLs, each missing function, CPU, none,
+   * a type already served, more than 8. */
+  CHECK_EQ(ipcref_ctx_add_backend(NULL, bp), IPCREF_EINVAL);
+  CHECK_EQ(ipcref_ctx_add_backend(ctx, NULL), IPCREF_EINVAL);
+  {
+    void **fns[11];
+    fns[0] = (void **)(void *)&be.seg_alloc;
+    fns[1] = (void **)(void *)&be.seg_free;
+    fns[2] = (void **)(void *)&be.seg_range;
+    fns[3] = (void **)(void *)&be.seg_export;
+    fns[4] = (void **)(void *)&be.seg_import;
+    fns[5] = (void **)(void *)&be.seg_close;
+    fns[6] = (void **)(void *)&be.event_record;
+    fns[7] = (void **)(void *)&be.event_free;
+    fns[8] = (void **)(void *)&be.event_wait;
+    fns[9] = (void **)(void *)&be.fence;
+    fns[10] = (void **)(void *)&be.fence_done;
+    for (i = 0; i < 11; i++) {
+      be = *bp;
+      memset(fns[i], 0, sizeof(void (*)(void)));
+      CHECK_EQ(ipcref_ctx_add_backend(ctx, &be), IPCREF_EINVAL);
+    }
+  }
+  be = *bp;
+  be.device_type = IPCREF_DEVICE_CPU;
+  CHECK_EQ(ipcref_ctx_add_backend(ctx, &be), IPCREF_EINVAL);
+  be.device_type = 0;
+  CHECK_EQ(ipcref_ctx_add_backend(ctx, &be), IPCREF_EINVAL);
+  be.device_type = -5;
+  CHECK_EQ(ipcref_ctx_add_backend(ctx, &be), IPCREF_EINVAL);
+  CHECK_EQ(ipcref_ctx_add_backend(ctx, bp), IPCREF_OK);
+  CHECK_EQ(ipcref_ctx_add_backend(ctx, bp), IPCREF_EINVAL); /* again */
+  be = *bp; /* another backend of the same type */
+  CHECK_EQ(ipcref_ctx_add_backend(ctx, &be), IPCREF_EINVAL);
+  {
+    /* Room for 8 device types; never called (no pool uses them). */
+    static ipcref_backend more[8];
+    int added = 1;
+    for (i = 0; i < 8; i++) {
+      more[i] = *bp;
+      more[i].device_type = 100 + (int32_t)i;
+      if (ipcref_ctx_add_backend(ctx, &more[i]) == IPCREF_OK) added++;
+    }
+    CHECK_EQ(added, 8);
+  }
+  /* ipcref_device_new */
+  dev.type = k->type;
+  dev.id = 0;
+  cpu.type = IPCREF_DEVICE_CPU;
+  cpu.id = 0;
+  CHECK_EQ(ipcref_device_new(NULL, dev, 4096, &b), IPCREF_EINVAL);
+  CHECK_EQ(ipcref_device_new(ctx, dev, 4096, NULL), IPCREF_EINVAL);
+  CHECK_EQ(ipcref_device_new(ctx, cpu, 4096, &b), IPCREF_EINVAL);
+  dev.type = 0;
+  CHECK_EQ(ipcref_device_new(ctx, dev, 4096, &b), IPCREF_EINVAL);
+  dev.type = k->type;
+  dev.id = -1;
+  CHECK_EQ(ipcref_device_new(ctx, dev, 4096, &b), IPCREF_EINVAL);
+  dev.id = 0;
+  CHECK_EQ(ipcref_device_new(ctx, dev, SIZE_MAX, &b), IPCREF_ERANGE);
+  CHECK(b == NULL);
+  CHECK_EQ(g_alloc(ctx, k, -1, 4096, &b), IPCREF_EINVAL);
+  CHECK_EQ(g_alloc(ctx, k, 0, 4096, NULL), IPCREF_EINVAL);
+  /* ipcref_device_wrap */
+  CHECK_EQ(g_malloc(&d, 65536, &alloc), 0);
+  CHECK_EQ(ipcref_device_wrap(NULL, dev, alloc, 64, count_release, &rc, &b),
+           IPCREF_EINVAL);
+  CHECK_EQ(ipcref_device_wrap(ctx, dev, alloc, 64, count_release, &rc, NULL),
+           IPCREF_EINVAL);
+  CHECK_EQ(ipcref_device_wrap(ctx, dev, NULL, 64, count_release, &rc, &b),
+           IPCREF_EINVAL);
+  CHECK_EQ(ipcref_device_wrap(ctx, cpu, alloc, 64, count_release, &rc, &b),
+           IPCREF_EINVAL);
+  dev.id = -1;
+  CHECK_EQ(ipcref_device_wrap(ctx, dev, alloc, 64, count_release, &rc, &b),
+           IPCREF_EINVAL);
+  dev.id = 0;
+  /* Not inside one allocation: past its end, wrapping around, or host
+   * memory the driver does not know. */
+  CHECK_EQ(ipcref_device_wrap(ctx, dev, (char *)alloc + 65536 - 64, 65,
+                              count_release, &rc, &b),
+           IPCREF_EINVAL);
+  CHECK_EQ(ipcref_device_wrap(ctx, dev, (char *)alloc + 64, SIZE_MAX,
+                              count_release, &rc, &b),
+           IPCREF_EINVAL);
+  CHECK_EQ(ipcref_device_wrap(ctx, dev, (void *)&rc, sizeof rc, count_release,
+                              &rc, &b),
+           IPCREF_EINVAL);
+  CHECK(b == NULL);
+  CHECK_EQ(rc.n, 0); /* on error nothing is adopted */
+  /* The whole allocation, exactly, is fine; and a borrowed wrap (NULL
+   * release). */
+  CHECK_EQ(ipcref_device_wrap(ctx, dev, alloc, 65536, count_release, &rc, &b),
+           IPCREF_OK);
+  ipcref_buf_release(b);
+  CHECK_EQ(rc.n, 1);
+  b = NULL;
+  CHECK_EQ(ipcref_device_wrap(ctx, dev, alloc, 16, NULL, NULL, &b), IPCREF_OK);
+  ipcref_buf_release(b);
+  /* The sharing calls around them. */
+  CHECK_EQ(ipcref_send_on(NULL, NULL, NULL), IPCREF_EINVAL);
+  CHECK_EQ(ipcref_recv_on(NULL, NULL, 0, NULL), IPCREF_EINVAL);
+  CHECK_EQ(ipcref_ctx_poll_fd(NULL), -1);
+  CHECK_EQ(ipcref_ctx_poll(NULL, 0, NULL), IPCREF_EINVAL);
+  CHECK_EQ(ipcref_ctx_poll(ctx, 0, NULL), IPCREF_ETIMEDOUT);
+  CHECK_EQ(ipcref_buf_device(NULL).type, IPCREF_DEVICE_CPU);
+  CHECK_EQ(ipcref_buf_device(NULL).id, 0);
+  {
+    int sv[2];
+    ipcref_peer *p, *q;
+    ipcref_view v;
+    pair(sv);
+    p = mkpeer(ctx, sv[0]);
+    q = mkpeer(ctx, sv[1]);
+    CHECK_EQ(ipcref_recv_on(p, NULL, 0, NULL), IPCREF_EINVAL);
+    CHECK_EQ(ipcref_send_on(p, NULL, NULL), IPCREF_EINVAL);
+    /* Not a shared buffer: a plain device wrap cannot be sent. */
+    CHECK_EQ(ipcref_buf_wrap_device(alloc, 64, dev, NULL, NULL, &b), IPCREF_OK);
+    v = u32_view(b, 64);
+    CHECK_EQ(ipcref_send_on(p, &v, NULL), IPCREF_EINVAL);
+    ipcref_view_release(&v);
+    ipcref_buf_release(b);
+    ipcref_peer_free(p);
+    ipcref_peer_free(q);
+  }
+  CHECK_EQ(ipcref_strerror(IPCREF_EDEVICE) != NULL, 1);
+  ipcref_ctx_free(ctx);
+  CHECK_EQ(g_free(&d, alloc), 0);
+  g_close(&d);
+}
+GPU_TEST(test_bad_args, cuda, &K_CUDA)
+GPU_TEST(test_bad_args, hip, &K_HIP)
+
+/* ======================================================================== */
+
+static void rm_tree(const char *dir) {
+  DIR *d = opendir(dir);
+  struct dirent *e;
+  if (!d) return;
+  while ((e = readdir(d)) != NULL) {
+    char path[400];
+    if (!strcmp(e->d_name, ".") || !strcmp(e->d_name, "..")) continue;
+    snprintf(path, sizeof path, "%s/%s", dir, e->d_name);
+    unlink(path);
+  }
+  closedir(d);
+  rmdir(dir);
+}
+
+int main(void) {
+  const char *dir = getenv("IPCREF_FAKE_GPU_DIR");
+  struct stat sb;
+  int rc;
+  setvbuf(stdout, NULL, _IOLBF, 0);
+  if (!dir || !*dir) {
+    printf("test_gpu: IPCREF_FAKE_GPU_DIR is not set (build the fakes with "
+           "tests/fake_gpu/build.sh DIR)\n0 passed, 1 failed\n");
+    return 1;
+  }
+  snprintf(K_CUDA.path, sizeof K_CUDA.path, "%s/libcuda.so.1", dir);
+  snprintf(K_HIP.path, sizeof K_HIP.path, "%s/libamdhip64.so.5", dir);
+  g_stub = getenv("IPCREF_CUDA_STUB");
+  if (!g_stub || !*g_stub) g_stub = "/usr/local/cuda/lib64/stubs/libcuda.so";
+  if (stat(K_CUDA.path, &sb) != 0 || stat(K_HIP.path, &sb) != 0) {
+    printf("test_gpu: no fake drivers in %s\n0 passed, 1 failed\n", dir);
+    return 1;
+  }
+  if (stat(g_stub, &sb) != 0) {
+    printf("test_gpu: no CUDA stub library at %s (IPCREF_CUDA_STUB)\n"
+           "0 passed, 1 failed\n",
+           g_stub);
+    return 1;
+  }
+  g_hip_real = getenv("IPCREF_HIP_REAL");
+  if (!g_hip_real) g_hip_real = "/usr/lib/x86_64-linux-gnu/libamdhip64.so.5";
+  if (!*g_hip_real || stat(g_hip_real, &sb) != 0) g_hip_real = NULL;
+  g_vg = harness_env_long("IPCREF_UNDER_VALGRIND", 0) != 0;
+  g_tmo = g_vg ? 60000 : 10000;
+  g_work_us = g_vg ? 400000 : 50000;
+  g_fence_us = g_vg ? 2000000 : 300000;
+  snprintf(g_tmp, sizeof g_tmp, "/tmp/ipcref_gpu_XXXXXX");
+  if (!mkdtemp(g_tmp)) {
+    perror("mkdtemp");
+    return 1;
+  }
+  knobs_reset();
+
+  RUN(test_full_flow_cuda);
+  RUN(test_full_flow_hip);
+  RUN(test_wrap_offset_cuda);
+  RUN(test_wrap_offset_hip);
+  RUN(test_import_twice_cuda);
+  RUN(test_import_twice_hip);
+  RUN(test_stream_order_cuda);
+  RUN(test_stream_order_hip);
+  RUN(test_wait_cached_cuda);
+  RUN(test_wait_cached_hip);
+  RUN(test_event_pool_cuda);
+  RUN(test_oom_sweep_cuda);
+  RUN(test_oom_sweep_hip);
+  RUN(test_consumer_killed_cuda);
+  RUN(test_consumer_killed_hip);
+  RUN(test_open_errors_cuda);
+  RUN(test_open_errors_hip);
+  RUN(test_self_import_cuda);
+  RUN(test_self_import_hip);
+  RUN(test_self_import_one_ctx_cuda);
+  RUN(test_self_import_one_ctx_hip);
+  RUN(test_not_ipc_capable_cuda);
+  RUN(test_not_ipc_capable_hip);
+  RUN(test_freed_handle_cuda);
+  RUN(test_freed_handle_hip);
+  RUN(test_device_ops_cuda);
+  RUN(test_device_ops_hip);
+  RUN(test_no_backend_consumer_cuda);
+  RUN(test_no_backend_consumer_hip);
+  RUN(test_bad_args_cuda);
+  RUN(test_bad_args_hip);
+
+  if (getenv("IPCREF_GPU_KEEP_LOGS"))
+    printf("call logs kept in %s\n", g_tmp);
+  else
+    rm_tree(g_tmp);
+  rc = harness_finish();
+  return rc;
+}
