@@ -4683,10 +4683,52 @@ IPCREF_PRIVATE void ipcref__lease_cancel(ipcref_ctx *ctx,
   }
 }
 
+/* The event recorded for a device view before the lock is taken: the
+ * recording may wait (HIP 5 synchronizes the stream instead), and no other
+ * thread of the context should wait with it. The lease takes the event;
+ * what no lease took, the caller frees. */
+typedef struct ipcref__view_event {
+  ipcref_backend *be;
+  void *event;
+  unsigned char handle[IPCREF_HANDLE_BYTES];
+} ipcref__view_event;
+
+IPCREF_PRIVATE void ipcref__events_free(ipcref__view_event *ev, int n) {
+  int i;
+  for (i = 0; i < n; i++)
+    if (ev[i].event) ev[i].be->event_free(ev[i].be, ev[i].event);
+}
+
+/* Records an event on `stream` for each device view made here (not under
+ * the lock). */
+IPCREF_PRIVATE ipcref_result ipcref__events_record(const ipcref_view *views,
+                                                   int n, void *stream,
+                                                   ipcref__view_event *ev) {
+  int i;
+  memset(ev, 0, (size_t)n * sizeof *ev);
+  for (i = 0; i < n; i++) {
+    ipcref__block *b;
+    ipcref_result r;
+    if (!views[i].buf || views[i].buf->release != ipcref__block_release)
+      continue;
+    b = (ipcref__block *)views[i].buf->release_user;
+    if (!b->seg->pool->be) continue;
+    ev[i].be = b->seg->pool->be;
+    r = ev[i].be->event_record(ev[i].be, b->seg->pool->dev, stream,
+                               ev[i].handle, &ev[i].event);
+    if (r != IPCREF_OK) {
+      ipcref__events_free(ev, i);
+      return r;
+    }
+  }
+  return IPCREF_OK;
+}
+
 /* Takes a lease for `v` and fills its record (under the lock). */
-IPCREF_PRIVATE ipcref_result ipcref__lease_take(
-    ipcref_peer *p, const ipcref_view *v, void *stream, ipcref__view_rec *r,
-    ipcref__fd_rec *fdr, int *nrec, int *fds, int *nfd, int dup_fds) {
+IPCREF_PRIVATE ipcref_result
+ipcref__lease_take(ipcref_peer *p, const ipcref_view *v, ipcref__view_event *ev,
+                   ipcref__view_rec *r, ipcref__fd_rec *fdr, int *nrec,
+                   int *fds, int *nfd, int dup_fds) {
   ipcref_ctx *ctx = p->ctx;
   ipcref_buf *buf = v->buf;
   int seg_fd, ledger_fd, fail = 0, seg_writable, device = 0;
@@ -4740,13 +4782,10 @@ IPCREF_PRIVATE ipcref_result ipcref__lease_take(
         }
         b->seg->exported = 1;
       }
-      res = pool->be->event_record(pool->be, pool->dev, stream, r->event,
-                                   &l->leases[r->slot].event);
-      if (res != IPCREF_OK) {
-        ipcref__lease_cancel(ctx, r);
-        return res;
-      }
-      l->leases[r->slot].be = pool->be;
+      l->leases[r->slot].be = pool->be; /* the lease keeps the event */
+      l->leases[r->slot].event = ev->event;
+      ev->event = NULL;
+      memcpy(r->event, ev->handle, sizeof r->event);
       r->has_event = 1;
       device = 1;
       dev_type = pool->be->device_type;
@@ -4886,8 +4925,8 @@ IPCREF_PRIVATE void ipcref__unsee(ipcref_peer *p, const ipcref__fd_rec *fdr,
 /* Builds a message for `n` views (under the lock). */
 IPCREF_PRIVATE ipcref_result ipcref__export_msg(ipcref_peer *p,
                                                 const ipcref_view *views, int n,
-                                                void *stream, ipcref_msg *msg,
-                                                int dup_fds) {
+                                                ipcref__view_event *ev,
+                                                ipcref_msg *msg, int dup_fds) {
   ipcref_ctx *ctx = p->ctx;
   ipcref__view_rec recs[IPCREF__MSG_VIEWS];
   ipcref__fd_rec fdr[IPCREF_MSG_MAX_FDS];
@@ -4902,7 +4941,7 @@ IPCREF_PRIVATE ipcref_result ipcref__export_msg(ipcref_peer *p,
   (void)ipcref__pump(ctx, 0);
   for (i = 0; i < n && r == IPCREF_OK; i++) {
     int k, first = nfd;
-    r = ipcref__lease_take(p, &views[i], stream, &recs[i], fdr, &nrec, msg->fds,
+    r = ipcref__lease_take(p, &views[i], &ev[i], &recs[i], fdr, &nrec, msg->fds,
                            &nfd, dup_fds);
     if (r != IPCREF_OK) break; /* it ended its own lease */
     for (k = first; k < nfd; k++)
@@ -5348,11 +5387,14 @@ IPCREF_API ipcref_result ipcref_export(ipcref_peer *p, const ipcref_view *v,
   msg->len = 0;
   msg->nfds = 0;
   msg->origin = NULL;
+  ipcref__view_event ev[1];
   r = ipcref__hello_need(p);
+  if (r == IPCREF_OK) r = ipcref__events_record(v, 1, NULL, ev);
   if (r != IPCREF_OK) return r;
   IPCREF__LOCK(p->ctx);
-  r = ipcref__export_msg(p, v, 1, NULL, msg, 1);
+  r = ipcref__export_msg(p, v, 1, ev, msg, 1);
   IPCREF__UNLOCK(p->ctx);
+  ipcref__events_free(ev, 1); /* what no lease took */
   return r;
 }
 
@@ -5488,17 +5530,20 @@ IPCREF_PRIVATE ipcref_result ipcref__send_raw(ipcref_peer *p,
 IPCREF_PRIVATE ipcref_result ipcref__send(ipcref_peer *p,
                                           const ipcref_view *views, int n,
                                           void *stream) {
+  ipcref__view_event ev[IPCREF__MSG_VIEWS];
   ipcref_msg msg;
   ipcref_result r;
   if (!p || !views || n < 1 || n > IPCREF__MSG_VIEWS) return IPCREF_EINVAL;
   r = ipcref__hello_need(p);
+  if (r == IPCREF_OK) r = ipcref__events_record(views, n, stream, ev);
   if (r != IPCREF_OK) return r;
   msg.len = 0;
   msg.nfds = 0;
   msg.origin = NULL;
   IPCREF__LOCK(p->ctx);
-  r = ipcref__export_msg(p, views, n, stream, &msg, 0); /* fds borrowed */
+  r = ipcref__export_msg(p, views, n, ev, &msg, 0); /* fds borrowed */
   IPCREF__UNLOCK(p->ctx);
+  ipcref__events_free(ev, n); /* what no lease took */
   if (r != IPCREF_OK) return r;
   IPCREF__STEP("send");
   /* Not under the lock: the socket may block on the peer. */
