@@ -55,7 +55,9 @@ typedef struct ipcref_cuda ipcref_cuda;
 /* Loads the CUDA driver: `driver_path` names the library (NULL:
  * "libcuda.so.1", found the usual way), then cuInit. Errors: EINVAL (out
  * NULL), ENOMEM, ENODEV (no driver library, a driver older than CUDA 11.3,
- * the toolkit's stub library, no device): ipcref_cuda_error() says which. */
+ * the toolkit's stub library, no device): ipcref_cuda_error() says which;
+ * EBUSY (another driver path is loaded in this process). There is one
+ * instance per process: opening again gives the same one, counted. */
 IPCREF_API ipcref_result ipcref_cuda_open(const char *driver_path,
                                           ipcref_cuda **out);
 
@@ -66,8 +68,9 @@ IPCREF_API const char *ipcref_cuda_error(void);
 /* The backend to give ipcref_ctx_add_backend; NULL for NULL. */
 IPCREF_API ipcref_backend *ipcref_cuda_backend(ipcref_cuda *cu);
 
-/* Releases the driver's contexts, the event pool and the library. Every
- * context the backend was added to must be freed first. NULL: no-op. */
+/* Drops one open; the last releases the driver's contexts, the event
+ * pool and the library. Every context the backend was added to must be
+ * freed first. NULL: no-op. */
 IPCREF_API void ipcref_cuda_close(ipcref_cuda *cu);
 
 /* A shared device buffer of `size` bytes on device `device` (the backend
@@ -519,6 +522,9 @@ typedef struct ipcref__cu_export {
 
 struct ipcref_cuda {
   ipcref_backend backend; /* first: the backend's pointer is ours */
+  int refs;               /* opens of this one instance */
+  int pid;                /* the process it belongs to (not a fork's) */
+  char path[256];         /* the driver it loaded ("" for the default) */
   ipcref__cu_state drv;
   pthread_mutex_t lock;
   ipcref__cu_ipc_event *free_events; /* the pool: events not in use */
@@ -841,25 +847,56 @@ IPCREF_PRIVATE int ipcref__cu_fence_done(ipcref_backend *be, void *fence) {
 
 /* ---- the public part ----------------------------------------------------- */
 
+/* One instance per process, shared by every open: a handle this process
+ * exported must resolve here whichever context imports it (the driver
+ * refuses to open it), and an allocation is opened once per process. */
+static ipcref_cuda *ipcref__cu_instance;
+static pthread_mutex_t ipcref__cu_instance_lock = PTHREAD_MUTEX_INITIALIZER;
+
 IPCREF_API ipcref_result ipcref_cuda_open(const char *driver_path,
                                          ipcref_cuda **out) {
+  const char *path = driver_path ? driver_path : "";
   ipcref_cuda *g;
   ipcref_result r;
   ipcref__cu_why[0] = 0;
-  if (!out) return IPCREF_EINVAL;
+  if (!out || strlen(path) >= sizeof g->path) return IPCREF_EINVAL;
+  pthread_mutex_lock(&ipcref__cu_instance_lock);
+  g = ipcref__cu_instance;
+  if (g && g->pid != (int)getpid()) g = NULL; /* the parent's: not ours */
+  if (g) {
+    r = IPCREF_OK;
+    if (strcmp(g->path, path) == 0)
+      g->refs++;
+    else
+      r = ipcref__cu_say(IPCREF_EBUSY, "another driver is loaded already "
+                                        "(one per process)");
+    pthread_mutex_unlock(&ipcref__cu_instance_lock);
+    if (r == IPCREF_OK) *out = g;
+    return r;
+  }
   g = (ipcref_cuda *)IPCREF_MALLOC(sizeof *g);
-  if (!g) return IPCREF_ENOMEM;
+  if (!g) {
+    pthread_mutex_unlock(&ipcref__cu_instance_lock);
+    return IPCREF_ENOMEM;
+  }
   memset(g, 0, sizeof *g);
   if (pthread_mutex_init(&g->lock, NULL) != 0) {
+    pthread_mutex_unlock(&ipcref__cu_instance_lock);
     IPCREF_FREE(g);
     return ipcref__cu_say(IPCREF_ESYS, "pthread_mutex_init failed");
   }
   r = ipcref__cu_d_load(&g->drv, driver_path);
   if (r != IPCREF_OK) { /* it said why */
+    pthread_mutex_unlock(&ipcref__cu_instance_lock);
     pthread_mutex_destroy(&g->lock);
     IPCREF_FREE(g);
     return r;
   }
+  memcpy(g->path, path, strlen(path) + 1);
+  g->refs = 1;
+  g->pid = (int)getpid();
+  ipcref__cu_instance = g;
+  pthread_mutex_unlock(&ipcref__cu_instance_lock);
   g->backend.device_type = IPCREF__CU_DEVICE_TYPE;
   g->backend.name = IPCREF__CU_NAME;
   g->backend.user = g;
@@ -883,7 +920,13 @@ IPCREF_API ipcref_backend *ipcref_cuda_backend(ipcref_cuda *g) {
 }
 
 IPCREF_API void ipcref_cuda_close(ipcref_cuda *g) {
+  int last;
   if (!g) return;
+  pthread_mutex_lock(&ipcref__cu_instance_lock);
+  last = --g->refs == 0;
+  if (last) ipcref__cu_instance = NULL;
+  pthread_mutex_unlock(&ipcref__cu_instance_lock);
+  if (!last) return;
   while (g->free_events) {
     ipcref__cu_ipc_event *e = g->free_events;
     g->free_events = e->next;

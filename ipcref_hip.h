@@ -41,7 +41,9 @@ typedef struct ipcref_hip ipcref_hip;
 /* Loads the HIP runtime: `runtime_path` names the library (NULL: the
  * usual names, newest first), then hipInit and a device count. Errors:
  * EINVAL (out NULL), ENOMEM, ENODEV (no runtime library, a symbol missing,
- * no device): ipcref_hip_error() says which. */
+ * no device): ipcref_hip_error() says which; EBUSY (another runtime path
+ * is loaded in this process). There is one instance per process: opening
+ * again gives the same one, counted. */
 IPCREF_API ipcref_result ipcref_hip_open(const char *runtime_path,
                                          ipcref_hip **out);
 
@@ -52,8 +54,9 @@ IPCREF_API const char *ipcref_hip_error(void);
 /* The backend to give ipcref_ctx_add_backend; NULL for NULL. */
 IPCREF_API ipcref_backend *ipcref_hip_backend(ipcref_hip *hip);
 
-/* Releases the event pool, the imports and the library. Every context the
- * backend was added to must be freed first. NULL: no-op. */
+/* Drops one open; the last releases the event pool, the imports and the
+ * library. Every context the backend was added to must be freed first.
+ * NULL: no-op. */
 IPCREF_API void ipcref_hip_close(ipcref_hip *hip);
 
 /* A shared device buffer of `size` bytes on device `device` (the backend
@@ -412,6 +415,9 @@ typedef struct ipcref__hip_export {
 
 struct ipcref_hip {
   ipcref_backend backend; /* first: the backend's pointer is ours */
+  int refs;               /* opens of this one instance */
+  int pid;                /* the process it belongs to (not a fork's) */
+  char path[256];         /* the driver it loaded ("" for the default) */
   ipcref__hip_state drv;
   pthread_mutex_t lock;
   ipcref__hip_ipc_event *free_events; /* the pool: events not in use */
@@ -734,25 +740,56 @@ IPCREF_PRIVATE int ipcref__hip_fence_done(ipcref_backend *be, void *fence) {
 
 /* ---- the public part ----------------------------------------------------- */
 
+/* One instance per process, shared by every open: a handle this process
+ * exported must resolve here whichever context imports it (the driver
+ * refuses to open it), and an allocation is opened once per process. */
+static ipcref_hip *ipcref__hip_instance;
+static pthread_mutex_t ipcref__hip_instance_lock = PTHREAD_MUTEX_INITIALIZER;
+
 IPCREF_API ipcref_result ipcref_hip_open(const char *driver_path,
                                          ipcref_hip **out) {
+  const char *path = driver_path ? driver_path : "";
   ipcref_hip *g;
   ipcref_result r;
   ipcref__hip_why[0] = 0;
-  if (!out) return IPCREF_EINVAL;
+  if (!out || strlen(path) >= sizeof g->path) return IPCREF_EINVAL;
+  pthread_mutex_lock(&ipcref__hip_instance_lock);
+  g = ipcref__hip_instance;
+  if (g && g->pid != (int)getpid()) g = NULL; /* the parent's: not ours */
+  if (g) {
+    r = IPCREF_OK;
+    if (strcmp(g->path, path) == 0)
+      g->refs++;
+    else
+      r = ipcref__hip_say(IPCREF_EBUSY, "another driver is loaded already "
+                                        "(one per process)");
+    pthread_mutex_unlock(&ipcref__hip_instance_lock);
+    if (r == IPCREF_OK) *out = g;
+    return r;
+  }
   g = (ipcref_hip *)IPCREF_MALLOC(sizeof *g);
-  if (!g) return IPCREF_ENOMEM;
+  if (!g) {
+    pthread_mutex_unlock(&ipcref__hip_instance_lock);
+    return IPCREF_ENOMEM;
+  }
   memset(g, 0, sizeof *g);
   if (pthread_mutex_init(&g->lock, NULL) != 0) {
+    pthread_mutex_unlock(&ipcref__hip_instance_lock);
     IPCREF_FREE(g);
     return ipcref__hip_say(IPCREF_ESYS, "pthread_mutex_init failed");
   }
   r = ipcref__hip_d_load(&g->drv, driver_path);
   if (r != IPCREF_OK) { /* it said why */
+    pthread_mutex_unlock(&ipcref__hip_instance_lock);
     pthread_mutex_destroy(&g->lock);
     IPCREF_FREE(g);
     return r;
   }
+  memcpy(g->path, path, strlen(path) + 1);
+  g->refs = 1;
+  g->pid = (int)getpid();
+  ipcref__hip_instance = g;
+  pthread_mutex_unlock(&ipcref__hip_instance_lock);
   g->backend.device_type = IPCREF__HIP_DEVICE_TYPE;
   g->backend.name = IPCREF__HIP_NAME;
   g->backend.user = g;
@@ -776,7 +813,13 @@ IPCREF_API ipcref_backend *ipcref_hip_backend(ipcref_hip *g) {
 }
 
 IPCREF_API void ipcref_hip_close(ipcref_hip *g) {
+  int last;
   if (!g) return;
+  pthread_mutex_lock(&ipcref__hip_instance_lock);
+  last = --g->refs == 0;
+  if (last) ipcref__hip_instance = NULL;
+  pthread_mutex_unlock(&ipcref__hip_instance_lock);
+  if (!last) return;
   while (g->free_events) {
     ipcref__hip_ipc_event *e = g->free_events;
     g->free_events = e->next;

@@ -55,7 +55,9 @@ typedef struct ipcref_cuda ipcref_cuda;
 /* Loads the CUDA driver: `driver_path` names the library (NULL:
  * "libcuda.so.1", found the usual way), then cuInit. Errors: EINVAL (out
  * NULL), ENOMEM, ENODEV (no driver library, a driver older than CUDA 11.3,
- * the toolkit's stub library, no device): ipcref_cuda_error() says which. */
+ * the toolkit's stub library, no device): ipcref_cuda_error() says which;
+ * EBUSY (another driver path is loaded in this process). There is one
+ * instance per process: opening again gives the same one, counted. */
 IPCREF_API ipcref_result ipcref_cuda_open(const char *driver_path,
                                           ipcref_cuda **out);
 
@@ -66,8 +68,9 @@ IPCREF_API const char *ipcref_cuda_error(void);
 /* The backend to give ipcref_ctx_add_backend; NULL for NULL. */
 IPCREF_API ipcref_backend *ipcref_cuda_backend(ipcref_cuda *cu);
 
-/* Releases the driver's contexts, the event pool and the library. Every
- * context the backend was added to must be freed first. NULL: no-op. */
+/* Drops one open; the last releases the driver's contexts, the event
+ * pool and the library. Every context the backend was added to must be
+ * freed first. NULL: no-op. */
 IPCREF_API void ipcref_cuda_close(ipcref_cuda *cu);
 
 /* A shared device buffer of `size` bytes on device `device` (the backend

@@ -53,6 +53,9 @@ typedef struct ipcref__gpu_export {
 
 struct ipcref_gpu {
   ipcref_backend backend; /* first: the backend's pointer is ours */
+  int refs;               /* opens of this one instance */
+  int pid;                /* the process it belongs to (not a fork's) */
+  char path[256];         /* the driver it loaded ("" for the default) */
   ipcref__gpu_state drv;
   pthread_mutex_t lock;
   ipcref__gpu_ipc_event *free_events; /* the pool: events not in use */
@@ -375,25 +378,56 @@ IPCREF_PRIVATE int ipcref__gpu_fence_done(ipcref_backend *be, void *fence) {
 
 /* ---- the public part ----------------------------------------------------- */
 
+/* One instance per process, shared by every open: a handle this process
+ * exported must resolve here whichever context imports it (the driver
+ * refuses to open it), and an allocation is opened once per process. */
+static ipcref_gpu *ipcref__gpu_instance;
+static pthread_mutex_t ipcref__gpu_instance_lock = PTHREAD_MUTEX_INITIALIZER;
+
 IPCREF_API ipcref_result ipcref_gpu_open(const char *driver_path,
                                          ipcref_gpu **out) {
+  const char *path = driver_path ? driver_path : "";
   ipcref_gpu *g;
   ipcref_result r;
   ipcref__gpu_why[0] = 0;
-  if (!out) return IPCREF_EINVAL;
+  if (!out || strlen(path) >= sizeof g->path) return IPCREF_EINVAL;
+  pthread_mutex_lock(&ipcref__gpu_instance_lock);
+  g = ipcref__gpu_instance;
+  if (g && g->pid != (int)getpid()) g = NULL; /* the parent's: not ours */
+  if (g) {
+    r = IPCREF_OK;
+    if (strcmp(g->path, path) == 0)
+      g->refs++;
+    else
+      r = ipcref__gpu_say(IPCREF_EBUSY, "another driver is loaded already "
+                                        "(one per process)");
+    pthread_mutex_unlock(&ipcref__gpu_instance_lock);
+    if (r == IPCREF_OK) *out = g;
+    return r;
+  }
   g = (ipcref_gpu *)IPCREF_MALLOC(sizeof *g);
-  if (!g) return IPCREF_ENOMEM;
+  if (!g) {
+    pthread_mutex_unlock(&ipcref__gpu_instance_lock);
+    return IPCREF_ENOMEM;
+  }
   memset(g, 0, sizeof *g);
   if (pthread_mutex_init(&g->lock, NULL) != 0) {
+    pthread_mutex_unlock(&ipcref__gpu_instance_lock);
     IPCREF_FREE(g);
     return ipcref__gpu_say(IPCREF_ESYS, "pthread_mutex_init failed");
   }
   r = ipcref__gpu_d_load(&g->drv, driver_path);
   if (r != IPCREF_OK) { /* it said why */
+    pthread_mutex_unlock(&ipcref__gpu_instance_lock);
     pthread_mutex_destroy(&g->lock);
     IPCREF_FREE(g);
     return r;
   }
+  memcpy(g->path, path, strlen(path) + 1);
+  g->refs = 1;
+  g->pid = (int)getpid();
+  ipcref__gpu_instance = g;
+  pthread_mutex_unlock(&ipcref__gpu_instance_lock);
   g->backend.device_type = IPCREF__GPU_DEVICE_TYPE;
   g->backend.name = IPCREF__GPU_NAME;
   g->backend.user = g;
@@ -417,7 +451,13 @@ IPCREF_API ipcref_backend *ipcref_gpu_backend(ipcref_gpu *g) {
 }
 
 IPCREF_API void ipcref_gpu_close(ipcref_gpu *g) {
+  int last;
   if (!g) return;
+  pthread_mutex_lock(&ipcref__gpu_instance_lock);
+  last = --g->refs == 0;
+  if (last) ipcref__gpu_instance = NULL;
+  pthread_mutex_unlock(&ipcref__gpu_instance_lock);
+  if (!last) return;
   while (g->free_events) {
     ipcref__gpu_ipc_event *e = g->free_events;
     g->free_events = e->next;

@@ -41,7 +41,9 @@ typedef struct ipcref_hip ipcref_hip;
 /* Loads the HIP runtime: `runtime_path` names the library (NULL: the
  * usual names, newest first), then hipInit and a device count. Errors:
  * EINVAL (out NULL), ENOMEM, ENODEV (no runtime library, a symbol missing,
- * no device): ipcref_hip_error() says which. */
+ * no device): ipcref_hip_error() says which; EBUSY (another runtime path
+ * is loaded in this process). There is one instance per process: opening
+ * again gives the same one, counted. */
 IPCREF_API ipcref_result ipcref_hip_open(const char *runtime_path,
                                          ipcref_hip **out);
 
@@ -52,8 +54,9 @@ IPCREF_API const char *ipcref_hip_error(void);
 /* The backend to give ipcref_ctx_add_backend; NULL for NULL. */
 IPCREF_API ipcref_backend *ipcref_hip_backend(ipcref_hip *hip);
 
-/* Releases the event pool, the imports and the library. Every context the
- * backend was added to must be freed first. NULL: no-op. */
+/* Drops one open; the last releases the event pool, the imports and the
+ * library. Every context the backend was added to must be freed first.
+ * NULL: no-op. */
 IPCREF_API void ipcref_hip_close(ipcref_hip *hip);
 
 /* A shared device buffer of `size` bytes on device `device` (the backend
