@@ -1,0 +1,763 @@
+/* table: cluster-style reference counting for object ids (portable C).
+ *
+ * One table knows how many references to each object exist anywhere, so
+ * that the stores holding it can free it the moment the last one goes, with
+ * no collection pauses. References live in three places, all counted on the
+ * id they name:
+ *   - in workers, as handles: ipcref_table_incref / ipcref_table_decref;
+ *   - inside other stored objects (a distributed array holding the ids of
+ *     its blocks): ipcref_table_put records what an object contains;
+ *   - in messages on their way between processes (task arguments):
+ *     ipcref_table_msg_out counts them while in flight, msg_in (after the
+ *     receiver took its own references) or msg_cancel (a dropped message)
+ *     lets go, exactly once per message.
+ * Several ids can name one object (ipcref_table_alias): counts stay per id,
+ * and the object is deallocated only when every id naming it is at zero.
+ *
+ * The table moves no data and knows no transport: an engine's scheduler
+ * embeds it and carries the calls over whatever it already uses. The
+ * dealloc hook names each object that must go and the stores that hold it.
+ *
+ * The rules, checked (a breach is reported to the violation hook and
+ * changes nothing: never an early free):
+ *   - a count never goes below zero (decref, msg_in of a spent message);
+ *   - a deallocated object's ids are dead for good (ids are never reused):
+ *     incref, put, msg_out or alias on one is refused with IPCREF_EDEAD;
+ *   - aliasing: when two ids will be aliased, either the alias call has
+ *     happened or both are still alive; an alias that finds one side
+ *     already deallocated is a violation (that object was freed while the
+ *     other id still named it: the caller broke the rule).
+ *
+ * Costs: every call is O(1) on average (hash tables; alias groups merge
+ * smaller into larger), except put (O(contained)) and deallocating an
+ * object (O(its ids + its contained ids), done with an explicit worklist,
+ * so a chain of any length frees without recursion). Memory, on x86-64: 72
+ * bytes per live id and 40 per object, plus 8 per id it contains and 4 per
+ * store it is in; 16 + 8 per carried id for a message in flight; and the
+ * two hash tables, 16 bytes a slot, at least twice as many slots as live
+ * ids and messages (at most four times). Thread-safe: one lock per table;
+ * hooks run outside it, and may call back into the table. */
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef struct ipcref_table ipcref_table;
+typedef uint64_t ipcref_id; /* 1, 2, 3, ...: never 0, never reused */
+
+typedef struct ipcref_table_hooks {
+  /* Object `id` (its first id) must be deallocated: every id naming it is
+   * at zero. `stores` lists the stores holding it (nstores, maybe 0; the
+   * array lives until the hook returns). */
+  void (*dealloc)(void *user, ipcref_id id, const uint32_t *stores,
+                  size_t nstores);
+  /* A breach of the rules above (code EDEAD: a count below zero, or a
+   * dead id used; EINVAL: an id never handed out). Nothing was changed. */
+  void (*violation)(void *user, ipcref_id id, ipcref_result code,
+                    const char *what);
+  void *user;
+} ipcref_table_hooks;
+
+typedef struct ipcref_table_stats {
+  size_t ids;          /* live ids */
+  size_t objects;      /* live objects (alias groups) */
+  size_t messages;     /* messages in flight */
+  uint64_t deallocs;   /* objects deallocated, ever */
+  uint64_t violations; /* breaches reported, ever */
+} ipcref_table_stats;
+
+/* A new, empty table. `hooks` is copied (NULL: no hooks). Errors: EINVAL,
+ * ENOMEM. */
+IPCREF_API ipcref_result ipcref_table_new(const ipcref_table_hooks *hooks,
+                                          ipcref_table **out);
+
+/* Frees the table; objects still alive are forgotten without dealloc
+ * calls. NULL: no-op. */
+IPCREF_API void ipcref_table_free(ipcref_table *t);
+
+/* A new id for a new object, with one reference (the caller's). Errors:
+ * EINVAL, ENOMEM. */
+IPCREF_API ipcref_result ipcref_table_create(ipcref_table *t, ipcref_id *out);
+
+/* One more / one less reference on `id` (a worker's handle). The last
+ * reference of an object deallocates it (see the hooks). Errors: EINVAL
+ * (t NULL, an id never handed out), EDEAD (decref at zero, or the object
+ * is gone), ENOMEM. */
+IPCREF_API ipcref_result ipcref_table_incref(ipcref_table *t, ipcref_id id);
+IPCREF_API ipcref_result ipcref_table_decref(ipcref_table *t, ipcref_id id);
+
+/* Records that object `id` is stored in `store`, and (the first time it is
+ * put) that it holds references to the `n` ids in `contained`, each
+ * counted once more until `id` is deallocated, when each is decremented.
+ * A later put of the same id adds a store; its contained list must then
+ * be empty (else EINVAL). Nothing changes on error. Errors: EINVAL, EDEAD
+ * (id or a contained id is gone), ENOMEM. */
+IPCREF_API ipcref_result ipcref_table_put(ipcref_table *t, ipcref_id id,
+                                          uint32_t store,
+                                          const ipcref_id *contained, size_t n);
+
+/* A message carrying `n` ids leaves: each is counted once more while it is
+ * in flight; *token names the message. msg_in (the receiver took its own
+ * references) or msg_cancel (the message was dropped) lets go, exactly
+ * once: a second call with the token is EINVAL. Errors: EINVAL, EDEAD, ENOMEM.
+ */
+IPCREF_API ipcref_result ipcref_table_msg_out(ipcref_table *t,
+                                              const ipcref_id *ids, size_t n,
+                                              uint64_t *token);
+IPCREF_API ipcref_result ipcref_table_msg_in(ipcref_table *t, uint64_t token);
+IPCREF_API ipcref_result ipcref_table_msg_cancel(ipcref_table *t,
+                                                 uint64_t token);
+
+/* Ids `a` and `b` name one object: it lives while either is above zero
+ * (counts stay per id), and the object is deallocated once, naming the
+ * first id of the group and every store either was put in. Errors: EINVAL,
+ * EDEAD (one of them is gone already: a violation, reported). */
+IPCREF_API ipcref_result ipcref_table_alias(ipcref_table *t, ipcref_id a,
+                                            ipcref_id b);
+
+/* `id`'s own count (workers, containers and messages together) into
+ * *out. Errors: EINVAL, EDEAD. */
+IPCREF_API ipcref_result ipcref_table_count(ipcref_table *t, ipcref_id id,
+                                            uint64_t *out);
+
+/* The zero-copy pull: a read-only view of `src`'s elements (the same
+ * memory, its buffer retained) that also holds one table reference on
+ * `id`, dropped when the last reference to the new view's buffer goes. So
+ * a worker that pulled an object's data by `id` keeps it readable after
+ * its own handle on `id` is gone: the store cannot free it underneath.
+ * The table stays allocated while such views live (ipcref_table_free
+ * included). Errors: EINVAL, EDEAD, ENOMEM. */
+IPCREF_API ipcref_result ipcref_table_view(ipcref_table *t, ipcref_id id,
+                                           const ipcref_view *src,
+                                           ipcref_view *out);
+
+/* Fills *out. Errors: EINVAL. */
+IPCREF_API ipcref_result ipcref_table_get_stats(ipcref_table *t,
+                                                ipcref_table_stats *out);
+
+#ifdef __cplusplus
+}
+#endif
+
+/* @implementation */
+
+/* A live id. Its object (alias group) keeps the ids in a list; counts stay
+ * per id, and the object's total is their sum. */
+typedef struct ipcref__tid {
+  ipcref_id id;
+  uint64_t count;           /* this id's references */
+  struct ipcref__tobj *obj; /* the object it names */
+  struct ipcref__tid *next; /* the next id of the same object */
+  ipcref_id *contained;     /* what the object holds (first put) */
+  size_t ncontained;
+  uint32_t *stores, nstores, cap; /* where it is stored */
+  int put;                        /* put at least once */
+} ipcref__tid;
+
+typedef struct ipcref__tobj {
+  ipcref_id first;  /* its smallest id: the name the dealloc hook gets */
+  uint64_t total;   /* the sum of its ids' counts */
+  ipcref__tid *ids; /* the list */
+  size_t nids;
+  struct ipcref__tobj *next_free; /* on the dealloc worklist */
+} ipcref__tobj;
+
+/* A message in flight: the ids it carries. */
+typedef struct ipcref__tmsg {
+  size_t n;
+  ipcref_id ids[1]; /* n of them */
+} ipcref__tmsg;
+
+/* What a call owes the hooks, told after the lock is let go. */
+typedef struct ipcref__tnote {
+  ipcref_id id;
+  ipcref_result code; /* OK: a dealloc; else a violation */
+  const char *what;
+  uint32_t *stores; /* dealloc: the stores (owned) */
+  size_t nstores;
+  struct ipcref__tnote *next;
+} ipcref__tnote;
+
+/* An open-addressing hash from nonzero 64-bit keys to pointers (linear
+ * probing; deletion shifts back, so there are no tombstones). */
+typedef struct ipcref__thash {
+  uint64_t *keys;
+  void **vals;
+  size_t cap, n; /* cap: a power of two, or 0 */
+} ipcref__thash;
+
+struct ipcref_table {
+  int lock; /* a spinlock: the table is portable C, calls are short */
+  int refs; /* atomic: the owner's, and one per pulled view */
+  ipcref_table_hooks hooks;
+  ipcref_id next_id;
+  uint64_t next_token;
+  ipcref__thash ids, msgs;
+  size_t objects;
+  uint64_t deallocs, violations;
+  ipcref__tnote *notes, **notes_tail;
+};
+
+IPCREF_PRIVATE void ipcref__tlock(ipcref_table *t) {
+  while (__atomic_test_and_set(&t->lock, __ATOMIC_ACQUIRE))
+    while (__atomic_load_n(&t->lock, __ATOMIC_RELAXED)) {
+    }
+}
+
+/* ---- the hash ------------------------------------------------------------ */
+
+IPCREF_PRIVATE size_t ipcref__thash_slot(const ipcref__thash *h, uint64_t k) {
+  k ^= k >> 33; /* a 64-bit mix: ids and tokens are sequential */
+  k *= 0xff51afd7ed558ccdull;
+  k ^= k >> 33;
+  return (size_t)k & (h->cap - 1);
+}
+
+IPCREF_PRIVATE void *ipcref__thash_get(const ipcref__thash *h, uint64_t k) {
+  size_t i;
+  if (!h->cap) return NULL;
+  for (i = ipcref__thash_slot(h, k); h->keys[i]; i = (i + 1) & (h->cap - 1))
+    if (h->keys[i] == k) return h->vals[i];
+  return NULL;
+}
+
+/* Makes room for one more key (load at most 1/2). 0 on ENOMEM. */
+IPCREF_PRIVATE int ipcref__thash_reserve(ipcref__thash *h) {
+  ipcref__thash g;
+  size_t i, j;
+  if ((h->n + 1) * 2 <= h->cap) return 1;
+  g.cap = h->cap ? h->cap * 2 : 16;
+  g.n = h->n;
+  g.keys = (uint64_t *)IPCREF_MALLOC(g.cap * sizeof *g.keys);
+  g.vals = (void **)IPCREF_MALLOC(g.cap * sizeof *g.vals);
+  if (!g.keys || !g.vals) {
+    IPCREF_FREE(g.keys);
+    IPCREF_FREE(g.vals);
+    return 0;
+  }
+  memset(g.keys, 0, g.cap * sizeof *g.keys);
+  for (i = 0; i < h->cap; i++) {
+    if (!h->keys[i]) continue;
+    for (j = ipcref__thash_slot(&g, h->keys[i]); g.keys[j];
+         j = (j + 1) & (g.cap - 1)) {
+    }
+    g.keys[j] = h->keys[i];
+    g.vals[j] = h->vals[i];
+  }
+  IPCREF_FREE(h->keys);
+  IPCREF_FREE(h->vals);
+  *h = g;
+  return 1;
+}
+
+/* After ipcref__thash_reserve. */
+IPCREF_PRIVATE void ipcref__thash_put(ipcref__thash *h, uint64_t k, void *v) {
+  size_t i;
+  for (i = ipcref__thash_slot(h, k); h->keys[i]; i = (i + 1) & (h->cap - 1)) {
+  }
+  h->keys[i] = k;
+  h->vals[i] = v;
+  h->n++;
+}
+
+IPCREF_PRIVATE void ipcref__thash_del(ipcref__thash *h, uint64_t k) {
+  size_t i, j, home;
+  if (!h->cap) return;
+  for (i = ipcref__thash_slot(h, k); h->keys[i] != k;
+       i = (i + 1) & (h->cap - 1))
+    if (!h->keys[i]) return;
+  /* Shift back what the hole would hide from its home slot. */
+  for (j = (i + 1) & (h->cap - 1); h->keys[j]; j = (j + 1) & (h->cap - 1)) {
+    home = ipcref__thash_slot(h, h->keys[j]);
+    if (((j - home) & (h->cap - 1)) >= ((j - i) & (h->cap - 1))) {
+      h->keys[i] = h->keys[j];
+      h->vals[i] = h->vals[j];
+      i = j;
+    }
+  }
+  h->keys[i] = 0;
+  h->n--;
+}
+
+/* ---- notes for the hooks ----------------------------------------------------
+ */
+
+/* A breach: counted, told to the violation hook after the unlock. */
+IPCREF_PRIVATE ipcref_result ipcref__tbreach(ipcref_table *t, ipcref_id id,
+                                             ipcref_result code,
+                                             const char *what) {
+  ipcref__tnote *n = (ipcref__tnote *)IPCREF_MALLOC(sizeof *n);
+  t->violations++;
+  if (n) { /* out of memory: counted, not told */
+    memset(n, 0, sizeof *n);
+    n->id = id;
+    n->code = code;
+    n->what = what;
+    *t->notes_tail = n;
+    t->notes_tail = &n->next;
+  }
+  return code;
+}
+
+/* Unlocks, then tells the hooks (they may call into the table). */
+IPCREF_PRIVATE void ipcref__tunlock(ipcref_table *t) {
+  ipcref__tnote *n = t->notes;
+  ipcref_table_hooks h = t->hooks;
+  t->notes = NULL;
+  t->notes_tail = &t->notes;
+  __atomic_clear(&t->lock, __ATOMIC_RELEASE);
+  while (n) {
+    ipcref__tnote *next = n->next;
+    if (n->code == IPCREF_OK) {
+      if (h.dealloc) h.dealloc(h.user, n->id, n->stores, n->nstores);
+    } else if (h.violation) {
+      h.violation(h.user, n->id, n->code, n->what);
+    }
+    IPCREF_FREE(n->stores);
+    IPCREF_FREE(n);
+    n = next;
+  }
+}
+
+/* ---- ids and objects ------------------------------------------------------
+ */
+
+/* The live id `id`, or NULL with *r: EINVAL (never handed out), EDEAD. */
+IPCREF_PRIVATE ipcref__tid *ipcref__tfind(ipcref_table *t, ipcref_id id,
+                                          ipcref_result *r) {
+  ipcref__tid *x;
+  if (id == 0 || id >= t->next_id) {
+    *r = IPCREF_EINVAL;
+    return NULL;
+  }
+  x = (ipcref__tid *)ipcref__thash_get(&t->ids, id);
+  if (!x) *r = IPCREF_EDEAD;
+  return x;
+}
+
+/* Deallocates `o` and whatever only it kept alive (under the lock): its
+ * ids go, the ids it contains lose a reference, and an object whose total
+ * reaches zero joins the worklist (no recursion: a chain of any length). */
+IPCREF_PRIVATE void ipcref__tdealloc(ipcref_table *t, ipcref__tobj *o) {
+  ipcref__tobj *work = o;
+  o->next_free = NULL;
+  while (work) {
+    ipcref__tobj *cur = work;
+    ipcref__tnote *note = (ipcref__tnote *)IPCREF_MALLOC(sizeof *note);
+    size_t nstores = 0, k;
+    ipcref__tid *x;
+    work = cur->next_free;
+    for (x = cur->ids; x; x = x->next) nstores += x->nstores;
+    if (note) {
+      memset(note, 0, sizeof *note);
+      note->id = cur->first;
+      note->stores = nstores ? (uint32_t *)IPCREF_MALLOC(nstores * 4) : NULL;
+    }
+    while ((x = cur->ids) != NULL) {
+      cur->ids = x->next;
+      for (k = 0; k < x->nstores; k++) { /* the union of the stores */
+        size_t j;
+        if (!note || !note->stores) break;
+        for (j = 0; j < note->nstores && note->stores[j] != x->stores[k]; j++) {
+        }
+        if (j == note->nstores) note->stores[note->nstores++] = x->stores[k];
+      }
+      for (k = 0; k < x->ncontained; k++) {
+        ipcref__tid *c =
+            (ipcref__tid *)ipcref__thash_get(&t->ids, x->contained[k]);
+        if (!c) continue; /* cannot be: it held a reference */
+        c->count--;
+        if (--c->obj->total == 0 && c->obj != cur) {
+          c->obj->next_free = work;
+          work = c->obj;
+        }
+      }
+      ipcref__thash_del(&t->ids, x->id);
+      IPCREF_FREE(x->contained);
+      IPCREF_FREE(x->stores);
+      IPCREF_FREE(x);
+    }
+    t->objects--;
+    t->deallocs++;
+    if (note) { /* out of memory: freed, not told */
+      *t->notes_tail = note;
+      t->notes_tail = &note->next;
+    }
+    IPCREF_FREE(cur);
+  }
+}
+
+/* One reference less on `x` (under the lock; its count is above zero). */
+IPCREF_PRIVATE void ipcref__tdrop(ipcref_table *t, ipcref__tid *x) {
+  x->count--;
+  if (--x->obj->total == 0) ipcref__tdealloc(t, x->obj);
+}
+
+IPCREF_PRIVATE void ipcref__tgain(ipcref__tid *x) {
+  x->count++;
+  x->obj->total++;
+}
+
+/* ---- the API ----------------------------------------------------------------
+ */
+
+IPCREF_API ipcref_result ipcref_table_new(const ipcref_table_hooks *hooks,
+                                          ipcref_table **out) {
+  ipcref_table *t;
+  if (!out) return IPCREF_EINVAL;
+  t = (ipcref_table *)IPCREF_MALLOC(sizeof *t);
+  if (!t) return IPCREF_ENOMEM;
+  memset(t, 0, sizeof *t);
+  if (hooks) t->hooks = *hooks;
+  t->refs = 1;
+  t->next_id = 1;
+  t->next_token = 1;
+  t->notes_tail = &t->notes;
+  *out = t;
+  return IPCREF_OK;
+}
+
+IPCREF_PRIVATE void ipcref__table_unref(ipcref_table *t) {
+  size_t i;
+  if (__atomic_fetch_sub(&t->refs, 1, __ATOMIC_RELEASE) != 1) return;
+  IPCREF__ACQUIRE_FENCE(&t->refs);
+  for (i = 0; i < t->ids.cap; i++) {
+    ipcref__tid *x = (ipcref__tid *)t->ids.vals[i];
+    if (!t->ids.keys[i]) continue;
+    if (x->obj->ids == x) { /* the object goes with its first listed id */
+      ipcref__tid *y;
+      for (y = x->next; y; y = y->next) y->obj = NULL;
+      IPCREF_FREE(x->obj);
+    }
+    IPCREF_FREE(x->contained);
+    IPCREF_FREE(x->stores);
+    IPCREF_FREE(x);
+  }
+  for (i = 0; i < t->msgs.cap; i++)
+    if (t->msgs.keys[i]) IPCREF_FREE(t->msgs.vals[i]);
+  IPCREF_FREE(t->ids.keys);
+  IPCREF_FREE(t->ids.vals);
+  IPCREF_FREE(t->msgs.keys);
+  IPCREF_FREE(t->msgs.vals);
+  IPCREF_FREE(t);
+}
+
+IPCREF_API void ipcref_table_free(ipcref_table *t) {
+  if (t) ipcref__table_unref(t);
+}
+
+IPCREF_API ipcref_result ipcref_table_create(ipcref_table *t, ipcref_id *out) {
+  ipcref__tid *x;
+  ipcref__tobj *o;
+  if (!t || !out) return IPCREF_EINVAL;
+  x = (ipcref__tid *)IPCREF_MALLOC(sizeof *x);
+  o = (ipcref__tobj *)IPCREF_MALLOC(sizeof *o);
+  if (!x || !o) {
+    IPCREF_FREE(x);
+    IPCREF_FREE(o);
+    return IPCREF_ENOMEM;
+  }
+  memset(x, 0, sizeof *x);
+  memset(o, 0, sizeof *o);
+  ipcref__tlock(t);
+  if (!ipcref__thash_reserve(&t->ids)) {
+    ipcref__tunlock(t);
+    IPCREF_FREE(x);
+    IPCREF_FREE(o);
+    return IPCREF_ENOMEM;
+  }
+  x->id = t->next_id++;
+  x->count = 1;
+  x->obj = o;
+  o->first = x->id;
+  o->total = 1;
+  o->ids = x;
+  o->nids = 1;
+  ipcref__thash_put(&t->ids, x->id, x);
+  t->objects++;
+  *out = x->id;
+  ipcref__tunlock(t);
+  return IPCREF_OK;
+}
+
+IPCREF_API ipcref_result ipcref_table_incref(ipcref_table *t, ipcref_id id) {
+  ipcref__tid *x;
+  ipcref_result r = IPCREF_OK;
+  if (!t) return IPCREF_EINVAL;
+  ipcref__tlock(t);
+  x = ipcref__tfind(t, id, &r);
+  if (x)
+    ipcref__tgain(x);
+  else
+    r = ipcref__tbreach(t, id, r, "incref of an id that is gone or unknown");
+  ipcref__tunlock(t);
+  return r;
+}
+
+IPCREF_API ipcref_result ipcref_table_decref(ipcref_table *t, ipcref_id id) {
+  ipcref__tid *x;
+  ipcref_result r = IPCREF_OK;
+  if (!t) return IPCREF_EINVAL;
+  ipcref__tlock(t);
+  x = ipcref__tfind(t, id, &r);
+  if (!x)
+    r = ipcref__tbreach(t, id, r, "decref of an id that is gone or unknown");
+  else if (x->count == 0)
+    r = ipcref__tbreach(t, id, IPCREF_EDEAD, "decref of an id at zero");
+  else
+    ipcref__tdrop(t, x);
+  ipcref__tunlock(t);
+  return r;
+}
+
+IPCREF_API ipcref_result ipcref_table_put(ipcref_table *t, ipcref_id id,
+                                          uint32_t store,
+                                          const ipcref_id *contained,
+                                          size_t n) {
+  ipcref__tid *x;
+  ipcref_id *copy = NULL;
+  ipcref_result r = IPCREF_OK;
+  size_t i;
+  if (!t || (n && !contained) || n > SIZE_MAX / sizeof *copy)
+    return IPCREF_EINVAL;
+  if (n) {
+    copy = (ipcref_id *)IPCREF_MALLOC(n * sizeof *copy);
+    if (!copy) return IPCREF_ENOMEM;
+    memcpy(copy, contained, n * sizeof *copy);
+  }
+  ipcref__tlock(t);
+  x = ipcref__tfind(t, id, &r);
+  if (!x) {
+    r = ipcref__tbreach(t, id, r, "put of an id that is gone or unknown");
+    goto out;
+  }
+  if (n && x->put) { /* what an object holds is set once */
+    r = IPCREF_EINVAL;
+    goto out;
+  }
+  for (i = 0; i < n; i++) { /* all, before anything changes */
+    ipcref_result rc = IPCREF_OK;
+    if (copy[i] == id || !ipcref__tfind(t, copy[i], &rc)) {
+      r = copy[i] == id ? IPCREF_EINVAL
+                        : ipcref__tbreach(t, copy[i], rc,
+                                          "put containing an id that is gone "
+                                          "or unknown");
+      goto out;
+    }
+  }
+  for (i = 0; i < x->nstores && x->stores[i] != store; i++) {
+  }
+  if (i == x->nstores) {
+    if (x->nstores == x->cap) {
+      uint32_t cap = x->cap ? x->cap * 2 : 2;
+      uint32_t *s =
+          (uint32_t *)IPCREF_REALLOC(x->stores, cap * sizeof *x->stores);
+      if (!s) {
+        r = IPCREF_ENOMEM;
+        goto out;
+      }
+      x->stores = s;
+      x->cap = cap;
+    }
+    x->stores[x->nstores++] = store;
+  }
+  if (!x->put) {
+    for (i = 0; i < n; i++)
+      ipcref__tgain((ipcref__tid *)ipcref__thash_get(&t->ids, copy[i]));
+    x->contained = copy;
+    x->ncontained = n;
+    copy = NULL;
+    x->put = 1;
+  }
+out:
+  ipcref__tunlock(t);
+  IPCREF_FREE(copy);
+  return r;
+}
+
+IPCREF_API ipcref_result ipcref_table_msg_out(ipcref_table *t,
+                                              const ipcref_id *ids, size_t n,
+                                              uint64_t *token) {
+  ipcref__tmsg *m;
+  ipcref_result r = IPCREF_OK;
+  size_t i;
+  if (!t || !token || (n && !ids) ||
+      n > (SIZE_MAX - sizeof *m) / sizeof(ipcref_id))
+    return IPCREF_EINVAL;
+  m = (ipcref__tmsg *)IPCREF_MALLOC(sizeof *m + n * sizeof(ipcref_id));
+  if (!m) return IPCREF_ENOMEM;
+  m->n = n;
+  if (n) memcpy(m->ids, ids, n * sizeof(ipcref_id));
+  ipcref__tlock(t);
+  for (i = 0; i < n; i++)
+    if (!ipcref__tfind(t, ids[i], &r)) {
+      r = ipcref__tbreach(t, ids[i], r,
+                          "message carrying an id that is gone "
+                          "or unknown");
+      goto out;
+    }
+  if (!ipcref__thash_reserve(&t->msgs)) {
+    r = IPCREF_ENOMEM;
+    goto out;
+  }
+  for (i = 0; i < n; i++)
+    ipcref__tgain((ipcref__tid *)ipcref__thash_get(&t->ids, ids[i]));
+  *token = t->next_token++;
+  ipcref__thash_put(&t->msgs, *token, m);
+  m = NULL;
+out:
+  ipcref__tunlock(t);
+  IPCREF_FREE(m);
+  return r;
+}
+
+/* msg_in and msg_cancel: the message's references go, once. */
+IPCREF_PRIVATE ipcref_result ipcref__table_msg_end(ipcref_table *t,
+                                                   uint64_t token) {
+  ipcref__tmsg *m;
+  size_t i;
+  if (!t || token == 0) return IPCREF_EINVAL;
+  ipcref__tlock(t);
+  m = (ipcref__tmsg *)ipcref__thash_get(&t->msgs, token);
+  if (m) {
+    ipcref__thash_del(&t->msgs, token);
+    for (i = 0; i < m->n; i++) {
+      ipcref__tid *x = (ipcref__tid *)ipcref__thash_get(&t->ids, m->ids[i]);
+      if (x) ipcref__tdrop(t, x); /* alive: the message held it */
+    }
+  }
+  ipcref__tunlock(t);
+  IPCREF_FREE(m);
+  return m ? IPCREF_OK : IPCREF_EINVAL;
+}
+
+IPCREF_API ipcref_result ipcref_table_msg_in(ipcref_table *t, uint64_t token) {
+  return ipcref__table_msg_end(t, token);
+}
+
+IPCREF_API ipcref_result ipcref_table_msg_cancel(ipcref_table *t,
+                                                 uint64_t token) {
+  return ipcref__table_msg_end(t, token);
+}
+
+IPCREF_API ipcref_result ipcref_table_alias(ipcref_table *t, ipcref_id a,
+                                            ipcref_id b) {
+  ipcref__tid *x, *y, *last;
+  ipcref__tobj *big, *small;
+  ipcref_result ra = IPCREF_OK, rb = IPCREF_OK;
+  if (!t) return IPCREF_EINVAL;
+  ipcref__tlock(t);
+  x = ipcref__tfind(t, a, &ra);
+  y = ipcref__tfind(t, b, &rb);
+  if (!x || !y) {
+    ipcref_result r = ra != IPCREF_OK ? ra : rb;
+    r = ipcref__tbreach(t, !x ? a : b, r,
+                        r == IPCREF_EDEAD
+                            ? "alias of an object that was freed: the ids "
+                              "were not both alive until the alias"
+                            : "alias of an id never handed out");
+    ipcref__tunlock(t);
+    return r;
+  }
+  if (x->obj != y->obj) { /* merge the smaller group into the larger */
+    big = x->obj->nids >= y->obj->nids ? x->obj : y->obj;
+    small = big == x->obj ? y->obj : x->obj;
+    for (last = small->ids; last->next; last = last->next) last->obj = big;
+    last->obj = big;
+    last->next = big->ids;
+    big->ids = small->ids;
+    big->nids += small->nids;
+    big->total += small->total;
+    if (small->first < big->first) big->first = small->first;
+    t->objects--;
+    IPCREF_FREE(small);
+  }
+  ipcref__tunlock(t);
+  return IPCREF_OK;
+}
+
+IPCREF_API ipcref_result ipcref_table_count(ipcref_table *t, ipcref_id id,
+                                            uint64_t *out) {
+  ipcref__tid *x;
+  ipcref_result r = IPCREF_OK;
+  if (!t || !out) return IPCREF_EINVAL;
+  ipcref__tlock(t);
+  x = ipcref__tfind(t, id, &r);
+  if (x) *out = x->count;
+  ipcref__tunlock(t);
+  return r;
+}
+
+IPCREF_API ipcref_result ipcref_table_get_stats(ipcref_table *t,
+                                                ipcref_table_stats *out) {
+  if (!t || !out) return IPCREF_EINVAL;
+  ipcref__tlock(t);
+  out->ids = t->ids.n;
+  out->objects = t->objects;
+  out->messages = t->msgs.n;
+  out->deallocs = t->deallocs;
+  out->violations = t->violations;
+  ipcref__tunlock(t);
+  return IPCREF_OK;
+}
+
+/* A pulled view's hold: the table reference and the source buffer. */
+typedef struct ipcref__tpin {
+  ipcref_table *t;
+  ipcref_id id;
+  ipcref_buf *src;
+} ipcref__tpin;
+
+IPCREF_PRIVATE void ipcref__tpin_release(void *user, void *data) {
+  ipcref__tpin *pin = (ipcref__tpin *)user;
+  ipcref__tid *x;
+  (void)data;
+  ipcref__tlock(pin->t);
+  x = (ipcref__tid *)ipcref__thash_get(&pin->t->ids, pin->id);
+  if (x && x->count) ipcref__tdrop(pin->t, x); /* alive: the pin held it */
+  ipcref__tunlock(pin->t);
+  ipcref_buf_release(pin->src);
+  ipcref__table_unref(pin->t);
+  IPCREF_FREE(pin);
+}
+
+IPCREF_API ipcref_result ipcref_table_view(ipcref_table *t, ipcref_id id,
+                                           const ipcref_view *src,
+                                           ipcref_view *out) {
+  ipcref__tpin *pin;
+  ipcref__tid *x;
+  ipcref_buf *b;
+  ipcref_result r = IPCREF_OK;
+  if (!t || !out || !ipcref__view_valid(src)) return IPCREF_EINVAL;
+  pin = (ipcref__tpin *)IPCREF_MALLOC(sizeof *pin);
+  if (!pin) return IPCREF_ENOMEM;
+  pin->t = t;
+  pin->id = id;
+  pin->src = src->buf;
+  r = ipcref_buf_wrap_device(src->buf->data, src->buf->size,
+                             ipcref_buf_device(src->buf), ipcref__tpin_release,
+                             pin, &b);
+  if (r != IPCREF_OK) {
+    IPCREF_FREE(pin);
+    return r;
+  }
+  ipcref__tlock(t);
+  x = ipcref__tfind(t, id, &r);
+  if (x)
+    ipcref__tgain(x);
+  else
+    r = ipcref__tbreach(t, id, r, "pull of an id that is gone or unknown");
+  ipcref__tunlock(t);
+  if (r != IPCREF_OK) { /* nothing held: the wrapper goes without a trace */
+    b->release = NULL;
+    ipcref_buf_release(b);
+    IPCREF_FREE(pin);
+    return r;
+  }
+  __atomic_fetch_add(&t->refs, 1, __ATOMIC_RELAXED);
+  ipcref_buf_retain(src->buf);
+  ipcref__buf_set_read_only(b); /* others see the same memory */
+  *out = *src;
+  out->buf = b;
+  return IPCREF_OK;
+}
