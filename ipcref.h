@@ -1067,6 +1067,9 @@ IPCREF_API ipcref_result ipcref_view_from_dlpack_versioned(
  * embeds it and carries the calls over whatever it already uses. The
  * dealloc hook names each object that must go and the stores that hold it.
  *
+ * A cycle of containment (a holds b, b holds a) is never freed, as with
+ * any reference counting; an object cannot contain its own id.
+ *
  * The rules, checked (a breach is reported to the violation hook and
  * changes nothing: never an early free):
  *   - a count never goes below zero (decref, msg_in of a spent message);
@@ -6729,7 +6732,12 @@ IPCREF_PRIVATE void ipcref__tpin_release(void *user, void *data) {
   (void)data;
   ipcref__tlock(pin->t);
   x = (ipcref__tid *)ipcref__thash_get(&pin->t->ids, pin->id);
-  if (x && x->count) ipcref__tdrop(pin->t, x); /* alive: the pin held it */
+  if (x && x->count)
+    ipcref__tdrop(pin->t, x); /* alive: the pin held it */
+  else                        /* someone let go of the pin's reference too */
+    (void)ipcref__tbreach(pin->t, pin->id, IPCREF_EDEAD,
+                          "a pulled view's reference was decremented by "
+                          "someone else");
   ipcref__tunlock(pin->t);
   ipcref_buf_release(pin->src);
   ipcref__table_unref(pin->t);
