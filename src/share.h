@@ -504,6 +504,20 @@ typedef struct ipcref__block {
   void *ptr; /* a wrap's address */
 } ipcref__block;
 
+/* An alias of a shared buffer made here: a buffer of its own over the same
+ * block, exportable like it, whose holds (its own buffer, and every lease
+ * taken through it) are counted apart; when the last goes, `fn(user)`
+ * runs and the source buffer is released, after the context's lock is let
+ * go. The object table's pulled views are such aliases. */
+typedef struct ipcref__alias {
+  ipcref__block *block;
+  ipcref_buf *src;
+  uint32_t holds;
+  void (*fn)(void *user);
+  void *user;
+  struct ipcref__alias *next; /* on ctx->unpinned */
+} ipcref__alias;
+
 /* The segments of one kind of memory, by size class: host memory, or one
  * device of one backend. */
 #define IPCREF__CLASSES        40
@@ -549,6 +563,7 @@ typedef struct ipcref__lease {
   ipcref__watch *watch; /* and its watch (NULL: watched by pid alone) */
   ipcref_backend *be;   /* device: the event recorded for this hand-off, */
   void *event;          /* kept until the lease ends */
+  struct ipcref__alias *alias; /* taken through an alias: one of its holds */
 } ipcref__lease;
 
 struct ipcref__ledger {
@@ -639,6 +654,7 @@ struct ipcref_ctx {
   ipcref__pool *pools; /* each device's */
   ipcref_backend *backends[8];
   ipcref__block *released;         /* wraps to hand back after the unlock */
+  ipcref__alias *unpinned;         /* aliases to end after the unlock */
   struct ipcref__import *deferred; /* device releases waiting for a fence */
   struct ipcref__import *finished; /* and those to return after the unlock */
   int owner_gone;                  /* atomic: ipcref_ctx_free was called */
@@ -692,9 +708,18 @@ IPCREF_PRIVATE void ipcref__import_finish(struct ipcref__import *imp);
 IPCREF_PRIVATE void ipcref__unlock(ipcref_ctx *ctx) {
   ipcref__block *b = ctx->released;
   struct ipcref__import *imp = ctx->finished;
+  ipcref__alias *a = ctx->unpinned;
   ctx->released = NULL;
   ctx->finished = NULL;
+  ctx->unpinned = NULL;
   pthread_mutex_unlock(&ctx->lock);
+  while (a) { /* aliases whose last hold went */
+    ipcref__alias *next = a->next;
+    a->fn(a->user);
+    ipcref_buf_release(a->src);
+    IPCREF_FREE(a);
+    a = next;
+  }
   while (b) {
     ipcref__block *next = b->limbo_next;
     if (b->release) b->release(b->user, b->ptr);
@@ -1038,6 +1063,14 @@ IPCREF_PRIVATE ipcref_result ipcref__block_alloc(ipcref_ctx *ctx,
   return IPCREF_OK;
 }
 
+/* One hold of an alias less (under the lock); the last ends it after the
+ * unlock. */
+IPCREF_PRIVATE void ipcref__alias_drop(ipcref_ctx *ctx, ipcref__alias *a) {
+  if (--a->holds) return;
+  a->next = ctx->unpinned;
+  ctx->unpinned = a;
+}
+
 IPCREF_PRIVATE void ipcref__block_free(ipcref_ctx *ctx, ipcref__block *b) {
   ipcref__segment *s = b->seg;
   if (s->cls == IPCREF__FOREIGN) { /* back to its owner, after the unlock */
@@ -1167,6 +1200,8 @@ IPCREF_PRIVATE int ipcref__lease_free(ipcref_ctx *ctx, ipcref__ledger *l,
   if (l->leases[slot].event)
     l->leases[slot].be->event_free(l->leases[slot].be, l->leases[slot].event);
   l->leases[slot].event = NULL;
+  if (l->leases[slot].alias) ipcref__alias_drop(ctx, l->leases[slot].alias);
+  l->leases[slot].alias = NULL;
   l->live--;
   __atomic_store_n(&slots[2 * (size_t)slot],
                    ((uint64_t)gen << 2) | IPCREF__SLOT_FREE, __ATOMIC_RELEASE);
@@ -1709,10 +1744,58 @@ IPCREF_PRIVATE void ipcref__block_release(void *user, void *data) {
 }
 
 IPCREF_PRIVATE void ipcref__import_release(void *user, void *data);
+IPCREF_PRIVATE void ipcref__alias_release(void *user, void *data);
 
 IPCREF_API int ipcref_buf_is_shared(const ipcref_buf *b) {
   return b && (b->release == ipcref__block_release ||
-               b->release == ipcref__import_release);
+               b->release == ipcref__import_release ||
+               b->release == ipcref__alias_release);
+}
+
+/* The release callback of an alias's own buffer. */
+IPCREF_PRIVATE void ipcref__alias_release(void *user, void *data) {
+  ipcref__alias *a = (ipcref__alias *)user;
+  ipcref_ctx *ctx = a->block->seg->ctx;
+  (void)data;
+  IPCREF__LOCK(ctx);
+  ipcref__alias_drop(ctx, a);
+  IPCREF__UNLOCK(ctx);
+}
+
+/* The block behind a shared buffer made here (itself or an alias), or
+ * NULL. */
+IPCREF_PRIVATE ipcref__block *ipcref__local_block(const ipcref_buf *b) {
+  if (!b) return NULL;
+  if (b->release == ipcref__block_release)
+    return (ipcref__block *)b->release_user;
+  if (b->release == ipcref__alias_release)
+    return ((ipcref__alias *)b->release_user)->block;
+  return NULL;
+}
+
+/* An alias of `src` (see ipcref__alias) into *out, read-only when `src`
+ * is: 1 when made, 0 when `src` is not a shared buffer made here, -1 when
+ * out of memory. */
+IPCREF_PRIVATE int ipcref__shared_alias(ipcref_buf *src, void (*fn)(void *),
+                                        void *user, ipcref_buf **out) {
+  ipcref__block *blk = ipcref__local_block(src);
+  ipcref__alias *a;
+  if (!blk) return 0;
+  a = (ipcref__alias *)IPCREF_MALLOC(sizeof *a);
+  if (!a) return -1;
+  a->block = blk;
+  a->src = src;
+  a->holds = 1; /* its own buffer */
+  a->fn = fn;
+  a->user = user;
+  a->next = NULL;
+  if (ipcref_buf_wrap_device(src->data, src->size, ipcref_buf_device(src),
+                             ipcref__alias_release, a, out) != IPCREF_OK) {
+    IPCREF_FREE(a);
+    return -1;
+  }
+  ipcref_buf_retain(src);
+  return 1;
 }
 
 IPCREF_PRIVATE void ipcref__block_release(void *user, void *data);
@@ -2472,10 +2555,8 @@ IPCREF_PRIVATE ipcref_result ipcref__events_record(const ipcref_view *views,
   for (i = 0; i < n; i++) {
     ipcref__block *b;
     ipcref_result r;
-    if (!views[i].buf || views[i].buf->release != ipcref__block_release)
-      continue;
-    b = (ipcref__block *)views[i].buf->release_user;
-    if (!b->seg->pool->be) continue;
+    b = ipcref__local_block(views[i].buf);
+    if (!b || !b->seg->pool->be) continue;
     ev[i].be = b->seg->pool->be;
     r = ev[i].be->event_record(ev[i].be, b->seg->pool->dev, stream,
                                ev[i].handle, &ev[i].event);
@@ -2500,8 +2581,8 @@ ipcref__lease_take(ipcref_peer *p, const ipcref_view *v, ipcref__view_event *ev,
   uint64_t nonce, seg_id, ledger_id, seg_size;
   uint32_t origin_pid, ledger_n;
   memset(r, 0, sizeof *r);
-  if (buf->release == ipcref__block_release) {
-    ipcref__block *b = (ipcref__block *)buf->release_user;
+  if (ipcref__local_block(buf)) {
+    ipcref__block *b = ipcref__local_block(buf);
     ipcref__ledger *l = p->ledger;
     uint64_t *slots;
     ipcref_result res;
@@ -2524,6 +2605,10 @@ ipcref__lease_take(ipcref_peer *p, const ipcref_view *v, ipcref__view_event *ev,
              1u;
     l->leases[r->slot].block = b;
     l->leases[r->slot].gen = r->gen;
+    if (buf->release == ipcref__alias_release) { /* a hold of the alias */
+      l->leases[r->slot].alias = (ipcref__alias *)buf->release_user;
+      l->leases[r->slot].alias->holds++;
+    }
     l->live++;
     b->leases++;
     ctx->st.live_slots++;

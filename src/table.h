@@ -427,10 +427,11 @@ IPCREF_PRIVATE void ipcref__table_unref(ipcref_table *t) {
   for (i = 0; i < t->ids.cap; i++) {
     ipcref__tid *x = (ipcref__tid *)t->ids.vals[i];
     if (!t->ids.keys[i]) continue;
-    if (x->obj->ids == x) { /* the object goes with its first listed id */
+    if (x->obj) { /* the first of its ids met: all are still here */
+      ipcref__tobj *o = x->obj;
       ipcref__tid *y;
-      for (y = x->next; y; y = y->next) y->obj = NULL;
-      IPCREF_FREE(x->obj);
+      for (y = o->ids; y; y = y->next) y->obj = NULL;
+      IPCREF_FREE(o);
     }
     IPCREF_FREE(x->contained);
     IPCREF_FREE(x->stores);
@@ -446,7 +447,11 @@ IPCREF_PRIVATE void ipcref__table_unref(ipcref_table *t) {
 }
 
 IPCREF_API void ipcref_table_free(ipcref_table *t) {
-  if (t) ipcref__table_unref(t);
+  if (!t) return;
+  ipcref__tlock(t); /* no hook is called any more, whatever still runs */
+  memset(&t->hooks, 0, sizeof t->hooks);
+  ipcref__tunlock(t);
+  ipcref__table_unref(t);
 }
 
 IPCREF_API ipcref_result ipcref_table_create(ipcref_table *t, ipcref_id *out) {
@@ -711,15 +716,16 @@ typedef struct ipcref__tpin {
   ipcref_buf *src;
 } ipcref__tpin;
 
-IPCREF_PRIVATE void ipcref__tpin_release(void *user, void *data) {
+/* The pin's end: the table reference goes, and the source buffer (unless
+ * a shared alias releases it itself: src NULL). */
+IPCREF_PRIVATE void ipcref__tpin_end(void *user) {
   ipcref__tpin *pin = (ipcref__tpin *)user;
-  ipcref__tid *x;
-  (void)data;
+  ipcref__tid *x = NULL;
   ipcref__tlock(pin->t);
-  x = (ipcref__tid *)ipcref__thash_get(&pin->t->ids, pin->id);
+  if (pin->id) x = (ipcref__tid *)ipcref__thash_get(&pin->t->ids, pin->id);
   if (x && x->count)
     ipcref__tdrop(pin->t, x); /* alive: the pin held it */
-  else                        /* someone let go of the pin's reference too */
+  else if (pin->id)           /* someone let go of the pin's reference too */
     (void)ipcref__tbreach(pin->t, pin->id, IPCREF_EDEAD,
                           "a pulled view's reference was decremented by "
                           "someone else");
@@ -727,6 +733,11 @@ IPCREF_PRIVATE void ipcref__tpin_release(void *user, void *data) {
   ipcref_buf_release(pin->src);
   ipcref__table_unref(pin->t);
   IPCREF_FREE(pin);
+}
+
+IPCREF_PRIVATE void ipcref__tpin_release(void *user, void *data) {
+  (void)data;
+  ipcref__tpin_end(user);
 }
 
 IPCREF_API ipcref_result ipcref_table_view(ipcref_table *t, ipcref_id id,
@@ -742,13 +753,26 @@ IPCREF_API ipcref_result ipcref_table_view(ipcref_table *t, ipcref_id id,
   pin->t = t;
   pin->id = id;
   pin->src = src->buf;
-  r = ipcref_buf_wrap_device(src->buf->data, src->buf->size,
-                             ipcref_buf_device(src->buf), ipcref__tpin_release,
-                             pin, &b);
-  if (r != IPCREF_OK) {
-    IPCREF_FREE(pin);
-    return r;
+#ifdef IPCREF_HAVE_SHARING
+  /* A shared buffer made here: the pulled view is an alias of it, which
+   * can be sent on, and the table reference lives until the alias and
+   * every lease taken through it are gone. */
+  switch (ipcref__shared_alias(src->buf, ipcref__tpin_end, pin, &b)) {
+  case 1: pin->src = NULL; break; /* the alias releases it */
+  case -1: IPCREF_FREE(pin); return IPCREF_ENOMEM;
+  default:
+#endif
+    r = ipcref_buf_wrap_device(src->buf->data, src->buf->size,
+                               ipcref_buf_device(src->buf),
+                               ipcref__tpin_release, pin, &b);
+    if (r != IPCREF_OK) {
+      IPCREF_FREE(pin);
+      return r;
+    }
+    ipcref_buf_retain(src->buf);
+#ifdef IPCREF_HAVE_SHARING
   }
+#endif
   ipcref__tlock(t);
   x = ipcref__tfind(t, id, &r);
   if (x)
@@ -756,14 +780,13 @@ IPCREF_API ipcref_result ipcref_table_view(ipcref_table *t, ipcref_id id,
   else
     r = ipcref__tbreach(t, id, r, "pull of an id that is gone or unknown");
   ipcref__tunlock(t);
-  if (r != IPCREF_OK) { /* nothing held: the wrapper goes without a trace */
-    b->release = NULL;
+  if (r != IPCREF_OK) { /* the pin took nothing from the table */
+    pin->id = 0;
+    __atomic_fetch_add(&t->refs, 1, __ATOMIC_RELAXED); /* the pin's end */
     ipcref_buf_release(b);
-    IPCREF_FREE(pin);
     return r;
   }
   __atomic_fetch_add(&t->refs, 1, __ATOMIC_RELAXED);
-  ipcref_buf_retain(src->buf);
   ipcref__buf_set_read_only(b); /* others see the same memory */
   *out = *src;
   out->buf = b;

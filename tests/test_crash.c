@@ -1872,8 +1872,9 @@ static int new_entries(const char *dir, const name_set *before) {
     for (n = 0, i = 0; i < now.n; i++) {
       char path[600];
       if (names_has(before, now.names[i])) continue;
-      if (under_valgrind && strncmp(now.names[i], "vgdb-pipe-", 10) == 0)
-        continue;
+      /* valgrind's own files (this run's, or another valgrind's on the
+       * machine): not ipcref's. */
+      if (strncmp(now.names[i], "vgdb-pipe-", 10) == 0) continue;
       snprintf(path, sizeof path, "%s/%s", dir, now.names[i]);
       if (open_elsewhere(path)) continue;
       if (tries == 50) printf("    new in %s: %s\n", dir, now.names[i]);
