@@ -21,7 +21,7 @@ HEADERS := ipcref.h $(wildcard ipcref_cuda.h ipcref_hip.h)
 # backend's prefix changes line lengths; their sources are.
 FORMATTED := $(wildcard src/*.h tests/*.c tests/*.h tests/*/*.c tests/*/*.h \
                         examples/*.c bench/*.c bench/*.h) ipcref.h
-EXAMPLES := threads_demo share_demo
+EXAMPLES := threads_demo share_demo object_store
 
 .PHONY: all check test soak demo bench format format-check install uninstall clean
 

@@ -128,8 +128,12 @@ IPCREF_API ipcref_result ipcref_table_count(ipcref_table *t, ipcref_id id,
  * `id`, dropped when the last reference to the new view's buffer goes. So
  * a worker that pulled an object's data by `id` keeps it readable after
  * its own handle on `id` is gone: the store cannot free it underneath.
- * The table stays allocated while such views live (ipcref_table_free
- * included). Errors: EINVAL, EDEAD, ENOMEM. */
+ * When `src` is a shared buffer made in this process, the new view is an
+ * alias of it, itself shared: it can be sent to another process, and the
+ * table reference then lasts until the alias and every lease taken
+ * through it are gone (the consumer's release, then a sweep). The table
+ * stays allocated while such views live (ipcref_table_free included; no
+ * hook is called after it). Errors: EINVAL, EDEAD, ENOMEM. */
 IPCREF_API ipcref_result ipcref_table_view(ipcref_table *t, ipcref_id id,
                                            const ipcref_view *src,
                                            ipcref_view *out);

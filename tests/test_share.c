@@ -2201,6 +2201,64 @@ static int detect_valgrind(void) {
  * consumer's imported one (both ends in this process, over a socketpair)
  * stay valid, and the last release tears each context down, leaving no fd
  * and no mapping behind. */
+/* The object table's pull across processes: a table view of a shared
+ * buffer is itself shared (an alias of the block), so it can be sent, and
+ * its table reference lasts until the consumer's lease comes back, after
+ * the producer dropped both its handle on the id and its views. */
+static int table_deallocs;
+static void count_dealloc(void *user, ipcref_id id, const uint32_t *stores,
+                          size_t nstores) {
+  (void)user, (void)id, (void)stores, (void)nstores;
+  table_deallocs++;
+}
+
+static void test_table_view_sent(void) {
+  ipcref_table_hooks hooks = {count_dealloc, NULL, NULL};
+  const int64_t shape[1] = {1024};
+  ipcref_ctx *prod = NULL, *cons = NULL;
+  ipcref_peer *pp = NULL, *cp = NULL;
+  ipcref_table *t = NULL;
+  ipcref_view v, tv, got;
+  ipcref_stats st;
+  ipcref_id id;
+  int sv[2], i, bad = 0;
+  table_deallocs = 0;
+  CHECK_EQ(socketpair(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0, sv), 0);
+  CHECK_EQ(ipcref_ctx_new(NULL, &prod), IPCREF_OK);
+  CHECK_EQ(ipcref_ctx_new(NULL, &cons), IPCREF_OK);
+  CHECK_EQ(ipcref_peer_new(prod, sv[0], &pp), IPCREF_OK);
+  CHECK_EQ(ipcref_peer_new(cons, sv[1], &cp), IPCREF_OK);
+  CHECK_EQ(ipcref_table_new(&hooks, &t), IPCREF_OK);
+  CHECK_EQ(ipcref_table_create(t, &id), IPCREF_OK);
+  CHECK_EQ(ipcref_view_new_shared(prod, IPCREF_I32, 1, shape, &v), IPCREF_OK);
+  for (i = 0; i < 1024; i++) ((int32_t *)ipcref_view_data_mut(&v))[i] = i;
+  CHECK_EQ(ipcref_table_view(t, id, &v, &tv), IPCREF_OK);
+  CHECK(ipcref_buf_is_shared(tv.buf));
+  CHECK(ipcref_view_data_mut(&tv) == NULL); /* read-only: others see it */
+  CHECK_EQ(ipcref_send(pp, &tv), IPCREF_OK);
+  ipcref_view_release(&tv);
+  ipcref_view_release(&v);
+  CHECK_EQ(ipcref_table_decref(t, id), IPCREF_OK); /* the handle goes */
+  CHECK_EQ(table_deallocs, 0);                     /* the lease holds it */
+  CHECK_EQ(ipcref_recv(cp, &got, 5000), IPCREF_OK);
+  for (i = 0; i < 1024; i++)
+    bad += ((const int32_t *)ipcref_buf_data(got.buf))[i] != i;
+  CHECK_EQ(bad, 0);
+  ipcref_collect(prod);
+  CHECK_EQ(table_deallocs, 0);
+  ipcref_view_release(&got); /* the lease comes back */
+  ipcref_collect(prod);      /* the sweep ends the alias, then the pin */
+  CHECK_EQ(table_deallocs, 1);
+  CHECK_EQ(ipcref_ctx_stats(prod, &st), IPCREF_OK);
+  CHECK_EQ(st.live_bufs, 0);
+  CHECK_EQ(st.live_slots, 0);
+  ipcref_table_free(t);
+  ipcref_peer_free(cp);
+  ipcref_peer_free(pp);
+  ipcref_ctx_free(cons);
+  ipcref_ctx_free(prod);
+}
+
 static void test_ctx_free_with_live_buffers(void) {
   res_mark m;
   int sv[2];
@@ -2413,6 +2471,7 @@ int main(void) {
   RUN(test_wrong_arguments);
   RUN(test_wrong_arguments_with_peer);
   RUN(test_ctx_free_with_live_buffers);
+  RUN(test_table_view_sent);
   RUN(test_consumer_killed);
   RUN(test_middleman_killed);
   return harness_finish();
