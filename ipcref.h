@@ -1132,9 +1132,9 @@ IPCREF_API void ipcref_table_free(ipcref_table *t);
 IPCREF_API ipcref_result ipcref_table_create(ipcref_table *t, ipcref_id *out);
 
 /* One more / one less reference on `id` (a worker's handle). The last
- * reference of an object deallocates it (see the hooks). Errors: EINVAL
- * (t NULL, an id never handed out), EDEAD (decref at zero, or the object
- * is gone), ENOMEM. */
+ * reference of an object deallocates it (see the hooks); that never
+ * allocates, so it cannot fail. Errors: EINVAL (t NULL, an id never handed
+ * out), EDEAD (decref at zero, or the object is gone). */
 IPCREF_API ipcref_result ipcref_table_incref(ipcref_table *t, ipcref_id id);
 IPCREF_API ipcref_result ipcref_table_decref(ipcref_table *t, ipcref_id id);
 
@@ -1163,7 +1163,7 @@ IPCREF_API ipcref_result ipcref_table_msg_cancel(ipcref_table *t,
 /* Ids `a` and `b` name one object: it lives while either is above zero
  * (counts stay per id), and the object is deallocated once, naming the
  * first id of the group and every store either was put in. Errors: EINVAL,
- * EDEAD (one of them is gone already: a violation, reported). */
+ * EDEAD (one of them is gone already: a violation, reported), ENOMEM. */
 IPCREF_API ipcref_result ipcref_table_alias(ipcref_table *t, ipcref_id a,
                                             ipcref_id b);
 
@@ -6261,20 +6261,6 @@ typedef struct ipcref__tid {
   int put;                        /* put at least once */
 } ipcref__tid;
 
-typedef struct ipcref__tobj {
-  ipcref_id first;  /* its smallest id: the name the dealloc hook gets */
-  uint64_t total;   /* the sum of its ids' counts */
-  ipcref__tid *ids; /* the list */
-  size_t nids;
-  struct ipcref__tobj *next_free; /* on the dealloc worklist */
-} ipcref__tobj;
-
-/* A message in flight: the ids it carries. */
-typedef struct ipcref__tmsg {
-  size_t n;
-  ipcref_id ids[1]; /* n of them */
-} ipcref__tmsg;
-
 /* What a call owes the hooks, told after the lock is let go. */
 typedef struct ipcref__tnote {
   ipcref_id id;
@@ -6282,8 +6268,29 @@ typedef struct ipcref__tnote {
   const char *what;
   uint32_t *stores; /* dealloc: the stores (owned) */
   size_t nstores;
+  void *owner; /* what to free after telling: the note, or its object */
   struct ipcref__tnote *next;
 } ipcref__tnote;
+
+typedef struct ipcref__tobj {
+  ipcref_id first;  /* its smallest id: the name the dealloc hook gets */
+  uint64_t total;   /* the sum of its ids' counts */
+  ipcref__tid *ids; /* the list */
+  size_t nids;
+  struct ipcref__tobj *next_free; /* on the dealloc worklist */
+  /* Its dealloc note, made in place: freeing never allocates, so it can
+   * never fail halfway. `stores` has room for every store of its ids,
+   * reserved by put and alias (which can say ENOMEM before changing
+   * anything). */
+  ipcref__tnote note;
+  size_t nstores, room; /* stores of its ids (with repeats); reserved */
+} ipcref__tobj;
+
+/* A message in flight: the ids it carries. */
+typedef struct ipcref__tmsg {
+  size_t n;
+  ipcref_id ids[1]; /* n of them */
+} ipcref__tmsg;
 
 /* An open-addressing hash from nonzero 64-bit keys to pointers (linear
  * probing; deletion shifts back, so there are no tombstones). */
@@ -6421,7 +6428,7 @@ IPCREF_PRIVATE void ipcref__tunlock(ipcref_table *t) {
       h.violation(h.user, n->id, n->code, n->what);
     }
     IPCREF_FREE(n->stores);
-    IPCREF_FREE(n);
+    IPCREF_FREE(n->owner ? n->owner : n);
     n = next;
   }
 }
@@ -6450,21 +6457,16 @@ IPCREF_PRIVATE void ipcref__tdealloc(ipcref_table *t, ipcref__tobj *o) {
   o->next_free = NULL;
   while (work) {
     ipcref__tobj *cur = work;
-    ipcref__tnote *note = (ipcref__tnote *)IPCREF_MALLOC(sizeof *note);
-    size_t nstores = 0, k;
+    ipcref__tnote *note = &cur->note;
+    size_t k;
     ipcref__tid *x;
     work = cur->next_free;
-    for (x = cur->ids; x; x = x->next) nstores += x->nstores;
-    if (note) {
-      memset(note, 0, sizeof *note);
-      note->id = cur->first;
-      note->stores = nstores ? (uint32_t *)IPCREF_MALLOC(nstores * 4) : NULL;
-    }
+    note->id = cur->first;
+    note->owner = cur;
     while ((x = cur->ids) != NULL) {
       cur->ids = x->next;
-      for (k = 0; k < x->nstores; k++) { /* the union of the stores */
+      for (k = 0; k < x->nstores; k++) { /* the union, in the room kept */
         size_t j;
-        if (!note || !note->stores) break;
         for (j = 0; j < note->nstores && note->stores[j] != x->stores[k]; j++) {
         }
         if (j == note->nstores) note->stores[note->nstores++] = x->stores[k];
@@ -6472,7 +6474,12 @@ IPCREF_PRIVATE void ipcref__tdealloc(ipcref_table *t, ipcref__tobj *o) {
       for (k = 0; k < x->ncontained; k++) {
         ipcref__tid *c =
             (ipcref__tid *)ipcref__thash_get(&t->ids, x->contained[k]);
-        if (!c) continue; /* cannot be: it held a reference */
+        if (!c) continue;    /* cannot be: it held a reference */
+        if (c->count == 0) { /* its reference was taken by someone else */
+          (void)ipcref__tbreach(t, c->id, IPCREF_EDEAD,
+                                "a contained id's count went below zero");
+          continue;
+        }
         c->count--;
         if (--c->obj->total == 0 && c->obj != cur) {
           c->obj->next_free = work;
@@ -6486,12 +6493,23 @@ IPCREF_PRIVATE void ipcref__tdealloc(ipcref_table *t, ipcref__tobj *o) {
     }
     t->objects--;
     t->deallocs++;
-    if (note) { /* out of memory: freed, not told */
-      *t->notes_tail = note;
-      t->notes_tail = &note->next;
-    }
-    IPCREF_FREE(cur);
+    *t->notes_tail = note; /* the object is freed after the hook */
+    t->notes_tail = &note->next;
   }
+}
+
+/* Makes room in `o`'s dealloc note for `need` stores (under the lock). 0
+ * on ENOMEM, with nothing changed. */
+IPCREF_PRIVATE int ipcref__troom(ipcref__tobj *o, size_t need) {
+  size_t room = o->room ? o->room * 2 : 4;
+  uint32_t *s;
+  if (need <= o->room) return 1;
+  while (room < need) room *= 2;
+  s = (uint32_t *)IPCREF_REALLOC(o->note.stores, room * sizeof *s);
+  if (!s) return 0;
+  o->note.stores = s;
+  o->room = room;
+  return 1;
 }
 
 /* One reference less on `x` (under the lock; its count is above zero). */
@@ -6535,6 +6553,7 @@ IPCREF_PRIVATE void ipcref__table_unref(ipcref_table *t) {
       ipcref__tobj *o = x->obj;
       ipcref__tid *y;
       for (y = o->ids; y; y = y->next) y->obj = NULL;
+      IPCREF_FREE(o->note.stores);
       IPCREF_FREE(o);
     }
     IPCREF_FREE(x->contained);
@@ -6671,7 +6690,12 @@ IPCREF_API ipcref_result ipcref_table_put(ipcref_table *t, ipcref_id id,
       x->stores = s;
       x->cap = cap;
     }
+    if (!ipcref__troom(x->obj, x->obj->nstores + 1)) {
+      r = IPCREF_ENOMEM;
+      goto out;
+    }
     x->stores[x->nstores++] = store;
+    x->obj->nstores++;
   }
   if (!x->put) {
     for (i = 0; i < n; i++)
@@ -6735,8 +6759,14 @@ IPCREF_PRIVATE ipcref_result ipcref__table_msg_end(ipcref_table *t,
     ipcref__thash_del(&t->msgs, token);
     for (i = 0; i < m->n; i++) {
       ipcref__tid *x = (ipcref__tid *)ipcref__thash_get(&t->ids, m->ids[i]);
-      if (x) ipcref__tdrop(t, x); /* alive: the message held it */
+      if (x && x->count)
+        ipcref__tdrop(t, x); /* alive: the message held it */
+      else                   /* its reference was taken by someone else */
+        (void)ipcref__tbreach(t, m->ids[i], IPCREF_EDEAD,
+                              "a message's id went below zero");
     }
+  } else if (token < t->next_token) { /* spent: a second msg_in/cancel */
+    (void)ipcref__tbreach(t, 0, IPCREF_EINVAL, "a message let go of twice");
   }
   ipcref__tunlock(t);
   IPCREF_FREE(m);
@@ -6774,6 +6804,12 @@ IPCREF_API ipcref_result ipcref_table_alias(ipcref_table *t, ipcref_id a,
   if (x->obj != y->obj) { /* merge the smaller group into the larger */
     big = x->obj->nids >= y->obj->nids ? x->obj : y->obj;
     small = big == x->obj ? y->obj : x->obj;
+    if (!ipcref__troom(big, big->nstores + small->nstores)) {
+      ipcref__tunlock(t);
+      return IPCREF_ENOMEM;
+    }
+    big->nstores += small->nstores;
+    IPCREF_FREE(small->note.stores);
     for (last = small->ids; last->next; last = last->next) last->obj = big;
     last->obj = big;
     last->next = big->ids;
