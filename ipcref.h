@@ -5391,6 +5391,33 @@ IPCREF_PRIVATE void *ipcref__map_addr(const ipcref__map *m, uint64_t offset) {
                       : (void *)(m->base + offset);
 }
 
+/* Fresh mappings join the cache (under the lock). */
+IPCREF_PRIVATE void ipcref__maps_commit(ipcref_ctx *ctx, ipcref__map **fresh,
+                                        int n) {
+  int k;
+  for (k = 0; k < n; k++) {
+    IPCREF__LIST_PUSH(ctx->maps, fresh[k], next, prev);
+    if (fresh[k]->kind == 2)
+      ctx->st.counter_files++;
+    else
+      ctx->st.mapped_segments++;
+  }
+}
+
+/* Gives back the leases of records [from, n) that will not be used: each
+ * is marked imported (a replay is refused) and returned to its ledger. */
+IPCREF_PRIVATE void ipcref__leases_give_back(const ipcref__view_rec *recs,
+                                             ipcref__map **ledm, int from,
+                                             int n) {
+  int k;
+  for (k = from; k < n; k++) {
+    uint64_t e =
+        ipcref__ring_entry(IPCREF__RING_RELEASE, recs[k].slot, recs[k].gen);
+    ledm[k]->imported[recs[k].slot] = recs[k].gen + 1u;
+    ipcref__ring_push(ledm[k]->base, ledm[k]->nslots, &e, 1, NULL);
+  }
+}
+
 /* Imports a received record with its fds (takes the fds). `views` gets
  * one view per record. */
 IPCREF_PRIVATE ipcref_result ipcref__import_bytes(
@@ -5505,20 +5532,9 @@ IPCREF_PRIVATE ipcref_result ipcref__import_bytes(
   for (i = 0; i < n; i++)
     if (segm[i]->kind == 3 && !segm[i]->be) {
       r = IPCREF_ENODEV;
-      for (k = 0; k < nfresh; k++) { /* the peer counts them as sent */
-        IPCREF__LIST_PUSH(ctx->maps, fresh[k], next, prev);
-        if (fresh[k]->kind == 2)
-          ctx->st.counter_files++;
-        else
-          ctx->st.mapped_segments++;
-      }
+      ipcref__maps_commit(ctx, fresh, nfresh); /* the peer counts them sent */
       nfresh = 0;
-      for (k = 0; k < n; k++) {
-        uint64_t e =
-            ipcref__ring_entry(IPCREF__RING_RELEASE, recs[k].slot, recs[k].gen);
-        ledm[k]->imported[recs[k].slot] = recs[k].gen + 1u;
-        ipcref__ring_push(ledm[k]->base, ledm[k]->nslots, &e, 1, NULL);
-      }
+      ipcref__leases_give_back(recs, ledm, 0, n);
       goto unlock;
     }
   /* Device data: the stream waits for the producer's writes (also when
@@ -5531,13 +5547,7 @@ IPCREF_PRIVATE ipcref_result ipcref__import_bytes(
     }
   /* Commit: the new mappings join the cache, and each view gets a buffer
    * whose death returns its lease. */
-  for (k = 0; k < nfresh; k++) {
-    IPCREF__LIST_PUSH(ctx->maps, fresh[k], next, prev);
-    if (fresh[k]->kind == 2)
-      ctx->st.counter_files++;
-    else
-      ctx->st.mapped_segments++;
-  }
+  ipcref__maps_commit(ctx, fresh, nfresh);
   nfresh = 0;
   ctx->st.fds_received += (uint64_t)nfd;
   r = IPCREF_OK;
@@ -5554,12 +5564,7 @@ IPCREF_PRIVATE ipcref_result ipcref__import_bytes(
                                ipcref__import_release, imp, &b) != IPCREF_OK) {
       /* Out of memory: give back the leases we cannot use. */
       IPCREF_FREE(imp);
-      for (k = i; k < n; k++) {
-        uint64_t e =
-            ipcref__ring_entry(IPCREF__RING_RELEASE, recs[k].slot, recs[k].gen);
-        ledm[k]->imported[recs[k].slot] = recs[k].gen + 1u;
-        ipcref__ring_push(ledm[k]->base, ledm[k]->nslots, &e, 1, NULL);
-      }
+      ipcref__leases_give_back(recs, ledm, i, n);
       r = IPCREF_ENOMEM;
       break;
     }
