@@ -1897,6 +1897,82 @@ static void test_self_import_one_ctx(const kind *k) {
 GPU_TEST(test_self_import_one_ctx, cuda, &K_CUDA)
 GPU_TEST(test_self_import_one_ctx, hip, &K_HIP)
 
+/* A producer that claims a device segment larger than the allocation the
+ * driver opens is refused (EPROTO, nothing kept); the genuine message
+ * still imports. The segment record (kind 3) is patched in a copy. */
+static void test_lying_size(const kind *k) {
+  int sv[2], i;
+  size_t pos = 24;
+  gdrv d;
+  ipcref_ctx *ctx;
+  ipcref_peer *pa, *pb;
+  ipcref_buf *b = NULL;
+  ipcref_msg msg, lie;
+  ipcref_view v, w;
+  memset(&w, 0, sizeof w);
+  pair(sv);
+  if (g_open(k, &d) != IPCREF_OK) {
+    close(sv[0]);
+    close(sv[1]);
+    return;
+  }
+  ctx = mkctx(SEG, &d);
+  pa = mkpeer(ctx, sv[0]);
+  pb = mkpeer(ctx, sv[1]);
+  CHECK_EQ(g_alloc(ctx, k, 0, 4096, &b), IPCREF_OK);
+  if (b) {
+    dev_fill(&d, ipcref_buf_data(b), 4096, 0x5a, 0);
+    v = u32_view(b, 4096);
+    CHECK_EQ(ipcref_export(pa, &v, &msg), IPCREF_OK);
+    lie = msg;
+    for (i = 0; i < lie.nfds; i++)
+      lie.fds[i] = fcntl(msg.fds[i], F_DUPFD_CLOEXEC, 0);
+    lie.origin = NULL;
+    for (i = 0; i < (int)(lie.bytes[8] | lie.bytes[9] << 8); i++) {
+      if (lie.bytes[pos] == 3) { /* the size: 8 bytes at 22, one more page */
+        uint64_t size = 0;
+        int j;
+        for (j = 7; j >= 0; j--) size = size << 8 | lie.bytes[pos + 22 + j];
+        size += 4096;
+        for (j = 0; j < 8; j++)
+          lie.bytes[pos + 22 + j] = (unsigned char)(size >> (8 * j));
+      }
+      pos += 30 + (lie.bytes[pos] == 3 ? 72 : 0);
+    }
+    /* The view's segment size too (at 20 in its record, past the retired
+     * ids), so that only the driver's own answer can tell. */
+    pos += 8 * (size_t)(lie.bytes[10] | lie.bytes[11] << 8);
+    {
+      uint64_t size = 0;
+      int j;
+      for (j = 7; j >= 0; j--) size = size << 8 | lie.bytes[pos + 20 + j];
+      size += 4096;
+      for (j = 0; j < 8; j++)
+        lie.bytes[pos + 20 + j] = (unsigned char)(size >> (8 * j));
+    }
+    CHECK_EQ(ipcref_import(pb, &lie, &w), IPCREF_EPROTO);
+    CHECK(w.buf == NULL);
+    CHECK_EQ(ipcref_import(pb, &msg, &w), IPCREF_OK);
+    if (w.buf) CHECK(dev_check(&d, view_ptr(&w), 4096, 0x5a, 0));
+    ipcref_view_release(&v);
+    ipcref_buf_release(b);
+    ipcref_view_release(&w);
+  }
+  ipcref_collect(ctx);
+  {
+    ipcref_stats st = stats(ctx);
+    CHECK_EQ(st.live_slots, 0);
+    CHECK_EQ(st.limbo_blocks, 0);
+    CHECK_EQ(st.imported_bufs, 0);
+  }
+  ipcref_peer_free(pa);
+  ipcref_peer_free(pb);
+  ipcref_ctx_free(ctx);
+  g_close(&d);
+}
+GPU_TEST(test_lying_size, cuda, &K_CUDA)
+GPU_TEST(test_lying_size, hip, &K_HIP)
+
 /* Memory legacy IPC cannot export (VMM, pools): wrapping works, sending
  * is refused with EINVAL and a message naming legacy IPC, nothing leaks,
  * and the peer still works afterwards. */
@@ -2552,6 +2628,8 @@ int main(void) {
   RUN(test_self_import_hip);
   RUN(test_self_import_one_ctx_cuda);
   RUN(test_self_import_one_ctx_hip);
+  RUN(test_lying_size_cuda);
+  RUN(test_lying_size_hip);
   RUN(test_not_ipc_capable_cuda);
   RUN(test_not_ipc_capable_hip);
   RUN(test_freed_handle_cuda);
