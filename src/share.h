@@ -2580,9 +2580,10 @@ ipcref__lease_take(ipcref_peer *p, const ipcref_view *v, ipcref__view_event *ev,
   const unsigned char *handle = NULL;
   uint64_t nonce, seg_id, ledger_id, seg_size;
   uint32_t origin_pid, ledger_n;
+  ipcref__block *local = ipcref__local_block(buf);
   memset(r, 0, sizeof *r);
-  if (ipcref__local_block(buf)) {
-    ipcref__block *b = ipcref__local_block(buf);
+  if (local) {
+    ipcref__block *b = local;
     ipcref__ledger *l = p->ledger;
     uint64_t *slots;
     ipcref_result res;

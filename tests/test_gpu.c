@@ -1849,126 +1849,116 @@ static void test_self_import(const kind *k) {
 GPU_TEST(test_self_import, cuda, &K_CUDA)
 GPU_TEST(test_self_import, hip, &K_HIP)
 
-/* The same within one context: both peers of the socketpair in it. */
-static void test_self_import_one_ctx(const kind *k) {
-  int sv[2];
+/* One context in this process with both peers of a socketpair in it. */
+typedef struct one_ctx {
   gdrv d;
   ipcref_ctx *ctx;
   ipcref_peer *pa, *pb;
+} one_ctx;
+
+/* 0 when the driver cannot be opened (g_open said why). */
+static int one_ctx_open(const kind *k, one_ctx *o) {
+  int sv[2];
+  pair(sv);
+  if (g_open(k, &o->d) != IPCREF_OK) {
+    close(sv[0]);
+    close(sv[1]);
+    return 0;
+  }
+  o->ctx = mkctx(SEG, &o->d);
+  o->pa = mkpeer(o->ctx, sv[0]);
+  o->pb = mkpeer(o->ctx, sv[1]);
+  return 1;
+}
+
+/* Everything came back; then all goes. */
+static void one_ctx_close(one_ctx *o) {
+  ipcref_stats st;
+  ipcref_collect(o->ctx);
+  st = stats(o->ctx);
+  CHECK_EQ(st.live_slots, 0);
+  CHECK_EQ(st.limbo_blocks, 0);
+  CHECK_EQ(st.imported_bufs, 0);
+  ipcref_peer_free(o->pa);
+  ipcref_peer_free(o->pb);
+  ipcref_ctx_free(o->ctx);
+  g_close(&o->d);
+}
+
+/* The same within one context: both peers of the socketpair in it. */
+static void test_self_import_one_ctx(const kind *k) {
+  one_ctx o;
   ipcref_buf *b = NULL;
   ipcref_view v, w;
   memset(&w, 0, sizeof w);
-  pair(sv);
-  if (g_open(k, &d) != IPCREF_OK) {
-    close(sv[0]);
-    close(sv[1]);
-    return;
-  }
-  ctx = mkctx(SEG, &d);
-  pa = mkpeer(ctx, sv[0]);
-  pb = mkpeer(ctx, sv[1]);
-  CHECK_EQ(g_alloc(ctx, k, 0, 4096, &b), IPCREF_OK);
+  if (!one_ctx_open(k, &o)) return;
+  CHECK_EQ(g_alloc(o.ctx, k, 0, 4096, &b), IPCREF_OK);
   if (b) {
-    dev_fill(&d, ipcref_buf_data(b), 4096, 0x98, 0);
+    dev_fill(&o.d, ipcref_buf_data(b), 4096, 0x98, 0);
     v = u32_view(b, 4096);
-    CHECK_EQ(ipcref_send_on(pa, &v, NULL), IPCREF_OK);
-    CHECK_EQ(ipcref_recv_on(pb, &w, g_tmo, NULL), IPCREF_OK);
+    CHECK_EQ(ipcref_send_on(o.pa, &v, NULL), IPCREF_OK);
+    CHECK_EQ(ipcref_recv_on(o.pb, &w, g_tmo, NULL), IPCREF_OK);
     if (w.buf) {
       CHECK(ipcref_buf_data(w.buf) == ipcref_buf_data(b));
-      CHECK(dev_check(&d, view_ptr(&w), 4096, 0x98, 0));
+      CHECK(dev_check(&o.d, view_ptr(&w), 4096, 0x98, 0));
     }
     ipcref_view_release(&v);
     ipcref_buf_release(b);
     ipcref_view_release(&w);
   }
   CHECK_EQ(log_count(0, k->c_open, NULL), 0);
-  ipcref_collect(ctx);
-  {
-    ipcref_stats st = stats(ctx);
-    CHECK_EQ(st.live_slots, 0);
-    CHECK_EQ(st.limbo_blocks, 0);
-    CHECK_EQ(st.imported_bufs, 0);
-  }
-  ipcref_peer_free(pa);
-  ipcref_peer_free(pb);
-  ipcref_ctx_free(ctx);
-  g_close(&d);
+  one_ctx_close(&o);
 }
 GPU_TEST(test_self_import_one_ctx, cuda, &K_CUDA)
 GPU_TEST(test_self_import_one_ctx, hip, &K_HIP)
 
+/* Adds `by` to the little-endian u64 at p. */
+static void bump_le64(unsigned char *p, uint64_t by) {
+  uint64_t v = 0;
+  int j;
+  for (j = 7; j >= 0; j--) v = v << 8 | p[j];
+  v += by;
+  for (j = 0; j < 8; j++) p[j] = (unsigned char)(v >> (8 * j));
+}
+
 /* A producer that claims a device segment larger than the allocation the
  * driver opens is refused (EPROTO, nothing kept); the genuine message
- * still imports. The segment record (kind 3) is patched in a copy. */
+ * still imports. The sizes are patched in a copy: the segment record's
+ * (kind 3, at 22) and the view's (at 20, past the retired ids), so that
+ * only the driver's own answer can tell. */
 static void test_lying_size(const kind *k) {
-  int sv[2], i;
+  one_ctx o;
   size_t pos = 24;
-  gdrv d;
-  ipcref_ctx *ctx;
-  ipcref_peer *pa, *pb;
+  int i;
   ipcref_buf *b = NULL;
   ipcref_msg msg, lie;
   ipcref_view v, w;
   memset(&w, 0, sizeof w);
-  pair(sv);
-  if (g_open(k, &d) != IPCREF_OK) {
-    close(sv[0]);
-    close(sv[1]);
-    return;
-  }
-  ctx = mkctx(SEG, &d);
-  pa = mkpeer(ctx, sv[0]);
-  pb = mkpeer(ctx, sv[1]);
-  CHECK_EQ(g_alloc(ctx, k, 0, 4096, &b), IPCREF_OK);
+  if (!one_ctx_open(k, &o)) return;
+  CHECK_EQ(g_alloc(o.ctx, k, 0, 4096, &b), IPCREF_OK);
   if (b) {
-    dev_fill(&d, ipcref_buf_data(b), 4096, 0x5a, 0);
+    dev_fill(&o.d, ipcref_buf_data(b), 4096, 0x5a, 0);
     v = u32_view(b, 4096);
-    CHECK_EQ(ipcref_export(pa, &v, &msg), IPCREF_OK);
+    CHECK_EQ(ipcref_export(o.pa, &v, &msg), IPCREF_OK);
     lie = msg;
     for (i = 0; i < lie.nfds; i++)
       lie.fds[i] = fcntl(msg.fds[i], F_DUPFD_CLOEXEC, 0);
     lie.origin = NULL;
     for (i = 0; i < (int)(lie.bytes[8] | lie.bytes[9] << 8); i++) {
-      if (lie.bytes[pos] == 3) { /* the size: 8 bytes at 22, one more page */
-        uint64_t size = 0;
-        int j;
-        for (j = 7; j >= 0; j--) size = size << 8 | lie.bytes[pos + 22 + j];
-        size += 4096;
-        for (j = 0; j < 8; j++)
-          lie.bytes[pos + 22 + j] = (unsigned char)(size >> (8 * j));
-      }
+      if (lie.bytes[pos] == 3) bump_le64(lie.bytes + pos + 22, 4096);
       pos += 30 + (lie.bytes[pos] == 3 ? 72 : 0);
     }
-    /* The view's segment size too (at 20 in its record, past the retired
-     * ids), so that only the driver's own answer can tell. */
     pos += 8 * (size_t)(lie.bytes[10] | lie.bytes[11] << 8);
-    {
-      uint64_t size = 0;
-      int j;
-      for (j = 7; j >= 0; j--) size = size << 8 | lie.bytes[pos + 20 + j];
-      size += 4096;
-      for (j = 0; j < 8; j++)
-        lie.bytes[pos + 20 + j] = (unsigned char)(size >> (8 * j));
-    }
-    CHECK_EQ(ipcref_import(pb, &lie, &w), IPCREF_EPROTO);
+    bump_le64(lie.bytes + pos + 20, 4096);
+    CHECK_EQ(ipcref_import(o.pb, &lie, &w), IPCREF_EPROTO);
     CHECK(w.buf == NULL);
-    CHECK_EQ(ipcref_import(pb, &msg, &w), IPCREF_OK);
-    if (w.buf) CHECK(dev_check(&d, view_ptr(&w), 4096, 0x5a, 0));
+    CHECK_EQ(ipcref_import(o.pb, &msg, &w), IPCREF_OK);
+    if (w.buf) CHECK(dev_check(&o.d, view_ptr(&w), 4096, 0x5a, 0));
     ipcref_view_release(&v);
     ipcref_buf_release(b);
     ipcref_view_release(&w);
   }
-  ipcref_collect(ctx);
-  {
-    ipcref_stats st = stats(ctx);
-    CHECK_EQ(st.live_slots, 0);
-    CHECK_EQ(st.limbo_blocks, 0);
-    CHECK_EQ(st.imported_bufs, 0);
-  }
-  ipcref_peer_free(pa);
-  ipcref_peer_free(pb);
-  ipcref_ctx_free(ctx);
-  g_close(&d);
+  one_ctx_close(&o);
 }
 GPU_TEST(test_lying_size, cuda, &K_CUDA)
 GPU_TEST(test_lying_size, hip, &K_HIP)
