@@ -126,7 +126,12 @@ typedef struct ipcref_stats {
   uint64_t peer_deaths;   /* watched processes seen to die, ever */
   uint64_t reclaimed;     /* leases ended because their holder died, ever */
   uint64_t bad_returns;   /* ledger entries refused (forged, replayed, a
-                             second return of one lease), ever */
+                             second return of one lease), ever: a
+                             dishonest or corrupt peer */
+  uint64_t late_returns;  /* honest returns of leases already reclaimed
+                             because their holder died (a forwarder
+                             cancelling a send to a process that died),
+                             ever; ignored, not refused */
   uint64_t refused;       /* imports refused (EPROTO) and peers refused
                              (EPEER), ever */
   size_t device_bytes;    /* bytes of own device segments (in
@@ -564,6 +569,8 @@ typedef struct ipcref__lease {
   ipcref_backend *be;   /* device: the event recorded for this hand-off, */
   void *event;          /* kept until the lease ends */
   struct ipcref__alias *alias; /* taken through an alias: one of its holds */
+  uint32_t reclaimed; /* generation + 1 of the last lease here ended because
+                         its holder died (see ipcref__lease_reclaim) */
 } ipcref__lease;
 
 struct ipcref__ledger {
@@ -1210,6 +1217,18 @@ IPCREF_PRIVATE int ipcref__lease_free(ipcref_ctx *ctx, ipcref__ledger *l,
   return 1;
 }
 
+/* Ends lease `slot` of ledger `l` because its holder died (under the
+ * lock). Its generation is remembered: a return of it that comes later
+ * (a forwarder cancelling a send to the dead one) is late, not forged. */
+IPCREF_PRIVATE void ipcref__lease_reclaim(ipcref_ctx *ctx, ipcref__ledger *l,
+                                          uint32_t slot, size_t *freed) {
+  uint32_t gen = l->leases[slot].gen;
+  if (!l->leases[slot].block || !ipcref__lease_free(ctx, l, slot, gen, freed))
+    return;
+  l->leases[slot].reclaimed = gen + 1u;
+  ctx->st.reclaimed++;
+}
+
 /* A ring entry refused (under the lock): counted, and reported to the
  * context's hook. Never a free: the private lease table decides. */
 IPCREF_PRIVATE void ipcref__bad_return(ipcref_ctx *ctx, const char *what) {
@@ -1290,10 +1309,17 @@ IPCREF_PRIVATE void ipcref__hole_skip(ipcref_ctx *ctx, ipcref__ledger *l,
 /* One ring entry that is not a link (under the lock). */
 IPCREF_PRIVATE void ipcref__ring_release(ipcref_ctx *ctx, ipcref__ledger *l,
                                          uint64_t e, size_t *freed) {
-  uint32_t slot = (uint32_t)(e & 0x3fffffffu) - 1u;
-  if (((e >> 30) & 3u) != IPCREF__RING_RELEASE ||
-      !ipcref__lease_free(ctx, l, slot, (uint32_t)(e >> 32), freed))
+  uint32_t slot = (uint32_t)(e & 0x3fffffffu) - 1u, gen = (uint32_t)(e >> 32);
+  if (((e >> 30) & 3u) != IPCREF__RING_RELEASE) {
     ipcref__bad_return(ctx, "invalid lease return in a ledger");
+  } else if (ipcref__lease_free(ctx, l, slot, gen, freed)) {
+    return;
+  } else if (slot < l->n && l->leases[slot].reclaimed == gen + 1u) {
+    l->leases[slot].reclaimed = 0; /* late, once: a second one is forged */
+    ctx->st.late_returns++;
+  } else {
+    ipcref__bad_return(ctx, "invalid lease return in a ledger");
+  }
 }
 
 /* Entries written late into holes stepped over (under the lock): a return
@@ -1605,28 +1631,31 @@ IPCREF_PRIVATE size_t ipcref__reap(ipcref_ctx *ctx) {
   size_t freed = 0;
   int deaths = ctx->reaped != ctx->st.peer_deaths;
   ctx->reaped = ctx->st.peer_deaths;
+  /* Every ring first, before any lease of the dead goes. A dead forwarder
+   * wrote its links into the ring of the ledger it received through, not
+   * into its own: its holders' leases must be known before its own lease,
+   * their parent, ends. A hole left before this death may be the dead
+   * one's: it is not waited for (its forwards are adopted instead). */
   for (l = ctx->ledgers; l; l = l->next) {
-    uint32_t s;
-    /* A hole left before a death may be the dead one's: not waited for. */
     if (deaths)
       l->death_head = __atomic_load_n(
           &((ipcref__ledger_hdr *)(void *)l->base)->head, __ATOMIC_ACQUIRE);
+    freed += ipcref__ledger_drain(ctx, l);
+  }
+  for (l = ctx->ledgers; l; l = l->next) {
+    uint32_t s;
     if (l->live == 0) continue;
     if (!l->holder_dead && l->holder > 0 &&
         (l->watch ? l->watch->dead : ipcref__pid_gone(l->holder))) {
-      freed += ipcref__ledger_drain(ctx, l); /* what it returned first */
       for (s = 0; s < l->n / 2; s++)
-        if (l->leases[s].block &&
-            ipcref__lease_free(ctx, l, s, l->leases[s].gen, &freed))
-          ctx->st.reclaimed++;
+        ipcref__lease_reclaim(ctx, l, s, &freed);
       l->holder_dead = 1;
     }
     for (s = l->n / 2; s < l->n && l->live; s++) {
       ipcref__lease *ls = &l->leases[s];
-      if (!ls->block ||
-          !(ls->watch ? ls->watch->dead : ipcref__pid_gone(ls->holder)))
-        continue;
-      if (ipcref__lease_free(ctx, l, s, ls->gen, &freed)) ctx->st.reclaimed++;
+      if (ls->block &&
+          (ls->watch ? ls->watch->dead : ipcref__pid_gone(ls->holder)))
+        ipcref__lease_reclaim(ctx, l, s, &freed);
     }
   }
   return freed + ipcref__sweep(ctx);
