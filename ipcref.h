@@ -152,7 +152,7 @@ typedef enum ipcref_result {
   IPCREF_EPEER = -8,       /* the peer is gone or not allowed */
   IPCREF_ETIMEDOUT = -9,   /* the wait ran out */
   IPCREF_ESATURATED = -10, /* a reference count saturated: the object leaks */
-  IPCREF_EDEAD = -11,      /* a reference was released on a dead object */
+  IPCREF_EDEAD = -11,      /* the object was already released or freed */
   IPCREF_ENEEDCOPY = -12,  /* not possible without copying the data */
   IPCREF_EDEVICE = -13     /* device memory: the host cannot touch it */
 } ipcref_result;
@@ -187,6 +187,55 @@ typedef struct ipcref_allocator {
   void (*free)(void *user, void *ptr, size_t size);
   void *user;
 } ipcref_allocator;
+
+#ifdef __cplusplus
+}
+#endif
+
+/* ---- checked: API (src/checked.h) --------------------------------------- */
+
+/* checked: the quarantine, where freed objects wait, marked dead, before
+ * their memory goes back; and what IPCREF_CHECKED adds.
+ *
+ * A call on an object that was already freed reads freed memory: at best a
+ * crash far from the mistake, at worst a quiet use of somebody else's
+ * object. A mark written into freed memory cannot help (reading it would
+ * itself be a use after free, and AddressSanitizer would stop before any
+ * hook ran), so the library does not free at once: freed objects wait in
+ * a bounded, process-wide quarantine, marked dead, and a call that finds
+ * the mark is refused and reported to the error hook with the function's
+ * name (IPCREF_EDEAD).
+ *
+ *   every build       peers and contexts wait here (the last
+ *                     IPCREF_QUARANTINE_OBJECTS freed, 16 by default); a
+ *                     shared buffer made here keeps its header in its
+ *                     context's memory (see share), so a release or a send
+ *                     of one already released is refused, not obeyed.
+ *   IPCREF_CHECKED    every buffer header waits here too (1024 objects,
+ *                     IPCREF_QUARANTINE_BYTES: 64 MiB, by default), and
+ *                     every call that takes a buffer or a view checks it.
+ *                     Off by default: it costs a compare per call and keeps
+ *                     freed memory a while. For debug and test builds;
+ *                     define it alike in every translation unit.
+ *   AddressSanitizer  what waits here is poisoned but for its mark, and so
+ *                     is the memory of a shared block released here, until
+ *                     it is handed out again: a late read is caught at the
+ *                     read itself.
+ *
+ * Detection is best effort past the quarantine's bounds: an object that
+ * left it is freed memory again. What the quarantine holds goes back at
+ * exit (a destructor), so leak checkers see nothing. It has a spinlock of
+ * its own (portable C: the sharing layer may be absent); free callbacks
+ * run outside it. */
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* Hands back everything the quarantine holds now (each object through the
+ * allocator it came from): for a leak check, or a test that counts
+ * allocations. Objects freed after it wait as before. Cannot fail. */
+IPCREF_API void ipcref_quarantine_flush(void);
 
 #ifdef __cplusplus
 }
@@ -1276,7 +1325,7 @@ IPCREF_API const char *ipcref_strerror(ipcref_result r) {
   case IPCREF_EPEER: return "peer is gone or not allowed";
   case IPCREF_ETIMEDOUT: return "timed out";
   case IPCREF_ESATURATED: return "reference count saturated; the object leaks";
-  case IPCREF_EDEAD: return "reference released on a dead object";
+  case IPCREF_EDEAD: return "the object was already released or freed";
   case IPCREF_ENEEDCOPY:
     return "not possible without a copy (the strides do not allow it)";
   case IPCREF_EDEVICE:
@@ -1307,6 +1356,21 @@ IPCREF_PRIVATE IPCREF__NOINLINE void ipcref__report(ipcref_result code,
 #endif
 }
 
+/* A misuse met by public function `fn`, to the hook as "fn: what". */
+IPCREF_PRIVATE IPCREF__NOINLINE void
+ipcref__report_in(ipcref_result code, const char *fn, const char *what) {
+  char m[192];
+  size_t a = strlen(fn), b = strlen(what);
+  if (a > 80) a = 80;
+  if (b > sizeof m - a - 3) b = sizeof m - a - 3;
+  memcpy(m, fn, a);
+  m[a] = ':';
+  m[a + 1] = ' ';
+  memcpy(m + a + 2, what, b);
+  m[a + 2 + b] = '\0';
+  ipcref__report(code, m);
+}
+
 IPCREF_PRIVATE void *ipcref__default_alloc(void *user, size_t size) {
   (void)user;
   return IPCREF_MALLOC(size);
@@ -1326,6 +1390,157 @@ IPCREF_PRIVATE int ipcref__add_size(size_t a, size_t b, size_t *out) {
   if (a > SIZE_MAX - b) return 0;
   *out = a + b;
   return 1;
+}
+
+/* ---- checked: implementation (src/checked.h) ---------------------------- */
+
+#ifndef IPCREF_QUARANTINE_OBJECTS
+#ifdef IPCREF_CHECKED
+#define IPCREF_QUARANTINE_OBJECTS 1024
+#else
+#define IPCREF_QUARANTINE_OBJECTS 16
+#endif
+#endif
+#ifndef IPCREF_QUARANTINE_BYTES
+#define IPCREF_QUARANTINE_BYTES ((size_t)64 << 20)
+#endif
+
+/* AddressSanitizer's manual poisoning, or nothing. */
+#if defined(__SANITIZE_ADDRESS__)
+#define IPCREF__ASAN 1
+#elif defined(__has_feature)
+#if __has_feature(address_sanitizer)
+#define IPCREF__ASAN 1
+#endif
+#endif
+#ifdef IPCREF__ASAN
+#ifdef __cplusplus
+extern "C" {
+#endif
+void __asan_poison_memory_region(void const volatile *addr, size_t size);
+void __asan_unpoison_memory_region(void const volatile *addr, size_t size);
+#ifdef __cplusplus
+}
+#endif
+#define IPCREF__POISON(p, n)   __asan_poison_memory_region((p), (n))
+#define IPCREF__UNPOISON(p, n) __asan_unpoison_memory_region((p), (n))
+#else
+#define IPCREF__POISON(p, n)   ((void)(p), (void)(n))
+#define IPCREF__UNPOISON(p, n) ((void)(p), (void)(n))
+#endif
+
+/* The mark at the start of a peer or a context. */
+#define IPCREF__ALIVE 0x4556494cu /* "LIVE" */
+#define IPCREF__DEAD  0x44414544u /* "DEAD" */
+
+typedef struct ipcref__grave {
+  void *ptr;
+  size_t size; /* bytes */
+  size_t keep; /* the first `keep` bytes (the mark) stay readable */
+  void (*free_fn)(void *user, void *ptr, size_t size);
+  void *user;
+} ipcref__grave;
+
+static struct {
+  int lock;
+  uint32_t first, count;
+  size_t bytes;
+  ipcref__grave g[IPCREF_QUARANTINE_OBJECTS];
+} ipcref__quarantine;
+
+IPCREF_PRIVATE void ipcref__quarantine_lock(void) {
+  while (__atomic_exchange_n(&ipcref__quarantine.lock, 1, __ATOMIC_ACQUIRE))
+    while (__atomic_load_n(&ipcref__quarantine.lock, __ATOMIC_RELAXED)) {
+    }
+}
+
+IPCREF_PRIVATE void ipcref__quarantine_unlock(void) {
+  __atomic_store_n(&ipcref__quarantine.lock, 0, __ATOMIC_RELEASE);
+}
+
+/* Takes the oldest grave out (under the lock) into *out: 1 if there was
+ * one. */
+IPCREF_PRIVATE int ipcref__grave_pop(ipcref__grave *out) {
+  if (ipcref__quarantine.count == 0) return 0;
+  *out = ipcref__quarantine.g[ipcref__quarantine.first];
+  ipcref__quarantine.first =
+      (ipcref__quarantine.first + 1) % IPCREF_QUARANTINE_OBJECTS;
+  ipcref__quarantine.count--;
+  ipcref__quarantine.bytes -= out->size;
+  return 1;
+}
+
+/* As ipcref__grave_pop, when `size` more bytes, or one more object, would
+ * not fit. */
+IPCREF_PRIVATE int ipcref__grave_evict(size_t size, ipcref__grave *out) {
+  if (ipcref__quarantine.count < IPCREF_QUARANTINE_OBJECTS &&
+      ipcref__quarantine.bytes + size <= IPCREF_QUARANTINE_BYTES)
+    return 0;
+  return ipcref__grave_pop(out);
+}
+
+IPCREF_PRIVATE void ipcref__grave_free(const ipcref__grave *g) {
+  IPCREF__UNPOISON(g->ptr, g->size);
+  g->free_fn(g->user, g->ptr, g->size);
+}
+
+/* Keeps the freed object `ptr` (`size` bytes, whose first `keep` hold its
+ * dead mark) in the quarantine; the oldest ones leave it through their
+ * free_fn. An object larger than the whole quarantine goes back at once. */
+IPCREF_PRIVATE void ipcref__bury(void *ptr, size_t size, size_t keep,
+                                 void (*free_fn)(void *, void *, size_t),
+                                 void *user) {
+  ipcref__grave g, old;
+  if (size > IPCREF_QUARANTINE_BYTES) {
+    free_fn(user, ptr, size);
+    return;
+  }
+  g.ptr = ptr;
+  g.size = size;
+  g.keep = keep;
+  g.free_fn = free_fn;
+  g.user = user;
+  IPCREF__POISON((unsigned char *)ptr + keep, size - keep);
+  for (;;) {
+    int full;
+    ipcref__quarantine_lock();
+    full = ipcref__grave_evict(size, &old);
+    if (!full) {
+      uint32_t at = (ipcref__quarantine.first + ipcref__quarantine.count) %
+                    IPCREF_QUARANTINE_OBJECTS;
+      ipcref__quarantine.g[at] = g;
+      ipcref__quarantine.count++;
+      ipcref__quarantine.bytes += size;
+      ipcref__quarantine_unlock();
+      return;
+    }
+    ipcref__quarantine_unlock();
+    ipcref__grave_free(&old);
+  }
+}
+
+/* A library's free for objects taken with IPCREF_MALLOC. */
+IPCREF_PRIVATE void ipcref__free_plain(void *user, void *ptr, size_t size) {
+  (void)user;
+  (void)size;
+  IPCREF_FREE(ptr);
+}
+
+IPCREF_API void ipcref_quarantine_flush(void) {
+  ipcref__grave old;
+  for (;;) {
+    int got;
+    ipcref__quarantine_lock();
+    got = ipcref__grave_pop(&old);
+    ipcref__quarantine_unlock();
+    if (!got) return;
+    ipcref__grave_free(&old);
+  }
+}
+
+/* At exit everything goes back, so that leak checkers see nothing. */
+__attribute__((destructor)) static void ipcref__quarantine_empty(void) {
+  ipcref_quarantine_flush();
 }
 
 /* ---- buf: implementation (src/buf.h) ------------------------------------ */
@@ -1372,6 +1587,24 @@ ipcref__saturate(int32_t *counter, int32_t old, const char *what) {
   if (old > 0) ipcref__report(IPCREF_ESATURATED, what);
   /* old < 0: already saturated; keep it pinned and stay quiet. */
 }
+
+/* IPCREF_CHECKED: 1 (and a report naming `fn`) when `b` was released,
+ * its data gone. Its header is still readable: it waits in the
+ * quarantine, or in its context. */
+IPCREF_PRIVATE IPCREF__NOINLINE int ipcref__buf_dead(const ipcref_buf *b,
+                                                     const char *fn) {
+  if (__atomic_load_n(&b->strong, __ATOMIC_ACQUIRE) != 0) return 0;
+  ipcref__report_in(IPCREF_EDEAD, fn, "the buffer was already released");
+  return 1;
+}
+#ifdef IPCREF_CHECKED
+#define IPCREF__BUF_CHECK(b, ret)                                              \
+  do {                                                                         \
+    if ((b) && ipcref__buf_dead((b), __func__)) return ret;                    \
+  } while (0)
+#else
+#define IPCREF__BUF_CHECK(b, ret) ((void)0)
+#endif
 
 IPCREF_PRIVATE ipcref_result ipcref__buf_alloc(const ipcref_allocator *a,
                                                size_t size, size_t align,
@@ -1451,6 +1684,26 @@ IPCREF_API ipcref_result ipcref_buf_wrap_device(
   return r;
 }
 
+/* Makes `b`, a header its caller keeps (a context's), a buffer over
+ * `data` as ipcref_buf_wrap_device would, returned through `a` (which
+ * owns the header) when its last reference goes. */
+IPCREF_PRIVATE void ipcref__buf_adopt(ipcref_buf *b, void *data, size_t size,
+                                      ipcref_device device,
+                                      void (*release)(void *, void *),
+                                      void *user, const ipcref_allocator *a) {
+  b->strong = 1;
+  b->weak = 1;
+  b->flags = 0;
+  b->data = data;
+  b->size = size;
+  b->align = 1;
+  b->release = release;
+  b->release_user = user;
+  b->allocator = *a;
+  b->alloc_size = sizeof *b;
+  b->device = device;
+}
+
 IPCREF_API ipcref_device ipcref_buf_device(const ipcref_buf *b) {
   ipcref_device cpu;
   cpu.type = IPCREF_DEVICE_CPU;
@@ -1472,7 +1725,9 @@ IPCREF_API ipcref_buf *ipcref_buf_retain(ipcref_buf *b) {
    * retain on a dead buffer; both pin the count instead of wrapping. */
   old = __atomic_fetch_add(&b->strong, 1, __ATOMIC_RELAXED);
   if (IPCREF__UNLIKELY(old <= 0 || old == INT32_MAX))
-    ipcref__saturate(&b->strong, old, "retain on a dead or saturated buffer");
+    ipcref__saturate(
+        &b->strong, old,
+        "ipcref_buf_retain: retain on a released or saturated buffer");
   return b;
 }
 
@@ -1480,10 +1735,21 @@ IPCREF_PRIVATE void ipcref__weak_drop(ipcref_buf *b) {
   int32_t old = __atomic_fetch_sub(&b->weak, 1, __ATOMIC_RELEASE);
   if (IPCREF__LIKELY(old != 1)) {
     if (IPCREF__UNLIKELY(old <= 0))
-      ipcref__saturate(&b->weak, old, "weak release on a dead buffer");
+      ipcref__saturate(&b->weak, old,
+                       "ipcref_weak_release: weak reference released twice");
     return;
   }
   IPCREF__ACQUIRE_FENCE(&b->weak);
+#ifdef IPCREF_CHECKED
+  /* The header stays readable (strong and weak at 0: dead), inline data
+   * poisoned, until it leaves the quarantine. Not a caller's allocator's
+   * memory: its `user` need only outlive the buffer. */
+  if (b->allocator.free == ipcref__default_free) {
+    ipcref__bury(b, b->alloc_size, sizeof *b, b->allocator.free,
+                 b->allocator.user);
+    return;
+  }
+#endif
   b->allocator.free(b->allocator.user, b, b->alloc_size);
 }
 
@@ -1498,7 +1764,8 @@ IPCREF_PRIVATE IPCREF__NOINLINE void ipcref__buf_drop_slow(ipcref_buf *b) {
 IPCREF_PRIVATE IPCREF__NOINLINE void ipcref__buf_release_slow(ipcref_buf *b,
                                                               int32_t old) {
   if (old <= 0) {
-    ipcref__saturate(&b->strong, old, "release on a dead buffer");
+    ipcref__saturate(&b->strong, old,
+                     "ipcref_buf_release: the buffer was already released");
     return;
   }
   /* old == 1: the last reference. Acquire pairs with every other thread's
@@ -1518,10 +1785,12 @@ IPCREF_API void ipcref_buf_release(ipcref_buf *b) {
 }
 
 IPCREF_API void *ipcref_buf_data(const ipcref_buf *b) {
+  IPCREF__BUF_CHECK(b, NULL);
   return b ? b->data : NULL;
 }
 
 IPCREF_API size_t ipcref_buf_size(const ipcref_buf *b) {
+  IPCREF__BUF_CHECK(b, 0);
   return b ? b->size : 0;
 }
 
@@ -1569,6 +1838,7 @@ IPCREF_PRIVATE int ipcref__buf_read_only(const ipcref_buf *b) {
 }
 
 IPCREF_API void *ipcref_buf_get_mut(ipcref_buf *b) {
+  IPCREF__BUF_CHECK(b, NULL);
   return ipcref_buf_is_unique(b) && !ipcref__buf_read_only(b) ? b->data : NULL;
 }
 
@@ -1576,6 +1846,7 @@ IPCREF_API ipcref_result ipcref_buf_make_mut(ipcref_buf **pb) {
   ipcref_buf *old, *copy;
   ipcref_result r;
   if (!pb || !*pb) return IPCREF_EINVAL;
+  IPCREF__BUF_CHECK(*pb, IPCREF_EDEAD);
   old = *pb;
   if (ipcref_buf_is_unique(old)) return IPCREF_OK;
   if (!ipcref__buf_on_host(old)) return IPCREF_EDEVICE;
@@ -1593,6 +1864,7 @@ IPCREF_API ipcref_result ipcref_buf_make_mut(ipcref_buf **pb) {
 IPCREF_API ipcref_weak *ipcref_buf_downgrade(ipcref_buf *b) {
   int32_t cur;
   if (!b) return NULL;
+  IPCREF__BUF_CHECK(b, NULL);
   cur = __atomic_load_n(&b->weak, __ATOMIC_RELAXED);
   for (;;) {
     if (cur == IPCREF__WEAK_LOCKED) { /* is_unique is looking: brief */
@@ -1601,7 +1873,8 @@ IPCREF_API ipcref_weak *ipcref_buf_downgrade(ipcref_buf *b) {
     }
     if (cur < 0) break; /* saturated: stays pinned */
     if (cur == INT32_MAX) {
-      ipcref__saturate(&b->weak, cur, "weak count saturated");
+      ipcref__saturate(&b->weak, cur,
+                       "ipcref_buf_downgrade: weak count saturated");
       break;
     }
     /* Acquire pairs with the release store that unlocks is_unique. */
@@ -1623,7 +1896,8 @@ IPCREF_API ipcref_buf *ipcref_weak_upgrade(ipcref_weak *w) {
     if (cur == 0) return NULL;
     if (cur < 0) return b; /* saturated: the data never dies */
     if (cur == INT32_MAX) {
-      ipcref__saturate(&b->strong, cur, "strong count saturated");
+      ipcref__saturate(&b->strong, cur,
+                       "ipcref_weak_upgrade: strong count saturated");
       return b;
     }
     if (__atomic_compare_exchange_n(&b->strong, &cur, cur + 1, 1,
@@ -1638,6 +1912,7 @@ IPCREF_API void ipcref_weak_release(ipcref_weak *w) {
 
 IPCREF_API void ipcref_buf_set_shared_mut(ipcref_buf *b, int on) {
   if (!b) return;
+  IPCREF__BUF_CHECK(b, );
   if (on)
     __atomic_fetch_or(&b->flags, IPCREF__BUF_SHARED_MUT, __ATOMIC_RELEASE);
   else
@@ -1724,15 +1999,23 @@ IPCREF_PRIVATE IPCREF__INLINE int ipcref__view_span(const ipcref_view *v,
   return 1;
 }
 
-IPCREF_PRIVATE IPCREF__INLINE int ipcref__view_valid(const ipcref_view *v) {
+/* 1 when `v` is a view its buffer can back. Under IPCREF_CHECKED a view
+ * of a released buffer is reported, naming the public function `fn`. */
+IPCREF_PRIVATE IPCREF__INLINE int ipcref__view_valid_in(const ipcref_view *v,
+                                                        const char *fn) {
   int64_t lo, hi, n;
+  (void)fn;
   if (!v || !v->buf || (unsigned)v->dtype >= IPCREF_DTYPE_COUNT ||
       v->ndim < 0 || v->ndim > IPCREF_MAX_DIMS)
     return 0;
+#ifdef IPCREF_CHECKED
+  if (ipcref__buf_dead(v->buf, fn)) return 0;
+#endif
   if (!ipcref__view_span(v, &lo, &hi, &n)) return 0;
   if (v->byte_offset < 0 || (uint64_t)v->byte_offset > v->buf->size) return 0;
   return n == 0 || (lo >= 0 && (uint64_t)hi <= v->buf->size);
 }
+#define ipcref__view_valid(v) ipcref__view_valid_in((v), __func__)
 
 /* The element count of a view already known to be valid. */
 IPCREF_PRIVATE int64_t ipcref__numel(const ipcref_view *v) {
@@ -2946,7 +3229,7 @@ struct ipcref__segment {
   int cached; /* empty, and counted in ctx->empty_bytes */
 };
 
-#define IPCREF__LATE 16 /* holes stepped over that a ledger remembers */
+#define IPCREF__LATE      16 /* holes stepped over that a ledger remembers */
 
 typedef struct ipcref__lease {
   ipcref__block *block; /* NULL: free */
@@ -3020,6 +3303,7 @@ typedef struct ipcref__seen {
 } ipcref__seen_key;
 
 struct ipcref_peer {
+  uint32_t magic; /* IPCREF__ALIVE; IPCREF__DEAD once freed (quarantined) */
   ipcref_ctx *ctx;
   int fd, pid, uid, sock_type;
   ipcref__watch *watch; /* the other process (from its hello) */
@@ -3037,7 +3321,19 @@ struct ipcref_peer {
   ipcref_peer *next, *prev;
 };
 
+/* Headers of the shared buffers made here (see ipcref__hdr_get). */
+typedef struct ipcref__hdr {
+  ipcref_buf buf; /* first: the buffer handle is the header's address */
+  struct ipcref__hdr *next;
+} ipcref__hdr;
+#define IPCREF__HDR_CHUNK 64
+typedef struct ipcref__hdr_chunk {
+  struct ipcref__hdr_chunk *next;
+  ipcref__hdr h[IPCREF__HDR_CHUNK];
+} ipcref__hdr_chunk;
+
 struct ipcref_ctx {
+  uint32_t magic; /* IPCREF__ALIVE; IPCREF__DEAD once freed (quarantined) */
   pthread_mutex_t lock;
   ipcref_ctx_options opt;
   uint64_t nonce;
@@ -3069,6 +3365,11 @@ struct ipcref_ctx {
   int uid;
   int refs; /* atomic: the owner's, and one per live shared or imported
                buffer; the context is torn down when the last one goes */
+  pthread_mutex_t hdr_lock;          /* guards the header queue below; never
+                                        held with ctx->lock taken after it */
+  ipcref__hdr_chunk *hdr_chunks;     /* every header, freed with the context */
+  ipcref__hdr *hdr_first, *hdr_last; /* released ones, oldest first */
+  size_t hdr_free;
 };
 
 /* Intrusive doubly linked lists: `head` is the first node, nodes link
@@ -3187,6 +3488,25 @@ IPCREF_PRIVATE void ipcref__ctx_report(ipcref_ctx *ctx, ipcref_result code,
   else
     ipcref__report(code, message);
 }
+
+/* 1 when the context or peer whose mark is `magic` is still usable: not
+ * freed (it then waits, marked dead and poisoned but for the mark, in the
+ * quarantine) and, for a context, not given up by its owner (*owner_gone;
+ * read only past the mark). Else the call is reported, naming the public
+ * function `fn`. */
+IPCREF_PRIVATE int ipcref__usable(const uint32_t *magic, const int *owner_gone,
+                                  const char *fn, const char *what) {
+  if (__atomic_load_n(magic, __ATOMIC_RELAXED) == IPCREF__ALIVE &&
+      !(owner_gone && __atomic_load_n(owner_gone, __ATOMIC_RELAXED)))
+    return 1;
+  ipcref__report_in(IPCREF_EDEAD, fn, what);
+  return 0;
+}
+#define IPCREF__CTX_USABLE(c)                                                  \
+  ipcref__usable(&(c)->magic, &(c)->owner_gone, __func__,                      \
+                 "the context was already freed")
+#define IPCREF__PEER_USABLE(p, fn)                                             \
+  ipcref__usable(&(p)->magic, NULL, (fn), "the peer was already freed")
 
 /* Milliseconds of the coarse monotonic clock (a vDSO read, no system
  * call; it moves once per clock tick). */
@@ -3336,6 +3656,7 @@ IPCREF_PRIVATE void ipcref__segment_destroy(ipcref_ctx *ctx,
       s->pool->be->seg_free(s->pool->be, s->pool->dev, s->daddr);
     ctx->st.device_bytes -= s->size;
   } else {
+    IPCREF__UNPOISON(s->base, s->size); /* the addresses will be reused */
     munmap(s->base, s->size);
     close(s->fd);
     if (s->ro_fd >= 0) close(s->ro_fd);
@@ -3867,6 +4188,14 @@ IPCREF_API ipcref_result ipcref_ctx_new(const ipcref_ctx_options *opt,
     IPCREF_FREE(ctx);
     return errno == ENOMEM ? IPCREF_ENOMEM : IPCREF_ESYS;
   }
+  if (pthread_mutex_init(&ctx->hdr_lock, NULL) != 0) {
+    pthread_mutex_destroy(&ctx->lock);
+    close(ctx->epfd);
+    IPCREF_FREE(ctx->uids);
+    IPCREF_FREE(ctx);
+    return IPCREF_ESYS;
+  }
+  ctx->magic = IPCREF__ALIVE;
   ctx->pid = (int)getpid();
   ctx->uid = (int)getuid();
   ctx->host.dev = 0; /* host memory: no backend */
@@ -3946,10 +4275,17 @@ IPCREF_PRIVATE void ipcref__ctx_destroy(ipcref_ctx *ctx) {
     ctx->pools = pool->next;
     IPCREF_FREE(pool);
   }
+  while (ctx->hdr_chunks) {
+    ipcref__hdr_chunk *c = ctx->hdr_chunks;
+    ctx->hdr_chunks = c->next;
+    IPCREF_FREE(c);
+  }
+  pthread_mutex_destroy(&ctx->hdr_lock);
   pthread_mutex_destroy(&ctx->lock);
   close(ctx->epfd);
   IPCREF_FREE(ctx->uids);
-  IPCREF_FREE(ctx);
+  ctx->magic = IPCREF__DEAD; /* kept a while: see checked */
+  ipcref__bury(ctx, sizeof *ctx, sizeof ctx->magic, ipcref__free_plain, NULL);
 }
 
 /* Drops one reference to the context (release ordering, then acquire
@@ -3964,7 +4300,7 @@ IPCREF_PRIVATE void ipcref__deferred_poll(ipcref_ctx *ctx);
 
 IPCREF_API void ipcref_ctx_free(ipcref_ctx *ctx) {
   int pending;
-  if (!ctx) return;
+  if (!ctx || !IPCREF__CTX_USABLE(ctx)) return;
   /* Device releases still waiting for their stream: wait for them now,
    * since nothing will poll this context any more. */
   __atomic_store_n(&ctx->owner_gone, 1, __ATOMIC_RELEASE);
@@ -4034,8 +4370,7 @@ IPCREF_PRIVATE size_t ipcref__reap(ipcref_ctx *ctx) {
     if (l->live == 0) continue;
     if (!l->holder_dead && l->holder > 0 &&
         (l->watch ? l->watch->dead : ipcref__pid_gone(l->holder))) {
-      for (s = 0; s < l->n / 2; s++)
-        ipcref__lease_reclaim(ctx, l, s, &freed);
+      for (s = 0; s < l->n / 2; s++) ipcref__lease_reclaim(ctx, l, s, &freed);
       l->holder_dead = 1;
     }
     for (s = l->n / 2; s < l->n && l->live; s++) {
@@ -4082,7 +4417,7 @@ IPCREF_PRIVATE size_t ipcref__pump(ipcref_ctx *ctx, int force) {
 
 IPCREF_API size_t ipcref_collect(ipcref_ctx *ctx) {
   size_t freed;
-  if (!ctx) return 0;
+  if (!ctx || !IPCREF__CTX_USABLE(ctx)) return 0;
   IPCREF__LOCK(ctx);
   if (ctx->deferred) ipcref__deferred_poll(ctx); /* returned at the unlock */
   freed = ipcref__sweep(ctx);
@@ -4094,7 +4429,7 @@ IPCREF_API size_t ipcref_collect(ipcref_ctx *ctx) {
 }
 
 IPCREF_API int ipcref_ctx_poll_fd(ipcref_ctx *ctx) {
-  return ctx ? ctx->epfd : -1;
+  return ctx && IPCREF__CTX_USABLE(ctx) ? ctx->epfd : -1;
 }
 
 IPCREF_API ipcref_result ipcref_ctx_poll(ipcref_ctx *ctx, int timeout_ms,
@@ -4104,6 +4439,7 @@ IPCREF_API ipcref_result ipcref_ctx_poll(ipcref_ctx *ctx, int timeout_ms,
   size_t bytes;
   if (freed) *freed = 0;
   if (!ctx) return IPCREF_EINVAL;
+  if (!IPCREF__CTX_USABLE(ctx)) return IPCREF_EDEAD;
   pfd.fd = ctx->epfd;
   pfd.events = POLLIN;
   pfd.revents = 0;
@@ -4121,6 +4457,7 @@ IPCREF_API ipcref_result ipcref_ctx_poll(ipcref_ctx *ctx, int timeout_ms,
 
 IPCREF_API ipcref_result ipcref_ctx_stats(ipcref_ctx *ctx, ipcref_stats *out) {
   if (!ctx || !out) return IPCREF_EINVAL;
+  if (!IPCREF__CTX_USABLE(ctx)) return IPCREF_EDEAD;
   IPCREF__LOCK(ctx);
   ipcref__sweep(ctx);         /* count what came back as back */
   (void)ipcref__pump(ctx, 1); /* and what the dead held as free */
@@ -4133,6 +4470,20 @@ IPCREF_API ipcref_result ipcref_ctx_stats(ipcref_ctx *ctx, ipcref_stats *out) {
 }
 
 /* ---- shared buffers ---------------------------------------------------- */
+
+/* Under AddressSanitizer, the memory of a block released here is poisoned
+ * until it is handed out again: a late read through a stale pointer is
+ * caught at the read. (Poisoning is this process's view only: consumers
+ * holding leases read on.) */
+IPCREF_PRIVATE void ipcref__block_poison(ipcref__block *b) {
+  if (!b->seg->pool->be && b->seg->cls != IPCREF__FOREIGN)
+    IPCREF__POISON(b->seg->base + b->offset, b->size);
+}
+
+IPCREF_PRIVATE void ipcref__block_unpoison(ipcref__block *b) {
+  if (!b->seg->pool->be && b->seg->cls != IPCREF__FOREIGN)
+    IPCREF__UNPOISON(b->seg->base + b->offset, b->size);
+}
 
 /* The release callback of a local shared buffer: the producer's own last
  * reference went. The block goes back, or to the limbo while leased; and
@@ -4147,6 +4498,7 @@ IPCREF_PRIVATE void ipcref__block_release(void *user, void *data) {
   ipcref__sweep(ctx);
   (void)ipcref__pump(ctx, 0);
   b->local = 0;
+  ipcref__block_poison(b);
   if (b->leases == 0) {
     ipcref__block_free(ctx, b);
   } else {
@@ -4156,7 +4508,8 @@ IPCREF_PRIVATE void ipcref__block_release(void *user, void *data) {
     ctx->st.limbo_bytes += b->size;
   }
   IPCREF__UNLOCK(ctx);
-  ipcref__ctx_unref(ctx); /* the buffer's reference */
+  /* The buffer's reference to the context goes with its header
+   * (ipcref__hdr_put), which weak references may keep. */
 }
 
 IPCREF_PRIVATE void ipcref__import_release(void *user, void *data);
@@ -4216,27 +4569,96 @@ IPCREF_PRIVATE int ipcref__shared_alias(ipcref_buf *src, void (*fn)(void *),
 
 IPCREF_PRIVATE void ipcref__block_release(void *user, void *data);
 
-/* The buffer of a new block (its first local reference); on error the
- * block goes back (a wrap without calling its owner's release). */
+/* ---- headers of shared buffers ----------------------------------------
+ * A shared buffer made here has its header in its context's memory, not
+ * the heap's: a released header waits at the back of a queue, whole and
+ * marked dead (strong count 0), and is handed out again only once
+ * IPCREF__HDR_DELAY others wait before it. So a late send or release of a
+ * buffer already released finds the count at 0 and is refused, in every
+ * build, while the context lives. Guarded by ctx->hdr_lock: headers are
+ * put back outside ctx->lock. */
+#ifdef IPCREF_CHECKED
+#define IPCREF__HDR_DELAY 4096
+#else
+#define IPCREF__HDR_DELAY 256
+#endif
+
+/* The header allocator's free: the last reference, strong or weak, went. */
+IPCREF_PRIVATE void ipcref__hdr_put(void *user, void *ptr, size_t size) {
+  ipcref_ctx *ctx = (ipcref_ctx *)user;
+  ipcref__hdr *h = (ipcref__hdr *)ptr;
+  (void)size;
+  h->next = NULL;
+  pthread_mutex_lock(&ctx->hdr_lock);
+  if (ctx->hdr_last)
+    ctx->hdr_last->next = h;
+  else
+    ctx->hdr_first = h;
+  ctx->hdr_last = h;
+  ctx->hdr_free++;
+  pthread_mutex_unlock(&ctx->hdr_lock);
+  ipcref__ctx_unref(ctx); /* the buffer's reference to its context */
+}
+
+/* A header for a new shared buffer, or NULL (out of memory). New headers
+ * go to the front of the queue, so released ones keep aging at its back. */
+IPCREF_PRIVATE ipcref__hdr *ipcref__hdr_get(ipcref_ctx *ctx) {
+  ipcref__hdr *h;
+  pthread_mutex_lock(&ctx->hdr_lock);
+  if (ctx->hdr_free <= IPCREF__HDR_DELAY) {
+    ipcref__hdr_chunk *c = (ipcref__hdr_chunk *)ipcref__zalloc(sizeof *c);
+    int i;
+    if (c) {
+      c->next = ctx->hdr_chunks;
+      ctx->hdr_chunks = c;
+      for (i = IPCREF__HDR_CHUNK - 1; i >= 0; i--) {
+        c->h[i].next = ctx->hdr_first;
+        ctx->hdr_first = &c->h[i];
+        if (!ctx->hdr_last) ctx->hdr_last = &c->h[i];
+      }
+      ctx->hdr_free += IPCREF__HDR_CHUNK;
+    }
+  }
+  h = ctx->hdr_first;
+  if (h) {
+    ctx->hdr_first = h->next;
+    if (!ctx->hdr_first) ctx->hdr_last = NULL;
+    ctx->hdr_free--;
+  }
+  pthread_mutex_unlock(&ctx->hdr_lock);
+  return h;
+}
+
+/* The buffer of a new block (its first local reference, and one reference
+ * to the context, held by its header); on error the block goes back (a
+ * wrap without calling its owner's release). */
 IPCREF_PRIVATE ipcref_result ipcref__block_buf(ipcref__block *b, size_t size,
                                                ipcref_buf **out) {
+  ipcref_ctx *ctx = b->seg->ctx;
   ipcref__pool *pool = b->seg->pool;
-  ipcref_result r;
-  if (pool->be) {
-    ipcref_device dev;
-    dev.type = pool->be->device_type;
-    dev.id = pool->dev;
-    r = ipcref_buf_wrap_device((void *)(uintptr_t)(b->seg->daddr + b->offset),
-                               size, dev, ipcref__block_release, b, out);
-  } else {
-    r = ipcref_buf_wrap(b->seg->base + b->offset, size, ipcref__block_release,
-                        b, out);
-  }
-  if (r != IPCREF_OK) {
+  ipcref__hdr *h = ipcref__hdr_get(ctx);
+  ipcref_allocator a;
+  ipcref_device dev;
+  void *data;
+  if (!h) {
     b->release = NULL;
     ipcref__block_release(b, NULL);
+    ipcref__ctx_unref(ctx);
+    return IPCREF_ENOMEM;
   }
-  return r;
+  a.alloc = ipcref__default_alloc; /* unused: the header is never resized */
+  a.free = ipcref__hdr_put;
+  a.user = ctx;
+  dev.type = pool->be ? pool->be->device_type : IPCREF_DEVICE_CPU;
+  dev.id = pool->be ? pool->dev : 0;
+  if (pool->be)
+    data = (void *)(uintptr_t)(b->seg->daddr + b->offset);
+  else
+    data = b->seg->base + b->offset;
+  ipcref__block_unpoison(b);
+  ipcref__buf_adopt(&h->buf, data, size, dev, ipcref__block_release, b, &a);
+  *out = &h->buf;
+  return IPCREF_OK;
 }
 
 /* Counts a new block as live (under the lock). */
@@ -4272,6 +4694,7 @@ IPCREF_PRIVATE ipcref_result ipcref__shared_new(ipcref_ctx *ctx,
 IPCREF_API ipcref_result ipcref_shared_new(ipcref_ctx *ctx, size_t size,
                                            ipcref_buf **out) {
   if (!ctx || !out) return IPCREF_EINVAL;
+  if (!IPCREF__CTX_USABLE(ctx)) return IPCREF_EDEAD;
   return ipcref__shared_new(ctx, &ctx->host, size, ctx->opt.isolate, out);
 }
 
@@ -4279,6 +4702,7 @@ IPCREF_API ipcref_result ipcref_shared_new_isolated(ipcref_ctx *ctx,
                                                     size_t size,
                                                     ipcref_buf **out) {
   if (!ctx || !out) return IPCREF_EINVAL;
+  if (!IPCREF__CTX_USABLE(ctx)) return IPCREF_EDEAD;
   return ipcref__shared_new(ctx, &ctx->host, size, 1, out);
 }
 
@@ -4301,6 +4725,7 @@ IPCREF_API ipcref_result ipcref_ctx_add_backend(ipcref_ctx *ctx,
       !be->seg_close || !be->event_record || !be->event_free ||
       !be->event_wait || !be->fence || !be->fence_done)
     return IPCREF_EINVAL;
+  if (!IPCREF__CTX_USABLE(ctx)) return IPCREF_EDEAD;
   IPCREF__LOCK(ctx);
   if (!ipcref__backend(ctx, be->device_type))
     for (i = 0; i < 8; i++)
@@ -4342,6 +4767,7 @@ IPCREF_API ipcref_result ipcref_device_new(ipcref_ctx *ctx, ipcref_device dev,
   ipcref_result r = IPCREF_OK;
   if (!ctx || !out || dev.type <= IPCREF_DEVICE_CPU || dev.id < 0)
     return IPCREF_EINVAL;
+  if (!IPCREF__CTX_USABLE(ctx)) return IPCREF_EDEAD;
   IPCREF__LOCK(ctx);
   pool = ipcref__pool_of(ctx, dev, &r);
   IPCREF__UNLOCK(ctx);
@@ -4360,6 +4786,7 @@ IPCREF_API ipcref_result ipcref_device_wrap(
   size_t alloc_size;
   if (!ctx || !out || !ptr || dev.type <= IPCREF_DEVICE_CPU || dev.id < 0)
     return IPCREF_EINVAL;
+  if (!IPCREF__CTX_USABLE(ctx)) return IPCREF_EDEAD;
   IPCREF__LOCK(ctx);
   pool = ipcref__pool_of(ctx, dev, &r);
   IPCREF__UNLOCK(ctx);
@@ -4796,6 +5223,7 @@ IPCREF_API ipcref_result ipcref_peer_new(ipcref_ctx *ctx, int sockfd,
   int type = 0;
   socklen_t tlen = sizeof type;
   if (!ctx || !out || sockfd < 0) return IPCREF_EINVAL;
+  if (!IPCREF__CTX_USABLE(ctx)) return IPCREF_EDEAD;
   if (getsockopt(sockfd, SOL_SOCKET, SO_TYPE, &type, &tlen) != 0)
     return errno == ENOTSOCK || errno == EBADF ? IPCREF_EINVAL : IPCREF_ESYS;
   if (type != SOCK_STREAM && type != SOCK_SEQPACKET) return IPCREF_EINVAL;
@@ -4809,6 +5237,7 @@ IPCREF_API ipcref_result ipcref_peer_new(ipcref_ctx *ctx, int sockfd,
   }
   p = (ipcref_peer *)ipcref__zalloc(sizeof *p);
   if (!p) return IPCREF_ENOMEM;
+  p->magic = IPCREF__ALIVE;
   p->ctx = ctx;
   p->fd = sockfd;
   p->pid = (int)cred.pid;
@@ -4832,7 +5261,7 @@ IPCREF_API ipcref_result ipcref_peer_new(ipcref_ctx *ctx, int sockfd,
 }
 
 IPCREF_API int ipcref_peer_pid(ipcref_peer *p) {
-  if (!p) return 0;
+  if (!p || !IPCREF__PEER_USABLE(p, "ipcref_peer_pid")) return 0;
   if (!p->hello) (void)ipcref__hello_read(p, 5000);
   return p->pid;
 }
@@ -4840,7 +5269,7 @@ IPCREF_API int ipcref_peer_pid(ipcref_peer *p) {
 IPCREF_API int ipcref_peer_alive(ipcref_peer *p) {
   struct pollfd pfd;
   int alive;
-  if (!p) return 0;
+  if (!p || !IPCREF__PEER_USABLE(p, "ipcref_peer_alive")) return 0;
   if (!p->hello) (void)ipcref__hello_read(p, 0);
   if (p->hello > 0) {
     ipcref_ctx *ctx = p->ctx;
@@ -4865,7 +5294,7 @@ IPCREF_API int ipcref_peer_alive(ipcref_peer *p) {
 IPCREF_API void ipcref_peer_free(ipcref_peer *p) {
   ipcref_ctx *ctx;
   ipcref__ledger *l;
-  if (!p) return;
+  if (!p || !IPCREF__PEER_USABLE(p, "ipcref_peer_free")) return;
   ctx = p->ctx;
   /* Read what the other side sent and nobody will: the leases in it go
    * back at once, and closing a socket with unread data would reset the
@@ -4890,7 +5319,10 @@ IPCREF_API void ipcref_peer_free(ipcref_peer *p) {
   close(p->fd);
   IPCREF_FREE(p->seen);
   IPCREF_FREE(p->retired);
-  IPCREF_FREE(p);
+  /* Kept a while, marked dead: a later call on it is refused, not a use
+   * of freed memory (see checked). */
+  p->magic = IPCREF__DEAD;
+  ipcref__bury(p, sizeof *p, sizeof p->magic, ipcref__free_plain, NULL);
 }
 
 /* 1 when the other side was sent (nonce, key) already; else records it. */
@@ -5185,6 +5617,24 @@ IPCREF_PRIVATE void ipcref__unsee(ipcref_peer *p, const ipcref__fd_rec *fdr,
         p->seen[k] = p->seen[--p->nseen];
         break;
       }
+}
+
+/* EDEAD, reported naming `fn`, when a view's buffer is a shared buffer
+ * made here that was already released (its header is its context's, so
+ * this check is safe in every build: see ipcref__hdr_get); else OK. */
+IPCREF_PRIVATE ipcref_result ipcref__views_live(const ipcref_view *views, int n,
+                                                const char *fn) {
+  int i;
+  for (i = 0; i < n; i++) {
+    const ipcref_buf *b = views[i].buf;
+    if (b && b->release == ipcref__block_release &&
+        __atomic_load_n(&b->strong, __ATOMIC_ACQUIRE) == 0) {
+      ipcref__report_in(IPCREF_EDEAD, fn,
+                        "a view of a shared buffer already released");
+      return IPCREF_EDEAD;
+    }
+  }
+  return IPCREF_OK;
 }
 
 /* Builds a message for `n` views (under the lock). */
@@ -5652,12 +6102,15 @@ IPCREF_PRIVATE ipcref_result ipcref__hello_need(ipcref_peer *p) {
 
 IPCREF_API ipcref_result ipcref_export(ipcref_peer *p, const ipcref_view *v,
                                        ipcref_msg *msg) {
+  ipcref__view_event ev[1];
   ipcref_result r;
   if (!p || !v || !msg) return IPCREF_EINVAL;
+  if (!IPCREF__PEER_USABLE(p, "ipcref_export")) return IPCREF_EDEAD;
+  r = ipcref__views_live(v, 1, "ipcref_export");
+  if (r != IPCREF_OK) return r;
   msg->len = 0;
   msg->nfds = 0;
   msg->origin = NULL;
-  ipcref__view_event ev[1];
   r = ipcref__hello_need(p);
   if (r == IPCREF_OK) r = ipcref__events_record(v, 1, NULL, ev);
   if (r != IPCREF_OK) return r;
@@ -5676,7 +6129,8 @@ IPCREF_API ipcref_result ipcref_import(ipcref_peer *p, ipcref_msg *msg,
   if (!p || !msg || !out || msg->nfds < 0 || msg->nfds > IPCREF_MSG_MAX_FDS ||
       msg->len > sizeof msg->bytes)
     return IPCREF_EINVAL;
-  r = ipcref__hello_need(p);
+  r = IPCREF__PEER_USABLE(p, "ipcref_import") ? ipcref__hello_need(p)
+                                              : IPCREF_EDEAD;
   if (r == IPCREF_OK)
     r = ipcref__import_bytes(p, msg->bytes, msg->len, msg->fds, msg->nfds, NULL,
                              views, &n);
@@ -5799,12 +6253,14 @@ IPCREF_PRIVATE ipcref_result ipcref__send_raw(ipcref_peer *p,
 
 IPCREF_PRIVATE ipcref_result ipcref__send(ipcref_peer *p,
                                           const ipcref_view *views, int n,
-                                          void *stream) {
+                                          void *stream, const char *fn) {
   ipcref__view_event ev[IPCREF__MSG_VIEWS];
   ipcref_msg msg;
   ipcref_result r;
   if (!p || !views || n < 1 || n > IPCREF__MSG_VIEWS) return IPCREF_EINVAL;
-  r = ipcref__hello_need(p);
+  if (!IPCREF__PEER_USABLE(p, fn)) return IPCREF_EDEAD;
+  r = ipcref__views_live(views, n, fn);
+  if (r == IPCREF_OK) r = ipcref__hello_need(p);
   if (r == IPCREF_OK) r = ipcref__events_record(views, n, stream, ev);
   if (r != IPCREF_OK) return r;
   msg.len = 0;
@@ -5827,16 +6283,16 @@ IPCREF_PRIVATE ipcref_result ipcref__send(ipcref_peer *p,
 
 IPCREF_API ipcref_result ipcref_send_batch(ipcref_peer *p,
                                            const ipcref_view *views, int n) {
-  return ipcref__send(p, views, n, NULL);
+  return ipcref__send(p, views, n, NULL, "ipcref_send_batch");
 }
 
 IPCREF_API ipcref_result ipcref_send(ipcref_peer *p, const ipcref_view *v) {
-  return ipcref__send(p, v, 1, NULL);
+  return ipcref__send(p, v, 1, NULL, "ipcref_send");
 }
 
 IPCREF_API ipcref_result ipcref_send_on(ipcref_peer *p, const ipcref_view *v,
                                         void *stream) {
-  return ipcref__send(p, v, 1, stream);
+  return ipcref__send(p, v, 1, stream, "ipcref_send_on");
 }
 
 /* Reads exactly n bytes from a stream socket. */
@@ -5874,6 +6330,7 @@ IPCREF_API ipcref_result ipcref_recv_on(ipcref_peer *p, ipcref_view *out,
   ssize_t k;
   ipcref_result r;
   if (!p || !out) return IPCREF_EINVAL;
+  if (!IPCREF__PEER_USABLE(p, "ipcref_recv")) return IPCREF_EDEAD;
   if (p->pending_pos < p->npending) {
     *out = p->pending[p->pending_pos++];
     return IPCREF_OK;

@@ -49,7 +49,7 @@ typedef enum ipcref_result {
   IPCREF_EPEER = -8,       /* the peer is gone or not allowed */
   IPCREF_ETIMEDOUT = -9,   /* the wait ran out */
   IPCREF_ESATURATED = -10, /* a reference count saturated: the object leaks */
-  IPCREF_EDEAD = -11,      /* a reference was released on a dead object */
+  IPCREF_EDEAD = -11,      /* the object was already released or freed */
   IPCREF_ENEEDCOPY = -12,  /* not possible without copying the data */
   IPCREF_EDEVICE = -13     /* device memory: the host cannot touch it */
 } ipcref_result;
@@ -160,7 +160,7 @@ IPCREF_API const char *ipcref_strerror(ipcref_result r) {
   case IPCREF_EPEER: return "peer is gone or not allowed";
   case IPCREF_ETIMEDOUT: return "timed out";
   case IPCREF_ESATURATED: return "reference count saturated; the object leaks";
-  case IPCREF_EDEAD: return "reference released on a dead object";
+  case IPCREF_EDEAD: return "the object was already released or freed";
   case IPCREF_ENEEDCOPY:
     return "not possible without a copy (the strides do not allow it)";
   case IPCREF_EDEVICE:
@@ -189,6 +189,21 @@ IPCREF_PRIVATE IPCREF__NOINLINE void ipcref__report(ipcref_result code,
 #if defined(IPCREF_DEBUG) && !defined(IPCREF_NO_STDIO)
   fprintf(stderr, "ipcref: %s (%s)\n", message, ipcref_strerror(code));
 #endif
+}
+
+/* A misuse met by public function `fn`, to the hook as "fn: what". */
+IPCREF_PRIVATE IPCREF__NOINLINE void
+ipcref__report_in(ipcref_result code, const char *fn, const char *what) {
+  char m[192];
+  size_t a = strlen(fn), b = strlen(what);
+  if (a > 80) a = 80;
+  if (b > sizeof m - a - 3) b = sizeof m - a - 3;
+  memcpy(m, fn, a);
+  m[a] = ':';
+  m[a + 1] = ' ';
+  memcpy(m + a + 2, what, b);
+  m[a + 2 + b] = '\0';
+  ipcref__report(code, m);
 }
 
 IPCREF_PRIVATE void *ipcref__default_alloc(void *user, size_t size) {

@@ -191,6 +191,24 @@ ipcref__saturate(int32_t *counter, int32_t old, const char *what) {
   /* old < 0: already saturated; keep it pinned and stay quiet. */
 }
 
+/* IPCREF_CHECKED: 1 (and a report naming `fn`) when `b` was released,
+ * its data gone. Its header is still readable: it waits in the
+ * quarantine, or in its context. */
+IPCREF_PRIVATE IPCREF__NOINLINE int ipcref__buf_dead(const ipcref_buf *b,
+                                                     const char *fn) {
+  if (__atomic_load_n(&b->strong, __ATOMIC_ACQUIRE) != 0) return 0;
+  ipcref__report_in(IPCREF_EDEAD, fn, "the buffer was already released");
+  return 1;
+}
+#ifdef IPCREF_CHECKED
+#define IPCREF__BUF_CHECK(b, ret)                                              \
+  do {                                                                         \
+    if ((b) && ipcref__buf_dead((b), __func__)) return ret;                    \
+  } while (0)
+#else
+#define IPCREF__BUF_CHECK(b, ret) ((void)0)
+#endif
+
 IPCREF_PRIVATE ipcref_result ipcref__buf_alloc(const ipcref_allocator *a,
                                                size_t size, size_t align,
                                                ipcref_buf **out) {
@@ -269,6 +287,26 @@ IPCREF_API ipcref_result ipcref_buf_wrap_device(
   return r;
 }
 
+/* Makes `b`, a header its caller keeps (a context's), a buffer over
+ * `data` as ipcref_buf_wrap_device would, returned through `a` (which
+ * owns the header) when its last reference goes. */
+IPCREF_PRIVATE void ipcref__buf_adopt(ipcref_buf *b, void *data, size_t size,
+                                      ipcref_device device,
+                                      void (*release)(void *, void *),
+                                      void *user, const ipcref_allocator *a) {
+  b->strong = 1;
+  b->weak = 1;
+  b->flags = 0;
+  b->data = data;
+  b->size = size;
+  b->align = 1;
+  b->release = release;
+  b->release_user = user;
+  b->allocator = *a;
+  b->alloc_size = sizeof *b;
+  b->device = device;
+}
+
 IPCREF_API ipcref_device ipcref_buf_device(const ipcref_buf *b) {
   ipcref_device cpu;
   cpu.type = IPCREF_DEVICE_CPU;
@@ -290,7 +328,9 @@ IPCREF_API ipcref_buf *ipcref_buf_retain(ipcref_buf *b) {
    * retain on a dead buffer; both pin the count instead of wrapping. */
   old = __atomic_fetch_add(&b->strong, 1, __ATOMIC_RELAXED);
   if (IPCREF__UNLIKELY(old <= 0 || old == INT32_MAX))
-    ipcref__saturate(&b->strong, old, "retain on a dead or saturated buffer");
+    ipcref__saturate(
+        &b->strong, old,
+        "ipcref_buf_retain: retain on a released or saturated buffer");
   return b;
 }
 
@@ -298,10 +338,21 @@ IPCREF_PRIVATE void ipcref__weak_drop(ipcref_buf *b) {
   int32_t old = __atomic_fetch_sub(&b->weak, 1, __ATOMIC_RELEASE);
   if (IPCREF__LIKELY(old != 1)) {
     if (IPCREF__UNLIKELY(old <= 0))
-      ipcref__saturate(&b->weak, old, "weak release on a dead buffer");
+      ipcref__saturate(&b->weak, old,
+                       "ipcref_weak_release: weak reference released twice");
     return;
   }
   IPCREF__ACQUIRE_FENCE(&b->weak);
+#ifdef IPCREF_CHECKED
+  /* The header stays readable (strong and weak at 0: dead), inline data
+   * poisoned, until it leaves the quarantine. Not a caller's allocator's
+   * memory: its `user` need only outlive the buffer. */
+  if (b->allocator.free == ipcref__default_free) {
+    ipcref__bury(b, b->alloc_size, sizeof *b, b->allocator.free,
+                 b->allocator.user);
+    return;
+  }
+#endif
   b->allocator.free(b->allocator.user, b, b->alloc_size);
 }
 
@@ -316,7 +367,8 @@ IPCREF_PRIVATE IPCREF__NOINLINE void ipcref__buf_drop_slow(ipcref_buf *b) {
 IPCREF_PRIVATE IPCREF__NOINLINE void ipcref__buf_release_slow(ipcref_buf *b,
                                                               int32_t old) {
   if (old <= 0) {
-    ipcref__saturate(&b->strong, old, "release on a dead buffer");
+    ipcref__saturate(&b->strong, old,
+                     "ipcref_buf_release: the buffer was already released");
     return;
   }
   /* old == 1: the last reference. Acquire pairs with every other thread's
@@ -336,10 +388,12 @@ IPCREF_API void ipcref_buf_release(ipcref_buf *b) {
 }
 
 IPCREF_API void *ipcref_buf_data(const ipcref_buf *b) {
+  IPCREF__BUF_CHECK(b, NULL);
   return b ? b->data : NULL;
 }
 
 IPCREF_API size_t ipcref_buf_size(const ipcref_buf *b) {
+  IPCREF__BUF_CHECK(b, 0);
   return b ? b->size : 0;
 }
 
@@ -387,6 +441,7 @@ IPCREF_PRIVATE int ipcref__buf_read_only(const ipcref_buf *b) {
 }
 
 IPCREF_API void *ipcref_buf_get_mut(ipcref_buf *b) {
+  IPCREF__BUF_CHECK(b, NULL);
   return ipcref_buf_is_unique(b) && !ipcref__buf_read_only(b) ? b->data : NULL;
 }
 
@@ -394,6 +449,7 @@ IPCREF_API ipcref_result ipcref_buf_make_mut(ipcref_buf **pb) {
   ipcref_buf *old, *copy;
   ipcref_result r;
   if (!pb || !*pb) return IPCREF_EINVAL;
+  IPCREF__BUF_CHECK(*pb, IPCREF_EDEAD);
   old = *pb;
   if (ipcref_buf_is_unique(old)) return IPCREF_OK;
   if (!ipcref__buf_on_host(old)) return IPCREF_EDEVICE;
@@ -411,6 +467,7 @@ IPCREF_API ipcref_result ipcref_buf_make_mut(ipcref_buf **pb) {
 IPCREF_API ipcref_weak *ipcref_buf_downgrade(ipcref_buf *b) {
   int32_t cur;
   if (!b) return NULL;
+  IPCREF__BUF_CHECK(b, NULL);
   cur = __atomic_load_n(&b->weak, __ATOMIC_RELAXED);
   for (;;) {
     if (cur == IPCREF__WEAK_LOCKED) { /* is_unique is looking: brief */
@@ -419,7 +476,8 @@ IPCREF_API ipcref_weak *ipcref_buf_downgrade(ipcref_buf *b) {
     }
     if (cur < 0) break; /* saturated: stays pinned */
     if (cur == INT32_MAX) {
-      ipcref__saturate(&b->weak, cur, "weak count saturated");
+      ipcref__saturate(&b->weak, cur,
+                       "ipcref_buf_downgrade: weak count saturated");
       break;
     }
     /* Acquire pairs with the release store that unlocks is_unique. */
@@ -441,7 +499,8 @@ IPCREF_API ipcref_buf *ipcref_weak_upgrade(ipcref_weak *w) {
     if (cur == 0) return NULL;
     if (cur < 0) return b; /* saturated: the data never dies */
     if (cur == INT32_MAX) {
-      ipcref__saturate(&b->strong, cur, "strong count saturated");
+      ipcref__saturate(&b->strong, cur,
+                       "ipcref_weak_upgrade: strong count saturated");
       return b;
     }
     if (__atomic_compare_exchange_n(&b->strong, &cur, cur + 1, 1,
@@ -456,6 +515,7 @@ IPCREF_API void ipcref_weak_release(ipcref_weak *w) {
 
 IPCREF_API void ipcref_buf_set_shared_mut(ipcref_buf *b, int on) {
   if (!b) return;
+  IPCREF__BUF_CHECK(b, );
   if (on)
     __atomic_fetch_or(&b->flags, IPCREF__BUF_SHARED_MUT, __ATOMIC_RELEASE);
   else

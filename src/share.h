@@ -559,7 +559,7 @@ struct ipcref__segment {
   int cached; /* empty, and counted in ctx->empty_bytes */
 };
 
-#define IPCREF__LATE 16 /* holes stepped over that a ledger remembers */
+#define IPCREF__LATE      16 /* holes stepped over that a ledger remembers */
 
 typedef struct ipcref__lease {
   ipcref__block *block; /* NULL: free */
@@ -633,6 +633,7 @@ typedef struct ipcref__seen {
 } ipcref__seen_key;
 
 struct ipcref_peer {
+  uint32_t magic; /* IPCREF__ALIVE; IPCREF__DEAD once freed (quarantined) */
   ipcref_ctx *ctx;
   int fd, pid, uid, sock_type;
   ipcref__watch *watch; /* the other process (from its hello) */
@@ -650,7 +651,19 @@ struct ipcref_peer {
   ipcref_peer *next, *prev;
 };
 
+/* Headers of the shared buffers made here (see ipcref__hdr_get). */
+typedef struct ipcref__hdr {
+  ipcref_buf buf; /* first: the buffer handle is the header's address */
+  struct ipcref__hdr *next;
+} ipcref__hdr;
+#define IPCREF__HDR_CHUNK 64
+typedef struct ipcref__hdr_chunk {
+  struct ipcref__hdr_chunk *next;
+  ipcref__hdr h[IPCREF__HDR_CHUNK];
+} ipcref__hdr_chunk;
+
 struct ipcref_ctx {
+  uint32_t magic; /* IPCREF__ALIVE; IPCREF__DEAD once freed (quarantined) */
   pthread_mutex_t lock;
   ipcref_ctx_options opt;
   uint64_t nonce;
@@ -682,6 +695,11 @@ struct ipcref_ctx {
   int uid;
   int refs; /* atomic: the owner's, and one per live shared or imported
                buffer; the context is torn down when the last one goes */
+  pthread_mutex_t hdr_lock;          /* guards the header queue below; never
+                                        held with ctx->lock taken after it */
+  ipcref__hdr_chunk *hdr_chunks;     /* every header, freed with the context */
+  ipcref__hdr *hdr_first, *hdr_last; /* released ones, oldest first */
+  size_t hdr_free;
 };
 
 /* Intrusive doubly linked lists: `head` is the first node, nodes link
@@ -800,6 +818,25 @@ IPCREF_PRIVATE void ipcref__ctx_report(ipcref_ctx *ctx, ipcref_result code,
   else
     ipcref__report(code, message);
 }
+
+/* 1 when the context or peer whose mark is `magic` is still usable: not
+ * freed (it then waits, marked dead and poisoned but for the mark, in the
+ * quarantine) and, for a context, not given up by its owner (*owner_gone;
+ * read only past the mark). Else the call is reported, naming the public
+ * function `fn`. */
+IPCREF_PRIVATE int ipcref__usable(const uint32_t *magic, const int *owner_gone,
+                                  const char *fn, const char *what) {
+  if (__atomic_load_n(magic, __ATOMIC_RELAXED) == IPCREF__ALIVE &&
+      !(owner_gone && __atomic_load_n(owner_gone, __ATOMIC_RELAXED)))
+    return 1;
+  ipcref__report_in(IPCREF_EDEAD, fn, what);
+  return 0;
+}
+#define IPCREF__CTX_USABLE(c)                                                  \
+  ipcref__usable(&(c)->magic, &(c)->owner_gone, __func__,                      \
+                 "the context was already freed")
+#define IPCREF__PEER_USABLE(p, fn)                                             \
+  ipcref__usable(&(p)->magic, NULL, (fn), "the peer was already freed")
 
 /* Milliseconds of the coarse monotonic clock (a vDSO read, no system
  * call; it moves once per clock tick). */
@@ -949,6 +986,7 @@ IPCREF_PRIVATE void ipcref__segment_destroy(ipcref_ctx *ctx,
       s->pool->be->seg_free(s->pool->be, s->pool->dev, s->daddr);
     ctx->st.device_bytes -= s->size;
   } else {
+    IPCREF__UNPOISON(s->base, s->size); /* the addresses will be reused */
     munmap(s->base, s->size);
     close(s->fd);
     if (s->ro_fd >= 0) close(s->ro_fd);
@@ -1480,6 +1518,14 @@ IPCREF_API ipcref_result ipcref_ctx_new(const ipcref_ctx_options *opt,
     IPCREF_FREE(ctx);
     return errno == ENOMEM ? IPCREF_ENOMEM : IPCREF_ESYS;
   }
+  if (pthread_mutex_init(&ctx->hdr_lock, NULL) != 0) {
+    pthread_mutex_destroy(&ctx->lock);
+    close(ctx->epfd);
+    IPCREF_FREE(ctx->uids);
+    IPCREF_FREE(ctx);
+    return IPCREF_ESYS;
+  }
+  ctx->magic = IPCREF__ALIVE;
   ctx->pid = (int)getpid();
   ctx->uid = (int)getuid();
   ctx->host.dev = 0; /* host memory: no backend */
@@ -1559,10 +1605,17 @@ IPCREF_PRIVATE void ipcref__ctx_destroy(ipcref_ctx *ctx) {
     ctx->pools = pool->next;
     IPCREF_FREE(pool);
   }
+  while (ctx->hdr_chunks) {
+    ipcref__hdr_chunk *c = ctx->hdr_chunks;
+    ctx->hdr_chunks = c->next;
+    IPCREF_FREE(c);
+  }
+  pthread_mutex_destroy(&ctx->hdr_lock);
   pthread_mutex_destroy(&ctx->lock);
   close(ctx->epfd);
   IPCREF_FREE(ctx->uids);
-  IPCREF_FREE(ctx);
+  ctx->magic = IPCREF__DEAD; /* kept a while: see checked */
+  ipcref__bury(ctx, sizeof *ctx, sizeof ctx->magic, ipcref__free_plain, NULL);
 }
 
 /* Drops one reference to the context (release ordering, then acquire
@@ -1577,7 +1630,7 @@ IPCREF_PRIVATE void ipcref__deferred_poll(ipcref_ctx *ctx);
 
 IPCREF_API void ipcref_ctx_free(ipcref_ctx *ctx) {
   int pending;
-  if (!ctx) return;
+  if (!ctx || !IPCREF__CTX_USABLE(ctx)) return;
   /* Device releases still waiting for their stream: wait for them now,
    * since nothing will poll this context any more. */
   __atomic_store_n(&ctx->owner_gone, 1, __ATOMIC_RELEASE);
@@ -1647,8 +1700,7 @@ IPCREF_PRIVATE size_t ipcref__reap(ipcref_ctx *ctx) {
     if (l->live == 0) continue;
     if (!l->holder_dead && l->holder > 0 &&
         (l->watch ? l->watch->dead : ipcref__pid_gone(l->holder))) {
-      for (s = 0; s < l->n / 2; s++)
-        ipcref__lease_reclaim(ctx, l, s, &freed);
+      for (s = 0; s < l->n / 2; s++) ipcref__lease_reclaim(ctx, l, s, &freed);
       l->holder_dead = 1;
     }
     for (s = l->n / 2; s < l->n && l->live; s++) {
@@ -1695,7 +1747,7 @@ IPCREF_PRIVATE size_t ipcref__pump(ipcref_ctx *ctx, int force) {
 
 IPCREF_API size_t ipcref_collect(ipcref_ctx *ctx) {
   size_t freed;
-  if (!ctx) return 0;
+  if (!ctx || !IPCREF__CTX_USABLE(ctx)) return 0;
   IPCREF__LOCK(ctx);
   if (ctx->deferred) ipcref__deferred_poll(ctx); /* returned at the unlock */
   freed = ipcref__sweep(ctx);
@@ -1707,7 +1759,7 @@ IPCREF_API size_t ipcref_collect(ipcref_ctx *ctx) {
 }
 
 IPCREF_API int ipcref_ctx_poll_fd(ipcref_ctx *ctx) {
-  return ctx ? ctx->epfd : -1;
+  return ctx && IPCREF__CTX_USABLE(ctx) ? ctx->epfd : -1;
 }
 
 IPCREF_API ipcref_result ipcref_ctx_poll(ipcref_ctx *ctx, int timeout_ms,
@@ -1717,6 +1769,7 @@ IPCREF_API ipcref_result ipcref_ctx_poll(ipcref_ctx *ctx, int timeout_ms,
   size_t bytes;
   if (freed) *freed = 0;
   if (!ctx) return IPCREF_EINVAL;
+  if (!IPCREF__CTX_USABLE(ctx)) return IPCREF_EDEAD;
   pfd.fd = ctx->epfd;
   pfd.events = POLLIN;
   pfd.revents = 0;
@@ -1734,6 +1787,7 @@ IPCREF_API ipcref_result ipcref_ctx_poll(ipcref_ctx *ctx, int timeout_ms,
 
 IPCREF_API ipcref_result ipcref_ctx_stats(ipcref_ctx *ctx, ipcref_stats *out) {
   if (!ctx || !out) return IPCREF_EINVAL;
+  if (!IPCREF__CTX_USABLE(ctx)) return IPCREF_EDEAD;
   IPCREF__LOCK(ctx);
   ipcref__sweep(ctx);         /* count what came back as back */
   (void)ipcref__pump(ctx, 1); /* and what the dead held as free */
@@ -1746,6 +1800,20 @@ IPCREF_API ipcref_result ipcref_ctx_stats(ipcref_ctx *ctx, ipcref_stats *out) {
 }
 
 /* ---- shared buffers ---------------------------------------------------- */
+
+/* Under AddressSanitizer, the memory of a block released here is poisoned
+ * until it is handed out again: a late read through a stale pointer is
+ * caught at the read. (Poisoning is this process's view only: consumers
+ * holding leases read on.) */
+IPCREF_PRIVATE void ipcref__block_poison(ipcref__block *b) {
+  if (!b->seg->pool->be && b->seg->cls != IPCREF__FOREIGN)
+    IPCREF__POISON(b->seg->base + b->offset, b->size);
+}
+
+IPCREF_PRIVATE void ipcref__block_unpoison(ipcref__block *b) {
+  if (!b->seg->pool->be && b->seg->cls != IPCREF__FOREIGN)
+    IPCREF__UNPOISON(b->seg->base + b->offset, b->size);
+}
 
 /* The release callback of a local shared buffer: the producer's own last
  * reference went. The block goes back, or to the limbo while leased; and
@@ -1760,6 +1828,7 @@ IPCREF_PRIVATE void ipcref__block_release(void *user, void *data) {
   ipcref__sweep(ctx);
   (void)ipcref__pump(ctx, 0);
   b->local = 0;
+  ipcref__block_poison(b);
   if (b->leases == 0) {
     ipcref__block_free(ctx, b);
   } else {
@@ -1769,7 +1838,8 @@ IPCREF_PRIVATE void ipcref__block_release(void *user, void *data) {
     ctx->st.limbo_bytes += b->size;
   }
   IPCREF__UNLOCK(ctx);
-  ipcref__ctx_unref(ctx); /* the buffer's reference */
+  /* The buffer's reference to the context goes with its header
+   * (ipcref__hdr_put), which weak references may keep. */
 }
 
 IPCREF_PRIVATE void ipcref__import_release(void *user, void *data);
@@ -1829,27 +1899,96 @@ IPCREF_PRIVATE int ipcref__shared_alias(ipcref_buf *src, void (*fn)(void *),
 
 IPCREF_PRIVATE void ipcref__block_release(void *user, void *data);
 
-/* The buffer of a new block (its first local reference); on error the
- * block goes back (a wrap without calling its owner's release). */
+/* ---- headers of shared buffers ----------------------------------------
+ * A shared buffer made here has its header in its context's memory, not
+ * the heap's: a released header waits at the back of a queue, whole and
+ * marked dead (strong count 0), and is handed out again only once
+ * IPCREF__HDR_DELAY others wait before it. So a late send or release of a
+ * buffer already released finds the count at 0 and is refused, in every
+ * build, while the context lives. Guarded by ctx->hdr_lock: headers are
+ * put back outside ctx->lock. */
+#ifdef IPCREF_CHECKED
+#define IPCREF__HDR_DELAY 4096
+#else
+#define IPCREF__HDR_DELAY 256
+#endif
+
+/* The header allocator's free: the last reference, strong or weak, went. */
+IPCREF_PRIVATE void ipcref__hdr_put(void *user, void *ptr, size_t size) {
+  ipcref_ctx *ctx = (ipcref_ctx *)user;
+  ipcref__hdr *h = (ipcref__hdr *)ptr;
+  (void)size;
+  h->next = NULL;
+  pthread_mutex_lock(&ctx->hdr_lock);
+  if (ctx->hdr_last)
+    ctx->hdr_last->next = h;
+  else
+    ctx->hdr_first = h;
+  ctx->hdr_last = h;
+  ctx->hdr_free++;
+  pthread_mutex_unlock(&ctx->hdr_lock);
+  ipcref__ctx_unref(ctx); /* the buffer's reference to its context */
+}
+
+/* A header for a new shared buffer, or NULL (out of memory). New headers
+ * go to the front of the queue, so released ones keep aging at its back. */
+IPCREF_PRIVATE ipcref__hdr *ipcref__hdr_get(ipcref_ctx *ctx) {
+  ipcref__hdr *h;
+  pthread_mutex_lock(&ctx->hdr_lock);
+  if (ctx->hdr_free <= IPCREF__HDR_DELAY) {
+    ipcref__hdr_chunk *c = (ipcref__hdr_chunk *)ipcref__zalloc(sizeof *c);
+    int i;
+    if (c) {
+      c->next = ctx->hdr_chunks;
+      ctx->hdr_chunks = c;
+      for (i = IPCREF__HDR_CHUNK - 1; i >= 0; i--) {
+        c->h[i].next = ctx->hdr_first;
+        ctx->hdr_first = &c->h[i];
+        if (!ctx->hdr_last) ctx->hdr_last = &c->h[i];
+      }
+      ctx->hdr_free += IPCREF__HDR_CHUNK;
+    }
+  }
+  h = ctx->hdr_first;
+  if (h) {
+    ctx->hdr_first = h->next;
+    if (!ctx->hdr_first) ctx->hdr_last = NULL;
+    ctx->hdr_free--;
+  }
+  pthread_mutex_unlock(&ctx->hdr_lock);
+  return h;
+}
+
+/* The buffer of a new block (its first local reference, and one reference
+ * to the context, held by its header); on error the block goes back (a
+ * wrap without calling its owner's release). */
 IPCREF_PRIVATE ipcref_result ipcref__block_buf(ipcref__block *b, size_t size,
                                                ipcref_buf **out) {
+  ipcref_ctx *ctx = b->seg->ctx;
   ipcref__pool *pool = b->seg->pool;
-  ipcref_result r;
-  if (pool->be) {
-    ipcref_device dev;
-    dev.type = pool->be->device_type;
-    dev.id = pool->dev;
-    r = ipcref_buf_wrap_device((void *)(uintptr_t)(b->seg->daddr + b->offset),
-                               size, dev, ipcref__block_release, b, out);
-  } else {
-    r = ipcref_buf_wrap(b->seg->base + b->offset, size, ipcref__block_release,
-                        b, out);
-  }
-  if (r != IPCREF_OK) {
+  ipcref__hdr *h = ipcref__hdr_get(ctx);
+  ipcref_allocator a;
+  ipcref_device dev;
+  void *data;
+  if (!h) {
     b->release = NULL;
     ipcref__block_release(b, NULL);
+    ipcref__ctx_unref(ctx);
+    return IPCREF_ENOMEM;
   }
-  return r;
+  a.alloc = ipcref__default_alloc; /* unused: the header is never resized */
+  a.free = ipcref__hdr_put;
+  a.user = ctx;
+  dev.type = pool->be ? pool->be->device_type : IPCREF_DEVICE_CPU;
+  dev.id = pool->be ? pool->dev : 0;
+  if (pool->be)
+    data = (void *)(uintptr_t)(b->seg->daddr + b->offset);
+  else
+    data = b->seg->base + b->offset;
+  ipcref__block_unpoison(b);
+  ipcref__buf_adopt(&h->buf, data, size, dev, ipcref__block_release, b, &a);
+  *out = &h->buf;
+  return IPCREF_OK;
 }
 
 /* Counts a new block as live (under the lock). */
@@ -1885,6 +2024,7 @@ IPCREF_PRIVATE ipcref_result ipcref__shared_new(ipcref_ctx *ctx,
 IPCREF_API ipcref_result ipcref_shared_new(ipcref_ctx *ctx, size_t size,
                                            ipcref_buf **out) {
   if (!ctx || !out) return IPCREF_EINVAL;
+  if (!IPCREF__CTX_USABLE(ctx)) return IPCREF_EDEAD;
   return ipcref__shared_new(ctx, &ctx->host, size, ctx->opt.isolate, out);
 }
 
@@ -1892,6 +2032,7 @@ IPCREF_API ipcref_result ipcref_shared_new_isolated(ipcref_ctx *ctx,
                                                     size_t size,
                                                     ipcref_buf **out) {
   if (!ctx || !out) return IPCREF_EINVAL;
+  if (!IPCREF__CTX_USABLE(ctx)) return IPCREF_EDEAD;
   return ipcref__shared_new(ctx, &ctx->host, size, 1, out);
 }
 
@@ -1914,6 +2055,7 @@ IPCREF_API ipcref_result ipcref_ctx_add_backend(ipcref_ctx *ctx,
       !be->seg_close || !be->event_record || !be->event_free ||
       !be->event_wait || !be->fence || !be->fence_done)
     return IPCREF_EINVAL;
+  if (!IPCREF__CTX_USABLE(ctx)) return IPCREF_EDEAD;
   IPCREF__LOCK(ctx);
   if (!ipcref__backend(ctx, be->device_type))
     for (i = 0; i < 8; i++)
@@ -1955,6 +2097,7 @@ IPCREF_API ipcref_result ipcref_device_new(ipcref_ctx *ctx, ipcref_device dev,
   ipcref_result r = IPCREF_OK;
   if (!ctx || !out || dev.type <= IPCREF_DEVICE_CPU || dev.id < 0)
     return IPCREF_EINVAL;
+  if (!IPCREF__CTX_USABLE(ctx)) return IPCREF_EDEAD;
   IPCREF__LOCK(ctx);
   pool = ipcref__pool_of(ctx, dev, &r);
   IPCREF__UNLOCK(ctx);
@@ -1973,6 +2116,7 @@ IPCREF_API ipcref_result ipcref_device_wrap(
   size_t alloc_size;
   if (!ctx || !out || !ptr || dev.type <= IPCREF_DEVICE_CPU || dev.id < 0)
     return IPCREF_EINVAL;
+  if (!IPCREF__CTX_USABLE(ctx)) return IPCREF_EDEAD;
   IPCREF__LOCK(ctx);
   pool = ipcref__pool_of(ctx, dev, &r);
   IPCREF__UNLOCK(ctx);
@@ -2409,6 +2553,7 @@ IPCREF_API ipcref_result ipcref_peer_new(ipcref_ctx *ctx, int sockfd,
   int type = 0;
   socklen_t tlen = sizeof type;
   if (!ctx || !out || sockfd < 0) return IPCREF_EINVAL;
+  if (!IPCREF__CTX_USABLE(ctx)) return IPCREF_EDEAD;
   if (getsockopt(sockfd, SOL_SOCKET, SO_TYPE, &type, &tlen) != 0)
     return errno == ENOTSOCK || errno == EBADF ? IPCREF_EINVAL : IPCREF_ESYS;
   if (type != SOCK_STREAM && type != SOCK_SEQPACKET) return IPCREF_EINVAL;
@@ -2422,6 +2567,7 @@ IPCREF_API ipcref_result ipcref_peer_new(ipcref_ctx *ctx, int sockfd,
   }
   p = (ipcref_peer *)ipcref__zalloc(sizeof *p);
   if (!p) return IPCREF_ENOMEM;
+  p->magic = IPCREF__ALIVE;
   p->ctx = ctx;
   p->fd = sockfd;
   p->pid = (int)cred.pid;
@@ -2445,7 +2591,7 @@ IPCREF_API ipcref_result ipcref_peer_new(ipcref_ctx *ctx, int sockfd,
 }
 
 IPCREF_API int ipcref_peer_pid(ipcref_peer *p) {
-  if (!p) return 0;
+  if (!p || !IPCREF__PEER_USABLE(p, "ipcref_peer_pid")) return 0;
   if (!p->hello) (void)ipcref__hello_read(p, 5000);
   return p->pid;
 }
@@ -2453,7 +2599,7 @@ IPCREF_API int ipcref_peer_pid(ipcref_peer *p) {
 IPCREF_API int ipcref_peer_alive(ipcref_peer *p) {
   struct pollfd pfd;
   int alive;
-  if (!p) return 0;
+  if (!p || !IPCREF__PEER_USABLE(p, "ipcref_peer_alive")) return 0;
   if (!p->hello) (void)ipcref__hello_read(p, 0);
   if (p->hello > 0) {
     ipcref_ctx *ctx = p->ctx;
@@ -2478,7 +2624,7 @@ IPCREF_API int ipcref_peer_alive(ipcref_peer *p) {
 IPCREF_API void ipcref_peer_free(ipcref_peer *p) {
   ipcref_ctx *ctx;
   ipcref__ledger *l;
-  if (!p) return;
+  if (!p || !IPCREF__PEER_USABLE(p, "ipcref_peer_free")) return;
   ctx = p->ctx;
   /* Read what the other side sent and nobody will: the leases in it go
    * back at once, and closing a socket with unread data would reset the
@@ -2503,7 +2649,10 @@ IPCREF_API void ipcref_peer_free(ipcref_peer *p) {
   close(p->fd);
   IPCREF_FREE(p->seen);
   IPCREF_FREE(p->retired);
-  IPCREF_FREE(p);
+  /* Kept a while, marked dead: a later call on it is refused, not a use
+   * of freed memory (see checked). */
+  p->magic = IPCREF__DEAD;
+  ipcref__bury(p, sizeof *p, sizeof p->magic, ipcref__free_plain, NULL);
 }
 
 /* 1 when the other side was sent (nonce, key) already; else records it. */
@@ -2798,6 +2947,24 @@ IPCREF_PRIVATE void ipcref__unsee(ipcref_peer *p, const ipcref__fd_rec *fdr,
         p->seen[k] = p->seen[--p->nseen];
         break;
       }
+}
+
+/* EDEAD, reported naming `fn`, when a view's buffer is a shared buffer
+ * made here that was already released (its header is its context's, so
+ * this check is safe in every build: see ipcref__hdr_get); else OK. */
+IPCREF_PRIVATE ipcref_result ipcref__views_live(const ipcref_view *views, int n,
+                                                const char *fn) {
+  int i;
+  for (i = 0; i < n; i++) {
+    const ipcref_buf *b = views[i].buf;
+    if (b && b->release == ipcref__block_release &&
+        __atomic_load_n(&b->strong, __ATOMIC_ACQUIRE) == 0) {
+      ipcref__report_in(IPCREF_EDEAD, fn,
+                        "a view of a shared buffer already released");
+      return IPCREF_EDEAD;
+    }
+  }
+  return IPCREF_OK;
 }
 
 /* Builds a message for `n` views (under the lock). */
@@ -3265,12 +3432,15 @@ IPCREF_PRIVATE ipcref_result ipcref__hello_need(ipcref_peer *p) {
 
 IPCREF_API ipcref_result ipcref_export(ipcref_peer *p, const ipcref_view *v,
                                        ipcref_msg *msg) {
+  ipcref__view_event ev[1];
   ipcref_result r;
   if (!p || !v || !msg) return IPCREF_EINVAL;
+  if (!IPCREF__PEER_USABLE(p, "ipcref_export")) return IPCREF_EDEAD;
+  r = ipcref__views_live(v, 1, "ipcref_export");
+  if (r != IPCREF_OK) return r;
   msg->len = 0;
   msg->nfds = 0;
   msg->origin = NULL;
-  ipcref__view_event ev[1];
   r = ipcref__hello_need(p);
   if (r == IPCREF_OK) r = ipcref__events_record(v, 1, NULL, ev);
   if (r != IPCREF_OK) return r;
@@ -3289,7 +3459,8 @@ IPCREF_API ipcref_result ipcref_import(ipcref_peer *p, ipcref_msg *msg,
   if (!p || !msg || !out || msg->nfds < 0 || msg->nfds > IPCREF_MSG_MAX_FDS ||
       msg->len > sizeof msg->bytes)
     return IPCREF_EINVAL;
-  r = ipcref__hello_need(p);
+  r = IPCREF__PEER_USABLE(p, "ipcref_import") ? ipcref__hello_need(p)
+                                              : IPCREF_EDEAD;
   if (r == IPCREF_OK)
     r = ipcref__import_bytes(p, msg->bytes, msg->len, msg->fds, msg->nfds, NULL,
                              views, &n);
@@ -3412,12 +3583,14 @@ IPCREF_PRIVATE ipcref_result ipcref__send_raw(ipcref_peer *p,
 
 IPCREF_PRIVATE ipcref_result ipcref__send(ipcref_peer *p,
                                           const ipcref_view *views, int n,
-                                          void *stream) {
+                                          void *stream, const char *fn) {
   ipcref__view_event ev[IPCREF__MSG_VIEWS];
   ipcref_msg msg;
   ipcref_result r;
   if (!p || !views || n < 1 || n > IPCREF__MSG_VIEWS) return IPCREF_EINVAL;
-  r = ipcref__hello_need(p);
+  if (!IPCREF__PEER_USABLE(p, fn)) return IPCREF_EDEAD;
+  r = ipcref__views_live(views, n, fn);
+  if (r == IPCREF_OK) r = ipcref__hello_need(p);
   if (r == IPCREF_OK) r = ipcref__events_record(views, n, stream, ev);
   if (r != IPCREF_OK) return r;
   msg.len = 0;
@@ -3440,16 +3613,16 @@ IPCREF_PRIVATE ipcref_result ipcref__send(ipcref_peer *p,
 
 IPCREF_API ipcref_result ipcref_send_batch(ipcref_peer *p,
                                            const ipcref_view *views, int n) {
-  return ipcref__send(p, views, n, NULL);
+  return ipcref__send(p, views, n, NULL, "ipcref_send_batch");
 }
 
 IPCREF_API ipcref_result ipcref_send(ipcref_peer *p, const ipcref_view *v) {
-  return ipcref__send(p, v, 1, NULL);
+  return ipcref__send(p, v, 1, NULL, "ipcref_send");
 }
 
 IPCREF_API ipcref_result ipcref_send_on(ipcref_peer *p, const ipcref_view *v,
                                         void *stream) {
-  return ipcref__send(p, v, 1, stream);
+  return ipcref__send(p, v, 1, stream, "ipcref_send_on");
 }
 
 /* Reads exactly n bytes from a stream socket. */
@@ -3487,6 +3660,7 @@ IPCREF_API ipcref_result ipcref_recv_on(ipcref_peer *p, ipcref_view *out,
   ssize_t k;
   ipcref_result r;
   if (!p || !out) return IPCREF_EINVAL;
+  if (!IPCREF__PEER_USABLE(p, "ipcref_recv")) return IPCREF_EDEAD;
   if (p->pending_pos < p->npending) {
     *out = p->pending[p->pending_pos++];
     return IPCREF_OK;

@@ -302,15 +302,23 @@ IPCREF_PRIVATE IPCREF__INLINE int ipcref__view_span(const ipcref_view *v,
   return 1;
 }
 
-IPCREF_PRIVATE IPCREF__INLINE int ipcref__view_valid(const ipcref_view *v) {
+/* 1 when `v` is a view its buffer can back. Under IPCREF_CHECKED a view
+ * of a released buffer is reported, naming the public function `fn`. */
+IPCREF_PRIVATE IPCREF__INLINE int ipcref__view_valid_in(const ipcref_view *v,
+                                                        const char *fn) {
   int64_t lo, hi, n;
+  (void)fn;
   if (!v || !v->buf || (unsigned)v->dtype >= IPCREF_DTYPE_COUNT ||
       v->ndim < 0 || v->ndim > IPCREF_MAX_DIMS)
     return 0;
+#ifdef IPCREF_CHECKED
+  if (ipcref__buf_dead(v->buf, fn)) return 0;
+#endif
   if (!ipcref__view_span(v, &lo, &hi, &n)) return 0;
   if (v->byte_offset < 0 || (uint64_t)v->byte_offset > v->buf->size) return 0;
   return n == 0 || (lo >= 0 && (uint64_t)hi <= v->buf->size);
 }
+#define ipcref__view_valid(v) ipcref__view_valid_in((v), __func__)
 
 /* The element count of a view already known to be valid. */
 IPCREF_PRIVATE int64_t ipcref__numel(const ipcref_view *v) {

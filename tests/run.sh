@@ -15,7 +15,7 @@ FAILED=0
 SKIPPED=0
 
 # The suites, as test names under tests/ (tests/NAME.c).
-SUITE="test_buf test_threads test_view_model test_view_args test_share test_share_threads test_hostile test_crash test_gpu test_table"
+SUITE="test_buf test_threads test_view_model test_view_args test_share test_share_threads test_hostile test_crash test_gpu test_table test_checked"
 # The sharing layer's suite needs POSIX; without it the portable core runs.
 THREADED="test_threads test_share_threads test_table" # also run under TSan
 WARN="-Wall -Wextra -Wpedantic -Werror"
@@ -125,6 +125,11 @@ if have clang; then
   build_suite asan clang -O1 -g -std=c11 $WARN $SAN &&
     ASAN_OPTIONS=detect_leaks=1:abort_on_error=1:allocator_may_return_null=1 UBSAN_OPTIONS=print_stacktrace=1 \
       run_tests "ASan+UBSan" -- $(suite_bins asan)
+  # The checked build (IPCREF_CHECKED: freed objects quarantined, every
+  # call checked) runs the whole suite too, under the same sanitizers.
+  build_suite checked clang -O1 -g -std=c11 $WARN $SAN -DIPCREF_CHECKED &&
+    ASAN_OPTIONS=detect_leaks=1:abort_on_error=1:allocator_may_return_null=1 UBSAN_OPTIONS=print_stacktrace=1 \
+      run_tests "ASan+UBSan, IPCREF_CHECKED" -- $(suite_bins checked)
   mkdir -p "$B/tsan"
   for t in $THREADED; do
     if clang -O1 -g -std=c11 $WARN -fsanitize=thread -I"$ROOT" "tests/$t.c" -o "$B/tsan/$t" -pthread >"$LOG" 2>&1; then

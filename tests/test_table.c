@@ -67,7 +67,9 @@ static void ta_free(void *p) {
   if (p) __atomic_sub_fetch(&ta_live, 1, __ATOMIC_RELAXED);
   free(p);
 }
+void ipcref_quarantine_flush(void); /* ipcref.h, below */
 static long ta_live_now(void) {
+  ipcref_quarantine_flush(); /* freed contexts wait there a while */
   return __atomic_load_n(&ta_live, __ATOMIC_RELAXED);
 }
 #define IPCREF_MALLOC(n)     ta_malloc(n)

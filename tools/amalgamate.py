@@ -33,7 +33,7 @@ BACKENDS = {
 DRIVER_MARKER = "/* @driver */"
 
 # Bottom to top: a layer uses only the ones before it.
-LAYERS = ["base", "buf", "view", "share", "dlpack", "table"]
+LAYERS = ["base", "checked", "buf", "view", "share", "dlpack", "table"]
 MARKER = "/* @implementation */"
 
 

@@ -39,6 +39,8 @@ for cfg in "${CONFIGS[@]}"; do
     check "$cfg: two translation units link and run" \
       sh -c "$cfg $WARN $HERE/two_tu_a.c $HERE/two_tu_b.c -o $OUT/$tag.two && $OUT/$tag.two"
     check "$cfg: IPCREF_STATIC" sh -c "$cfg $WARN $HERE/static.c -o $OUT/$tag.static && $OUT/$tag.static"
+    check "$cfg: IPCREF_CHECKED, two translation units, runs" \
+      sh -c "$cfg $WARN -DIPCREF_CHECKED $HERE/two_tu_a.c $HERE/two_tu_b.c -o $OUT/$tag.checked && $OUT/$tag.checked"
     check "$cfg: partial allocator macros are refused" \
       sh -c "$cfg $WARN -c $HERE/alloc_partial.c -o $OUT/$tag.partial.o 2>&1 | grep -q 'IPCREF_FREE, or none'"
     check "$cfg: ipcref_cuda.h and ipcref_hip.h with the core, run" \
