@@ -166,7 +166,9 @@ IPCREF_API ipcref_result ipcref_ctx_new(const ipcref_ctx_options *opt,
  * or imported buffer of this context is released: until then those
  * buffers stay valid. Buffers alive in other processes keep their memory
  * whatever happens here (memfd mappings outlive the producer). NULL is a
- * no-op. */
+ * no-op. A second free, or any call on the context after this one, is
+ * refused and reported to the error hook (IPCREF_EDEAD): the context
+ * waits, marked dead, in the quarantine (see checked). */
 IPCREF_API void ipcref_ctx_free(ipcref_ctx *ctx);
 
 /* A buffer of `size` bytes in shared memory (64-byte aligned), exportable
@@ -239,7 +241,9 @@ IPCREF_API ipcref_result ipcref_peer_new(ipcref_ctx *ctx, int sockfd,
 
 /* Closes the socket and frees the peer. Leases it holds from us stay until
  * they are returned or that process dies; buffers imported through it stay
- * valid. NULL is a no-op. */
+ * valid. NULL is a no-op. A second free, or any call on the peer after
+ * this one, is refused and reported to the error hook (IPCREF_EDEAD): the
+ * peer waits, marked dead, in the quarantine (see checked). */
 IPCREF_API void ipcref_peer_free(ipcref_peer *p);
 
 /* The pid of the process on the other side, from its hello: waits for it
@@ -256,7 +260,8 @@ IPCREF_API int ipcref_peer_pid(ipcref_peer *p);
  * Errors: EINVAL (not a shared buffer, bad view), EPEER (refused, or hung
  * up before its hello), ETIMEDOUT (no hello within 5 s), ENOMEM, ESYS,
  * EBUSY (a forwarded view: every forwarding slot of its ledger is in
- * use). */
+ * use), EDEAD (the view's buffer was already released, or the peer freed:
+ * also reported to the error hook; nothing is leased). */
 IPCREF_API ipcref_result ipcref_export(ipcref_peer *p, const ipcref_view *v,
                                        ipcref_msg *msg);
 
