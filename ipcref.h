@@ -201,17 +201,21 @@ typedef struct ipcref_allocator {
  * crash far from the mistake, at worst a quiet use of somebody else's
  * object. A mark written into freed memory cannot help (reading it would
  * itself be a use after free, and AddressSanitizer would stop before any
- * hook ran), so the library does not free at once: freed objects wait in
- * a bounded, process-wide quarantine, marked dead, and a call that finds
- * the mark is refused and reported to the error hook with the function's
- * name (IPCREF_EDEAD).
+ * hook ran), so the library does not free at once: freed objects are kept
+ * a while, marked dead, and a call that finds the mark is refused and
+ * reported to the error hook with the function's name (IPCREF_EDEAD).
  *
- *   every build       peers and contexts wait here (the last
- *                     IPCREF_QUARANTINE_OBJECTS freed, 16 by default); a
- *                     shared buffer made here keeps its header in its
- *                     context's memory (see share), so a release or a send
- *                     of one already released is refused, not obeyed.
- *   IPCREF_CHECKED    every buffer header waits here too (1024 objects,
+ *   every build       a shared buffer made here keeps its header in its
+ *                     context's memory, and a freed peer stays with its
+ *                     context (the last 8), both until the context goes
+ *                     (see share): a send or a release of a buffer already
+ *                     released, a second ipcref_peer_free, a call on a
+ *                     freed peer or on a context after ipcref_ctx_free are
+ *                     refused while the context lives.
+ *   IPCREF_CHECKED    freed peers and contexts, and every buffer header
+ *                     (but those of a caller's ipcref_allocator), wait in
+ *                     this process-wide quarantine instead
+ *                     (IPCREF_QUARANTINE_OBJECTS: 1024, and
  *                     IPCREF_QUARANTINE_BYTES: 64 MiB, by default), and
  *                     every call that takes a buffer or a view checks it.
  *                     Off by default: it costs a compare per call and keeps
@@ -222,11 +226,11 @@ typedef struct ipcref_allocator {
  *                     it is handed out again: a late read is caught at the
  *                     read itself.
  *
- * Detection is best effort past the quarantine's bounds: an object that
- * left it is freed memory again. What the quarantine holds goes back at
- * exit (a destructor), so leak checkers see nothing. It has a spinlock of
- * its own (portable C: the sharing layer may be absent); free callbacks
- * run outside it. */
+ * Detection is bounded: an object that left the quarantine is freed
+ * memory again. What the quarantine holds goes back at exit (a
+ * destructor) and in a forked child (the sharing layer's fork handler), so
+ * leak checkers see nothing. It has a spinlock of its own (portable C: the
+ * sharing layer may be absent); free callbacks run outside it. */
 
 #ifdef __cplusplus
 extern "C" {
@@ -1403,7 +1407,7 @@ IPCREF_PRIVATE int ipcref__add_size(size_t a, size_t b, size_t *out) {
 #ifdef IPCREF_CHECKED
 #define IPCREF_QUARANTINE_OBJECTS 1024
 #else
-#define IPCREF_QUARANTINE_OBJECTS 16
+#define IPCREF_QUARANTINE_OBJECTS 1 /* unused: nothing is buried */
 #endif
 #endif
 #ifndef IPCREF_QUARANTINE_BYTES
@@ -3308,7 +3312,8 @@ typedef struct ipcref__seen {
 } ipcref__seen_key;
 
 struct ipcref_peer {
-  uint32_t magic; /* IPCREF__ALIVE; IPCREF__DEAD once freed (quarantined) */
+  uint32_t magic; /* IPCREF__ALIVE; IPCREF__DEAD once freed (kept a while:
+                     see ipcref__peer_bury) */
   ipcref_ctx *ctx;
   int fd, pid, uid, sock_type;
   ipcref__watch *watch; /* the other process (from its hello) */
@@ -3338,7 +3343,8 @@ typedef struct ipcref__hdr_chunk {
 } ipcref__hdr_chunk;
 
 struct ipcref_ctx {
-  uint32_t magic; /* IPCREF__ALIVE; IPCREF__DEAD once freed (quarantined) */
+  uint32_t magic; /* IPCREF__ALIVE; IPCREF__DEAD once freed (IPCREF_CHECKED:
+                     kept a while in the quarantine) */
   pthread_mutex_t lock;
   ipcref_ctx_options opt;
   uint64_t nonce;
@@ -3375,6 +3381,8 @@ struct ipcref_ctx {
   ipcref__hdr_chunk *hdr_chunks;     /* every header, freed with the context */
   ipcref__hdr *hdr_first, *hdr_last; /* released ones, oldest first */
   size_t hdr_free;
+  ipcref_peer *dead_peers; /* freed, marked dead (see ipcref__peer_bury) */
+  int ndead_peers;
 };
 
 /* Intrusive doubly linked lists: `head` is the first node, nodes link
@@ -4154,6 +4162,28 @@ IPCREF_PRIVATE size_t ipcref__sweep(ipcref_ctx *ctx) {
 
 /* ---- the context ------------------------------------------------------- */
 
+/* IPCREF_CHECKED: a forked child starts with a copy of the quarantine,
+ * whose objects are its parent's dead: it hands them back at once (else
+ * they would linger until it exits). The lock is held across the fork, so
+ * the child's copy is whole. */
+#ifdef IPCREF_CHECKED
+static pthread_once_t ipcref__fork_once = PTHREAD_ONCE_INIT;
+IPCREF_PRIVATE void ipcref__fork_prepare(void) {
+  ipcref__quarantine_lock();
+}
+IPCREF_PRIVATE void ipcref__fork_parent(void) {
+  ipcref__quarantine_unlock();
+}
+IPCREF_PRIVATE void ipcref__fork_child(void) {
+  ipcref__quarantine_unlock();
+  ipcref_quarantine_flush();
+}
+IPCREF_PRIVATE void ipcref__fork_handlers(void) {
+  (void)pthread_atfork(ipcref__fork_prepare, ipcref__fork_parent,
+                       ipcref__fork_child);
+}
+#endif
+
 IPCREF_API ipcref_result ipcref_ctx_new(const ipcref_ctx_options *opt,
                                         ipcref_ctx **out) {
   ipcref_ctx *ctx;
@@ -4200,6 +4230,9 @@ IPCREF_API ipcref_result ipcref_ctx_new(const ipcref_ctx_options *opt,
     IPCREF_FREE(ctx);
     return IPCREF_ESYS;
   }
+#ifdef IPCREF_CHECKED
+  (void)pthread_once(&ipcref__fork_once, ipcref__fork_handlers);
+#endif
   ctx->magic = IPCREF__ALIVE;
   ctx->pid = (int)getpid();
   ctx->uid = (int)getuid();
@@ -4289,8 +4322,17 @@ IPCREF_PRIVATE void ipcref__ctx_destroy(ipcref_ctx *ctx) {
   pthread_mutex_destroy(&ctx->lock);
   close(ctx->epfd);
   IPCREF_FREE(ctx->uids);
+  while (ctx->dead_peers) {
+    ipcref_peer *p = ctx->dead_peers;
+    ctx->dead_peers = p->next;
+    IPCREF_FREE(p);
+  }
+#ifdef IPCREF_CHECKED
   ctx->magic = IPCREF__DEAD; /* kept a while: see checked */
   ipcref__bury(ctx, sizeof *ctx, sizeof ctx->magic, ipcref__free_plain, NULL);
+#else
+  IPCREF_FREE(ctx);
+#endif
 }
 
 /* Drops one reference to the context (release ordering, then acquire
@@ -5220,6 +5262,29 @@ IPCREF_PRIVATE ipcref_result ipcref__hello_read(ipcref_peer *p,
   return IPCREF_OK;
 }
 
+/* A freed peer is kept, marked dead, so that a later call on it is
+ * refused, not a use of freed memory (under the lock): in its context's
+ * last IPCREF__DEAD_PEERS (freed with the context), or with
+ * IPCREF_CHECKED in the process-wide quarantine (see checked). */
+#define IPCREF__DEAD_PEERS  8
+IPCREF_PRIVATE void ipcref__peer_bury(ipcref_ctx *ctx, ipcref_peer *p) {
+  p->magic = IPCREF__DEAD;
+#ifdef IPCREF_CHECKED
+  (void)ctx;
+  ipcref__bury(p, sizeof *p, sizeof p->magic, ipcref__free_plain, NULL);
+#else
+  p->next = ctx->dead_peers;
+  ctx->dead_peers = p;
+  if (++ctx->ndead_peers > IPCREF__DEAD_PEERS) { /* the oldest goes */
+    ipcref_peer *q = ctx->dead_peers;
+    while (q->next->next) q = q->next;
+    IPCREF_FREE(q->next);
+    q->next = NULL;
+    ctx->ndead_peers--;
+  }
+#endif
+}
+
 IPCREF_API ipcref_result ipcref_peer_new(ipcref_ctx *ctx, int sockfd,
                                          ipcref_peer **out) {
   ipcref_peer *p;
@@ -5320,14 +5385,11 @@ IPCREF_API void ipcref_peer_free(ipcref_peer *p) {
   ipcref__watch_put(ctx, p->watch);
   ipcref__sweep(ctx);
   (void)ipcref__pump(ctx, 0);
-  IPCREF__UNLOCK(ctx);
   close(p->fd);
   IPCREF_FREE(p->seen);
   IPCREF_FREE(p->retired);
-  /* Kept a while, marked dead: a later call on it is refused, not a use
-   * of freed memory (see checked). */
-  p->magic = IPCREF__DEAD;
-  ipcref__bury(p, sizeof *p, sizeof p->magic, ipcref__free_plain, NULL);
+  ipcref__peer_bury(ctx, p);
+  IPCREF__UNLOCK(ctx);
 }
 
 /* 1 when the other side was sent (nonce, key) already; else records it. */

@@ -5,17 +5,21 @@
  * crash far from the mistake, at worst a quiet use of somebody else's
  * object. A mark written into freed memory cannot help (reading it would
  * itself be a use after free, and AddressSanitizer would stop before any
- * hook ran), so the library does not free at once: freed objects wait in
- * a bounded, process-wide quarantine, marked dead, and a call that finds
- * the mark is refused and reported to the error hook with the function's
- * name (IPCREF_EDEAD).
+ * hook ran), so the library does not free at once: freed objects are kept
+ * a while, marked dead, and a call that finds the mark is refused and
+ * reported to the error hook with the function's name (IPCREF_EDEAD).
  *
- *   every build       peers and contexts wait here (the last
- *                     IPCREF_QUARANTINE_OBJECTS freed, 16 by default); a
- *                     shared buffer made here keeps its header in its
- *                     context's memory (see share), so a release or a send
- *                     of one already released is refused, not obeyed.
- *   IPCREF_CHECKED    every buffer header waits here too (1024 objects,
+ *   every build       a shared buffer made here keeps its header in its
+ *                     context's memory, and a freed peer stays with its
+ *                     context (the last 8), both until the context goes
+ *                     (see share): a send or a release of a buffer already
+ *                     released, a second ipcref_peer_free, a call on a
+ *                     freed peer or on a context after ipcref_ctx_free are
+ *                     refused while the context lives.
+ *   IPCREF_CHECKED    freed peers and contexts, and every buffer header
+ *                     (but those of a caller's ipcref_allocator), wait in
+ *                     this process-wide quarantine instead
+ *                     (IPCREF_QUARANTINE_OBJECTS: 1024, and
  *                     IPCREF_QUARANTINE_BYTES: 64 MiB, by default), and
  *                     every call that takes a buffer or a view checks it.
  *                     Off by default: it costs a compare per call and keeps
@@ -26,11 +30,11 @@
  *                     it is handed out again: a late read is caught at the
  *                     read itself.
  *
- * Detection is best effort past the quarantine's bounds: an object that
- * left it is freed memory again. What the quarantine holds goes back at
- * exit (a destructor), so leak checkers see nothing. It has a spinlock of
- * its own (portable C: the sharing layer may be absent); free callbacks
- * run outside it. */
+ * Detection is bounded: an object that left the quarantine is freed
+ * memory again. What the quarantine holds goes back at exit (a
+ * destructor) and in a forked child (the sharing layer's fork handler), so
+ * leak checkers see nothing. It has a spinlock of its own (portable C: the
+ * sharing layer may be absent); free callbacks run outside it. */
 
 #ifdef __cplusplus
 extern "C" {
@@ -51,7 +55,7 @@ IPCREF_API void ipcref_quarantine_flush(void);
 #ifdef IPCREF_CHECKED
 #define IPCREF_QUARANTINE_OBJECTS 1024
 #else
-#define IPCREF_QUARANTINE_OBJECTS 16
+#define IPCREF_QUARANTINE_OBJECTS 1 /* unused: nothing is buried */
 #endif
 #endif
 #ifndef IPCREF_QUARANTINE_BYTES
