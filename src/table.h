@@ -23,7 +23,13 @@
  *
  * The rules, checked (a breach is reported to the violation hook and
  * changes nothing: never an early free):
- *   - a count never goes below zero (decref, msg_in of a spent message);
+ *   - a count never goes below zero: a decref at zero, or a reference
+ *     taken twice (a decref of the reference a container, a message or a
+ *     pulled view holds: counts are per id, so the table cannot tell
+ *     whose a decref takes), met when that holder lets go (the container
+ *     is deallocated, msg_in / msg_cancel, the view goes) and reported
+ *     then as a decref at zero is (EDEAD, the id), once per reference; a
+ *     second msg_in / msg_cancel of one message (EINVAL);
  *   - a deallocated object's ids are dead for good (ids are never reused):
  *     incref, put, msg_out or alias on one is refused with IPCREF_EDEAD;
  *   - aliasing: when two ids will be aliased, either the alias call has
@@ -55,7 +61,10 @@ typedef struct ipcref_table_hooks {
   void (*dealloc)(void *user, ipcref_id id, const uint32_t *stores,
                   size_t nstores);
   /* A breach of the rules above (code EDEAD: a count below zero, or a
-   * dead id used; EINVAL: an id never handed out). Nothing was changed. */
+   * dead id used; EINVAL: an id never handed out). Nothing was changed.
+   * Each breach is told once and counted once (stats.violations), with
+   * the same id and code whichever call met it; telling allocates
+   * nothing, so none goes untold, even out of memory. */
   void (*violation)(void *user, ipcref_id id, ipcref_result code,
                     const char *what);
   void *user;
@@ -161,21 +170,25 @@ typedef struct ipcref__tid {
   int put;                        /* put at least once */
 } ipcref__tid;
 
-/* What a call owes the hooks, told after the lock is let go. */
+/* What a call owes the hooks, told after the lock is let go. Making one
+ * never allocates (freeing can meet a breach, and freeing cannot fail): a
+ * dealloc's note is part of its object, a violation's is the caller's (on
+ * its stack, told before the call returns). */
 typedef struct ipcref__tnote {
-  ipcref_id id;
+  ipcref_id id;       /* a dealloc: the object's first id */
   ipcref_result code; /* OK: a dealloc; else a violation */
   const char *what;
-  uint32_t *stores; /* dealloc: the stores (owned) */
-  size_t nstores;
-  void *owner; /* what to free after telling: the note, or its object */
+  const ipcref_id *ids; /* a violation: the ids it names (n), each told */
+  uint32_t *stores;     /* a dealloc: the stores (n; owned by the object) */
+  size_t n;
   struct ipcref__tnote *next;
 } ipcref__tnote;
 
 typedef struct ipcref__tobj {
   ipcref_id first;  /* its smallest id: the name the dealloc hook gets */
   uint64_t total;   /* the sum of its ids' counts */
-  ipcref__tid *ids; /* the list */
+  ipcref__tid *ids; /* the list; once deallocated, the ids whose contained
+                       lists met breaches (see ipcref__tdealloc) */
   size_t nids;
   struct ipcref__tobj *next_free; /* on the dealloc worklist */
   /* Its dealloc note, made in place: freeing never allocates, so it can
@@ -296,39 +309,57 @@ IPCREF_PRIVATE void ipcref__thash_del(ipcref__thash *h, uint64_t k) {
 /* ---- notes for the hooks ----------------------------------------------------
  */
 
-/* A breach: counted, told to the violation hook after the unlock. */
-IPCREF_PRIVATE ipcref_result ipcref__tbreach(ipcref_table *t, ipcref_id id,
+/* A breach naming `id`: counted, and told to the violation hook after the
+ * unlock through `note`, the caller's (it must live until the unlock;
+ * one note per breach). Never allocates. */
+IPCREF_PRIVATE ipcref_result ipcref__tbreach(ipcref_table *t,
+                                             ipcref__tnote *note, ipcref_id id,
                                              ipcref_result code,
                                              const char *what) {
-  ipcref__tnote *n = (ipcref__tnote *)IPCREF_MALLOC(sizeof *n);
+  memset(note, 0, sizeof *note);
+  note->id = id;
+  note->code = code;
+  note->what = what;
+  note->ids = &note->id;
+  note->n = 1;
+  *t->notes_tail = note;
+  t->notes_tail = &note->next;
   t->violations++;
-  if (n) { /* out of memory: counted, not told */
-    memset(n, 0, sizeof *n);
-    n->id = id;
-    n->code = code;
-    n->what = what;
-    *t->notes_tail = n;
-    t->notes_tail = &n->next;
-  }
   return code;
 }
 
-/* Unlocks, then tells the hooks (they may call into the table). */
+/* Unlocks, then tells the hooks (they may call into the table), then frees
+ * what was told. */
 IPCREF_PRIVATE void ipcref__tunlock(ipcref_table *t) {
   ipcref__tnote *n = t->notes;
   ipcref_table_hooks h = t->hooks;
+  size_t k;
   t->notes = NULL;
   t->notes_tail = &t->notes;
   __atomic_clear(&t->lock, __ATOMIC_RELEASE);
   while (n) {
     ipcref__tnote *next = n->next;
-    if (n->code == IPCREF_OK) {
-      if (h.dealloc) h.dealloc(h.user, n->id, n->stores, n->nstores);
-    } else if (h.violation) {
-      h.violation(h.user, n->id, n->code, n->what);
+    if (n->code == IPCREF_OK) { /* a dealloc: its note is in its object */
+      ipcref__tobj *o =
+          (ipcref__tobj *)(void *)((char *)n - offsetof(ipcref__tobj, note));
+      ipcref__tid *x;
+      for (x = o->ids; x && h.violation; x = x->next) /* breaches it met */
+        for (k = 0; k < x->ncontained; k++)           /* as decref tells them */
+          h.violation(h.user, x->contained[k], IPCREF_EDEAD,
+                      "a contained id went below zero (at zero or gone "
+                      "when its container was deallocated)");
+      if (h.dealloc) h.dealloc(h.user, n->id, n->stores, n->n);
+      while ((x = o->ids) != NULL) {
+        o->ids = x->next;
+        IPCREF_FREE(x->contained);
+        IPCREF_FREE(x);
+      }
+      IPCREF_FREE(n->stores);
+      IPCREF_FREE(o);
+    } else if (h.violation) { /* the caller's note */
+      for (k = 0; k < n->n; k++)
+        h.violation(h.user, n->ids[k], n->code, n->what);
     }
-    IPCREF_FREE(n->stores);
-    IPCREF_FREE(n->owner ? n->owner : n);
     n = next;
   }
 }
@@ -351,33 +382,34 @@ IPCREF_PRIVATE ipcref__tid *ipcref__tfind(ipcref_table *t, ipcref_id id,
 
 /* Deallocates `o` and whatever only it kept alive (under the lock): its
  * ids go, the ids it contains lose a reference, and an object whose total
- * reaches zero joins the worklist (no recursion: a chain of any length). */
+ * reaches zero joins the worklist (no recursion: a chain of any length).
+ * A contained id already at zero, or gone, is a breach (its reference was
+ * taken by someone else): it changes nothing and the rest goes on. The
+ * breaches are kept in the dead id's contained list, which stays (with
+ * the id) on its object until told: freeing never allocates. */
 IPCREF_PRIVATE void ipcref__tdealloc(ipcref_table *t, ipcref__tobj *o) {
   ipcref__tobj *work = o;
   o->next_free = NULL;
   while (work) {
     ipcref__tobj *cur = work;
     ipcref__tnote *note = &cur->note;
-    size_t k;
-    ipcref__tid *x;
+    size_t k, nb;
+    ipcref__tid *x, *kept = NULL, **kept_tail = &kept;
     work = cur->next_free;
     note->id = cur->first;
-    note->owner = cur;
     while ((x = cur->ids) != NULL) {
       cur->ids = x->next;
       for (k = 0; k < x->nstores; k++) { /* the union, in the room kept */
         size_t j;
-        for (j = 0; j < note->nstores && note->stores[j] != x->stores[k]; j++) {
+        for (j = 0; j < note->n && note->stores[j] != x->stores[k]; j++) {
         }
-        if (j == note->nstores) note->stores[note->nstores++] = x->stores[k];
+        if (j == note->n) note->stores[note->n++] = x->stores[k];
       }
-      for (k = 0; k < x->ncontained; k++) {
+      for (k = nb = 0; k < x->ncontained; k++) {
         ipcref__tid *c =
             (ipcref__tid *)ipcref__thash_get(&t->ids, x->contained[k]);
-        if (!c) continue;    /* cannot be: it held a reference */
-        if (c->count == 0) { /* its reference was taken by someone else */
-          (void)ipcref__tbreach(t, c->id, IPCREF_EDEAD,
-                                "a contained id's count went below zero");
+        if (!c || c->count == 0) { /* gone, or at zero: a breach */
+          x->contained[nb++] = x->contained[k];
           continue;
         }
         c->count--;
@@ -387,10 +419,19 @@ IPCREF_PRIVATE void ipcref__tdealloc(ipcref_table *t, ipcref__tobj *o) {
         }
       }
       ipcref__thash_del(&t->ids, x->id);
-      IPCREF_FREE(x->contained);
       IPCREF_FREE(x->stores);
-      IPCREF_FREE(x);
+      if (nb) { /* kept until told (ipcref__tunlock) */
+        t->violations += nb;
+        x->ncontained = nb;
+        x->next = NULL;
+        *kept_tail = x;
+        kept_tail = &x->next;
+      } else {
+        IPCREF_FREE(x->contained);
+        IPCREF_FREE(x);
+      }
     }
+    cur->ids = kept;
     t->objects--;
     t->deallocs++;
     *t->notes_tail = note; /* the object is freed after the hook */
@@ -513,6 +554,7 @@ IPCREF_API ipcref_result ipcref_table_create(ipcref_table *t, ipcref_id *out) {
 
 IPCREF_API ipcref_result ipcref_table_incref(ipcref_table *t, ipcref_id id) {
   ipcref__tid *x;
+  ipcref__tnote note;
   ipcref_result r = IPCREF_OK;
   if (!t) return IPCREF_EINVAL;
   ipcref__tlock(t);
@@ -520,21 +562,24 @@ IPCREF_API ipcref_result ipcref_table_incref(ipcref_table *t, ipcref_id id) {
   if (x)
     ipcref__tgain(x);
   else
-    r = ipcref__tbreach(t, id, r, "incref of an id that is gone or unknown");
+    r = ipcref__tbreach(t, &note, id, r,
+                        "incref of an id that is gone or unknown");
   ipcref__tunlock(t);
   return r;
 }
 
 IPCREF_API ipcref_result ipcref_table_decref(ipcref_table *t, ipcref_id id) {
   ipcref__tid *x;
+  ipcref__tnote note;
   ipcref_result r = IPCREF_OK;
   if (!t) return IPCREF_EINVAL;
   ipcref__tlock(t);
   x = ipcref__tfind(t, id, &r);
   if (!x)
-    r = ipcref__tbreach(t, id, r, "decref of an id that is gone or unknown");
+    r = ipcref__tbreach(t, &note, id, r,
+                        "decref of an id that is gone or unknown");
   else if (x->count == 0)
-    r = ipcref__tbreach(t, id, IPCREF_EDEAD, "decref of an id at zero");
+    r = ipcref__tbreach(t, &note, id, IPCREF_EDEAD, "decref of an id at zero");
   else
     ipcref__tdrop(t, x);
   ipcref__tunlock(t);
@@ -547,6 +592,7 @@ IPCREF_API ipcref_result ipcref_table_put(ipcref_table *t, ipcref_id id,
                                           size_t n) {
   ipcref__tid *x;
   ipcref_id *copy = NULL;
+  ipcref__tnote note;
   ipcref_result r = IPCREF_OK;
   size_t i;
   if (!t || (n && !contained) || n > SIZE_MAX / sizeof *copy)
@@ -559,7 +605,8 @@ IPCREF_API ipcref_result ipcref_table_put(ipcref_table *t, ipcref_id id,
   ipcref__tlock(t);
   x = ipcref__tfind(t, id, &r);
   if (!x) {
-    r = ipcref__tbreach(t, id, r, "put of an id that is gone or unknown");
+    r = ipcref__tbreach(t, &note, id, r,
+                        "put of an id that is gone or unknown");
     goto out;
   }
   if (n && x->put) { /* what an object holds is set once */
@@ -570,7 +617,7 @@ IPCREF_API ipcref_result ipcref_table_put(ipcref_table *t, ipcref_id id,
     ipcref_result rc = IPCREF_OK;
     if (copy[i] == id || !ipcref__tfind(t, copy[i], &rc)) {
       r = copy[i] == id ? IPCREF_EINVAL
-                        : ipcref__tbreach(t, copy[i], rc,
+                        : ipcref__tbreach(t, &note, copy[i], rc,
                                           "put containing an id that is gone "
                                           "or unknown");
       goto out;
@@ -615,6 +662,7 @@ IPCREF_API ipcref_result ipcref_table_msg_out(ipcref_table *t,
                                               const ipcref_id *ids, size_t n,
                                               uint64_t *token) {
   ipcref__tmsg *m;
+  ipcref__tnote note;
   ipcref_result r = IPCREF_OK;
   size_t i;
   if (!t || !token || (n && !ids) ||
@@ -627,7 +675,7 @@ IPCREF_API ipcref_result ipcref_table_msg_out(ipcref_table *t,
   ipcref__tlock(t);
   for (i = 0; i < n; i++)
     if (!ipcref__tfind(t, ids[i], &r)) {
-      r = ipcref__tbreach(t, ids[i], r,
+      r = ipcref__tbreach(t, &note, ids[i], r,
                           "message carrying an id that is gone "
                           "or unknown");
       goto out;
@@ -647,11 +695,15 @@ out:
   return r;
 }
 
-/* msg_in and msg_cancel: the message's references go, once. */
+/* msg_in and msg_cancel: the message's references go, once. An id the
+ * message finds at zero or gone is a breach (its reference was taken by
+ * someone else); those ids are kept at the start of the message's list,
+ * which is freed after they are told. */
 IPCREF_PRIVATE ipcref_result ipcref__table_msg_end(ipcref_table *t,
                                                    uint64_t token) {
   ipcref__tmsg *m;
-  size_t i;
+  ipcref__tnote note;
+  size_t i, nb = 0;
   if (!t || token == 0) return IPCREF_EINVAL;
   ipcref__tlock(t);
   m = (ipcref__tmsg *)ipcref__thash_get(&t->msgs, token);
@@ -659,14 +711,22 @@ IPCREF_PRIVATE ipcref_result ipcref__table_msg_end(ipcref_table *t,
     ipcref__thash_del(&t->msgs, token);
     for (i = 0; i < m->n; i++) {
       ipcref__tid *x = (ipcref__tid *)ipcref__thash_get(&t->ids, m->ids[i]);
-      if (x && x->count)
+      if (x && x->count) {
         ipcref__tdrop(t, x); /* alive: the message held it */
-      else                   /* its reference was taken by someone else */
-        (void)ipcref__tbreach(t, m->ids[i], IPCREF_EDEAD,
+        continue;
+      }
+      if (nb == 0)
+        (void)ipcref__tbreach(t, &note, m->ids[i], IPCREF_EDEAD,
                               "a message's id went below zero");
+      else
+        t->violations++;
+      m->ids[nb++] = m->ids[i];
+      note.ids = m->ids;
+      note.n = nb;
     }
   } else if (token < t->next_token) { /* spent: a second msg_in/cancel */
-    (void)ipcref__tbreach(t, 0, IPCREF_EINVAL, "a message let go of twice");
+    (void)ipcref__tbreach(t, &note, 0, IPCREF_EINVAL,
+                          "a message let go of twice");
   }
   ipcref__tunlock(t);
   IPCREF_FREE(m);
@@ -686,6 +746,7 @@ IPCREF_API ipcref_result ipcref_table_alias(ipcref_table *t, ipcref_id a,
                                             ipcref_id b) {
   ipcref__tid *x, *y, *last;
   ipcref__tobj *big, *small;
+  ipcref__tnote note;
   ipcref_result ra = IPCREF_OK, rb = IPCREF_OK;
   if (!t) return IPCREF_EINVAL;
   ipcref__tlock(t);
@@ -693,7 +754,7 @@ IPCREF_API ipcref_result ipcref_table_alias(ipcref_table *t, ipcref_id a,
   y = ipcref__tfind(t, b, &rb);
   if (!x || !y) {
     ipcref_result r = ra != IPCREF_OK ? ra : rb;
-    r = ipcref__tbreach(t, !x ? a : b, r,
+    r = ipcref__tbreach(t, &note, !x ? a : b, r,
                         r == IPCREF_EDEAD
                             ? "alias of an object that was freed: the ids "
                               "were not both alive until the alias"
@@ -761,12 +822,13 @@ typedef struct ipcref__tpin {
 IPCREF_PRIVATE void ipcref__tpin_end(void *user) {
   ipcref__tpin *pin = (ipcref__tpin *)user;
   ipcref__tid *x = NULL;
+  ipcref__tnote note;
   ipcref__tlock(pin->t);
   if (pin->id) x = (ipcref__tid *)ipcref__thash_get(&pin->t->ids, pin->id);
   if (x && x->count)
     ipcref__tdrop(pin->t, x); /* alive: the pin held it */
   else if (pin->id)           /* someone let go of the pin's reference too */
-    (void)ipcref__tbreach(pin->t, pin->id, IPCREF_EDEAD,
+    (void)ipcref__tbreach(pin->t, &note, pin->id, IPCREF_EDEAD,
                           "a pulled view's reference was decremented by "
                           "someone else");
   ipcref__tunlock(pin->t);
@@ -786,6 +848,7 @@ IPCREF_API ipcref_result ipcref_table_view(ipcref_table *t, ipcref_id id,
   ipcref__tpin *pin;
   ipcref__tid *x;
   ipcref_buf *b;
+  ipcref__tnote note;
   ipcref_result r = IPCREF_OK;
   if (!t || !out || !ipcref__view_valid(src)) return IPCREF_EINVAL;
   pin = (ipcref__tpin *)IPCREF_MALLOC(sizeof *pin);
@@ -818,7 +881,8 @@ IPCREF_API ipcref_result ipcref_table_view(ipcref_table *t, ipcref_id id,
   if (x)
     ipcref__tgain(x);
   else
-    r = ipcref__tbreach(t, id, r, "pull of an id that is gone or unknown");
+    r = ipcref__tbreach(t, &note, id, r,
+                        "pull of an id that is gone or unknown");
   ipcref__tunlock(t);
   if (r != IPCREF_OK) { /* the pin took nothing from the table */
     pin->id = 0;

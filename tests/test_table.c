@@ -6,7 +6,12 @@
  *                   stores, messages): the same objects deallocated at the
  *                   same moments, named by their first id with the union of
  *                   their stores; counts, stats and violations equal; at the
- *                   end everything dropped and every object freed once;
+ *                   end everything dropped and every object freed once.
+ *                   Misuse of every kind is among the operations (ids dead,
+ *                   at zero or never handed out; references taken twice,
+ *                   met later by a container's deallocation, a message's
+ *                   end or a pull's end): the model names each breach the
+ *                   hook must hear and stats.violations must count;
  *   test_chain      a 10^6-long containment chain freed by one decref in a
  *                   thread with a 256 KiB stack (no recursion);
  *   test_view_pull  ipcref_table_view: the zero-copy pull outlives the
@@ -20,6 +25,12 @@
  *   test_semantics  small cases, one rule each (aliases, first id, stores,
  *                   spent messages, counts that would go below zero through
  *                   a container or a message, hooks calling back in);
+ *   test_misuse_contained  a container deallocated while an id it holds is
+ *                   dead or at zero (dropped too often elsewhere): reported
+ *                   as decref reports it, once per reference, the rest
+ *                   consistent;
+ *   test_misuse_no_alloc  every path that meets a breach, with every
+ *                   allocation failing: each told, nothing allocated;
  *   test_oom        every allocation made to fail in turn: an error changes
  *                   nothing, a success did everything (hooks told);
  *   test_free_alive ipcref_table_free with aliases, containers, messages and
@@ -44,8 +55,11 @@
  * allocates from 8 threads) and can be told to fail the k-th allocation. */
 static long ta_live;    /* blocks not yet freed */
 static long ta_fail_in; /* > 0: the allocation that brings it to 0 fails */
+static int ta_fail_all; /* every allocation fails (single-threaded tests) */
+static long ta_failed;  /* ... and how many were tried */
 
 static int ta_should_fail(void) {
+  if (ta_fail_all) return (int)++ta_failed;
   if (__atomic_load_n(&ta_fail_in, __ATOMIC_RELAXED) <= 0) return 0;
   return __atomic_sub_fetch(&ta_fail_in, 1, __ATOMIC_RELAXED) == 0;
 }
@@ -281,7 +295,9 @@ static int stores_are(const recorder *r, ipcref_id id, const uint32_t *want,
 /* The model of one id. Groups are numbered by the id that created them. */
 typedef struct m_id {
   uint64_t count;   /* the table's count for it */
-  uint64_t handles; /* how many of those are the test's own handles */
+  uint64_t handles; /* how many of those are the test's own handles (never
+                       more than count: a reference taken twice, through
+                       op_steal, can leave the test fewer) */
   ipcref_id group;  /* the group it is in (a group number) */
   int put;          /* put at least once */
   idvec contained;  /* from its first put */
@@ -349,12 +365,13 @@ typedef struct model {
   /* what this operation must do */
   ev_dealloc *xd;
   size_t nxd, capxd;
-  ev_violation xv[4];
-  size_t nxv;
+  ev_violation *xv; /* id 0 or code OK: any */
+  size_t nxv, capxv;
   uint64_t prev_violations;
   int epoch;
   /* totals, for the report */
   long n_ops[32];
+  long n_viol, n_viol_contained, n_viol_held; /* breaches expected */
   size_t max_depth_freed, max_group;
 } model;
 
@@ -411,14 +428,30 @@ static uint64_t m_total(const model *m, ipcref_id g) {
 }
 
 static void m_expect_violation(model *m, ipcref_id id, ipcref_result code) {
+  if (m->nxv == m->capxv) {
+    m->capxv = m->capxv ? m->capxv * 2 : 16;
+    m->xv = (ev_violation *)realloc(m->xv, m->capxv * sizeof *m->xv);
+    if (!m->xv) abort();
+  }
   m->xv[m->nxv].id = id;
   m->xv[m->nxv].code = code;
   m->nxv++;
+  m->n_viol++;
+}
+
+/* One reference less on `id` (its count is above zero); the test's
+ * handles on it are never more than its count. */
+static void m_lose(model *m, ipcref_id id) {
+  m_id *x = &m->id[id];
+  x->count--;
+  if (x->handles > x->count) x->handles = x->count;
 }
 
 /* Deallocates group `g0` and what only it kept alive, as the doc says: the
  * hook names the group's first id and every store its ids were put in;
- * each contained id loses one reference. */
+ * each contained id loses one reference, and one already at zero or gone
+ * (its reference was taken twice: op_steal) is a breach, reported as
+ * decref reports it (EDEAD, the id), once per reference. */
 static void m_dealloc(model *m, ipcref_id g0) {
   idvec work = {0, 0, 0};
   size_t depth = 0;
@@ -458,10 +491,11 @@ static void m_dealloc(model *m, ipcref_id g0) {
         ipcref_id c = x->contained.v[k];
         ipcref_id cg = m->id[c].group;
         if (m->id[c].count == 0 || !m->g[cg].alive) {
-          mfail(m, "model: contained id %llu not held", (unsigned long long)c);
+          m_expect_violation(m, c, IPCREF_EDEAD);
+          m->n_viol_contained++;
           continue;
         }
-        m->id[c].count--;
+        m_lose(m, c);
         if (!m->g[cg].queued && m_total(m, cg) == 0) {
           m->g[cg].queued = 1;
           iv_push(&work, cg);
@@ -474,14 +508,17 @@ static void m_dealloc(model *m, ipcref_id g0) {
   iv_free(&work);
 }
 
-/* One reference less on `id` (its count is above zero). */
+/* A holder (the test, a message, a pull) lets go of its reference on
+ * `id`; at zero or gone (its reference was taken twice) it is a breach,
+ * which changes nothing. */
 static void m_drop(model *m, ipcref_id id) {
   ipcref_id g = m->id[id].group;
-  if (m->id[id].count == 0) {
-    mfail(m, "model: drop of %llu at zero", (unsigned long long)id);
+  if (m->id[id].count == 0 || !m->g[g].alive) {
+    m_expect_violation(m, id, IPCREF_EDEAD);
+    m->n_viol_held++;
     return;
   }
-  m->id[id].count--;
+  m_lose(m, id);
   if (m_total(m, g) == 0) m_dealloc(m, g);
 }
 
@@ -854,7 +891,7 @@ static void op_dead(model *m) {
 static void op_never(model *m) {
   ipcref_id n = m_never(m), live = m_any_live(m), c[2];
   uint64_t tok = 0, cnt = 0;
-  switch (rng_below(&m->r, 6)) {
+  switch (rng_below(&m->r, 7)) {
   case 0:
     M_RC(m, ipcref_table_incref(m->t, n), IPCREF_EINVAL);
     m_expect_violation(m, n, IPCREF_EINVAL);
@@ -876,6 +913,12 @@ static void op_never(model *m) {
     m_expect_violation(m, n, IPCREF_EINVAL);
     break;
   case 4: M_RC(m, ipcref_table_count(m->t, n, &cnt), IPCREF_EINVAL); break;
+  case 5: /* a contained id never handed out: nothing changes */
+    if (!live || m->id[live].put) return;
+    c[0] = n;
+    M_RC(m, ipcref_table_put(m->t, live, 4, c, 1), IPCREF_EINVAL);
+    m_expect_violation(m, n, IPCREF_EINVAL);
+    break;
   default:
     M_RC(m, ipcref_table_put(m->t, n, 3, NULL, 0), IPCREF_EINVAL);
     m_expect_violation(m, n, IPCREF_EINVAL);
@@ -921,11 +964,114 @@ static void op_unpull(model *m) {
   m_drop(m, p.id);
 }
 
+/* Misuse the table cannot see yet: a decref of a reference someone else
+ * holds (the id's count is above the test's handles: a container, a
+ * message or a pull holds the rest). It succeeds, and may free the object
+ * at once (counts are per id: the table cannot tell whose reference a
+ * decref takes); the holder's own release later finds the id at zero or
+ * gone: a breach, reported as decref reports one (EDEAD, the id), whether
+ * a container's deallocation, a message's end or a pull's end meets it. */
+static void op_steal(model *m) {
+  size_t i, start;
+  if (!m->live.n) return;
+  start = rng_below(&m->r, m->live.n);
+  for (i = 0; i < m->live.n; i++) {
+    ipcref_id id = m->live.v[(start + i) % m->live.n];
+    if (m_alive(m, id) && m->id[id].count > m->id[id].handles) {
+      M_RC(m, ipcref_table_decref(m->t, id), IPCREF_OK);
+      m_drop(m, id);
+      return;
+    }
+  }
+}
+
+/* An object p that holds an id q of its own alias group, or of a group
+ * that holds p's (a cycle, never freed as it is), and then a decref of q
+ * that takes p's reference (misuse: the cycle can go). When the object
+ * goes, q is at zero or already gone (which, depends on the order the
+ * table lets go of a group's ids in): a breach, reported either way. */
+static void op_self_hold(model *m) {
+  ipcref_id p = m_any_live(m), q = 0;
+  uint32_t store = (uint32_t)rng_below(&m->r, 8);
+  int i;
+  if (!p || m->id[p].put) return;
+  if (rng_below(&m->r, 2)) {
+    idvec *gi = &m->g[m->id[p].group].ids;
+    q = gi->v[rng_below(&m->r, gi->n)];
+  } else {
+    for (i = 0; i < 8 && !q; i++) {
+      q = m_any_live(m);
+      if (m->id[q].group != m->id[p].group &&
+          !m_reaches(m, m->id[q].group, m->id[p].group))
+        q = 0;
+    }
+  }
+  if (!q || q == p) return;
+  M_RC(m, ipcref_table_put(m->t, p, store, &q, 1), IPCREF_OK);
+  m_put_apply(m, p, store, &q, 1);
+  M_RC(m, ipcref_table_decref(m->t, q), IPCREF_OK);
+  m_drop(m, q);
+}
+
 /* ---- the check after every operation ------------------------------------ */
 
 static int cmp_ev_id(const void *a, const void *b) {
   ipcref_id x = ((const ev_dealloc *)a)->id, y = ((const ev_dealloc *)b)->id;
   return x < y ? -1 : x > y;
+}
+
+static int cmp_ev_violation(const void *a, const void *b) {
+  const ev_violation *x = (const ev_violation *)a, *y = (const ev_violation *)b;
+  if (x->id != y->id) return x->id < y->id ? -1 : 1;
+  return (x->code > y->code) - (x->code < y->code);
+}
+
+/* The violations told against the model's, as multisets (a cascade's
+ * order is the table's business): each told once per breach, naming the
+ * id with the code. An expectation with id 0 or code OK matches any id or
+ * code. */
+static void m_match_violations(model *m) {
+  ev_violation *told = m->rec.v, *want = m->xv;
+  size_t nt = m->rec.nv, nexact = 0, i, j, k, left = 0;
+  for (i = 0; i < m->nxv; i++) { /* the exact ones first */
+    if (want[i].id && want[i].code) {
+      ev_violation e = want[i];
+      want[i] = want[nexact];
+      want[nexact++] = e;
+    }
+  }
+  qsort(told, nt, sizeof *told, cmp_ev_violation);
+  qsort(want, nexact, sizeof *want, cmp_ev_violation);
+  for (i = j = 0; i < nt; i++) { /* unmatched told ones to the front */
+    int c = 1;
+    while (j < nexact && (c = cmp_ev_violation(&want[j], &told[i])) < 0) {
+      mfail(m, "no violation told for id %llu (code %d)",
+            (unsigned long long)want[j].id, (int)want[j].code);
+      j++;
+    }
+    if (c == 0)
+      j++;
+    else
+      told[left++] = told[i];
+  }
+  for (; j < nexact; j++)
+    mfail(m, "no violation told for id %llu (code %d)",
+          (unsigned long long)want[j].id, (int)want[j].code);
+  for (i = nexact; i < m->nxv; i++) { /* the loose ones take what is left */
+    for (k = 0; k < left; k++)
+      if ((!want[i].id || want[i].id == told[k].id) &&
+          (!want[i].code || want[i].code == told[k].code))
+        break;
+    if (k == left) {
+      mfail(m, "no violation told for id %llu (code %d)",
+            (unsigned long long)want[i].id, (int)want[i].code);
+      continue;
+    }
+    told[k] = told[--left];
+  }
+  for (k = 0; k < left; k++)
+    mfail(m, "violation told for id %llu (code %d), not expected",
+          (unsigned long long)told[k].id, (int)told[k].code);
 }
 
 static void m_verify(model *m) {
@@ -976,16 +1122,8 @@ static void m_verify(model *m) {
     mfail(m, "violations: %llu counted, %zu told, %zu expected",
           (unsigned long long)(st.violations - m->prev_violations), m->rec.nv,
           m->nxv);
-  } else {
-    for (i = 0; i < m->nxv; i++) {
-      if (m->xv[i].id && m->rec.v[i].id != m->xv[i].id)
-        mfail(m, "violation named id %llu, expected %llu",
-              (unsigned long long)m->rec.v[i].id,
-              (unsigned long long)m->xv[i].id);
-      if (m->xv[i].code && m->rec.v[i].code != m->xv[i].code)
-        mfail(m, "violation code %d, expected %d", (int)m->rec.v[i].code,
-              (int)m->xv[i].code);
-    }
+  } else if (m->nxv) {
+    m_match_violations(m);
   }
   m->prev_violations = st.violations;
   f2 = m->fails;
@@ -1056,6 +1194,8 @@ static const m_opdef m_ops[] = {
     {"use of an id never handed out", op_never, 1},
     {"pull", op_pull, 2},
     {"unpull", op_unpull, 2},
+    {"decref of a reference someone else holds", op_steal, 3},
+    {"object holding itself, its reference taken", op_self_hold, 1},
 };
 #define M_NOPS (sizeof m_ops / sizeof m_ops[0])
 
@@ -1069,6 +1209,7 @@ static void m_cleanup(model *m) {
   free(m->id);
   free(m->g);
   free(m->xd);
+  free(m->xv);
   iv_free(&m->live);
   iv_free(&m->tokens);
   rec_fini(&m->rec);
@@ -1171,10 +1312,11 @@ static void model_run(long seed, long nops) {
   ipcref_table_free(m->t);
   CHECK_EQ(ta_live_now(), base_live);
   printf("    seed %ld: %ld ops, %llu ids, %llu objects freed (deepest cascade "
-         "%zu, largest alias group %zu), %.2f s\n",
+         "%zu, largest alias group %zu), %ld breaches reported (%ld by a "
+         "container's dealloc, %ld by a message's or a pull's end), %.2f s\n",
          seed, nops, (unsigned long long)(m->next - 1),
          (unsigned long long)m->deallocs, m->max_depth_freed, m->max_group,
-         now_s() - t0);
+         m->n_viol, m->n_viol_contained, m->n_viol_held, now_s() - t0);
   if (m->fails) {
     printf("    seed %ld: %ld failed checks in all%s; by operation:\n", seed,
            m->fails,
@@ -2330,6 +2472,251 @@ static void test_semantics(void) {
   CHECK_EQ(ta_live_now(), base);
 }
 
+/* ======================================================================== */
+/* 6b. Misuse met by a container's deallocation is reported as the same
+ * misuse met by a decref: the violation hook hears the contained id with
+ * the code decref gives for it (EDEAD), once per reference that would go
+ * below zero, stats.violations counts it, and the rest goes on as the
+ * rules say (the other contained ids lose their reference, nothing is
+ * freed early, nothing leaks). The caller breaks the rule by dropping a
+ * reference a container holds: counts are per id, so the table cannot
+ * tell whose reference a decref takes until the container goes. */
+
+static void test_misuse_contained(void) {
+  recorder rec;
+  ipcref_table *t;
+  ipcref_id a, b, c, d, x, y, p, q, cont[3];
+  ipcref_table_stats st, st2;
+  ipcref_result want_code = IPCREF_EDEAD;
+  int order;
+  long base = ta_live_now();
+  memset(&rec, 0, sizeof rec);
+  rec.check_dead_in_hook = 1;
+  t = new_table(&rec);
+  if (!t) return;
+
+  /* what the decref path reports for an id already deallocated */
+  CHECK_EQ(ipcref_table_create(t, &d), IPCREF_OK);
+  CHECK_EQ(ipcref_table_decref(t, d), IPCREF_OK);
+  rec_clear(&rec);
+  st = stats_of(t);
+  CHECK_EQ(ipcref_table_decref(t, d), IPCREF_EDEAD);
+  CHECK(rec.nv == 1 && rec.v[0].id == d);
+  if (rec.nv == 1) want_code = rec.v[0].code;
+  CHECK_EQ(want_code, IPCREF_EDEAD);
+  CHECK_EQ(stats_of(t).violations, st.violations + 1);
+
+  /* x holds a and b; a's handle goes, then one decref more: x's
+   * reference, so a is deallocated now */
+  rec_clear(&rec);
+  CHECK_EQ(ipcref_table_create(t, &a), IPCREF_OK);
+  CHECK_EQ(ipcref_table_create(t, &b), IPCREF_OK);
+  CHECK_EQ(ipcref_table_create(t, &x), IPCREF_OK);
+  cont[0] = a;
+  cont[1] = b;
+  CHECK_EQ(ipcref_table_put(t, x, 7, cont, 2), IPCREF_OK);
+  CHECK_EQ(ipcref_table_decref(t, a), IPCREF_OK);
+  CHECK_EQ(ipcref_table_decref(t, a), IPCREF_OK); /* x's reference */
+  CHECK(rec.nd == 1 && rec.d[0].id == a);
+  CHECK_EQ(rec.nv, 0);
+  /* x goes and meets a dead: reported once, as decref reports it */
+  rec_clear(&rec);
+  st = stats_of(t);
+  CHECK_EQ(ipcref_table_decref(t, x), IPCREF_OK);
+  CHECK(rec.nd == 1 && rec.d[0].id == x);
+  CHECK_EQ(rec.nv, 1);
+  CHECK(rec.nv == 1 && rec.v[0].id == a && rec.v[0].code == want_code);
+  st2 = stats_of(t);
+  CHECK_EQ(st2.violations, st.violations + 1);
+  CHECK_EQ(st2.deallocs, st.deallocs + 1);
+  CHECK_EQ(st2.ids, st.ids - 1);
+  CHECK_EQ(st2.objects, st.objects - 1);
+  /* b lost x's reference and nothing more: alive on its handle */
+  CHECK(find_dealloc(&rec, b) == NULL);
+  CHECK_EQ(count_of(t, b), 1);
+  CHECK_EQ(count_of(t, a), UINT64_MAX - 1); /* still dead */
+  rec_clear(&rec);
+  CHECK_EQ(ipcref_table_decref(t, b), IPCREF_OK);
+  CHECK(rec.nd == 1 && rec.d[0].id == b);
+  CHECK_EQ(rec.nv, 0);
+
+  /* a container holding a dead id twice: two references below zero, two
+   * reports */
+  rec_clear(&rec);
+  CHECK_EQ(ipcref_table_create(t, &a), IPCREF_OK);
+  CHECK_EQ(ipcref_table_create(t, &b), IPCREF_OK);
+  CHECK_EQ(ipcref_table_create(t, &x), IPCREF_OK);
+  cont[0] = a;
+  cont[1] = b;
+  cont[2] = a;
+  CHECK_EQ(ipcref_table_put(t, x, 7, cont, 3), IPCREF_OK);
+  CHECK_EQ(count_of(t, a), 3);
+  CHECK_EQ(ipcref_table_decref(t, a), IPCREF_OK);
+  CHECK_EQ(ipcref_table_decref(t, a), IPCREF_OK);
+  CHECK_EQ(ipcref_table_decref(t, a), IPCREF_OK); /* both of x's */
+  CHECK(rec.nd == 1 && rec.d[0].id == a);
+  rec_clear(&rec);
+  st = stats_of(t);
+  CHECK_EQ(ipcref_table_decref(t, x), IPCREF_OK);
+  CHECK(rec.nd == 1 && rec.d[0].id == x);
+  CHECK(rec.nv == 2 && rec.v[0].id == a && rec.v[0].code == want_code &&
+        rec.v[1].id == a && rec.v[1].code == want_code);
+  CHECK_EQ(stats_of(t).violations, st.violations + 2);
+  CHECK_EQ(count_of(t, b), 1);
+  CHECK_EQ(ipcref_table_decref(t, b), IPCREF_OK);
+
+  /* deep in a cascade: y holds x, x holds c and b; c was dropped once too
+   * often; y's last reference frees y, then x, which meets c dead */
+  rec_clear(&rec);
+  CHECK_EQ(ipcref_table_create(t, &c), IPCREF_OK);
+  CHECK_EQ(ipcref_table_create(t, &b), IPCREF_OK);
+  CHECK_EQ(ipcref_table_create(t, &x), IPCREF_OK);
+  CHECK_EQ(ipcref_table_create(t, &y), IPCREF_OK);
+  cont[0] = c;
+  cont[1] = b;
+  CHECK_EQ(ipcref_table_put(t, x, 1, cont, 2), IPCREF_OK);
+  CHECK_EQ(ipcref_table_put(t, y, 2, &x, 1), IPCREF_OK);
+  CHECK_EQ(ipcref_table_decref(t, x), IPCREF_OK); /* only y holds x */
+  CHECK_EQ(ipcref_table_decref(t, c), IPCREF_OK);
+  CHECK_EQ(ipcref_table_decref(t, c), IPCREF_OK); /* x's reference */
+  CHECK(rec.nd == 1 && rec.d[0].id == c);
+  rec_clear(&rec);
+  st = stats_of(t);
+  CHECK_EQ(ipcref_table_decref(t, y), IPCREF_OK);
+  CHECK_EQ(rec.nd, 2);
+  CHECK(find_dealloc(&rec, y) != NULL && find_dealloc(&rec, x) != NULL);
+  CHECK(rec.nv == 1 && rec.v[0].id == c && rec.v[0].code == want_code);
+  st2 = stats_of(t);
+  CHECK_EQ(st2.violations, st.violations + 1);
+  CHECK_EQ(st2.deallocs, st.deallocs + 2);
+  CHECK_EQ(st2.ids, st.ids - 2);
+  CHECK_EQ(count_of(t, b), 1);
+  CHECK_EQ(ipcref_table_decref(t, b), IPCREF_OK);
+
+  /* an object holding an id of its own alias group (p holds q, p and q
+   * aliased): q's reference was dropped too, so when the object goes,
+   * q is at zero or already gone, depending on which of its ids the
+   * table lets go of first. Reported either way. */
+  for (order = 0; order < 2; order++) {
+    rec_clear(&rec);
+    CHECK_EQ(ipcref_table_create(t, &p), IPCREF_OK);
+    CHECK_EQ(ipcref_table_create(t, &q), IPCREF_OK);
+    if (order)
+      CHECK_EQ(ipcref_table_alias(t, q, p), IPCREF_OK);
+    else
+      CHECK_EQ(ipcref_table_alias(t, p, q), IPCREF_OK);
+    CHECK_EQ(ipcref_table_put(t, p, 3, &q, 1), IPCREF_OK);
+    CHECK_EQ(ipcref_table_decref(t, q), IPCREF_OK);
+    CHECK_EQ(ipcref_table_decref(t, q), IPCREF_OK); /* p's reference */
+    CHECK_EQ(rec.nd, 0);
+    st = stats_of(t);
+    CHECK_EQ(ipcref_table_decref(t, p), IPCREF_OK);
+    CHECK(rec.nd == 1 && rec.d[0].id == p);
+    if (rec.nv != 1 || rec.v[0].id != q || rec.v[0].code != want_code) {
+      printf("    alias(%s): %zu violations told for q\n",
+             order ? "q, p" : "p, q", rec.nv);
+      harness_failures_in_test++;
+    }
+    CHECK_EQ(stats_of(t).violations, st.violations + 1);
+  }
+
+  /* afterwards: everything consistent, nothing left, nothing leaked */
+  CHECK_EQ(rec.hook_count_wrong, 0);
+  st = stats_of(t);
+  CHECK_EQ(st.ids, 0);
+  CHECK_EQ(st.objects, 0);
+  CHECK_EQ(st.messages, 0);
+  ipcref_table_free(t);
+  rec_fini(&rec);
+  CHECK_EQ(ta_live_now(), base);
+}
+
+/* A breach is told even when no memory can be had, and telling it tries
+ * no allocation (freeing meets breaches, and freeing never allocates):
+ * every path that meets one before allocating anything, with every
+ * allocation failing. */
+static void test_misuse_no_alloc(void) {
+  recorder rec;
+  ipcref_table *t;
+  ipcref_id a, b, c, d, w, x, z;
+  uint64_t tok = 0, spent = 0;
+  ipcref_view src, pv;
+  ipcref_buf *buf = NULL;
+  int64_t shape[1] = {4};
+  ipcref_table_stats st;
+  size_t nv;
+  long base = ta_live_now();
+  memset(&rec, 0, sizeof rec);
+  t = new_table(&rec);
+  if (!t) return;
+  CHECK_EQ(ipcref_buf_new(16, &buf), IPCREF_OK);
+  CHECK_EQ(ipcref_view_of(buf, IPCREF_U32, 1, shape, &src), IPCREF_OK);
+  ipcref_buf_release(buf);
+  /* d dead; z at zero, its object alive through w */
+  CHECK_EQ(ipcref_table_create(t, &d), IPCREF_OK);
+  CHECK_EQ(ipcref_table_decref(t, d), IPCREF_OK);
+  CHECK_EQ(ipcref_table_create(t, &z), IPCREF_OK);
+  CHECK_EQ(ipcref_table_create(t, &w), IPCREF_OK);
+  CHECK_EQ(ipcref_table_alias(t, z, w), IPCREF_OK);
+  CHECK_EQ(ipcref_table_decref(t, z), IPCREF_OK);
+  /* a, b, c dead, their references in x, a message and a pull taken */
+  CHECK_EQ(ipcref_table_create(t, &a), IPCREF_OK);
+  CHECK_EQ(ipcref_table_create(t, &x), IPCREF_OK);
+  CHECK_EQ(ipcref_table_put(t, x, 1, &a, 1), IPCREF_OK);
+  CHECK_EQ(ipcref_table_decref(t, a), IPCREF_OK);
+  CHECK_EQ(ipcref_table_decref(t, a), IPCREF_OK);
+  CHECK_EQ(ipcref_table_create(t, &b), IPCREF_OK);
+  CHECK_EQ(ipcref_table_msg_out(t, &b, 1, &tok), IPCREF_OK);
+  CHECK_EQ(ipcref_table_decref(t, b), IPCREF_OK);
+  CHECK_EQ(ipcref_table_decref(t, b), IPCREF_OK);
+  CHECK_EQ(ipcref_table_create(t, &c), IPCREF_OK);
+  CHECK_EQ(ipcref_table_view(t, c, &src, &pv), IPCREF_OK);
+  CHECK_EQ(ipcref_table_decref(t, c), IPCREF_OK);
+  CHECK_EQ(ipcref_table_decref(t, c), IPCREF_OK);
+  CHECK_EQ(ipcref_table_msg_out(t, NULL, 0, &spent), IPCREF_OK);
+  CHECK_EQ(ipcref_table_msg_in(t, spent), IPCREF_OK);
+  rec.nv = 0;
+  rec.capv = 64; /* the recorder's own room, made now */
+  rec.v = (ev_violation *)realloc(rec.v, rec.capv * sizeof *rec.v);
+  if (!rec.v) abort();
+  rec_clear(&rec);
+  st = stats_of(t);
+  ta_fail_all = 1;
+#define TOLD(call, want, id_)                                                  \
+  do {                                                                         \
+    nv = rec.nv;                                                               \
+    CHECK_EQ((call), (want));                                                  \
+    CHECK(rec.nv == nv + 1 && rec.v[nv].id == (id_));                          \
+  } while (0)
+  TOLD(ipcref_table_decref(t, d), IPCREF_EDEAD, d);
+  TOLD(ipcref_table_incref(t, d), IPCREF_EDEAD, d);
+  TOLD(ipcref_table_decref(t, z), IPCREF_EDEAD, z);
+  TOLD(ipcref_table_decref(t, UINT64_MAX), IPCREF_EINVAL, UINT64_MAX);
+  TOLD(ipcref_table_put(t, d, 1, NULL, 0), IPCREF_EDEAD, d);
+  TOLD(ipcref_table_alias(t, w, d), IPCREF_EDEAD, d);
+  TOLD(ipcref_table_msg_in(t, spent), IPCREF_EINVAL, 0);
+  TOLD(ipcref_table_msg_in(t, tok), IPCREF_OK, b); /* the message */
+  TOLD(ipcref_table_decref(t, x), IPCREF_OK, a);   /* the container */
+  CHECK(rec.nd == 1 && rec.d[0].id == x);
+  nv = rec.nv;
+  ipcref_view_release(&pv); /* the pull */
+  CHECK(rec.nv == nv + 1 && rec.v[nv].id == c);
+#undef TOLD
+  ta_fail_all = 0;
+  CHECK_EQ(ta_failed, 0); /* nothing tried to allocate */
+  CHECK_EQ(stats_of(t).violations, st.violations + 10);
+  CHECK_EQ(rec.nv, 10);
+  CHECK_EQ(ipcref_table_decref(t, w), IPCREF_OK);
+  st = stats_of(t);
+  CHECK_EQ(st.ids, 0);
+  CHECK_EQ(st.objects, 0);
+  CHECK_EQ(st.messages, 0);
+  ipcref_view_release(&src);
+  ipcref_table_free(t);
+  rec_fini(&rec);
+  CHECK_EQ(ta_live_now(), base);
+}
+
 /* "Frees the table; objects still alive are forgotten without dealloc
  * calls": aliases (merged in either order), containers, messages, pulls;
  * no hook, nothing left. */
@@ -2545,6 +2932,8 @@ int main(int argc, char **argv) {
   TIMED(test_view_pull);
   TIMED(test_threads);
   TIMED(test_semantics);
+  TIMED(test_misuse_contained);
+  TIMED(test_misuse_no_alloc);
   TIMED(test_oom);
   TIMED(test_free_alive);
   printf("test_table: %.2f s in all\n", now_s() - t0);
