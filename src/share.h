@@ -1647,8 +1647,7 @@ IPCREF_PRIVATE size_t ipcref__reap(ipcref_ctx *ctx) {
     if (l->live == 0) continue;
     if (!l->holder_dead && l->holder > 0 &&
         (l->watch ? l->watch->dead : ipcref__pid_gone(l->holder))) {
-      for (s = 0; s < l->n / 2; s++)
-        ipcref__lease_reclaim(ctx, l, s, &freed);
+      for (s = 0; s < l->n / 2; s++) ipcref__lease_reclaim(ctx, l, s, &freed);
       l->holder_dead = 1;
     }
     for (s = l->n / 2; s < l->n && l->live; s++) {
