@@ -75,7 +75,9 @@
  *   nothing. Misuse that has no return value to carry it (a reference count
  *   that saturates, a release on a dead buffer) goes to the error hook
  *   (ipcref_set_error_hook). Such misuse leaks; it never frees early or
- *   twice.
+ *   twice. A refusal whose remedy the code cannot name (a legacy DLPack
+ *   export of memory mapped read-only: IPCREF_ENEEDCOPY) tells the hook
+ *   the ways out as well.
  *
  * THREADS
  *
@@ -164,8 +166,10 @@ IPCREF_API const char *ipcref_strerror(ipcref_result r);
 /* The error hook hears about misuse that cannot be reported through a return
  * value: a reference count that saturated (the object is leaked on purpose
  * instead of being freed early), or a release on an object that was already
- * dead (refused, so nothing is freed twice). The hook must be reentrant; it
- * may run on any thread. */
+ * dead (refused, so nothing is freed twice). It also hears why a call
+ * refused where the code alone does not say what to do instead (a legacy
+ * DLPack export of read-only memory: ENEEDCOPY, and the message names the
+ * ways out). The hook must be reentrant; it may run on any thread. */
 typedef struct ipcref_error_hook {
   void (*fn)(void *user, ipcref_result code, const char *message);
   void *user;
@@ -378,7 +382,11 @@ IPCREF_API void ipcref_weak_release(ipcref_weak *w);
 /* Opens (on != 0) or closes a buffer for shared writes: its views are then
  * writable (ipcref_view_data_mut, ipcref_view_copy) although other
  * references exist, and the holders synchronize their writes themselves.
- * ipcref_buf_get_mut keeps the strict rule. Cannot fail; NULL is a no-op. */
+ * ipcref_buf_get_mut keeps the strict rule. The flag belongs to this
+ * process's buffer: it does not travel to other processes, and it makes no
+ * memory writable that is mapped read-only (a consumer maps a producer's
+ * segments writable only when the producer's context has the option
+ * writable_shares). Cannot fail; NULL is a no-op. */
 IPCREF_API void ipcref_buf_set_shared_mut(ipcref_buf *b, int on);
 
 /* 1 when `b` was opened for shared writes, else 0 (also for NULL). */
@@ -1020,10 +1028,28 @@ IPCREF_API void ipcref_test_set_step_hook(void (*fn)(const char *step));
  * `strides` are always set (in elements; 0 and negative strides pass as
  * they are); the device is the buffer's (kDLCPU 0 for host memory,
  * kDLCUDA or kDLROCM for a backend's device memory). The tensor is shared
- * with the
- * consumer: by ipcref's rules it may write only when the buffer is open for
- * shared writes (ipcref_buf_set_shared_mut); the versioned export says so
- * with DLPACK_FLAG_BITMASK_READ_ONLY.
+ * with the consumer: by ipcref's rules it may write only when the buffer is
+ * open for shared writes (ipcref_buf_set_shared_mut); the versioned export
+ * says so with DLPACK_FLAG_BITMASK_READ_ONLY.
+ *
+ * Read-only memory. A consumer maps what it receives from another process
+ * read-only (unless the producer's context has the option writable_shares),
+ * and a store there kills the process with SIGSEGV. The versioned export of
+ * such memory is flagged READ_ONLY whatever the buffer's flags say. A legacy
+ * tensor cannot say read-only, and its consumers take it as writable
+ * (PyTorch 1.13 lets t.add_(1) write it), so ipcref_view_to_dlpack refuses
+ * memory this process cannot write: IPCREF_ENEEDCOPY, and the error hook
+ * (ipcref_set_error_hook) hears the two ways out: a private copy
+ * (ipcref_view_make_mut copies the elements into memory of our own), or a
+ * producer whose context has writable_shares, whose consumers map its
+ * segments writable; then every holder may write, as with
+ * torch.multiprocessing, and the holders synchronize their writes
+ * themselves. ipcref_buf_set_shared_mut changes no mapping: set by the
+ * producer it stays in the producer's process, and set on a consumer's
+ * read-only mapping it does not make the legacy export go ahead (the
+ * mapping decides). A private copy-on-write mapping is no way out either: a
+ * page once written would hide the producer's bytes from every later view
+ * of any block on that page.
  *
  * Import. ipcref_view_from_dlpack adopts a producer's tensor: the view's
  * buffer wraps the producer's memory, from the lowest to the highest byte
@@ -1075,8 +1101,19 @@ IPCREF_API ipcref_result ipcref_dtype_from_dlpack(DLDataType dt,
                                                   ipcref_dtype *out);
 
 /* Exports `v` (see above). The view is checked as every view operation
- * checks it, and keeps its own reference. Errors: EINVAL (NULL, an invalid
- * view), ENOMEM; *out is unchanged on error. */
+ * checks it, and keeps its own reference. Memory this process cannot write
+ * (a consumer's read-only mapping of another process's segment, even an
+ * empty view of it, even when the buffer is marked for shared writes: the
+ * mapping decides) is refused with ENEEDCOPY, and the error hook gets a
+ * message that names the ways out: a private copy (ipcref_view_make_mut),
+ * or a producer context with the option writable_shares (the producer's
+ * ipcref_buf_set_shared_mut alone does not make the consumer's mapping
+ * writable). A device block received without writable_shares is refused
+ * the same way (ipcref keeps to the producer's choice, and cannot copy it:
+ * ipcref_view_make_mut gives EDEVICE). Memory that is writable here (our
+ * own; a consumer's mapping of a producer with writable_shares) goes out
+ * as before. Errors: EINVAL (NULL, an invalid view), ENEEDCOPY (read-only
+ * memory), ENOMEM; on error *out is unchanged and no reference is taken. */
 IPCREF_API ipcref_result ipcref_view_to_dlpack(const ipcref_view *v,
                                                DLManagedTensor **out);
 
@@ -1088,7 +1125,8 @@ IPCREF_API ipcref_result ipcref_view_from_dlpack(DLManagedTensor *t,
 #ifdef IPCREF_HAVE_DLPACK_VERSIONED
 /* As ipcref_view_to_dlpack, for the DLPack 1.x versioned struct: version
  * {DLPACK_MAJOR_VERSION, DLPACK_MINOR_VERSION}, flags READ_ONLY unless the
- * buffer is open for shared writes. */
+ * buffer is open for shared writes and its memory is writable here. Memory
+ * mapped read-only goes out too, flagged READ_ONLY (never ENEEDCOPY). */
 IPCREF_API ipcref_result ipcref_view_to_dlpack_versioned(
     const ipcref_view *v, struct DLManagedTensorVersioned **out);
 
@@ -1345,7 +1383,8 @@ IPCREF_API const char *ipcref_strerror(ipcref_result r) {
   case IPCREF_ESATURATED: return "reference count saturated; the object leaks";
   case IPCREF_EDEAD: return "the object was already released or freed";
   case IPCREF_ENEEDCOPY:
-    return "not possible without a copy (the strides do not allow it)";
+    return "not possible without a copy (the strides, or memory mapped "
+           "read-only, do not allow it)";
   case IPCREF_EDEVICE:
     return "the memory is on a device, where the host cannot touch it";
   }
@@ -6587,6 +6626,12 @@ IPCREF_PRIVATE void ipcref__dlpack_export_deleter(DLManagedTensor *self) {
   IPCREF_FREE(e);
 }
 
+/* 1 when this process may store into the buffer's memory at all: not a
+ * read-only mapping of another process's segment. */
+IPCREF_PRIVATE int ipcref__dlpack_writable_here(const ipcref_buf *b) {
+  return !ipcref__buf_read_only(b);
+}
+
 IPCREF_API ipcref_result ipcref_view_to_dlpack(const ipcref_view *v,
                                                DLManagedTensor **out) {
   ipcref__dlpack_export *e;
@@ -6595,7 +6640,24 @@ IPCREF_API ipcref_result ipcref_view_to_dlpack(const ipcref_view *v,
   DLDataType dt;
   if (!v || !out) return IPCREF_EINVAL;
   if (ipcref_dtype_to_dlpack(v->dtype, &dt) != IPCREF_OK) return IPCREF_EINVAL;
-  r = ipcref_view_clone(v, &keep); /* checks the view */
+  if (!ipcref__view_valid(v)) return IPCREF_EINVAL;
+  /* A legacy tensor looks writable to every consumer: memory that a store
+   * would fault on does not go out that way (see the header comment). */
+  if (!ipcref__dlpack_writable_here(v->buf)) {
+    ipcref__report(
+        IPCREF_ENEEDCOPY,
+        "ipcref_view_to_dlpack: the view's memory is mapped read-only in "
+        "this process (received from another one), and a legacy DLPack "
+        "tensor cannot say read-only: a consumer that writes it would crash. "
+        "Make a private copy first (ipcref_view_make_mut), or have the "
+        "producer open its shares for writing (ipcref_ctx_options "
+        "writable_shares: every holder may then write; the producer's "
+        "ipcref_buf_set_shared_mut alone does not make this mapping "
+        "writable). With a DLPack 1.x header, "
+        "ipcref_view_to_dlpack_versioned exports it flagged READ_ONLY.");
+    return IPCREF_ENEEDCOPY;
+  }
+  r = ipcref_view_clone(v, &keep);
   if (r != IPCREF_OK) return r;
   e = (ipcref__dlpack_export *)IPCREF_MALLOC(sizeof *e);
   if (!e) {
@@ -6793,8 +6855,10 @@ IPCREF_API ipcref_result ipcref_view_to_dlpack_versioned(
   e->mt.manager_ctx = e;
   e->mt.deleter = ipcref__dlpack_export_v_deleter;
   /* The consumer shares the buffer with us: writable only when open for
-   * shared writes, as for any other holder. */
-  e->mt.flags = ipcref_buf_is_shared_mut(keep.buf)
+   * shared writes, as for any other holder, and never where a store would
+   * fault (a read-only mapping, whatever its flags say). */
+  e->mt.flags = ipcref_buf_is_shared_mut(keep.buf) &&
+                        ipcref__dlpack_writable_here(keep.buf)
                     ? 0
                     : (uint64_t)DLPACK_FLAG_BITMASK_READ_ONLY;
   *out = &e->mt;

@@ -61,8 +61,10 @@ IPCREF_API const char *ipcref_strerror(ipcref_result r);
 /* The error hook hears about misuse that cannot be reported through a return
  * value: a reference count that saturated (the object is leaked on purpose
  * instead of being freed early), or a release on an object that was already
- * dead (refused, so nothing is freed twice). The hook must be reentrant; it
- * may run on any thread. */
+ * dead (refused, so nothing is freed twice). It also hears why a call
+ * refused where the code alone does not say what to do instead (a legacy
+ * DLPack export of read-only memory: ENEEDCOPY, and the message names the
+ * ways out). The hook must be reentrant; it may run on any thread. */
 typedef struct ipcref_error_hook {
   void (*fn)(void *user, ipcref_result code, const char *message);
   void *user;
@@ -162,7 +164,8 @@ IPCREF_API const char *ipcref_strerror(ipcref_result r) {
   case IPCREF_ESATURATED: return "reference count saturated; the object leaks";
   case IPCREF_EDEAD: return "the object was already released or freed";
   case IPCREF_ENEEDCOPY:
-    return "not possible without a copy (the strides do not allow it)";
+    return "not possible without a copy (the strides, or memory mapped "
+           "read-only, do not allow it)";
   case IPCREF_EDEVICE:
     return "the memory is on a device, where the host cannot touch it";
   }

@@ -129,7 +129,11 @@ IPCREF_API void ipcref_weak_release(ipcref_weak *w);
 /* Opens (on != 0) or closes a buffer for shared writes: its views are then
  * writable (ipcref_view_data_mut, ipcref_view_copy) although other
  * references exist, and the holders synchronize their writes themselves.
- * ipcref_buf_get_mut keeps the strict rule. Cannot fail; NULL is a no-op. */
+ * ipcref_buf_get_mut keeps the strict rule. The flag belongs to this
+ * process's buffer: it does not travel to other processes, and it makes no
+ * memory writable that is mapped read-only (a consumer maps a producer's
+ * segments writable only when the producer's context has the option
+ * writable_shares). Cannot fail; NULL is a no-op. */
 IPCREF_API void ipcref_buf_set_shared_mut(ipcref_buf *b, int on);
 
 /* 1 when `b` was opened for shared writes, else 0 (also for NULL). */

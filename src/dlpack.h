@@ -12,10 +12,28 @@
  * `strides` are always set (in elements; 0 and negative strides pass as
  * they are); the device is the buffer's (kDLCPU 0 for host memory,
  * kDLCUDA or kDLROCM for a backend's device memory). The tensor is shared
- * with the
- * consumer: by ipcref's rules it may write only when the buffer is open for
- * shared writes (ipcref_buf_set_shared_mut); the versioned export says so
- * with DLPACK_FLAG_BITMASK_READ_ONLY.
+ * with the consumer: by ipcref's rules it may write only when the buffer is
+ * open for shared writes (ipcref_buf_set_shared_mut); the versioned export
+ * says so with DLPACK_FLAG_BITMASK_READ_ONLY.
+ *
+ * Read-only memory. A consumer maps what it receives from another process
+ * read-only (unless the producer's context has the option writable_shares),
+ * and a store there kills the process with SIGSEGV. The versioned export of
+ * such memory is flagged READ_ONLY whatever the buffer's flags say. A legacy
+ * tensor cannot say read-only, and its consumers take it as writable
+ * (PyTorch 1.13 lets t.add_(1) write it), so ipcref_view_to_dlpack refuses
+ * memory this process cannot write: IPCREF_ENEEDCOPY, and the error hook
+ * (ipcref_set_error_hook) hears the two ways out: a private copy
+ * (ipcref_view_make_mut copies the elements into memory of our own), or a
+ * producer whose context has writable_shares, whose consumers map its
+ * segments writable; then every holder may write, as with
+ * torch.multiprocessing, and the holders synchronize their writes
+ * themselves. ipcref_buf_set_shared_mut changes no mapping: set by the
+ * producer it stays in the producer's process, and set on a consumer's
+ * read-only mapping it does not make the legacy export go ahead (the
+ * mapping decides). A private copy-on-write mapping is no way out either: a
+ * page once written would hide the producer's bytes from every later view
+ * of any block on that page.
  *
  * Import. ipcref_view_from_dlpack adopts a producer's tensor: the view's
  * buffer wraps the producer's memory, from the lowest to the highest byte
@@ -67,8 +85,19 @@ IPCREF_API ipcref_result ipcref_dtype_from_dlpack(DLDataType dt,
                                                   ipcref_dtype *out);
 
 /* Exports `v` (see above). The view is checked as every view operation
- * checks it, and keeps its own reference. Errors: EINVAL (NULL, an invalid
- * view), ENOMEM; *out is unchanged on error. */
+ * checks it, and keeps its own reference. Memory this process cannot write
+ * (a consumer's read-only mapping of another process's segment, even an
+ * empty view of it, even when the buffer is marked for shared writes: the
+ * mapping decides) is refused with ENEEDCOPY, and the error hook gets a
+ * message that names the ways out: a private copy (ipcref_view_make_mut),
+ * or a producer context with the option writable_shares (the producer's
+ * ipcref_buf_set_shared_mut alone does not make the consumer's mapping
+ * writable). A device block received without writable_shares is refused
+ * the same way (ipcref keeps to the producer's choice, and cannot copy it:
+ * ipcref_view_make_mut gives EDEVICE). Memory that is writable here (our
+ * own; a consumer's mapping of a producer with writable_shares) goes out
+ * as before. Errors: EINVAL (NULL, an invalid view), ENEEDCOPY (read-only
+ * memory), ENOMEM; on error *out is unchanged and no reference is taken. */
 IPCREF_API ipcref_result ipcref_view_to_dlpack(const ipcref_view *v,
                                                DLManagedTensor **out);
 
@@ -80,7 +109,8 @@ IPCREF_API ipcref_result ipcref_view_from_dlpack(DLManagedTensor *t,
 #ifdef IPCREF_HAVE_DLPACK_VERSIONED
 /* As ipcref_view_to_dlpack, for the DLPack 1.x versioned struct: version
  * {DLPACK_MAJOR_VERSION, DLPACK_MINOR_VERSION}, flags READ_ONLY unless the
- * buffer is open for shared writes. */
+ * buffer is open for shared writes and its memory is writable here. Memory
+ * mapped read-only goes out too, flagged READ_ONLY (never ENEEDCOPY). */
 IPCREF_API ipcref_result ipcref_view_to_dlpack_versioned(
     const ipcref_view *v, struct DLManagedTensorVersioned **out);
 
@@ -212,6 +242,12 @@ IPCREF_PRIVATE void ipcref__dlpack_export_deleter(DLManagedTensor *self) {
   IPCREF_FREE(e);
 }
 
+/* 1 when this process may store into the buffer's memory at all: not a
+ * read-only mapping of another process's segment. */
+IPCREF_PRIVATE int ipcref__dlpack_writable_here(const ipcref_buf *b) {
+  return !ipcref__buf_read_only(b);
+}
+
 IPCREF_API ipcref_result ipcref_view_to_dlpack(const ipcref_view *v,
                                                DLManagedTensor **out) {
   ipcref__dlpack_export *e;
@@ -220,7 +256,24 @@ IPCREF_API ipcref_result ipcref_view_to_dlpack(const ipcref_view *v,
   DLDataType dt;
   if (!v || !out) return IPCREF_EINVAL;
   if (ipcref_dtype_to_dlpack(v->dtype, &dt) != IPCREF_OK) return IPCREF_EINVAL;
-  r = ipcref_view_clone(v, &keep); /* checks the view */
+  if (!ipcref__view_valid(v)) return IPCREF_EINVAL;
+  /* A legacy tensor looks writable to every consumer: memory that a store
+   * would fault on does not go out that way (see the header comment). */
+  if (!ipcref__dlpack_writable_here(v->buf)) {
+    ipcref__report(
+        IPCREF_ENEEDCOPY,
+        "ipcref_view_to_dlpack: the view's memory is mapped read-only in "
+        "this process (received from another one), and a legacy DLPack "
+        "tensor cannot say read-only: a consumer that writes it would crash. "
+        "Make a private copy first (ipcref_view_make_mut), or have the "
+        "producer open its shares for writing (ipcref_ctx_options "
+        "writable_shares: every holder may then write; the producer's "
+        "ipcref_buf_set_shared_mut alone does not make this mapping "
+        "writable). With a DLPack 1.x header, "
+        "ipcref_view_to_dlpack_versioned exports it flagged READ_ONLY.");
+    return IPCREF_ENEEDCOPY;
+  }
+  r = ipcref_view_clone(v, &keep);
   if (r != IPCREF_OK) return r;
   e = (ipcref__dlpack_export *)IPCREF_MALLOC(sizeof *e);
   if (!e) {
@@ -418,8 +471,10 @@ IPCREF_API ipcref_result ipcref_view_to_dlpack_versioned(
   e->mt.manager_ctx = e;
   e->mt.deleter = ipcref__dlpack_export_v_deleter;
   /* The consumer shares the buffer with us: writable only when open for
-   * shared writes, as for any other holder. */
-  e->mt.flags = ipcref_buf_is_shared_mut(keep.buf)
+   * shared writes, as for any other holder, and never where a store would
+   * fault (a read-only mapping, whatever its flags say). */
+  e->mt.flags = ipcref_buf_is_shared_mut(keep.buf) &&
+                        ipcref__dlpack_writable_here(keep.buf)
                     ? 0
                     : (uint64_t)DLPACK_FLAG_BITMASK_READ_ONLY;
   *out = &e->mt;

@@ -7,10 +7,24 @@
  *
  * Build against the system header (DLPack 0.6 on Debian 12) or any other
  * with -I: the versioned tests run when the header defines
- * DLPACK_MAJOR_VERSION. */
+ * DLPACK_MAJOR_VERSION.
+ *
+ * Received memory (fork + socketpair, a real producer and consumer): a
+ * consumer's read-only mapping is refused by the legacy export (ENEEDCOPY,
+ * and the error hook names the ways out), goes out flagged READ_ONLY in the
+ * versioned one, and with the producer's writable_shares goes out legacy
+ * and a write through it reaches the producer. Children are forked before
+ * the producer makes its context, report through their exit status, and
+ * free all they made before they _exit (valgrind checks them too). */
 #define _GNU_SOURCE /* the sharing layer needs GNU declarations */
+#include <errno.h>
+#include <signal.h>
 #include <stdint.h>
 #include <string.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
 
 #include <dlpack/dlpack.h>
 
@@ -703,6 +717,287 @@ static void test_chain(void) {
   CHECK_EQ(live_allocs, before);
 }
 
+/* ---- received memory (a real producer and consumer) */
+
+#ifdef IPCREF_HAVE_SHARING
+#define RECV_MS  20000 /* longest ipcref_recv in a child */
+#define REAP_MS  30000 /* longest wait for a child to exit */
+#define SHARED_N 4096  /* bytes in the shared view */
+
+/* What the error hook heard (in the process that installed it). */
+static int hook_calls;
+static ipcref_result hook_code;
+static char hook_message[1024];
+
+static void hook_fn(void *user, ipcref_result code, const char *message) {
+  (void)user;
+  hook_calls++;
+  hook_code = code;
+  snprintf(hook_message, sizeof hook_message, "%s", message ? message : "");
+}
+
+static const ipcref_error_hook test_hook = {hook_fn, NULL};
+
+/* Byte i of the producer's view, and what the consumer writes instead. */
+static unsigned char produced(size_t i) {
+  return (unsigned char)(i * 7u + 3u);
+}
+static unsigned char written(size_t i) {
+  return (unsigned char)~produced(i);
+}
+
+/* Waits for the child; kills it after REAP_MS. The wait status or -1. */
+static int reap_child(pid_t pid) {
+  struct timespec ms = {0, 1000000};
+  int st = 0, waited;
+  if (pid <= 0) return -1;
+  for (waited = 0; waited < REAP_MS; waited++) {
+    pid_t r = waitpid(pid, &st, WNOHANG);
+    if (r == pid) return st;
+    if (r < 0 && errno != EINTR) return -1;
+    nanosleep(&ms, NULL);
+  }
+  kill(pid, SIGKILL);
+  waitpid(pid, &st, 0);
+  printf("    child %d timed out: killed\n", (int)pid);
+  return -1;
+}
+
+/* 1 when the exported tensor is the view's memory, element for element. */
+static int same_memory(const DLTensor *t, const ipcref_view *v) {
+  const int64_t zero[IPCREF_MAX_DIMS] = {0};
+  return t->data == ipcref_view_ptr(v, zero) && t->byte_offset == 0 &&
+         t->ndim == v->ndim && t->shape[0] == v->shape[0];
+}
+
+/* The consumer of a read-only mapping: no legacy export of it (nor of a
+ * slice, an empty view, or the buffer marked for shared writes: the
+ * mapping decides), nothing taken; the versioned export is READ_ONLY; a
+ * private copy goes out legacy and its writes stay here. */
+static void consumer_read_only(ipcref_view *v) {
+  DLManagedTensor *const sentinel = (DLManagedTensor *)(void *)&hook_calls;
+  DLManagedTensor *mt = sentinel;
+  ipcref_view s, c;
+  long before = live_allocs;
+  int32_t strong = ipcref_buf_strong_count(v->buf);
+  CHECK(ipcref_view_data_mut(v) == NULL); /* mapped read-only */
+  hook_calls = 0;
+  CHECK_EQ(ipcref_view_to_dlpack(v, &mt), IPCREF_ENEEDCOPY);
+  CHECK(mt == sentinel);
+  CHECK_EQ(ipcref_buf_strong_count(v->buf), strong);
+  CHECK_EQ(live_allocs, before);
+  CHECK_EQ(hook_calls, 1);
+  CHECK_EQ(hook_code, IPCREF_ENEEDCOPY);
+  CHECK(strstr(hook_message, "read-only") != NULL);
+  CHECK(strstr(hook_message, "ipcref_view_make_mut") != NULL); /* a copy */
+  CHECK(strstr(hook_message, "writable_shares") != NULL);      /* or open */
+  if (hook_calls != 1 || !strstr(hook_message, "writable_shares"))
+    printf("    hook (%d calls): %s\n", hook_calls, hook_message);
+  /* A slice and an empty view of it: the same. */
+  CHECK_EQ(ipcref_view_slice(v, 0, 100, 200, 3, &s), IPCREF_OK);
+  CHECK_EQ(ipcref_view_to_dlpack(&s, &mt), IPCREF_ENEEDCOPY);
+  ipcref_view_release(&s);
+  CHECK_EQ(ipcref_view_slice(v, 0, 5, 5, 1, &s), IPCREF_OK);
+  CHECK_EQ(ipcref_view_to_dlpack(&s, &mt), IPCREF_ENEEDCOPY);
+  ipcref_view_release(&s);
+  /* Marked for shared writes here: the mapping still decides. */
+  ipcref_buf_set_shared_mut(v->buf, 1);
+  CHECK_EQ(ipcref_view_to_dlpack(v, &mt), IPCREF_ENEEDCOPY);
+  CHECK(mt == sentinel);
+  CHECK_EQ(hook_calls, 4);
+#ifdef IPCREF_HAVE_DLPACK_VERSIONED
+  {
+    struct DLManagedTensorVersioned *vt = NULL;
+    CHECK_EQ(ipcref_view_to_dlpack_versioned(v, &vt), IPCREF_OK);
+    if (vt) {
+      CHECK(vt->flags & DLPACK_FLAG_BITMASK_READ_ONLY);
+      vt->deleter(vt);
+    }
+  }
+#endif
+  ipcref_buf_set_shared_mut(v->buf, 0);
+#ifdef IPCREF_HAVE_DLPACK_VERSIONED
+  /* The versioned export goes out, flagged READ_ONLY, zero-copy. */
+  {
+    struct DLManagedTensorVersioned *vt = NULL;
+    CHECK_EQ(ipcref_view_to_dlpack_versioned(v, &vt), IPCREF_OK);
+    if (vt) {
+      CHECK(vt->flags & DLPACK_FLAG_BITMASK_READ_ONLY);
+      CHECK(same_memory(&vt->dl_tensor, v));
+      CHECK_EQ(ipcref_buf_strong_count(v->buf), strong + 1);
+      vt->deleter(vt);
+    }
+  }
+#endif
+  CHECK_EQ(ipcref_buf_strong_count(v->buf), strong);
+  CHECK_EQ(live_allocs, before);
+  /* The first way out: a private copy, writable, and its writes stay
+   * here. */
+  CHECK_EQ(ipcref_view_clone(v, &c), IPCREF_OK);
+  CHECK_EQ(ipcref_view_make_mut(&c), IPCREF_OK);
+  CHECK(c.buf != v->buf);
+  hook_calls = 0;
+  mt = NULL;
+  CHECK_EQ(ipcref_view_to_dlpack(&c, &mt), IPCREF_OK);
+  CHECK_EQ(hook_calls, 0);
+  if (mt) {
+    unsigned char *d = (unsigned char *)mt->dl_tensor.data;
+    size_t i;
+    for (i = 0; i < SHARED_N; i++) {
+      if (d[i] != produced(i)) break;
+      d[i] = written(i);
+    }
+    CHECK_EQ(i, SHARED_N);
+    mt->deleter(mt);
+  }
+  ipcref_view_release(&c);
+}
+
+/* The consumer of a writable mapping (the producer's writable_shares): the
+ * legacy export goes ahead as for our own memory, and a write through the
+ * tensor lands in the producer's memory. The versioned one says READ_ONLY
+ * until this buffer is opened for shared writes here. */
+static void consumer_writable(ipcref_view *v) {
+  DLManagedTensor *mt = NULL;
+  CHECK(ipcref_view_data_mut(v) != NULL); /* mapped writable, and unique */
+  hook_calls = 0;
+  CHECK_EQ(ipcref_view_to_dlpack(v, &mt), IPCREF_OK);
+  CHECK_EQ(hook_calls, 0);
+  if (mt) {
+    unsigned char *d = (unsigned char *)mt->dl_tensor.data;
+    size_t i;
+    CHECK(same_memory(&mt->dl_tensor, v));
+    for (i = 0; i < SHARED_N; i++) {
+      if (d[i] != produced(i)) break;
+      d[i] = written(i);
+    }
+    CHECK_EQ(i, SHARED_N);
+    mt->deleter(mt);
+  }
+#ifdef IPCREF_HAVE_DLPACK_VERSIONED
+  {
+    struct DLManagedTensorVersioned *vt = NULL;
+    CHECK_EQ(ipcref_view_to_dlpack_versioned(v, &vt), IPCREF_OK);
+    if (vt) {
+      CHECK(vt->flags & DLPACK_FLAG_BITMASK_READ_ONLY);
+      vt->deleter(vt);
+    }
+    ipcref_buf_set_shared_mut(v->buf, 1);
+    CHECK_EQ(ipcref_view_to_dlpack_versioned(v, &vt), IPCREF_OK);
+    if (vt) {
+      CHECK_EQ(vt->flags & DLPACK_FLAG_BITMASK_READ_ONLY, 0);
+      vt->deleter(vt);
+    }
+  }
+#endif
+}
+
+/* The forked consumer: its own context, one view received, then the
+ * checks; exits 0 when none failed and everything it made is freed. */
+static void consumer_main(int sock, int writable) {
+  ipcref_ctx *ctx = NULL;
+  ipcref_peer *p = NULL;
+  ipcref_view v;
+  long before = live_allocs;
+  const ipcref_error_hook *old;
+  alarm(60);
+  old = ipcref_set_error_hook(&test_hook);
+  memset(&v, 0, sizeof v);
+  CHECK_EQ(ipcref_ctx_new(NULL, &ctx), IPCREF_OK);
+  if (ctx) CHECK_EQ(ipcref_peer_new(ctx, sock, &p), IPCREF_OK);
+  if (p) CHECK_EQ(ipcref_recv(p, &v, RECV_MS), IPCREF_OK);
+  if (v.buf) {
+    CHECK_EQ(v.ndim, 1);
+    CHECK_EQ(v.shape[0], SHARED_N);
+    if (writable)
+      consumer_writable(&v);
+    else
+      consumer_read_only(&v);
+    ipcref_view_release(&v);
+  }
+  if (p)
+    ipcref_peer_free(p);
+  else
+    close(sock);
+  ipcref_ctx_free(ctx);
+  ipcref_set_error_hook(old);
+  CHECK_EQ(live_allocs, before);
+  fflush(stdout);
+  _exit(harness_failures_in_test ? 1 : 0);
+}
+
+/* One producer and one consumer: the producer shares SHARED_N bytes and
+ * waits for the consumer to finish; then its bytes are the consumer's
+ * writes (writable_shares) or untouched (the default). */
+static void received(int writable) {
+  long before = live_allocs;
+  ipcref_ctx_options opt;
+  ipcref_ctx *ctx = NULL;
+  ipcref_peer *p = NULL;
+  ipcref_view v;
+  DLManagedTensor *mt = NULL;
+  const int64_t shape[1] = {SHARED_N};
+  int sv[2], st;
+  size_t i, same = 0, changed = 0;
+  pid_t pid;
+  unsigned char *d;
+  if (socketpair(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0, sv) != 0) {
+    CHECK(!"socketpair");
+    return;
+  }
+  fflush(stdout);
+  pid = fork(); /* before the producer's context: nothing of it inherited */
+  if (pid == 0) {
+    close(sv[0]);
+    consumer_main(sv[1], writable);
+  }
+  close(sv[1]);
+  CHECK(pid > 0);
+  memset(&opt, 0, sizeof opt);
+  opt.writable_shares = writable;
+  memset(&v, 0, sizeof v);
+  CHECK_EQ(ipcref_ctx_new(&opt, &ctx), IPCREF_OK);
+  if (ctx) CHECK_EQ(ipcref_peer_new(ctx, sv[0], &p), IPCREF_OK);
+  if (!p) close(sv[0]);
+  if (ctx)
+    CHECK_EQ(ipcref_view_new_shared(ctx, IPCREF_U8, 1, shape, &v), IPCREF_OK);
+  d = v.buf ? (unsigned char *)ipcref_view_data_mut(&v) : NULL;
+  CHECK(d != NULL);
+  for (i = 0; d && i < SHARED_N; i++) d[i] = produced(i);
+  /* Our own memory goes out legacy, as ever. */
+  if (d) {
+    CHECK_EQ(ipcref_view_to_dlpack(&v, &mt), IPCREF_OK);
+    if (mt) mt->deleter(mt);
+  }
+  if (p && d) CHECK_EQ(ipcref_send(p, &v), IPCREF_OK);
+  st = reap_child(pid);
+  if (st == -1 || !WIFEXITED(st) || WEXITSTATUS(st) != 0) {
+    harness_failures_in_test++;
+    if (st != -1 && WIFSIGNALED(st))
+      printf("    consumer killed by signal %d\n", WTERMSIG(st));
+    else
+      printf("    consumer exited with %d\n", st == -1 ? -1 : WEXITSTATUS(st));
+  }
+  for (i = 0; d && i < SHARED_N; i++) {
+    same += d[i] == produced(i);
+    changed += d[i] == written(i);
+  }
+  if (d) CHECK_EQ(writable ? changed : same, SHARED_N);
+  ipcref_view_release(&v);
+  ipcref_peer_free(p);
+  ipcref_ctx_free(ctx);
+  CHECK_EQ(live_allocs, before);
+}
+
+static void test_received_read_only(void) {
+  received(0);
+}
+
+static void test_received_writable_shares(void) {
+  received(1);
+}
+#endif /* IPCREF_HAVE_SHARING */
+
 /* ---- versioned (DLPack 1.x headers) */
 
 #ifdef IPCREF_HAVE_DLPACK_VERSIONED
@@ -865,6 +1160,10 @@ int main(void) {
   RUN(test_import_null_deleter);
   RUN(test_device_tensor);
   RUN(test_chain);
+#ifdef IPCREF_HAVE_SHARING
+  RUN(test_received_read_only);
+  RUN(test_received_writable_shares);
+#endif
 #ifdef IPCREF_HAVE_DLPACK_VERSIONED
   RUN(test_versioned_export);
   RUN(test_versioned_import);

@@ -1,12 +1,16 @@
 /* A small shared library over ipcref.h for tests/dlpack_py/test_dlpack.py:
  * plain C functions that ctypes can call to make views, derive strided ones,
- * hand them out as DLPack tensors and take other frameworks' tensors in.
- * Views live on the heap here so that Python can hold them by pointer.
+ * hand them out as DLPack tensors and take other frameworks' tensors in,
+ * and share views between two processes (a producer and a consumer over a
+ * socket). Views live on the heap here so that Python can hold them by
+ * pointer. The library's error hook is ours: dl_last_error tells what it
+ * heard last (why an export was refused).
  *
  *   gcc -shared -fPIC -I. tests/dlpack_py/dlpack_lib.c -o libdlpack_test.so
  */
 #define _GNU_SOURCE /* the sharing layer needs GNU declarations */
 #include <stdint.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -169,13 +173,44 @@ EXPORT int dl_view_writable(const ipcref_view *v) {
   return ipcref_view_data_mut(v) != NULL;
 }
 
+/* ---- the error hook */
+
+static char last_error[1024];
+
+static void hook_fn(void *user, ipcref_result code, const char *message) {
+  (void)user;
+  snprintf(last_error, sizeof last_error, "%s (%s)", message ? message : "",
+           ipcref_strerror(code));
+}
+
+static const ipcref_error_hook hook = {hook_fn, NULL};
+
+/* Installs the hook (once the library is loaded; idempotent). */
+EXPORT void dl_install_hook(void) {
+  ipcref_set_error_hook(&hook);
+}
+
+/* What the hook heard last ("" if nothing), and forgets it. */
+EXPORT const char *dl_last_error(void) {
+  static char copy[sizeof last_error];
+  memcpy(copy, last_error, sizeof copy);
+  last_error[0] = 0;
+  return copy;
+}
+
 /* ---- DLPack */
+
+/* A DLManagedTensor* for v (its own reference), or NULL with *err set. */
+EXPORT DLManagedTensor *dl_to_dlpack_err(const ipcref_view *v, int *err) {
+  DLManagedTensor *mt = NULL;
+  *err = ipcref_view_to_dlpack(v, &mt);
+  return *err == IPCREF_OK ? mt : NULL;
+}
 
 /* A DLManagedTensor* for v (its own reference), or NULL. */
 EXPORT DLManagedTensor *dl_to_dlpack(const ipcref_view *v) {
-  DLManagedTensor *mt = NULL;
-  if (ipcref_view_to_dlpack(v, &mt) != IPCREF_OK) return NULL;
-  return mt;
+  int err;
+  return dl_to_dlpack_err(v, &err);
 }
 
 EXPORT void dl_call_deleter(DLManagedTensor *mt) {
@@ -256,4 +291,84 @@ EXPORT ipcref_view *dl_from_dlpack(DLManagedTensor *mt, int *err) {
 
 EXPORT const char *dl_strerror(int r) {
   return ipcref_strerror((ipcref_result)r);
+}
+
+/* ---- sharing between processes */
+
+/* A context; writable_shares: consumers map our segments writable. */
+EXPORT ipcref_ctx *dl_ctx_new(int writable_shares, int *err) {
+  ipcref_ctx_options opt;
+  ipcref_ctx *ctx = NULL;
+  memset(&opt, 0, sizeof opt);
+  opt.writable_shares = writable_shares;
+  *err = ipcref_ctx_new(&opt, &ctx);
+  return ctx;
+}
+
+EXPORT void dl_ctx_free(ipcref_ctx *ctx) {
+  ipcref_ctx_free(ctx);
+}
+
+/* A peer over `fd` (adopted on success only). */
+EXPORT ipcref_peer *dl_peer_new(ipcref_ctx *ctx, int fd, int *err) {
+  ipcref_peer *p = NULL;
+  *err = ipcref_peer_new(ctx, fd, &p);
+  return p;
+}
+
+EXPORT void dl_peer_free(ipcref_peer *p) {
+  ipcref_peer_free(p);
+}
+
+/* A new C-contiguous shared view filled with the pattern, or NULL. */
+EXPORT ipcref_view *dl_shared_view_new(ipcref_ctx *ctx, int dtype, int ndim,
+                                       const int64_t *shape, int *err) {
+  ipcref_view v, *h;
+  ipcref_view_iter it;
+  char *p;
+  int64_t k = 0;
+  *err = ipcref_view_new_shared(ctx, (ipcref_dtype)dtype, ndim, shape, &v);
+  if (*err != IPCREF_OK) return NULL;
+  if (!ipcref_view_data_mut(&v)) { /* ours and unique: must be writable */
+    ipcref_view_release(&v);
+    *err = IPCREF_EBUSY;
+    return NULL;
+  }
+  ipcref_view_iter_init(&v, &it);
+  while ((p = (char *)ipcref_view_iter_next(&it)) != NULL)
+    pattern(v.dtype, k++, p);
+  h = heap_view(&v);
+  if (!h) {
+    ipcref_view_release(&v);
+    *err = IPCREF_ENOMEM;
+  }
+  return h;
+}
+
+EXPORT int dl_send(ipcref_peer *p, const ipcref_view *v) {
+  return ipcref_send(p, v);
+}
+
+/* The next view from the peer, or NULL with *err set. */
+EXPORT ipcref_view *dl_recv(ipcref_peer *p, int timeout_ms, int *err) {
+  ipcref_view v;
+  return derived((ipcref_result)(*err = ipcref_recv(p, &v, timeout_ms)), &v);
+}
+
+/* A private, writable copy of v's elements (ipcref_view_make_mut on a
+ * clone), or NULL with *err set. */
+EXPORT ipcref_view *dl_view_private_copy(const ipcref_view *v, int *err) {
+  ipcref_view c;
+  *err = ipcref_view_clone(v, &c);
+  if (*err != IPCREF_OK) return NULL;
+  *err = ipcref_view_make_mut(&c);
+  if (*err != IPCREF_OK) {
+    ipcref_view_release(&c);
+    return NULL;
+  }
+  return derived(IPCREF_OK, &c);
+}
+
+EXPORT int dl_view_same_buffer(const ipcref_view *a, const ipcref_view *b) {
+  return a->buf == b->buf;
 }

@@ -2,9 +2,11 @@
 # DLPack with real clients: builds tests/dlpack_py/dlpack_lib.c (ipcref.h as
 # a shared library, strict warnings) and runs test_dlpack.py with the
 # system Python, which hands ipcref views to NumPy (and PyTorch, when it is
-# installed) and takes theirs.
+# installed) and takes theirs, and shares views with a second Python process
+# (received memory is read-only there unless the producer opens it).
 #   run.sh OUTDIR
 # Exit: 0 passed, 1 failed, 77 skipped (NumPy or the DLPack header missing).
+# With IPCREF_REQUIRE_ALL=1 a missing PyTorch is a failure, not a skip.
 # The script's last line is "N passed, N failed".
 set -u
 cd "$(dirname "$0")/../.."

@@ -1,7 +1,9 @@
 #!/usr/bin/python3
-"""DLPack with real clients: NumPy (required) and PyTorch (when installed).
+"""DLPack with real clients: NumPy (required) and PyTorch (when installed;
+required when IPCREF_REQUIRE_ALL=1).
 
     test_dlpack.py path/to/libdlpack_test.so
+    test_dlpack.py path/to/libdlpack_test.so --consumer ro|rw FD   (internal)
 
 The library (tests/dlpack_py/dlpack_lib.c, built from ipcref.h) makes
 ipcref views; this script hands them to numpy.from_dlpack and
@@ -11,12 +13,24 @@ strong count. The other way, NumPy arrays and torch tensors go into ipcref
 views; the values are read back through ipcref, and the producer's deleter
 must run exactly once, when the view is released.
 
+Received memory: this process shares a view (it is the producer) with a
+consumer, a second Python process started with --consumer over a socket.
+A consumer maps what it receives read-only: numpy and torch get an
+exception from the legacy export, never a tensor whose write would kill the
+process, and the producer's bytes stay as they were. With the producer's
+writable_shares, torch's t.add_(1) in the consumer is seen by the producer.
+A consumer killed by a signal (SIGSEGV) is a failure.
+
 Prints one line per check group, then "N passed, N failed"; exits 1 on any
 failure.
 """
 import ctypes
 import gc
+import os
+import socket
+import subprocess
 import sys
+import time
 
 import numpy as np
 
@@ -48,7 +62,8 @@ def check(cond, what):
 
 # ---------------------------------------------------------------- the library
 
-if len(sys.argv) != 2:
+CONSUMER = len(sys.argv) == 5 and sys.argv[2] == "--consumer"
+if len(sys.argv) != 2 and not CONSUMER:
     sys.exit("usage: test_dlpack.py path/to/libdlpack_test.so")
 # PyDLL: the GIL stays held during calls, so a producer's deleter (NumPy's
 # decrefs its array) may run inside them.
@@ -87,6 +102,33 @@ lib.dl_from_dlpack.restype = P
 lib.dl_from_dlpack.argtypes = [P, ctypes.POINTER(ctypes.c_int)]
 lib.dl_strerror.restype = ctypes.c_char_p
 lib.dl_strerror.argtypes = [ctypes.c_int]
+IP = ctypes.POINTER(ctypes.c_int)
+lib.dl_install_hook.restype = None
+lib.dl_install_hook.argtypes = []
+lib.dl_last_error.restype = ctypes.c_char_p
+lib.dl_last_error.argtypes = []
+lib.dl_to_dlpack_err.restype = P
+lib.dl_to_dlpack_err.argtypes = [P, IP]
+lib.dl_ctx_new.restype = P
+lib.dl_ctx_new.argtypes = [ctypes.c_int, IP]
+lib.dl_ctx_free.restype = None
+lib.dl_ctx_free.argtypes = [P]
+lib.dl_peer_new.restype = P
+lib.dl_peer_new.argtypes = [P, ctypes.c_int, IP]
+lib.dl_peer_free.restype = None
+lib.dl_peer_free.argtypes = [P]
+lib.dl_shared_view_new.restype = P
+lib.dl_shared_view_new.argtypes = [P, ctypes.c_int, ctypes.c_int, I64P, IP]
+lib.dl_send.restype = ctypes.c_int
+lib.dl_send.argtypes = [P, P]
+lib.dl_recv.restype = P
+lib.dl_recv.argtypes = [P, ctypes.c_int, IP]
+lib.dl_view_private_copy.restype = P
+lib.dl_view_private_copy.argtypes = [P, IP]
+lib.dl_view_same_buffer.restype = ctypes.c_int
+lib.dl_view_same_buffer.argtypes = [P, P]
+lib.dl_install_hook()
+ENEEDCOPY = -12
 
 # The capsule protocol. Capsules are passed by address (id()). Their
 # destructor is in the C library (dl_capsule_destructor): it runs while a
@@ -107,6 +149,26 @@ USED = b"used_dltensor"
 CAPSULE_DESTRUCTOR = ctypes.cast(lib.dl_capsule_destructor, P)
 
 
+class ExportError(BufferError):
+    """ipcref_view_to_dlpack refused: .code is its result, and the message
+    what the error hook heard (for ENEEDCOPY, the ways out)."""
+
+    def __init__(self, code, message):
+        BufferError.__init__(self, "ipcref_view_to_dlpack: %s: %s"
+                             % (lib.dl_strerror(code).decode(), message))
+        self.code = code
+
+
+def capsule_of(view):
+    """A "dltensor" capsule of our legacy export of view, or ExportError."""
+    err = ctypes.c_int()
+    lib.dl_last_error()  # forget what came before
+    mt = lib.dl_to_dlpack_err(view, ctypes.byref(err))
+    if not mt:
+        raise ExportError(err.value, lib.dl_last_error().decode())
+    return api.PyCapsule_New(mt, DLTENSOR, CAPSULE_DESTRUCTOR)
+
+
 class Exported:
     """What numpy.from_dlpack and torch's from_dlpack take: an object with
     __dlpack__ and __dlpack_device__. Each __dlpack__ call is one export."""
@@ -115,10 +177,7 @@ class Exported:
         self.view = view
 
     def __dlpack__(self, stream=None):
-        mt = lib.dl_to_dlpack(self.view)
-        if not mt:
-            raise BufferError("ipcref_view_to_dlpack failed")
-        return api.PyCapsule_New(mt, DLTENSOR, CAPSULE_DESTRUCTOR)
+        return capsule_of(self.view)
 
     def __dlpack_device__(self):
         return (1, 0)  # kDLCPU, device 0
@@ -431,6 +490,234 @@ def torch_tests(torch):
                  % torch.__version__)
 
 
+# ---------------------------------------------------------------- received memory
+
+# The shared view: float32, a shape torch and numpy take as they are.
+SHARED_SHAPE = (4, 8)
+RECV_MS = 20000
+CONSUMER_TIMEOUT_S = 180
+
+
+def err_ptr():
+    return ctypes.byref(ctypes.c_int())
+
+
+def check_refusal(exc, what):
+    """exc is our ExportError for ENEEDCOPY and names both ways out."""
+    msg = str(exc)
+    ok = check(isinstance(exc, ExportError) and exc.code == ENEEDCOPY,
+               what + ": %s: %s" % (type(exc).__name__, msg))
+    check("ipcref_view_make_mut" in msg and "writable_shares" in msg,
+          what + ": the message names a private copy and writable_shares: " + msg)
+    return ok
+
+
+def consumer_numpy_read_only(v, expected):
+    """numpy and a read-only mapping: the legacy export refuses (an
+    exception, no array); a read-only array over the same memory refuses
+    writes with ValueError; a private copy goes out."""
+    try:
+        arr = np.from_dlpack(Exported(v))
+        exc = None
+    except Exception as e:  # noqa: BLE001 - the type is checked
+        arr, exc = None, e
+    if exc is not None:
+        check_refusal(exc, "numpy: legacy export of received read-only memory")
+    else:
+        check(False, "numpy: from_dlpack of received read-only memory gave an "
+              "array (writeable=%s)" % arr.flags.writeable)
+        try:
+            arr[...] = 1  # numpy 1.24's from_dlpack arrays are read-only
+        except ValueError:
+            pass
+        del arr
+    # Zero-copy reading without DLPack: a read-only memoryview.
+    n = int(np.prod(SHARED_SHAPE)) * 4
+    api.PyMemoryView_FromMemory.restype = ctypes.py_object
+    api.PyMemoryView_FromMemory.argtypes = [P, ctypes.c_ssize_t, ctypes.c_int]
+    mem = api.PyMemoryView_FromMemory(lib.dl_view_addr(v), n, 0x100)  # PyBUF_READ
+    ro = np.frombuffer(mem, dtype=np.float32).reshape(SHARED_SHAPE)
+    check(ro.ctypes.data == lib.dl_view_addr(v), "numpy: read-only array copied")
+    check(np.array_equal(ro, expected), "numpy: read-only array values")
+    check(not ro.flags.writeable, "numpy: read-only array is writeable")
+    for name, write in (("a[...] = 1", lambda: ro.__setitem__(Ellipsis, 1)),
+                        ("a += 1", lambda: np.add(ro, 1, out=ro)),
+                        ("setflags(write=True)", lambda: ro.setflags(write=True))):
+        try:
+            write()
+            ok = False
+        except ValueError:
+            ok = True
+        check(ok, "numpy: %s on received memory did not raise ValueError" % name)
+    del ro, mem
+    # A private copy goes out (numpy 1.24 makes it read-only anyway).
+    c = lib.dl_view_private_copy(v, err_ptr())
+    if check(c, "numpy: private copy failed"):
+        check(not lib.dl_view_same_buffer(c, v), "numpy: the copy shares the buffer")
+        a = np.from_dlpack(Exported(c))
+        check(np.array_equal(a, expected), "numpy: private copy values")
+        del a
+        gc.collect()
+        lib.dl_view_free(c)
+
+
+def consumer_torch_read_only(torch, v, expected):
+    """torch (legacy DLPack only in 1.13) and a read-only mapping: no tensor
+    but an exception; a tensor that did come would be written as a user
+    would (t.add_(1)), which kills a process that got one. A private copy
+    goes out, and its writes stay here."""
+    import torch.utils.dlpack as tud
+    for what, get in (
+            ("torch.utils.dlpack.from_dlpack(obj)", lambda: tud.from_dlpack(Exported(v))),
+            ("torch.utils.dlpack.from_dlpack(capsule)", lambda: tud.from_dlpack(capsule_of(v)))):
+        try:
+            t = get()
+            exc = None
+        except Exception as e:  # noqa: BLE001 - the type is checked
+            t, exc = None, e
+        if exc is not None:
+            check_refusal(exc, "torch: " + what)
+        else:
+            check(False, "torch: %s of received read-only memory gave a tensor" % what)
+            print("    writing it with t.add_(1) (SIGSEGV where the mapping is read-only)")
+            sys.stdout.flush()
+            t.add_(1)
+            del t
+    check(lib.dl_strong_count(v) == 1, "torch: a refused export kept a reference")
+    c = lib.dl_view_private_copy(v, err_ptr())
+    if check(c, "torch: private copy failed"):
+        t = tud.from_dlpack(Exported(c))
+        t.add_(1)
+        check(torch.equal(t, torch.from_numpy(expected + 1)), "torch: add_ on the private copy")
+        del t
+        gc.collect()
+        lib.dl_view_free(c)
+    check(np.frombuffer(view_bytes(v), dtype=np.float32).reshape(SHARED_SHAPE).tolist()
+          == expected.tolist(), "torch: the received memory changed")
+
+
+def consumer_writable(torch, v, expected):
+    """The producer opened its shares for writing: the legacy export goes
+    ahead, zero-copy; torch's add_ writes the producer's memory."""
+    a = np.from_dlpack(Exported(v))
+    check(np.array_equal(a, expected), "writable shares: numpy values")
+    check(a.ctypes.data == lib.dl_view_addr(v), "writable shares: numpy copied")
+    del a
+    gc.collect()
+    if torch is None:
+        return
+    import torch.utils.dlpack as tud
+    t = tud.from_dlpack(Exported(v))
+    check(t.data_ptr() == lib.dl_view_addr(v), "writable shares: torch copied")
+    t.add_(1)
+    check(torch.equal(t, torch.from_numpy(expected + 1)), "writable shares: torch add_")
+    del t
+    gc.collect()
+
+
+def consumer_main(mode, fd):
+    """The consumer process: receives one view and runs the mode's checks;
+    prints "consumer: N passed, N failed" and exits 1 on any failure."""
+    err = ctypes.c_int()
+    ctx = lib.dl_ctx_new(0, ctypes.byref(err))
+    peer = lib.dl_peer_new(ctx, fd, ctypes.byref(err)) if ctx else None
+    check(peer, "consumer: peer: %s" % lib.dl_strerror(err.value).decode())
+    v = lib.dl_recv(peer, RECV_MS, ctypes.byref(err)) if peer else None
+    check(v, "consumer: receive: %s" % lib.dl_strerror(err.value).decode())
+    torch = None
+    if v:
+        expected = np.frombuffer(view_bytes(v), dtype=np.float32).reshape(SHARED_SHAPE).copy()
+        check(lib.dl_view_writable(v) == (mode == "rw"),
+              "consumer: received memory writable: %d" % lib.dl_view_writable(v))
+        t0 = time.monotonic()
+        try:
+            import torch
+        except ImportError:
+            torch = None
+        print("consumer: torch %s (import %.2f s)"
+              % (torch.__version__ if torch else "not installed", time.monotonic() - t0))
+        sys.stdout.flush()
+        if mode == "ro":
+            consumer_numpy_read_only(v, expected)
+            if torch is not None:
+                consumer_torch_read_only(torch, v, expected)
+        else:
+            consumer_writable(torch, v, expected)
+        lib.dl_view_free(v)
+    lib.dl_peer_free(peer)
+    lib.dl_ctx_free(ctx)
+    print("consumer: %d passed, %d failed" % (passed, failed))
+    sys.stdout.flush()
+    return 1 if failed else 0
+
+
+def produce_to_consumer(mode, have_torch):
+    """This process shares a view with a consumer process (mode "ro": the
+    default, mapped read-only there; "rw": writable_shares) and checks what
+    became of its bytes once the consumer is done."""
+    global passed, failed
+    what = "received %s" % ("read-only" if mode == "ro" else "with writable_shares")
+    err = ctypes.c_int()
+    ctx = lib.dl_ctx_new(1 if mode == "rw" else 0, ctypes.byref(err))
+    if not check(ctx, what + ": ctx: %s" % lib.dl_strerror(err.value).decode()):
+        return
+    mine, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    t0 = time.monotonic()
+    child = subprocess.Popen(
+        [sys.executable, os.path.abspath(__file__), sys.argv[1], "--consumer", mode,
+         str(theirs.fileno())],
+        pass_fds=(theirs.fileno(),), stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    theirs.close()
+    peer = lib.dl_peer_new(ctx, mine.fileno(), ctypes.byref(err))
+    if peer:
+        mine.detach()  # the peer owns the fd now
+    else:
+        mine.close()
+    check(peer, what + ": peer: %s" % lib.dl_strerror(err.value).decode())
+    shape = (ctypes.c_int64 * 2)(*SHARED_SHAPE)
+    v = lib.dl_shared_view_new(ctx, F32, 2, shape, ctypes.byref(err))
+    check(v, what + ": shared view: %s" % lib.dl_strerror(err.value).decode())
+    before = view_bytes(v) if v else None
+    if peer and v:
+        r = lib.dl_send(peer, v)
+        check(r == 0, what + ": send: %s" % lib.dl_strerror(r).decode())
+    try:
+        out, _ = child.communicate(timeout=CONSUMER_TIMEOUT_S)
+    except subprocess.TimeoutExpired:
+        child.kill()
+        out, _ = child.communicate()
+    rc = child.returncode
+    took = time.monotonic() - t0
+    out = out.decode(errors="replace")
+    for line in out.splitlines():
+        if line.startswith("consumer: ") and " passed, " in line:
+            p, f = line[len("consumer: "):].replace(" passed,", "").replace(" failed", "").split()
+            passed += int(p)
+            failed += int(f)
+    # A signal (SIGSEGV from a write to a read-only mapping) is never a pass.
+    ok = check(rc >= 0, what + ": consumer killed by signal %d" % -rc)
+    ok = check(rc == 0, what + ": consumer exited with %d" % rc) and ok
+    if v:
+        after = np.frombuffer(view_bytes(v), dtype=np.float32)
+        exp = np.frombuffer(before, dtype=np.float32)
+        if mode == "rw" and have_torch:
+            ok = check(np.array_equal(after, exp + 1),
+                       what + ": the consumer's add_(1) not seen by the producer") and ok
+        else:
+            ok = check(after.tobytes() == before,
+                       what + ": the producer's bytes changed") and ok
+        lib.dl_view_free(v)
+    lib.dl_peer_free(peer)
+    lib.dl_ctx_free(ctx)
+    if not ok or "FAIL" in out:
+        for line in out.splitlines():
+            print("    | " + line)
+    torch_line = [line for line in out.splitlines() if line.startswith("consumer: torch")]
+    notes.append("%s: consumer process %.2f s (%s)"
+                 % (what, took, torch_line[0][len("consumer: "):] if torch_line else "?"))
+    return ok
+
+
 # ---------------------------------------------------------------- main
 
 def main():
@@ -455,17 +742,34 @@ def main():
     numpy_import_errors()
     print("%s numpy: refused imports stay the producer's" % ("ok  " if failed == before[1] else "FAIL"))
 
+    t0 = time.monotonic()
     try:
         import torch
     except ImportError:
         torch = None
+    torch_import = time.monotonic() - t0
     if torch is None:
-        print("skipped: torch not installed")
+        if os.environ.get("IPCREF_REQUIRE_ALL") == "1":
+            check(False, "torch not installed for %s (apt-get install python3-torch); "
+                  "IPCREF_REQUIRE_ALL=1 forbids skips" % sys.executable)
+            print("FAIL torch not installed")
+        else:
+            print("skipped: torch not installed")
     else:
         before = (passed, failed)
         torch_tests(torch)
         print("%s torch %s (%d checks)" % ("ok  " if failed == before[1] else "FAIL",
                                            torch.__version__, passed + failed - sum(before)))
+        notes.append("torch import %.2f s" % torch_import)
+
+    for mode, name in (("ro", "received read-only: numpy%s get an exception, the producer's "
+                        "bytes stay" % (" and torch" if torch else "")),
+                       ("rw", "received with writable_shares: numpy%s"
+                        % (" and torch add_ seen by the producer" if torch else ""))):
+        before = (passed, failed)
+        produce_to_consumer(mode, torch is not None)
+        print("%s %s (%d checks)" % ("ok  " if failed == before[1] else "FAIL", name,
+                                      passed + failed - sum(before)))
     for n in notes:
         print("note: " + n)
     gc.collect()
@@ -474,4 +778,6 @@ def main():
 
 
 if __name__ == "__main__":
+    if CONSUMER:
+        sys.exit(consumer_main(sys.argv[3], int(sys.argv[4])))
     sys.exit(main())
