@@ -104,10 +104,11 @@ IPCREF_API int ipcref_buf_is_unique(ipcref_buf *b);
  * is NULL. */
 IPCREF_API void *ipcref_buf_get_mut(ipcref_buf *b);
 
-/* Copy-on-write. When *b is unique this does nothing. Otherwise it copies
- * the data into a new buffer (same size and alignment), releases the
- * caller's reference to the old one and stores the new one in *b; weak
- * references keep pointing at the old buffer. Afterwards
+/* Copy-on-write. When *b is unique and its memory writable here this does
+ * nothing. Otherwise (shared, or a read-only mapping of another process's
+ * block) it copies the data into a new buffer (same size and alignment),
+ * releases the caller's reference to the old one and stores the new one in *b;
+ * weak references keep pointing at the old buffer. Afterwards
  * ipcref_buf_get_mut(*b) succeeds. Errors: EINVAL (b or *b is NULL),
  * ENOMEM (*b unchanged), EDEVICE (device memory, shared: the host cannot
  * copy it). */
@@ -455,7 +456,10 @@ IPCREF_API ipcref_result ipcref_buf_make_mut(ipcref_buf **pb) {
   if (!pb || !*pb) return IPCREF_EINVAL;
   IPCREF__BUF_CHECK(*pb, IPCREF_EDEAD);
   old = *pb;
-  if (ipcref_buf_is_unique(old)) return IPCREF_OK;
+  /* Unique is not enough: memory this process may not write (a read-only
+   * mapping of another process's block) is copied too. */
+  if (ipcref_buf_is_unique(old) && !ipcref__buf_read_only(old))
+    return IPCREF_OK;
   if (!ipcref__buf_on_host(old)) return IPCREF_EDEVICE;
   /* Inline buffers copy into their own allocator; adopted memory (whose
    * owner we do not know) into the default one. */

@@ -1530,7 +1530,21 @@ static int rdonly_child(void *argp) {
       CHECK(st != -1 && !(WIFEXITED(st) && WEXITSTATUS(st) == 0));
     }
   }
-  /* Copy-on-write gives a private, writable copy with the same values. */
+  /* Copy-on-write gives a private, writable copy with the same values:
+   * of the buffer (unique here, but read-only) and of the view. */
+  {
+    ipcref_view w = v; /* a view of its own over the same block */
+    ipcref_buf *orig = v.buf;
+    ipcref_buf_retain(w.buf);
+    CHECK_EQ(ipcref_view_make_mut(&w), IPCREF_OK);
+    CHECK(ipcref_view_data_mut(&w) != NULL);
+    CHECK_EQ(check_pattern(&w, 700), 0);
+    ipcref_view_release(&w);
+    CHECK_EQ(ipcref_buf_strong_count(orig), 1); /* unique, but read-only */
+    CHECK_EQ(ipcref_buf_make_mut(&v.buf), IPCREF_OK);
+    CHECK(v.buf != orig);
+    CHECK(ipcref_buf_get_mut(v.buf) != NULL);
+  }
   CHECK_EQ(ipcref_view_make_mut(&v), IPCREF_OK);
   CHECK(ipcref_view_data_mut(&v) != NULL);
   CHECK_EQ(check_pattern(&v, 700), 0);
