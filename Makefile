@@ -57,12 +57,21 @@ demo: ipcref.h
 bench: ipcref.h
 	@bash bench/run.sh
 
+# The style is clang-format 14's (Debian 12's): another major version
+# formats differently, so both targets ask for 14.
+CLANG_FORMAT ?= clang-format
+CF_CHECK = v=$$($(CLANG_FORMAT) --version 2>/dev/null | sed -n 's/.*version \([0-9]*\).*/\1/p'); \
+  if [ "$$v" != 14 ]; then \
+    echo "make $@: needs clang-format 14 (found: $${v:-none}; apt-get install clang-format)"; exit 1; fi
+
 format:
-	clang-format -i $(filter-out ipcref.h,$(FORMATTED))
+	@$(CF_CHECK)
+	$(CLANG_FORMAT) -i $(filter-out ipcref.h,$(FORMATTED))
 	$(PYTHON) tools/amalgamate.py
 
 format-check:
-	@clang-format --dry-run --Werror $(FORMATTED)
+	@$(CF_CHECK)
+	@$(CLANG_FORMAT) --dry-run --Werror $(FORMATTED)
 
 install: ipcref.h
 	install -d $(DESTDIR)$(PREFIX)/include $(DESTDIR)$(PREFIX)/lib/pkgconfig

@@ -64,6 +64,11 @@
  *                                  of the implementation file
  *   all     IPCREF_TEST_HOOKS      test-only entry points (never in
  *                                  production)
+ *   all     IPCREF_CHECKED         checked mode: freed objects kept a while
+ *                                  in a quarantine, every call checked
+ *                                  (debug and test builds; see checked)
+ *   impl    IPCREF_QUARANTINE_OBJECTS  the quarantine's bounds with
+ *   impl    IPCREF_QUARANTINE_BYTES    IPCREF_CHECKED (1024 objects, 64 MiB)
  *
  *   A run-time allocator with a user pointer (ipcref_allocator) can be given
  *   per buffer with ipcref_buf_new_in.

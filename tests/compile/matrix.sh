@@ -28,7 +28,8 @@ for cfg in "${CONFIGS[@]}"; do
   cc=${cfg%% *}
   if ! command -v "$cc" >/dev/null 2>&1; then
     if [ "$REQUIRE_ALL" = 1 ]; then FAILED=$((FAILED + 1)); echo "FAIL  $cc missing"; fi
-    echo "skip  $cfg ($cc not installed)"; continue
+    pkg=clang; [ "$cc" = g++ ] && pkg=g++; [ "$cc" = gcc ] && pkg=gcc
+    echo "skip  $cfg ($cc not installed: apt-get install $pkg)"; continue
   fi
   tag=$(echo "$cfg" | tr -c 'a-z0-9+\n' '_')
   # shellcheck disable=SC2086

@@ -5,7 +5,7 @@
  * and log; device memory, IPC handles, streams and events live here. Every
  * definition is static, so nothing here is exported. There is no GPU: "device
  * memory" is host shared memory and "work" is a timestamp. See
- * ../shared/research/gpu_api.md for the real behaviour each rule mirrors.
+ * the CUDA and HIP documentation for the real behaviour each rule mirrors.
  *
  * A skin defines, before including this file:
  *   FK_PREFIX  knob prefix, "FAKE_CUDA_" or "FAKE_HIP_"
