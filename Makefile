@@ -20,7 +20,8 @@ HEADERS := ipcref.h $(wildcard ipcref_cuda.h ipcref_hip.h)
 # The generated backend headers are not checked: renaming src/gpu.h to each
 # backend's prefix changes line lengths; their sources are.
 FORMATTED := $(wildcard src/*.h tests/*.c tests/*.h tests/*/*.c tests/*/*.h \
-                        examples/*.c bench/*.c bench/*.h) ipcref.h
+                        examples/*.c bench/*.c bench/*.h bench/peers/*.c \
+                        bench/peers/*.cpp bench/peers/iceoryx/*.c) ipcref.h
 EXAMPLES := threads_demo share_demo object_store
 
 .PHONY: all check test soak demo bench format format-check install uninstall clean

@@ -1,7 +1,7 @@
 """Ratio table ipcref / peer from result lines: python3 bench/ratios.py results.txt [more.txt ...]
 
 Reads `peer=<name> workload=<id> size=<bytes> metric=<m> value=<v> ...` lines (as printed by
-bench/run.sh and the peers' run_all.sh) and prints, as markdown, one row per (workload, size,
+bench/run.sh and bench/peers/run_peers.sh) and prints, as markdown, one row per (workload, size,
 metric, peer) where both the peer and its like-for-like ipcref row have a value. ns_per_op,
 us_per_handoff, us_median and us_p90: lower is better; GBps: higher is better. A key seen more
 than once (several files) takes the median. (reclaim: size is the number of blocks held.)
@@ -11,7 +11,8 @@ with numpy, torch and c_memcpy_fresh; a pre-faulted, reused destination (peer=ip
 ipcref_view_copy) with numpy_prealloc, torch_prealloc and c_memcpy (the limit). W4: c_memfd_scm
 (an fd crosses and is mapped on every hand-off) is compared with peer=ipcref and with
 peer=ipcref_first (the first hand-off of a new segment: its fd crosses). Every other peer is
-compared with peer=ipcref. Rows are only ever compared within one workload id (w4, w4_1cpu and
+compared with peer=ipcref (the iceoryx peers too: their chunks live in segments both sides
+mapped at start). Rows are only ever compared within one workload id (w4, w4_1cpu and
 w4_2cpu are separate setups).
 
 Then a W4 table (us per hand-off, one column per peer), and the goals below, PASS or MISS, with
@@ -66,7 +67,8 @@ W4_GOALS = [
 ]
 # Columns of the W4 table, in this order; other peers follow.
 W4_COLUMNS = ["ipcref", "ipcref_first", "c_msg64", "c_memfd_scm", "c_shm_spin", "c_pipe_copy",
-              "c_socket_copy", "py_pipe_msg64", "py_shm_pipe", "torch_mp_fd", "torch_mp_fs"]
+              "c_socket_copy", "iceoryx", "iceoryx_waitset", "py_pipe_msg64", "py_shm_pipe",
+              "torch_mp_fd", "torch_mp_fs"]
 UNITS = {"ns_per_op": "ns", "us_per_handoff": "us", "GBps": "GB/s"}
 # reclaim.c: everything a SIGKILLed consumer held, up to RECLAIM_BLOCKS blocks, is back within
 # RECLAIM_US of its death (median over the rounds), the producer waiting in poll().

@@ -1,16 +1,18 @@
 #!/usr/bin/env bash
 # ipcref benchmarks next to the peers, in one run on one machine: builds bench/<wl>_*.c with -O2
-# into a temp dir (removed on exit), runs them, then the peers' run_all.sh restricted to the same
-# workloads; prints every result line on stdout, then the ratio table of bench/ratios.py.
+# into a temp dir (removed on exit), runs them, then the peers (bench/peers/run_peers.sh, see
+# bench/peers/README.md) restricted to the same workloads; prints every result line on stdout,
+# then the ratio table of bench/ratios.py.
 # Usage: bash bench/run.sh
-# Knobs (env): WORKLOADS (default "w1 w2 w3 w4 limbo reclaim"; also the peers' ONLY), PEERS (default
-#              <repo>/../shared/peers), W1_N, W1_REPS, W23_REPS (W2 and W3 repetitions, ours and
+# Knobs (env): WORKLOADS (default "w1 w2 w3 w4 limbo reclaim"; also the peers' ONLY), PEERS (the
+#              peers' folder, default bench/peers; it holds run_peers.sh, or a run_all.sh that
+#              takes the same knobs), W1_N, W1_REPS, W23_REPS (W2 and W3 repetitions, ours and
 #              the peers'), W4_SECONDS (timed seconds per peer and size), W4_SIZES (comma
 #              separated), W4_VARIANTS (scheduler setups: w4 w4_1cpu w4_2cpu; all W4 knobs are
 #              the peers' too), RECLAIM_ROUNDS (rounds per block count, default 30), RECLAIM_BLOCK
 #              (bytes per block, default 256), STEP_TIMEOUT, CC, OUT (also keep the raw result lines
-#              in this file).
-# W4 runs as the peers' run_all.sh runs its W4 peers: for each variant, each mode of
+#              in this file). The peers take more: PY, CXX, RUSTC, W4_IOX (run_peers.sh).
+# W4 runs as bench/peers/run_peers.sh runs its W4 peers: for each variant, each mode of
 # bench/w4_handoff.c (ipcref, first) and each size, one process: w4 as is, w4_1cpu under
 # `taskset -c 0`, w4_2cpu with W4_PIN=split (producer and consumer on two CPUs); W4_ID names the
 # variant.
@@ -19,7 +21,7 @@
 set -u
 HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 REPO="$(dirname "$HERE")"
-PEERS="${PEERS:-$REPO/../shared/peers}"
+PEERS="${PEERS:-$HERE/peers}"
 WORKLOADS="${WORKLOADS:-w1 w2 w3 w4 limbo reclaim}"
 CC="${CC:-gcc}"
 STEP_TIMEOUT="${STEP_TIMEOUT:-120}"
@@ -50,7 +52,7 @@ run_w4() { # run_w4 EXE: every W4 variant x mode x size, one time-limited proces
             w4) pinning=(env -u W4_PIN) ;;
             w4_1cpu)
                 if ! command -v taskset >/dev/null 2>&1; then
-                    echo "peer=ipcref workload=w4_1cpu status=skipped reason=no-taskset"
+                    echo "peer=ipcref workload=w4_1cpu status=skipped reason=apt-get-install-util-linux"
                     continue
                 fi
                 pinning=(env -u W4_PIN taskset -c 0) ;;
@@ -97,11 +99,14 @@ run_w4() { # run_w4 EXE: every W4 variant x mode x size, one time-limited proces
         [ $found = 1 ] || echo "peer=ipcref workload=$wl status=skipped reason=no-bench-program"
     done
     # ---- peers, same workloads
-    if [ -f "$PEERS/run_all.sh" ]; then
-        ONLY="$WORKLOADS" STEP_TIMEOUT="$STEP_TIMEOUT" bash "$PEERS/run_all.sh"
+    peers_sh="$PEERS/run_peers.sh"
+    [ -f "$peers_sh" ] || peers_sh="$PEERS/run_all.sh"
+    if [ -f "$peers_sh" ]; then
+        ONLY="$WORKLOADS" STEP_TIMEOUT="$STEP_TIMEOUT" CC="$CC" bash "$peers_sh"
     else
-        echo "# peers not found at $PEERS"
+        echo "# no peers: neither run_peers.sh nor run_all.sh in $PEERS"
     fi
+    echo "# bench: done in ${SECONDS}s"
 } | tee "$RAW"
 
 [ -z "${OUT:-}" ] || cp "$RAW" "$OUT"

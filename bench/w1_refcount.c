@@ -1,5 +1,5 @@
 /* W1 refcount for ipcref, defined exactly as the peers define it
- * (/work/shared/peers/w1_refcount.c and README.md).
+ * (bench/peers/w1_atomic.c, w1_shared_ptr.cpp, w1_arc.rs, README.md).
  * One "op" = ipcref_buf_retain + ipcref_buf_release of a buffer whose count
  * never reaches zero (the benchmark keeps its own reference throughout).
  * w1a: 1 thread, n ops.  w1b: 2 threads, each n ops on the same buffer; value =

@@ -1,5 +1,5 @@
 /* W2 view creation for ipcref, defined as the peers define it
- * (/work/shared/peers/w2_views.py and README.md): the base is a 4096x4096 f32
+ * (bench/peers/w2_views.py and README.md): the base is a 4096x4096 f32
  * view (size=67108864 bytes); one op creates a view and releases it, and no
  * data is touched.
  *   w2_slice      a[1:100]  ipcref_view_slice(&a, 0, 1, 100, 1, &tmp)

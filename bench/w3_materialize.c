@@ -1,5 +1,5 @@
 /* W3 materialize for ipcref, defined as the peers define it
- * (/work/shared/peers/w3_materialize.py, w3_memcpy.c and README.md): a
+ * (bench/peers/w3_copy.py, w3_memcpy.c and README.md): a
  * contiguous copy of a strided view of a 4096x4096 f32 base filled with
  * values (a[i][j] = i * 4096 + j, as np.arange(N * N).reshape(N, N)).
  *   w3_transpose  a.T       -> 67108864 output bytes

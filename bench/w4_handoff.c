@@ -1,5 +1,5 @@
 /* W4 cross-process hand-off for ipcref, defined as the peers define it
- * (/work/shared/peers/w4_handoff.c and README.md). The producer (parent)
+ * (bench/peers/w4_handoff.c and README.md). The producer (parent)
  * hands a buffer of SIZE bytes to a forked consumer, which receives it, reads
  * and checks its first and last byte, releases it and acks with 1 byte; one
  * hand-off = producer start .. ack received. Before each hand-off the

@@ -1,0 +1,185 @@
+#!/usr/bin/env bash
+# The peers of ipcref's benchmarks: what its users would use otherwise, measured
+# with the same workloads (README.md here). Builds the C, C++ and Rust peers with
+# -O2 into a temporary folder (removed on exit), runs the workloads asked for and
+# prints one line per measurement on stdout:
+#   peer=<name> workload=<id> size=<bytes> metric=<ns_per_op|GBps|us_per_handoff> value=<number> [k=v ...]
+# Lines that start with '#' are notes. A peer whose tool is missing prints
+#   peer=<name> workload=<id> status=skipped reason=apt-get-install-<package>
+# and the others run; a crash or a time-out prints `status=failed`.
+# Usage: bash bench/peers/run_peers.sh   (bench/run.sh runs it after ipcref's own)
+# Knobs (env): ONLY (workloads, default "w1 w2 w3 w4"), W1_N, W1_REPS, W23_REPS,
+#   W4_SECONDS, W4_SIZES (comma separated), W4_VARIANTS ("w4 w4_1cpu w4_2cpu"),
+#   W4_IOX (0: leave the iceoryx peers out), STEP_TIMEOUT (seconds per step),
+#   PY (default /usr/bin/python3, the interpreter Debian's numpy and torch
+#   install for), CC, CXX, RUSTC; iceoryx/run.sh lists its own.
+set -u
+HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+# PY given and not there: no Python peers; the default: /usr/bin/python3, else python3
+if [ -z "${PY:-}" ]; then
+    PY=/usr/bin/python3
+    [ -x "$PY" ] || PY="$(command -v python3 || echo /nonexistent/python3)"
+fi
+CC="${CC:-gcc}" CXX="${CXX:-g++}" RUSTC="${RUSTC:-rustc}"
+ONLY="${ONLY:-w1 w2 w3 w4}"
+STEP_TIMEOUT="${STEP_TIMEOUT:-120}"
+W1_N="${W1_N:-10000000}" W1_REPS="${W1_REPS:-5}" W23_REPS="${W23_REPS:-7}"
+export W4_SECONDS="${W4_SECONDS:-1.0}" W4_SIZES="${W4_SIZES:-4096,1048576,67108864}"
+export W4_VARIANTS="${W4_VARIANTS:-w4 w4_1cpu w4_2cpu}" STEP_TIMEOUT CC
+
+BUILD="$(mktemp -d "${TMPDIR:-/tmp}/ipcref-peers.XXXXXX")"
+trap 'rm -rf "$BUILD"' EXIT
+
+have() { command -v "$1" >/dev/null 2>&1; }
+wants() { case " $ONLY " in *" $1 "*) return 0 ;; esac; return 1; }
+skipped() { # skipped PEER WORKLOAD REASON; w2 and w3 stand for their workload ids
+    local wl
+    case $2 in
+        w2) set -- "$1" "w2_slice w2_transpose" "$3" ;;
+        w3) set -- "$1" "w3_transpose w3_stride2" "$3" ;;
+    esac
+    for wl in $2; do echo "peer=$1 workload=$wl status=skipped reason=$3"; done
+}
+step() { # step PEER WORKLOAD command...: time-limited; a non-zero exit is a failed line
+    local peer=$1 wl=$2 rc
+    shift 2
+    timeout -k 5 "$STEP_TIMEOUT" "$@"
+    rc=$?
+    [ $rc -eq 0 ] || echo "peer=$peer workload=$wl status=failed reason=exit-$rc"
+}
+build() { # build NAME compiler args...: 0 when built; a failure is a note
+    local name=$1
+    shift
+    "$@" 2>"$BUILD/$name.log" && return 0
+    echo "# build of $name failed: $(head -c 300 "$BUILD/$name.log" | tr '\n' ' ')"
+    return 1
+}
+# Whether PY can import module $1, without importing it (torch takes seconds).
+py_finds() {
+    "$PY" -c 'import importlib.util, sys; sys.exit(importlib.util.find_spec(sys.argv[1]) is None)' \
+        "$1" 2>/dev/null
+}
+
+echo "# peers: $(uname -sr) nproc=$(nproc) cc=$($CC -dumpfullversion 2>/dev/null || echo none)" \
+    "c++=$($CXX -dumpfullversion 2>/dev/null || echo none)" \
+    "rustc=$( ("$RUSTC" --version 2>/dev/null || echo "- none") | cut -d' ' -f2)" \
+    "python=$PY ($("$PY" -c 'import sys; print(sys.version.split()[0])' 2>/dev/null || echo none))"
+
+# ---- W1: clone + drop of a shared handle
+if wants w1; then
+    if ! have "$CC"; then
+        skipped c_atomic "w1a w1b" apt-get-install-gcc
+    elif build w1_atomic "$CC" -O2 -std=gnu11 -pthread -I"$HERE/.." \
+        "$HERE/w1_atomic.c" -o "$BUILD/w1_atomic"; then
+        step c_atomic w1 "$BUILD/w1_atomic" "$W1_N" "$W1_REPS"
+    else
+        echo "peer=c_atomic workload=w1 status=failed reason=build"
+    fi
+    if ! have "$CXX"; then
+        skipped cpp_shared_ptr_st w1a apt-get-install-g++
+        skipped cpp_shared_ptr "w1a w1b" apt-get-install-g++
+    elif build w1_shared_ptr "$CXX" -O2 -std=c++17 -pthread "$HERE/w1_shared_ptr.cpp" \
+        -o "$BUILD/w1_shared_ptr"; then
+        step cpp_shared_ptr w1 "$BUILD/w1_shared_ptr" "$W1_N" "$W1_REPS"
+    else
+        echo "peer=cpp_shared_ptr workload=w1 status=failed reason=build"
+    fi
+    if ! have "$RUSTC"; then
+        skipped rust_arc "w1a w1b" apt-get-install-rustc
+    elif build w1_arc "$RUSTC" -C opt-level=2 --edition 2021 "$HERE/w1_arc.rs" \
+        -o "$BUILD/w1_arc"; then
+        step rust_arc w1 "$BUILD/w1_arc" "$W1_N" "$W1_REPS"
+    else
+        echo "peer=rust_arc workload=w1 status=failed reason=build"
+    fi
+fi
+
+# ---- W2 views, W3 materialize: numpy and torch (each script prints its own
+# skipped lines when its library does not import), and C's memcpy
+for wl in w2 w3; do
+    wants $wl || continue
+    script="$HERE/w2_views.py"
+    [ $wl = w3 ] && script="$HERE/w3_copy.py"
+    if [ ! -x "$PY" ]; then
+        [ $wl = w2 ] && skipped python_timeit_empty w2_empty apt-get-install-python3
+        for lib in numpy torch; do
+            skipped $lib $wl apt-get-install-python3-$lib
+            [ $wl = w3 ] && skipped ${lib}_prealloc $wl apt-get-install-python3-$lib
+        done
+    else
+        [ $wl = w2 ] && step python_timeit_empty w2 "$PY" "$script" empty "$W23_REPS"
+        for lib in numpy torch; do
+            if py_finds $lib; then
+                step $lib $wl "$PY" "$script" $lib "$W23_REPS"
+            else
+                skipped $lib $wl apt-get-install-python3-$lib
+                [ $wl = w3 ] && skipped ${lib}_prealloc $wl apt-get-install-python3-$lib
+            fi
+        done
+    fi
+done
+if wants w3; then
+    if ! have "$CC"; then
+        skipped c_memcpy w3 apt-get-install-gcc
+        skipped c_memcpy_fresh w3 apt-get-install-gcc
+    elif build w3_memcpy "$CC" -O2 -std=gnu11 -I"$HERE/.." "$HERE/w3_memcpy.c" \
+        -o "$BUILD/w3_memcpy"; then
+        step c_memcpy w3 "$BUILD/w3_memcpy" "$W23_REPS"
+    else
+        echo "peer=c_memcpy workload=w3 status=failed reason=build"
+    fi
+fi
+
+# ---- W4: a buffer handed to another process, in each scheduler setup
+if wants w4; then
+    C_W4=0
+    if ! have "$CC"; then
+        echo "# W4 C peers: no C compiler"
+    elif build w4_handoff "$CC" -O2 -std=gnu11 -I"$HERE/.." "$HERE/w4_handoff.c" \
+        -o "$BUILD/w4_handoff"; then
+        C_W4=1
+    fi
+    PY_PEERS=py_pipe_msg64,py_shm_pipe
+    if [ -x "$PY" ] && py_finds torch; then PY_PEERS=$PY_PEERS,torch_mp_fd,torch_mp_fs; fi
+    for variant in $W4_VARIANTS; do
+        pin=()
+        case "$variant" in
+            w4) as=(env -u W4_PIN "W4_ID=$variant") ;;
+            w4_1cpu)
+                if ! have taskset; then
+                    skipped all "$variant" apt-get-install-util-linux
+                    continue
+                fi
+                as=(env -u W4_PIN "W4_ID=$variant")
+                pin=(taskset -c 0) ;;
+            w4_2cpu) as=(env W4_PIN=split "W4_ID=$variant") ;;
+            *) echo "# unknown W4 variant $variant"; continue ;;
+        esac
+        for mode in pipe_copy socket_copy memfd_scm msg64 shm_spin; do
+            if [ $C_W4 = 0 ]; then
+                skipped "c_$mode" "$variant" apt-get-install-gcc
+                continue
+            fi
+            for size in ${W4_SIZES//,/ }; do
+                step "c_$mode" "$variant" "${as[@]}" "${pin[@]}" \
+                    "$BUILD/w4_handoff" $mode "$size" "$W4_SECONDS"
+            done
+        done
+        if [ ! -x "$PY" ]; then
+            for p in py_pipe_msg64 py_shm_pipe; do skipped $p "$variant" apt-get-install-python3; done
+        else
+            step py_w4 "$variant" "${as[@]}" "${pin[@]}" \
+                "$PY" "$HERE/w4_handoff.py" "$PY_PEERS" "$W4_SIZES" "$W4_SECONDS"
+        fi
+        case $PY_PEERS in
+            *torch*) ;;
+            *) for p in torch_mp_fd torch_mp_fs; do skipped $p "$variant" apt-get-install-python3-torch; done ;;
+        esac
+    done
+    # iceoryx runs its own daemon, once for every variant; not under `timeout`
+    # (each of its steps is), so that an interrupt reaches its clean-up at once.
+    if [ "${W4_IOX:-1}" != 0 ]; then
+        bash "$HERE/iceoryx/run.sh"
+    fi
+fi
+echo "# peers: done in ${SECONDS}s"
