@@ -63,7 +63,8 @@ def build():
     licence = read("licence.txt").strip("\n")
     out = [manual, "", "#ifndef IPCREF_H_INCLUDED", "#define IPCREF_H_INCLUDED", ""]
     for name, (api, _) in zip(LAYERS, parts):
-        out += [banner("API", name), "", api, ""]
+        if api.strip():  # a layer may have no API of its own
+            out += [banner("API", name), "", api, ""]
     out += ["#endif /* IPCREF_H_INCLUDED */", "",
             "#if defined(IPCREF_IMPLEMENTATION) && !defined(IPCREF_IMPLEMENTATION_INCLUDED)",
             "#define IPCREF_IMPLEMENTATION_INCLUDED", ""]
@@ -101,6 +102,17 @@ def build_backend(source, names):
     return "\n".join(out)
 
 
+def check_sources():
+    """Every src/*.h is a layer or a backend's part: a file left out of
+    every list would silently be missing from the headers."""
+    known = {n + ".h" for n in LAYERS} | {"gpu.h"}
+    known |= {source for source, _ in BACKENDS.values()}
+    unknown = sorted(f for f in os.listdir(SRC) if f.endswith(".h") and f not in known)
+    if unknown:
+        sys.exit("amalgamate: src/" + ", src/".join(unknown) +
+                 " in no list: add to LAYERS or BACKENDS in tools/amalgamate.py")
+
+
 def outputs():
     yield OUT, build()
     for name, (source, names) in BACKENDS.items():
@@ -108,6 +120,7 @@ def outputs():
 
 
 def main(argv):
+    check_sources()
     if "--stdout" in argv:
         sys.stdout.write(build())
         return 0
