@@ -34,313 +34,20 @@
  * the late return as bad. Build with -DFWD_NO_LATE_RETURNS against such a
  * header (its ipcref_stats has no late_returns) to see it.
  *
- * Children come from a spawner forked first thing in main (they start with
- * nothing of this process: valgrind's leak check sees only their own),
- * report through pipes (8-byte records) and take commands from pipes;
- * every wait has a timeout and every child is reaped. Under valgrind
- * (IPCREF_UNDER_VALGRIND=1) there is no pidfd_open: the poll fd never
- * wakes, and ipcref_ctx_poll sees a death by kill(pid, 0) once the child
- * is reaped. */
+ * Children come from the spawner of tests/proc.h, forked first thing in
+ * main (they start with nothing of this process: valgrind's leak check sees
+ * only their own), report through pipes (8-byte records) and take commands
+ * from pipes; every wait has a timeout and every child is reaped. Under
+ * valgrind (IPCREF_UNDER_VALGRIND=1) there is no pidfd_open: the poll fd
+ * never wakes, and ipcref_ctx_poll sees a death by kill(pid, 0) once the
+ * child is reaped. */
 #define _GNU_SOURCE
 #define IPCREF_TEST_HOOKS
 #define IPCREF_IMPLEMENTATION
 #include "ipcref.h"
 
-#include <dirent.h>
-#include <errno.h>
-#include <fcntl.h>
-#include <poll.h>
-#include <signal.h>
 #include <stdint.h>
 #include <string.h>
-#include <sys/resource.h>
-#include <sys/socket.h>
-#include <sys/syscall.h>
-#include <sys/wait.h>
-#include <time.h>
-#include <unistd.h>
-
-#include "harness.h"
-
-#if defined(__SANITIZE_ADDRESS__)
-#define UNDER_ASAN 1
-#elif defined(__has_feature)
-#if __has_feature(address_sanitizer)
-#define UNDER_ASAN 1
-#endif
-#endif
-#ifndef UNDER_ASAN
-#define UNDER_ASAN 0
-#endif
-
-static int under_valgrind;
-static int slow = 1; /* timeouts are multiplied by this */
-
-#define WAIT_MS       (10000 * slow) /* longest wait for a child's report */
-#define POLL_MS       (5000 * slow)  /* longest wait for a death to be seen */
-#define REAP_MS       (10000 * slow) /* longest wait for a child to exit */
-#define CHILD_ALARM_S 300            /* a child never outlives this */
-
-/* ------------------------------------------------------------ basics */
-
-static long now_ms(void) {
-  struct timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return (long)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
-}
-
-static void sleep_us(long us) {
-  struct timespec d;
-  d.tv_sec = us / 1000000;
-  d.tv_nsec = (us % 1000000) * 1000;
-  while (nanosleep(&d, &d) != 0 && errno == EINTR) continue;
-}
-
-static uint64_t mix64(uint64_t x) {
-  x += 0x9E3779B97F4A7C15ull;
-  x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ull;
-  x = (x ^ (x >> 27)) * 0x94D049BB133111EBull;
-  return x ^ (x >> 31);
-}
-
-/* ------------------------------------------------------------ labels */
-
-#define NLABELS 9
-enum {
-  L_ALLOCATE,
-  L_EXPORT,
-  L_SEND,
-  L_RECEIVE,
-  L_MAP,
-  L_IMPORT,
-  L_FORWARD,
-  L_RELEASE,
-  L_SWEEP
-};
-static const char *const label_names[NLABELS] = {
-    "allocate", "export",  "send",    "receive", "map",
-    "import",   "forward", "release", "sweep"};
-
-static int label_index(const char *s) {
-  int i;
-  for (i = 0; s && i < NLABELS; i++)
-    if (strcmp(s, label_names[i]) == 0) return i;
-  return -1;
-}
-
-/* ------------------------------------------------------------ reports */
-
-/* A child's report: one 8-byte record per write (atomic on a pipe). */
-typedef struct srec {
-  int32_t kind, v;
-} srec;
-
-static int st_fd = -1; /* a child's end of its report pipe */
-
-static void st_put(int kind, int v) {
-  srec r;
-  ssize_t k;
-  r.kind = kind;
-  r.v = v;
-  do k = write(st_fd, &r, sizeof r);
-  while (k < 0 && errno == EINTR);
-}
-
-/* What the parent has read of one child's reports: for each kind (an
- * ASCII letter), how many came and the last value. */
-typedef struct clog {
-  int n[128], v[128];
-  int eof;
-} clog;
-
-/* Reads reports until one of `kinds` arrives (1), or EOF or the timeout
- * (0). */
-static int clog_wait(int fd, clog *l, const char *kinds, int timeout_ms) {
-  long end = now_ms() + timeout_ms;
-  for (;;) {
-    struct pollfd pf;
-    srec r;
-    ssize_t k;
-    long left = end - now_ms();
-    if (l->eof || left < 0) return 0;
-    pf.fd = fd;
-    pf.events = POLLIN;
-    pf.revents = 0;
-    k = poll(&pf, 1, (int)left);
-    if (k < 0 && errno == EINTR) continue;
-    if (k <= 0) return 0;
-    do k = read(fd, &r, sizeof r);
-    while (k < 0 && errno == EINTR);
-    if (k != (ssize_t)sizeof r) {
-      l->eof = 1;
-      return 0;
-    }
-    if (r.kind > 0 && r.kind < 128) {
-      l->n[r.kind]++;
-      l->v[r.kind] = r.v;
-    }
-    if (r.kind > 0 && r.kind < 128 && strchr(kinds, (char)r.kind)) return 1;
-  }
-}
-
-/* Waits for report `kind` from a child: its value, checked present. */
-static int expect_report_at(int fd, clog *l, char kind, const char *who,
-                            int line) {
-  char kinds[2];
-  kinds[0] = kind;
-  kinds[1] = 0;
-  if (l->n[(int)kind] || clog_wait(fd, l, kinds, WAIT_MS))
-    return l->v[(int)kind];
-  harness_failures_in_test++;
-  printf("    %s:%d: no '%c' report from %s\n", __FILE__, line, kind, who);
-  return -1;
-}
-#define EXPECT_REPORT(fd, l, kind, who)                                        \
-  expect_report_at(fd, l, kind, who, __LINE__)
-
-static void cmd_put(int fd, char c) {
-  ssize_t k;
-  do k = write(fd, &c, 1);
-  while (k < 0 && errno == EINTR);
-}
-
-/* A command byte, or 0 on EOF or timeout. */
-static char cmd_get(int fd, int timeout_ms) {
-  struct pollfd pf;
-  char c = 0;
-  ssize_t k;
-  pf.fd = fd;
-  pf.events = POLLIN;
-  pf.revents = 0;
-  do k = poll(&pf, 1, timeout_ms);
-  while (k < 0 && errno == EINTR);
-  if (k <= 0) return 0;
-  do k = read(fd, &c, 1);
-  while (k < 0 && errno == EINTR);
-  return k == 1 ? c : 0;
-}
-
-/* ------------------------------------------------------------ hooks */
-
-/* The step hook of a child armed with a target: at the nth passage of
- * that step it reports 'H' (the label), then either stays there until it
- * is killed or, with hook_cmd_fd set, waits for the command 'c' to go on.
- * It never calls ipcref. */
-static volatile int hook_target = -1, hook_nth = 1;
-static int hook_hits, hook_cmd_fd = -1;
-
-static void step_hook(const char *step) {
-  int i = label_index(step);
-  if (i < 0 || i != hook_target || ++hook_hits != hook_nth) return;
-  st_put('H', i);
-  if (hook_cmd_fd < 0)
-    for (;;) pause();
-  if (cmd_get(hook_cmd_fd, WAIT_MS * 3) != 'c') _exit(7);
-}
-
-static void arm(int label, int nth) {
-  hook_hits = 0;
-  hook_nth = nth;
-  hook_target = label;
-}
-
-/* What the library reports through the error hook (in this process). */
-static int err_count;
-static char err_last[200];
-
-static void on_error(void *user, ipcref_result code, const char *msg) {
-  (void)user;
-  err_count++;
-  snprintf(err_last, sizeof err_last, "%s (%s)", msg ? msg : "?",
-           ipcref_strerror(code));
-}
-static const ipcref_error_hook error_hook = {on_error, NULL};
-
-#define EXPECT_ERRORS(n)                                                       \
-  do {                                                                         \
-    if (err_count != (n))                                                      \
-      printf("    %d error report(s), last: %s\n", err_count, err_last);       \
-    CHECK_EQ(err_count, (n));                                                  \
-    err_count = 0;                                                             \
-    err_last[0] = 0;                                                           \
-  } while (0)
-
-/* ------------------------------------------------------------ resources */
-
-static int count_fds(void) {
-  DIR *d = opendir("/proc/self/fd");
-  struct dirent *e;
-  int n = 0;
-  if (!d) return -1;
-  while ((e = readdir(d)) != NULL)
-    if (e->d_name[0] != '.') n++;
-  closedir(d);
-  return n - 1; /* the directory's own fd */
-}
-
-/* Mappings of memfds (segments and ledgers), read with read(2). */
-static int count_memfd_maps(void) {
-  static char buf[1 << 16];
-  static const char pat[] = "/memfd:";
-  size_t m = 0;
-  ssize_t n, i;
-  int fd = open("/proc/self/maps", O_RDONLY | O_CLOEXEC), count = 0;
-  if (fd < 0) return -1;
-  while ((n = read(fd, buf, sizeof buf)) > 0)
-    for (i = 0; i < n; i++) {
-      m = buf[i] == pat[m] ? m + 1 : buf[i] == pat[0] ? 1 : 0;
-      if (m == sizeof pat - 1) count++, m = 0;
-    }
-  close(fd);
-  return count;
-}
-
-typedef struct res_mark {
-  int fds, memfd_maps;
-} res_mark;
-
-static void res_begin(res_mark *m) {
-  m->fds = count_fds();
-  m->memfd_maps = count_memfd_maps();
-}
-
-static void res_end_at(const res_mark *m, int line) {
-  int fds = count_fds(), maps = count_memfd_maps();
-  if (fds != m->fds) {
-    printf("    %s:%d: open fds %d, %d before\n", __FILE__, line, fds, m->fds);
-    harness_failures_in_test++;
-  }
-  if (maps != m->memfd_maps) {
-    printf("    %s:%d: memfd mappings %d, %d before\n", __FILE__, line, maps,
-           m->memfd_maps);
-    harness_failures_in_test++;
-  }
-}
-#define RES_END(m) res_end_at(m, __LINE__)
-
-/* ------------------------------------------------------------ children */
-
-/* Closes every fd above 2 but the listed ones (and the ones past the soft
- * limit, which valgrind keeps for itself). */
-static void close_fds_except(const int *keep, int nkeep) {
-  static int fds[4096];
-  struct rlimit rl;
-  struct dirent *e;
-  int n = 0, i, j;
-  DIR *d = opendir("/proc/self/fd");
-  if (!d) return;
-  if (getrlimit(RLIMIT_NOFILE, &rl) != 0) rl.rlim_cur = 1024;
-  while ((e = readdir(d)) != NULL && n < 4096) {
-    int fd = atoi(e->d_name);
-    if (e->d_name[0] == '.' || fd <= 2 || fd == dirfd(d) ||
-        (rlim_t)fd >= rl.rlim_cur)
-      continue;
-    for (j = 0; j < nkeep && keep[j] != fd; j++) continue;
-    if (j == nkeep) fds[n++] = fd;
-  }
-  closedir(d);
-  for (i = 0; i < n; i++) close(fds[i]);
-}
 
 /* What a child gets: its role, its fds (fd[0] its report pipe, fd[1] its
  * command pipe, then its sockets) and its parameters. */
@@ -351,214 +58,9 @@ typedef struct child_args {
   int32_t fd[CHILD_FDS];
 } child_args;
 
-static int run_role(const child_args *a);
+#include "proc.h"
 
-/* The spawner gets a child's fds by SCM_RIGHTS, forks it, reaps it on
- * request, and kills what is left when told to quit or when this process
- * goes. */
-enum { SP_SPAWN = 1, SP_WAIT, SP_QUIT };
-typedef struct sp_req {
-  int32_t op, pid, timeout_ms, pad;
-  child_args a;
-} sp_req;
-typedef struct sp_rep {
-  int32_t pid, status;
-} sp_rep;
-
-static int spawner_sock = -1; /* this process's end */
-static pid_t spawner_pid = -1;
-
-/* Waits for child pid, killing it after timeout_ms: its status, or -1. */
-static int wait_child(pid_t pid, int timeout_ms) {
-  int st = 0;
-  long end = now_ms() + timeout_ms;
-  for (;;) {
-    pid_t r = waitpid(pid, &st, WNOHANG);
-    if (r == pid) return st;
-    if (r < 0 && errno != EINTR) return -1;
-    if (now_ms() > end) {
-      kill(pid, SIGKILL);
-      waitpid(pid, &st, 0);
-      return -1;
-    }
-    sleep_us(300);
-  }
-}
-
-static void spawner_main(int sock) {
-  static pid_t live[64];
-  int nlive = 0, i;
-  for (;;) {
-    union {
-      char buf[CMSG_SPACE(sizeof(int) * CHILD_FDS)];
-      struct cmsghdr align;
-    } u;
-    struct msghdr mh;
-    struct iovec iov;
-    struct cmsghdr *c;
-    sp_req q;
-    sp_rep rep;
-    int fds[CHILD_FDS], nfds = 0;
-    ssize_t k;
-    memset(&mh, 0, sizeof mh);
-    iov.iov_base = &q;
-    iov.iov_len = sizeof q;
-    mh.msg_iov = &iov;
-    mh.msg_iovlen = 1;
-    mh.msg_control = u.buf;
-    mh.msg_controllen = sizeof u.buf;
-    do k = recvmsg(sock, &mh, MSG_CMSG_CLOEXEC);
-    while (k < 0 && errno == EINTR);
-    for (c = k > 0 ? CMSG_FIRSTHDR(&mh) : NULL; c; c = CMSG_NXTHDR(&mh, c))
-      if (c->cmsg_level == SOL_SOCKET && c->cmsg_type == SCM_RIGHTS) {
-        nfds = (int)((c->cmsg_len - CMSG_LEN(0)) / sizeof(int));
-        memcpy(fds, CMSG_DATA(c), sizeof(int) * (size_t)nfds);
-      }
-    if (k != (ssize_t)sizeof q || q.op == SP_QUIT) break;
-    rep.pid = -1;
-    rep.status = -1;
-    if (q.op == SP_SPAWN && nfds == q.a.nfds && nlive < 64) {
-      pid_t pid;
-      for (i = 0; i < nfds; i++) q.a.fd[i] = fds[i];
-      pid = fork();
-      if (pid == 0) {
-        close(sock);
-        close_fds_except(q.a.fd, q.a.nfds);
-        st_fd = q.a.fd[0];
-        ipcref_test_set_step_hook(step_hook);
-        alarm(CHILD_ALARM_S);
-        _exit(run_role(&q.a));
-      }
-      if (pid > 0) live[nlive++] = pid;
-      rep.pid = (int32_t)pid;
-    } else if (q.op == SP_WAIT) {
-      rep.pid = q.pid;
-      rep.status = wait_child(q.pid, q.timeout_ms);
-      for (i = 0; i < nlive; i++)
-        if (live[i] == q.pid) live[i] = live[--nlive];
-    }
-    for (i = 0; i < nfds; i++) close(fds[i]);
-    if (send(sock, &rep, sizeof rep, MSG_NOSIGNAL) != (ssize_t)sizeof rep)
-      break;
-  }
-  for (i = 0; i < nlive; i++) kill(live[i], SIGKILL);
-  for (i = 0; i < nlive; i++) waitpid(live[i], NULL, 0);
-  close(sock);
-  _exit(0);
-}
-
-/* Starts the spawner: first thing in main, before anything is allocated. */
-static int spawner_start(void) {
-  int sv[2];
-  if (socketpair(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0, sv) != 0) return -1;
-  spawner_pid = fork();
-  if (spawner_pid < 0) return -1;
-  if (spawner_pid == 0) {
-    close(sv[0]);
-    spawner_main(sv[1]);
-  }
-  close(sv[1]);
-  spawner_sock = sv[0];
-  return 0;
-}
-
-static int spawner_stop(void) {
-  sp_req q;
-  memset(&q, 0, sizeof q);
-  q.op = SP_QUIT;
-  (void)send(spawner_sock, &q, sizeof q, MSG_NOSIGNAL);
-  close(spawner_sock);
-  return wait_child(spawner_pid, REAP_MS);
-}
-
-static sp_rep spawner_call(sp_req *q, const int *fds, int nfds, int wait_ms) {
-  union {
-    char buf[CMSG_SPACE(sizeof(int) * CHILD_FDS)];
-    struct cmsghdr align;
-  } u;
-  struct msghdr mh;
-  struct iovec iov;
-  struct pollfd pf;
-  sp_rep rep;
-  memset(&mh, 0, sizeof mh);
-  memset(&u, 0, sizeof u);
-  rep.pid = rep.status = -1;
-  iov.iov_base = q;
-  iov.iov_len = sizeof *q;
-  mh.msg_iov = &iov;
-  mh.msg_iovlen = 1;
-  if (nfds > 0) {
-    struct cmsghdr *c;
-    mh.msg_control = u.buf;
-    mh.msg_controllen = CMSG_SPACE(sizeof(int) * (size_t)nfds);
-    c = CMSG_FIRSTHDR(&mh);
-    c->cmsg_level = SOL_SOCKET;
-    c->cmsg_type = SCM_RIGHTS;
-    c->cmsg_len = CMSG_LEN(sizeof(int) * (size_t)nfds);
-    memcpy(CMSG_DATA(c), fds, sizeof(int) * (size_t)nfds);
-  }
-  if (sendmsg(spawner_sock, &mh, MSG_NOSIGNAL) != (ssize_t)sizeof *q)
-    return rep;
-  pf.fd = spawner_sock;
-  pf.events = POLLIN;
-  pf.revents = 0;
-  if (poll(&pf, 1, wait_ms) != 1 ||
-      recv(spawner_sock, &rep, sizeof rep, 0) != (ssize_t)sizeof rep)
-    rep.pid = rep.status = -1;
-  return rep;
-}
-
-/* Starts a child with the fds a->fd[0..nfds) (its own copies: the caller
- * closes its ends after). */
-static pid_t spawn(child_args *a) {
-  sp_req q;
-  sp_rep rep;
-  memset(&q, 0, sizeof q);
-  q.op = SP_SPAWN;
-  q.a = *a;
-  rep = spawner_call(&q, a->fd, a->nfds, WAIT_MS);
-  if (rep.pid <= 0) CHECK(!"spawn");
-  return rep.pid;
-}
-
-/* Waits for the child to end (killing it after timeout_ms): its wait
- * status, or -1. */
-static int reap(pid_t pid, int timeout_ms) {
-  sp_req q;
-  if (pid <= 0) return -1;
-  memset(&q, 0, sizeof q);
-  q.op = SP_WAIT;
-  q.pid = pid;
-  q.timeout_ms = timeout_ms;
-  return spawner_call(&q, NULL, 0, timeout_ms + 10000 * slow).status;
-}
-
-static void kill_and_reap_at(pid_t pid, const char *who, int line) {
-  int st;
-  if (pid <= 0) return;
-  kill(pid, SIGKILL);
-  st = reap(pid, REAP_MS);
-  if (st == -1 || !WIFSIGNALED(st) || WTERMSIG(st) != SIGKILL) {
-    harness_failures_in_test++;
-    printf("    %s:%d: %s was not killed by SIGKILL (status %#x)\n", __FILE__,
-           line, who, st);
-  }
-}
-#define KILL_AND_REAP(pid, who) kill_and_reap_at(pid, who, __LINE__)
-
-static void expect_exit0_at(pid_t pid, const char *who, int line) {
-  int st = reap(pid, REAP_MS);
-  if (st == -1 || !WIFEXITED(st) || WEXITSTATUS(st) != 0) {
-    harness_failures_in_test++;
-    if (st != -1 && WIFSIGNALED(st))
-      printf("    %s:%d: %s killed by signal %d\n", __FILE__, line, who,
-             WTERMSIG(st));
-    else
-      printf("    %s:%d: %s exited with %d\n", __FILE__, line, who,
-             st == -1 ? -1 : WEXITSTATUS(st));
-  }
-}
-#define EXPECT_EXIT0(pid, who) expect_exit0_at(pid, who, __LINE__)
+/* ------------------------------------------------------------ channels */
 
 /* A child's channels: its report pipe, its command pipe. */
 typedef struct chan {
@@ -569,9 +71,7 @@ typedef struct chan {
 static int chan_open(chan *c) {
   memset(c, 0, sizeof *c);
   c->st[0] = c->st[1] = c->cmd[0] = c->cmd[1] = -1;
-  if (pipe2(c->st, O_CLOEXEC) == 0 && pipe2(c->cmd, O_CLOEXEC) == 0) return 0;
-  CHECK(!"pipe");
-  return -1;
+  return xpipe(c->st) || xpipe(c->cmd) ? -1 : 0;
 }
 
 /* Starts a child on channel c with the sockets s[0..n) (closed here). */
@@ -603,71 +103,7 @@ static void chan_close(chan *c) {
   c->st[0] = c->cmd[1] = -1;
 }
 
-static int xsocketpair(int sv[2]) {
-  if (socketpair(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0, sv) == 0) return 0;
-  CHECK(!"socketpair");
-  sv[0] = sv[1] = -1;
-  return -1;
-}
-
 /* ------------------------------------------------------------ data */
-
-/* A block is u64 words: word 0 names its seed, word i a function of seed
- * and i. */
-#define BLOCK_MAGIC 0xB10C000000000000ull
-
-static uint64_t word_of(uint32_t s, size_t i) {
-  return mix64(((uint64_t)s << 32) ^ (uint64_t)i);
-}
-
-static ipcref_result new_block(ipcref_ctx *ctx, size_t bytes, uint32_t s,
-                               ipcref_view *out) {
-  int64_t shape[1];
-  uint64_t *w;
-  size_t i, n = bytes / 8;
-  ipcref_result r;
-  shape[0] = (int64_t)n;
-  memset(out, 0, sizeof *out);
-  r = ipcref_view_new_shared(ctx, IPCREF_U64, 1, shape, out);
-  if (r != IPCREF_OK) return r;
-  w = (uint64_t *)ipcref_view_data_mut(out);
-  if (!w) return IPCREF_EINVAL;
-  w[0] = BLOCK_MAGIC | s;
-  for (i = 1; i < n; i++) w[i] = word_of(s, i);
-  return IPCREF_OK;
-}
-
-/* A fresh shared block filled with 0xEE: no block's pattern. */
-static ipcref_result new_scribble(ipcref_ctx *ctx, size_t bytes,
-                                  ipcref_view *out) {
-  int64_t shape[1];
-  void *w;
-  ipcref_result r;
-  shape[0] = (int64_t)(bytes / 8);
-  memset(out, 0, sizeof *out);
-  r = ipcref_view_new_shared(ctx, IPCREF_U64, 1, shape, out);
-  if (r != IPCREF_OK) return r;
-  if ((w = ipcref_view_data_mut(out)) == NULL) return IPCREF_EINVAL;
-  memset(w, 0xEE, bytes / 8 * 8);
-  return IPCREF_OK;
-}
-
-/* Words of block `s` that differ from its pattern (all of them when the
- * view is not one). */
-static long check_view(const ipcref_view *v, uint32_t s) {
-  const int64_t zero[1] = {0};
-  const uint64_t *w;
-  size_t i, n;
-  long bad = 0;
-  if (!v->buf || v->dtype != IPCREF_U64 || v->ndim != 1 || v->shape[0] < 1)
-    return 1;
-  w = (const uint64_t *)ipcref_view_ptr(v, zero);
-  if (!w) return 1;
-  n = (size_t)v->shape[0];
-  bad += w[0] != (BLOCK_MAGIC | s);
-  for (i = 1; i < n; i++) bad += w[i] != word_of(s, i);
-  return bad;
-}
 
 /* The blocks of the chain: small size classes, and one larger than half
  * a segment (a segment of its own). Each small class also has an anchor
@@ -678,25 +114,7 @@ static long check_view(const ipcref_view *v, uint32_t s) {
 #define SEED    300u
 static const size_t sizes[NV] = {64, 1000, 4096, 40000, 600 * 1024};
 
-/* ------------------------------------------------------------ context */
-
-static ipcref_ctx *new_ctx(void) {
-  ipcref_ctx_options o;
-  ipcref_ctx *ctx = NULL;
-  memset(&o, 0, sizeof o);
-  o.segment_size = SEGMENT;
-  o.ledger_slots = 64;
-  o.error_hook = error_hook;
-  CHECK_EQ(ipcref_ctx_new(&o, &ctx), IPCREF_OK);
-  return ctx;
-}
-
-static ipcref_stats stats_of(ipcref_ctx *ctx) {
-  ipcref_stats s;
-  memset(&s, 0, sizeof s);
-  CHECK_EQ(ipcref_ctx_stats(ctx, &s), IPCREF_OK);
-  return s;
-}
+/* ------------------------------------------------------------ stats */
 
 /* A check of stats.late_returns; none with -DFWD_NO_LATE_RETURNS (a
  * header from before it: see the top). */
@@ -718,58 +136,6 @@ static void print_stats(const char *what, const ipcref_stats *s) {
   printf(" late_returns %llu", (unsigned long long)s->late_returns);
 #endif
   printf("\n");
-}
-
-/* 1 where pidfd_open works (valgrind 3.19 lacks it): then the poll fd
- * must wake on a death. */
-static int have_pidfd;
-
-static void probe_pidfd(void) {
-#ifdef SYS_pidfd_open
-  int fd = (int)syscall(SYS_pidfd_open, getpid(), 0);
-  have_pidfd = fd >= 0;
-  if (fd >= 0) close(fd);
-#endif
-}
-
-/* The event loop of A: waits for the poll fd to be readable (where there
- * are pidfds), then ipcref_ctx_poll, which must have a death to handle. */
-static void event_loop_at(ipcref_ctx *ctx, size_t *freed, int line) {
-  struct pollfd pf;
-  ipcref_result r;
-  int k;
-  pf.fd = ipcref_ctx_poll_fd(ctx);
-  pf.events = POLLIN;
-  pf.revents = 0;
-  if (have_pidfd) {
-    do k = poll(&pf, 1, POLL_MS);
-    while (k < 0 && errno == EINTR);
-    if (k != 1 || !(pf.revents & POLLIN)) {
-      harness_failures_in_test++;
-      printf("    %s:%d: the poll fd did not wake on the death\n", __FILE__,
-             line);
-    }
-  }
-  r = ipcref_ctx_poll(ctx, have_pidfd ? POLL_MS : 0, freed);
-  if (r != IPCREF_OK) {
-    harness_failures_in_test++;
-    printf("    %s:%d: ipcref_ctx_poll: %s, expected a death\n", __FILE__, line,
-           ipcref_strerror(r));
-  }
-}
-#define EVENT_LOOP(ctx, freed) event_loop_at(ctx, freed, __LINE__)
-
-/* Collects until at most `want` leases are live: 1, or 0 after timeout. */
-static int wait_live_slots(ipcref_ctx *ctx, size_t want, int timeout_ms) {
-  long end = now_ms() + timeout_ms;
-  for (;;) {
-    ipcref_stats s;
-    ipcref_collect(ctx);
-    if (ipcref_ctx_stats(ctx, &s) == IPCREF_OK && s.live_slots <= want)
-      return 1;
-    if (now_ms() > end) return 0;
-    sleep_us(2000);
-  }
 }
 
 /* ------------------------------------------------------------ children */
@@ -852,48 +218,10 @@ static int c_child(const child_args *a) {
   return r == IPCREF_OK && bad == 0 ? 0 : 4;
 }
 
-/* D: receives from C until it has NV views or C is gone ('C': how many,
- * 'B': words that differ), then obeys: 'v' verify again ('V'), 'r' let go
- * ('R'), 'x' leave (exit 0). */
+/* D: holds what C forwards (NV views, or fewer if C is gone first):
+ * block i must be SEED + i. */
 static int d_child(const child_args *a) {
-  int cmd = a->fd[1], n, i;
-  ipcref_ctx *ctx = NULL;
-  ipcref_peer *pc = NULL;
-  ipcref_view v[NV];
-  long bad = 0;
-  memset(v, 0, sizeof v);
-  if (ipcref_ctx_new(NULL, &ctx) != IPCREF_OK ||
-      ipcref_peer_new(ctx, a->fd[2], &pc) != IPCREF_OK)
-    return 2;
-  for (n = 0; n < NV; n++) {
-    ipcref_result r = ipcref_recv(pc, &v[n], WAIT_MS);
-    if (r != IPCREF_OK) {
-      if (r != IPCREF_EPEER) st_put('E', r); /* C hung up: expected */
-      break;
-    }
-    bad += check_view(&v[n], SEED + (uint32_t)n);
-  }
-  st_put('C', n);
-  st_put('B', (int)bad);
-  for (;;) {
-    switch (cmd_get(cmd, WAIT_MS * 3)) {
-    case 'v':
-      for (bad = 0, i = 0; i < n; i++)
-        if (v[i].buf) bad += check_view(&v[i], SEED + (uint32_t)i);
-      st_put('V', (int)bad);
-      break;
-    case 'r':
-      for (i = 0; i < n; i++) ipcref_view_release(&v[i]);
-      st_put('R', 0);
-      break;
-    case 'x':
-      for (i = 0; i < n; i++) ipcref_view_release(&v[i]);
-      ipcref_peer_free(pc);
-      ipcref_ctx_free(ctx);
-      return 0;
-    default: return 3; /* the parent is gone or silent */
-    }
-  }
+  return run_holder(a->fd[2], a->fd[1], NV, SEED, 0);
 }
 
 /* ------------------------------------------------------------ 1. chain */
@@ -922,8 +250,9 @@ static void chain_case(const fcase *fc) {
   memset(anchor, 0, sizeof anchor);
   memset(fresh, 0, sizeof fresh);
   res_begin(&m);
-  if (xsocketpair(ab) || xsocketpair(bc) || xsocketpair(cd) || chan_open(&cb) ||
-      chan_open(&cc) || chan_open(&cdd))
+  if (xsocketpair(SOCK_SEQPACKET, ab) || xsocketpair(SOCK_SEQPACKET, bc) ||
+      xsocketpair(SOCK_SEQPACKET, cd) || chan_open(&cb) || chan_open(&cc) ||
+      chan_open(&cdd))
     return;
   d = chan_spawn(&cdd, R_D, &cd[1], 1, -1, 0, 0);
   s[0] = bc[1];
@@ -934,7 +263,7 @@ static void chain_case(const fcase *fc) {
   b = chan_spawn(&cb, R_B, s, 2, -1, 0, 0);
 
   /* A shares the blocks with B and lets go of its own references. */
-  ctx = new_ctx();
+  ctx = new_ctx(SEGMENT, 64);
   CHECK_EQ(ipcref_peer_new(ctx, ab[0], &p), IPCREF_OK);
   for (i = 0; i < NV; i++)
     if (sizes[i] <= SEGMENT / 2)
@@ -976,7 +305,7 @@ static void chain_case(const fcase *fc) {
   } else {
     KILL_AND_REAP(c, "C");
   }
-  EVENT_LOOP(ctx, &freed);
+  EXPECT_DEATH_SEEN(ctx, &freed);
   s1 = stats_of(ctx);
   CHECK_EQ(s1.bad_returns, 0);
   CHECK_LATE(s1, 0);
@@ -1005,14 +334,14 @@ static void chain_case(const fcase *fc) {
   cmd_put(cdd.cmd[1], 'r');
   CHECK_EQ(EXPECT_REPORT(cdd.st[0], &cdd.log, 'R', "D"), 0);
   if (fc->got) {
-    CHECK(wait_live_slots(ctx, 0, 2000 * slow));
+    CHECK(wait_live_slots(ctx, 0, 2000 * slow) >= 0);
   } else {
     ipcref_collect(ctx);
     CHECK_EQ(stats_of(ctx).live_slots, fc->named);
   }
   cmd_put(cdd.cmd[1], 'x');
   EXPECT_EXIT0(d, "D");
-  if (!fc->got && fc->named) EVENT_LOOP(ctx, NULL);
+  if (!fc->got && fc->named) EXPECT_DEATH_SEEN(ctx, NULL);
   ipcref_collect(ctx);
   s2 = stats_of(ctx);
   CHECK_EQ(s2.live_slots, 0);
@@ -1165,13 +494,14 @@ static void late_case(int mode) {
   memset(&v, 0, sizeof v);
   memset(&s1, 0, sizeof s1);
   res_begin(&m);
-  if (xsocketpair(ab) || xsocketpair(bc) || chan_open(&cb) || chan_open(&cc))
+  if (xsocketpair(SOCK_SEQPACKET, ab) || xsocketpair(SOCK_SEQPACKET, bc) ||
+      chan_open(&cb) || chan_open(&cc))
     return;
   c = chan_spawn(&cc, R_HELLO, &bc[1], 1, -1, 0, 0);
   s[0] = ab[1];
   s[1] = bc[0];
   b = chan_spawn(&cb, R_LATE_B, s, 2, -1, 0, mode);
-  ctx = new_ctx();
+  ctx = new_ctx(SEGMENT, 64);
   CHECK_EQ(ipcref_peer_new(ctx, ab[0], &p), IPCREF_OK);
   CHECK_EQ(new_block(ctx, 4096, SEED, &v), IPCREF_OK);
   CHECK_EQ(ipcref_send(p, &v), IPCREF_OK);
@@ -1268,35 +598,16 @@ static int run_role(const child_args *a) {
   }
 }
 
-static int detect_valgrind(void) {
-  static char buf[1 << 16];
-  ssize_t n;
-  int fd, found = 0;
-  if (harness_env_long("IPCREF_UNDER_VALGRIND", 0) != 0) return 1;
-  fd = open("/proc/self/maps", O_RDONLY | O_CLOEXEC);
-  if (fd < 0) return 0;
-  while (!found && (n = read(fd, buf, sizeof buf - 1)) > 0) {
-    buf[n] = 0;
-    found = strstr(buf, "vgpreload") != NULL;
-  }
-  close(fd);
-  return found;
-}
-
 int main(void) {
   long t0 = now_ms();
   int st;
-  under_valgrind = detect_valgrind(); /* before the spawner: children too */
-  slow = under_valgrind ? 4 : UNDER_ASAN ? 2 : 1;
-  if (spawner_start() != 0) {
+  if (proc_start() != 0) {
     printf("test_forward_death: cannot start the spawner\n0 passed, 1 "
            "failed\n");
     return 1;
   }
-  probe_pidfd();
   printf("test_forward_death:%s\n",
          have_pidfd ? "" : " no pidfd_open: deaths seen by pid");
-  signal(SIGPIPE, SIG_IGN);
   RUN(test_c_killed_before_forward);
   RUN(test_c_killed_at_forward_first);
   RUN(test_c_killed_at_forward_last);
