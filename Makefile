@@ -13,7 +13,9 @@ PYTHON   ?= python3
 CC       ?= cc
 BUILD_DIR ?= ./build
 CFLAGS   ?= -O2 -Wall -Wextra -Wpedantic -Werror
-CUDA_INC ?= /usr/local/cuda/include
+# Where cuda.h is: $(CUDA_HOME)/include if it has one, else /usr/local/cuda's
+# (as tests/fake_gpu/build.sh looks). Only the cuda_share example needs it.
+CUDA_INC ?= $(or $(if $(CUDA_HOME),$(patsubst %/cuda.h,%,$(wildcard $(CUDA_HOME)/include/cuda.h))),/usr/local/cuda/include)
 
 LAYERS  := $(wildcard src/*.h) src/manual.txt src/licence.txt
 HEADERS := ipcref.h $(wildcard ipcref_cuda.h ipcref_hip.h)
@@ -53,7 +55,7 @@ demo: ipcref.h
 	@if [ -f $(CUDA_INC)/cuda.h ]; then \
 	  $(CC) $(CFLAGS) -std=c11 -I. -I$(CUDA_INC) examples/cuda_share.c \
 	    -o $(BUILD_DIR)/cuda_share -pthread -ldl && $(BUILD_DIR)/cuda_share; \
-	else echo "cuda_share: not built (no cuda.h in $(CUDA_INC))"; fi
+	else echo "cuda_share: not built (no cuda.h in $(CUDA_INC): set CUDA_HOME or CUDA_INC)"; fi
 
 bench: ipcref.h
 	@bash bench/run.sh

@@ -1,6 +1,6 @@
 /* selftest.c - checks that ipcref's fake GPU drivers do what fake_core.h says.
  *
- *   fake_gpu_selftest DIR      (DIR holds libcuda.so.1 and libamdhip64.so.5)
+ *   fake_gpu_selftest DIR      (DIR holds libcuda.so.1 and/or libamdhip64.so.5)
  *
  * Each library is dlopen'ed by path and resolved the way a backend would
  * (CUDA: cuGetProcAddress_v2 pinned to 12000; HIP: dlsym). The same scenarios
@@ -8,11 +8,24 @@
  * its own process, forked before the driver is initialised, and the
  * cross-process ones fork an exporter and an importer. Prints failures, then
  * "N passed, N failed"; exits non-zero on any failure.
+ *
+ * Each API's half needs its own headers and is compiled in by its macro
+ * (tests/fake_gpu/build.sh sets those whose headers it finds):
+ *   -DFAKE_GPU_CUDA  <cuda.h>, tests libcuda.so.1
+ *   -DFAKE_GPU_HIP   <hip/hip_runtime_api.h> (with -D__HIP_PLATFORM_AMD__),
+ *                    tests libamdhip64.so.5
  */
+#if !defined(FAKE_GPU_CUDA) && !defined(FAKE_GPU_HIP)
+#error "define FAKE_GPU_CUDA and/or FAKE_GPU_HIP (tests/fake_gpu/build.sh)"
+#endif
 #define _GNU_SOURCE
+#ifdef FAKE_GPU_CUDA
 #include <cuda.h>
+#endif
 #include <dlfcn.h>
+#ifdef FAKE_GPU_HIP
 #include <hip/hip_runtime_api.h>
+#endif
 #include <pthread.h>
 #include <regex.h>
 #include <signal.h>
@@ -59,6 +72,20 @@ static struct timespec now(void) {
 
 /* ---- the two libraries, resolved as a backend would ---------------------- */
 
+/* p_cuMemAlloc has the type of cuMemAlloc_v2 (cuda.h's macro), "cuMemAlloc" is
+ * its base name */
+#define DECL(name) static __typeof__(&name) p_##name;
+
+static void *open_lib(const char *dir, const char *name) {
+  char path[4096];
+  void *lib;
+  snprintf(path, sizeof path, "%s/%s", dir, name);
+  if (!(lib = dlopen(path, RTLD_NOW | RTLD_LOCAL)))
+    fprintf(stderr, "%s\n", dlerror()), exit(2);
+  return lib;
+}
+
+#ifdef FAKE_GPU_CUDA
 // clang-format off
 #define CU_FUNCS(X)                                                            \
   X(cuInit) X(cuDriverGetVersion) X(cuDeviceGet) X(cuDeviceGetCount)           \
@@ -72,6 +99,36 @@ static struct timespec now(void) {
   X(cuEventDestroy) X(cuStreamCreate) X(cuStreamDestroy)                       \
   X(cuStreamSynchronize) X(cuStreamQuery) X(cuStreamWaitEvent)                 \
   X(cuGetErrorString) X(cuGetErrorName)
+// clang-format on
+
+CU_FUNCS(DECL)
+static void *cu_lib;
+static int (*cu_vmm)(void **, size_t);
+static __typeof__(&cuGetProcAddress_v2) p_cuGetProcAddress_v2;
+
+static void *cu_proc(const char *name) {
+  void *fn = NULL;
+  CUdriverProcAddressQueryResult st;
+  if (p_cuGetProcAddress_v2(name, &fn, 12000, CU_GET_PROC_ADDRESS_DEFAULT,
+                            &st) ||
+      !fn)
+    fprintf(stderr, "cannot resolve %s\n", name), exit(2);
+  return fn;
+}
+
+static void load_cuda(const char *dir) {
+  cu_lib = open_lib(dir, "libcuda.so.1");
+  *(void **)&p_cuGetProcAddress_v2 = dlsym(cu_lib, "cuGetProcAddress_v2");
+  if (!p_cuGetProcAddress_v2)
+    fprintf(stderr, "no cuGetProcAddress_v2\n"), exit(2);
+#define CU_LOAD(name) *(void **)&p_##name = cu_proc(#name);
+  CU_FUNCS(CU_LOAD)
+  *(void **)&cu_vmm = dlsym(cu_lib, "fake_gpu_alloc_vmm");
+}
+#endif /* FAKE_GPU_CUDA */
+
+#ifdef FAKE_GPU_HIP
+// clang-format off
 #define HIP_FUNCS(X)                                                           \
   X(hipInit) X(hipDriverGetVersion) X(hipRuntimeGetVersion)                    \
   X(hipGetDeviceCount) X(hipSetDevice) X(hipGetDevice) X(hipDeviceSynchronize) \
@@ -85,48 +142,25 @@ static struct timespec now(void) {
   X(hipGetErrorString) X(hipGetErrorName)
 // clang-format on
 
-/* p_cuMemAlloc has the type of cuMemAlloc_v2 (cuda.h's macro), "cuMemAlloc" is
- * its base name */
-#define DECL(name) static __typeof__(&name) p_##name;
-CU_FUNCS(DECL)
 HIP_FUNCS(DECL)
-static void *cu_lib, *hip_lib;
-static int (*cu_vmm)(void **, size_t), (*hip_vmm)(void **, size_t);
-static __typeof__(&cuGetProcAddress_v2) p_cuGetProcAddress_v2;
+static void *hip_lib;
+static int (*hip_vmm)(void **, size_t);
 
-static void *cu_proc(const char *name) {
-  void *fn = NULL;
-  CUdriverProcAddressQueryResult st;
-  if (p_cuGetProcAddress_v2(name, &fn, 12000, CU_GET_PROC_ADDRESS_DEFAULT,
-                            &st) ||
-      !fn)
-    fprintf(stderr, "cannot resolve %s\n", name), exit(2);
-  return fn;
-}
-
-static void load(const char *dir) {
-  char path[4096];
-  snprintf(path, sizeof path, "%s/libcuda.so.1", dir);
-  if (!(cu_lib = dlopen(path, RTLD_NOW | RTLD_LOCAL)))
-    fprintf(stderr, "%s\n", dlerror()), exit(2);
-  snprintf(path, sizeof path, "%s/libamdhip64.so.5", dir);
-  if (!(hip_lib = dlopen(path, RTLD_NOW | RTLD_LOCAL)))
-    fprintf(stderr, "%s\n", dlerror()), exit(2);
-  *(void **)&p_cuGetProcAddress_v2 = dlsym(cu_lib, "cuGetProcAddress_v2");
-#define CU_LOAD(name) *(void **)&p_##name = cu_proc(#name);
+static void load_hip(const char *dir) {
+  hip_lib = open_lib(dir, "libamdhip64.so.5");
 #define HIP_LOAD(name)                                                         \
   if (!(*(void **)&p_##name = dlsym(hip_lib, #name)))                          \
     fprintf(stderr, "no %s\n", #name), exit(2);
-  CU_FUNCS(CU_LOAD)
   HIP_FUNCS(HIP_LOAD)
-  *(void **)&cu_vmm = dlsym(cu_lib, "fake_gpu_alloc_vmm");
   *(void **)&hip_vmm = dlsym(hip_lib, "fake_gpu_alloc_vmm");
 }
+#endif /* FAKE_GPU_HIP */
 
 /* ---- one adapter per API, so the scenarios are written once -------------- */
 
 struct api {
-  const char *name, *prefix, *ok_name, *open_call, *get_call, *wait_call;
+  const char *name, *prefix, *ok_name, *open_call, *get_call, *wait_call,
+      *alloc_call;
   int (*init)(void);
   int (*alloc)(void **p, size_t n), (*vmm)(void **p, size_t n),
       (*free)(void *p);
@@ -152,6 +186,7 @@ struct api {
       e_noexport, e_notopen, e_badfree;
 };
 
+#ifdef FAKE_GPU_CUDA
 #define D(p) ((CUdeviceptr)(uintptr_t)(p))
 #define V(d) ((void *)(uintptr_t)(d))
 static int cu_init(void) {
@@ -260,6 +295,7 @@ static const struct api cuda = {
     "cuIpcOpenMemHandle_v2",
     "cuIpcGetMemHandle",
     "cuStreamWaitEvent",
+    "cuMemAlloc_v2",
     cu_init,
     cu_alloc,
     cu_vmm_,
@@ -298,7 +334,9 @@ static const struct api cuda = {
     CUDA_ERROR_INVALID_VALUE,
     CUDA_ERROR_INVALID_VALUE,
 };
+#endif /* FAKE_GPU_CUDA */
 
+#ifdef FAKE_GPU_HIP
 static int hip_init(void) {
   return p_hipInit(0);
 }
@@ -392,6 +430,7 @@ static const struct api hip = {
     "hipIpcOpenMemHandle",
     "hipIpcGetMemHandle",
     "hipStreamWaitEvent",
+    "hipMalloc",
     hip_init,
     hip_alloc,
     hip_vmm_,
@@ -430,6 +469,7 @@ static const struct api hip = {
     hipErrorInvalidHandle,
     hipErrorInvalidDevicePointer,
 };
+#endif /* FAKE_GPU_HIP */
 
 /* ---- processes, pipes, knobs, log ---------------------------------------- */
 
@@ -449,8 +489,10 @@ static void run(const struct api *api, const char *name, void (*fn)(void)) {
   static const char *knobs[] = {"MODE",   "DEVICES",        "MEM_LIMIT",
                                 "REOPEN", "WORK_US",        "HOSTPTR",
                                 "LOG",    "DRIVER_VERSION", "IPC_EVENTS"};
+  static char full[64]; /* "cuda memory": the API's name, then the scenario's */
   A = api;
-  scenario = name;
+  snprintf(full, sizeof full, "%s %s", api->name, name);
+  scenario = full;
   fflush(NULL);
   pid_t pid = fork();
   if (pid == 0) {
@@ -838,6 +880,7 @@ static void s_fork_after_init(void) {
   OK(reaped_ok(spawn(forked_child)));
 }
 
+#ifdef FAKE_GPU_CUDA
 /* ---- CUDA only ----------------------------------------------------------- */
 
 static void *no_ctx_thread(void *arg) {
@@ -1040,7 +1083,9 @@ static void s_cuda_nodevice(void) {
   EQ(p_cuMemAlloc(&d, 64), CUDA_ERROR_NOT_INITIALIZED);
   EQ(p_cuDriverGetVersion(&v), 0);
 }
+#endif /* FAKE_GPU_CUDA */
 
+#ifdef FAKE_GPU_HIP
 /* ---- HIP only ------------------------------------------------------------ */
 
 static void s_hip_runtime(void) {
@@ -1098,6 +1143,7 @@ static void s_hip_nodevice(void) {
   EQ(p_hipMalloc(&p, 64), hipErrorInvalidDevice);
   EQ(p_hipRuntimeGetVersion(&v), 0);
 }
+#endif /* FAKE_GPU_HIP */
 
 static void s_log_lines(void) {
   void *p;
@@ -1107,44 +1153,63 @@ static void s_log_lines(void) {
   EQ(A->alloc(&p, 4096), 0);
   EQ(A->free(p), 0);
   snprintf(key, sizeof key, "%d %s size=4096 ptr=0x", (int)getpid(),
-           A == &cuda ? "cuMemAlloc_v2" : "hipMalloc");
+           A->alloc_call);
   EQ(log_count(key, A->ok_name, NULL), 1);
   EQ(log_malformed(), 0);
 }
 
+/* The libraries this build tests. */
+#if defined(FAKE_GPU_CUDA) && defined(FAKE_GPU_HIP)
+#define LIBS "libcuda.so.1 and libamdhip64.so.5"
+#elif defined(FAKE_GPU_CUDA)
+#define LIBS "libcuda.so.1"
+#else
+#define LIBS "libamdhip64.so.5"
+#endif
+
 int main(int argc, char **argv) {
+  static const struct api *apis[] = {
+#ifdef FAKE_GPU_CUDA
+      &cuda,
+#endif
+#ifdef FAKE_GPU_HIP
+      &hip,
+#endif
+  };
   if (argc != 2) {
-    fprintf(stderr,
-            "usage: %s DIR   (DIR holds libcuda.so.1 and libamdhip64.so.5)\n",
-            argv[0]);
+    fprintf(stderr, "usage: %s DIR   (DIR holds %s)\n", argv[0], LIBS);
     return 2;
   }
   T = mmap(NULL, sizeof *T, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS,
            -1, 0);
   snprintf(logpath, sizeof logpath, "/tmp/fake_gpu_selftest.%d.log",
            (int)getpid());
-  load(argv[1]);
-  static const struct api *apis[] = {&cuda, &hip};
-  for (int i = 0; i < 2; i++) {
+#ifdef FAKE_GPU_CUDA
+  load_cuda(argv[1]);
+#endif
+#ifdef FAKE_GPU_HIP
+  load_hip(argv[1]);
+#endif
+  for (size_t i = 0; i < sizeof apis / sizeof *apis; i++) {
     const struct api *api = apis[i];
-    run(api, api == &cuda ? "cuda memory" : "hip memory", s_memory);
-    run(api, api == &cuda ? "cuda ipc local" : "hip ipc local", s_ipc_local);
-    run(api, api == &cuda ? "cuda events local" : "hip events local",
-        s_events_local);
-    run(api, api == &cuda ? "cuda cross-process" : "hip cross-process",
-        s_cross_process);
-    run(api, api == &cuda ? "cuda hostptr none" : "hip hostptr none",
-        s_hostptr_none);
-    run(api, api == &cuda ? "cuda fork after init" : "hip fork after init",
-        s_fork_after_init);
-    run(api, api == &cuda ? "cuda log" : "hip log", s_log_lines);
+    run(api, "memory", s_memory);
+    run(api, "ipc local", s_ipc_local);
+    run(api, "events local", s_events_local);
+    run(api, "cross-process", s_cross_process);
+    run(api, "hostptr none", s_hostptr_none);
+    run(api, "fork after init", s_fork_after_init);
+    run(api, "log", s_log_lines);
   }
-  run(&cuda, "cuda init/contexts", s_cuda_init_ctx);
-  run(&cuda, "cuda cuGetProcAddress", s_cuda_proc_address);
-  run(&cuda, "cuda stub", s_cuda_stub);
-  run(&cuda, "cuda nodevice", s_cuda_nodevice);
-  run(&hip, "hip runtime", s_hip_runtime);
-  run(&hip, "hip nodevice", s_hip_nodevice);
+#ifdef FAKE_GPU_CUDA
+  run(&cuda, "init/contexts", s_cuda_init_ctx);
+  run(&cuda, "cuGetProcAddress", s_cuda_proc_address);
+  run(&cuda, "stub", s_cuda_stub);
+  run(&cuda, "nodevice", s_cuda_nodevice);
+#endif
+#ifdef FAKE_GPU_HIP
+  run(&hip, "runtime", s_hip_runtime);
+  run(&hip, "nodevice", s_hip_nodevice);
+#endif
   unlink(logpath);
   printf("%d passed, %d failed\n", T->pass, T->fail);
   return T->fail != 0;
