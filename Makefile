@@ -18,12 +18,13 @@ CFLAGS   ?= -O2 -Wall -Wextra -Wpedantic -Werror
 CUDA_INC ?= $(or $(if $(CUDA_HOME),$(patsubst %/cuda.h,%,$(wildcard $(CUDA_HOME)/include/cuda.h))),/usr/local/cuda/include)
 
 LAYERS  := $(wildcard src/*.h) src/manual.txt src/licence.txt
-HEADERS := ipcref.h $(wildcard ipcref_cuda.h ipcref_hip.h)
-# The generated backend headers are not checked: renaming src/gpu.h to each
-# backend's prefix changes line lengths; their sources are.
+# The generated headers are checked too: tools/amalgamate.py puts the
+# backend headers through clang-format 14 (renaming src/gpu.h changes line
+# lengths).
+GENERATED := ipcref.h $(wildcard ipcref_cuda.h ipcref_hip.h)
 FORMATTED := $(wildcard src/*.h tests/*.c tests/*.h tests/*/*.c tests/*/*.h \
                         examples/*.c bench/*.c bench/*.h bench/peers/*.c \
-                        bench/peers/*.cpp bench/peers/iceoryx/*.c) ipcref.h
+                        bench/peers/*.cpp bench/peers/iceoryx/*.c) $(GENERATED)
 EXAMPLES := threads_demo share_demo object_store
 
 .PHONY: all check test soak demo bench format format-check install uninstall clean
@@ -69,7 +70,7 @@ CF_CHECK = v=$$($(CLANG_FORMAT) --version 2>/dev/null | sed -n 's/.*version \([0
 
 format:
 	@$(CF_CHECK)
-	$(CLANG_FORMAT) -i $(filter-out ipcref.h,$(FORMATTED))
+	$(CLANG_FORMAT) -i $(filter-out $(GENERATED),$(FORMATTED))
 	$(PYTHON) tools/amalgamate.py
 
 format-check:
@@ -78,12 +79,12 @@ format-check:
 
 install: ipcref.h
 	install -d $(DESTDIR)$(PREFIX)/include $(DESTDIR)$(PREFIX)/lib/pkgconfig
-	install -m 644 $(HEADERS) $(DESTDIR)$(PREFIX)/include/
+	install -m 644 $(GENERATED) $(DESTDIR)$(PREFIX)/include/
 	sed -e 's|@PREFIX@|$(PREFIX)|' -e "s|@VERSION@|$$(sed -n 's/^#define IPCREF_VERSION_STRING "\(.*\)"/\1/p' ipcref.h)|" \
 	  tools/ipcref.pc.in > $(DESTDIR)$(PREFIX)/lib/pkgconfig/ipcref.pc
 
 uninstall:
-	rm -f $(addprefix $(DESTDIR)$(PREFIX)/include/,$(HEADERS)) \
+	rm -f $(addprefix $(DESTDIR)$(PREFIX)/include/,$(GENERATED)) \
 	  $(DESTDIR)$(PREFIX)/lib/pkgconfig/ipcref.pc
 
 clean:

@@ -90,7 +90,8 @@ IPCREF_API ipcref_result ipcref_cuda_wrap(
 
 #endif /* IPCREF_CUDA_H_INCLUDED */
 
-#if defined(IPCREF_CUDA_IMPLEMENTATION) && !defined(IPCREF_CUDA_IMPLEMENTATION_INCLUDED)
+#if defined(IPCREF_CUDA_IMPLEMENTATION) &&                                     \
+    !defined(IPCREF_CUDA_IMPLEMENTATION_INCLUDED)
 #define IPCREF_CUDA_IMPLEMENTATION_INCLUDED
 
 /* ---- gpu: shared backend logic, first part (src/gpu.h) ------------------ */
@@ -103,8 +104,7 @@ IPCREF_API ipcref_result ipcref_cuda_wrap(
 /* Why the last failure on this thread happened, for ipcref_cuda_error(). */
 static __thread char ipcref__cu_why[256];
 
-IPCREF_PRIVATE ipcref_result ipcref__cu_say(ipcref_result r,
-                                             const char *what) {
+IPCREF_PRIVATE ipcref_result ipcref__cu_say(ipcref_result r, const char *what) {
   snprintf(ipcref__cu_why, sizeof ipcref__cu_why, "%s", what);
   return r;
 }
@@ -538,7 +538,7 @@ IPCREF_PRIVATE void ipcref__cu_event_free(ipcref_backend *be, void *event);
 
 /* Records a failed driver call for ipcref_cuda_error(); returns `r`. */
 IPCREF_PRIVATE ipcref_result ipcref__cu_fail(ipcref_result r, const char *what,
-                                              ipcref_cuda *g, int code) {
+                                             ipcref_cuda *g, int code) {
   snprintf(ipcref__cu_why, sizeof ipcref__cu_why, "%s: %s (%d)", what,
            ipcref__cu_d_errname(&g->drv, code), code);
   return r;
@@ -569,8 +569,8 @@ IPCREF_PRIVATE ipcref_result ipcref__cu_on(ipcref_cuda *g, int dev) {
 /* ---- segments ------------------------------------------------------------ */
 
 IPCREF_PRIVATE ipcref_result ipcref__cu_seg_alloc(ipcref_backend *be,
-                                                   int32_t dev, size_t size,
-                                                   uint64_t *addr) {
+                                                  int32_t dev, size_t size,
+                                                  uint64_t *addr) {
   ipcref_cuda *g = IPCREF__CU_OF(be);
   ipcref_result r = ipcref__cu_on(g, dev);
   int code;
@@ -581,7 +581,7 @@ IPCREF_PRIVATE ipcref_result ipcref__cu_seg_alloc(ipcref_backend *be,
 }
 
 IPCREF_PRIVATE void ipcref__cu_seg_free(ipcref_backend *be, int32_t dev,
-                                         uint64_t addr) {
+                                        uint64_t addr) {
   ipcref_cuda *g = IPCREF__CU_OF(be);
   ipcref__cu_export **pp;
   if (ipcref__cu_on(g, dev) == IPCREF_OK)
@@ -598,24 +598,24 @@ IPCREF_PRIVATE void ipcref__cu_seg_free(ipcref_backend *be, int32_t dev,
 }
 
 IPCREF_PRIVATE ipcref_result ipcref__cu_seg_range(ipcref_backend *be,
-                                                   int32_t dev, uint64_t addr,
-                                                   uint64_t *base,
-                                                   size_t *size) {
+                                                  int32_t dev, uint64_t addr,
+                                                  uint64_t *base,
+                                                  size_t *size) {
   ipcref_cuda *g = IPCREF__CU_OF(be);
   ipcref_result r = ipcref__cu_on(g, dev);
   int code;
   if (r != IPCREF_OK) return r;
   code = ipcref__cu_d_range(&g->drv, addr, base, size);
   return code ? ipcref__cu_fail(IPCREF_EINVAL,
-                                 "finding the allocation (not device memory "
-                                 "of this device?)",
-                                 g, code)
+                                "finding the allocation (not device memory "
+                                "of this device?)",
+                                g, code)
               : IPCREF_OK;
 }
 
 IPCREF_PRIVATE ipcref_result ipcref__cu_seg_export(ipcref_backend *be,
-                                                    int32_t dev, uint64_t base,
-                                                    unsigned char *handle) {
+                                                   int32_t dev, uint64_t base,
+                                                   unsigned char *handle) {
   ipcref_cuda *g = IPCREF__CU_OF(be);
   ipcref__cu_export *x;
   ipcref_result r = ipcref__cu_on(g, dev);
@@ -624,12 +624,12 @@ IPCREF_PRIVATE ipcref_result ipcref__cu_seg_export(ipcref_backend *be,
   /* VMM and stream-ordered pool memory cannot go through legacy IPC. */
   if (!ipcref__cu_d_ipc_capable(&g->drv, base))
     return ipcref__cu_say(IPCREF_EINVAL,
-                           "memory not exportable by legacy IPC (virtual "
-                           "memory management or a stream-ordered pool)");
+                          "memory not exportable by legacy IPC (virtual "
+                          "memory management or a stream-ordered pool)");
   code = ipcref__cu_d_ipc_get(&g->drv, base, handle);
   if (code)
     return ipcref__cu_fail(ipcref__cu_code(code), "exporting the handle", g,
-                            code);
+                           code);
   x = (ipcref__cu_export *)IPCREF_MALLOC(sizeof *x);
   if (!x) return IPCREF_ENOMEM;
   memcpy(x->handle, handle, IPCREF_HANDLE_BYTES);
@@ -642,9 +642,9 @@ IPCREF_PRIVATE ipcref_result ipcref__cu_seg_export(ipcref_backend *be,
 }
 
 IPCREF_PRIVATE ipcref_result ipcref__cu_seg_import(ipcref_backend *be,
-                                                    int32_t dev,
-                                                    const unsigned char *handle,
-                                                    uint64_t *addr) {
+                                                   int32_t dev,
+                                                   const unsigned char *handle,
+                                                   uint64_t *addr) {
   ipcref_cuda *g = IPCREF__CU_OF(be);
   ipcref__cu_export *x;
   ipcref__cu_open *o;
@@ -678,8 +678,8 @@ IPCREF_PRIVATE ipcref_result ipcref__cu_seg_import(ipcref_backend *be,
     /* A handle that opens nothing (freed, forged, its exporter gone) is
      * bad input; running out of memory is not. */
     return ipcref__cu_fail(code == IPCREF__CU_OOM ? IPCREF_ENOMEM
-                                                    : IPCREF_EPROTO,
-                            "opening the handle", g, code);
+                                                  : IPCREF_EPROTO,
+                           "opening the handle", g, code);
   }
   memcpy(o->handle, handle, IPCREF_HANDLE_BYTES);
   o->dev = dev;
@@ -693,7 +693,7 @@ IPCREF_PRIVATE ipcref_result ipcref__cu_seg_import(ipcref_backend *be,
 }
 
 IPCREF_PRIVATE void ipcref__cu_seg_close(ipcref_backend *be, int32_t dev,
-                                          uint64_t addr) {
+                                         uint64_t addr) {
   ipcref_cuda *g = IPCREF__CU_OF(be);
   ipcref__cu_open **pp, *o = NULL;
   pthread_mutex_lock(&g->lock);
@@ -715,9 +715,9 @@ IPCREF_PRIVATE void ipcref__cu_seg_close(ipcref_backend *be, int32_t dev,
 /* ---- ordering ------------------------------------------------------------ */
 
 IPCREF_PRIVATE ipcref_result ipcref__cu_event_record(ipcref_backend *be,
-                                                      int32_t dev, void *stream,
-                                                      unsigned char *handle,
-                                                      void **event) {
+                                                     int32_t dev, void *stream,
+                                                     unsigned char *handle,
+                                                     void **event) {
   ipcref_cuda *g = IPCREF__CU_OF(be);
   ipcref__cu_ipc_event *e, **pp;
   ipcref_result r = ipcref__cu_on(g, dev);
@@ -728,7 +728,7 @@ IPCREF_PRIVATE ipcref_result ipcref__cu_event_record(ipcref_backend *be,
     code = ipcref__cu_d_stream_sync(&g->drv, stream);
     memset(handle, 0, IPCREF_HANDLE_BYTES);
     return code ? ipcref__cu_fail(ipcref__cu_code(code),
-                                   "synchronizing the stream", g, code)
+                                  "synchronizing the stream", g, code)
                 : IPCREF_OK;
   }
   pthread_mutex_lock(&g->lock); /* a free event of this device */
@@ -748,7 +748,7 @@ IPCREF_PRIVATE ipcref_result ipcref__cu_event_record(ipcref_backend *be,
     if (code) {
       IPCREF_FREE(e);
       return ipcref__cu_fail(ipcref__cu_code(code),
-                              "making an interprocess event", g, code);
+                             "making an interprocess event", g, code);
     }
     e->dev = dev;
   }
@@ -756,7 +756,7 @@ IPCREF_PRIVATE ipcref_result ipcref__cu_event_record(ipcref_backend *be,
   if (code) {
     ipcref__cu_event_free(be, e);
     return ipcref__cu_fail(ipcref__cu_code(code), "recording the event", g,
-                            code);
+                           code);
   }
   memcpy(handle, e->handle, IPCREF_HANDLE_BYTES);
   *event = e;
@@ -777,7 +777,7 @@ IPCREF_PRIVATE void ipcref__cu_event_free(ipcref_backend *be, void *event) {
 
 IPCREF_PRIVATE ipcref_result
 ipcref__cu_event_wait(ipcref_backend *be, int32_t dev, void *stream,
-                       const unsigned char *handle) {
+                      const unsigned char *handle) {
   static const unsigned char zero[IPCREF_HANDLE_BYTES] = {0};
   ipcref_cuda *g = IPCREF__CU_OF(be);
   void *ev = NULL;
@@ -799,23 +799,22 @@ ipcref__cu_event_wait(ipcref_backend *be, int32_t dev, void *stream,
      * on the producer's stream, and the caller orders its own streams. */
     if (!e) return IPCREF_OK;
     code = ipcref__cu_d_stream_wait(&g->drv, stream, e->ev);
-    return code ? ipcref__cu_fail(IPCREF_EPROTO, "waiting on the event", g,
-                                   code)
-                : IPCREF_OK;
+    return code
+               ? ipcref__cu_fail(IPCREF_EPROTO, "waiting on the event", g, code)
+               : IPCREF_OK;
   }
-  if (code)
-    return ipcref__cu_fail(IPCREF_EPROTO, "opening the event", g, code);
+  if (code) return ipcref__cu_fail(IPCREF_EPROTO, "opening the event", g, code);
   code = ipcref__cu_d_stream_wait(&g->drv, stream, ev);
   (void)ipcref__cu_d_event_destroy(&g->drv, ev); /* the wait is queued */
   return code ? ipcref__cu_fail(ipcref__cu_code(code), "waiting on the event",
-                                 g, code)
+                                g, code)
               : IPCREF_OK;
 }
 
 /* A fence: a plain event after the work queued on `stream`; NULL when
  * that work has completed already. */
 IPCREF_PRIVATE ipcref_result ipcref__cu_fence(ipcref_backend *be, int32_t dev,
-                                               void *stream, void **fence) {
+                                              void *stream, void **fence) {
   ipcref_cuda *g = IPCREF__CU_OF(be);
   void *ev = NULL;
   ipcref_result r = ipcref__cu_on(g, dev);
@@ -828,8 +827,8 @@ IPCREF_PRIVATE ipcref_result ipcref__cu_fence(ipcref_backend *be, int32_t dev,
   code = ipcref__cu_d_event_record(&g->drv, ev, stream);
   if (code || ipcref__cu_d_event_query(&g->drv, ev) == 0) {
     (void)ipcref__cu_d_event_destroy(&g->drv, ev);
-    return code ? ipcref__cu_fail(ipcref__cu_code(code),
-                                   "recording the event", g, code)
+    return code ? ipcref__cu_fail(ipcref__cu_code(code), "recording the event",
+                                  g, code)
                 : IPCREF_OK;
   }
   *fence = ev;
@@ -854,7 +853,7 @@ static ipcref_cuda *ipcref__cu_instance;
 static pthread_mutex_t ipcref__cu_instance_lock = PTHREAD_MUTEX_INITIALIZER;
 
 IPCREF_API ipcref_result ipcref_cuda_open(const char *driver_path,
-                                         ipcref_cuda **out) {
+                                          ipcref_cuda **out) {
   const char *path = driver_path ? driver_path : "";
   ipcref_cuda *g;
   ipcref_result r;
@@ -869,7 +868,7 @@ IPCREF_API ipcref_result ipcref_cuda_open(const char *driver_path,
       g->refs++;
     else
       r = ipcref__cu_say(IPCREF_EBUSY, "another driver is loaded already "
-                                        "(one per process)");
+                                       "(one per process)");
     pthread_mutex_unlock(&ipcref__cu_instance_lock);
     if (r == IPCREF_OK) *out = g;
     return r;
@@ -952,17 +951,16 @@ IPCREF_API void ipcref_cuda_close(ipcref_cuda *g) {
 }
 
 IPCREF_API ipcref_result ipcref_cuda_alloc(ipcref_ctx *ctx, int device,
-                                          size_t size, ipcref_buf **out) {
+                                           size_t size, ipcref_buf **out) {
   ipcref_device dev;
   dev.type = IPCREF__CU_DEVICE_TYPE;
   dev.id = device;
   return ipcref_device_new(ctx, dev, size, out);
 }
 
-IPCREF_API ipcref_result ipcref_cuda_wrap(ipcref_ctx *ctx, int device, void *ptr,
-                                         size_t size,
-                                         void (*release)(void *user, void *ptr),
-                                         void *user, ipcref_buf **out) {
+IPCREF_API ipcref_result ipcref_cuda_wrap(
+    ipcref_ctx *ctx, int device, void *ptr, size_t size,
+    void (*release)(void *user, void *ptr), void *user, ipcref_buf **out) {
   ipcref_device dev;
   dev.type = IPCREF__CU_DEVICE_TYPE;
   dev.id = device;

@@ -77,7 +77,8 @@ IPCREF_API ipcref_result ipcref_hip_wrap(ipcref_ctx *ctx, int device, void *ptr,
 
 #endif /* IPCREF_HIP_H_INCLUDED */
 
-#if defined(IPCREF_HIP_IMPLEMENTATION) && !defined(IPCREF_HIP_IMPLEMENTATION_INCLUDED)
+#if defined(IPCREF_HIP_IMPLEMENTATION) &&                                      \
+    !defined(IPCREF_HIP_IMPLEMENTATION_INCLUDED)
 #define IPCREF_HIP_IMPLEMENTATION_INCLUDED
 
 /* ---- gpu: shared backend logic, first part (src/gpu.h) ------------------ */
