@@ -2254,7 +2254,13 @@ IPCREF_API void ipcref_view_release(ipcref_view *v) {
   memset(v, 0, sizeof *v);
 }
 
-/* ---- the O(1) operations --------------------------------------------- */
+/* ---- view_ops: implementation (src/view_ops.h) -------------------------- */
+
+/* view_ops: the O(1) view operations (slice, select, narrow, permute,
+ * transpose, reshape, flatten, expand, squeeze, unsqueeze, flip,
+ * as_strided), the queries on a view, and iteration. Metadata only: no
+ * data is touched and no lock is taken (a view is a value; its buffer's
+ * count is atomic). */
 
 /* Removes dim d of r (its offset already accounted for). */
 IPCREF_PRIVATE void ipcref__drop_dim(ipcref_view *r, int d) {
@@ -2726,6 +2732,13 @@ IPCREF_API void *ipcref_view_iter_next(ipcref_view_iter *it) {
   return it->cur;
 }
 
+/* ---- view_copy: implementation (src/view_copy.h) ------------------------ */
+
+/* view_copy: the operations that copy data: contiguous, copy,
+ * reshape_copy, make_mut. Dims are merged where both sides allow it; 2-d
+ * f32 transposes go through cache tiles and SSE2 register transposes;
+ * large outputs use streaming stores. No lock. */
+
 /* ---- copying ----------------------------------------------------------
  * A copy is planned first: dims of size 1 go, and neighbouring dims that
  * are contiguous with each other on both sides merge, so most copies end
@@ -3123,6 +3136,12 @@ IPCREF_API ipcref_result ipcref_view_make_mut(ipcref_view *v) {
 #error                                                                         \
     "ipcref: sharing needs _GNU_SOURCE: include ipcref.h first in the file that defines IPCREF_IMPLEMENTATION, or #define _GNU_SOURCE before its first #include (or define IPCREF_NO_SHARING)"
 #else
+/* The implementation files of the sharing layer (src/share_*.h) are in. */
+#define IPCREF__SHARING_IMPL 1
+#endif
+#endif /* !IPCREF_NO_SHARING */
+
+#ifdef IPCREF__SHARING_IMPL
 
 /* ---- test hooks ---------------------------------------------------------
  * IPCREF__STEP marks the labelled steps of the protocol; crash tests stop
@@ -3142,6 +3161,21 @@ IPCREF_API void ipcref_test_set_step_hook(void (*fn)(const char *step)) {
 #else
 #define IPCREF__STEP(label) ((void)0)
 #endif
+
+#endif /* IPCREF__SHARING_IMPL */
+
+/* ---- share_state: implementation (src/share_state.h) -------------------- */
+
+/* share_state: the sharing layer's data, and the helpers every file after
+ * it uses. The layout of a ledger (the counter file every process that
+ * holds a lease maps) and the ring push by which a consumer returns a
+ * lease; the producer's private records (watches, blocks, aliases, pools,
+ * segments, leases, ledgers); the consumer's cached mappings and imports;
+ * the peer and the context; the lock, allocation, memfds, reports and the
+ * clock. A context's fields are guarded by ctx->lock unless their comment
+ * says otherwise (atomics; the header queue's hdr_lock). */
+
+#ifdef IPCREF__SHARING_IMPL
 
 /* ---- layout of a ledger (counter file), shared with every process that
  * maps it. All fields little endian (the host's: peers share a machine).
@@ -3261,10 +3295,10 @@ typedef struct ipcref__alias {
 
 /* The segments of one kind of memory, by size class: host memory, or one
  * device of one backend. */
-#define IPCREF__CLASSES        40
-#define IPCREF__MIN_BLOCK      64u
-#define IPCREF__OWN            UINT32_MAX       /* cls: a block of its own */
-#define IPCREF__FOREIGN        (UINT32_MAX - 1) /* cls: wrapped allocation */
+#define IPCREF__CLASSES   40
+#define IPCREF__MIN_BLOCK 64u
+#define IPCREF__OWN       UINT32_MAX       /* cls: a block of its own */
+#define IPCREF__FOREIGN   (UINT32_MAX - 1) /* cls: wrapped allocation */
 typedef struct ipcref__pool {
   ipcref_backend *be; /* NULL: host memory */
   int32_t dev;
@@ -3295,7 +3329,7 @@ struct ipcref__segment {
   int cached; /* empty, and counted in ctx->empty_bytes */
 };
 
-#define IPCREF__LATE      16 /* holes stepped over that a ledger remembers */
+#define IPCREF__LATE 16 /* holes stepped over that a ledger remembers */
 
 typedef struct ipcref__lease {
   ipcref__block *block; /* NULL: free */
@@ -3586,6 +3620,17 @@ IPCREF_PRIVATE long ipcref__now_ms(void) {
   return (long)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
 }
 
+#endif /* IPCREF__SHARING_IMPL */
+
+/* ---- share_watch: implementation (src/share_watch.h) -------------------- */
+
+/* share_watch: knowing when a process dies. One watch per live pid, its
+ * pidfd in the context's epoll set (ipcref_ctx_poll_fd), or kill(pid, 0)
+ * where there is no pidfd_open. Whatever notices a death counts it in
+ * st.peer_deaths; share_ctx's reap acts on it. Under ctx->lock. */
+
+#ifdef IPCREF__SHARING_IMPL
+
 /* ---- watching processes -------------------------------------------------
  * Under the lock. A death is noticed by the pidfd turning readable (the
  * epoll set: ipcref__watch_events), or, where there is no pidfd, by
@@ -3679,7 +3724,17 @@ IPCREF_PRIVATE void ipcref__watch_refresh(ipcref_ctx *ctx) {
       ipcref__watch_dead(ctx, w);
 }
 
-/* ---- segments and blocks ----------------------------------------------- */
+#endif /* IPCREF__SHARING_IMPL */
+
+/* ---- share_segment: implementation (src/share_segment.h) ---------------- */
+
+/* share_segment: where shared blocks live. Segments (sealed memfds, or a
+ * backend's device allocations) cut into power-of-two blocks by size
+ * class, a block of its own for large or isolated ones, the cache of empty
+ * segments, and the end of a lease on a block (freed once nothing holds
+ * it). Under ctx->lock. */
+
+#ifdef IPCREF__SHARING_IMPL
 
 IPCREF_PRIVATE uint32_t ipcref__class_of(size_t size, size_t *block) {
   size_t b = IPCREF__MIN_BLOCK;
@@ -3900,7 +3955,17 @@ IPCREF_PRIVATE size_t ipcref__lease_end(ipcref_ctx *ctx, ipcref__block *b) {
   return bytes;
 }
 
-/* ---- ledgers (producer side) ------------------------------------------- */
+#endif /* IPCREF__SHARING_IMPL */
+
+/* ---- share_ledger: implementation (src/share_ledger.h) ------------------ */
+
+/* share_ledger: the producer's side of the counter files. Making and
+ * destroying ledgers, ending and reclaiming leases, linking and adopting
+ * forwarded leases, stepping over holes a killed writer left, draining
+ * the return ring, and the sweep. Under ctx->lock; the ring itself is
+ * written lock-free by consumers (share_state: ipcref__ring_push). */
+
+#ifdef IPCREF__SHARING_IMPL
 
 IPCREF_PRIVATE void ipcref__ledger_destroy(ipcref_ctx *ctx, ipcref__ledger *l) {
   uint32_t s;
@@ -4217,7 +4282,18 @@ IPCREF_PRIVATE size_t ipcref__sweep(ipcref_ctx *ctx) {
   return freed;
 }
 
-/* ---- the context ------------------------------------------------------- */
+#endif /* IPCREF__SHARING_IMPL */
+
+/* ---- share_ctx: implementation (src/share_ctx.h) ------------------------ */
+
+/* share_ctx: the context. Creation (and IPCREF_CHECKED's fork handler),
+ * the teardown when its last reference goes, the retirement of a dead
+ * producer's mappings, reaping what the dead held (every ring first), the
+ * pump every call runs, and the public calls on a context: collect, poll
+ * and stats. Under ctx->lock, but for the waits in ipcref_ctx_free and
+ * ipcref_ctx_poll. */
+
+#ifdef IPCREF__SHARING_IMPL
 
 /* IPCREF_CHECKED: a forked child starts with a copy of the quarantine,
  * whose objects are its parent's dead: it hands them back at once (else
@@ -4573,7 +4649,18 @@ IPCREF_API ipcref_result ipcref_ctx_stats(ipcref_ctx *ctx, ipcref_stats *out) {
   return IPCREF_OK;
 }
 
-/* ---- shared buffers ---------------------------------------------------- */
+#endif /* IPCREF__SHARING_IMPL */
+
+/* ---- share_buf: implementation (src/share_buf.h) ------------------------ */
+
+/* share_buf: shared buffers made here. A block's buffer and its release
+ * (back to the free list, or to the limbo while leases are out), aliases
+ * (the object table's pulled views), AddressSanitizer's poisoning of
+ * released blocks, the queue of buffer headers that keeps a released
+ * header readable (ctx->hdr_lock), and ipcref_shared_new. Under ctx->lock
+ * otherwise. */
+
+#ifdef IPCREF__SHARING_IMPL
 
 /* Under AddressSanitizer, the memory of a block released here is poisoned
  * until it is handed out again: a late read through a stale pointer is
@@ -4810,7 +4897,16 @@ IPCREF_API ipcref_result ipcref_shared_new_isolated(ipcref_ctx *ctx,
   return ipcref__shared_new(ctx, &ctx->host, size, 1, out);
 }
 
-/* ---- device memory ----------------------------------------------------- */
+#endif /* IPCREF__SHARING_IMPL */
+
+/* ---- share_device: implementation (src/share_device.h) ------------------ */
+
+/* share_device: device memory. Backends added to a context, a pool per
+ * device, ipcref_device_new and ipcref_device_wrap (a foreign allocation
+ * found by its base and exported once), and ipcref_view_new_shared. Under
+ * ctx->lock. */
+
+#ifdef IPCREF__SHARING_IMPL
 
 IPCREF_PRIVATE ipcref_backend *ipcref__backend(ipcref_ctx *ctx, int32_t type) {
   int i;
@@ -4947,6 +5043,17 @@ IPCREF_API ipcref_result ipcref_view_new_shared(ipcref_ctx *ctx,
   return r;
 }
 
+#endif /* IPCREF__SHARING_IMPL */
+
+/* ---- share_wire: implementation (src/share_wire.h) ---------------------- */
+
+/* share_wire: the record a message carries, versioned and little endian:
+ * its header, one record per segment or ledger the peer lacks, the ids of
+ * retired segments, one record per view. Encoding and decoding only: no
+ * state, no lock, no system call. */
+
+#ifdef IPCREF__SHARING_IMPL
+
 /* ---- the wire format ----------------------------------------------------
  * Little endian, field by field (no struct copies, no padding):
  *
@@ -4969,7 +5076,7 @@ IPCREF_API ipcref_result ipcref_view_new_shared(ipcref_ctx *ctx,
 #define IPCREF__MSG_MAGIC   0x4d435049u /* "IPCM" */
 #define IPCREF__MSG_VERSION 1u
 #define IPCREF__MSG_VIEWS   IPCREF_MSG_MAX_VIEWS
-#define IPCREF__MSG_RETIRED 64          /* announced per message at most */
+#define IPCREF__MSG_RETIRED 64 /* announced per message at most */
 
 typedef struct ipcref__wire {
   unsigned char *p;
@@ -5127,7 +5234,17 @@ IPCREF_PRIVATE int ipcref__get_view(ipcref__wire *w, ipcref__view_rec *r) {
   return !w->bad;
 }
 
-/* ---- peers ------------------------------------------------------------- */
+#endif /* IPCREF__SHARING_IMPL */
+
+/* ---- share_peer: implementation (src/share_peer.h) ---------------------- */
+
+/* share_peer: the other process. Socket helpers (waiting, SCM_RIGHTS,
+ * recvmsg), the hello that identifies it (pid and uid by SCM_CREDENTIALS,
+ * the uid policy), what it has been sent, and the peer's own calls: new,
+ * pid, alive, free. A peer is used by one thread at a time; what it shares
+ * with its context is under ctx->lock. */
+
+#ifdef IPCREF__SHARING_IMPL
 
 /* Waits until fd is readable: timeout_ms -1 means no wait at all here (the
  * blocking read that follows waits), 0 polls. */
@@ -5323,7 +5440,7 @@ IPCREF_PRIVATE ipcref_result ipcref__hello_read(ipcref_peer *p,
  * refused, not a use of freed memory (under the lock): in its context's
  * last IPCREF__DEAD_PEERS (freed with the context), or with
  * IPCREF_CHECKED in the process-wide quarantine (see checked). */
-#define IPCREF__DEAD_PEERS  8
+#define IPCREF__DEAD_PEERS 8
 IPCREF_PRIVATE void ipcref__peer_bury(ipcref_ctx *ctx, ipcref_peer *p) {
   p->magic = IPCREF__DEAD;
 #ifdef IPCREF_CHECKED
@@ -5466,7 +5583,17 @@ IPCREF_PRIVATE int ipcref__seen(ipcref_peer *p, uint64_t nonce, uint64_t key,
   return 0;
 }
 
-/* ---- export ------------------------------------------------------------ */
+#endif /* IPCREF__SHARING_IMPL */
+
+/* ---- share_export: implementation (src/share_export.h) ------------------ */
+
+/* share_export: handing views to a peer. A lease per view (in the peer's
+ * ledger for an own block, in the producer's ledger for a forwarded
+ * import), an event per device view (recorded before the lock is taken),
+ * the fds the peer lacks, and the message built from them; a lease whose
+ * message never leaves is cancelled. Under ctx->lock. */
+
+#ifdef IPCREF__SHARING_IMPL
 
 IPCREF_PRIVATE ipcref__map *ipcref__map_find(ipcref_ctx *ctx, int kind,
                                              uint64_t nonce, uint64_t id) {
@@ -5827,7 +5954,18 @@ IPCREF_PRIVATE ipcref_result ipcref__export_msg(ipcref_peer *p,
   return IPCREF_OK;
 }
 
-/* ---- import ------------------------------------------------------------ */
+#endif /* IPCREF__SHARING_IMPL */
+
+/* ---- share_import: implementation (src/share_import.h) ------------------ */
+
+/* share_import: taking views from a peer. A message is decoded, its fds
+ * checked against what they claim (memfd, seals, size, access, ledger
+ * header, generation) before anything is mapped, mappings are cached per
+ * context, and each view becomes a buffer whose release returns its lease
+ * lock-free. Also ipcref_export, ipcref_import and the ipcref_msg calls.
+ * Under ctx->lock, but for the release. */
+
+#ifdef IPCREF__SHARING_IMPL
 
 /* The release callback of an imported buffer: this process's last
  * reference went, so the lease goes back to its producer. One fetch_add
@@ -6315,7 +6453,16 @@ IPCREF_API void ipcref_msg_free(ipcref_msg *msg) {
   msg->len = 0;
 }
 
-/* ---- send and receive -------------------------------------------------- */
+#endif /* IPCREF__SHARING_IMPL */
+
+/* ---- share_send: implementation (src/share_send.h) ---------------------- */
+
+/* share_send: messages over the peer's socket. A datagram on
+ * SOCK_SEQPACKET, a length then the record on SOCK_STREAM, the fds with
+ * them; batches, and the views of a received batch handed out one per
+ * receive. Not under ctx->lock: the socket may block on the peer. */
+
+#ifdef IPCREF__SHARING_IMPL
 
 /* Sends a record with fds: one datagram on SOCK_SEQPACKET; on SOCK_STREAM a
  * 4-byte length first (the fds travel with it). */
@@ -6520,8 +6667,7 @@ fail:
   return r;
 }
 
-#endif /* __USE_GNU */
-#endif /* !IPCREF_NO_SHARING */
+#endif /* IPCREF__SHARING_IMPL */
 
 /* ---- dlpack: implementation (src/dlpack.h) ------------------------------ */
 
@@ -7195,6 +7341,13 @@ IPCREF_PRIVATE void ipcref__tgain(ipcref__tid *x) {
   x->count++;
   x->obj->total++;
 }
+
+/* ---- table_ops: implementation (src/table_ops.h) ------------------------ */
+
+/* table_ops: the object table's public calls. Each one takes the table's
+ * spinlock, changes the counts, and tells the hooks (deallocs and
+ * breaches, noted while locked) after letting it go, so a hook may call
+ * back in. */
 
 /* ---- the API ----------------------------------------------------------------
  */

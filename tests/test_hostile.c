@@ -370,7 +370,7 @@ static ipcref_result isolated_view(ipcref_ctx *ctx, int64_t n, uint32_t seed,
 }
 
 /* ------------------------------------------------------------ the wire
- * The IPCM v1 record of src/share.h, field by field, little endian:
+ * The IPCM v1 record of src/share_wire.h, field by field, little endian:
  *   header  u32 magic  u16 version  u16 nviews  u16 nfds  u16 nretired
  *           u32 sender pid  u64 sender nonce                    (24 bytes)
  *   fd      u8 kind  u8 writable  u32 origin pid  u64 origin nonce  u64 id

@@ -51,7 +51,7 @@
 #define CHILD_ALARM_S 120   /* safety net: a child never outlives this */
 #define HELD_MAX      64    /* views a server child can hold */
 
-/* The message layout this suite knows (src/share.h): a 4-byte magic, then
+/* The message layout this suite knows (src/share_wire.h): a 4-byte magic, then
  * the format version. */
 #define MSG_MAGIC_OFFSET   0
 #define MSG_VERSION_OFFSET 4
@@ -1682,7 +1682,7 @@ static uint64_t le(const unsigned char *b, size_t at, int bytes) {
 }
 
 /* White box: the lease (slot, generation) a one-view message carries, in
- * the wire format of src/share.h version 1: a 24-byte header (magic,
+ * the wire format of src/share_wire.h version 1: a 24-byte header (magic,
  * version, nviews, nfds, nretired, pid, nonce), 30 bytes per fd record, 8
  * per retired id, then the view record with its slot at byte 52. 0 when
  * the message has another layout. */

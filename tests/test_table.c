@@ -1,4 +1,4 @@
-/* The object table (src/table.h), against its documentation.
+/* The object table (src/table.h, src/table_ops.h), against its documentation.
  *
  *   test_model      a randomized model test: every call's result, and after
  *                   EVERY operation the table against a naive model (per id

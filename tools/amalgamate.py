@@ -3,7 +3,8 @@
 the device backend headers (ipcref_cuda.h from src/cuda.h).
 
 Each layer file holds its public part, a line `/* @implementation */`, then
-its implementation. The output is: the manual (src/manual.txt), the public
+its implementation; a file without that line (one room of a layer's
+implementation, such as src/share_ledger.h) is implementation only. The output is: the manual (src/manual.txt), the public
 parts of every layer in order inside the include guard, the implementation
 parts inside `#ifdef IPCREF_IMPLEMENTATION`, and the licence.
 
@@ -35,7 +36,11 @@ BACKENDS = {
 DRIVER_MARKER = "/* @driver */"
 
 # Bottom to top: a layer uses only the ones before it.
-LAYERS = ["base", "checked", "buf", "view", "share", "dlpack", "table"]
+LAYERS = ["base", "checked", "buf", "view", "view_ops", "view_copy",
+          "share", "share_state", "share_watch", "share_segment", "share_ledger",
+          "share_ctx", "share_buf", "share_device", "share_wire", "share_peer",
+          "share_export", "share_import", "share_send",
+          "dlpack", "table", "table_ops"]
 MARKER = "/* @implementation */"
 
 
@@ -45,9 +50,13 @@ def read(name):
 
 
 def split_layer(name):
+    """A layer's API and implementation, split at its marker line; a file
+    without one is implementation only."""
     text = read(name + ".h")
-    if text.count(MARKER) != 1:
-        sys.exit(f"amalgamate: src/{name}.h must contain exactly one '{MARKER}' line")
+    if text.count(MARKER) > 1:
+        sys.exit(f"amalgamate: src/{name}.h has more than one '{MARKER}' line")
+    if MARKER not in text:
+        return "", text.strip("\n")
     api, impl = text.split(MARKER)
     return api.strip("\n"), impl.strip("\n")
 

@@ -1,0 +1,364 @@
+/* share_ctx: the context. Creation (and IPCREF_CHECKED's fork handler),
+ * the teardown when its last reference goes, the retirement of a dead
+ * producer's mappings, reaping what the dead held (every ring first), the
+ * pump every call runs, and the public calls on a context: collect, poll
+ * and stats. Under ctx->lock, but for the waits in ipcref_ctx_free and
+ * ipcref_ctx_poll. */
+
+#ifdef IPCREF__SHARING_IMPL
+
+/* IPCREF_CHECKED: a forked child starts with a copy of the quarantine,
+ * whose objects are its parent's dead: it hands them back at once (else
+ * they would linger until it exits). The lock is held across the fork, so
+ * the child's copy is whole. */
+#ifdef IPCREF_CHECKED
+static pthread_once_t ipcref__fork_once = PTHREAD_ONCE_INIT;
+IPCREF_PRIVATE void ipcref__fork_prepare(void) {
+  ipcref__quarantine_lock();
+}
+IPCREF_PRIVATE void ipcref__fork_parent(void) {
+  ipcref__quarantine_unlock();
+}
+IPCREF_PRIVATE void ipcref__fork_child(void) {
+  ipcref__quarantine_unlock();
+  ipcref_quarantine_flush();
+}
+IPCREF_PRIVATE void ipcref__fork_handlers(void) {
+  (void)pthread_atfork(ipcref__fork_prepare, ipcref__fork_parent,
+                       ipcref__fork_child);
+}
+#endif
+
+IPCREF_API ipcref_result ipcref_ctx_new(const ipcref_ctx_options *opt,
+                                        ipcref_ctx **out) {
+  ipcref_ctx *ctx;
+  struct timespec ts;
+  if (!out) return IPCREF_EINVAL;
+  ctx = (ipcref_ctx *)ipcref__zalloc(sizeof *ctx);
+  if (!ctx) return IPCREF_ENOMEM;
+  if (opt) ctx->opt = *opt;
+  if (!ctx->opt.segment_size) ctx->opt.segment_size = (size_t)16 << 20;
+  if (!ctx->opt.segment_cache) ctx->opt.segment_cache = ctx->opt.segment_size;
+  if (!ctx->opt.ledger_slots) ctx->opt.ledger_slots = 4096;
+  if (ctx->opt.segment_size < 4096 || (ctx->opt.segment_size & 4095) ||
+      ctx->opt.ledger_slots < 8 || ctx->opt.ledger_slots > (1u << 24) ||
+      (ctx->opt.ledger_slots & 1)) {
+    IPCREF_FREE(ctx);
+    return IPCREF_EINVAL;
+  }
+  if (ctx->opt.allow_uids_count) {
+    if (!ctx->opt.allow_uids || ctx->opt.allow_uids_count > 65536) {
+      IPCREF_FREE(ctx);
+      return IPCREF_EINVAL;
+    }
+    ctx->uids =
+        (uint32_t *)IPCREF_MALLOC(ctx->opt.allow_uids_count * sizeof(uint32_t));
+    if (!ctx->uids) {
+      IPCREF_FREE(ctx);
+      return IPCREF_ENOMEM;
+    }
+    memcpy(ctx->uids, ctx->opt.allow_uids,
+           ctx->opt.allow_uids_count * sizeof(uint32_t));
+  }
+  ctx->opt.allow_uids = ctx->uids; /* ours, not the caller's */
+  ctx->epfd = epoll_create1(EPOLL_CLOEXEC);
+  if (ctx->epfd < 0 || pthread_mutex_init(&ctx->lock, NULL) != 0) {
+    if (ctx->epfd >= 0) close(ctx->epfd);
+    IPCREF_FREE(ctx->uids);
+    IPCREF_FREE(ctx);
+    return errno == ENOMEM ? IPCREF_ENOMEM : IPCREF_ESYS;
+  }
+  if (pthread_mutex_init(&ctx->hdr_lock, NULL) != 0) {
+    pthread_mutex_destroy(&ctx->lock);
+    close(ctx->epfd);
+    IPCREF_FREE(ctx->uids);
+    IPCREF_FREE(ctx);
+    return IPCREF_ESYS;
+  }
+#ifdef IPCREF_CHECKED
+  (void)pthread_once(&ipcref__fork_once, ipcref__fork_handlers);
+#endif
+  ctx->magic = IPCREF__ALIVE;
+  ctx->pid = (int)getpid();
+  ctx->uid = (int)getuid();
+  ctx->host.dev = 0; /* host memory: no backend */
+  ctx->refs = 1;
+  /* Identifies this ctx across processes (pids get reused). */
+  clock_gettime(CLOCK_REALTIME, &ts);
+  ctx->nonce = ((uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec) ^
+               ((uint64_t)ctx->pid << 40) ^ (uint64_t)(uintptr_t)ctx;
+  *out = ctx;
+  return IPCREF_OK;
+}
+
+/* Lets go of a mapping (not in the cache, or just taken out of it). */
+IPCREF_PRIVATE void ipcref__map_drop(ipcref__map *m) {
+  if (m->kind == 3) {
+    if (m->be) m->be->seg_close(m->be, m->dev_id, m->daddr);
+  } else {
+    munmap(m->base, m->size);
+    close(m->fd);
+  }
+  IPCREF_FREE(m->imported);
+  IPCREF_FREE(m);
+}
+
+IPCREF_PRIVATE void ipcref__map_unmap(ipcref_ctx *ctx, ipcref__map *m) {
+  IPCREF__LIST_REMOVE(ctx->maps, m, next, prev);
+  if (m->kind == 2)
+    ctx->st.counter_files--;
+  else
+    ctx->st.mapped_segments--;
+  ipcref__map_drop(m);
+}
+
+/* Unmaps what its origin retired and nobody here uses (under the lock),
+ * once that adds up to `min_bytes`. Unmapping the last mapping of a
+ * segment frees its pages, which takes time in proportion to its size: a
+ * receive only does it past a large threshold, ipcref_collect always. */
+IPCREF_PRIVATE void ipcref__maps_trim(ipcref_ctx *ctx, size_t min_bytes) {
+  ipcref__map *m, *next;
+  size_t idle = 0, count = 0;
+  for (m = ctx->maps; m; m = m->next)
+    if (m->retired && __atomic_load_n(&m->refs, __ATOMIC_ACQUIRE) == 0)
+      idle += m->size, count++;
+  /* Many small ones cost lookups: trim past 64 of them too. */
+  if (count == 0 || (idle < min_bytes && count < 64)) return;
+  for (m = ctx->maps; m; m = next) {
+    next = m->next;
+    if (m->retired && __atomic_load_n(&m->refs, __ATOMIC_ACQUIRE) == 0)
+      ipcref__map_unmap(ctx, m);
+  }
+}
+
+/* The teardown, when the last reference to the context goes. */
+IPCREF_PRIVATE void ipcref__ctx_destroy(ipcref_ctx *ctx) {
+  ipcref__block *b;
+  ipcref__pool *pool;
+  IPCREF__LOCK(ctx);
+  ipcref__sweep(ctx);
+  /* Device memory a consumer may still have open is never freed (that is
+   * undefined behaviour for the driver) nor handed back to a wrap's owner:
+   * it goes back to the driver when the process exits. */
+  for (b = ctx->limbo; b; b = b->limbo_next)
+    if (b->seg->pool->be) {
+      b->seg->leaked = 1;
+      b->release = NULL;
+    }
+  while (ctx->limbo) {
+    b = ctx->limbo;
+    ipcref__limbo_remove(ctx, b);
+    if (b->seg->cls == IPCREF__FOREIGN) ipcref__block_free(ctx, b);
+  }
+  while (ctx->ledgers) ipcref__ledger_destroy(ctx, ctx->ledgers);
+  while (ctx->segments) ipcref__segment_destroy(ctx, ctx->segments);
+  while (ctx->maps) ipcref__map_unmap(ctx, ctx->maps);
+  IPCREF__UNLOCK(ctx);
+  while ((pool = ctx->pools) != NULL) {
+    ctx->pools = pool->next;
+    IPCREF_FREE(pool);
+  }
+  while (ctx->hdr_chunks) {
+    ipcref__hdr_chunk *c = ctx->hdr_chunks;
+    ctx->hdr_chunks = c->next;
+    IPCREF_FREE(c);
+  }
+  pthread_mutex_destroy(&ctx->hdr_lock);
+  pthread_mutex_destroy(&ctx->lock);
+  close(ctx->epfd);
+  IPCREF_FREE(ctx->uids);
+  while (ctx->dead_peers) {
+    ipcref_peer *p = ctx->dead_peers;
+    ctx->dead_peers = p->next;
+    IPCREF_FREE(p);
+  }
+#ifdef IPCREF_CHECKED
+  ctx->magic = IPCREF__DEAD; /* kept a while: see checked */
+  ipcref__bury(ctx, sizeof *ctx, sizeof ctx->magic, ipcref__free_plain, NULL);
+#else
+  IPCREF_FREE(ctx);
+#endif
+}
+
+/* Drops one reference to the context (release ordering, then acquire
+ * before the teardown, as for buffers). */
+IPCREF_PRIVATE void ipcref__ctx_unref(ipcref_ctx *ctx) {
+  if (__atomic_fetch_sub(&ctx->refs, 1, __ATOMIC_RELEASE) != 1) return;
+  IPCREF__ACQUIRE_FENCE(&ctx->refs);
+  ipcref__ctx_destroy(ctx);
+}
+
+IPCREF_PRIVATE void ipcref__deferred_poll(ipcref_ctx *ctx);
+
+IPCREF_API void ipcref_ctx_free(ipcref_ctx *ctx) {
+  int pending;
+  if (!ctx || !IPCREF__CTX_USABLE(ctx)) return;
+  /* Device releases still waiting for their stream: wait for them now,
+   * since nothing will poll this context any more. */
+  __atomic_store_n(&ctx->owner_gone, 1, __ATOMIC_RELEASE);
+  for (;;) {
+    IPCREF__LOCK(ctx);
+    if (ctx->deferred) ipcref__deferred_poll(ctx);
+    pending = ctx->deferred != NULL;
+    IPCREF__UNLOCK(ctx);
+    if (!pending) break;
+    usleep(100);
+  }
+  while (ctx->peers) ipcref_peer_free(ctx->peers);
+  ipcref__ctx_unref(ctx);
+}
+
+/* 1 when the process has exited: its pidfd is readable or, without one,
+ * its pid no longer exists. */
+IPCREF_PRIVATE int ipcref__process_gone(int pidfd, int pid) {
+  struct pollfd pfd;
+  if (pidfd < 0) return pid > 0 && kill((pid_t)pid, 0) != 0 && errno == ESRCH;
+  pfd.fd = pidfd;
+  pfd.events = POLLIN;
+  pfd.revents = 0;
+  return poll(&pfd, 1, 0) > 0 && (pfd.revents & (POLLIN | POLLHUP)) != 0;
+}
+
+/* When the peer `p` is freed and its process is dead (under the lock): a
+ * dead producer never reuses nor destroys its segments, so their mappings
+ * here are retired, to go once nothing uses them; else its memory would
+ * live as long as this context. (Not before the peer is freed: messages
+ * it sent may still be queued.) 1 if it did. */
+IPCREF_PRIVATE int ipcref__retire_origin(ipcref_ctx *ctx, ipcref_peer *p) {
+  ipcref__map *m;
+  if (p->origin_retired || !p->watch) return 0;
+  if (!p->watch->dead && ipcref__process_gone(p->watch->pidfd, p->pid))
+    ipcref__watch_dead(ctx, p->watch);
+  if (!p->watch->dead) return 0;
+  p->origin_retired = 1;
+  for (m = ctx->maps; m; m = m->next)
+    if (m->origin_nonce == p->nonce) m->retired = 1;
+  return 1;
+}
+
+/* Reclaims what dead processes held (under the lock): every lease a dead
+ * consumer held itself, and each forwarded lease whose own holder is gone.
+ * A forwarded hold whose holder lives stays, whatever became of the
+ * middleman. Then the sweep frees the blocks only they kept, and the
+ * ledgers nobody can use any more. Returns the bytes freed. */
+IPCREF_PRIVATE size_t ipcref__reap(ipcref_ctx *ctx) {
+  ipcref__ledger *l;
+  size_t freed = 0;
+  int deaths = ctx->reaped != ctx->st.peer_deaths;
+  ctx->reaped = ctx->st.peer_deaths;
+  /* Every ring first, before any lease of the dead goes. A dead forwarder
+   * wrote its links into the ring of the ledger it received through, not
+   * into its own: its holders' leases must be known before its own lease,
+   * their parent, ends. A hole left before this death may be the dead
+   * one's: it is not waited for (its forwards are adopted instead). */
+  for (l = ctx->ledgers; l; l = l->next) {
+    if (deaths)
+      l->death_head = __atomic_load_n(
+          &((ipcref__ledger_hdr *)(void *)l->base)->head, __ATOMIC_ACQUIRE);
+    freed += ipcref__ledger_drain(ctx, l);
+  }
+  for (l = ctx->ledgers; l; l = l->next) {
+    uint32_t s;
+    if (l->live == 0) continue;
+    if (!l->holder_dead && l->holder > 0 &&
+        (l->watch ? l->watch->dead : ipcref__pid_gone(l->holder))) {
+      for (s = 0; s < l->n / 2; s++) ipcref__lease_reclaim(ctx, l, s, &freed);
+      l->holder_dead = 1;
+    }
+    for (s = l->n / 2; s < l->n && l->live; s++) {
+      ipcref__lease *ls = &l->leases[s];
+      if (ls->block &&
+          (ls->watch ? ls->watch->dead : ipcref__pid_gone(ls->holder)))
+        ipcref__lease_reclaim(ctx, l, s, &freed);
+    }
+  }
+  return freed + ipcref__sweep(ctx);
+}
+
+/* Notices deaths and reclaims what the dead held (under the lock). Every
+ * call on the context pumps this, at most once per clock tick (`force`:
+ * now), so that a process that never polls still gets its memory back. */
+/* Device releases whose fence is done move to ctx->finished, returned
+ * after the unlock (under the lock). */
+IPCREF_PRIVATE void ipcref__deferred_poll(ipcref_ctx *ctx) {
+  struct ipcref__import **pp = &ctx->deferred;
+  while (*pp) {
+    struct ipcref__import *imp = *pp;
+    if (!imp->seg->be->fence_done(imp->seg->be, imp->fence)) {
+      pp = &imp->next;
+      continue;
+    }
+    *pp = imp->next;
+    ctx->st.deferred--;
+    imp->next = ctx->finished;
+    ctx->finished = imp;
+  }
+}
+
+IPCREF_PRIVATE size_t ipcref__pump(ipcref_ctx *ctx, int force) {
+  if (ctx->deferred) ipcref__deferred_poll(ctx);
+  if (!ctx->watches) return 0;
+  if (!force) {
+    long tick = ipcref__now_ms();
+    if (tick == ctx->pump_tick) return 0;
+    ctx->pump_tick = tick;
+  }
+  (void)ipcref__watch_events(ctx);
+  return ctx->st.peer_deaths != ctx->reaped ? ipcref__reap(ctx) : 0;
+}
+
+IPCREF_API size_t ipcref_collect(ipcref_ctx *ctx) {
+  size_t freed;
+  if (!ctx || !IPCREF__CTX_USABLE(ctx)) return 0;
+  IPCREF__LOCK(ctx);
+  if (ctx->deferred) ipcref__deferred_poll(ctx); /* returned at the unlock */
+  freed = ipcref__sweep(ctx);
+  ipcref__watch_refresh(ctx);
+  freed += ipcref__reap(ctx);
+  ipcref__maps_trim(ctx, 0); /* a consumer's retired mappings */
+  IPCREF__UNLOCK(ctx);
+  return freed;
+}
+
+IPCREF_API int ipcref_ctx_poll_fd(ipcref_ctx *ctx) {
+  return ctx && IPCREF__CTX_USABLE(ctx) ? ctx->epfd : -1;
+}
+
+IPCREF_API ipcref_result ipcref_ctx_poll(ipcref_ctx *ctx, int timeout_ms,
+                                         size_t *freed) {
+  struct pollfd pfd;
+  int reaped;
+  size_t bytes;
+  if (freed) *freed = 0;
+  if (!ctx) return IPCREF_EINVAL;
+  if (!IPCREF__CTX_USABLE(ctx)) return IPCREF_EDEAD;
+  pfd.fd = ctx->epfd;
+  pfd.events = POLLIN;
+  pfd.revents = 0;
+  /* The wait is outside the lock; what woke it is read under it. */
+  while (timeout_ms != 0 && poll(&pfd, 1, timeout_ms) < 0)
+    if (errno != EINTR) return IPCREF_ESYS;
+  IPCREF__LOCK(ctx);
+  ipcref__watch_refresh(ctx);
+  reaped = ctx->st.peer_deaths != ctx->reaped;
+  bytes = reaped ? ipcref__reap(ctx) : 0;
+  IPCREF__UNLOCK(ctx);
+  if (freed) *freed = bytes;
+  return reaped ? IPCREF_OK : IPCREF_ETIMEDOUT;
+}
+
+IPCREF_API ipcref_result ipcref_ctx_stats(ipcref_ctx *ctx, ipcref_stats *out) {
+  if (!ctx || !out) return IPCREF_EINVAL;
+  if (!IPCREF__CTX_USABLE(ctx)) return IPCREF_EDEAD;
+  IPCREF__LOCK(ctx);
+  ipcref__sweep(ctx);         /* count what came back as back */
+  (void)ipcref__pump(ctx, 1); /* and what the dead held as free */
+  *out = ctx->st;
+  out->refused = __atomic_load_n(&ctx->refused, __ATOMIC_RELAXED);
+  out->imported_bufs =
+      (size_t)__atomic_load_n(&ctx->imported_bufs, __ATOMIC_ACQUIRE);
+  IPCREF__UNLOCK(ctx);
+  return IPCREF_OK;
+}
+
+#endif /* IPCREF__SHARING_IMPL */

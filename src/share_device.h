@@ -1,0 +1,143 @@
+/* share_device: device memory. Backends added to a context, a pool per
+ * device, ipcref_device_new and ipcref_device_wrap (a foreign allocation
+ * found by its base and exported once), and ipcref_view_new_shared. Under
+ * ctx->lock. */
+
+#ifdef IPCREF__SHARING_IMPL
+
+IPCREF_PRIVATE ipcref_backend *ipcref__backend(ipcref_ctx *ctx, int32_t type) {
+  int i;
+  for (i = 0; i < 8; i++)
+    if (ctx->backends[i] && ctx->backends[i]->device_type == type)
+      return ctx->backends[i];
+  return NULL;
+}
+
+IPCREF_API ipcref_result ipcref_ctx_add_backend(ipcref_ctx *ctx,
+                                                ipcref_backend *be) {
+  int i;
+  ipcref_result r = IPCREF_EINVAL;
+  if (!ctx || !be || be->device_type <= IPCREF_DEVICE_CPU || !be->seg_alloc ||
+      !be->seg_free || !be->seg_range || !be->seg_export || !be->seg_import ||
+      !be->seg_close || !be->event_record || !be->event_free ||
+      !be->event_wait || !be->fence || !be->fence_done)
+    return IPCREF_EINVAL;
+  if (!IPCREF__CTX_USABLE(ctx)) return IPCREF_EDEAD;
+  IPCREF__LOCK(ctx);
+  if (!ipcref__backend(ctx, be->device_type))
+    for (i = 0; i < 8; i++)
+      if (!ctx->backends[i]) {
+        ctx->backends[i] = be;
+        r = IPCREF_OK;
+        break;
+      }
+  IPCREF__UNLOCK(ctx);
+  return r;
+}
+
+/* The pool of device `dev` (under the lock); NULL with *r set. */
+IPCREF_PRIVATE ipcref__pool *ipcref__pool_of(ipcref_ctx *ctx, ipcref_device dev,
+                                             ipcref_result *r) {
+  ipcref_backend *be = ipcref__backend(ctx, dev.type);
+  ipcref__pool *pool;
+  if (!be) {
+    *r = IPCREF_ENODEV;
+    return NULL;
+  }
+  for (pool = ctx->pools; pool; pool = pool->next)
+    if (pool->be == be && pool->dev == dev.id) return pool;
+  pool = (ipcref__pool *)ipcref__zalloc(sizeof *pool);
+  if (!pool) {
+    *r = IPCREF_ENOMEM;
+    return NULL;
+  }
+  pool->be = be;
+  pool->dev = dev.id;
+  pool->next = ctx->pools;
+  ctx->pools = pool;
+  return pool;
+}
+
+IPCREF_API ipcref_result ipcref_device_new(ipcref_ctx *ctx, ipcref_device dev,
+                                           size_t size, ipcref_buf **out) {
+  ipcref__pool *pool;
+  ipcref_result r = IPCREF_OK;
+  if (!ctx || !out || dev.type <= IPCREF_DEVICE_CPU || dev.id < 0)
+    return IPCREF_EINVAL;
+  if (!IPCREF__CTX_USABLE(ctx)) return IPCREF_EDEAD;
+  IPCREF__LOCK(ctx);
+  pool = ipcref__pool_of(ctx, dev, &r);
+  IPCREF__UNLOCK(ctx);
+  if (!pool) return r;
+  return ipcref__shared_new(ctx, pool, size, ctx->opt.isolate, out);
+}
+
+IPCREF_API ipcref_result ipcref_device_wrap(
+    ipcref_ctx *ctx, ipcref_device dev, void *ptr, size_t size,
+    void (*release)(void *user, void *ptr), void *user, ipcref_buf **out) {
+  ipcref__pool *pool;
+  ipcref__segment *s;
+  ipcref__block *b;
+  ipcref_result r = IPCREF_OK;
+  uint64_t addr = (uint64_t)(uintptr_t)ptr, base, end;
+  size_t alloc_size;
+  if (!ctx || !out || !ptr || dev.type <= IPCREF_DEVICE_CPU || dev.id < 0)
+    return IPCREF_EINVAL;
+  if (!IPCREF__CTX_USABLE(ctx)) return IPCREF_EDEAD;
+  IPCREF__LOCK(ctx);
+  pool = ipcref__pool_of(ctx, dev, &r);
+  IPCREF__UNLOCK(ctx);
+  if (!pool) return r;
+  /* The allocation that holds it (a driver call: not under the lock). */
+  r = pool->be->seg_range(pool->be, dev.id, addr, &base, &alloc_size);
+  if (r != IPCREF_OK) return r;
+  if (addr < base || __builtin_add_overflow(addr, (uint64_t)size, &end) ||
+      end > base + alloc_size)
+    return IPCREF_EINVAL;
+  b = (ipcref__block *)ipcref__zalloc(sizeof *b);
+  if (!b) return IPCREF_ENOMEM;
+  IPCREF__LOCK(ctx);
+  for (s = ctx->segments; s; s = s->next) /* the allocation's segment */
+    if (s->pool == pool && s->cls == IPCREF__FOREIGN && s->daddr == base &&
+        s->size == alloc_size)
+      break;
+  if (!s)
+    r = ipcref__segment_new(ctx, pool, alloc_size, 0, IPCREF__FOREIGN, base,
+                            &s);
+  if (r == IPCREF_OK) {
+    s->nwraps++;
+    b->seg = s;
+    b->offset = (size_t)(addr - base);
+    b->size = size;
+    b->local = 1;
+    b->release = release;
+    b->user = user;
+    b->ptr = ptr;
+    ipcref__block_live(ctx, b);
+  }
+  IPCREF__UNLOCK(ctx);
+  if (r != IPCREF_OK) {
+    IPCREF_FREE(b);
+    return r;
+  }
+  return ipcref__block_buf(b, size, out);
+}
+
+IPCREF_API ipcref_result ipcref_view_new_shared(ipcref_ctx *ctx,
+                                                ipcref_dtype dt, int ndim,
+                                                const int64_t *shape,
+                                                ipcref_view *out) {
+  ipcref_buf *b;
+  ipcref_result r;
+  int64_t n;
+  if (!ctx || !out || (unsigned)dt >= IPCREF_DTYPE_COUNT) return IPCREF_EINVAL;
+  r = ipcref__shape_numel(ndim, shape, ipcref__dtype_sizes[dt], &n);
+  if (r != IPCREF_OK) return r;
+  r = ipcref_shared_new(ctx, (size_t)n * ipcref__dtype_sizes[dt], &b);
+  if (r != IPCREF_OK) return r;
+  r = ipcref_view_of(b, dt, ndim, shape, out);
+  ipcref_buf_release(b); /* the view holds it now (or nothing does) */
+  return r;
+}
+
+#endif /* IPCREF__SHARING_IMPL */

@@ -1,0 +1,324 @@
+/* share_ledger: the producer's side of the counter files. Making and
+ * destroying ledgers, ending and reclaiming leases, linking and adopting
+ * forwarded leases, stepping over holes a killed writer left, draining
+ * the return ring, and the sweep. Under ctx->lock; the ring itself is
+ * written lock-free by consumers (share_state: ipcref__ring_push). */
+
+#ifdef IPCREF__SHARING_IMPL
+
+IPCREF_PRIVATE void ipcref__ledger_destroy(ipcref_ctx *ctx, ipcref__ledger *l) {
+  uint32_t s;
+  IPCREF__LIST_REMOVE(ctx->ledgers, l, next, prev);
+  for (s = l->n / 2; s < l->n; s++) ipcref__watch_put(ctx, l->leases[s].watch);
+  ipcref__watch_put(ctx, l->watch);
+  munmap(l->base, ipcref__ledger_bytes(l->n));
+  close(l->fd);
+  ctx->st.counter_files--;
+  IPCREF_FREE(l->leases);
+  IPCREF_FREE(l->free_stack);
+  IPCREF_FREE(l);
+}
+
+/* A new ledger for peer p. Each one a peer gets is twice the size of its
+ * last (up to 2^22 slots), so a peer holding n leases needs O(log n)
+ * ledgers, and a sweep, which looks at every ledger, stays cheap. */
+IPCREF_PRIVATE ipcref_result ipcref__ledger_new(ipcref_ctx *ctx, ipcref_peer *p,
+                                                ipcref__ledger **out) {
+  uint32_t n = ctx->opt.ledger_slots, i;
+  size_t bytes;
+  ipcref__ledger *l;
+  if (p && p->ledger && p->ledger->n < (1u << 22)) n = p->ledger->n * 2;
+  bytes = ipcref__ledger_bytes(n);
+  l = (ipcref__ledger *)ipcref__zalloc(sizeof *l);
+  ipcref__ledger_hdr *h;
+  if (!l) return IPCREF_ENOMEM;
+  l->leases = (ipcref__lease *)ipcref__zalloc(n * sizeof *l->leases);
+  l->free_stack = (uint32_t *)ipcref__zalloc(n / 2 * sizeof(uint32_t));
+  if (!l->leases || !l->free_stack) goto nomem;
+  /* Consumers write their returns into it: no write seal. */
+  l->fd = ipcref__memfd("ipcref-ledger", bytes, 0, &l->base);
+  if (l->fd < 0) goto sys;
+  l->n = n;
+  l->id = ++ctx->next_id;
+  l->peer = p;
+  if (p) l->holder = p->hello > 0 ? p->pid : 0;
+  if (p && p->watch) { /* the same process as the peer's */
+    l->watch = p->watch;
+    l->watch->refs++;
+  }
+  for (i = 0; i < n / 2; i++) l->free_stack[i] = n / 2 - 1 - i;
+  l->nfree = n / 2;
+  h = (ipcref__ledger_hdr *)(void *)l->base;
+  h->magic = IPCREF__LEDGER_MAGIC;
+  h->version = IPCREF__LEDGER_VERSION;
+  h->nslots = n;
+  h->origin_pid = (uint32_t)ctx->pid;
+  h->origin_nonce = ctx->nonce;
+  h->ledger_id = l->id;
+  IPCREF__LIST_PUSH(ctx->ledgers, l, next, prev);
+  ctx->st.counter_files++;
+  *out = l;
+  return IPCREF_OK;
+sys:
+  IPCREF_FREE(l->leases);
+  IPCREF_FREE(l->free_stack);
+  IPCREF_FREE(l);
+  return IPCREF_ESYS;
+nomem:
+  IPCREF_FREE(l->leases);
+  IPCREF_FREE(l->free_stack);
+  IPCREF_FREE(l);
+  return IPCREF_ENOMEM;
+}
+
+/* Ends lease (slot, gen) of ledger `l` (under the lock): the slot is free
+ * again at the same generation (the next lease on it takes the next one,
+ * so a replay of this one is refused), and the block goes when nothing
+ * else holds it. 0 when there is no such live lease. */
+IPCREF_PRIVATE int ipcref__lease_free(ipcref_ctx *ctx, ipcref__ledger *l,
+                                      uint32_t slot, uint32_t gen,
+                                      size_t *freed) {
+  uint64_t *slots = ipcref__ledger_slots(l->base);
+  ipcref__block *b;
+  if (slot >= l->n || !l->leases[slot].block || l->leases[slot].gen != gen)
+    return 0;
+  b = l->leases[slot].block;
+  l->leases[slot].block = NULL;
+  ipcref__watch_put(ctx, l->leases[slot].watch);
+  l->leases[slot].watch = NULL;
+  if (l->leases[slot].event)
+    l->leases[slot].be->event_free(l->leases[slot].be, l->leases[slot].event);
+  l->leases[slot].event = NULL;
+  if (l->leases[slot].alias) ipcref__alias_drop(ctx, l->leases[slot].alias);
+  l->leases[slot].alias = NULL;
+  l->live--;
+  __atomic_store_n(&slots[2 * (size_t)slot],
+                   ((uint64_t)gen << 2) | IPCREF__SLOT_FREE, __ATOMIC_RELEASE);
+  if (slot < l->n / 2) l->free_stack[l->nfree++] = slot;
+  *freed += ipcref__lease_end(ctx, b);
+  return 1;
+}
+
+/* Ends lease `slot` of ledger `l` because its holder died (under the
+ * lock). Its generation is remembered: a return of it that comes later
+ * (a forwarder cancelling a send to the dead one) is late, not forged. */
+IPCREF_PRIVATE void ipcref__lease_reclaim(ipcref_ctx *ctx, ipcref__ledger *l,
+                                          uint32_t slot, size_t *freed) {
+  uint32_t gen = l->leases[slot].gen;
+  if (!l->leases[slot].block || !ipcref__lease_free(ctx, l, slot, gen, freed))
+    return;
+  l->leases[slot].reclaimed = gen + 1u;
+  ctx->st.reclaimed++;
+}
+
+/* A ring entry refused (under the lock): counted, and reported to the
+ * context's hook. Never a free: the private lease table decides. */
+IPCREF_PRIVATE void ipcref__bad_return(ipcref_ctx *ctx, const char *what) {
+  ctx->st.bad_returns++;
+  ipcref__ctx_report(ctx, IPCREF_EPROTO, what);
+}
+
+/* Records a forwarded lease (slot, gen) on block `b`, held by `holder`
+ * (under the lock). */
+IPCREF_PRIVATE void ipcref__lease_link(ipcref_ctx *ctx, ipcref__ledger *l,
+                                       uint32_t slot, uint32_t gen,
+                                       ipcref__block *b, int holder) {
+  l->leases[slot].block = b;
+  l->leases[slot].gen = gen;
+  l->leases[slot].holder = holder;
+  l->leases[slot].watch = ipcref__watch_get(ctx, holder);
+  b->leases++;
+  l->live++;
+  ctx->st.live_slots++;
+}
+
+/* Adopts the forwarded leases whose link the ring has not delivered
+ * (under the lock): every forwarding slot that is live in the shared
+ * table, unknown here, and names a live parent. A forwarder writes the
+ * slot (holder pid, parent slot + 1) before it takes its ring positions,
+ * so when a hole is stepped over its link is found here, before any later
+ * entry (the parent's own return comes later) is read. A link that
+ * arrives after all is then taken as already known. */
+IPCREF_PRIVATE void ipcref__adopt_forwards(ipcref_ctx *ctx, ipcref__ledger *l) {
+  uint64_t *slots = ipcref__ledger_slots(l->base);
+  uint32_t s;
+  for (s = l->n / 2; s < l->n; s++) {
+    uint64_t w = __atomic_load_n(&slots[2 * (size_t)s], __ATOMIC_ACQUIRE), h;
+    uint32_t parent;
+    if ((w & 3u) != IPCREF__SLOT_LIVE || l->leases[s].block) continue;
+    h = __atomic_load_n(&slots[2 * (size_t)s + 1], __ATOMIC_ACQUIRE);
+    parent = (uint32_t)(h >> 32);
+    if (parent == 0 || parent > l->n || !l->leases[parent - 1].block)
+      continue; /* not written yet (its link will come), or never linked */
+    ipcref__lease_link(ctx, l, s, (uint32_t)(w >> 2),
+                       l->leases[parent - 1].block, (int)(uint32_t)h);
+  }
+}
+
+/* A hole at the ring's tail: a position taken whose entry is not written.
+ * Normally its writer is between two instructions and the next sweep
+ * finds it; but a writer killed there never writes it, and every entry
+ * behind it would wait forever. So a hole is stepped over at once when it
+ * lies before the head the ring had when a death was reaped (its writer
+ * may be the dead one), and otherwise once it is 100 ms old. Stepping over
+ * a live writer's hole frees nothing early: the forwarded leases it may
+ * have been linking are adopted from the shared slots at once, and its
+ * position is remembered, so an entry written late is still read (unless
+ * the ring has come round to that cell again by then, when a return is
+ * lost and its block stays until its holder dies). */
+IPCREF_PRIVATE int ipcref__hole_stale(ipcref__ledger *l) {
+  long now = ipcref__now_ms();
+  if (l->tail < l->death_head) return 1;
+  if (l->hole_pos != l->tail + 1) {
+    l->hole_pos = l->tail + 1;
+    l->hole_ms = now;
+    return 0;
+  }
+  return now - l->hole_ms >= 100;
+}
+
+/* Steps over the hole at ring position `pos` (under the lock). */
+IPCREF_PRIVATE void ipcref__hole_skip(ipcref_ctx *ctx, ipcref__ledger *l,
+                                      uint64_t pos) {
+  if (l->nlate == IPCREF__LATE) { /* forget the oldest */
+    memmove(l->late, l->late + 1, (IPCREF__LATE - 1) * sizeof l->late[0]);
+    l->nlate--;
+  }
+  l->late[l->nlate++] = pos;
+  ipcref__adopt_forwards(ctx, l);
+}
+
+/* One ring entry that is not a link (under the lock). */
+IPCREF_PRIVATE void ipcref__ring_release(ipcref_ctx *ctx, ipcref__ledger *l,
+                                         uint64_t e, size_t *freed) {
+  uint32_t slot = (uint32_t)(e & 0x3fffffffu) - 1u, gen = (uint32_t)(e >> 32);
+  if (((e >> 30) & 3u) != IPCREF__RING_RELEASE) {
+    ipcref__bad_return(ctx, "invalid lease return in a ledger");
+  } else if (ipcref__lease_free(ctx, l, slot, gen, freed)) {
+    return;
+  } else if (slot < l->n && l->leases[slot].reclaimed == gen + 1u) {
+    l->leases[slot].reclaimed = 0; /* late, once: a second one is forged */
+    ctx->st.late_returns++;
+  } else {
+    ipcref__bad_return(ctx, "invalid lease return in a ledger");
+  }
+}
+
+/* Entries written late into holes stepped over (under the lock): a return
+ * is taken as any other; half a link is known already (adopted). A cell
+ * is watched until the ring's head reaches its next lap. */
+IPCREF_PRIVATE void ipcref__late_entries(ipcref_ctx *ctx, ipcref__ledger *l,
+                                         uint64_t head, size_t *freed) {
+  uint64_t *ring = ipcref__ledger_ring(l->base, l->n);
+  uint64_t cap = 2u * (uint64_t)l->n;
+  uint32_t i = 0;
+  while (i < l->nlate) {
+    uint64_t pos = l->late[i], e = 0;
+    if (head <= pos + cap) {
+      e = __atomic_load_n(&ring[pos % cap], __ATOMIC_ACQUIRE);
+      if (e == 0) {
+        i++;
+        continue;
+      }
+      __atomic_store_n(&ring[pos % cap], 0, __ATOMIC_RELAXED);
+    }
+    l->late[i] = l->late[--l->nlate];
+    if (e && ((e >> 30) & 3u) == IPCREF__RING_RELEASE)
+      ipcref__ring_release(ctx, l, e, freed);
+  }
+}
+
+/* Reads what came back to ledger `l` since the last sweep (under the
+ * lock). Every entry is checked against the private lease table: a
+ * ledger can only end its own peer's leases, and a stale, replayed or
+ * forged entry (a second return of one lease, a return from a process
+ * that died and was reclaimed) is reported and ignored: a count can never
+ * go below zero. Returns the bytes freed. */
+IPCREF_PRIVATE size_t ipcref__ledger_drain(ipcref_ctx *ctx, ipcref__ledger *l) {
+  ipcref__ledger_hdr *h = (ipcref__ledger_hdr *)(void *)l->base;
+  uint64_t *ring = ipcref__ledger_ring(l->base, l->n);
+  uint64_t *slots = ipcref__ledger_slots(l->base);
+  uint64_t cap = 2u * (uint64_t)l->n;
+  /* Acquire: pairs with the release of a writer's fetch_add, so what it
+   * wrote before taking its positions (a forwarded slot) is seen. */
+  uint64_t head = __atomic_load_n(&h->head, __ATOMIC_ACQUIRE);
+  size_t freed = 0;
+  if (l->nlate) ipcref__late_entries(ctx, l, head, &freed);
+  if (head == l->tail) return freed;
+  IPCREF__STEP("sweep");
+  if (head - l->tail > cap) { /* a consumer wrote past the ring: distrust */
+    ipcref__bad_return(ctx, "ledger ring overrun by a peer");
+    l->tail = head - cap;
+  }
+  while (l->tail != head) {
+    uint64_t *cell = &ring[l->tail % cap], *next = &ring[(l->tail + 1) % cap];
+    uint64_t e = __atomic_load_n(cell, __ATOMIC_ACQUIRE), p;
+    uint32_t slot, gen, ps;
+    ipcref__lease *parent;
+    if (e == 0) { /* taken but not written (yet) */
+      if (!ipcref__hole_stale(l)) break;
+      ipcref__hole_skip(ctx, l, l->tail++);
+      continue;
+    }
+    if (((e >> 30) & 3u) != IPCREF__RING_LINK) {
+      __atomic_store_n(cell, 0, __ATOMIC_RELAXED);
+      l->tail++;
+      ipcref__ring_release(ctx, l, e, &freed);
+      continue;
+    }
+    /* A link: two entries, the forwarded lease and its parent. */
+    if (l->tail + 1 == head) break; /* the pair is not complete yet */
+    p = __atomic_load_n(next, __ATOMIC_ACQUIRE);
+    if (p == 0) { /* its second half is a hole: wait, or step over both */
+      int stale;
+      l->tail++;
+      stale = ipcref__hole_stale(l);
+      l->tail--;
+      if (!stale) break;
+      __atomic_store_n(cell, 0, __ATOMIC_RELAXED);
+      ipcref__hole_skip(ctx, l, l->tail + 1);
+      l->tail += 2;
+      continue;
+    }
+    __atomic_store_n(next, 0, __ATOMIC_RELAXED);
+    __atomic_store_n(cell, 0, __ATOMIC_RELAXED);
+    l->tail += 2;
+    slot = (uint32_t)(e & 0x3fffffffu) - 1u;
+    gen = (uint32_t)(e >> 32);
+    ps = (uint32_t)(p & 0x3fffffffu) - 1u;
+    parent = ps < l->n ? &l->leases[ps] : NULL;
+    if (slot >= l->n / 2 && slot < l->n && l->leases[slot].block &&
+        l->leases[slot].gen == gen && parent &&
+        parent->block == l->leases[slot].block)
+      continue; /* adopted already, while its link was a hole */
+    if (((p >> 30) & 3u) != IPCREF__RING_PARENT || slot < l->n / 2 ||
+        slot >= l->n || l->leases[slot].block || !parent || !parent->block ||
+        parent->gen != (uint32_t)(p >> 32) ||
+        __atomic_load_n(&slots[2 * (size_t)slot], __ATOMIC_ACQUIRE) !=
+            (((uint64_t)gen << 2) | IPCREF__SLOT_LIVE)) {
+      ipcref__bad_return(ctx, "invalid forwarded lease in a ledger");
+      continue;
+    }
+    /* The holder, as the forwarder wrote it before the link. */
+    ipcref__lease_link(ctx, l, slot, gen, parent->block,
+                       (int)(uint32_t)__atomic_load_n(
+                           &slots[2 * (size_t)slot + 1], __ATOMIC_RELAXED));
+  }
+  return freed;
+}
+
+/* The sweep (under the lock): every ledger's returns, then the ledgers
+ * that nobody can use any more. */
+IPCREF_PRIVATE size_t ipcref__sweep(ipcref_ctx *ctx) {
+  ipcref__ledger *l, *next;
+  size_t freed = 0;
+  ctx->st.sweeps++;
+  for (l = ctx->ledgers; l; l = next) {
+    next = l->next;
+    freed += ipcref__ledger_drain(ctx, l);
+    if (!l->peer && l->live == 0) ipcref__ledger_destroy(ctx, l);
+  }
+  return freed;
+}
+
+#endif /* IPCREF__SHARING_IMPL */

@@ -1,0 +1,346 @@
+/* share_peer: the other process. Socket helpers (waiting, SCM_RIGHTS,
+ * recvmsg), the hello that identifies it (pid and uid by SCM_CREDENTIALS,
+ * the uid policy), what it has been sent, and the peer's own calls: new,
+ * pid, alive, free. A peer is used by one thread at a time; what it shares
+ * with its context is under ctx->lock. */
+
+#ifdef IPCREF__SHARING_IMPL
+
+/* Waits until fd is readable: timeout_ms -1 means no wait at all here (the
+ * blocking read that follows waits), 0 polls. */
+IPCREF_PRIVATE ipcref_result ipcref__wait_readable(int fd, int timeout_ms) {
+  struct pollfd pfd;
+  pfd.fd = fd;
+  pfd.events = POLLIN;
+  pfd.revents = 0;
+  for (; timeout_ms >= 0;) {
+    int pr = poll(&pfd, 1, timeout_ms);
+    if (pr > 0) break;
+    if (pr == 0) return IPCREF_ETIMEDOUT;
+    if (errno != EINTR) return IPCREF_ESYS;
+  }
+  return IPCREF_OK;
+}
+
+/* Appends the fds an SCM_RIGHTS header carries to fds[*n] (up to max);
+ * closes the ones past max, so that no received fd ever leaks. */
+IPCREF_PRIVATE void ipcref__take_fds(const struct cmsghdr *c, int *fds, int *n,
+                                     int max) {
+  int cnt = (int)((c->cmsg_len - CMSG_LEN(0)) / sizeof(int)), j, fd;
+  for (j = 0; j < cnt; j++) {
+    memcpy(&fd, CMSG_DATA(c) + (size_t)j * sizeof(int), sizeof fd);
+    if (*n < max)
+      fds[(*n)++] = fd;
+    else
+      close(fd);
+  }
+}
+
+/* recvmsg, retried on EINTR and once on ECONNRESET: a peer that closed its
+ * end with our data unread resets the connection, but what it sent before
+ * is still queued here, and the retry reads it. */
+IPCREF_PRIVATE ssize_t ipcref__recvmsg(int fd, struct msghdr *mh, int stream) {
+  int resets = 0;
+  ssize_t k;
+  for (;;) {
+    k = recvmsg(fd, mh, MSG_CMSG_CLOEXEC | (stream ? MSG_WAITALL : 0));
+    if (k >= 0 || (errno != EINTR && (errno != ECONNRESET || resets++)))
+      return k;
+  }
+}
+
+/* ---- the hello ----------------------------------------------------------
+ * The first message each side sends: "IPCH", version, pid, ctx nonce,
+ * with SCM_CREDENTIALS (the kernel refuses a pid or uid that is not the
+ * sender's). On a stream it is framed like every message (a 4-byte length
+ * first). */
+#define IPCREF__HELLO_MAGIC 0x48435049u /* "IPCH" */
+#define IPCREF__HELLO_BYTES 20
+
+IPCREF_PRIVATE ipcref_result ipcref__hello_send(ipcref_peer *p) {
+  union {
+    char buf[CMSG_SPACE(sizeof(struct ucred))];
+    struct cmsghdr align;
+  } u;
+  unsigned char b[4 + IPCREF__HELLO_BYTES];
+  struct ucred cred;
+  struct msghdr mh;
+  struct iovec iov;
+  struct cmsghdr *c;
+  ipcref__wire w;
+  int stream = p->sock_type == SOCK_STREAM;
+  ssize_t k;
+  w.p = b;
+  w.len = sizeof b;
+  w.pos = 0;
+  w.bad = 0;
+  if (stream) ipcref__put(&w, IPCREF__HELLO_BYTES, 4);
+  ipcref__put(&w, IPCREF__HELLO_MAGIC, 4);
+  ipcref__put(&w, IPCREF__MSG_VERSION, 4);
+  ipcref__put(&w, (uint64_t)p->ctx->pid, 4);
+  ipcref__put(&w, p->ctx->nonce, 8);
+  cred.pid = getpid();
+  cred.uid = getuid();
+  cred.gid = getgid();
+  memset(&u, 0, sizeof u);
+  memset(&mh, 0, sizeof mh);
+  iov.iov_base = b;
+  iov.iov_len = w.pos;
+  mh.msg_iov = &iov;
+  mh.msg_iovlen = 1;
+  mh.msg_control = u.buf;
+  mh.msg_controllen = sizeof u.buf;
+  c = CMSG_FIRSTHDR(&mh);
+  c->cmsg_level = SOL_SOCKET;
+  c->cmsg_type = SCM_CREDENTIALS;
+  c->cmsg_len = CMSG_LEN(sizeof cred);
+  memcpy(CMSG_DATA(c), &cred, sizeof cred);
+  do k = sendmsg(p->fd, &mh, MSG_NOSIGNAL);
+  while (k < 0 && errno == EINTR);
+  if (k < 0)
+    return errno == EPIPE || errno == ECONNRESET ? IPCREF_EPEER : IPCREF_ESYS;
+  return k == (ssize_t)w.pos ? IPCREF_OK : IPCREF_ESYS;
+}
+
+/* 1 when a peer of `uid` may connect: our own uid, or one allowed. */
+IPCREF_PRIVATE int ipcref__uid_allowed(const ipcref_ctx *ctx, uint32_t uid) {
+  size_t i;
+  if (uid == (uint32_t)ctx->uid) return 1;
+  for (i = 0; i < ctx->opt.allow_uids_count; i++)
+    if (ctx->uids[i] == uid) return 1;
+  return 0;
+}
+
+/* A peer refused (its uid): counted and reported, and nothing goes to it
+ * or comes from it. */
+IPCREF_PRIVATE ipcref_result ipcref__peer_refuse(ipcref_peer *p) {
+  ipcref_ctx *ctx = p->ctx;
+  p->hello = -2;
+  __atomic_fetch_add(&ctx->refused, 1, __ATOMIC_RELAXED);
+  IPCREF__LOCK(ctx);
+  ipcref__ctx_report(ctx, IPCREF_EPEER, "peer of a uid not allowed refused");
+  IPCREF__UNLOCK(ctx);
+  return IPCREF_EPEER;
+}
+
+IPCREF_PRIVATE ipcref_result ipcref__hello_result(const ipcref_peer *p) {
+  if (p->hello > 0) return IPCREF_OK;
+  return p->hello == -2 ? IPCREF_EPEER : IPCREF_EPROTO;
+}
+
+/* Reads the other side's hello (the first thing it sends), waiting up to
+ * timeout_ms (-1: forever). */
+IPCREF_PRIVATE ipcref_result ipcref__hello_read(ipcref_peer *p,
+                                                int timeout_ms) {
+  union {
+    char buf[CMSG_SPACE(sizeof(struct ucred)) +
+             CMSG_SPACE(sizeof(int) * IPCREF_MSG_MAX_FDS)];
+    struct cmsghdr align;
+  } u;
+  unsigned char b[4 + IPCREF__HELLO_BYTES];
+  struct msghdr mh;
+  struct iovec iov;
+  struct cmsghdr *c;
+  ipcref__wire w;
+  int stream = p->sock_type == SOCK_STREAM, got_cred = 0;
+  size_t want = IPCREF__HELLO_BYTES + (stream ? 4u : 0u);
+  ssize_t k;
+  ipcref_result r;
+  if (p->hello) return ipcref__hello_result(p);
+  r = ipcref__wait_readable(p->fd, timeout_ms);
+  if (r != IPCREF_OK) return r;
+  memset(&mh, 0, sizeof mh);
+  iov.iov_base = b;
+  iov.iov_len = want;
+  mh.msg_iov = &iov;
+  mh.msg_iovlen = 1;
+  mh.msg_control = u.buf;
+  mh.msg_controllen = sizeof u.buf;
+  k = ipcref__recvmsg(p->fd, &mh, stream);
+  if (k == 0 || (k < 0 && errno == ECONNRESET)) return IPCREF_EPEER;
+  if (k < 0) return IPCREF_ESYS;
+  for (c = CMSG_FIRSTHDR(&mh); c; c = CMSG_NXTHDR(&mh, c)) {
+    if (c->cmsg_level != SOL_SOCKET) continue;
+    if (c->cmsg_type == SCM_CREDENTIALS &&
+        c->cmsg_len == CMSG_LEN(sizeof(struct ucred))) {
+      struct ucred cred;
+      memcpy(&cred, CMSG_DATA(c), sizeof cred);
+      p->pid = (int)cred.pid;
+      p->uid = (int)cred.uid;
+      got_cred = 1;
+    } else if (c->cmsg_type == SCM_RIGHTS) { /* not in a hello: drop */
+      int none = 0;
+      ipcref__take_fds(c, NULL, &none, 0);
+    }
+  }
+  w.p = b;
+  w.len = (size_t)k;
+  w.pos = 0;
+  w.bad = 0;
+  if ((stream && ipcref__get(&w, 4) != IPCREF__HELLO_BYTES) ||
+      ipcref__get(&w, 4) != IPCREF__HELLO_MAGIC ||
+      ipcref__get(&w, 4) != IPCREF__MSG_VERSION || w.bad || (size_t)k != want ||
+      !got_cred) {
+    p->hello = -1;
+    return IPCREF_EPROTO;
+  }
+  (void)ipcref__get(&w, 4); /* its pid: the credentials' is the one */
+  p->nonce = ipcref__get(&w, 8);
+  if (!ipcref__uid_allowed(p->ctx, (uint32_t)p->uid))
+    return ipcref__peer_refuse(p);
+  p->hello = 1;
+  /* Watch the process itself (a pidfd: pids get reused). */
+  IPCREF__LOCK(p->ctx);
+  p->watch = ipcref__watch_get(p->ctx, p->pid);
+  IPCREF__UNLOCK(p->ctx);
+  return IPCREF_OK;
+}
+
+/* A freed peer is kept, marked dead, so that a later call on it is
+ * refused, not a use of freed memory (under the lock): in its context's
+ * last IPCREF__DEAD_PEERS (freed with the context), or with
+ * IPCREF_CHECKED in the process-wide quarantine (see checked). */
+#define IPCREF__DEAD_PEERS 8
+IPCREF_PRIVATE void ipcref__peer_bury(ipcref_ctx *ctx, ipcref_peer *p) {
+  p->magic = IPCREF__DEAD;
+#ifdef IPCREF_CHECKED
+  (void)ctx;
+  ipcref__bury(p, sizeof *p, sizeof p->magic, ipcref__free_plain, NULL);
+#else
+  p->next = ctx->dead_peers;
+  ctx->dead_peers = p;
+  if (++ctx->ndead_peers > IPCREF__DEAD_PEERS) { /* the oldest goes */
+    ipcref_peer *q = ctx->dead_peers;
+    while (q->next->next) q = q->next;
+    IPCREF_FREE(q->next);
+    q->next = NULL;
+    ctx->ndead_peers--;
+  }
+#endif
+}
+
+IPCREF_API ipcref_result ipcref_peer_new(ipcref_ctx *ctx, int sockfd,
+                                         ipcref_peer **out) {
+  ipcref_peer *p;
+  struct ucred cred;
+  socklen_t len = sizeof cred;
+  int type = 0;
+  socklen_t tlen = sizeof type;
+  if (!ctx || !out || sockfd < 0) return IPCREF_EINVAL;
+  if (!IPCREF__CTX_USABLE(ctx)) return IPCREF_EDEAD;
+  if (getsockopt(sockfd, SOL_SOCKET, SO_TYPE, &type, &tlen) != 0)
+    return errno == ENOTSOCK || errno == EBADF ? IPCREF_EINVAL : IPCREF_ESYS;
+  if (type != SOCK_STREAM && type != SOCK_SEQPACKET) return IPCREF_EINVAL;
+  if (getsockopt(sockfd, SOL_SOCKET, SO_PEERCRED, &cred, &len) != 0 ||
+      cred.pid <= 0)
+    return IPCREF_EINVAL; /* not a connected AF_UNIX socket */
+  if (!ipcref__uid_allowed(ctx, (uint32_t)cred.uid)) {
+    /* Who connected (or made the pair) is not allowed: say nothing. */
+    __atomic_fetch_add(&ctx->refused, 1, __ATOMIC_RELAXED);
+    return IPCREF_EPEER;
+  }
+  p = (ipcref_peer *)ipcref__zalloc(sizeof *p);
+  if (!p) return IPCREF_ENOMEM;
+  p->magic = IPCREF__ALIVE;
+  p->ctx = ctx;
+  p->fd = sockfd;
+  p->pid = (int)cred.pid;
+  p->uid = (int)cred.uid;
+  p->sock_type = type;
+  {
+    int on = 1;
+    ipcref_result r = IPCREF_ESYS;
+    if (setsockopt(sockfd, SOL_SOCKET, SO_PASSCRED, &on, sizeof on) != 0 ||
+        (r = ipcref__hello_send(p)) != IPCREF_OK) {
+      IPCREF_FREE(p);
+      return r;
+    }
+  }
+  IPCREF__LOCK(ctx);
+  IPCREF__LIST_PUSH(ctx->peers, p, next, prev);
+  ctx->st.peers++;
+  IPCREF__UNLOCK(ctx);
+  *out = p;
+  return IPCREF_OK;
+}
+
+IPCREF_API int ipcref_peer_pid(ipcref_peer *p) {
+  if (!p || !IPCREF__PEER_USABLE(p, "ipcref_peer_pid")) return 0;
+  if (!p->hello) (void)ipcref__hello_read(p, 5000);
+  return p->pid;
+}
+
+IPCREF_API int ipcref_peer_alive(ipcref_peer *p) {
+  struct pollfd pfd;
+  int alive;
+  if (!p || !IPCREF__PEER_USABLE(p, "ipcref_peer_alive")) return 0;
+  if (!p->hello) (void)ipcref__hello_read(p, 0);
+  if (p->hello > 0) {
+    ipcref_ctx *ctx = p->ctx;
+    ipcref__watch *w = p->watch;
+    IPCREF__LOCK(ctx);
+    if (!w)
+      alive = !ipcref__pid_gone(p->pid);
+    else if (!w->dead && ipcref__process_gone(w->pidfd, w->pid))
+      ipcref__watch_dead(ctx, w);
+    alive = w ? !w->dead : alive;
+    IPCREF__UNLOCK(ctx);
+    return alive;
+  }
+  /* Not identified (yet): alive while its end of the socket is open. */
+  pfd.fd = p->fd;
+  pfd.events = POLLRDHUP;
+  pfd.revents = 0;
+  return !(poll(&pfd, 1, 0) > 0 &&
+           (pfd.revents & (POLLHUP | POLLRDHUP | POLLERR)) != 0);
+}
+
+IPCREF_API void ipcref_peer_free(ipcref_peer *p) {
+  ipcref_ctx *ctx;
+  ipcref__ledger *l;
+  if (!p || !IPCREF__PEER_USABLE(p, "ipcref_peer_free")) return;
+  ctx = p->ctx;
+  /* Read what the other side sent and nobody will: the leases in it go
+   * back at once, and closing a socket with unread data would reset the
+   * connection, so the other side would lose what we sent it. */
+  for (;;) {
+    ipcref_view v;
+    if (ipcref_recv(p, &v, 0) != IPCREF_OK) break;
+    ipcref_view_release(&v);
+  }
+  IPCREF__LOCK(ctx);
+  IPCREF__LIST_REMOVE(ctx->peers, p, next, prev);
+  /* Its ledgers stay until every lease in them comes back, or their
+   * holder dies (they watch it on their own). */
+  for (l = ctx->ledgers; l; l = l->next)
+    if (l->peer == p) l->peer = NULL;
+  ctx->st.peers--;
+  if (ipcref__retire_origin(ctx, p)) ipcref__maps_trim(ctx, 0);
+  ipcref__watch_put(ctx, p->watch);
+  ipcref__sweep(ctx);
+  (void)ipcref__pump(ctx, 0);
+  close(p->fd);
+  IPCREF_FREE(p->seen);
+  IPCREF_FREE(p->retired);
+  ipcref__peer_bury(ctx, p);
+  IPCREF__UNLOCK(ctx);
+}
+
+/* 1 when the other side was sent (nonce, key) already; else records it. */
+IPCREF_PRIVATE int ipcref__seen(ipcref_peer *p, uint64_t nonce, uint64_t key,
+                                int *fail) {
+  size_t i;
+  for (i = 0; i < p->nseen; i++)
+    if (p->seen[i].nonce == nonce && p->seen[i].key == key) return 1;
+  if (!ipcref__grow((void **)&p->seen, &p->capseen, p->nseen + 1,
+                    sizeof *p->seen)) {
+    *fail = 1;
+    return 0;
+  }
+  p->seen[p->nseen].nonce = nonce;
+  p->seen[p->nseen].key = key;
+  p->nseen++;
+  return 0;
+}
+
+#endif /* IPCREF__SHARING_IMPL */

@@ -1,0 +1,228 @@
+/* share_segment: where shared blocks live. Segments (sealed memfds, or a
+ * backend's device allocations) cut into power-of-two blocks by size
+ * class, a block of its own for large or isolated ones, the cache of empty
+ * segments, and the end of a lease on a block (freed once nothing holds
+ * it). Under ctx->lock. */
+
+#ifdef IPCREF__SHARING_IMPL
+
+IPCREF_PRIVATE uint32_t ipcref__class_of(size_t size, size_t *block) {
+  size_t b = IPCREF__MIN_BLOCK;
+  uint32_t c = 0;
+  while (b < size) b <<= 1, c++;
+  *block = b;
+  return c;
+}
+
+IPCREF_PRIVATE void ipcref__class_add(ipcref__segment *s) {
+  if (s->in_class || s->cls >= IPCREF__CLASSES) return;
+  IPCREF__LIST_PUSH(s->pool->classes[s->cls], s, class_next, class_prev);
+  s->in_class = 1;
+}
+
+IPCREF_PRIVATE void ipcref__class_remove(ipcref__segment *s) {
+  if (!s->in_class) return;
+  IPCREF__LIST_REMOVE(s->pool->classes[s->cls], s, class_next, class_prev);
+  s->in_class = 0;
+}
+
+IPCREF_PRIVATE void ipcref__retire_announce(ipcref_ctx *ctx, uint64_t id) {
+  ipcref_peer *p;
+  size_t i;
+  for (p = ctx->peers; p; p = p->next)
+    for (i = 0; i < p->nseen; i++)
+      if (p->seen[i].nonce == ctx->nonce && p->seen[i].key == (id << 1)) {
+        p->seen[i] = p->seen[--p->nseen];
+        if (ipcref__grow((void **)&p->retired, &p->capretired, p->nretired + 1,
+                         sizeof(uint64_t)))
+          p->retired[p->nretired++] = id;
+        break;
+      }
+}
+
+IPCREF_PRIVATE void ipcref__segment_destroy(ipcref_ctx *ctx,
+                                            ipcref__segment *s) {
+  ipcref__class_remove(s);
+  if (s->cached) ctx->empty_bytes -= s->size;
+  IPCREF__LIST_REMOVE(ctx->segments, s, next, prev);
+  ipcref__retire_announce(ctx, s->id);
+  if (s->pool->be) { /* a wrapped allocation stays its owner's */
+    if (s->cls != IPCREF__FOREIGN && !s->leaked)
+      s->pool->be->seg_free(s->pool->be, s->pool->dev, s->daddr);
+    ctx->st.device_bytes -= s->size;
+  } else {
+    IPCREF__UNPOISON(s->base, s->size); /* the addresses will be reused */
+    munmap(s->base, s->size);
+    close(s->fd);
+    if (s->ro_fd >= 0) close(s->ro_fd);
+  }
+  ctx->st.segment_bytes -= s->size;
+  ctx->st.mapped_segments--;
+  IPCREF_FREE(s->free_stack);
+  IPCREF_FREE(s->blocks);
+  IPCREF_FREE(s);
+}
+
+/* A new segment of `size` bytes in `pool`, cut into blocks of `block`
+ * bytes (none for IPCREF__FOREIGN: the caller adds its wraps); device
+ * memory comes from the pool's backend (daddr: given for a foreign one). */
+IPCREF_PRIVATE ipcref_result ipcref__segment_new(ipcref_ctx *ctx,
+                                                 ipcref__pool *pool,
+                                                 size_t size, size_t block,
+                                                 uint32_t cls, uint64_t daddr,
+                                                 ipcref__segment **out) {
+  ipcref__segment *s;
+  ipcref_result r;
+  uint32_t i;
+  if (ctx->opt.max_bytes && cls != IPCREF__FOREIGN &&
+      ctx->st.segment_bytes + size > ctx->opt.max_bytes)
+    return IPCREF_ENOMEM;
+  s = (ipcref__segment *)ipcref__zalloc(sizeof *s);
+  if (!s) return IPCREF_ENOMEM;
+  s->nblocks = cls == IPCREF__FOREIGN ? 0 : (uint32_t)(size / block);
+  s->free_stack = (uint32_t *)ipcref__zalloc(s->nblocks * sizeof(uint32_t));
+  s->blocks = (ipcref__block *)ipcref__zalloc(s->nblocks * sizeof *s->blocks);
+  if (!s->free_stack || !s->blocks) goto nomem;
+  s->pool = pool;
+  s->fd = s->ro_fd = -1;
+  s->daddr = daddr;
+  if (pool->be) {
+    if (cls != IPCREF__FOREIGN) {
+      r = pool->be->seg_alloc(pool->be, pool->dev, size, &s->daddr);
+      if (r != IPCREF_OK) goto fail;
+    }
+    ctx->st.device_bytes += size;
+  } else {
+    s->fd = ipcref__memfd("ipcref-segment", size, !ctx->opt.writable_shares,
+                          &s->base);
+    if (s->fd < 0) goto sys;
+  }
+  if (!pool->be && !ctx->opt.writable_shares) {
+    /* A second open of the memfd, read-only, for consumers: made here, off
+     * the hand-off path. */
+    char path[64];
+    snprintf(path, sizeof path, "/proc/self/fd/%d", s->fd);
+    s->ro_fd = open(path, O_RDONLY | O_CLOEXEC);
+  }
+  s->ctx = ctx;
+  s->id = ++ctx->next_id;
+  s->size = size;
+  s->block_size = block;
+  s->cls = cls;
+  for (i = 0; i < s->nblocks; i++) {
+    s->free_stack[i] = s->nblocks - 1 - i; /* hand out low offsets first */
+    s->blocks[i].seg = s;
+    s->blocks[i].offset = (size_t)i * block;
+    s->blocks[i].size = block;
+  }
+  s->nfree = s->nblocks;
+  IPCREF__LIST_PUSH(ctx->segments, s, next, prev);
+  ctx->st.segment_bytes += size;
+  ctx->st.mapped_segments++;
+  *out = s;
+  return IPCREF_OK;
+sys:
+  r = errno == ENOMEM ? IPCREF_ENOMEM : IPCREF_ESYS;
+fail:
+  IPCREF_FREE(s->free_stack);
+  IPCREF_FREE(s->blocks);
+  IPCREF_FREE(s);
+  return r;
+nomem:
+  IPCREF_FREE(s->free_stack);
+  IPCREF_FREE(s->blocks);
+  IPCREF_FREE(s);
+  return IPCREF_ENOMEM;
+}
+
+/* A free block of at least `size` bytes in `pool` (under the lock); `own`:
+ * in a segment of its own. */
+IPCREF_PRIVATE ipcref_result ipcref__block_alloc(ipcref_ctx *ctx,
+                                                 ipcref__pool *pool,
+                                                 size_t size, int own,
+                                                 ipcref__block **out) {
+  ipcref__segment *s;
+  ipcref__block *b;
+  size_t block;
+  uint32_t cls = ipcref__class_of(size, &block);
+  ipcref_result r;
+  if (own || block > ctx->opt.segment_size / 2 || cls >= IPCREF__CLASSES) {
+    /* Isolated or large: a segment of its own, rounded to pages. */
+    long pg = sysconf(_SC_PAGESIZE);
+    size_t page = pg > 0 ? (size_t)pg : 4096;
+    size_t bytes = (size + page - 1) & ~(page - 1);
+    if (bytes == 0) bytes = page;
+    r = ipcref__segment_new(ctx, pool, bytes, bytes, IPCREF__OWN, 0, &s);
+    if (r != IPCREF_OK) return r;
+  } else if ((s = pool->classes[cls]) == NULL) {
+    r = ipcref__segment_new(ctx, pool, ctx->opt.segment_size, block, cls, 0,
+                            &s);
+    if (r != IPCREF_OK) return r;
+    ipcref__class_add(s);
+  }
+  if (s->cached) { /* an empty cached segment comes back into use */
+    ctx->empty_bytes -= s->size;
+    s->cached = 0;
+  }
+  b = &s->blocks[s->free_stack[--s->nfree]];
+  if (s->nfree == 0) ipcref__class_remove(s);
+  b->leases = 0;
+  b->local = 1;
+  b->in_limbo = 0;
+  *out = b;
+  return IPCREF_OK;
+}
+
+/* One hold of an alias less (under the lock); the last ends it after the
+ * unlock. */
+IPCREF_PRIVATE void ipcref__alias_drop(ipcref_ctx *ctx, ipcref__alias *a) {
+  if (--a->holds) return;
+  a->next = ctx->unpinned;
+  ctx->unpinned = a;
+}
+
+IPCREF_PRIVATE void ipcref__block_free(ipcref_ctx *ctx, ipcref__block *b) {
+  ipcref__segment *s = b->seg;
+  if (s->cls == IPCREF__FOREIGN) { /* back to its owner, after the unlock */
+    b->limbo_next = ctx->released;
+    ctx->released = b;
+    if (--s->nwraps == 0) ipcref__segment_destroy(ctx, s);
+    return;
+  }
+  s->free_stack[s->nfree++] = (uint32_t)(b - s->blocks);
+  if (s->nfree < s->nblocks) {
+    ipcref__class_add(s);
+    return;
+  }
+  /* Empty: keep it while the cache has room, else return it to the OS. */
+  if (s->cls < IPCREF__CLASSES &&
+      ctx->empty_bytes + s->size <= ctx->opt.segment_cache) {
+    ctx->empty_bytes += s->size;
+    s->cached = 1;
+    ipcref__class_add(s);
+    return;
+  }
+  ipcref__segment_destroy(ctx, s);
+}
+
+IPCREF_PRIVATE void ipcref__limbo_remove(ipcref_ctx *ctx, ipcref__block *b) {
+  IPCREF__LIST_REMOVE(ctx->limbo, b, limbo_next, limbo_prev);
+  b->in_limbo = 0;
+  ctx->st.limbo_blocks--;
+  ctx->st.limbo_bytes -= b->size;
+}
+
+/* A lease on `b` ended (under the lock): frees the block when nothing
+ * holds it any more. Returns the bytes freed. */
+IPCREF_PRIVATE size_t ipcref__lease_end(ipcref_ctx *ctx, ipcref__block *b) {
+  size_t bytes;
+  b->leases--;
+  ctx->st.live_slots--;
+  if (b->leases || b->local) return 0;
+  bytes = b->size;
+  if (b->in_limbo) ipcref__limbo_remove(ctx, b);
+  ipcref__block_free(ctx, b);
+  return bytes;
+}
+
+#endif /* IPCREF__SHARING_IMPL */

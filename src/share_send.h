@@ -1,0 +1,211 @@
+/* share_send: messages over the peer's socket. A datagram on
+ * SOCK_SEQPACKET, a length then the record on SOCK_STREAM, the fds with
+ * them; batches, and the views of a received batch handed out one per
+ * receive. Not under ctx->lock: the socket may block on the peer. */
+
+#ifdef IPCREF__SHARING_IMPL
+
+/* Sends a record with fds: one datagram on SOCK_SEQPACKET; on SOCK_STREAM a
+ * 4-byte length first (the fds travel with it). */
+IPCREF_PRIVATE ipcref_result ipcref__send_raw(ipcref_peer *p,
+                                              const ipcref_msg *msg) {
+  union {
+    char buf[CMSG_SPACE(sizeof(int) * IPCREF_MSG_MAX_FDS)];
+    struct cmsghdr align;
+  } u;
+  unsigned char lenbuf[4];
+  struct iovec iov[2];
+  struct msghdr mh;
+  size_t total, sent = 0;
+  int stream = p->sock_type == SOCK_STREAM, i;
+  memset(&mh, 0, sizeof mh);
+  lenbuf[0] = (unsigned char)msg->len;
+  lenbuf[1] = (unsigned char)(msg->len >> 8);
+  lenbuf[2] = (unsigned char)(msg->len >> 16);
+  lenbuf[3] = 0;
+  iov[0].iov_base = lenbuf;
+  iov[0].iov_len = 4;
+  iov[1].iov_base = (void *)(uintptr_t)msg->bytes;
+  iov[1].iov_len = msg->len;
+  mh.msg_iov = stream ? iov : iov + 1;
+  mh.msg_iovlen = stream ? 2 : 1;
+  total = msg->len + (stream ? 4 : 0);
+  if (msg->nfds > 0) {
+    struct cmsghdr *c;
+    memset(&u, 0, sizeof u);
+    mh.msg_control = u.buf;
+    mh.msg_controllen = CMSG_SPACE(sizeof(int) * (size_t)msg->nfds);
+    c = CMSG_FIRSTHDR(&mh);
+    c->cmsg_level = SOL_SOCKET;
+    c->cmsg_type = SCM_RIGHTS;
+    c->cmsg_len = CMSG_LEN(sizeof(int) * (size_t)msg->nfds);
+    memcpy(CMSG_DATA(c), msg->fds, sizeof(int) * (size_t)msg->nfds);
+  }
+  while (sent < total) {
+    ssize_t k = sendmsg(p->fd, &mh, MSG_NOSIGNAL);
+    if (k < 0) {
+      if (errno == EINTR) continue;
+      return errno == EPIPE || errno == ECONNRESET ? IPCREF_EPEER : IPCREF_ESYS;
+    }
+    sent += (size_t)k;
+    if (sent >= total) break;
+    /* A stream took part of it: send the rest, without the fds. */
+    mh.msg_control = NULL;
+    mh.msg_controllen = 0;
+    for (i = 0; i < (int)mh.msg_iovlen && k > 0; i++) {
+      size_t take =
+          (size_t)k < mh.msg_iov[i].iov_len ? (size_t)k : mh.msg_iov[i].iov_len;
+      mh.msg_iov[i].iov_base = (char *)mh.msg_iov[i].iov_base + take;
+      mh.msg_iov[i].iov_len -= take;
+      k -= (ssize_t)take;
+    }
+  }
+  return IPCREF_OK;
+}
+
+IPCREF_PRIVATE ipcref_result ipcref__send(ipcref_peer *p,
+                                          const ipcref_view *views, int n,
+                                          void *stream, const char *fn) {
+  ipcref__view_event ev[IPCREF__MSG_VIEWS];
+  ipcref_msg msg;
+  ipcref_result r;
+  if (!p || !views || n < 1 || n > IPCREF__MSG_VIEWS) return IPCREF_EINVAL;
+  if (!IPCREF__PEER_USABLE(p, fn)) return IPCREF_EDEAD;
+  r = ipcref__views_live(views, n, fn);
+  if (r == IPCREF_OK) r = ipcref__hello_need(p);
+  if (r == IPCREF_OK) r = ipcref__events_record(views, n, stream, ev);
+  if (r != IPCREF_OK) return r;
+  msg.len = 0;
+  msg.nfds = 0;
+  msg.origin = NULL;
+  IPCREF__LOCK(p->ctx);
+  r = ipcref__export_msg(p, views, n, ev, &msg, 0); /* fds borrowed */
+  IPCREF__UNLOCK(p->ctx);
+  ipcref__events_free(ev, n); /* what no lease took */
+  if (r != IPCREF_OK) return r;
+  IPCREF__STEP("send");
+  /* Not under the lock: the socket may block on the peer. */
+  r = ipcref__send_raw(p, &msg);
+  if (r != IPCREF_OK) {
+    msg.nfds = 0; /* borrowed: not ours to close */
+    ipcref_msg_free(&msg);
+  }
+  return r;
+}
+
+IPCREF_API ipcref_result ipcref_send_batch(ipcref_peer *p,
+                                           const ipcref_view *views, int n) {
+  return ipcref__send(p, views, n, NULL, "ipcref_send_batch");
+}
+
+IPCREF_API ipcref_result ipcref_send(ipcref_peer *p, const ipcref_view *v) {
+  return ipcref__send(p, v, 1, NULL, "ipcref_send");
+}
+
+IPCREF_API ipcref_result ipcref_send_on(ipcref_peer *p, const ipcref_view *v,
+                                        void *stream) {
+  return ipcref__send(p, v, 1, stream, "ipcref_send_on");
+}
+
+/* Reads exactly n bytes from a stream socket. */
+IPCREF_PRIVATE ipcref_result ipcref__read_all(int fd, unsigned char *b,
+                                              size_t n) {
+  while (n) {
+    ssize_t k = read(fd, b, n);
+    if (k < 0 && errno == EINTR) continue;
+    if (k < 0) return errno == ECONNRESET ? IPCREF_EPEER : IPCREF_ESYS;
+    if (k == 0) return IPCREF_EPEER;
+    b += k;
+    n -= (size_t)k;
+  }
+  return IPCREF_OK;
+}
+
+IPCREF_API ipcref_result ipcref_recv(ipcref_peer *p, ipcref_view *out,
+                                     int timeout_ms) {
+  return ipcref_recv_on(p, out, timeout_ms, NULL);
+}
+
+IPCREF_API ipcref_result ipcref_recv_on(ipcref_peer *p, ipcref_view *out,
+                                        int timeout_ms, void *stream) {
+  union {
+    char buf[CMSG_SPACE(sizeof(int) * IPCREF_MSG_MAX_FDS)];
+    struct cmsghdr align;
+  } u;
+  unsigned char *bytes;
+  unsigned char head[4];
+  struct msghdr mh;
+  struct iovec iov;
+  struct cmsghdr *c;
+  int fds[IPCREF_MSG_MAX_FDS], nfds = 0, is_stream, i, n = 0;
+  size_t len;
+  ssize_t k;
+  ipcref_result r;
+  if (!p || !out) return IPCREF_EINVAL;
+  if (!IPCREF__PEER_USABLE(p, "ipcref_recv")) return IPCREF_EDEAD;
+  if (p->pending_pos < p->npending) {
+    *out = p->pending[p->pending_pos++];
+    return IPCREF_OK;
+  }
+  if (!p->hello) { /* the other side's first message */
+    struct timespec t0, t1;
+    clock_gettime(CLOCK_MONOTONIC, &t0);
+    r = ipcref__hello_read(p, timeout_ms);
+    if (r != IPCREF_OK) return r;
+    if (timeout_ms > 0) { /* what is left of the caller's wait */
+      long spent;
+      clock_gettime(CLOCK_MONOTONIC, &t1);
+      spent = (long)(t1.tv_sec - t0.tv_sec) * 1000 +
+              (long)(t1.tv_nsec - t0.tv_nsec) / 1000000;
+      timeout_ms = spent >= timeout_ms ? 0 : timeout_ms - (int)spent;
+    }
+  }
+  if (p->hello < 0) return ipcref__hello_result(p);
+  r = ipcref__wait_readable(p->fd, timeout_ms);
+  if (r != IPCREF_OK) return r;
+  bytes = (unsigned char *)IPCREF_MALLOC(IPCREF_MSG_MAX_BYTES);
+  if (!bytes) return IPCREF_ENOMEM;
+  is_stream = p->sock_type == SOCK_STREAM;
+  memset(&mh, 0, sizeof mh);
+  iov.iov_base = is_stream ? (void *)head : (void *)bytes;
+  iov.iov_len = is_stream ? 4 : IPCREF_MSG_MAX_BYTES;
+  mh.msg_iov = &iov;
+  mh.msg_iovlen = 1;
+  mh.msg_control = u.buf;
+  mh.msg_controllen = sizeof u.buf;
+  k = ipcref__recvmsg(p->fd, &mh, is_stream);
+  for (c = k >= 0 ? CMSG_FIRSTHDR(&mh) : NULL; c; c = CMSG_NXTHDR(&mh, c)) {
+    if (c->cmsg_level == SOL_SOCKET && c->cmsg_type == SCM_RIGHTS)
+      ipcref__take_fds(c, fds, &nfds, IPCREF_MSG_MAX_FDS);
+  }
+  if (k <= 0) {
+    r = k == 0 || errno == ECONNRESET ? IPCREF_EPEER : IPCREF_ESYS;
+    goto fail;
+  }
+  r = IPCREF_EPROTO;
+  if (mh.msg_flags & (MSG_CTRUNC | MSG_TRUNC)) goto fail;
+  if (is_stream) {
+    if (k != 4) goto fail;
+    len = (size_t)head[0] | (size_t)head[1] << 8 | (size_t)head[2] << 16 |
+          (size_t)head[3] << 24;
+    if (len > IPCREF_MSG_MAX_BYTES) goto fail;
+    r = ipcref__read_all(p->fd, bytes, len);
+    if (r != IPCREF_OK) goto fail;
+  } else {
+    len = (size_t)k;
+  }
+  IPCREF__STEP("receive");
+  r = ipcref__import_bytes(p, bytes, len, fds, nfds, stream, p->pending, &n);
+  IPCREF_FREE(bytes);
+  if (r != IPCREF_OK) return r;
+  *out = p->pending[0];
+  p->npending = n;
+  p->pending_pos = 1;
+  return IPCREF_OK;
+fail:
+  for (i = 0; i < nfds; i++) close(fds[i]);
+  IPCREF_FREE(bytes);
+  return r;
+}
+
+#endif /* IPCREF__SHARING_IMPL */

@@ -1,0 +1,455 @@
+/* share_state: the sharing layer's data, and the helpers every file after
+ * it uses. The layout of a ledger (the counter file every process that
+ * holds a lease maps) and the ring push by which a consumer returns a
+ * lease; the producer's private records (watches, blocks, aliases, pools,
+ * segments, leases, ledgers); the consumer's cached mappings and imports;
+ * the peer and the context; the lock, allocation, memfds, reports and the
+ * clock. A context's fields are guarded by ctx->lock unless their comment
+ * says otherwise (atomics; the header queue's hdr_lock). */
+
+#ifdef IPCREF__SHARING_IMPL
+
+/* ---- layout of a ledger (counter file), shared with every process that
+ * maps it. All fields little endian (the host's: peers share a machine).
+ *
+ *   header   64 bytes: magic, version, nslots, origin pid, origin nonce,
+ *            ledger id, and `head`, the ring's write position
+ *   slots    nslots x { u64 (generation << 2) | state, u64 holder: its pid,
+ *            and for a forwarded lease the parent slot + 1 << 32 }
+ *   ring     2 * nslots x u64: returned and linked leases, in order
+ *
+ * The producer allocates slots [0, nslots/2); forwarders claim slots in
+ * [nslots/2, nslots) with a compare-and-swap. A consumer returns a lease
+ * by taking a ring position (one fetch_add) and storing the entry there:
+ * no system call, no lock. The producer reads the ring from its private
+ * tail, so a sweep costs what was returned since the last one. */
+#define IPCREF__LEDGER_MAGIC   0x4c465249u /* "IRFL" */
+#define IPCREF__LEDGER_VERSION 1u
+#define IPCREF__LEDGER_HDR     64u
+#define IPCREF__SLOT_FREE      0u
+#define IPCREF__SLOT_LIVE      1u
+#define IPCREF__RING_RELEASE   0u /* entry: a lease came back */
+#define IPCREF__RING_LINK      1u /* entry pair: a forwarded lease */
+#define IPCREF__RING_PARENT    2u /* second half of a link */
+
+typedef struct ipcref__ledger_hdr {
+  uint32_t magic, version, nslots, origin_pid;
+  uint64_t origin_nonce, ledger_id;
+  uint64_t head; /* atomic: next ring position */
+  uint64_t reserved[3];
+} ipcref__ledger_hdr;
+
+/* A ring entry: slot + 1 in bits 0..29 (0 marks "not written yet"), the
+ * kind in bits 30..31, the generation in bits 32..63. */
+IPCREF_PRIVATE uint64_t ipcref__ring_entry(uint32_t kind, uint32_t slot,
+                                           uint32_t gen) {
+  return ((uint64_t)gen << 32) | ((uint64_t)kind << 30) | (slot + 1u);
+}
+
+IPCREF_PRIVATE uint64_t *ipcref__ledger_slots(unsigned char *base) {
+  return (uint64_t *)(void *)(base + IPCREF__LEDGER_HDR);
+}
+IPCREF_PRIVATE uint64_t *ipcref__ledger_ring(unsigned char *base, uint32_t n) {
+  return (uint64_t *)(void *)(base + IPCREF__LEDGER_HDR + (size_t)n * 16);
+}
+IPCREF_PRIVATE size_t ipcref__ledger_bytes(uint32_t n) {
+  return IPCREF__LEDGER_HDR + (size_t)n * 16 + (size_t)n * 16;
+}
+
+/* Pushes entries to a ledger's ring: what a consumer does to return a
+ * lease (and a forwarder to link one). Lock-free, no system call. A
+ * process that dies between taking its positions and writing them leaves
+ * a hole, which the producer's sweep steps over once it is stale (see
+ * ipcref__hole_stale). `step` labels the moment for the test hook. */
+IPCREF_PRIVATE void ipcref__ring_push(unsigned char *base, uint32_t n,
+                                      const uint64_t *e, int count,
+                                      const char *step) {
+  ipcref__ledger_hdr *h = (ipcref__ledger_hdr *)(void *)base;
+  uint64_t *ring = ipcref__ledger_ring(base, n);
+  /* Release: a forwarder's slot, written before, is seen by the producer
+   * that reads this head (see ipcref__adopt_forwards). */
+  uint64_t pos =
+      __atomic_fetch_add(&h->head, (uint64_t)count, __ATOMIC_RELEASE);
+  int i;
+  (void)step;
+  if (step) IPCREF__STEP(step);
+  /* Release: everything this process did with the data happens before the
+   * producer sees the entry and frees the block. */
+  for (i = 0; i < count; i++)
+    __atomic_store_n(&ring[(pos + (uint64_t)i) % (2u * (uint64_t)n)], e[i],
+                     __ATOMIC_RELEASE);
+}
+
+/* ---- producer-side records (private memory) ---------------------------- */
+
+typedef struct ipcref__segment ipcref__segment;
+typedef struct ipcref__ledger ipcref__ledger;
+
+/* A process this context watches for its death: a peer, a consumer that
+ * holds leases, the holder of a forwarded lease. One per live pid, shared
+ * by whatever needs it (counted); its pidfd sits in the context's epoll
+ * set, so the poll fd wakes when it dies. A pidfd names the process, not
+ * the number: a reused pid is a new watch. */
+typedef struct ipcref__watch {
+  int pid;
+  int pidfd; /* -1: dead, or no pidfd_open here (then kill(pid, 0)) */
+  int dead;
+  int refs;
+  struct ipcref__watch *next, *prev;
+} ipcref__watch;
+
+typedef struct ipcref__block {
+  ipcref__segment *seg;
+  size_t offset;   /* in the segment */
+  size_t size;     /* bytes: the class's block size, or a wrap's own */
+  uint32_t leases; /* live leases on it, in any ledger */
+  int local;       /* a local buffer still holds it */
+  int in_limbo;
+  struct ipcref__block *limbo_prev, *limbo_next; /* also: to release */
+  void (*release)(void *user, void *ptr);        /* a wrap's owner */
+  void *user;
+  void *ptr; /* a wrap's address */
+} ipcref__block;
+
+/* An alias of a shared buffer made here: a buffer of its own over the same
+ * block, exportable like it, whose holds (its own buffer, and every lease
+ * taken through it) are counted apart; when the last goes, `fn(user)`
+ * runs and the source buffer is released, after the context's lock is let
+ * go. The object table's pulled views are such aliases. */
+typedef struct ipcref__alias {
+  ipcref__block *block;
+  ipcref_buf *src;
+  uint32_t holds;
+  void (*fn)(void *user);
+  void *user;
+  struct ipcref__alias *next; /* on ctx->unpinned */
+} ipcref__alias;
+
+/* The segments of one kind of memory, by size class: host memory, or one
+ * device of one backend. */
+#define IPCREF__CLASSES   40
+#define IPCREF__MIN_BLOCK 64u
+#define IPCREF__OWN       UINT32_MAX       /* cls: a block of its own */
+#define IPCREF__FOREIGN   (UINT32_MAX - 1) /* cls: wrapped allocation */
+typedef struct ipcref__pool {
+  ipcref_backend *be; /* NULL: host memory */
+  int32_t dev;
+  ipcref__segment *classes[IPCREF__CLASSES];
+  struct ipcref__pool *next;
+} ipcref__pool;
+
+struct ipcref__segment {
+  ipcref_ctx *ctx;
+  ipcref__pool *pool;
+  uint64_t id;         /* never reused in a ctx: the id is its generation too */
+  int fd, ro_fd;       /* host: the memfd (and its read-only open) */
+  unsigned char *base; /* host: the mapping */
+  uint64_t daddr;      /* device: the allocation's address */
+  unsigned char handle[IPCREF_HANDLE_BYTES]; /* device: its IPC handle */
+  int exported;                              /* handle made */
+  int leaked;      /* device memory still leased when the context went: never
+                      freed (a consumer may have it open) */
+  uint32_t nwraps; /* foreign: blocks in it */
+  size_t size, block_size;
+  uint32_t nblocks, nfree, cls; /* cls: size class, IPCREF__OWN, or
+                                   IPCREF__FOREIGN */
+  uint32_t *free_stack;
+  ipcref__block *blocks;
+  ipcref__segment *next, *prev;             /* all segments */
+  ipcref__segment *class_next, *class_prev; /* with free blocks */
+  int in_class;
+  int cached; /* empty, and counted in ctx->empty_bytes */
+};
+
+#define IPCREF__LATE 16 /* holes stepped over that a ledger remembers */
+
+typedef struct ipcref__lease {
+  ipcref__block *block; /* NULL: free */
+  uint32_t gen;
+  int holder;           /* forwarded leases: the holder's pid */
+  ipcref__watch *watch; /* and its watch (NULL: watched by pid alone) */
+  ipcref_backend *be;   /* device: the event recorded for this hand-off, */
+  void *event;          /* kept until the lease ends */
+  struct ipcref__alias *alias; /* taken through an alias: one of its holds */
+  uint32_t reclaimed; /* generation + 1 of the last lease here ended because
+                         its holder died (see ipcref__lease_reclaim) */
+} ipcref__lease;
+
+struct ipcref__ledger {
+  uint64_t id;
+  int fd;
+  unsigned char *base;
+  uint32_t n;
+  uint64_t tail; /* ring entries consumed */
+  ipcref__lease *leases;
+  uint32_t *free_stack, nfree; /* free slots of the producer half */
+  uint32_t live;
+  ipcref_peer *peer;    /* NULL once the peer is gone */
+  ipcref__watch *watch; /* the process it was made for */
+  int holder;           /* its pid (watched by pid alone if watch NULL) */
+  int holder_dead;      /* its own leases were reclaimed */
+  uint64_t hole_pos;    /* ring position + 1 of a hole seen at the tail */
+  long hole_ms;         /* when it was first seen */
+  uint64_t death_head;  /* the ring's head when a death was last reaped */
+  uint64_t late[IPCREF__LATE]; /* holes stepped over, watched for late
+                                  entries */
+  uint32_t nlate;
+  ipcref__ledger *next, *prev;
+};
+
+/* ---- consumer-side mappings (cached per ctx) --------------------------- */
+
+typedef struct ipcref__map {
+  int kind; /* 1: segment, 2: ledger, 3: device segment */
+  uint64_t origin_nonce, id;
+  int origin_pid;
+  int fd; /* kept for forwarding */
+  unsigned char *base;
+  size_t size;
+  int writable;
+  uint32_t nslots;    /* ledgers */
+  uint32_t *imported; /* ledgers: generation + 1 of the last import */
+  ipcref_backend *be; /* device segments: opened by it, at daddr */
+  int32_t dev_type, dev_id;
+  uint64_t daddr;
+  unsigned char handle[IPCREF_HANDLE_BYTES]; /* kept for forwarding */
+  int refs;    /* atomic: imported buffers using it */
+  int retired; /* the origin destroyed it: unmap at refs 0 */
+  struct ipcref__map *next, *prev;
+} ipcref__map;
+
+typedef struct ipcref__import {
+  ipcref_ctx *ctx;
+  ipcref__map *seg, *ledger;
+  uint32_t slot, gen;
+  size_t offset, size;
+  void *stream;  /* device: the stream that uses it */
+  int has_event; /* device: the producer's event, kept for forwarding */
+  unsigned char event[IPCREF_HANDLE_BYTES];
+  struct ipcref__import *next; /* deferred: waiting for its fence */
+  void *fence;
+} ipcref__import;
+
+typedef struct ipcref__seen {
+  uint64_t nonce, key; /* key: id << 1 | (1 for a ledger) */
+} ipcref__seen_key;
+
+struct ipcref_peer {
+  uint32_t magic; /* IPCREF__ALIVE; IPCREF__DEAD once freed (kept a while:
+                     see ipcref__peer_bury) */
+  ipcref_ctx *ctx;
+  int fd, pid, uid, sock_type;
+  ipcref__watch *watch; /* the other process (from its hello) */
+  uint64_t nonce;       /* its context (from its hello) */
+  int origin_retired;   /* it died: its mappings here were retired */
+  int hello; /* 0: the other side's hello not read yet; 1: read; -1: bad;
+                -2: refused (a uid not allowed) */
+  ipcref__ledger *ledger; /* the current one for exports to this peer */
+  ipcref__seen_key *seen; /* what the other side has been sent */
+  size_t nseen, capseen;
+  uint64_t *retired; /* own segments destroyed since, to announce */
+  size_t nretired, capretired;
+  ipcref_view pending[64]; /* received views not handed out yet */
+  int npending, pending_pos;
+  ipcref_peer *next, *prev;
+};
+
+/* Headers of the shared buffers made here (see ipcref__hdr_get). */
+typedef struct ipcref__hdr {
+  ipcref_buf buf; /* first: the buffer handle is the header's address */
+  struct ipcref__hdr *next;
+} ipcref__hdr;
+#define IPCREF__HDR_CHUNK 64
+typedef struct ipcref__hdr_chunk {
+  struct ipcref__hdr_chunk *next;
+  ipcref__hdr h[IPCREF__HDR_CHUNK];
+} ipcref__hdr_chunk;
+
+struct ipcref_ctx {
+  uint32_t magic; /* IPCREF__ALIVE; IPCREF__DEAD once freed (IPCREF_CHECKED:
+                     kept a while in the quarantine) */
+  pthread_mutex_t lock;
+  ipcref_ctx_options opt;
+  uint64_t nonce;
+  int pid;
+  uint64_t next_id;
+  ipcref__segment *segments;
+  ipcref__pool host;   /* host memory's size classes */
+  ipcref__pool *pools; /* each device's */
+  ipcref_backend *backends[8];
+  ipcref__block *released;         /* wraps to hand back after the unlock */
+  ipcref__alias *unpinned;         /* aliases to end after the unlock */
+  struct ipcref__import *deferred; /* device releases waiting for a fence */
+  struct ipcref__import *finished; /* and those to return after the unlock */
+  int owner_gone;                  /* atomic: ipcref_ctx_free was called */
+  ipcref__ledger *ledgers;
+  ipcref__map *maps;
+  ipcref_peer *peers;
+  ipcref__block *limbo;
+  size_t empty_bytes;
+  ipcref_stats st;
+  int imported_bufs; /* atomic */
+  int no_pidfd;      /* pidfd_open is missing here: deaths seen by pid */
+  int epfd;          /* the poll fd: the watches' pidfds */
+  ipcref__watch *watches;
+  uint64_t reaped;  /* peer_deaths when the last reap ran */
+  long pump_tick;   /* the clock tick of the last death check */
+  uint32_t *uids;   /* allowed besides our own (opt.allow_uids) */
+  uint64_t refused; /* atomic: st.refused, counted outside the lock */
+  int uid;
+  int refs; /* atomic: the owner's, and one per live shared or imported
+               buffer; the context is torn down when the last one goes */
+  pthread_mutex_t hdr_lock;          /* guards the header queue below; never
+                                        held with ctx->lock taken after it */
+  ipcref__hdr_chunk *hdr_chunks;     /* every header, freed with the context */
+  ipcref__hdr *hdr_first, *hdr_last; /* released ones, oldest first */
+  size_t hdr_free;
+  ipcref_peer *dead_peers; /* freed, marked dead (see ipcref__peer_bury) */
+  int ndead_peers;
+};
+
+/* Intrusive doubly linked lists: `head` is the first node, nodes link
+ * through the fields named `next` and `prev`. */
+#define IPCREF__LIST_PUSH(head, node, next, prev)                              \
+  do {                                                                         \
+    (node)->prev = NULL;                                                       \
+    (node)->next = (head);                                                     \
+    if (head) (head)->prev = (node);                                           \
+    (head) = (node);                                                           \
+  } while (0)
+#define IPCREF__LIST_REMOVE(head, node, next, prev)                            \
+  do {                                                                         \
+    if ((node)->prev)                                                          \
+      (node)->prev->next = (node)->next;                                       \
+    else                                                                       \
+      (head) = (node)->next;                                                   \
+    if ((node)->next) (node)->next->prev = (node)->prev;                       \
+  } while (0)
+
+/* ---- small helpers ----------------------------------------------------- */
+
+#define IPCREF__LOCK(c)   pthread_mutex_lock(&(c)->lock)
+#define IPCREF__UNLOCK(c) ipcref__unlock(c)
+
+/* Unlocks the context, then hands the wrapped allocations whose last hold
+ * went back to their owners: their release runs outside the lock, since
+ * it may call back into ipcref. */
+IPCREF_PRIVATE void ipcref__import_finish(struct ipcref__import *imp);
+
+IPCREF_PRIVATE void ipcref__unlock(ipcref_ctx *ctx) {
+  ipcref__block *b = ctx->released;
+  struct ipcref__import *imp = ctx->finished;
+  ipcref__alias *a = ctx->unpinned;
+  ctx->released = NULL;
+  ctx->finished = NULL;
+  ctx->unpinned = NULL;
+  pthread_mutex_unlock(&ctx->lock);
+  while (a) { /* aliases whose last hold went */
+    ipcref__alias *next = a->next;
+    a->fn(a->user);
+    ipcref_buf_release(a->src);
+    IPCREF_FREE(a);
+    a = next;
+  }
+  while (b) {
+    ipcref__block *next = b->limbo_next;
+    if (b->release) b->release(b->user, b->ptr);
+    IPCREF_FREE(b);
+    b = next;
+  }
+  while (imp) { /* device releases whose work completed */
+    struct ipcref__import *next = imp->next;
+    ipcref__import_finish(imp);
+    imp = next;
+  }
+}
+
+IPCREF_PRIVATE void *ipcref__zalloc(size_t n) {
+  void *p = IPCREF_MALLOC(n ? n : 1);
+  if (p) memset(p, 0, n ? n : 1);
+  return p;
+}
+
+/* Grows *arr (elements of `size` bytes) to hold `need`. 0 on ENOMEM. */
+IPCREF_PRIVATE int ipcref__grow(void **arr, size_t *cap, size_t need,
+                                size_t size) {
+  size_t ncap;
+  void *p;
+  if (need <= *cap) return 1;
+  ncap = *cap ? *cap * 2 : 8;
+  while (ncap < need) ncap *= 2;
+  p = IPCREF_REALLOC(*arr, ncap * size);
+  if (!p) return 0;
+  *arr = p;
+  *cap = ncap;
+  return 1;
+}
+
+#ifndef F_SEAL_FUTURE_WRITE
+#define F_SEAL_FUTURE_WRITE 0x0010 /* Linux 5.1 */
+#endif
+
+/* A sealed memfd of `size` bytes, mapped read-write at *base. Sealed
+ * against shrinking and growing (a mapping of it can never SIGBUS) and
+ * against further seals; with `read_only_elsewhere`, also against any new
+ * writable mapping or write(): the producer's mapping, made before, is the
+ * only way to change it, whoever else gets hold of the file. */
+IPCREF_PRIVATE int ipcref__memfd(const char *name, size_t size,
+                                 int read_only_elsewhere,
+                                 unsigned char **base) {
+  int fd = memfd_create(name, MFD_CLOEXEC | MFD_ALLOW_SEALING);
+  int seals = F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL;
+  void *p;
+  if (fd < 0) return -1;
+  if (ftruncate(fd, (off_t)size) != 0) goto fail;
+  p = mmap(NULL, size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+  if (p == MAP_FAILED) goto fail;
+  if (read_only_elsewhere) seals |= F_SEAL_FUTURE_WRITE;
+  if (fcntl(fd, F_ADD_SEALS, seals) != 0) {
+    munmap(p, size);
+    goto fail;
+  }
+  *base = (unsigned char *)p;
+  return fd;
+fail:
+  close(fd);
+  return -1;
+}
+
+/* What a peer did wrong, to the context's hook (or the process-wide one). */
+IPCREF_PRIVATE void ipcref__ctx_report(ipcref_ctx *ctx, ipcref_result code,
+                                       const char *message) {
+  if (ctx->opt.error_hook.fn)
+    ctx->opt.error_hook.fn(ctx->opt.error_hook.user, code, message);
+  else
+    ipcref__report(code, message);
+}
+
+/* 1 when the context or peer whose mark is `magic` is still usable: not
+ * freed (it then waits, marked dead and poisoned but for the mark, in the
+ * quarantine) and, for a context, not given up by its owner (*owner_gone;
+ * read only past the mark). Else the call is reported, naming the public
+ * function `fn`. */
+IPCREF_PRIVATE int ipcref__usable(const uint32_t *magic, const int *owner_gone,
+                                  const char *fn, const char *what) {
+  if (__atomic_load_n(magic, __ATOMIC_RELAXED) == IPCREF__ALIVE &&
+      !(owner_gone && __atomic_load_n(owner_gone, __ATOMIC_RELAXED)))
+    return 1;
+  ipcref__report_in(IPCREF_EDEAD, fn, what);
+  return 0;
+}
+#define IPCREF__CTX_USABLE(c)                                                  \
+  ipcref__usable(&(c)->magic, &(c)->owner_gone, __func__,                      \
+                 "the context was already freed")
+#define IPCREF__PEER_USABLE(p, fn)                                             \
+  ipcref__usable(&(p)->magic, NULL, (fn), "the peer was already freed")
+
+/* Milliseconds of the coarse monotonic clock (a vDSO read, no system
+ * call; it moves once per clock tick). */
+IPCREF_PRIVATE long ipcref__now_ms(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC_COARSE, &ts);
+  return (long)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+}
+
+#endif /* IPCREF__SHARING_IMPL */

@@ -1,0 +1,188 @@
+/* share_wire: the record a message carries, versioned and little endian:
+ * its header, one record per segment or ledger the peer lacks, the ids of
+ * retired segments, one record per view. Encoding and decoding only: no
+ * state, no lock, no system call. */
+
+#ifdef IPCREF__SHARING_IMPL
+
+/* ---- the wire format ----------------------------------------------------
+ * Little endian, field by field (no struct copies, no padding):
+ *
+ *   u32 magic "IPCM"  u16 version  u16 nviews  u16 nrecs  u16 nretired
+ *   u32 sender pid    u64 sender nonce
+ *   nrecs x     { u8 kind (1 segment, 2 ledger, 3 device segment)
+ *                 u8 writable  u32 origin pid  u64 origin nonce  u64 id
+ *                 u64 size
+ *                 kind 3: u32 device type  u32 device id  64 B handle }
+ *               (kinds 1 and 2 each come with one fd, in this order)
+ *   nretired x  { u64 id }          (sender's segments it has destroyed)
+ *   nviews x    { u32 origin pid  u64 origin nonce  u64 segment id
+ *                 u64 segment size  u64 block offset  u64 block size
+ *                 u64 ledger id  u32 slot  u32 generation
+ *                 u8 dtype  u8 ndim  u8 writable  u8 flags  i64 byte offset
+ *                 ndim x i64 shape  ndim x i64 strides
+ *                 flags bit 0: 64 B event handle }
+ *
+ * Caches key on (origin nonce, id), never on bytes of a handle. */
+#define IPCREF__MSG_MAGIC   0x4d435049u /* "IPCM" */
+#define IPCREF__MSG_VERSION 1u
+#define IPCREF__MSG_VIEWS   IPCREF_MSG_MAX_VIEWS
+#define IPCREF__MSG_RETIRED 64 /* announced per message at most */
+
+typedef struct ipcref__wire {
+  unsigned char *p;
+  size_t len, pos;
+  int bad; /* overflowed or short */
+} ipcref__wire;
+
+IPCREF_PRIVATE void ipcref__put(ipcref__wire *w, uint64_t v, int bytes) {
+  int i;
+  if (w->pos + (size_t)bytes > w->len) {
+    w->bad = 1;
+    return;
+  }
+  for (i = 0; i < bytes; i++) w->p[w->pos++] = (unsigned char)(v >> (8 * i));
+}
+
+IPCREF_PRIVATE uint64_t ipcref__get(ipcref__wire *w, int bytes) {
+  uint64_t v = 0;
+  int i;
+  if (w->pos + (size_t)bytes > w->len) {
+    w->bad = 1;
+    return 0;
+  }
+  for (i = 0; i < bytes; i++) v |= (uint64_t)w->p[w->pos++] << (8 * i);
+  return v;
+}
+
+typedef struct ipcref__view_rec {
+  uint32_t origin_pid;
+  uint64_t origin_nonce, seg_id, seg_size, block_offset, block_size;
+  uint64_t ledger_id;
+  uint32_t slot, gen;
+  ipcref_view view; /* buf NULL; the geometry relative to the block */
+  int writable;
+  int has_event; /* device views: the producer's event follows */
+  unsigned char event[IPCREF_HANDLE_BYTES];
+} ipcref__view_rec;
+
+/* What a message carries for a segment or a ledger: kind 1 (a memfd
+ * segment) and 2 (a ledger) come with an fd, in order; kind 3 (a device
+ * segment) with its device and IPC handle instead. */
+typedef struct ipcref__fd_rec {
+  int kind, writable;
+  uint32_t origin_pid;
+  uint64_t origin_nonce, id, size;
+  int32_t dev_type, dev_id; /* kind 3 */
+  unsigned char handle[IPCREF_HANDLE_BYTES];
+} ipcref__fd_rec;
+
+/* Writes / reads a segment or ledger record. */
+IPCREF_PRIVATE void ipcref__put_bytes(ipcref__wire *w, const unsigned char *b,
+                                      size_t n) {
+  if (w->pos + n > w->len) {
+    w->bad = 1;
+    return;
+  }
+  memcpy(w->p + w->pos, b, n);
+  w->pos += n;
+}
+
+IPCREF_PRIVATE void ipcref__get_bytes(ipcref__wire *w, unsigned char *b,
+                                      size_t n) {
+  if (w->pos + n > w->len) {
+    w->bad = 1;
+    memset(b, 0, n);
+    return;
+  }
+  memcpy(b, w->p + w->pos, n);
+  w->pos += n;
+}
+
+IPCREF_PRIVATE void ipcref__put_fd_rec(ipcref__wire *w,
+                                       const ipcref__fd_rec *f) {
+  ipcref__put(w, (uint64_t)f->kind, 1);
+  ipcref__put(w, (uint64_t)f->writable, 1);
+  ipcref__put(w, f->origin_pid, 4);
+  ipcref__put(w, f->origin_nonce, 8);
+  ipcref__put(w, f->id, 8);
+  ipcref__put(w, f->size, 8);
+  if (f->kind != 3) return;
+  ipcref__put(w, (uint64_t)(uint32_t)f->dev_type, 4);
+  ipcref__put(w, (uint64_t)(uint32_t)f->dev_id, 4);
+  ipcref__put_bytes(w, f->handle, IPCREF_HANDLE_BYTES);
+}
+
+/* 0 when malformed. */
+IPCREF_PRIVATE int ipcref__get_fd_rec(ipcref__wire *w, ipcref__fd_rec *f) {
+  memset(f, 0, sizeof *f);
+  f->kind = (int)ipcref__get(w, 1);
+  f->writable = (int)ipcref__get(w, 1);
+  f->origin_pid = (uint32_t)ipcref__get(w, 4);
+  f->origin_nonce = ipcref__get(w, 8);
+  f->id = ipcref__get(w, 8);
+  f->size = ipcref__get(w, 8);
+  if (f->kind == 3) {
+    f->dev_type = (int32_t)(uint32_t)ipcref__get(w, 4);
+    f->dev_id = (int32_t)(uint32_t)ipcref__get(w, 4);
+    ipcref__get_bytes(w, f->handle, IPCREF_HANDLE_BYTES);
+    if (f->dev_type <= IPCREF_DEVICE_CPU || f->dev_id < 0) return 0;
+  }
+  return !w->bad && f->kind >= 1 && f->kind <= 3;
+}
+
+IPCREF_PRIVATE void ipcref__put_view(ipcref__wire *w,
+                                     const ipcref__view_rec *r) {
+  int d;
+  ipcref__put(w, r->origin_pid, 4);
+  ipcref__put(w, r->origin_nonce, 8);
+  ipcref__put(w, r->seg_id, 8);
+  ipcref__put(w, r->seg_size, 8);
+  ipcref__put(w, r->block_offset, 8);
+  ipcref__put(w, r->block_size, 8);
+  ipcref__put(w, r->ledger_id, 8);
+  ipcref__put(w, r->slot, 4);
+  ipcref__put(w, r->gen, 4);
+  ipcref__put(w, (uint64_t)r->view.dtype, 1);
+  ipcref__put(w, (uint64_t)r->view.ndim, 1);
+  ipcref__put(w, (uint64_t)r->writable, 1);
+  ipcref__put(w, (uint64_t)(r->has_event ? 1 : 0), 1); /* flags */
+  ipcref__put(w, (uint64_t)r->view.byte_offset, 8);
+  for (d = 0; d < r->view.ndim; d++)
+    ipcref__put(w, (uint64_t)r->view.shape[d], 8);
+  for (d = 0; d < r->view.ndim; d++)
+    ipcref__put(w, (uint64_t)r->view.strides[d], 8);
+  if (r->has_event) ipcref__put_bytes(w, r->event, IPCREF_HANDLE_BYTES);
+}
+
+/* Reads a view record; 0 when it is malformed. */
+IPCREF_PRIVATE int ipcref__get_view(ipcref__wire *w, ipcref__view_rec *r) {
+  uint64_t dt, nd, flags;
+  int d;
+  memset(r, 0, sizeof *r);
+  r->origin_pid = (uint32_t)ipcref__get(w, 4);
+  r->origin_nonce = ipcref__get(w, 8);
+  r->seg_id = ipcref__get(w, 8);
+  r->seg_size = ipcref__get(w, 8);
+  r->block_offset = ipcref__get(w, 8);
+  r->block_size = ipcref__get(w, 8);
+  r->ledger_id = ipcref__get(w, 8);
+  r->slot = (uint32_t)ipcref__get(w, 4);
+  r->gen = (uint32_t)ipcref__get(w, 4);
+  dt = ipcref__get(w, 1);
+  nd = ipcref__get(w, 1);
+  r->writable = (int)ipcref__get(w, 1);
+  flags = ipcref__get(w, 1);
+  if (w->bad || dt >= IPCREF_DTYPE_COUNT || nd > IPCREF_MAX_DIMS || flags > 1)
+    return 0;
+  r->view.dtype = (ipcref_dtype)dt;
+  r->view.ndim = (int)nd;
+  r->view.byte_offset = (int64_t)ipcref__get(w, 8);
+  for (d = 0; d < (int)nd; d++) r->view.shape[d] = (int64_t)ipcref__get(w, 8);
+  for (d = 0; d < (int)nd; d++) r->view.strides[d] = (int64_t)ipcref__get(w, 8);
+  r->has_event = (int)flags;
+  if (flags) ipcref__get_bytes(w, r->event, IPCREF_HANDLE_BYTES);
+  return !w->bad;
+}
+
+#endif /* IPCREF__SHARING_IMPL */
