@@ -2065,11 +2065,20 @@ IPCREF_PRIVATE IPCREF__INLINE int ipcref__view_span(const ipcref_view *v,
   return 1;
 }
 
+/* 1 when every element of `v` (its buf not read) lies in bytes [0, size)
+ * of its buffer: the geometry a buffer of `size` bytes can back. */
+IPCREF_PRIVATE IPCREF__INLINE int ipcref__view_fits(const ipcref_view *v,
+                                                    uint64_t size) {
+  int64_t lo, hi, n;
+  if (!ipcref__view_span(v, &lo, &hi, &n)) return 0;
+  if (v->byte_offset < 0 || (uint64_t)v->byte_offset > size) return 0;
+  return n == 0 || (lo >= 0 && (uint64_t)hi <= size);
+}
+
 /* 1 when `v` is a view its buffer can back. Under IPCREF_CHECKED a view
  * of a released buffer is reported, naming the public function `fn`. */
 IPCREF_PRIVATE IPCREF__INLINE int ipcref__view_valid_in(const ipcref_view *v,
                                                         const char *fn) {
-  int64_t lo, hi, n;
   (void)fn;
   if (!v || !v->buf || (unsigned)v->dtype >= IPCREF_DTYPE_COUNT ||
       v->ndim < 0 || v->ndim > IPCREF_MAX_DIMS)
@@ -2077,9 +2086,7 @@ IPCREF_PRIVATE IPCREF__INLINE int ipcref__view_valid_in(const ipcref_view *v,
 #ifdef IPCREF_CHECKED
   if (ipcref__buf_dead(v->buf, fn)) return 0;
 #endif
-  if (!ipcref__view_span(v, &lo, &hi, &n)) return 0;
-  if (v->byte_offset < 0 || (uint64_t)v->byte_offset > v->buf->size) return 0;
-  return n == 0 || (lo >= 0 && (uint64_t)hi <= v->buf->size);
+  return ipcref__view_fits(v, v->buf->size);
 }
 #define ipcref__view_valid(v) ipcref__view_valid_in((v), __func__)
 
@@ -2096,15 +2103,7 @@ IPCREF_PRIVATE int64_t ipcref__numel(const ipcref_view *v) {
 /* The check of a result whose geometry came from the caller: EINVAL for
  * bad fields, ERANGE for elements outside the buffer or overflow. */
 IPCREF_PRIVATE ipcref_result ipcref__view_check_new(const ipcref_view *v) {
-  int64_t lo, hi, n;
-  int d;
-  for (d = 0; d < v->ndim; d++)
-    if (v->shape[d] < 0) return IPCREF_ERANGE;
-  if (!ipcref__view_span(v, &lo, &hi, &n)) return IPCREF_ERANGE;
-  if (v->byte_offset < 0 || (uint64_t)v->byte_offset > v->buf->size)
-    return IPCREF_ERANGE;
-  if (n != 0 && (lo < 0 || (uint64_t)hi > v->buf->size)) return IPCREF_ERANGE;
-  return IPCREF_OK;
+  return ipcref__view_fits(v, v->buf->size) ? IPCREF_OK : IPCREF_ERANGE;
 }
 
 /* Python's dim rule: -ndim <= dim < ndim. */
@@ -3367,8 +3366,16 @@ struct ipcref__ledger {
 
 /* ---- consumer-side mappings (cached per ctx) --------------------------- */
 
+/* What a mapping holds, and what a message's fd record announces (the
+ * values go on the wire): a memfd segment, a ledger, a device segment. */
+enum {
+  IPCREF__KIND_SEGMENT = 1,
+  IPCREF__KIND_LEDGER = 2,
+  IPCREF__KIND_DEVICE = 3
+};
+
 typedef struct ipcref__map {
-  int kind; /* 1: segment, 2: ledger, 3: device segment */
+  int kind; /* IPCREF__KIND_*: segment, ledger or device segment */
   uint64_t origin_nonce, id;
   int origin_pid;
   int fd; /* kept for forwarding */
@@ -3398,9 +3405,14 @@ typedef struct ipcref__import {
   void *fence;
 } ipcref__import;
 
-typedef struct ipcref__seen {
-  uint64_t nonce, key; /* key: id << 1 | (1 for a ledger) */
-} ipcref__seen_key;
+/* A segment or ledger a peer has been sent, by its origin's nonce and a
+ * key: its id, shifted to make room for a bit that is 1 for a ledger. */
+typedef struct ipcref__sent {
+  uint64_t nonce, key;
+} ipcref__sent;
+IPCREF_PRIVATE uint64_t ipcref__sent_key(uint64_t id, int is_ledger) {
+  return (id << 1) | (uint64_t)(is_ledger ? 1 : 0);
+}
 
 struct ipcref_peer {
   uint32_t magic; /* IPCREF__ALIVE; IPCREF__DEAD once freed (kept a while:
@@ -3413,8 +3425,8 @@ struct ipcref_peer {
   int hello; /* 0: the other side's hello not read yet; 1: read; -1: bad;
                 -2: refused (a uid not allowed) */
   ipcref__ledger *ledger; /* the current one for exports to this peer */
-  ipcref__seen_key *seen; /* what the other side has been sent */
-  size_t nseen, capseen;
+  ipcref__sent *sent;     /* what the other side has been sent */
+  size_t nsent, capsent;
   uint64_t *retired; /* own segments destroyed since, to announce */
   size_t nretired, capretired;
   ipcref_view pending[64]; /* received views not handed out yet */
@@ -3433,6 +3445,8 @@ typedef struct ipcref__hdr_chunk {
   ipcref__hdr h[IPCREF__HDR_CHUNK];
 } ipcref__hdr_chunk;
 
+#define IPCREF__MAX_BACKENDS 8 /* per context: one per device type */
+
 struct ipcref_ctx {
   uint32_t magic; /* IPCREF__ALIVE; IPCREF__DEAD once freed (IPCREF_CHECKED:
                      kept a while in the quarantine) */
@@ -3444,7 +3458,7 @@ struct ipcref_ctx {
   ipcref__segment *segments;
   ipcref__pool host;   /* host memory's size classes */
   ipcref__pool *pools; /* each device's */
-  ipcref_backend *backends[8];
+  ipcref_backend *backends[IPCREF__MAX_BACKENDS];
   ipcref__block *released;         /* wraps to hand back after the unlock */
   ipcref__alias *unpinned;         /* aliases to end after the unlock */
   struct ipcref__import *deferred; /* device releases waiting for a fence */
@@ -3582,6 +3596,37 @@ IPCREF_PRIVATE int ipcref__memfd(const char *name, size_t size,
 fail:
   close(fd);
   return -1;
+}
+
+/* 1 when peer `p` was sent the segment or ledger (nonce, key) already;
+ * else notes it and gives 0 (with *fail set when out of memory). Under the
+ * lock, as the next. */
+IPCREF_PRIVATE int ipcref__sent_mark(ipcref_peer *p, uint64_t nonce,
+                                     uint64_t key, int *fail) {
+  size_t i;
+  for (i = 0; i < p->nsent; i++)
+    if (p->sent[i].nonce == nonce && p->sent[i].key == key) return 1;
+  if (!ipcref__grow((void **)&p->sent, &p->capsent, p->nsent + 1,
+                    sizeof *p->sent)) {
+    *fail = 1;
+    return 0;
+  }
+  p->sent[p->nsent].nonce = nonce;
+  p->sent[p->nsent].key = key;
+  p->nsent++;
+  return 0;
+}
+
+/* Forgets that peer `p` was sent (nonce, key): 1 when it had been. */
+IPCREF_PRIVATE int ipcref__sent_forget(ipcref_peer *p, uint64_t nonce,
+                                       uint64_t key) {
+  size_t i;
+  for (i = 0; i < p->nsent; i++)
+    if (p->sent[i].nonce == nonce && p->sent[i].key == key) {
+      p->sent[i] = p->sent[--p->nsent];
+      return 1;
+    }
+  return 0;
 }
 
 /* What a peer did wrong, to the context's hook (or the process-wide one). */
@@ -3758,16 +3803,11 @@ IPCREF_PRIVATE void ipcref__class_remove(ipcref__segment *s) {
 
 IPCREF_PRIVATE void ipcref__retire_announce(ipcref_ctx *ctx, uint64_t id) {
   ipcref_peer *p;
-  size_t i;
   for (p = ctx->peers; p; p = p->next)
-    for (i = 0; i < p->nseen; i++)
-      if (p->seen[i].nonce == ctx->nonce && p->seen[i].key == (id << 1)) {
-        p->seen[i] = p->seen[--p->nseen];
-        if (ipcref__grow((void **)&p->retired, &p->capretired, p->nretired + 1,
-                         sizeof(uint64_t)))
-          p->retired[p->nretired++] = id;
-        break;
-      }
+    if (ipcref__sent_forget(p, ctx->nonce, ipcref__sent_key(id, 0)) &&
+        ipcref__grow((void **)&p->retired, &p->capretired, p->nretired + 1,
+                     sizeof(uint64_t)))
+      p->retired[p->nretired++] = id;
 }
 
 IPCREF_PRIVATE void ipcref__segment_destroy(ipcref_ctx *ctx,
@@ -4189,6 +4229,34 @@ IPCREF_PRIVATE void ipcref__late_entries(ipcref_ctx *ctx, ipcref__ledger *l,
   }
 }
 
+/* A link pair read off ledger `l`'s ring (under the lock): entry `e` names
+ * a forwarded lease, `p` its parent. Checked against the lease table as a
+ * return is; a valid one counts the forwarded lease on its parent's block
+ * (one that was adopted while its link was a hole is already counted). */
+IPCREF_PRIVATE void ipcref__ring_link(ipcref_ctx *ctx, ipcref__ledger *l,
+                                      uint64_t e, uint64_t p) {
+  uint64_t *slots = ipcref__ledger_slots(l->base);
+  uint32_t slot = (uint32_t)(e & 0x3fffffffu) - 1u, gen = (uint32_t)(e >> 32);
+  uint32_t ps = (uint32_t)(p & 0x3fffffffu) - 1u;
+  ipcref__lease *parent = ps < l->n ? &l->leases[ps] : NULL;
+  if (slot >= l->n / 2 && slot < l->n && l->leases[slot].block &&
+      l->leases[slot].gen == gen && parent &&
+      parent->block == l->leases[slot].block)
+    return; /* adopted already */
+  if (((p >> 30) & 3u) != IPCREF__RING_PARENT || slot < l->n / 2 ||
+      slot >= l->n || l->leases[slot].block || !parent || !parent->block ||
+      parent->gen != (uint32_t)(p >> 32) ||
+      __atomic_load_n(&slots[2 * (size_t)slot], __ATOMIC_ACQUIRE) !=
+          (((uint64_t)gen << 2) | IPCREF__SLOT_LIVE)) {
+    ipcref__bad_return(ctx, "invalid forwarded lease in a ledger");
+    return;
+  }
+  /* The holder, as the forwarder wrote it before the link. */
+  ipcref__lease_link(ctx, l, slot, gen, parent->block,
+                     (int)(uint32_t)__atomic_load_n(
+                         &slots[2 * (size_t)slot + 1], __ATOMIC_RELAXED));
+}
+
 /* Reads what came back to ledger `l` since the last sweep (under the
  * lock). Every entry is checked against the private lease table: a
  * ledger can only end its own peer's leases, and a stale, replayed or
@@ -4198,7 +4266,6 @@ IPCREF_PRIVATE void ipcref__late_entries(ipcref_ctx *ctx, ipcref__ledger *l,
 IPCREF_PRIVATE size_t ipcref__ledger_drain(ipcref_ctx *ctx, ipcref__ledger *l) {
   ipcref__ledger_hdr *h = (ipcref__ledger_hdr *)(void *)l->base;
   uint64_t *ring = ipcref__ledger_ring(l->base, l->n);
-  uint64_t *slots = ipcref__ledger_slots(l->base);
   uint64_t cap = 2u * (uint64_t)l->n;
   /* Acquire: pairs with the release of a writer's fetch_add, so what it
    * wrote before taking its positions (a forwarded slot) is seen. */
@@ -4214,8 +4281,6 @@ IPCREF_PRIVATE size_t ipcref__ledger_drain(ipcref_ctx *ctx, ipcref__ledger *l) {
   while (l->tail != head) {
     uint64_t *cell = &ring[l->tail % cap], *next = &ring[(l->tail + 1) % cap];
     uint64_t e = __atomic_load_n(cell, __ATOMIC_ACQUIRE), p;
-    uint32_t slot, gen, ps;
-    ipcref__lease *parent;
     if (e == 0) { /* taken but not written (yet) */
       if (!ipcref__hole_stale(l)) break;
       ipcref__hole_skip(ctx, l, l->tail++);
@@ -4244,26 +4309,7 @@ IPCREF_PRIVATE size_t ipcref__ledger_drain(ipcref_ctx *ctx, ipcref__ledger *l) {
     __atomic_store_n(next, 0, __ATOMIC_RELAXED);
     __atomic_store_n(cell, 0, __ATOMIC_RELAXED);
     l->tail += 2;
-    slot = (uint32_t)(e & 0x3fffffffu) - 1u;
-    gen = (uint32_t)(e >> 32);
-    ps = (uint32_t)(p & 0x3fffffffu) - 1u;
-    parent = ps < l->n ? &l->leases[ps] : NULL;
-    if (slot >= l->n / 2 && slot < l->n && l->leases[slot].block &&
-        l->leases[slot].gen == gen && parent &&
-        parent->block == l->leases[slot].block)
-      continue; /* adopted already, while its link was a hole */
-    if (((p >> 30) & 3u) != IPCREF__RING_PARENT || slot < l->n / 2 ||
-        slot >= l->n || l->leases[slot].block || !parent || !parent->block ||
-        parent->gen != (uint32_t)(p >> 32) ||
-        __atomic_load_n(&slots[2 * (size_t)slot], __ATOMIC_ACQUIRE) !=
-            (((uint64_t)gen << 2) | IPCREF__SLOT_LIVE)) {
-      ipcref__bad_return(ctx, "invalid forwarded lease in a ledger");
-      continue;
-    }
-    /* The holder, as the forwarder wrote it before the link. */
-    ipcref__lease_link(ctx, l, slot, gen, parent->block,
-                       (int)(uint32_t)__atomic_load_n(
-                           &slots[2 * (size_t)slot + 1], __ATOMIC_RELAXED));
+    ipcref__ring_link(ctx, l, e, p);
   }
   return freed;
 }
@@ -4381,7 +4427,7 @@ IPCREF_API ipcref_result ipcref_ctx_new(const ipcref_ctx_options *opt,
 
 /* Lets go of a mapping (not in the cache, or just taken out of it). */
 IPCREF_PRIVATE void ipcref__map_drop(ipcref__map *m) {
-  if (m->kind == 3) {
+  if (m->kind == IPCREF__KIND_DEVICE) {
     if (m->be) m->be->seg_close(m->be, m->dev_id, m->daddr);
   } else {
     munmap(m->base, m->size);
@@ -4393,7 +4439,7 @@ IPCREF_PRIVATE void ipcref__map_drop(ipcref__map *m) {
 
 IPCREF_PRIVATE void ipcref__map_unmap(ipcref_ctx *ctx, ipcref__map *m) {
   IPCREF__LIST_REMOVE(ctx->maps, m, next, prev);
-  if (m->kind == 2)
+  if (m->kind == IPCREF__KIND_LEDGER)
     ctx->st.counter_files--;
   else
     ctx->st.mapped_segments--;
@@ -4908,9 +4954,10 @@ IPCREF_API ipcref_result ipcref_shared_new_isolated(ipcref_ctx *ctx,
 
 #ifdef IPCREF__SHARING_IMPL
 
-IPCREF_PRIVATE ipcref_backend *ipcref__backend(ipcref_ctx *ctx, int32_t type) {
+IPCREF_PRIVATE ipcref_backend *ipcref__backend_of(ipcref_ctx *ctx,
+                                                  int32_t type) {
   int i;
-  for (i = 0; i < 8; i++)
+  for (i = 0; i < IPCREF__MAX_BACKENDS; i++)
     if (ctx->backends[i] && ctx->backends[i]->device_type == type)
       return ctx->backends[i];
   return NULL;
@@ -4927,8 +4974,8 @@ IPCREF_API ipcref_result ipcref_ctx_add_backend(ipcref_ctx *ctx,
     return IPCREF_EINVAL;
   if (!IPCREF__CTX_USABLE(ctx)) return IPCREF_EDEAD;
   IPCREF__LOCK(ctx);
-  if (!ipcref__backend(ctx, be->device_type))
-    for (i = 0; i < 8; i++)
+  if (!ipcref__backend_of(ctx, be->device_type))
+    for (i = 0; i < IPCREF__MAX_BACKENDS; i++)
       if (!ctx->backends[i]) {
         ctx->backends[i] = be;
         r = IPCREF_OK;
@@ -4941,7 +4988,7 @@ IPCREF_API ipcref_result ipcref_ctx_add_backend(ipcref_ctx *ctx,
 /* The pool of device `dev` (under the lock); NULL with *r set. */
 IPCREF_PRIVATE ipcref__pool *ipcref__pool_of(ipcref_ctx *ctx, ipcref_device dev,
                                              ipcref_result *r) {
-  ipcref_backend *be = ipcref__backend(ctx, dev.type);
+  ipcref_backend *be = ipcref__backend_of(ctx, dev.type);
   ipcref__pool *pool;
   if (!be) {
     *r = IPCREF_ENODEV;
@@ -5075,7 +5122,6 @@ IPCREF_API ipcref_result ipcref_view_new_shared(ipcref_ctx *ctx,
  * Caches key on (origin nonce, id), never on bytes of a handle. */
 #define IPCREF__MSG_MAGIC   0x4d435049u /* "IPCM" */
 #define IPCREF__MSG_VERSION 1u
-#define IPCREF__MSG_VIEWS   IPCREF_MSG_MAX_VIEWS
 #define IPCREF__MSG_RETIRED 64 /* announced per message at most */
 
 typedef struct ipcref__wire {
@@ -5084,7 +5130,15 @@ typedef struct ipcref__wire {
   int bad; /* overflowed or short */
 } ipcref__wire;
 
-IPCREF_PRIVATE void ipcref__put(ipcref__wire *w, uint64_t v, int bytes) {
+IPCREF_PRIVATE void ipcref__wire_init(ipcref__wire *w, unsigned char *p,
+                                      size_t len) {
+  w->p = p;
+  w->len = len;
+  w->pos = 0;
+  w->bad = 0;
+}
+
+IPCREF_PRIVATE void ipcref__wire_put(ipcref__wire *w, uint64_t v, int bytes) {
   int i;
   if (w->pos + (size_t)bytes > w->len) {
     w->bad = 1;
@@ -5093,7 +5147,7 @@ IPCREF_PRIVATE void ipcref__put(ipcref__wire *w, uint64_t v, int bytes) {
   for (i = 0; i < bytes; i++) w->p[w->pos++] = (unsigned char)(v >> (8 * i));
 }
 
-IPCREF_PRIVATE uint64_t ipcref__get(ipcref__wire *w, int bytes) {
+IPCREF_PRIVATE uint64_t ipcref__wire_get(ipcref__wire *w, int bytes) {
   uint64_t v = 0;
   int i;
   if (w->pos + (size_t)bytes > w->len) {
@@ -5126,7 +5180,7 @@ typedef struct ipcref__fd_rec {
   unsigned char handle[IPCREF_HANDLE_BYTES];
 } ipcref__fd_rec;
 
-/* Writes / reads a segment or ledger record. */
+/* Writes / reads `n` bytes as they are. */
 IPCREF_PRIVATE void ipcref__put_bytes(ipcref__wire *w, const unsigned char *b,
                                       size_t n) {
   if (w->pos + n > w->len) {
@@ -5148,90 +5202,158 @@ IPCREF_PRIVATE void ipcref__get_bytes(ipcref__wire *w, unsigned char *b,
   w->pos += n;
 }
 
+/* Writes / reads a segment or ledger record (0 when malformed). */
 IPCREF_PRIVATE void ipcref__put_fd_rec(ipcref__wire *w,
                                        const ipcref__fd_rec *f) {
-  ipcref__put(w, (uint64_t)f->kind, 1);
-  ipcref__put(w, (uint64_t)f->writable, 1);
-  ipcref__put(w, f->origin_pid, 4);
-  ipcref__put(w, f->origin_nonce, 8);
-  ipcref__put(w, f->id, 8);
-  ipcref__put(w, f->size, 8);
-  if (f->kind != 3) return;
-  ipcref__put(w, (uint64_t)(uint32_t)f->dev_type, 4);
-  ipcref__put(w, (uint64_t)(uint32_t)f->dev_id, 4);
+  ipcref__wire_put(w, (uint64_t)f->kind, 1);
+  ipcref__wire_put(w, (uint64_t)f->writable, 1);
+  ipcref__wire_put(w, f->origin_pid, 4);
+  ipcref__wire_put(w, f->origin_nonce, 8);
+  ipcref__wire_put(w, f->id, 8);
+  ipcref__wire_put(w, f->size, 8);
+  if (f->kind != IPCREF__KIND_DEVICE) return;
+  ipcref__wire_put(w, (uint64_t)(uint32_t)f->dev_type, 4);
+  ipcref__wire_put(w, (uint64_t)(uint32_t)f->dev_id, 4);
   ipcref__put_bytes(w, f->handle, IPCREF_HANDLE_BYTES);
 }
 
-/* 0 when malformed. */
 IPCREF_PRIVATE int ipcref__get_fd_rec(ipcref__wire *w, ipcref__fd_rec *f) {
   memset(f, 0, sizeof *f);
-  f->kind = (int)ipcref__get(w, 1);
-  f->writable = (int)ipcref__get(w, 1);
-  f->origin_pid = (uint32_t)ipcref__get(w, 4);
-  f->origin_nonce = ipcref__get(w, 8);
-  f->id = ipcref__get(w, 8);
-  f->size = ipcref__get(w, 8);
-  if (f->kind == 3) {
-    f->dev_type = (int32_t)(uint32_t)ipcref__get(w, 4);
-    f->dev_id = (int32_t)(uint32_t)ipcref__get(w, 4);
+  f->kind = (int)ipcref__wire_get(w, 1);
+  f->writable = (int)ipcref__wire_get(w, 1);
+  f->origin_pid = (uint32_t)ipcref__wire_get(w, 4);
+  f->origin_nonce = ipcref__wire_get(w, 8);
+  f->id = ipcref__wire_get(w, 8);
+  f->size = ipcref__wire_get(w, 8);
+  if (f->kind == IPCREF__KIND_DEVICE) {
+    f->dev_type = (int32_t)(uint32_t)ipcref__wire_get(w, 4);
+    f->dev_id = (int32_t)(uint32_t)ipcref__wire_get(w, 4);
     ipcref__get_bytes(w, f->handle, IPCREF_HANDLE_BYTES);
     if (f->dev_type <= IPCREF_DEVICE_CPU || f->dev_id < 0) return 0;
   }
-  return !w->bad && f->kind >= 1 && f->kind <= 3;
+  return !w->bad && f->kind >= IPCREF__KIND_SEGMENT &&
+         f->kind <= IPCREF__KIND_DEVICE;
 }
 
+/* Writes / reads a view record (0 when malformed). */
 IPCREF_PRIVATE void ipcref__put_view(ipcref__wire *w,
                                      const ipcref__view_rec *r) {
   int d;
-  ipcref__put(w, r->origin_pid, 4);
-  ipcref__put(w, r->origin_nonce, 8);
-  ipcref__put(w, r->seg_id, 8);
-  ipcref__put(w, r->seg_size, 8);
-  ipcref__put(w, r->block_offset, 8);
-  ipcref__put(w, r->block_size, 8);
-  ipcref__put(w, r->ledger_id, 8);
-  ipcref__put(w, r->slot, 4);
-  ipcref__put(w, r->gen, 4);
-  ipcref__put(w, (uint64_t)r->view.dtype, 1);
-  ipcref__put(w, (uint64_t)r->view.ndim, 1);
-  ipcref__put(w, (uint64_t)r->writable, 1);
-  ipcref__put(w, (uint64_t)(r->has_event ? 1 : 0), 1); /* flags */
-  ipcref__put(w, (uint64_t)r->view.byte_offset, 8);
+  ipcref__wire_put(w, r->origin_pid, 4);
+  ipcref__wire_put(w, r->origin_nonce, 8);
+  ipcref__wire_put(w, r->seg_id, 8);
+  ipcref__wire_put(w, r->seg_size, 8);
+  ipcref__wire_put(w, r->block_offset, 8);
+  ipcref__wire_put(w, r->block_size, 8);
+  ipcref__wire_put(w, r->ledger_id, 8);
+  ipcref__wire_put(w, r->slot, 4);
+  ipcref__wire_put(w, r->gen, 4);
+  ipcref__wire_put(w, (uint64_t)r->view.dtype, 1);
+  ipcref__wire_put(w, (uint64_t)r->view.ndim, 1);
+  ipcref__wire_put(w, (uint64_t)r->writable, 1);
+  ipcref__wire_put(w, (uint64_t)(r->has_event ? 1 : 0), 1); /* flags */
+  ipcref__wire_put(w, (uint64_t)r->view.byte_offset, 8);
   for (d = 0; d < r->view.ndim; d++)
-    ipcref__put(w, (uint64_t)r->view.shape[d], 8);
+    ipcref__wire_put(w, (uint64_t)r->view.shape[d], 8);
   for (d = 0; d < r->view.ndim; d++)
-    ipcref__put(w, (uint64_t)r->view.strides[d], 8);
+    ipcref__wire_put(w, (uint64_t)r->view.strides[d], 8);
   if (r->has_event) ipcref__put_bytes(w, r->event, IPCREF_HANDLE_BYTES);
 }
 
-/* Reads a view record; 0 when it is malformed. */
 IPCREF_PRIVATE int ipcref__get_view(ipcref__wire *w, ipcref__view_rec *r) {
   uint64_t dt, nd, flags;
   int d;
   memset(r, 0, sizeof *r);
-  r->origin_pid = (uint32_t)ipcref__get(w, 4);
-  r->origin_nonce = ipcref__get(w, 8);
-  r->seg_id = ipcref__get(w, 8);
-  r->seg_size = ipcref__get(w, 8);
-  r->block_offset = ipcref__get(w, 8);
-  r->block_size = ipcref__get(w, 8);
-  r->ledger_id = ipcref__get(w, 8);
-  r->slot = (uint32_t)ipcref__get(w, 4);
-  r->gen = (uint32_t)ipcref__get(w, 4);
-  dt = ipcref__get(w, 1);
-  nd = ipcref__get(w, 1);
-  r->writable = (int)ipcref__get(w, 1);
-  flags = ipcref__get(w, 1);
+  r->origin_pid = (uint32_t)ipcref__wire_get(w, 4);
+  r->origin_nonce = ipcref__wire_get(w, 8);
+  r->seg_id = ipcref__wire_get(w, 8);
+  r->seg_size = ipcref__wire_get(w, 8);
+  r->block_offset = ipcref__wire_get(w, 8);
+  r->block_size = ipcref__wire_get(w, 8);
+  r->ledger_id = ipcref__wire_get(w, 8);
+  r->slot = (uint32_t)ipcref__wire_get(w, 4);
+  r->gen = (uint32_t)ipcref__wire_get(w, 4);
+  dt = ipcref__wire_get(w, 1);
+  nd = ipcref__wire_get(w, 1);
+  r->writable = (int)ipcref__wire_get(w, 1);
+  flags = ipcref__wire_get(w, 1);
   if (w->bad || dt >= IPCREF_DTYPE_COUNT || nd > IPCREF_MAX_DIMS || flags > 1)
     return 0;
   r->view.dtype = (ipcref_dtype)dt;
   r->view.ndim = (int)nd;
-  r->view.byte_offset = (int64_t)ipcref__get(w, 8);
-  for (d = 0; d < (int)nd; d++) r->view.shape[d] = (int64_t)ipcref__get(w, 8);
-  for (d = 0; d < (int)nd; d++) r->view.strides[d] = (int64_t)ipcref__get(w, 8);
+  r->view.byte_offset = (int64_t)ipcref__wire_get(w, 8);
+  for (d = 0; d < (int)nd; d++)
+    r->view.shape[d] = (int64_t)ipcref__wire_get(w, 8);
+  for (d = 0; d < (int)nd; d++)
+    r->view.strides[d] = (int64_t)ipcref__wire_get(w, 8);
   r->has_event = (int)flags;
   if (flags) ipcref__get_bytes(w, r->event, IPCREF_HANDLE_BYTES);
   return !w->bad;
+}
+
+/* A message's header (the counts bound the arrays of ipcref__msg_in). */
+typedef struct ipcref__msg_head {
+  int nviews, nrecs, nretired;
+  uint32_t sender_pid;
+  uint64_t sender_nonce;
+} ipcref__msg_head;
+
+IPCREF_PRIVATE void ipcref__put_msg_head(ipcref__wire *w,
+                                         const ipcref__msg_head *h) {
+  ipcref__wire_put(w, IPCREF__MSG_MAGIC, 4);
+  ipcref__wire_put(w, IPCREF__MSG_VERSION, 2);
+  ipcref__wire_put(w, (uint64_t)h->nviews, 2);
+  ipcref__wire_put(w, (uint64_t)h->nrecs, 2);
+  ipcref__wire_put(w, (uint64_t)h->nretired, 2);
+  ipcref__wire_put(w, h->sender_pid, 4);
+  ipcref__wire_put(w, h->sender_nonce, 8);
+}
+
+/* 0 when malformed: not ours, another version, or counts out of range. */
+IPCREF_PRIVATE int ipcref__get_msg_head(ipcref__wire *w, ipcref__msg_head *h) {
+  if (ipcref__wire_get(w, 4) != IPCREF__MSG_MAGIC ||
+      ipcref__wire_get(w, 2) != IPCREF__MSG_VERSION)
+    return 0;
+  h->nviews = (int)ipcref__wire_get(w, 2);
+  h->nrecs = (int)ipcref__wire_get(w, 2);
+  h->nretired = (int)ipcref__wire_get(w, 2);
+  h->sender_pid = (uint32_t)ipcref__wire_get(w, 4);
+  h->sender_nonce = ipcref__wire_get(w, 8);
+  return !w->bad && h->nviews >= 1 && h->nviews <= IPCREF_MSG_MAX_VIEWS &&
+         h->nrecs <= IPCREF_MSG_MAX_FDS && h->nretired <= IPCREF__MSG_RETIRED;
+}
+
+/* A whole message, decoded: its header, its segment and ledger records
+ * (with the index of each one's fd among those the message carries, -1
+ * for a device segment), the ids of the segments its sender retired, and
+ * its views. */
+typedef struct ipcref__msg_in {
+  ipcref__msg_head head;
+  int nfds; /* fds the records call for */
+  ipcref__fd_rec recs[IPCREF_MSG_MAX_FDS];
+  int fd_index[IPCREF_MSG_MAX_FDS];
+  uint64_t retired[IPCREF__MSG_RETIRED];
+  ipcref__view_rec views[IPCREF_MSG_MAX_VIEWS];
+} ipcref__msg_in;
+
+/* Decodes `len` bytes into *m: 0 when they are not exactly one well-formed
+ * message. Nothing else is read or changed. */
+IPCREF_PRIVATE int ipcref__msg_decode(const unsigned char *bytes, size_t len,
+                                      ipcref__msg_in *m) {
+  ipcref__wire w;
+  int i;
+  ipcref__wire_init(&w, (unsigned char *)(uintptr_t)bytes, len);
+  if (!ipcref__get_msg_head(&w, &m->head)) return 0;
+  m->nfds = 0;
+  for (i = 0; i < m->head.nrecs; i++) { /* segments and ledgers: an fd each */
+    if (!ipcref__get_fd_rec(&w, &m->recs[i])) return 0;
+    m->fd_index[i] = m->recs[i].kind == IPCREF__KIND_DEVICE ? -1 : m->nfds++;
+  }
+  for (i = 0; i < m->head.nretired; i++)
+    m->retired[i] = ipcref__wire_get(&w, 8);
+  for (i = 0; i < m->head.nviews; i++)
+    if (!ipcref__get_view(&w, &m->views[i])) return 0;
+  return !w.bad && w.pos == w.len;
 }
 
 #endif /* IPCREF__SHARING_IMPL */
@@ -5310,15 +5432,12 @@ IPCREF_PRIVATE ipcref_result ipcref__hello_send(ipcref_peer *p) {
   ipcref__wire w;
   int stream = p->sock_type == SOCK_STREAM;
   ssize_t k;
-  w.p = b;
-  w.len = sizeof b;
-  w.pos = 0;
-  w.bad = 0;
-  if (stream) ipcref__put(&w, IPCREF__HELLO_BYTES, 4);
-  ipcref__put(&w, IPCREF__HELLO_MAGIC, 4);
-  ipcref__put(&w, IPCREF__MSG_VERSION, 4);
-  ipcref__put(&w, (uint64_t)p->ctx->pid, 4);
-  ipcref__put(&w, p->ctx->nonce, 8);
+  ipcref__wire_init(&w, b, sizeof b);
+  if (stream) ipcref__wire_put(&w, IPCREF__HELLO_BYTES, 4);
+  ipcref__wire_put(&w, IPCREF__HELLO_MAGIC, 4);
+  ipcref__wire_put(&w, IPCREF__MSG_VERSION, 4);
+  ipcref__wire_put(&w, (uint64_t)p->ctx->pid, 4);
+  ipcref__wire_put(&w, p->ctx->nonce, 8);
   cred.pid = getpid();
   cred.uid = getuid();
   cred.gid = getgid();
@@ -5413,19 +5532,16 @@ IPCREF_PRIVATE ipcref_result ipcref__hello_read(ipcref_peer *p,
       ipcref__take_fds(c, NULL, &none, 0);
     }
   }
-  w.p = b;
-  w.len = (size_t)k;
-  w.pos = 0;
-  w.bad = 0;
-  if ((stream && ipcref__get(&w, 4) != IPCREF__HELLO_BYTES) ||
-      ipcref__get(&w, 4) != IPCREF__HELLO_MAGIC ||
-      ipcref__get(&w, 4) != IPCREF__MSG_VERSION || w.bad || (size_t)k != want ||
-      !got_cred) {
+  ipcref__wire_init(&w, b, (size_t)k);
+  if ((stream && ipcref__wire_get(&w, 4) != IPCREF__HELLO_BYTES) ||
+      ipcref__wire_get(&w, 4) != IPCREF__HELLO_MAGIC ||
+      ipcref__wire_get(&w, 4) != IPCREF__MSG_VERSION || w.bad ||
+      (size_t)k != want || !got_cred) {
     p->hello = -1;
     return IPCREF_EPROTO;
   }
-  (void)ipcref__get(&w, 4); /* its pid: the credentials' is the one */
-  p->nonce = ipcref__get(&w, 8);
+  (void)ipcref__wire_get(&w, 4); /* its pid: the credentials' is the one */
+  p->nonce = ipcref__wire_get(&w, 8);
   if (!ipcref__uid_allowed(p->ctx, (uint32_t)p->uid))
     return ipcref__peer_refuse(p);
   p->hello = 1;
@@ -5560,27 +5676,10 @@ IPCREF_API void ipcref_peer_free(ipcref_peer *p) {
   ipcref__sweep(ctx);
   (void)ipcref__pump(ctx, 0);
   close(p->fd);
-  IPCREF_FREE(p->seen);
+  IPCREF_FREE(p->sent);
   IPCREF_FREE(p->retired);
   ipcref__peer_bury(ctx, p);
   IPCREF__UNLOCK(ctx);
-}
-
-/* 1 when the other side was sent (nonce, key) already; else records it. */
-IPCREF_PRIVATE int ipcref__seen(ipcref_peer *p, uint64_t nonce, uint64_t key,
-                                int *fail) {
-  size_t i;
-  for (i = 0; i < p->nseen; i++)
-    if (p->seen[i].nonce == nonce && p->seen[i].key == key) return 1;
-  if (!ipcref__grow((void **)&p->seen, &p->capseen, p->nseen + 1,
-                    sizeof *p->seen)) {
-    *fail = 1;
-    return 0;
-  }
-  p->seen[p->nseen].nonce = nonce;
-  p->seen[p->nseen].key = key;
-  p->nseen++;
-  return 0;
 }
 
 #endif /* IPCREF__SHARING_IMPL */
@@ -5599,7 +5698,8 @@ IPCREF_PRIVATE ipcref__map *ipcref__map_find(ipcref_ctx *ctx, int kind,
                                              uint64_t nonce, uint64_t id) {
   ipcref__map *m;
   for (m = ctx->maps; m; m = m->next)
-    if ((m->kind == kind || (kind == 1 && m->kind == 3)) &&
+    if ((m->kind == kind ||
+         (kind == IPCREF__KIND_SEGMENT && m->kind == IPCREF__KIND_DEVICE)) &&
         m->origin_nonce == nonce && m->id == id)
       return m;
   return NULL;
@@ -5621,7 +5721,8 @@ IPCREF_PRIVATE void ipcref__lease_cancel(ipcref_ctx *ctx,
     size_t freed = 0;
     if (l) (void)ipcref__lease_free(ctx, l, r->slot, r->gen, &freed);
   } else { /* a forwarded lease: return it to its origin's ledger */
-    ipcref__map *m = ipcref__map_find(ctx, 2, r->origin_nonce, r->ledger_id);
+    ipcref__map *m = ipcref__map_find(ctx, IPCREF__KIND_LEDGER, r->origin_nonce,
+                                      r->ledger_id);
     uint64_t e = ipcref__ring_entry(IPCREF__RING_RELEASE, r->slot, r->gen);
     if (m && r->slot < m->nslots)
       ipcref__ring_push(m->base, m->nslots, &e, 1, NULL);
@@ -5667,207 +5768,272 @@ IPCREF_PRIVATE ipcref_result ipcref__events_record(const ipcref_view *views,
   return IPCREF_OK;
 }
 
-/* Takes a lease for `v` and fills its record (under the lock). */
+/* Where a leased block lives, as its peer must be told: filled by the
+ * lease's taking (own block or forwarded import), read by the record and
+ * by ipcref__fd_recs_add. */
+typedef struct ipcref__lease_src {
+  int device;   /* a device segment: sent as its handle, not an fd */
+  int seg_fd;   /* host: the fd the peer gets (-1: none could be made) */
+  int writable; /* the peer may map it writable */
+  int32_t dev_type, dev_id;
+  const unsigned char *handle;
+  uint32_t origin_pid;
+  uint64_t origin_nonce, seg_id, seg_size;
+  uint64_t ledger_id;
+  int ledger_fd;
+  uint32_t ledger_n;
+} ipcref__lease_src;
+
+/* A ledger of peer `p` with a free slot (under the lock): its current one,
+ * else an older one with room once returned leases are swept, else a new
+ * one. */
+IPCREF_PRIVATE ipcref_result ipcref__ledger_with_room(ipcref_peer *p,
+                                                      ipcref__ledger **out) {
+  ipcref_ctx *ctx = p->ctx;
+  ipcref__ledger *l = p->ledger;
+  if (!l || l->nfree == 0) {
+    ipcref__sweep(ctx); /* returned leases free their slots first */
+    for (l = ctx->ledgers; l; l = l->next)
+      if (l->peer == p && l->nfree) break;
+    if (!l) {
+      ipcref_result r = ipcref__ledger_new(ctx, p, &l);
+      if (r != IPCREF_OK) return r;
+    }
+    p->ledger = l;
+  }
+  *out = l;
+  return IPCREF_OK;
+}
+
+/* The device half of leasing block `b` (lease `ls`): the segment's IPC
+ * handle, made once, and the event recorded for this hand-off, which the
+ * lease keeps until it ends. */
+IPCREF_PRIVATE ipcref_result ipcref__lease_device(ipcref__block *b,
+                                                  ipcref__lease *ls,
+                                                  ipcref__view_event *ev,
+                                                  ipcref__view_rec *r,
+                                                  ipcref__lease_src *src) {
+  ipcref__pool *pool = b->seg->pool;
+  if (!b->seg->exported) {
+    ipcref_result res = pool->be->seg_export(pool->be, pool->dev, b->seg->daddr,
+                                             b->seg->handle);
+    if (res != IPCREF_OK) return res;
+    b->seg->exported = 1;
+  }
+  ls->be = pool->be;
+  ls->event = ev->event;
+  ev->event = NULL;
+  memcpy(r->event, ev->handle, sizeof r->event);
+  r->has_event = 1;
+  src->device = 1;
+  src->dev_type = pool->be->device_type;
+  src->dev_id = pool->dev;
+  src->handle = b->seg->handle;
+  src->seg_fd = -1;
+  return IPCREF_OK;
+}
+
+/* A lease on block `b`, made here, in a ledger of `p` (under the lock).
+ * The slot is published live before anything can fail; a failure after
+ * that cancels it. */
+IPCREF_PRIVATE ipcref_result ipcref__lease_take_own(
+    ipcref_peer *p, ipcref__block *b, ipcref_buf *buf, ipcref__view_event *ev,
+    ipcref__view_rec *r, ipcref__lease_src *src) {
+  ipcref_ctx *ctx = p->ctx;
+  ipcref__ledger *l;
+  ipcref__lease *ls;
+  uint64_t *slots;
+  ipcref_result res;
+  if (b->seg->ctx != ctx) return IPCREF_EINVAL;
+  res = ipcref__ledger_with_room(p, &l);
+  if (res != IPCREF_OK) return res;
+  slots = ipcref__ledger_slots(l->base);
+  r->slot = l->free_stack[--l->nfree];
+  r->gen = (uint32_t)(__atomic_load_n(&slots[2 * (size_t)r->slot],
+                                      __ATOMIC_RELAXED) >>
+                      2) +
+           1u;
+  ls = &l->leases[r->slot];
+  ls->block = b;
+  ls->gen = r->gen;
+  if (buf->release == ipcref__alias_release) { /* a hold of the alias */
+    ls->alias = (ipcref__alias *)buf->release_user;
+    ls->alias->holds++;
+  }
+  l->live++;
+  b->leases++;
+  ctx->st.live_slots++;
+  r->origin_nonce = ctx->nonce; /* what a cancel needs, from here on */
+  r->ledger_id = l->id;
+  slots[2 * (size_t)r->slot + 1] = (uint64_t)(uint32_t)p->pid; /* holder */
+  __atomic_store_n(&slots[2 * (size_t)r->slot],
+                   ((uint64_t)r->gen << 2) | IPCREF__SLOT_LIVE,
+                   __ATOMIC_RELEASE);
+  IPCREF__STEP("export");
+  /* Read-only: with the segment's F_SEAL_FUTURE_WRITE, no consumer can
+   * map it writable, whatever it does with the fd. */
+  src->seg_fd = ctx->opt.writable_shares ? b->seg->fd : b->seg->ro_fd;
+  if (b->seg->pool->be) {
+    res = ipcref__lease_device(b, ls, ev, r, src);
+    if (res != IPCREF_OK) {
+      ipcref__lease_cancel(ctx, r);
+      return res;
+    }
+  }
+  src->writable = ctx->opt.writable_shares != 0;
+  src->origin_pid = (uint32_t)ctx->pid;
+  src->origin_nonce = ctx->nonce;
+  src->seg_id = b->seg->id;
+  src->seg_size = b->seg->size;
+  r->block_offset = b->offset;
+  r->block_size = b->size;
+  src->ledger_id = l->id;
+  src->ledger_fd = l->fd;
+  src->ledger_n = l->n;
+  return IPCREF_OK;
+}
+
+/* A lease for a peer on a buffer imported here (view `v`): a slot claimed
+ * in the producer's ledger, linked to ours through its ring, so that the
+ * producer counts the peer's hold and ours apart. */
+IPCREF_PRIVATE ipcref_result
+ipcref__lease_take_forward(ipcref_peer *p, const ipcref_view *v,
+                           ipcref__view_rec *r, ipcref__lease_src *src) {
+  ipcref__import *imp = (ipcref__import *)v->buf->release_user;
+  ipcref__map *lm = imp->ledger;
+  uint64_t *slots = ipcref__ledger_slots(lm->base), e[2];
+  uint32_t half = lm->nslots / 2, i, start, s = 0;
+  int got = 0;
+  start = (uint32_t)((uintptr_t)v >> 6) % half;
+  for (i = 0; i < half && !got; i++) {
+    uint64_t w;
+    s = half + (start + i) % half;
+    w = __atomic_load_n(&slots[2 * (size_t)s], __ATOMIC_ACQUIRE);
+    if ((w & 3u) != IPCREF__SLOT_FREE) continue;
+    /* Claim it: forwarders of one ledger may race here. */
+    got = __atomic_compare_exchange_n(&slots[2 * (size_t)s], &w,
+                                      (((w >> 2) + 1) << 2) | IPCREF__SLOT_LIVE,
+                                      0, __ATOMIC_ACQ_REL, __ATOMIC_RELAXED);
+    if (got) r->gen = (uint32_t)((w >> 2) + 1);
+  }
+  if (!got) return IPCREF_EBUSY; /* every forwarding slot is in use */
+  r->slot = s;
+  /* The holder, and the parent, for the producer to adopt this lease
+   * should its link never be written (see ipcref__adopt_forwards). */
+  __atomic_store_n(&slots[2 * (size_t)s + 1],
+                   ((uint64_t)(imp->slot + 1u) << 32) | (uint32_t)p->pid,
+                   __ATOMIC_RELEASE);
+  e[0] = ipcref__ring_entry(IPCREF__RING_LINK, s, r->gen);
+  e[1] = ipcref__ring_entry(IPCREF__RING_PARENT, imp->slot, imp->gen);
+  ipcref__ring_push(lm->base, lm->nslots, e, 2, "forward");
+  if (imp->seg->kind == IPCREF__KIND_DEVICE) { /* the producer's event */
+    src->device = 1;
+    src->dev_type = imp->seg->dev_type;
+    src->dev_id = imp->seg->dev_id;
+    src->handle = imp->seg->handle;
+    r->has_event = imp->has_event;
+    memcpy(r->event, imp->event, sizeof r->event);
+  }
+  src->seg_fd = imp->seg->fd;
+  src->writable = imp->seg->writable;
+  src->origin_pid = (uint32_t)imp->seg->origin_pid;
+  src->origin_nonce = imp->seg->origin_nonce;
+  src->seg_id = imp->seg->id;
+  src->seg_size = imp->seg->size;
+  r->block_offset = imp->offset;
+  r->block_size = imp->size;
+  src->ledger_id = lm->id;
+  src->ledger_fd = lm->fd;
+  src->ledger_n = lm->nslots;
+  return IPCREF_OK;
+}
+
+/* The records (and fds) of what peer `p` lacks to map a lease from
+ * `src`: its segment (an fd, or a device's handle) and its ledger's fd.
+ * 0 when out of memory. */
+IPCREF_PRIVATE int ipcref__fd_recs_add(ipcref_peer *p,
+                                       const ipcref__lease_src *src,
+                                       ipcref__fd_rec *fdr, int *nrec, int *fds,
+                                       int *nfd, int dup_fds) {
+  int fail = 0;
+  if (!ipcref__sent_mark(p, src->origin_nonce, ipcref__sent_key(src->seg_id, 0),
+                         &fail) &&
+      !fail) {
+    ipcref__fd_rec *f = &fdr[(*nrec)++];
+    memset(f, 0, sizeof *f);
+    f->kind = src->device ? IPCREF__KIND_DEVICE : IPCREF__KIND_SEGMENT;
+    f->writable = src->writable;
+    f->origin_pid = src->origin_pid;
+    f->origin_nonce = src->origin_nonce;
+    f->id = src->seg_id;
+    f->size = src->seg_size;
+    if (src->device) {
+      f->dev_type = src->dev_type;
+      f->dev_id = src->dev_id;
+      memcpy(f->handle, src->handle, IPCREF_HANDLE_BYTES);
+    } else {
+      fds[(*nfd)++] =
+          dup_fds ? fcntl(src->seg_fd, F_DUPFD_CLOEXEC, 0) : src->seg_fd;
+    }
+  }
+  if (!fail &&
+      !ipcref__sent_mark(p, src->origin_nonce,
+                         ipcref__sent_key(src->ledger_id, 1), &fail) &&
+      !fail) {
+    ipcref__fd_rec *f = &fdr[(*nrec)++];
+    memset(f, 0, sizeof *f);
+    f->kind = IPCREF__KIND_LEDGER;
+    f->writable = 1;
+    f->origin_pid = src->origin_pid;
+    f->origin_nonce = src->origin_nonce;
+    f->id = src->ledger_id;
+    f->size = ipcref__ledger_bytes(src->ledger_n);
+    fds[(*nfd)++] =
+        dup_fds ? fcntl(src->ledger_fd, F_DUPFD_CLOEXEC, 0) : src->ledger_fd;
+  }
+  return !fail;
+}
+
+/* Takes a lease for view `v` for peer `p` and fills its record `r`, and
+ * the records and fds of what the peer lacks to map it (under the lock).
+ * On error nothing stays taken. */
 IPCREF_PRIVATE ipcref_result
 ipcref__lease_take(ipcref_peer *p, const ipcref_view *v, ipcref__view_event *ev,
                    ipcref__view_rec *r, ipcref__fd_rec *fdr, int *nrec,
                    int *fds, int *nfd, int dup_fds) {
-  ipcref_ctx *ctx = p->ctx;
-  ipcref_buf *buf = v->buf;
-  int seg_fd, ledger_fd, fail = 0, seg_writable, device = 0;
-  int32_t dev_type = 0, dev_id = 0;
-  const unsigned char *handle = NULL;
-  uint64_t nonce, seg_id, ledger_id, seg_size;
-  uint32_t origin_pid, ledger_n;
-  ipcref__block *local = ipcref__local_block(buf);
+  ipcref__block *local = ipcref__local_block(v->buf);
+  ipcref__lease_src src;
+  ipcref_result res;
   memset(r, 0, sizeof *r);
-  if (local) {
-    ipcref__block *b = local;
-    ipcref__ledger *l = p->ledger;
-    uint64_t *slots;
-    ipcref_result res;
-    if (b->seg->ctx != ctx) return IPCREF_EINVAL;
-    if (!l || l->nfree == 0) { /* an older one with room, or a new one */
-      ipcref__sweep(ctx);      /* returned leases free their slots first */
-      for (l = ctx->ledgers; l; l = l->next)
-        if (l->peer == p && l->nfree) break;
-      if (!l) {
-        res = ipcref__ledger_new(ctx, p, &l);
-        if (res != IPCREF_OK) return res;
-      }
-      p->ledger = l;
-    }
-    slots = ipcref__ledger_slots(l->base);
-    r->slot = l->free_stack[--l->nfree];
-    r->gen = (uint32_t)(__atomic_load_n(&slots[2 * (size_t)r->slot],
-                                        __ATOMIC_RELAXED) >>
-                        2) +
-             1u;
-    l->leases[r->slot].block = b;
-    l->leases[r->slot].gen = r->gen;
-    if (buf->release == ipcref__alias_release) { /* a hold of the alias */
-      l->leases[r->slot].alias = (ipcref__alias *)buf->release_user;
-      l->leases[r->slot].alias->holds++;
-    }
-    l->live++;
-    b->leases++;
-    ctx->st.live_slots++;
-    r->origin_nonce = ctx->nonce; /* what a cancel needs, from here on */
-    r->ledger_id = l->id;
-    slots[2 * (size_t)r->slot + 1] = (uint64_t)(uint32_t)p->pid; /* holder */
-    __atomic_store_n(&slots[2 * (size_t)r->slot],
-                     ((uint64_t)r->gen << 2) | IPCREF__SLOT_LIVE,
-                     __ATOMIC_RELEASE);
-    IPCREF__STEP("export");
-    if (b->seg->pool->be) { /* device memory: its handle, and an event */
-      ipcref__pool *pool = b->seg->pool;
-      if (!b->seg->exported) {
-        res = pool->be->seg_export(pool->be, pool->dev, b->seg->daddr,
-                                   b->seg->handle);
-        if (res != IPCREF_OK) {
-          ipcref__lease_cancel(ctx, r);
-          return res;
-        }
-        b->seg->exported = 1;
-      }
-      l->leases[r->slot].be = pool->be; /* the lease keeps the event */
-      l->leases[r->slot].event = ev->event;
-      ev->event = NULL;
-      memcpy(r->event, ev->handle, sizeof r->event);
-      r->has_event = 1;
-      device = 1;
-      dev_type = pool->be->device_type;
-      dev_id = pool->dev;
-      handle = b->seg->handle;
-      seg_fd = -1;
-    } else if (ctx->opt.writable_shares) {
-      seg_fd = b->seg->fd;
-    } else {
-      /* Read-only: with the segment's F_SEAL_FUTURE_WRITE, no consumer can
-       * map it writable, whatever it does with the fd. */
-      seg_fd = b->seg->ro_fd;
-    }
-    seg_writable = ctx->opt.writable_shares != 0;
-    nonce = ctx->nonce;
-    origin_pid = (uint32_t)ctx->pid;
-    seg_id = b->seg->id;
-    seg_size = b->seg->size;
-    r->block_offset = b->offset;
-    r->block_size = b->size;
-    ledger_id = l->id;
-    ledger_fd = l->fd;
-    ledger_n = l->n;
-  } else { /* forwarding an imported buffer */
-    ipcref__import *imp = (ipcref__import *)buf->release_user;
-    ipcref__map *lm = imp->ledger;
-    uint64_t *slots = ipcref__ledger_slots(lm->base), e[2];
-    uint32_t half = lm->nslots / 2, i, start, s = 0;
-    int got = 0;
-    start = (uint32_t)((uintptr_t)v >> 6) % half;
-    for (i = 0; i < half && !got; i++) {
-      uint64_t w;
-      s = half + (start + i) % half;
-      w = __atomic_load_n(&slots[2 * (size_t)s], __ATOMIC_ACQUIRE);
-      if ((w & 3u) != IPCREF__SLOT_FREE) continue;
-      /* Claim it: forwarders of one ledger may race here. */
-      got = __atomic_compare_exchange_n(
-          &slots[2 * (size_t)s], &w, (((w >> 2) + 1) << 2) | IPCREF__SLOT_LIVE,
-          0, __ATOMIC_ACQ_REL, __ATOMIC_RELAXED);
-      if (got) r->gen = (uint32_t)((w >> 2) + 1);
-    }
-    if (!got) return IPCREF_EBUSY; /* every forwarding slot is in use */
-    r->slot = s;
-    /* The holder, and the parent, for the producer to adopt this lease
-     * should its link never be written (see ipcref__adopt_forwards). */
-    __atomic_store_n(&slots[2 * (size_t)s + 1],
-                     ((uint64_t)(imp->slot + 1u) << 32) | (uint32_t)p->pid,
-                     __ATOMIC_RELEASE);
-    e[0] = ipcref__ring_entry(IPCREF__RING_LINK, s, r->gen);
-    e[1] = ipcref__ring_entry(IPCREF__RING_PARENT, imp->slot, imp->gen);
-    ipcref__ring_push(lm->base, lm->nslots, e, 2, "forward");
-    if (imp->seg->kind == 3) { /* the producer's event goes on */
-      device = 1;
-      dev_type = imp->seg->dev_type;
-      dev_id = imp->seg->dev_id;
-      handle = imp->seg->handle;
-      r->has_event = imp->has_event;
-      memcpy(r->event, imp->event, sizeof r->event);
-    }
-    seg_fd = imp->seg->fd;
-    seg_writable = imp->seg->writable;
-    nonce = imp->seg->origin_nonce;
-    origin_pid = (uint32_t)imp->seg->origin_pid;
-    seg_id = imp->seg->id;
-    seg_size = imp->seg->size;
-    r->block_offset = imp->offset;
-    r->block_size = imp->size;
-    ledger_id = lm->id;
-    ledger_fd = lm->fd;
-    ledger_n = lm->nslots;
-  }
-  r->origin_pid = origin_pid;
-  r->origin_nonce = nonce;
-  r->seg_id = seg_id;
-  r->seg_size = seg_size;
-  r->ledger_id = ledger_id;
-  r->writable = seg_writable;
+  memset(&src, 0, sizeof src);
+  res = local ? ipcref__lease_take_own(p, local, v->buf, ev, r, &src)
+              : ipcref__lease_take_forward(p, v, r, &src);
+  if (res != IPCREF_OK) return res;
+  r->origin_pid = src.origin_pid;
+  r->origin_nonce = src.origin_nonce;
+  r->seg_id = src.seg_id;
+  r->seg_size = src.seg_size;
+  r->ledger_id = src.ledger_id;
+  r->writable = src.writable;
   r->view = *v;
-  r->view.buf = NULL;
-  r->view.byte_offset = v->byte_offset; /* relative to the block's data */
-  /* What the peer lacks: the segment (its fd, or a device's handle) and
-   * the ledger's fd. */
-  if (!device && seg_fd < 0) goto sys;
-  if (!ipcref__seen(p, nonce, seg_id << 1, &fail) && !fail) {
-    ipcref__fd_rec *f = &fdr[(*nrec)++];
-    memset(f, 0, sizeof *f);
-    f->kind = device ? 3 : 1;
-    f->writable = seg_writable;
-    f->origin_pid = origin_pid;
-    f->origin_nonce = nonce;
-    f->id = seg_id;
-    f->size = seg_size;
-    if (device) {
-      f->dev_type = dev_type;
-      f->dev_id = dev_id;
-      memcpy(f->handle, handle, IPCREF_HANDLE_BYTES);
-    } else {
-      fds[(*nfd)++] = dup_fds ? fcntl(seg_fd, F_DUPFD_CLOEXEC, 0) : seg_fd;
-    }
-  }
-  if (!fail && !ipcref__seen(p, nonce, (ledger_id << 1) | 1u, &fail) && !fail) {
-    ipcref__fd_rec *f = &fdr[(*nrec)++];
-    memset(f, 0, sizeof *f);
-    f->kind = 2;
-    f->writable = 1;
-    f->origin_pid = origin_pid;
-    f->origin_nonce = nonce;
-    f->id = ledger_id;
-    f->size = ipcref__ledger_bytes(ledger_n);
-    fds[(*nfd)++] = dup_fds ? fcntl(ledger_fd, F_DUPFD_CLOEXEC, 0) : ledger_fd;
-  }
-  if (fail) {
-    ipcref__lease_cancel(ctx, r);
-    return IPCREF_ENOMEM;
-  }
-  return IPCREF_OK;
-sys:
-  ipcref__lease_cancel(ctx, r);
-  return IPCREF_ESYS;
+  r->view.buf = NULL; /* byte_offset: relative to the block's data */
+  if (!src.device && src.seg_fd < 0)
+    res = IPCREF_ESYS;
+  else if (!ipcref__fd_recs_add(p, &src, fdr, nrec, fds, nfd, dup_fds))
+    res = IPCREF_ENOMEM;
+  if (res != IPCREF_OK) ipcref__lease_cancel(p->ctx, r);
+  return res;
 }
 
 /* Forgets that the peer was sent the fds of these records (the message
  * carrying them never left). */
-IPCREF_PRIVATE void ipcref__unsee(ipcref_peer *p, const ipcref__fd_rec *fdr,
-                                  int n) {
+IPCREF_PRIVATE void ipcref__sent_forget_recs(ipcref_peer *p,
+                                             const ipcref__fd_rec *fdr, int n) {
   int i;
-  size_t k;
   for (i = 0; i < n; i++)
-    for (k = 0; k < p->nseen; k++)
-      if (p->seen[k].nonce == fdr[i].origin_nonce &&
-          p->seen[k].key == ((fdr[i].id << 1) | (uint64_t)(fdr[i].kind == 2))) {
-        p->seen[k] = p->seen[--p->nseen];
-        break;
-      }
+    (void)ipcref__sent_forget(
+        p, fdr[i].origin_nonce,
+        ipcref__sent_key(fdr[i].id, fdr[i].kind == IPCREF__KIND_LEDGER));
 }
 
 /* EDEAD, reported naming `fn`, when a view's buffer is a shared buffer
@@ -5894,13 +6060,14 @@ IPCREF_PRIVATE ipcref_result ipcref__export_msg(ipcref_peer *p,
                                                 ipcref__view_event *ev,
                                                 ipcref_msg *msg, int dup_fds) {
   ipcref_ctx *ctx = p->ctx;
-  ipcref__view_rec recs[IPCREF__MSG_VIEWS];
+  ipcref__view_rec recs[IPCREF_MSG_MAX_VIEWS];
   ipcref__fd_rec fdr[IPCREF_MSG_MAX_FDS];
+  ipcref__msg_head head;
   ipcref__wire w;
   size_t nret;
   int i, nfd = 0, nrec = 0;
   ipcref_result r = IPCREF_OK;
-  if (n < 1 || n > IPCREF__MSG_VIEWS) return IPCREF_EINVAL;
+  if (n < 1 || n > IPCREF_MSG_MAX_VIEWS) return IPCREF_EINVAL;
   for (i = 0; i < n; i++)
     if (!ipcref__view_valid(&views[i]) || !ipcref_buf_is_shared(views[i].buf))
       return IPCREF_EINVAL;
@@ -5920,26 +6087,22 @@ IPCREF_PRIVATE ipcref_result ipcref__export_msg(ipcref_peer *p,
   if (r != IPCREF_OK) {
     int k;
     for (k = 0; k < i; k++) ipcref__lease_cancel(ctx, &recs[k]);
-    ipcref__unsee(p, fdr, nrec);
+    ipcref__sent_forget_recs(p, fdr, nrec);
     if (dup_fds)
       for (k = 0; k < nfd; k++)
         if (msg->fds[k] >= 0) close(msg->fds[k]);
     return r;
   }
   nret = p->nretired < IPCREF__MSG_RETIRED ? p->nretired : IPCREF__MSG_RETIRED;
-  w.p = msg->bytes;
-  w.len = sizeof msg->bytes;
-  w.pos = 0;
-  w.bad = 0;
-  ipcref__put(&w, IPCREF__MSG_MAGIC, 4);
-  ipcref__put(&w, IPCREF__MSG_VERSION, 2);
-  ipcref__put(&w, (uint64_t)n, 2);
-  ipcref__put(&w, (uint64_t)nrec, 2);
-  ipcref__put(&w, nret, 2);
-  ipcref__put(&w, (uint64_t)ctx->pid, 4);
-  ipcref__put(&w, ctx->nonce, 8);
+  ipcref__wire_init(&w, msg->bytes, sizeof msg->bytes);
+  head.nviews = n;
+  head.nrecs = nrec;
+  head.nretired = (int)nret;
+  head.sender_pid = (uint32_t)ctx->pid;
+  head.sender_nonce = ctx->nonce;
+  ipcref__put_msg_head(&w, &head);
   for (i = 0; i < nrec; i++) ipcref__put_fd_rec(&w, &fdr[i]);
-  for (i = 0; i < (int)nret; i++) ipcref__put(&w, p->retired[i], 8);
+  for (i = 0; i < (int)nret; i++) ipcref__wire_put(&w, p->retired[i], 8);
   for (i = 0; i < n; i++) ipcref__put_view(&w, &recs[i]);
   /* IPCREF_MSG_MAX_BYTES holds the largest record these limits allow. */
   IPCREF_ASSERT(!w.bad);
@@ -5990,7 +6153,7 @@ IPCREF_PRIVATE void ipcref__import_finish(ipcref__import *imp) {
 IPCREF_PRIVATE void ipcref__import_release(void *user, void *data) {
   ipcref__import *imp = (ipcref__import *)user;
   (void)data;
-  if (imp->seg->kind == 3) {
+  if (imp->seg->kind == IPCREF__KIND_DEVICE) {
     ipcref_backend *be = imp->seg->be;
     ipcref_ctx *ctx = imp->ctx;
     void *fence = NULL;
@@ -6031,8 +6194,9 @@ IPCREF_PRIVATE ipcref_result ipcref__map_fd(int fd, const ipcref__fd_rec *r,
     return IPCREF_EPROTO;
   fl = fcntl(fd, F_GETFL);
   if (fl < 0) return IPCREF_EPROTO;
-  if (r->kind == 2 && r->size < IPCREF__LEDGER_HDR) return IPCREF_EPROTO;
-  if (r->kind == 2 || r->writable) { /* mapped writable */
+  if (r->kind == IPCREF__KIND_LEDGER && r->size < IPCREF__LEDGER_HDR)
+    return IPCREF_EPROTO;
+  if (r->kind == IPCREF__KIND_LEDGER || r->writable) { /* mapped writable */
     if ((fl & O_ACCMODE) != O_RDWR ||
         (seals & (F_SEAL_WRITE | F_SEAL_FUTURE_WRITE)) != 0)
       return IPCREF_EPROTO;
@@ -6055,8 +6219,8 @@ IPCREF_PRIVATE ipcref_result ipcref__map_fd(int fd, const ipcref__fd_rec *r,
   m->fd = fd;
   m->base = base;
   m->size = (size_t)r->size;
-  m->writable = r->kind == 1 && r->writable;
-  if (r->kind == 2) {
+  m->writable = r->kind == IPCREF__KIND_SEGMENT && r->writable;
+  if (r->kind == IPCREF__KIND_LEDGER) {
     ipcref__ledger_hdr *h = (ipcref__ledger_hdr *)(void *)base;
     uint32_t n = h->nslots;
     if (h->magic != IPCREF__LEDGER_MAGIC ||
@@ -6087,7 +6251,7 @@ IPCREF_PRIVATE ipcref_result ipcref__map_fd(int fd, const ipcref__fd_rec *r,
 IPCREF_PRIVATE ipcref_result ipcref__map_device(ipcref_ctx *ctx,
                                                 const ipcref__fd_rec *r,
                                                 ipcref__map **out) {
-  ipcref_backend *be = ipcref__backend(ctx, r->dev_type);
+  ipcref_backend *be = ipcref__backend_of(ctx, r->dev_type);
   ipcref__map *m;
   uint64_t addr, base;
   size_t size;
@@ -6111,7 +6275,7 @@ IPCREF_PRIVATE ipcref_result ipcref__map_device(ipcref_ctx *ctx,
     return IPCREF_EPROTO;
   }
 fill:
-  m->kind = 3;
+  m->kind = IPCREF__KIND_DEVICE;
   m->origin_nonce = r->origin_nonce;
   m->origin_pid = (int)r->origin_pid;
   m->id = r->id;
@@ -6129,8 +6293,8 @@ fill:
 
 /* The address of `offset` in a mapped segment, host or device. */
 IPCREF_PRIVATE void *ipcref__map_addr(const ipcref__map *m, uint64_t offset) {
-  return m->kind == 3 ? (void *)(uintptr_t)(m->daddr + offset)
-                      : (void *)(m->base + offset);
+  return m->kind == IPCREF__KIND_DEVICE ? (void *)(uintptr_t)(m->daddr + offset)
+                                        : (void *)(m->base + offset);
 }
 
 /* Fresh mappings join the cache (under the lock). */
@@ -6139,7 +6303,7 @@ IPCREF_PRIVATE void ipcref__maps_commit(ipcref_ctx *ctx, ipcref__map **fresh,
   int k;
   for (k = 0; k < n; k++) {
     IPCREF__LIST_PUSH(ctx->maps, fresh[k], next, prev);
-    if (fresh[k]->kind == 2)
+    if (fresh[k]->kind == IPCREF__KIND_LEDGER)
       ctx->st.counter_files++;
     else
       ctx->st.mapped_segments++;
@@ -6160,187 +6324,235 @@ IPCREF_PRIVATE void ipcref__leases_give_back(const ipcref__view_rec *recs,
   }
 }
 
-/* Imports a received record with its fds (takes the fds). `views` gets
- * one view per record. */
+/* The mappings one message needs: those it brings (fresh: out of the
+ * cache until the commit, dropped if the message is refused) and, per
+ * view, its segment and ledger. */
+typedef struct ipcref__msg_maps {
+  ipcref__map *fresh[IPCREF_MSG_MAX_FDS];
+  int nfresh;
+  ipcref__map *seg[IPCREF_MSG_MAX_VIEWS], *ledger[IPCREF_MSG_MAX_VIEWS];
+} ipcref__msg_maps;
+
+/* A mapping this message brings, or NULL; as ipcref__map_find, a segment
+ * is host or device memory. */
+IPCREF_PRIVATE ipcref__map *ipcref__fresh_find(const ipcref__msg_maps *mm,
+                                               int kind, uint64_t nonce,
+                                               uint64_t id) {
+  int k;
+  for (k = 0; k < mm->nfresh; k++)
+    if ((mm->fresh[k]->kind == IPCREF__KIND_LEDGER) ==
+            (kind == IPCREF__KIND_LEDGER) &&
+        mm->fresh[k]->origin_nonce == nonce && mm->fresh[k]->id == id)
+      return mm->fresh[k];
+  return NULL;
+}
+
+/* Import, step 1 (under the lock): the segments the sender destroyed are
+ * unmapped here once nothing uses them. */
+IPCREF_PRIVATE void ipcref__import_retire(ipcref_ctx *ctx,
+                                          const ipcref__msg_in *m) {
+  int i;
+  for (i = 0; i < m->head.nretired; i++) {
+    ipcref__map *s = ipcref__map_find(ctx, IPCREF__KIND_SEGMENT,
+                                      m->head.sender_nonce, m->retired[i]);
+    if (s) s->retired = 1;
+  }
+  ipcref__maps_trim(ctx, (size_t)1 << 30);
+}
+
+/* Import, step 2: maps what is new, each fd checked against its record
+ * first; an fd for something already mapped is redundant. A mapped fd is
+ * the map's (set to -1 in `fds`). */
+IPCREF_PRIVATE ipcref_result ipcref__import_map(ipcref_ctx *ctx,
+                                                const ipcref__msg_in *m,
+                                                int *fds,
+                                                ipcref__msg_maps *mm) {
+  int i;
+  for (i = 0; i < m->head.nrecs; i++) {
+    const ipcref__fd_rec *f = &m->recs[i];
+    int kind = f->kind == IPCREF__KIND_LEDGER ? IPCREF__KIND_LEDGER
+                                              : IPCREF__KIND_SEGMENT;
+    ipcref_result r;
+    if (ipcref__map_find(ctx, kind, f->origin_nonce, f->id) ||
+        ipcref__fresh_find(mm, kind, f->origin_nonce, f->id))
+      continue;
+    if (f->kind == IPCREF__KIND_DEVICE) {
+      r = ipcref__map_device(ctx, f, &mm->fresh[mm->nfresh]);
+    } else {
+      r = ipcref__map_fd(fds[m->fd_index[i]], f, &mm->fresh[mm->nfresh]);
+      if (r == IPCREF_OK) fds[m->fd_index[i]] = -1;
+    }
+    if (r != IPCREF_OK) return r;
+    mm->nfresh++;
+    IPCREF__STEP("map");
+  }
+  return IPCREF_OK;
+}
+
+/* Import, step 3: 1 when view record `i` may be taken. Its segment and
+ * ledger are mapped and agree with it; its lease is live at exactly its
+ * generation (a replay of an older message finds the slot freed or
+ * reused) and was not imported already, by an earlier message or an
+ * earlier record of this one (one export, one import); every element it
+ * reaches lies inside its block. */
+IPCREF_PRIVATE int ipcref__import_rec_ok(ipcref_ctx *ctx,
+                                         const ipcref__msg_in *m,
+                                         ipcref__msg_maps *mm, int i) {
+  const ipcref__view_rec *v = &m->views[i];
+  ipcref__map *seg, *led;
+  uint64_t word, end;
+  int k;
+  seg = ipcref__map_find(ctx, IPCREF__KIND_SEGMENT, v->origin_nonce, v->seg_id);
+  if (!seg)
+    seg = ipcref__fresh_find(mm, IPCREF__KIND_SEGMENT, v->origin_nonce,
+                             v->seg_id);
+  led =
+      ipcref__map_find(ctx, IPCREF__KIND_LEDGER, v->origin_nonce, v->ledger_id);
+  if (!led)
+    led = ipcref__fresh_find(mm, IPCREF__KIND_LEDGER, v->origin_nonce,
+                             v->ledger_id);
+  mm->seg[i] = seg;
+  mm->ledger[i] = led;
+  if (!seg || !led || seg->retired || seg->size != v->seg_size ||
+      v->block_size == 0 ||
+      __builtin_add_overflow(v->block_offset, v->block_size, &end) ||
+      end > seg->size || v->slot >= led->nslots ||
+      (v->writable && !seg->writable) ||
+      (v->has_event && seg->kind != IPCREF__KIND_DEVICE))
+    return 0;
+  word = __atomic_load_n(&ipcref__ledger_slots(led->base)[2 * (size_t)v->slot],
+                         __ATOMIC_ACQUIRE);
+  if (word != (((uint64_t)v->gen << 2) | IPCREF__SLOT_LIVE) ||
+      led->imported[v->slot] == v->gen + 1u)
+    return 0;
+  for (k = 0; k < i; k++)
+    if (mm->ledger[k] == led && m->views[k].slot == v->slot) return 0;
+  if (seg->kind == IPCREF__KIND_DEVICE && !seg->be) return 1; /* ENODEV */
+  return ipcref__view_fits(&v->view, v->block_size) &&
+         v->view.byte_offset % (int64_t)ipcref__dtype_sizes[v->view.dtype] == 0;
+}
+
+/* Import, step 4: what is needed before anything is taken. Device memory
+ * without its backend here is refused (ENODEV), its leases, which are
+ * genuine, given back at once and its mappings kept (the peer counts them
+ * sent); device data makes `stream` wait for the producer's writes (also
+ * when the segment was mapped before). */
+IPCREF_PRIVATE ipcref_result ipcref__import_ready(ipcref_ctx *ctx,
+                                                  const ipcref__msg_in *m,
+                                                  ipcref__msg_maps *mm,
+                                                  void *stream) {
+  int i, n = m->head.nviews;
+  for (i = 0; i < n; i++)
+    if (mm->seg[i]->kind == IPCREF__KIND_DEVICE && !mm->seg[i]->be) {
+      ipcref__maps_commit(ctx, mm->fresh, mm->nfresh);
+      mm->nfresh = 0;
+      ipcref__leases_give_back(m->views, mm->ledger, 0, n);
+      return IPCREF_ENODEV;
+    }
+  for (i = 0; i < n; i++)
+    if (m->views[i].has_event) {
+      ipcref_backend *be = mm->seg[i]->be;
+      ipcref_result r =
+          be->event_wait(be, mm->seg[i]->dev_id, stream, m->views[i].event);
+      if (r != IPCREF_OK) return r;
+    }
+  return IPCREF_OK;
+}
+
+/* Import, step 5, for one view: a buffer over its block whose death
+ * returns its lease (see ipcref__import_release). 0 when out of memory. */
+IPCREF_PRIVATE int ipcref__import_view(ipcref_ctx *ctx,
+                                       const ipcref__view_rec *v,
+                                       ipcref__map *seg, ipcref__map *led,
+                                       void *stream, ipcref_view *out) {
+  ipcref__import *imp = (ipcref__import *)ipcref__zalloc(sizeof *imp);
+  ipcref_buf *b = NULL;
+  ipcref_device dev;
+  int device = seg->kind == IPCREF__KIND_DEVICE;
+  dev.type = device ? seg->dev_type : IPCREF_DEVICE_CPU;
+  dev.id = device ? seg->dev_id : 0;
+  if (!imp || ipcref_buf_wrap_device(
+                  ipcref__map_addr(seg, v->block_offset), (size_t)v->block_size,
+                  dev, ipcref__import_release, imp, &b) != IPCREF_OK) {
+    IPCREF_FREE(imp);
+    return 0;
+  }
+  /* A read-only mapping is never writable, however unique. */
+  if (!seg->writable) ipcref__buf_set_read_only(b);
+  imp->ctx = ctx;
+  imp->seg = seg;
+  imp->ledger = led;
+  imp->slot = v->slot;
+  imp->gen = v->gen;
+  imp->offset = (size_t)v->block_offset;
+  imp->size = (size_t)v->block_size;
+  imp->stream = stream;
+  imp->has_event = v->has_event;
+  memcpy(imp->event, v->event, sizeof imp->event);
+  led->imported[v->slot] = v->gen + 1u;
+  __atomic_fetch_add(&seg->refs, 1, __ATOMIC_RELAXED);
+  __atomic_fetch_add(&led->refs, 1, __ATOMIC_RELAXED);
+  __atomic_fetch_add(&ctx->imported_bufs, 1, __ATOMIC_RELAXED);
+  __atomic_fetch_add(&ctx->refs, 1, __ATOMIC_RELAXED);
+  *out = v->view;
+  out->buf = b;
+  return 1;
+}
+
+/* Import, step 5: the fresh mappings join the cache and each view gets
+ * its buffer. Out of memory partway, the leases not used are given back
+ * (the views made are released by the caller, after the unlock). */
+IPCREF_PRIVATE ipcref_result ipcref__import_commit(
+    ipcref_ctx *ctx, const ipcref__msg_in *m, ipcref__msg_maps *mm,
+    void *stream, ipcref_view *views, int *nviews) {
+  int i, n = m->head.nviews;
+  ipcref__maps_commit(ctx, mm->fresh, mm->nfresh);
+  mm->nfresh = 0;
+  ctx->st.fds_received += (uint64_t)m->nfds;
+  for (i = 0; i < n; i++) {
+    if (!ipcref__import_view(ctx, &m->views[i], mm->seg[i], mm->ledger[i],
+                             stream, &views[i])) {
+      ipcref__leases_give_back(m->views, mm->ledger, i, n);
+      return IPCREF_ENOMEM;
+    }
+    (*nviews)++;
+  }
+  IPCREF__STEP("import");
+  return IPCREF_OK;
+}
+
+/* Imports a received message with its fds (takes the fds: each is closed
+ * or kept by a mapping). `views` gets one view per record. Decoded first
+ * (no side effect), then under the lock: retire, map, check every record,
+ * get ready, commit. A refused message changes nothing but the cache of
+ * what the sender retired, and the refusal count. */
 IPCREF_PRIVATE ipcref_result ipcref__import_bytes(
     ipcref_peer *p, const unsigned char *bytes, size_t len, int *fds, int nfds,
     void *stream, ipcref_view *views, int *nviews) {
   ipcref_ctx *ctx = p->ctx;
-  ipcref__wire w;
-  ipcref__fd_rec fdr[IPCREF_MSG_MAX_FDS];
-  ipcref__map *fresh[IPCREF_MSG_MAX_FDS];
-  ipcref__view_rec recs[IPCREF__MSG_VIEWS];
-  ipcref__map *segm[IPCREF__MSG_VIEWS], *ledm[IPCREF__MSG_VIEWS];
-  uint64_t sender_nonce;
-  int i, k, n, nrec, nfd = 0, nret, nfresh = 0, made = 0;
-  int fdi[IPCREF_MSG_MAX_FDS]; /* each record's fd, or -1 */
+  ipcref__msg_in m;
+  ipcref__msg_maps mm;
   ipcref_result r = IPCREF_EPROTO;
-  w.p = (unsigned char *)(uintptr_t)bytes;
-  w.len = len;
-  w.pos = 0;
-  w.bad = 0;
-  memset(fresh, 0, sizeof fresh);
-  if (ipcref__get(&w, 4) != IPCREF__MSG_MAGIC ||
-      ipcref__get(&w, 2) != IPCREF__MSG_VERSION)
-    goto close_fds;
-  n = (int)ipcref__get(&w, 2);
-  nrec = (int)ipcref__get(&w, 2);
-  nret = (int)ipcref__get(&w, 2);
-  (void)ipcref__get(&w, 4);
-  sender_nonce = ipcref__get(&w, 8);
-  if (w.bad || n < 1 || n > IPCREF__MSG_VIEWS || nrec > IPCREF_MSG_MAX_FDS ||
-      nret > IPCREF__MSG_RETIRED)
-    goto close_fds;
-  for (i = 0; i < nrec; i++) { /* kinds 1 and 2 take the fds in order */
-    if (!ipcref__get_fd_rec(&w, &fdr[i])) goto close_fds;
-    fdi[i] = fdr[i].kind == 3 ? -1 : nfd++;
-  }
-  if (nfd != nfds) goto close_fds;
-  IPCREF__LOCK(ctx);
-  (void)ipcref__pump(ctx, 0);
-  for (i = 0; i < nret; i++) { /* the sender destroyed these segments */
-    ipcref__map *m = ipcref__map_find(ctx, 1, sender_nonce, ipcref__get(&w, 8));
-    if (m) m->retired = 1;
-  }
-  ipcref__maps_trim(ctx, (size_t)1 << 30);
-  for (i = 0; i < n; i++)
-    if (!ipcref__get_view(&w, &recs[i])) goto unlock;
-  if (w.pos != w.len) goto unlock;
-  /* Map what is new; an fd for something already mapped is redundant. */
-  for (i = 0; i < nrec; i++) {
-    int kind = fdr[i].kind == 2 ? 2 : 1; /* segments: host or device */
-    if (ipcref__map_find(ctx, kind, fdr[i].origin_nonce, fdr[i].id)) continue;
-    for (k = 0; k < nfresh; k++)
-      if ((fresh[k]->kind == 2) == (kind == 2) &&
-          fresh[k]->origin_nonce == fdr[i].origin_nonce &&
-          fresh[k]->id == fdr[i].id)
-        break;
-    if (k < nfresh) continue;
-    if (fdr[i].kind == 3) {
-      r = ipcref__map_device(ctx, &fdr[i], &fresh[nfresh]);
-    } else {
-      r = ipcref__map_fd(fds[fdi[i]], &fdr[i], &fresh[nfresh]);
-      if (r == IPCREF_OK) fds[fdi[i]] = -1; /* the map owns it now */
+  int i, k;
+  *nviews = 0;
+  mm.nfresh = 0;
+  if (ipcref__msg_decode(bytes, len, &m) && m.nfds == nfds) {
+    IPCREF__LOCK(ctx);
+    (void)ipcref__pump(ctx, 0);
+    ipcref__import_retire(ctx, &m);
+    r = ipcref__import_map(ctx, &m, fds, &mm);
+    for (i = 0; r == IPCREF_OK && i < m.head.nviews; i++)
+      if (!ipcref__import_rec_ok(ctx, &m, &mm, i)) r = IPCREF_EPROTO;
+    if (r == IPCREF_OK) r = ipcref__import_ready(ctx, &m, &mm, stream);
+    if (r == IPCREF_OK)
+      r = ipcref__import_commit(ctx, &m, &mm, stream, views, nviews);
+    for (k = 0; k < mm.nfresh; k++) ipcref__map_drop(mm.fresh[k]); /* undo */
+    IPCREF__UNLOCK(ctx);
+    if (r != IPCREF_OK) { /* ENOMEM partway */
+      for (i = 0; i < *nviews; i++) ipcref_view_release(&views[i]);
+      *nviews = 0;
     }
-    if (r != IPCREF_OK) goto unlock;
-    nfresh++;
-    IPCREF__STEP("map");
   }
-  /* Check every record before anything is taken. */
-  r = IPCREF_EPROTO;
-  for (i = 0; i < n; i++) {
-    ipcref__view_rec *v = &recs[i];
-    struct ipcref_buf fake;
-    ipcref_view geo;
-    uint64_t *slots, word, end;
-    segm[i] = ipcref__map_find(ctx, 1, v->origin_nonce, v->seg_id);
-    ledm[i] = ipcref__map_find(ctx, 2, v->origin_nonce, v->ledger_id);
-    for (k = 0; k < nfresh; k++) {
-      if (fresh[k]->origin_nonce != v->origin_nonce) continue;
-      if (fresh[k]->kind != 2 && fresh[k]->id == v->seg_id) segm[i] = fresh[k];
-      if (fresh[k]->kind == 2 && fresh[k]->id == v->ledger_id)
-        ledm[i] = fresh[k];
-    }
-    if (!segm[i] || !ledm[i] || segm[i]->retired ||
-        segm[i]->size != v->seg_size || v->block_size == 0 ||
-        __builtin_add_overflow(v->block_offset, v->block_size, &end) ||
-        end > segm[i]->size || v->slot >= ledm[i]->nslots ||
-        (v->writable && !segm[i]->writable) ||
-        (v->has_event && segm[i]->kind != 3))
-      goto unlock;
-    /* The lease must be live at exactly this generation (a replay of an
-     * older message finds the slot freed or reused), and not imported
-     * already (one export, one import). */
-    slots = ipcref__ledger_slots(ledm[i]->base);
-    word = __atomic_load_n(&slots[2 * (size_t)v->slot], __ATOMIC_ACQUIRE);
-    if (word != (((uint64_t)v->gen << 2) | IPCREF__SLOT_LIVE) ||
-        ledm[i]->imported[v->slot] == v->gen + 1u)
-      goto unlock;
-    for (k = 0; k < i; k++)
-      if (ledm[k] == ledm[i] && recs[k].slot == v->slot) goto unlock;
-    if (segm[i]->kind == 3 && !segm[i]->be) continue; /* refused below */
-    /* Every element the view reaches lies inside the block. */
-    memset(&fake, 0, sizeof fake);
-    fake.data = ipcref__map_addr(segm[i], v->block_offset);
-    fake.size = (size_t)v->block_size;
-    geo = v->view;
-    geo.buf = &fake;
-    if (ipcref__view_check_new(&geo) != IPCREF_OK ||
-        geo.byte_offset % (int64_t)ipcref__dtype_sizes[geo.dtype] != 0)
-      goto unlock;
-  }
-  /* Device memory without its backend here: refused, and the leases, which
-   * are genuine, go back at once (nothing else of the message is used). */
-  for (i = 0; i < n; i++)
-    if (segm[i]->kind == 3 && !segm[i]->be) {
-      r = IPCREF_ENODEV;
-      ipcref__maps_commit(ctx, fresh, nfresh); /* the peer counts them sent */
-      nfresh = 0;
-      ipcref__leases_give_back(recs, ledm, 0, n);
-      goto unlock;
-    }
-  /* Device data: the stream waits for the producer's writes (also when
-   * the segment was mapped before). Nothing is taken yet if it fails. */
-  for (i = 0; i < n; i++)
-    if (recs[i].has_event) {
-      r = segm[i]->be->event_wait(segm[i]->be, segm[i]->dev_id, stream,
-                                  recs[i].event);
-      if (r != IPCREF_OK) goto unlock;
-    }
-  /* Commit: the new mappings join the cache, and each view gets a buffer
-   * whose death returns its lease. */
-  ipcref__maps_commit(ctx, fresh, nfresh);
-  nfresh = 0;
-  ctx->st.fds_received += (uint64_t)nfd;
-  r = IPCREF_OK;
-  for (i = 0; i < n; i++) {
-    ipcref__view_rec *v = &recs[i];
-    ipcref__import *imp = (ipcref__import *)ipcref__zalloc(sizeof *imp);
-    ipcref_buf *b = NULL;
-    ipcref_device dev;
-    dev.type = segm[i]->kind == 3 ? segm[i]->dev_type : IPCREF_DEVICE_CPU;
-    dev.id = segm[i]->kind == 3 ? segm[i]->dev_id : 0;
-    if (!imp ||
-        ipcref_buf_wrap_device(ipcref__map_addr(segm[i], v->block_offset),
-                               (size_t)v->block_size, dev,
-                               ipcref__import_release, imp, &b) != IPCREF_OK) {
-      /* Out of memory: give back the leases we cannot use. */
-      IPCREF_FREE(imp);
-      ipcref__leases_give_back(recs, ledm, i, n);
-      r = IPCREF_ENOMEM;
-      break;
-    }
-    /* A read-only mapping is never writable, however unique. */
-    if (!segm[i]->writable) ipcref__buf_set_read_only(b);
-    imp->ctx = ctx;
-    imp->seg = segm[i];
-    imp->ledger = ledm[i];
-    imp->slot = v->slot;
-    imp->gen = v->gen;
-    imp->offset = (size_t)v->block_offset;
-    imp->size = (size_t)v->block_size;
-    imp->stream = stream;
-    imp->has_event = v->has_event;
-    memcpy(imp->event, v->event, sizeof imp->event);
-    ledm[i]->imported[v->slot] = v->gen + 1u;
-    __atomic_fetch_add(&segm[i]->refs, 1, __ATOMIC_RELAXED);
-    __atomic_fetch_add(&ledm[i]->refs, 1, __ATOMIC_RELAXED);
-    __atomic_fetch_add(&ctx->imported_bufs, 1, __ATOMIC_RELAXED);
-    __atomic_fetch_add(&ctx->refs, 1, __ATOMIC_RELAXED);
-    views[i] = v->view;
-    views[i].buf = b;
-    made++;
-  }
-  *nviews = made;
-  if (made) IPCREF__STEP("import");
-unlock:
-  for (k = 0; k < nfresh; k++) ipcref__map_drop(fresh[k]); /* undo */
-  IPCREF__UNLOCK(ctx);
-  if (r != IPCREF_OK && made) { /* ENOMEM partway */
-    for (i = 0; i < made; i++) ipcref_view_release(&views[i]);
-    *nviews = 0;
-  }
-close_fds:
   for (i = 0; i < nfds; i++)
     if (fds[i] >= 0) close(fds[i]);
   if (r == IPCREF_EPROTO)
@@ -6385,7 +6597,7 @@ IPCREF_API ipcref_result ipcref_export(ipcref_peer *p, const ipcref_view *v,
 
 IPCREF_API ipcref_result ipcref_import(ipcref_peer *p, ipcref_msg *msg,
                                        ipcref_view *out) {
-  ipcref_view views[IPCREF__MSG_VIEWS];
+  ipcref_view views[IPCREF_MSG_MAX_VIEWS];
   ipcref_result r;
   int n = 0, i;
   if (!p || !msg || !out || msg->nfds < 0 || msg->nfds > IPCREF_MSG_MAX_FDS ||
@@ -6426,26 +6638,19 @@ IPCREF_API void ipcref_msg_free(ipcref_msg *msg) {
     /* Never imported: end the leases it carries. */
     ipcref_ctx *ctx = msg->origin->ctx;
     ipcref__wire w;
+    ipcref__msg_head head;
     ipcref__view_rec rec;
-    int n, nfd, nret;
-    w.p = msg->bytes;
-    w.len = msg->len;
-    w.pos = 0;
-    w.bad = 0;
-    (void)ipcref__get(&w, 6);
-    n = (int)ipcref__get(&w, 2);
-    nfd = (int)ipcref__get(&w, 2);
-    nret = (int)ipcref__get(&w, 2);
-    (void)ipcref__get(&w, 8); /* sender pid and nonce */
-    (void)ipcref__get(&w, 4);
+    ipcref__wire_init(&w, msg->bytes, msg->len);
+    if (!ipcref__get_msg_head(&w, &head)) head.nviews = head.nrecs = 0;
     IPCREF__LOCK(ctx);
     /* The peer never got these segments: send them again next time. */
-    for (; nfd > 0 && !w.bad; nfd--) {
+    for (i = 0; i < head.nrecs && !w.bad; i++) {
       ipcref__fd_rec f;
-      if (ipcref__get_fd_rec(&w, &f)) ipcref__unsee(msg->origin, &f, 1);
+      if (ipcref__get_fd_rec(&w, &f))
+        ipcref__sent_forget_recs(msg->origin, &f, 1);
     }
-    w.pos += (size_t)nret * 8;
-    while (n-- > 0 && ipcref__get_view(&w, &rec))
+    w.pos += (size_t)head.nretired * 8;
+    for (i = 0; i < head.nviews && ipcref__get_view(&w, &rec); i++)
       ipcref__lease_cancel(ctx, &rec);
     IPCREF__UNLOCK(ctx);
   }
@@ -6473,15 +6678,14 @@ IPCREF_PRIVATE ipcref_result ipcref__send_raw(ipcref_peer *p,
     struct cmsghdr align;
   } u;
   unsigned char lenbuf[4];
+  ipcref__wire w;
   struct iovec iov[2];
   struct msghdr mh;
   size_t total, sent = 0;
   int stream = p->sock_type == SOCK_STREAM, i;
   memset(&mh, 0, sizeof mh);
-  lenbuf[0] = (unsigned char)msg->len;
-  lenbuf[1] = (unsigned char)(msg->len >> 8);
-  lenbuf[2] = (unsigned char)(msg->len >> 16);
-  lenbuf[3] = 0;
+  ipcref__wire_init(&w, lenbuf, 4);
+  ipcref__wire_put(&w, msg->len, 4);
   iov[0].iov_base = lenbuf;
   iov[0].iov_len = 4;
   iov[1].iov_base = (void *)(uintptr_t)msg->bytes;
@@ -6522,13 +6726,13 @@ IPCREF_PRIVATE ipcref_result ipcref__send_raw(ipcref_peer *p,
   return IPCREF_OK;
 }
 
-IPCREF_PRIVATE ipcref_result ipcref__send(ipcref_peer *p,
-                                          const ipcref_view *views, int n,
-                                          void *stream, const char *fn) {
-  ipcref__view_event ev[IPCREF__MSG_VIEWS];
+IPCREF_PRIVATE ipcref_result ipcref__send_views(ipcref_peer *p,
+                                                const ipcref_view *views, int n,
+                                                void *stream, const char *fn) {
+  ipcref__view_event ev[IPCREF_MSG_MAX_VIEWS];
   ipcref_msg msg;
   ipcref_result r;
-  if (!p || !views || n < 1 || n > IPCREF__MSG_VIEWS) return IPCREF_EINVAL;
+  if (!p || !views || n < 1 || n > IPCREF_MSG_MAX_VIEWS) return IPCREF_EINVAL;
   if (!IPCREF__PEER_USABLE(p, fn)) return IPCREF_EDEAD;
   r = ipcref__views_live(views, n, fn);
   if (r == IPCREF_OK) r = ipcref__hello_need(p);
@@ -6554,16 +6758,16 @@ IPCREF_PRIVATE ipcref_result ipcref__send(ipcref_peer *p,
 
 IPCREF_API ipcref_result ipcref_send_batch(ipcref_peer *p,
                                            const ipcref_view *views, int n) {
-  return ipcref__send(p, views, n, NULL, "ipcref_send_batch");
+  return ipcref__send_views(p, views, n, NULL, "ipcref_send_batch");
 }
 
 IPCREF_API ipcref_result ipcref_send(ipcref_peer *p, const ipcref_view *v) {
-  return ipcref__send(p, v, 1, NULL, "ipcref_send");
+  return ipcref__send_views(p, v, 1, NULL, "ipcref_send");
 }
 
 IPCREF_API ipcref_result ipcref_send_on(ipcref_peer *p, const ipcref_view *v,
                                         void *stream) {
-  return ipcref__send(p, v, 1, stream, "ipcref_send_on");
+  return ipcref__send_views(p, v, 1, stream, "ipcref_send_on");
 }
 
 /* Reads exactly n bytes from a stream socket. */
@@ -6585,46 +6789,41 @@ IPCREF_API ipcref_result ipcref_recv(ipcref_peer *p, ipcref_view *out,
   return ipcref_recv_on(p, out, timeout_ms, NULL);
 }
 
-IPCREF_API ipcref_result ipcref_recv_on(ipcref_peer *p, ipcref_view *out,
-                                        int timeout_ms, void *stream) {
+/* The other side's hello, when it has not come yet, read within
+ * *timeout_ms, which is left with what remains of the caller's wait. */
+IPCREF_PRIVATE ipcref_result ipcref__hello_within(ipcref_peer *p,
+                                                  int *timeout_ms) {
+  struct timespec t0, t1;
+  ipcref_result r;
+  long spent;
+  if (p->hello) return IPCREF_OK;
+  clock_gettime(CLOCK_MONOTONIC, &t0);
+  r = ipcref__hello_read(p, *timeout_ms);
+  if (r != IPCREF_OK || *timeout_ms <= 0) return r;
+  clock_gettime(CLOCK_MONOTONIC, &t1);
+  spent = (long)(t1.tv_sec - t0.tv_sec) * 1000 +
+          (long)(t1.tv_nsec - t0.tv_nsec) / 1000000;
+  *timeout_ms = spent >= *timeout_ms ? 0 : *timeout_ms - (int)spent;
+  return IPCREF_OK;
+}
+
+/* Receives one record and its fds into `bytes` (IPCREF_MSG_MAX_BYTES) and
+ * `fds` (IPCREF_MSG_MAX_FDS): the mirror of ipcref__send_raw. On error
+ * the fds that came are closed. */
+IPCREF_PRIVATE ipcref_result ipcref__recv_raw(ipcref_peer *p,
+                                              unsigned char *bytes, size_t *len,
+                                              int *fds, int *nfds) {
   union {
     char buf[CMSG_SPACE(sizeof(int) * IPCREF_MSG_MAX_FDS)];
     struct cmsghdr align;
   } u;
-  unsigned char *bytes;
   unsigned char head[4];
   struct msghdr mh;
   struct iovec iov;
   struct cmsghdr *c;
-  int fds[IPCREF_MSG_MAX_FDS], nfds = 0, is_stream, i, n = 0;
-  size_t len;
+  int is_stream = p->sock_type == SOCK_STREAM, i;
   ssize_t k;
-  ipcref_result r;
-  if (!p || !out) return IPCREF_EINVAL;
-  if (!IPCREF__PEER_USABLE(p, "ipcref_recv")) return IPCREF_EDEAD;
-  if (p->pending_pos < p->npending) {
-    *out = p->pending[p->pending_pos++];
-    return IPCREF_OK;
-  }
-  if (!p->hello) { /* the other side's first message */
-    struct timespec t0, t1;
-    clock_gettime(CLOCK_MONOTONIC, &t0);
-    r = ipcref__hello_read(p, timeout_ms);
-    if (r != IPCREF_OK) return r;
-    if (timeout_ms > 0) { /* what is left of the caller's wait */
-      long spent;
-      clock_gettime(CLOCK_MONOTONIC, &t1);
-      spent = (long)(t1.tv_sec - t0.tv_sec) * 1000 +
-              (long)(t1.tv_nsec - t0.tv_nsec) / 1000000;
-      timeout_ms = spent >= timeout_ms ? 0 : timeout_ms - (int)spent;
-    }
-  }
-  if (p->hello < 0) return ipcref__hello_result(p);
-  r = ipcref__wait_readable(p->fd, timeout_ms);
-  if (r != IPCREF_OK) return r;
-  bytes = (unsigned char *)IPCREF_MALLOC(IPCREF_MSG_MAX_BYTES);
-  if (!bytes) return IPCREF_ENOMEM;
-  is_stream = p->sock_type == SOCK_STREAM;
+  ipcref_result r = IPCREF_EPROTO;
   memset(&mh, 0, sizeof mh);
   iov.iov_base = is_stream ? (void *)head : (void *)bytes;
   iov.iov_len = is_stream ? 4 : IPCREF_MSG_MAX_BYTES;
@@ -6632,39 +6831,62 @@ IPCREF_API ipcref_result ipcref_recv_on(ipcref_peer *p, ipcref_view *out,
   mh.msg_iovlen = 1;
   mh.msg_control = u.buf;
   mh.msg_controllen = sizeof u.buf;
+  *nfds = 0;
   k = ipcref__recvmsg(p->fd, &mh, is_stream);
   for (c = k >= 0 ? CMSG_FIRSTHDR(&mh) : NULL; c; c = CMSG_NXTHDR(&mh, c)) {
     if (c->cmsg_level == SOL_SOCKET && c->cmsg_type == SCM_RIGHTS)
-      ipcref__take_fds(c, fds, &nfds, IPCREF_MSG_MAX_FDS);
+      ipcref__take_fds(c, fds, nfds, IPCREF_MSG_MAX_FDS);
   }
   if (k <= 0) {
     r = k == 0 || errno == ECONNRESET ? IPCREF_EPEER : IPCREF_ESYS;
-    goto fail;
+  } else if (mh.msg_flags & (MSG_CTRUNC | MSG_TRUNC)) {
+    r = IPCREF_EPROTO;
+  } else if (!is_stream) {
+    *len = (size_t)k;
+    return IPCREF_OK;
+  } else if (k == 4) { /* a stream: the length, then the record */
+    ipcref__wire w;
+    ipcref__wire_init(&w, head, 4);
+    *len = (size_t)ipcref__wire_get(&w, 4);
+    r = *len > IPCREF_MSG_MAX_BYTES ? IPCREF_EPROTO
+                                    : ipcref__read_all(p->fd, bytes, *len);
+    if (r == IPCREF_OK) return r;
   }
-  r = IPCREF_EPROTO;
-  if (mh.msg_flags & (MSG_CTRUNC | MSG_TRUNC)) goto fail;
-  if (is_stream) {
-    if (k != 4) goto fail;
-    len = (size_t)head[0] | (size_t)head[1] << 8 | (size_t)head[2] << 16 |
-          (size_t)head[3] << 24;
-    if (len > IPCREF_MSG_MAX_BYTES) goto fail;
-    r = ipcref__read_all(p->fd, bytes, len);
-    if (r != IPCREF_OK) goto fail;
-  } else {
-    len = (size_t)k;
+  for (i = 0; i < *nfds; i++) close(fds[i]);
+  *nfds = 0;
+  return r;
+}
+
+IPCREF_API ipcref_result ipcref_recv_on(ipcref_peer *p, ipcref_view *out,
+                                        int timeout_ms, void *stream) {
+  unsigned char *bytes;
+  int fds[IPCREF_MSG_MAX_FDS], nfds = 0, n = 0;
+  size_t len = 0;
+  ipcref_result r;
+  if (!p || !out) return IPCREF_EINVAL;
+  if (!IPCREF__PEER_USABLE(p, "ipcref_recv")) return IPCREF_EDEAD;
+  if (p->pending_pos < p->npending) { /* the rest of a batch */
+    *out = p->pending[p->pending_pos++];
+    return IPCREF_OK;
   }
-  IPCREF__STEP("receive");
-  r = ipcref__import_bytes(p, bytes, len, fds, nfds, stream, p->pending, &n);
+  r = ipcref__hello_within(p, &timeout_ms);
+  if (r != IPCREF_OK) return r;
+  if (p->hello < 0) return ipcref__hello_result(p);
+  r = ipcref__wait_readable(p->fd, timeout_ms);
+  if (r != IPCREF_OK) return r;
+  bytes = (unsigned char *)IPCREF_MALLOC(IPCREF_MSG_MAX_BYTES);
+  if (!bytes) return IPCREF_ENOMEM;
+  r = ipcref__recv_raw(p, bytes, &len, fds, &nfds);
+  if (r == IPCREF_OK) {
+    IPCREF__STEP("receive");
+    r = ipcref__import_bytes(p, bytes, len, fds, nfds, stream, p->pending, &n);
+  }
   IPCREF_FREE(bytes);
   if (r != IPCREF_OK) return r;
   *out = p->pending[0];
   p->npending = n;
   p->pending_pos = 1;
   return IPCREF_OK;
-fail:
-  for (i = 0; i < nfds; i++) close(fds[i]);
-  IPCREF_FREE(bytes);
-  return r;
 }
 
 #endif /* IPCREF__SHARING_IMPL */

@@ -93,7 +93,7 @@ IPCREF_API ipcref_result ipcref_ctx_new(const ipcref_ctx_options *opt,
 
 /* Lets go of a mapping (not in the cache, or just taken out of it). */
 IPCREF_PRIVATE void ipcref__map_drop(ipcref__map *m) {
-  if (m->kind == 3) {
+  if (m->kind == IPCREF__KIND_DEVICE) {
     if (m->be) m->be->seg_close(m->be, m->dev_id, m->daddr);
   } else {
     munmap(m->base, m->size);
@@ -105,7 +105,7 @@ IPCREF_PRIVATE void ipcref__map_drop(ipcref__map *m) {
 
 IPCREF_PRIVATE void ipcref__map_unmap(ipcref_ctx *ctx, ipcref__map *m) {
   IPCREF__LIST_REMOVE(ctx->maps, m, next, prev);
-  if (m->kind == 2)
+  if (m->kind == IPCREF__KIND_LEDGER)
     ctx->st.counter_files--;
   else
     ctx->st.mapped_segments--;

@@ -5,9 +5,10 @@
 
 #ifdef IPCREF__SHARING_IMPL
 
-IPCREF_PRIVATE ipcref_backend *ipcref__backend(ipcref_ctx *ctx, int32_t type) {
+IPCREF_PRIVATE ipcref_backend *ipcref__backend_of(ipcref_ctx *ctx,
+                                                  int32_t type) {
   int i;
-  for (i = 0; i < 8; i++)
+  for (i = 0; i < IPCREF__MAX_BACKENDS; i++)
     if (ctx->backends[i] && ctx->backends[i]->device_type == type)
       return ctx->backends[i];
   return NULL;
@@ -24,8 +25,8 @@ IPCREF_API ipcref_result ipcref_ctx_add_backend(ipcref_ctx *ctx,
     return IPCREF_EINVAL;
   if (!IPCREF__CTX_USABLE(ctx)) return IPCREF_EDEAD;
   IPCREF__LOCK(ctx);
-  if (!ipcref__backend(ctx, be->device_type))
-    for (i = 0; i < 8; i++)
+  if (!ipcref__backend_of(ctx, be->device_type))
+    for (i = 0; i < IPCREF__MAX_BACKENDS; i++)
       if (!ctx->backends[i]) {
         ctx->backends[i] = be;
         r = IPCREF_OK;
@@ -38,7 +39,7 @@ IPCREF_API ipcref_result ipcref_ctx_add_backend(ipcref_ctx *ctx,
 /* The pool of device `dev` (under the lock); NULL with *r set. */
 IPCREF_PRIVATE ipcref__pool *ipcref__pool_of(ipcref_ctx *ctx, ipcref_device dev,
                                              ipcref_result *r) {
-  ipcref_backend *be = ipcref__backend(ctx, dev.type);
+  ipcref_backend *be = ipcref__backend_of(ctx, dev.type);
   ipcref__pool *pool;
   if (!be) {
     *r = IPCREF_ENODEV;

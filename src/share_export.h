@@ -10,7 +10,8 @@ IPCREF_PRIVATE ipcref__map *ipcref__map_find(ipcref_ctx *ctx, int kind,
                                              uint64_t nonce, uint64_t id) {
   ipcref__map *m;
   for (m = ctx->maps; m; m = m->next)
-    if ((m->kind == kind || (kind == 1 && m->kind == 3)) &&
+    if ((m->kind == kind ||
+         (kind == IPCREF__KIND_SEGMENT && m->kind == IPCREF__KIND_DEVICE)) &&
         m->origin_nonce == nonce && m->id == id)
       return m;
   return NULL;
@@ -32,7 +33,8 @@ IPCREF_PRIVATE void ipcref__lease_cancel(ipcref_ctx *ctx,
     size_t freed = 0;
     if (l) (void)ipcref__lease_free(ctx, l, r->slot, r->gen, &freed);
   } else { /* a forwarded lease: return it to its origin's ledger */
-    ipcref__map *m = ipcref__map_find(ctx, 2, r->origin_nonce, r->ledger_id);
+    ipcref__map *m = ipcref__map_find(ctx, IPCREF__KIND_LEDGER, r->origin_nonce,
+                                      r->ledger_id);
     uint64_t e = ipcref__ring_entry(IPCREF__RING_RELEASE, r->slot, r->gen);
     if (m && r->slot < m->nslots)
       ipcref__ring_push(m->base, m->nslots, &e, 1, NULL);
@@ -78,207 +80,272 @@ IPCREF_PRIVATE ipcref_result ipcref__events_record(const ipcref_view *views,
   return IPCREF_OK;
 }
 
-/* Takes a lease for `v` and fills its record (under the lock). */
+/* Where a leased block lives, as its peer must be told: filled by the
+ * lease's taking (own block or forwarded import), read by the record and
+ * by ipcref__fd_recs_add. */
+typedef struct ipcref__lease_src {
+  int device;   /* a device segment: sent as its handle, not an fd */
+  int seg_fd;   /* host: the fd the peer gets (-1: none could be made) */
+  int writable; /* the peer may map it writable */
+  int32_t dev_type, dev_id;
+  const unsigned char *handle;
+  uint32_t origin_pid;
+  uint64_t origin_nonce, seg_id, seg_size;
+  uint64_t ledger_id;
+  int ledger_fd;
+  uint32_t ledger_n;
+} ipcref__lease_src;
+
+/* A ledger of peer `p` with a free slot (under the lock): its current one,
+ * else an older one with room once returned leases are swept, else a new
+ * one. */
+IPCREF_PRIVATE ipcref_result ipcref__ledger_with_room(ipcref_peer *p,
+                                                      ipcref__ledger **out) {
+  ipcref_ctx *ctx = p->ctx;
+  ipcref__ledger *l = p->ledger;
+  if (!l || l->nfree == 0) {
+    ipcref__sweep(ctx); /* returned leases free their slots first */
+    for (l = ctx->ledgers; l; l = l->next)
+      if (l->peer == p && l->nfree) break;
+    if (!l) {
+      ipcref_result r = ipcref__ledger_new(ctx, p, &l);
+      if (r != IPCREF_OK) return r;
+    }
+    p->ledger = l;
+  }
+  *out = l;
+  return IPCREF_OK;
+}
+
+/* The device half of leasing block `b` (lease `ls`): the segment's IPC
+ * handle, made once, and the event recorded for this hand-off, which the
+ * lease keeps until it ends. */
+IPCREF_PRIVATE ipcref_result ipcref__lease_device(ipcref__block *b,
+                                                  ipcref__lease *ls,
+                                                  ipcref__view_event *ev,
+                                                  ipcref__view_rec *r,
+                                                  ipcref__lease_src *src) {
+  ipcref__pool *pool = b->seg->pool;
+  if (!b->seg->exported) {
+    ipcref_result res = pool->be->seg_export(pool->be, pool->dev, b->seg->daddr,
+                                             b->seg->handle);
+    if (res != IPCREF_OK) return res;
+    b->seg->exported = 1;
+  }
+  ls->be = pool->be;
+  ls->event = ev->event;
+  ev->event = NULL;
+  memcpy(r->event, ev->handle, sizeof r->event);
+  r->has_event = 1;
+  src->device = 1;
+  src->dev_type = pool->be->device_type;
+  src->dev_id = pool->dev;
+  src->handle = b->seg->handle;
+  src->seg_fd = -1;
+  return IPCREF_OK;
+}
+
+/* A lease on block `b`, made here, in a ledger of `p` (under the lock).
+ * The slot is published live before anything can fail; a failure after
+ * that cancels it. */
+IPCREF_PRIVATE ipcref_result ipcref__lease_take_own(
+    ipcref_peer *p, ipcref__block *b, ipcref_buf *buf, ipcref__view_event *ev,
+    ipcref__view_rec *r, ipcref__lease_src *src) {
+  ipcref_ctx *ctx = p->ctx;
+  ipcref__ledger *l;
+  ipcref__lease *ls;
+  uint64_t *slots;
+  ipcref_result res;
+  if (b->seg->ctx != ctx) return IPCREF_EINVAL;
+  res = ipcref__ledger_with_room(p, &l);
+  if (res != IPCREF_OK) return res;
+  slots = ipcref__ledger_slots(l->base);
+  r->slot = l->free_stack[--l->nfree];
+  r->gen = (uint32_t)(__atomic_load_n(&slots[2 * (size_t)r->slot],
+                                      __ATOMIC_RELAXED) >>
+                      2) +
+           1u;
+  ls = &l->leases[r->slot];
+  ls->block = b;
+  ls->gen = r->gen;
+  if (buf->release == ipcref__alias_release) { /* a hold of the alias */
+    ls->alias = (ipcref__alias *)buf->release_user;
+    ls->alias->holds++;
+  }
+  l->live++;
+  b->leases++;
+  ctx->st.live_slots++;
+  r->origin_nonce = ctx->nonce; /* what a cancel needs, from here on */
+  r->ledger_id = l->id;
+  slots[2 * (size_t)r->slot + 1] = (uint64_t)(uint32_t)p->pid; /* holder */
+  __atomic_store_n(&slots[2 * (size_t)r->slot],
+                   ((uint64_t)r->gen << 2) | IPCREF__SLOT_LIVE,
+                   __ATOMIC_RELEASE);
+  IPCREF__STEP("export");
+  /* Read-only: with the segment's F_SEAL_FUTURE_WRITE, no consumer can
+   * map it writable, whatever it does with the fd. */
+  src->seg_fd = ctx->opt.writable_shares ? b->seg->fd : b->seg->ro_fd;
+  if (b->seg->pool->be) {
+    res = ipcref__lease_device(b, ls, ev, r, src);
+    if (res != IPCREF_OK) {
+      ipcref__lease_cancel(ctx, r);
+      return res;
+    }
+  }
+  src->writable = ctx->opt.writable_shares != 0;
+  src->origin_pid = (uint32_t)ctx->pid;
+  src->origin_nonce = ctx->nonce;
+  src->seg_id = b->seg->id;
+  src->seg_size = b->seg->size;
+  r->block_offset = b->offset;
+  r->block_size = b->size;
+  src->ledger_id = l->id;
+  src->ledger_fd = l->fd;
+  src->ledger_n = l->n;
+  return IPCREF_OK;
+}
+
+/* A lease for a peer on a buffer imported here (view `v`): a slot claimed
+ * in the producer's ledger, linked to ours through its ring, so that the
+ * producer counts the peer's hold and ours apart. */
+IPCREF_PRIVATE ipcref_result
+ipcref__lease_take_forward(ipcref_peer *p, const ipcref_view *v,
+                           ipcref__view_rec *r, ipcref__lease_src *src) {
+  ipcref__import *imp = (ipcref__import *)v->buf->release_user;
+  ipcref__map *lm = imp->ledger;
+  uint64_t *slots = ipcref__ledger_slots(lm->base), e[2];
+  uint32_t half = lm->nslots / 2, i, start, s = 0;
+  int got = 0;
+  start = (uint32_t)((uintptr_t)v >> 6) % half;
+  for (i = 0; i < half && !got; i++) {
+    uint64_t w;
+    s = half + (start + i) % half;
+    w = __atomic_load_n(&slots[2 * (size_t)s], __ATOMIC_ACQUIRE);
+    if ((w & 3u) != IPCREF__SLOT_FREE) continue;
+    /* Claim it: forwarders of one ledger may race here. */
+    got = __atomic_compare_exchange_n(&slots[2 * (size_t)s], &w,
+                                      (((w >> 2) + 1) << 2) | IPCREF__SLOT_LIVE,
+                                      0, __ATOMIC_ACQ_REL, __ATOMIC_RELAXED);
+    if (got) r->gen = (uint32_t)((w >> 2) + 1);
+  }
+  if (!got) return IPCREF_EBUSY; /* every forwarding slot is in use */
+  r->slot = s;
+  /* The holder, and the parent, for the producer to adopt this lease
+   * should its link never be written (see ipcref__adopt_forwards). */
+  __atomic_store_n(&slots[2 * (size_t)s + 1],
+                   ((uint64_t)(imp->slot + 1u) << 32) | (uint32_t)p->pid,
+                   __ATOMIC_RELEASE);
+  e[0] = ipcref__ring_entry(IPCREF__RING_LINK, s, r->gen);
+  e[1] = ipcref__ring_entry(IPCREF__RING_PARENT, imp->slot, imp->gen);
+  ipcref__ring_push(lm->base, lm->nslots, e, 2, "forward");
+  if (imp->seg->kind == IPCREF__KIND_DEVICE) { /* the producer's event */
+    src->device = 1;
+    src->dev_type = imp->seg->dev_type;
+    src->dev_id = imp->seg->dev_id;
+    src->handle = imp->seg->handle;
+    r->has_event = imp->has_event;
+    memcpy(r->event, imp->event, sizeof r->event);
+  }
+  src->seg_fd = imp->seg->fd;
+  src->writable = imp->seg->writable;
+  src->origin_pid = (uint32_t)imp->seg->origin_pid;
+  src->origin_nonce = imp->seg->origin_nonce;
+  src->seg_id = imp->seg->id;
+  src->seg_size = imp->seg->size;
+  r->block_offset = imp->offset;
+  r->block_size = imp->size;
+  src->ledger_id = lm->id;
+  src->ledger_fd = lm->fd;
+  src->ledger_n = lm->nslots;
+  return IPCREF_OK;
+}
+
+/* The records (and fds) of what peer `p` lacks to map a lease from
+ * `src`: its segment (an fd, or a device's handle) and its ledger's fd.
+ * 0 when out of memory. */
+IPCREF_PRIVATE int ipcref__fd_recs_add(ipcref_peer *p,
+                                       const ipcref__lease_src *src,
+                                       ipcref__fd_rec *fdr, int *nrec, int *fds,
+                                       int *nfd, int dup_fds) {
+  int fail = 0;
+  if (!ipcref__sent_mark(p, src->origin_nonce, ipcref__sent_key(src->seg_id, 0),
+                         &fail) &&
+      !fail) {
+    ipcref__fd_rec *f = &fdr[(*nrec)++];
+    memset(f, 0, sizeof *f);
+    f->kind = src->device ? IPCREF__KIND_DEVICE : IPCREF__KIND_SEGMENT;
+    f->writable = src->writable;
+    f->origin_pid = src->origin_pid;
+    f->origin_nonce = src->origin_nonce;
+    f->id = src->seg_id;
+    f->size = src->seg_size;
+    if (src->device) {
+      f->dev_type = src->dev_type;
+      f->dev_id = src->dev_id;
+      memcpy(f->handle, src->handle, IPCREF_HANDLE_BYTES);
+    } else {
+      fds[(*nfd)++] =
+          dup_fds ? fcntl(src->seg_fd, F_DUPFD_CLOEXEC, 0) : src->seg_fd;
+    }
+  }
+  if (!fail &&
+      !ipcref__sent_mark(p, src->origin_nonce,
+                         ipcref__sent_key(src->ledger_id, 1), &fail) &&
+      !fail) {
+    ipcref__fd_rec *f = &fdr[(*nrec)++];
+    memset(f, 0, sizeof *f);
+    f->kind = IPCREF__KIND_LEDGER;
+    f->writable = 1;
+    f->origin_pid = src->origin_pid;
+    f->origin_nonce = src->origin_nonce;
+    f->id = src->ledger_id;
+    f->size = ipcref__ledger_bytes(src->ledger_n);
+    fds[(*nfd)++] =
+        dup_fds ? fcntl(src->ledger_fd, F_DUPFD_CLOEXEC, 0) : src->ledger_fd;
+  }
+  return !fail;
+}
+
+/* Takes a lease for view `v` for peer `p` and fills its record `r`, and
+ * the records and fds of what the peer lacks to map it (under the lock).
+ * On error nothing stays taken. */
 IPCREF_PRIVATE ipcref_result
 ipcref__lease_take(ipcref_peer *p, const ipcref_view *v, ipcref__view_event *ev,
                    ipcref__view_rec *r, ipcref__fd_rec *fdr, int *nrec,
                    int *fds, int *nfd, int dup_fds) {
-  ipcref_ctx *ctx = p->ctx;
-  ipcref_buf *buf = v->buf;
-  int seg_fd, ledger_fd, fail = 0, seg_writable, device = 0;
-  int32_t dev_type = 0, dev_id = 0;
-  const unsigned char *handle = NULL;
-  uint64_t nonce, seg_id, ledger_id, seg_size;
-  uint32_t origin_pid, ledger_n;
-  ipcref__block *local = ipcref__local_block(buf);
+  ipcref__block *local = ipcref__local_block(v->buf);
+  ipcref__lease_src src;
+  ipcref_result res;
   memset(r, 0, sizeof *r);
-  if (local) {
-    ipcref__block *b = local;
-    ipcref__ledger *l = p->ledger;
-    uint64_t *slots;
-    ipcref_result res;
-    if (b->seg->ctx != ctx) return IPCREF_EINVAL;
-    if (!l || l->nfree == 0) { /* an older one with room, or a new one */
-      ipcref__sweep(ctx);      /* returned leases free their slots first */
-      for (l = ctx->ledgers; l; l = l->next)
-        if (l->peer == p && l->nfree) break;
-      if (!l) {
-        res = ipcref__ledger_new(ctx, p, &l);
-        if (res != IPCREF_OK) return res;
-      }
-      p->ledger = l;
-    }
-    slots = ipcref__ledger_slots(l->base);
-    r->slot = l->free_stack[--l->nfree];
-    r->gen = (uint32_t)(__atomic_load_n(&slots[2 * (size_t)r->slot],
-                                        __ATOMIC_RELAXED) >>
-                        2) +
-             1u;
-    l->leases[r->slot].block = b;
-    l->leases[r->slot].gen = r->gen;
-    if (buf->release == ipcref__alias_release) { /* a hold of the alias */
-      l->leases[r->slot].alias = (ipcref__alias *)buf->release_user;
-      l->leases[r->slot].alias->holds++;
-    }
-    l->live++;
-    b->leases++;
-    ctx->st.live_slots++;
-    r->origin_nonce = ctx->nonce; /* what a cancel needs, from here on */
-    r->ledger_id = l->id;
-    slots[2 * (size_t)r->slot + 1] = (uint64_t)(uint32_t)p->pid; /* holder */
-    __atomic_store_n(&slots[2 * (size_t)r->slot],
-                     ((uint64_t)r->gen << 2) | IPCREF__SLOT_LIVE,
-                     __ATOMIC_RELEASE);
-    IPCREF__STEP("export");
-    if (b->seg->pool->be) { /* device memory: its handle, and an event */
-      ipcref__pool *pool = b->seg->pool;
-      if (!b->seg->exported) {
-        res = pool->be->seg_export(pool->be, pool->dev, b->seg->daddr,
-                                   b->seg->handle);
-        if (res != IPCREF_OK) {
-          ipcref__lease_cancel(ctx, r);
-          return res;
-        }
-        b->seg->exported = 1;
-      }
-      l->leases[r->slot].be = pool->be; /* the lease keeps the event */
-      l->leases[r->slot].event = ev->event;
-      ev->event = NULL;
-      memcpy(r->event, ev->handle, sizeof r->event);
-      r->has_event = 1;
-      device = 1;
-      dev_type = pool->be->device_type;
-      dev_id = pool->dev;
-      handle = b->seg->handle;
-      seg_fd = -1;
-    } else if (ctx->opt.writable_shares) {
-      seg_fd = b->seg->fd;
-    } else {
-      /* Read-only: with the segment's F_SEAL_FUTURE_WRITE, no consumer can
-       * map it writable, whatever it does with the fd. */
-      seg_fd = b->seg->ro_fd;
-    }
-    seg_writable = ctx->opt.writable_shares != 0;
-    nonce = ctx->nonce;
-    origin_pid = (uint32_t)ctx->pid;
-    seg_id = b->seg->id;
-    seg_size = b->seg->size;
-    r->block_offset = b->offset;
-    r->block_size = b->size;
-    ledger_id = l->id;
-    ledger_fd = l->fd;
-    ledger_n = l->n;
-  } else { /* forwarding an imported buffer */
-    ipcref__import *imp = (ipcref__import *)buf->release_user;
-    ipcref__map *lm = imp->ledger;
-    uint64_t *slots = ipcref__ledger_slots(lm->base), e[2];
-    uint32_t half = lm->nslots / 2, i, start, s = 0;
-    int got = 0;
-    start = (uint32_t)((uintptr_t)v >> 6) % half;
-    for (i = 0; i < half && !got; i++) {
-      uint64_t w;
-      s = half + (start + i) % half;
-      w = __atomic_load_n(&slots[2 * (size_t)s], __ATOMIC_ACQUIRE);
-      if ((w & 3u) != IPCREF__SLOT_FREE) continue;
-      /* Claim it: forwarders of one ledger may race here. */
-      got = __atomic_compare_exchange_n(
-          &slots[2 * (size_t)s], &w, (((w >> 2) + 1) << 2) | IPCREF__SLOT_LIVE,
-          0, __ATOMIC_ACQ_REL, __ATOMIC_RELAXED);
-      if (got) r->gen = (uint32_t)((w >> 2) + 1);
-    }
-    if (!got) return IPCREF_EBUSY; /* every forwarding slot is in use */
-    r->slot = s;
-    /* The holder, and the parent, for the producer to adopt this lease
-     * should its link never be written (see ipcref__adopt_forwards). */
-    __atomic_store_n(&slots[2 * (size_t)s + 1],
-                     ((uint64_t)(imp->slot + 1u) << 32) | (uint32_t)p->pid,
-                     __ATOMIC_RELEASE);
-    e[0] = ipcref__ring_entry(IPCREF__RING_LINK, s, r->gen);
-    e[1] = ipcref__ring_entry(IPCREF__RING_PARENT, imp->slot, imp->gen);
-    ipcref__ring_push(lm->base, lm->nslots, e, 2, "forward");
-    if (imp->seg->kind == 3) { /* the producer's event goes on */
-      device = 1;
-      dev_type = imp->seg->dev_type;
-      dev_id = imp->seg->dev_id;
-      handle = imp->seg->handle;
-      r->has_event = imp->has_event;
-      memcpy(r->event, imp->event, sizeof r->event);
-    }
-    seg_fd = imp->seg->fd;
-    seg_writable = imp->seg->writable;
-    nonce = imp->seg->origin_nonce;
-    origin_pid = (uint32_t)imp->seg->origin_pid;
-    seg_id = imp->seg->id;
-    seg_size = imp->seg->size;
-    r->block_offset = imp->offset;
-    r->block_size = imp->size;
-    ledger_id = lm->id;
-    ledger_fd = lm->fd;
-    ledger_n = lm->nslots;
-  }
-  r->origin_pid = origin_pid;
-  r->origin_nonce = nonce;
-  r->seg_id = seg_id;
-  r->seg_size = seg_size;
-  r->ledger_id = ledger_id;
-  r->writable = seg_writable;
+  memset(&src, 0, sizeof src);
+  res = local ? ipcref__lease_take_own(p, local, v->buf, ev, r, &src)
+              : ipcref__lease_take_forward(p, v, r, &src);
+  if (res != IPCREF_OK) return res;
+  r->origin_pid = src.origin_pid;
+  r->origin_nonce = src.origin_nonce;
+  r->seg_id = src.seg_id;
+  r->seg_size = src.seg_size;
+  r->ledger_id = src.ledger_id;
+  r->writable = src.writable;
   r->view = *v;
-  r->view.buf = NULL;
-  r->view.byte_offset = v->byte_offset; /* relative to the block's data */
-  /* What the peer lacks: the segment (its fd, or a device's handle) and
-   * the ledger's fd. */
-  if (!device && seg_fd < 0) goto sys;
-  if (!ipcref__seen(p, nonce, seg_id << 1, &fail) && !fail) {
-    ipcref__fd_rec *f = &fdr[(*nrec)++];
-    memset(f, 0, sizeof *f);
-    f->kind = device ? 3 : 1;
-    f->writable = seg_writable;
-    f->origin_pid = origin_pid;
-    f->origin_nonce = nonce;
-    f->id = seg_id;
-    f->size = seg_size;
-    if (device) {
-      f->dev_type = dev_type;
-      f->dev_id = dev_id;
-      memcpy(f->handle, handle, IPCREF_HANDLE_BYTES);
-    } else {
-      fds[(*nfd)++] = dup_fds ? fcntl(seg_fd, F_DUPFD_CLOEXEC, 0) : seg_fd;
-    }
-  }
-  if (!fail && !ipcref__seen(p, nonce, (ledger_id << 1) | 1u, &fail) && !fail) {
-    ipcref__fd_rec *f = &fdr[(*nrec)++];
-    memset(f, 0, sizeof *f);
-    f->kind = 2;
-    f->writable = 1;
-    f->origin_pid = origin_pid;
-    f->origin_nonce = nonce;
-    f->id = ledger_id;
-    f->size = ipcref__ledger_bytes(ledger_n);
-    fds[(*nfd)++] = dup_fds ? fcntl(ledger_fd, F_DUPFD_CLOEXEC, 0) : ledger_fd;
-  }
-  if (fail) {
-    ipcref__lease_cancel(ctx, r);
-    return IPCREF_ENOMEM;
-  }
-  return IPCREF_OK;
-sys:
-  ipcref__lease_cancel(ctx, r);
-  return IPCREF_ESYS;
+  r->view.buf = NULL; /* byte_offset: relative to the block's data */
+  if (!src.device && src.seg_fd < 0)
+    res = IPCREF_ESYS;
+  else if (!ipcref__fd_recs_add(p, &src, fdr, nrec, fds, nfd, dup_fds))
+    res = IPCREF_ENOMEM;
+  if (res != IPCREF_OK) ipcref__lease_cancel(p->ctx, r);
+  return res;
 }
 
 /* Forgets that the peer was sent the fds of these records (the message
  * carrying them never left). */
-IPCREF_PRIVATE void ipcref__unsee(ipcref_peer *p, const ipcref__fd_rec *fdr,
-                                  int n) {
+IPCREF_PRIVATE void ipcref__sent_forget_recs(ipcref_peer *p,
+                                             const ipcref__fd_rec *fdr, int n) {
   int i;
-  size_t k;
   for (i = 0; i < n; i++)
-    for (k = 0; k < p->nseen; k++)
-      if (p->seen[k].nonce == fdr[i].origin_nonce &&
-          p->seen[k].key == ((fdr[i].id << 1) | (uint64_t)(fdr[i].kind == 2))) {
-        p->seen[k] = p->seen[--p->nseen];
-        break;
-      }
+    (void)ipcref__sent_forget(
+        p, fdr[i].origin_nonce,
+        ipcref__sent_key(fdr[i].id, fdr[i].kind == IPCREF__KIND_LEDGER));
 }
 
 /* EDEAD, reported naming `fn`, when a view's buffer is a shared buffer
@@ -305,13 +372,14 @@ IPCREF_PRIVATE ipcref_result ipcref__export_msg(ipcref_peer *p,
                                                 ipcref__view_event *ev,
                                                 ipcref_msg *msg, int dup_fds) {
   ipcref_ctx *ctx = p->ctx;
-  ipcref__view_rec recs[IPCREF__MSG_VIEWS];
+  ipcref__view_rec recs[IPCREF_MSG_MAX_VIEWS];
   ipcref__fd_rec fdr[IPCREF_MSG_MAX_FDS];
+  ipcref__msg_head head;
   ipcref__wire w;
   size_t nret;
   int i, nfd = 0, nrec = 0;
   ipcref_result r = IPCREF_OK;
-  if (n < 1 || n > IPCREF__MSG_VIEWS) return IPCREF_EINVAL;
+  if (n < 1 || n > IPCREF_MSG_MAX_VIEWS) return IPCREF_EINVAL;
   for (i = 0; i < n; i++)
     if (!ipcref__view_valid(&views[i]) || !ipcref_buf_is_shared(views[i].buf))
       return IPCREF_EINVAL;
@@ -331,26 +399,22 @@ IPCREF_PRIVATE ipcref_result ipcref__export_msg(ipcref_peer *p,
   if (r != IPCREF_OK) {
     int k;
     for (k = 0; k < i; k++) ipcref__lease_cancel(ctx, &recs[k]);
-    ipcref__unsee(p, fdr, nrec);
+    ipcref__sent_forget_recs(p, fdr, nrec);
     if (dup_fds)
       for (k = 0; k < nfd; k++)
         if (msg->fds[k] >= 0) close(msg->fds[k]);
     return r;
   }
   nret = p->nretired < IPCREF__MSG_RETIRED ? p->nretired : IPCREF__MSG_RETIRED;
-  w.p = msg->bytes;
-  w.len = sizeof msg->bytes;
-  w.pos = 0;
-  w.bad = 0;
-  ipcref__put(&w, IPCREF__MSG_MAGIC, 4);
-  ipcref__put(&w, IPCREF__MSG_VERSION, 2);
-  ipcref__put(&w, (uint64_t)n, 2);
-  ipcref__put(&w, (uint64_t)nrec, 2);
-  ipcref__put(&w, nret, 2);
-  ipcref__put(&w, (uint64_t)ctx->pid, 4);
-  ipcref__put(&w, ctx->nonce, 8);
+  ipcref__wire_init(&w, msg->bytes, sizeof msg->bytes);
+  head.nviews = n;
+  head.nrecs = nrec;
+  head.nretired = (int)nret;
+  head.sender_pid = (uint32_t)ctx->pid;
+  head.sender_nonce = ctx->nonce;
+  ipcref__put_msg_head(&w, &head);
   for (i = 0; i < nrec; i++) ipcref__put_fd_rec(&w, &fdr[i]);
-  for (i = 0; i < (int)nret; i++) ipcref__put(&w, p->retired[i], 8);
+  for (i = 0; i < (int)nret; i++) ipcref__wire_put(&w, p->retired[i], 8);
   for (i = 0; i < n; i++) ipcref__put_view(&w, &recs[i]);
   /* IPCREF_MSG_MAX_BYTES holds the largest record these limits allow. */
   IPCREF_ASSERT(!w.bad);

@@ -30,7 +30,7 @@ IPCREF_PRIVATE void ipcref__import_finish(ipcref__import *imp) {
 IPCREF_PRIVATE void ipcref__import_release(void *user, void *data) {
   ipcref__import *imp = (ipcref__import *)user;
   (void)data;
-  if (imp->seg->kind == 3) {
+  if (imp->seg->kind == IPCREF__KIND_DEVICE) {
     ipcref_backend *be = imp->seg->be;
     ipcref_ctx *ctx = imp->ctx;
     void *fence = NULL;
@@ -71,8 +71,9 @@ IPCREF_PRIVATE ipcref_result ipcref__map_fd(int fd, const ipcref__fd_rec *r,
     return IPCREF_EPROTO;
   fl = fcntl(fd, F_GETFL);
   if (fl < 0) return IPCREF_EPROTO;
-  if (r->kind == 2 && r->size < IPCREF__LEDGER_HDR) return IPCREF_EPROTO;
-  if (r->kind == 2 || r->writable) { /* mapped writable */
+  if (r->kind == IPCREF__KIND_LEDGER && r->size < IPCREF__LEDGER_HDR)
+    return IPCREF_EPROTO;
+  if (r->kind == IPCREF__KIND_LEDGER || r->writable) { /* mapped writable */
     if ((fl & O_ACCMODE) != O_RDWR ||
         (seals & (F_SEAL_WRITE | F_SEAL_FUTURE_WRITE)) != 0)
       return IPCREF_EPROTO;
@@ -95,8 +96,8 @@ IPCREF_PRIVATE ipcref_result ipcref__map_fd(int fd, const ipcref__fd_rec *r,
   m->fd = fd;
   m->base = base;
   m->size = (size_t)r->size;
-  m->writable = r->kind == 1 && r->writable;
-  if (r->kind == 2) {
+  m->writable = r->kind == IPCREF__KIND_SEGMENT && r->writable;
+  if (r->kind == IPCREF__KIND_LEDGER) {
     ipcref__ledger_hdr *h = (ipcref__ledger_hdr *)(void *)base;
     uint32_t n = h->nslots;
     if (h->magic != IPCREF__LEDGER_MAGIC ||
@@ -127,7 +128,7 @@ IPCREF_PRIVATE ipcref_result ipcref__map_fd(int fd, const ipcref__fd_rec *r,
 IPCREF_PRIVATE ipcref_result ipcref__map_device(ipcref_ctx *ctx,
                                                 const ipcref__fd_rec *r,
                                                 ipcref__map **out) {
-  ipcref_backend *be = ipcref__backend(ctx, r->dev_type);
+  ipcref_backend *be = ipcref__backend_of(ctx, r->dev_type);
   ipcref__map *m;
   uint64_t addr, base;
   size_t size;
@@ -151,7 +152,7 @@ IPCREF_PRIVATE ipcref_result ipcref__map_device(ipcref_ctx *ctx,
     return IPCREF_EPROTO;
   }
 fill:
-  m->kind = 3;
+  m->kind = IPCREF__KIND_DEVICE;
   m->origin_nonce = r->origin_nonce;
   m->origin_pid = (int)r->origin_pid;
   m->id = r->id;
@@ -169,8 +170,8 @@ fill:
 
 /* The address of `offset` in a mapped segment, host or device. */
 IPCREF_PRIVATE void *ipcref__map_addr(const ipcref__map *m, uint64_t offset) {
-  return m->kind == 3 ? (void *)(uintptr_t)(m->daddr + offset)
-                      : (void *)(m->base + offset);
+  return m->kind == IPCREF__KIND_DEVICE ? (void *)(uintptr_t)(m->daddr + offset)
+                                        : (void *)(m->base + offset);
 }
 
 /* Fresh mappings join the cache (under the lock). */
@@ -179,7 +180,7 @@ IPCREF_PRIVATE void ipcref__maps_commit(ipcref_ctx *ctx, ipcref__map **fresh,
   int k;
   for (k = 0; k < n; k++) {
     IPCREF__LIST_PUSH(ctx->maps, fresh[k], next, prev);
-    if (fresh[k]->kind == 2)
+    if (fresh[k]->kind == IPCREF__KIND_LEDGER)
       ctx->st.counter_files++;
     else
       ctx->st.mapped_segments++;
@@ -200,187 +201,235 @@ IPCREF_PRIVATE void ipcref__leases_give_back(const ipcref__view_rec *recs,
   }
 }
 
-/* Imports a received record with its fds (takes the fds). `views` gets
- * one view per record. */
+/* The mappings one message needs: those it brings (fresh: out of the
+ * cache until the commit, dropped if the message is refused) and, per
+ * view, its segment and ledger. */
+typedef struct ipcref__msg_maps {
+  ipcref__map *fresh[IPCREF_MSG_MAX_FDS];
+  int nfresh;
+  ipcref__map *seg[IPCREF_MSG_MAX_VIEWS], *ledger[IPCREF_MSG_MAX_VIEWS];
+} ipcref__msg_maps;
+
+/* A mapping this message brings, or NULL; as ipcref__map_find, a segment
+ * is host or device memory. */
+IPCREF_PRIVATE ipcref__map *ipcref__fresh_find(const ipcref__msg_maps *mm,
+                                               int kind, uint64_t nonce,
+                                               uint64_t id) {
+  int k;
+  for (k = 0; k < mm->nfresh; k++)
+    if ((mm->fresh[k]->kind == IPCREF__KIND_LEDGER) ==
+            (kind == IPCREF__KIND_LEDGER) &&
+        mm->fresh[k]->origin_nonce == nonce && mm->fresh[k]->id == id)
+      return mm->fresh[k];
+  return NULL;
+}
+
+/* Import, step 1 (under the lock): the segments the sender destroyed are
+ * unmapped here once nothing uses them. */
+IPCREF_PRIVATE void ipcref__import_retire(ipcref_ctx *ctx,
+                                          const ipcref__msg_in *m) {
+  int i;
+  for (i = 0; i < m->head.nretired; i++) {
+    ipcref__map *s = ipcref__map_find(ctx, IPCREF__KIND_SEGMENT,
+                                      m->head.sender_nonce, m->retired[i]);
+    if (s) s->retired = 1;
+  }
+  ipcref__maps_trim(ctx, (size_t)1 << 30);
+}
+
+/* Import, step 2: maps what is new, each fd checked against its record
+ * first; an fd for something already mapped is redundant. A mapped fd is
+ * the map's (set to -1 in `fds`). */
+IPCREF_PRIVATE ipcref_result ipcref__import_map(ipcref_ctx *ctx,
+                                                const ipcref__msg_in *m,
+                                                int *fds,
+                                                ipcref__msg_maps *mm) {
+  int i;
+  for (i = 0; i < m->head.nrecs; i++) {
+    const ipcref__fd_rec *f = &m->recs[i];
+    int kind = f->kind == IPCREF__KIND_LEDGER ? IPCREF__KIND_LEDGER
+                                              : IPCREF__KIND_SEGMENT;
+    ipcref_result r;
+    if (ipcref__map_find(ctx, kind, f->origin_nonce, f->id) ||
+        ipcref__fresh_find(mm, kind, f->origin_nonce, f->id))
+      continue;
+    if (f->kind == IPCREF__KIND_DEVICE) {
+      r = ipcref__map_device(ctx, f, &mm->fresh[mm->nfresh]);
+    } else {
+      r = ipcref__map_fd(fds[m->fd_index[i]], f, &mm->fresh[mm->nfresh]);
+      if (r == IPCREF_OK) fds[m->fd_index[i]] = -1;
+    }
+    if (r != IPCREF_OK) return r;
+    mm->nfresh++;
+    IPCREF__STEP("map");
+  }
+  return IPCREF_OK;
+}
+
+/* Import, step 3: 1 when view record `i` may be taken. Its segment and
+ * ledger are mapped and agree with it; its lease is live at exactly its
+ * generation (a replay of an older message finds the slot freed or
+ * reused) and was not imported already, by an earlier message or an
+ * earlier record of this one (one export, one import); every element it
+ * reaches lies inside its block. */
+IPCREF_PRIVATE int ipcref__import_rec_ok(ipcref_ctx *ctx,
+                                         const ipcref__msg_in *m,
+                                         ipcref__msg_maps *mm, int i) {
+  const ipcref__view_rec *v = &m->views[i];
+  ipcref__map *seg, *led;
+  uint64_t word, end;
+  int k;
+  seg = ipcref__map_find(ctx, IPCREF__KIND_SEGMENT, v->origin_nonce, v->seg_id);
+  if (!seg)
+    seg = ipcref__fresh_find(mm, IPCREF__KIND_SEGMENT, v->origin_nonce,
+                             v->seg_id);
+  led =
+      ipcref__map_find(ctx, IPCREF__KIND_LEDGER, v->origin_nonce, v->ledger_id);
+  if (!led)
+    led = ipcref__fresh_find(mm, IPCREF__KIND_LEDGER, v->origin_nonce,
+                             v->ledger_id);
+  mm->seg[i] = seg;
+  mm->ledger[i] = led;
+  if (!seg || !led || seg->retired || seg->size != v->seg_size ||
+      v->block_size == 0 ||
+      __builtin_add_overflow(v->block_offset, v->block_size, &end) ||
+      end > seg->size || v->slot >= led->nslots ||
+      (v->writable && !seg->writable) ||
+      (v->has_event && seg->kind != IPCREF__KIND_DEVICE))
+    return 0;
+  word = __atomic_load_n(&ipcref__ledger_slots(led->base)[2 * (size_t)v->slot],
+                         __ATOMIC_ACQUIRE);
+  if (word != (((uint64_t)v->gen << 2) | IPCREF__SLOT_LIVE) ||
+      led->imported[v->slot] == v->gen + 1u)
+    return 0;
+  for (k = 0; k < i; k++)
+    if (mm->ledger[k] == led && m->views[k].slot == v->slot) return 0;
+  if (seg->kind == IPCREF__KIND_DEVICE && !seg->be) return 1; /* ENODEV */
+  return ipcref__view_fits(&v->view, v->block_size) &&
+         v->view.byte_offset % (int64_t)ipcref__dtype_sizes[v->view.dtype] == 0;
+}
+
+/* Import, step 4: what is needed before anything is taken. Device memory
+ * without its backend here is refused (ENODEV), its leases, which are
+ * genuine, given back at once and its mappings kept (the peer counts them
+ * sent); device data makes `stream` wait for the producer's writes (also
+ * when the segment was mapped before). */
+IPCREF_PRIVATE ipcref_result ipcref__import_ready(ipcref_ctx *ctx,
+                                                  const ipcref__msg_in *m,
+                                                  ipcref__msg_maps *mm,
+                                                  void *stream) {
+  int i, n = m->head.nviews;
+  for (i = 0; i < n; i++)
+    if (mm->seg[i]->kind == IPCREF__KIND_DEVICE && !mm->seg[i]->be) {
+      ipcref__maps_commit(ctx, mm->fresh, mm->nfresh);
+      mm->nfresh = 0;
+      ipcref__leases_give_back(m->views, mm->ledger, 0, n);
+      return IPCREF_ENODEV;
+    }
+  for (i = 0; i < n; i++)
+    if (m->views[i].has_event) {
+      ipcref_backend *be = mm->seg[i]->be;
+      ipcref_result r =
+          be->event_wait(be, mm->seg[i]->dev_id, stream, m->views[i].event);
+      if (r != IPCREF_OK) return r;
+    }
+  return IPCREF_OK;
+}
+
+/* Import, step 5, for one view: a buffer over its block whose death
+ * returns its lease (see ipcref__import_release). 0 when out of memory. */
+IPCREF_PRIVATE int ipcref__import_view(ipcref_ctx *ctx,
+                                       const ipcref__view_rec *v,
+                                       ipcref__map *seg, ipcref__map *led,
+                                       void *stream, ipcref_view *out) {
+  ipcref__import *imp = (ipcref__import *)ipcref__zalloc(sizeof *imp);
+  ipcref_buf *b = NULL;
+  ipcref_device dev;
+  int device = seg->kind == IPCREF__KIND_DEVICE;
+  dev.type = device ? seg->dev_type : IPCREF_DEVICE_CPU;
+  dev.id = device ? seg->dev_id : 0;
+  if (!imp || ipcref_buf_wrap_device(
+                  ipcref__map_addr(seg, v->block_offset), (size_t)v->block_size,
+                  dev, ipcref__import_release, imp, &b) != IPCREF_OK) {
+    IPCREF_FREE(imp);
+    return 0;
+  }
+  /* A read-only mapping is never writable, however unique. */
+  if (!seg->writable) ipcref__buf_set_read_only(b);
+  imp->ctx = ctx;
+  imp->seg = seg;
+  imp->ledger = led;
+  imp->slot = v->slot;
+  imp->gen = v->gen;
+  imp->offset = (size_t)v->block_offset;
+  imp->size = (size_t)v->block_size;
+  imp->stream = stream;
+  imp->has_event = v->has_event;
+  memcpy(imp->event, v->event, sizeof imp->event);
+  led->imported[v->slot] = v->gen + 1u;
+  __atomic_fetch_add(&seg->refs, 1, __ATOMIC_RELAXED);
+  __atomic_fetch_add(&led->refs, 1, __ATOMIC_RELAXED);
+  __atomic_fetch_add(&ctx->imported_bufs, 1, __ATOMIC_RELAXED);
+  __atomic_fetch_add(&ctx->refs, 1, __ATOMIC_RELAXED);
+  *out = v->view;
+  out->buf = b;
+  return 1;
+}
+
+/* Import, step 5: the fresh mappings join the cache and each view gets
+ * its buffer. Out of memory partway, the leases not used are given back
+ * (the views made are released by the caller, after the unlock). */
+IPCREF_PRIVATE ipcref_result ipcref__import_commit(
+    ipcref_ctx *ctx, const ipcref__msg_in *m, ipcref__msg_maps *mm,
+    void *stream, ipcref_view *views, int *nviews) {
+  int i, n = m->head.nviews;
+  ipcref__maps_commit(ctx, mm->fresh, mm->nfresh);
+  mm->nfresh = 0;
+  ctx->st.fds_received += (uint64_t)m->nfds;
+  for (i = 0; i < n; i++) {
+    if (!ipcref__import_view(ctx, &m->views[i], mm->seg[i], mm->ledger[i],
+                             stream, &views[i])) {
+      ipcref__leases_give_back(m->views, mm->ledger, i, n);
+      return IPCREF_ENOMEM;
+    }
+    (*nviews)++;
+  }
+  IPCREF__STEP("import");
+  return IPCREF_OK;
+}
+
+/* Imports a received message with its fds (takes the fds: each is closed
+ * or kept by a mapping). `views` gets one view per record. Decoded first
+ * (no side effect), then under the lock: retire, map, check every record,
+ * get ready, commit. A refused message changes nothing but the cache of
+ * what the sender retired, and the refusal count. */
 IPCREF_PRIVATE ipcref_result ipcref__import_bytes(
     ipcref_peer *p, const unsigned char *bytes, size_t len, int *fds, int nfds,
     void *stream, ipcref_view *views, int *nviews) {
   ipcref_ctx *ctx = p->ctx;
-  ipcref__wire w;
-  ipcref__fd_rec fdr[IPCREF_MSG_MAX_FDS];
-  ipcref__map *fresh[IPCREF_MSG_MAX_FDS];
-  ipcref__view_rec recs[IPCREF__MSG_VIEWS];
-  ipcref__map *segm[IPCREF__MSG_VIEWS], *ledm[IPCREF__MSG_VIEWS];
-  uint64_t sender_nonce;
-  int i, k, n, nrec, nfd = 0, nret, nfresh = 0, made = 0;
-  int fdi[IPCREF_MSG_MAX_FDS]; /* each record's fd, or -1 */
+  ipcref__msg_in m;
+  ipcref__msg_maps mm;
   ipcref_result r = IPCREF_EPROTO;
-  w.p = (unsigned char *)(uintptr_t)bytes;
-  w.len = len;
-  w.pos = 0;
-  w.bad = 0;
-  memset(fresh, 0, sizeof fresh);
-  if (ipcref__get(&w, 4) != IPCREF__MSG_MAGIC ||
-      ipcref__get(&w, 2) != IPCREF__MSG_VERSION)
-    goto close_fds;
-  n = (int)ipcref__get(&w, 2);
-  nrec = (int)ipcref__get(&w, 2);
-  nret = (int)ipcref__get(&w, 2);
-  (void)ipcref__get(&w, 4);
-  sender_nonce = ipcref__get(&w, 8);
-  if (w.bad || n < 1 || n > IPCREF__MSG_VIEWS || nrec > IPCREF_MSG_MAX_FDS ||
-      nret > IPCREF__MSG_RETIRED)
-    goto close_fds;
-  for (i = 0; i < nrec; i++) { /* kinds 1 and 2 take the fds in order */
-    if (!ipcref__get_fd_rec(&w, &fdr[i])) goto close_fds;
-    fdi[i] = fdr[i].kind == 3 ? -1 : nfd++;
-  }
-  if (nfd != nfds) goto close_fds;
-  IPCREF__LOCK(ctx);
-  (void)ipcref__pump(ctx, 0);
-  for (i = 0; i < nret; i++) { /* the sender destroyed these segments */
-    ipcref__map *m = ipcref__map_find(ctx, 1, sender_nonce, ipcref__get(&w, 8));
-    if (m) m->retired = 1;
-  }
-  ipcref__maps_trim(ctx, (size_t)1 << 30);
-  for (i = 0; i < n; i++)
-    if (!ipcref__get_view(&w, &recs[i])) goto unlock;
-  if (w.pos != w.len) goto unlock;
-  /* Map what is new; an fd for something already mapped is redundant. */
-  for (i = 0; i < nrec; i++) {
-    int kind = fdr[i].kind == 2 ? 2 : 1; /* segments: host or device */
-    if (ipcref__map_find(ctx, kind, fdr[i].origin_nonce, fdr[i].id)) continue;
-    for (k = 0; k < nfresh; k++)
-      if ((fresh[k]->kind == 2) == (kind == 2) &&
-          fresh[k]->origin_nonce == fdr[i].origin_nonce &&
-          fresh[k]->id == fdr[i].id)
-        break;
-    if (k < nfresh) continue;
-    if (fdr[i].kind == 3) {
-      r = ipcref__map_device(ctx, &fdr[i], &fresh[nfresh]);
-    } else {
-      r = ipcref__map_fd(fds[fdi[i]], &fdr[i], &fresh[nfresh]);
-      if (r == IPCREF_OK) fds[fdi[i]] = -1; /* the map owns it now */
+  int i, k;
+  *nviews = 0;
+  mm.nfresh = 0;
+  if (ipcref__msg_decode(bytes, len, &m) && m.nfds == nfds) {
+    IPCREF__LOCK(ctx);
+    (void)ipcref__pump(ctx, 0);
+    ipcref__import_retire(ctx, &m);
+    r = ipcref__import_map(ctx, &m, fds, &mm);
+    for (i = 0; r == IPCREF_OK && i < m.head.nviews; i++)
+      if (!ipcref__import_rec_ok(ctx, &m, &mm, i)) r = IPCREF_EPROTO;
+    if (r == IPCREF_OK) r = ipcref__import_ready(ctx, &m, &mm, stream);
+    if (r == IPCREF_OK)
+      r = ipcref__import_commit(ctx, &m, &mm, stream, views, nviews);
+    for (k = 0; k < mm.nfresh; k++) ipcref__map_drop(mm.fresh[k]); /* undo */
+    IPCREF__UNLOCK(ctx);
+    if (r != IPCREF_OK) { /* ENOMEM partway */
+      for (i = 0; i < *nviews; i++) ipcref_view_release(&views[i]);
+      *nviews = 0;
     }
-    if (r != IPCREF_OK) goto unlock;
-    nfresh++;
-    IPCREF__STEP("map");
   }
-  /* Check every record before anything is taken. */
-  r = IPCREF_EPROTO;
-  for (i = 0; i < n; i++) {
-    ipcref__view_rec *v = &recs[i];
-    struct ipcref_buf fake;
-    ipcref_view geo;
-    uint64_t *slots, word, end;
-    segm[i] = ipcref__map_find(ctx, 1, v->origin_nonce, v->seg_id);
-    ledm[i] = ipcref__map_find(ctx, 2, v->origin_nonce, v->ledger_id);
-    for (k = 0; k < nfresh; k++) {
-      if (fresh[k]->origin_nonce != v->origin_nonce) continue;
-      if (fresh[k]->kind != 2 && fresh[k]->id == v->seg_id) segm[i] = fresh[k];
-      if (fresh[k]->kind == 2 && fresh[k]->id == v->ledger_id)
-        ledm[i] = fresh[k];
-    }
-    if (!segm[i] || !ledm[i] || segm[i]->retired ||
-        segm[i]->size != v->seg_size || v->block_size == 0 ||
-        __builtin_add_overflow(v->block_offset, v->block_size, &end) ||
-        end > segm[i]->size || v->slot >= ledm[i]->nslots ||
-        (v->writable && !segm[i]->writable) ||
-        (v->has_event && segm[i]->kind != 3))
-      goto unlock;
-    /* The lease must be live at exactly this generation (a replay of an
-     * older message finds the slot freed or reused), and not imported
-     * already (one export, one import). */
-    slots = ipcref__ledger_slots(ledm[i]->base);
-    word = __atomic_load_n(&slots[2 * (size_t)v->slot], __ATOMIC_ACQUIRE);
-    if (word != (((uint64_t)v->gen << 2) | IPCREF__SLOT_LIVE) ||
-        ledm[i]->imported[v->slot] == v->gen + 1u)
-      goto unlock;
-    for (k = 0; k < i; k++)
-      if (ledm[k] == ledm[i] && recs[k].slot == v->slot) goto unlock;
-    if (segm[i]->kind == 3 && !segm[i]->be) continue; /* refused below */
-    /* Every element the view reaches lies inside the block. */
-    memset(&fake, 0, sizeof fake);
-    fake.data = ipcref__map_addr(segm[i], v->block_offset);
-    fake.size = (size_t)v->block_size;
-    geo = v->view;
-    geo.buf = &fake;
-    if (ipcref__view_check_new(&geo) != IPCREF_OK ||
-        geo.byte_offset % (int64_t)ipcref__dtype_sizes[geo.dtype] != 0)
-      goto unlock;
-  }
-  /* Device memory without its backend here: refused, and the leases, which
-   * are genuine, go back at once (nothing else of the message is used). */
-  for (i = 0; i < n; i++)
-    if (segm[i]->kind == 3 && !segm[i]->be) {
-      r = IPCREF_ENODEV;
-      ipcref__maps_commit(ctx, fresh, nfresh); /* the peer counts them sent */
-      nfresh = 0;
-      ipcref__leases_give_back(recs, ledm, 0, n);
-      goto unlock;
-    }
-  /* Device data: the stream waits for the producer's writes (also when
-   * the segment was mapped before). Nothing is taken yet if it fails. */
-  for (i = 0; i < n; i++)
-    if (recs[i].has_event) {
-      r = segm[i]->be->event_wait(segm[i]->be, segm[i]->dev_id, stream,
-                                  recs[i].event);
-      if (r != IPCREF_OK) goto unlock;
-    }
-  /* Commit: the new mappings join the cache, and each view gets a buffer
-   * whose death returns its lease. */
-  ipcref__maps_commit(ctx, fresh, nfresh);
-  nfresh = 0;
-  ctx->st.fds_received += (uint64_t)nfd;
-  r = IPCREF_OK;
-  for (i = 0; i < n; i++) {
-    ipcref__view_rec *v = &recs[i];
-    ipcref__import *imp = (ipcref__import *)ipcref__zalloc(sizeof *imp);
-    ipcref_buf *b = NULL;
-    ipcref_device dev;
-    dev.type = segm[i]->kind == 3 ? segm[i]->dev_type : IPCREF_DEVICE_CPU;
-    dev.id = segm[i]->kind == 3 ? segm[i]->dev_id : 0;
-    if (!imp ||
-        ipcref_buf_wrap_device(ipcref__map_addr(segm[i], v->block_offset),
-                               (size_t)v->block_size, dev,
-                               ipcref__import_release, imp, &b) != IPCREF_OK) {
-      /* Out of memory: give back the leases we cannot use. */
-      IPCREF_FREE(imp);
-      ipcref__leases_give_back(recs, ledm, i, n);
-      r = IPCREF_ENOMEM;
-      break;
-    }
-    /* A read-only mapping is never writable, however unique. */
-    if (!segm[i]->writable) ipcref__buf_set_read_only(b);
-    imp->ctx = ctx;
-    imp->seg = segm[i];
-    imp->ledger = ledm[i];
-    imp->slot = v->slot;
-    imp->gen = v->gen;
-    imp->offset = (size_t)v->block_offset;
-    imp->size = (size_t)v->block_size;
-    imp->stream = stream;
-    imp->has_event = v->has_event;
-    memcpy(imp->event, v->event, sizeof imp->event);
-    ledm[i]->imported[v->slot] = v->gen + 1u;
-    __atomic_fetch_add(&segm[i]->refs, 1, __ATOMIC_RELAXED);
-    __atomic_fetch_add(&ledm[i]->refs, 1, __ATOMIC_RELAXED);
-    __atomic_fetch_add(&ctx->imported_bufs, 1, __ATOMIC_RELAXED);
-    __atomic_fetch_add(&ctx->refs, 1, __ATOMIC_RELAXED);
-    views[i] = v->view;
-    views[i].buf = b;
-    made++;
-  }
-  *nviews = made;
-  if (made) IPCREF__STEP("import");
-unlock:
-  for (k = 0; k < nfresh; k++) ipcref__map_drop(fresh[k]); /* undo */
-  IPCREF__UNLOCK(ctx);
-  if (r != IPCREF_OK && made) { /* ENOMEM partway */
-    for (i = 0; i < made; i++) ipcref_view_release(&views[i]);
-    *nviews = 0;
-  }
-close_fds:
   for (i = 0; i < nfds; i++)
     if (fds[i] >= 0) close(fds[i]);
   if (r == IPCREF_EPROTO)
@@ -425,7 +474,7 @@ IPCREF_API ipcref_result ipcref_export(ipcref_peer *p, const ipcref_view *v,
 
 IPCREF_API ipcref_result ipcref_import(ipcref_peer *p, ipcref_msg *msg,
                                        ipcref_view *out) {
-  ipcref_view views[IPCREF__MSG_VIEWS];
+  ipcref_view views[IPCREF_MSG_MAX_VIEWS];
   ipcref_result r;
   int n = 0, i;
   if (!p || !msg || !out || msg->nfds < 0 || msg->nfds > IPCREF_MSG_MAX_FDS ||
@@ -466,26 +515,19 @@ IPCREF_API void ipcref_msg_free(ipcref_msg *msg) {
     /* Never imported: end the leases it carries. */
     ipcref_ctx *ctx = msg->origin->ctx;
     ipcref__wire w;
+    ipcref__msg_head head;
     ipcref__view_rec rec;
-    int n, nfd, nret;
-    w.p = msg->bytes;
-    w.len = msg->len;
-    w.pos = 0;
-    w.bad = 0;
-    (void)ipcref__get(&w, 6);
-    n = (int)ipcref__get(&w, 2);
-    nfd = (int)ipcref__get(&w, 2);
-    nret = (int)ipcref__get(&w, 2);
-    (void)ipcref__get(&w, 8); /* sender pid and nonce */
-    (void)ipcref__get(&w, 4);
+    ipcref__wire_init(&w, msg->bytes, msg->len);
+    if (!ipcref__get_msg_head(&w, &head)) head.nviews = head.nrecs = 0;
     IPCREF__LOCK(ctx);
     /* The peer never got these segments: send them again next time. */
-    for (; nfd > 0 && !w.bad; nfd--) {
+    for (i = 0; i < head.nrecs && !w.bad; i++) {
       ipcref__fd_rec f;
-      if (ipcref__get_fd_rec(&w, &f)) ipcref__unsee(msg->origin, &f, 1);
+      if (ipcref__get_fd_rec(&w, &f))
+        ipcref__sent_forget_recs(msg->origin, &f, 1);
     }
-    w.pos += (size_t)nret * 8;
-    while (n-- > 0 && ipcref__get_view(&w, &rec))
+    w.pos += (size_t)head.nretired * 8;
+    for (i = 0; i < head.nviews && ipcref__get_view(&w, &rec); i++)
       ipcref__lease_cancel(ctx, &rec);
     IPCREF__UNLOCK(ctx);
   }

@@ -228,6 +228,34 @@ IPCREF_PRIVATE void ipcref__late_entries(ipcref_ctx *ctx, ipcref__ledger *l,
   }
 }
 
+/* A link pair read off ledger `l`'s ring (under the lock): entry `e` names
+ * a forwarded lease, `p` its parent. Checked against the lease table as a
+ * return is; a valid one counts the forwarded lease on its parent's block
+ * (one that was adopted while its link was a hole is already counted). */
+IPCREF_PRIVATE void ipcref__ring_link(ipcref_ctx *ctx, ipcref__ledger *l,
+                                      uint64_t e, uint64_t p) {
+  uint64_t *slots = ipcref__ledger_slots(l->base);
+  uint32_t slot = (uint32_t)(e & 0x3fffffffu) - 1u, gen = (uint32_t)(e >> 32);
+  uint32_t ps = (uint32_t)(p & 0x3fffffffu) - 1u;
+  ipcref__lease *parent = ps < l->n ? &l->leases[ps] : NULL;
+  if (slot >= l->n / 2 && slot < l->n && l->leases[slot].block &&
+      l->leases[slot].gen == gen && parent &&
+      parent->block == l->leases[slot].block)
+    return; /* adopted already */
+  if (((p >> 30) & 3u) != IPCREF__RING_PARENT || slot < l->n / 2 ||
+      slot >= l->n || l->leases[slot].block || !parent || !parent->block ||
+      parent->gen != (uint32_t)(p >> 32) ||
+      __atomic_load_n(&slots[2 * (size_t)slot], __ATOMIC_ACQUIRE) !=
+          (((uint64_t)gen << 2) | IPCREF__SLOT_LIVE)) {
+    ipcref__bad_return(ctx, "invalid forwarded lease in a ledger");
+    return;
+  }
+  /* The holder, as the forwarder wrote it before the link. */
+  ipcref__lease_link(ctx, l, slot, gen, parent->block,
+                     (int)(uint32_t)__atomic_load_n(
+                         &slots[2 * (size_t)slot + 1], __ATOMIC_RELAXED));
+}
+
 /* Reads what came back to ledger `l` since the last sweep (under the
  * lock). Every entry is checked against the private lease table: a
  * ledger can only end its own peer's leases, and a stale, replayed or
@@ -237,7 +265,6 @@ IPCREF_PRIVATE void ipcref__late_entries(ipcref_ctx *ctx, ipcref__ledger *l,
 IPCREF_PRIVATE size_t ipcref__ledger_drain(ipcref_ctx *ctx, ipcref__ledger *l) {
   ipcref__ledger_hdr *h = (ipcref__ledger_hdr *)(void *)l->base;
   uint64_t *ring = ipcref__ledger_ring(l->base, l->n);
-  uint64_t *slots = ipcref__ledger_slots(l->base);
   uint64_t cap = 2u * (uint64_t)l->n;
   /* Acquire: pairs with the release of a writer's fetch_add, so what it
    * wrote before taking its positions (a forwarded slot) is seen. */
@@ -253,8 +280,6 @@ IPCREF_PRIVATE size_t ipcref__ledger_drain(ipcref_ctx *ctx, ipcref__ledger *l) {
   while (l->tail != head) {
     uint64_t *cell = &ring[l->tail % cap], *next = &ring[(l->tail + 1) % cap];
     uint64_t e = __atomic_load_n(cell, __ATOMIC_ACQUIRE), p;
-    uint32_t slot, gen, ps;
-    ipcref__lease *parent;
     if (e == 0) { /* taken but not written (yet) */
       if (!ipcref__hole_stale(l)) break;
       ipcref__hole_skip(ctx, l, l->tail++);
@@ -283,26 +308,7 @@ IPCREF_PRIVATE size_t ipcref__ledger_drain(ipcref_ctx *ctx, ipcref__ledger *l) {
     __atomic_store_n(next, 0, __ATOMIC_RELAXED);
     __atomic_store_n(cell, 0, __ATOMIC_RELAXED);
     l->tail += 2;
-    slot = (uint32_t)(e & 0x3fffffffu) - 1u;
-    gen = (uint32_t)(e >> 32);
-    ps = (uint32_t)(p & 0x3fffffffu) - 1u;
-    parent = ps < l->n ? &l->leases[ps] : NULL;
-    if (slot >= l->n / 2 && slot < l->n && l->leases[slot].block &&
-        l->leases[slot].gen == gen && parent &&
-        parent->block == l->leases[slot].block)
-      continue; /* adopted already, while its link was a hole */
-    if (((p >> 30) & 3u) != IPCREF__RING_PARENT || slot < l->n / 2 ||
-        slot >= l->n || l->leases[slot].block || !parent || !parent->block ||
-        parent->gen != (uint32_t)(p >> 32) ||
-        __atomic_load_n(&slots[2 * (size_t)slot], __ATOMIC_ACQUIRE) !=
-            (((uint64_t)gen << 2) | IPCREF__SLOT_LIVE)) {
-      ipcref__bad_return(ctx, "invalid forwarded lease in a ledger");
-      continue;
-    }
-    /* The holder, as the forwarder wrote it before the link. */
-    ipcref__lease_link(ctx, l, slot, gen, parent->block,
-                       (int)(uint32_t)__atomic_load_n(
-                           &slots[2 * (size_t)slot + 1], __ATOMIC_RELAXED));
+    ipcref__ring_link(ctx, l, e, p);
   }
   return freed;
 }

@@ -70,15 +70,12 @@ IPCREF_PRIVATE ipcref_result ipcref__hello_send(ipcref_peer *p) {
   ipcref__wire w;
   int stream = p->sock_type == SOCK_STREAM;
   ssize_t k;
-  w.p = b;
-  w.len = sizeof b;
-  w.pos = 0;
-  w.bad = 0;
-  if (stream) ipcref__put(&w, IPCREF__HELLO_BYTES, 4);
-  ipcref__put(&w, IPCREF__HELLO_MAGIC, 4);
-  ipcref__put(&w, IPCREF__MSG_VERSION, 4);
-  ipcref__put(&w, (uint64_t)p->ctx->pid, 4);
-  ipcref__put(&w, p->ctx->nonce, 8);
+  ipcref__wire_init(&w, b, sizeof b);
+  if (stream) ipcref__wire_put(&w, IPCREF__HELLO_BYTES, 4);
+  ipcref__wire_put(&w, IPCREF__HELLO_MAGIC, 4);
+  ipcref__wire_put(&w, IPCREF__MSG_VERSION, 4);
+  ipcref__wire_put(&w, (uint64_t)p->ctx->pid, 4);
+  ipcref__wire_put(&w, p->ctx->nonce, 8);
   cred.pid = getpid();
   cred.uid = getuid();
   cred.gid = getgid();
@@ -173,19 +170,16 @@ IPCREF_PRIVATE ipcref_result ipcref__hello_read(ipcref_peer *p,
       ipcref__take_fds(c, NULL, &none, 0);
     }
   }
-  w.p = b;
-  w.len = (size_t)k;
-  w.pos = 0;
-  w.bad = 0;
-  if ((stream && ipcref__get(&w, 4) != IPCREF__HELLO_BYTES) ||
-      ipcref__get(&w, 4) != IPCREF__HELLO_MAGIC ||
-      ipcref__get(&w, 4) != IPCREF__MSG_VERSION || w.bad || (size_t)k != want ||
-      !got_cred) {
+  ipcref__wire_init(&w, b, (size_t)k);
+  if ((stream && ipcref__wire_get(&w, 4) != IPCREF__HELLO_BYTES) ||
+      ipcref__wire_get(&w, 4) != IPCREF__HELLO_MAGIC ||
+      ipcref__wire_get(&w, 4) != IPCREF__MSG_VERSION || w.bad ||
+      (size_t)k != want || !got_cred) {
     p->hello = -1;
     return IPCREF_EPROTO;
   }
-  (void)ipcref__get(&w, 4); /* its pid: the credentials' is the one */
-  p->nonce = ipcref__get(&w, 8);
+  (void)ipcref__wire_get(&w, 4); /* its pid: the credentials' is the one */
+  p->nonce = ipcref__wire_get(&w, 8);
   if (!ipcref__uid_allowed(p->ctx, (uint32_t)p->uid))
     return ipcref__peer_refuse(p);
   p->hello = 1;
@@ -320,27 +314,10 @@ IPCREF_API void ipcref_peer_free(ipcref_peer *p) {
   ipcref__sweep(ctx);
   (void)ipcref__pump(ctx, 0);
   close(p->fd);
-  IPCREF_FREE(p->seen);
+  IPCREF_FREE(p->sent);
   IPCREF_FREE(p->retired);
   ipcref__peer_bury(ctx, p);
   IPCREF__UNLOCK(ctx);
-}
-
-/* 1 when the other side was sent (nonce, key) already; else records it. */
-IPCREF_PRIVATE int ipcref__seen(ipcref_peer *p, uint64_t nonce, uint64_t key,
-                                int *fail) {
-  size_t i;
-  for (i = 0; i < p->nseen; i++)
-    if (p->seen[i].nonce == nonce && p->seen[i].key == key) return 1;
-  if (!ipcref__grow((void **)&p->seen, &p->capseen, p->nseen + 1,
-                    sizeof *p->seen)) {
-    *fail = 1;
-    return 0;
-  }
-  p->seen[p->nseen].nonce = nonce;
-  p->seen[p->nseen].key = key;
-  p->nseen++;
-  return 0;
 }
 
 #endif /* IPCREF__SHARING_IMPL */

@@ -28,16 +28,11 @@ IPCREF_PRIVATE void ipcref__class_remove(ipcref__segment *s) {
 
 IPCREF_PRIVATE void ipcref__retire_announce(ipcref_ctx *ctx, uint64_t id) {
   ipcref_peer *p;
-  size_t i;
   for (p = ctx->peers; p; p = p->next)
-    for (i = 0; i < p->nseen; i++)
-      if (p->seen[i].nonce == ctx->nonce && p->seen[i].key == (id << 1)) {
-        p->seen[i] = p->seen[--p->nseen];
-        if (ipcref__grow((void **)&p->retired, &p->capretired, p->nretired + 1,
-                         sizeof(uint64_t)))
-          p->retired[p->nretired++] = id;
-        break;
-      }
+    if (ipcref__sent_forget(p, ctx->nonce, ipcref__sent_key(id, 0)) &&
+        ipcref__grow((void **)&p->retired, &p->capretired, p->nretired + 1,
+                     sizeof(uint64_t)))
+      p->retired[p->nretired++] = id;
 }
 
 IPCREF_PRIVATE void ipcref__segment_destroy(ipcref_ctx *ctx,

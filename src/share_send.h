@@ -14,15 +14,14 @@ IPCREF_PRIVATE ipcref_result ipcref__send_raw(ipcref_peer *p,
     struct cmsghdr align;
   } u;
   unsigned char lenbuf[4];
+  ipcref__wire w;
   struct iovec iov[2];
   struct msghdr mh;
   size_t total, sent = 0;
   int stream = p->sock_type == SOCK_STREAM, i;
   memset(&mh, 0, sizeof mh);
-  lenbuf[0] = (unsigned char)msg->len;
-  lenbuf[1] = (unsigned char)(msg->len >> 8);
-  lenbuf[2] = (unsigned char)(msg->len >> 16);
-  lenbuf[3] = 0;
+  ipcref__wire_init(&w, lenbuf, 4);
+  ipcref__wire_put(&w, msg->len, 4);
   iov[0].iov_base = lenbuf;
   iov[0].iov_len = 4;
   iov[1].iov_base = (void *)(uintptr_t)msg->bytes;
@@ -63,13 +62,13 @@ IPCREF_PRIVATE ipcref_result ipcref__send_raw(ipcref_peer *p,
   return IPCREF_OK;
 }
 
-IPCREF_PRIVATE ipcref_result ipcref__send(ipcref_peer *p,
-                                          const ipcref_view *views, int n,
-                                          void *stream, const char *fn) {
-  ipcref__view_event ev[IPCREF__MSG_VIEWS];
+IPCREF_PRIVATE ipcref_result ipcref__send_views(ipcref_peer *p,
+                                                const ipcref_view *views, int n,
+                                                void *stream, const char *fn) {
+  ipcref__view_event ev[IPCREF_MSG_MAX_VIEWS];
   ipcref_msg msg;
   ipcref_result r;
-  if (!p || !views || n < 1 || n > IPCREF__MSG_VIEWS) return IPCREF_EINVAL;
+  if (!p || !views || n < 1 || n > IPCREF_MSG_MAX_VIEWS) return IPCREF_EINVAL;
   if (!IPCREF__PEER_USABLE(p, fn)) return IPCREF_EDEAD;
   r = ipcref__views_live(views, n, fn);
   if (r == IPCREF_OK) r = ipcref__hello_need(p);
@@ -95,16 +94,16 @@ IPCREF_PRIVATE ipcref_result ipcref__send(ipcref_peer *p,
 
 IPCREF_API ipcref_result ipcref_send_batch(ipcref_peer *p,
                                            const ipcref_view *views, int n) {
-  return ipcref__send(p, views, n, NULL, "ipcref_send_batch");
+  return ipcref__send_views(p, views, n, NULL, "ipcref_send_batch");
 }
 
 IPCREF_API ipcref_result ipcref_send(ipcref_peer *p, const ipcref_view *v) {
-  return ipcref__send(p, v, 1, NULL, "ipcref_send");
+  return ipcref__send_views(p, v, 1, NULL, "ipcref_send");
 }
 
 IPCREF_API ipcref_result ipcref_send_on(ipcref_peer *p, const ipcref_view *v,
                                         void *stream) {
-  return ipcref__send(p, v, 1, stream, "ipcref_send_on");
+  return ipcref__send_views(p, v, 1, stream, "ipcref_send_on");
 }
 
 /* Reads exactly n bytes from a stream socket. */
@@ -126,46 +125,41 @@ IPCREF_API ipcref_result ipcref_recv(ipcref_peer *p, ipcref_view *out,
   return ipcref_recv_on(p, out, timeout_ms, NULL);
 }
 
-IPCREF_API ipcref_result ipcref_recv_on(ipcref_peer *p, ipcref_view *out,
-                                        int timeout_ms, void *stream) {
+/* The other side's hello, when it has not come yet, read within
+ * *timeout_ms, which is left with what remains of the caller's wait. */
+IPCREF_PRIVATE ipcref_result ipcref__hello_within(ipcref_peer *p,
+                                                  int *timeout_ms) {
+  struct timespec t0, t1;
+  ipcref_result r;
+  long spent;
+  if (p->hello) return IPCREF_OK;
+  clock_gettime(CLOCK_MONOTONIC, &t0);
+  r = ipcref__hello_read(p, *timeout_ms);
+  if (r != IPCREF_OK || *timeout_ms <= 0) return r;
+  clock_gettime(CLOCK_MONOTONIC, &t1);
+  spent = (long)(t1.tv_sec - t0.tv_sec) * 1000 +
+          (long)(t1.tv_nsec - t0.tv_nsec) / 1000000;
+  *timeout_ms = spent >= *timeout_ms ? 0 : *timeout_ms - (int)spent;
+  return IPCREF_OK;
+}
+
+/* Receives one record and its fds into `bytes` (IPCREF_MSG_MAX_BYTES) and
+ * `fds` (IPCREF_MSG_MAX_FDS): the mirror of ipcref__send_raw. On error
+ * the fds that came are closed. */
+IPCREF_PRIVATE ipcref_result ipcref__recv_raw(ipcref_peer *p,
+                                              unsigned char *bytes, size_t *len,
+                                              int *fds, int *nfds) {
   union {
     char buf[CMSG_SPACE(sizeof(int) * IPCREF_MSG_MAX_FDS)];
     struct cmsghdr align;
   } u;
-  unsigned char *bytes;
   unsigned char head[4];
   struct msghdr mh;
   struct iovec iov;
   struct cmsghdr *c;
-  int fds[IPCREF_MSG_MAX_FDS], nfds = 0, is_stream, i, n = 0;
-  size_t len;
+  int is_stream = p->sock_type == SOCK_STREAM, i;
   ssize_t k;
-  ipcref_result r;
-  if (!p || !out) return IPCREF_EINVAL;
-  if (!IPCREF__PEER_USABLE(p, "ipcref_recv")) return IPCREF_EDEAD;
-  if (p->pending_pos < p->npending) {
-    *out = p->pending[p->pending_pos++];
-    return IPCREF_OK;
-  }
-  if (!p->hello) { /* the other side's first message */
-    struct timespec t0, t1;
-    clock_gettime(CLOCK_MONOTONIC, &t0);
-    r = ipcref__hello_read(p, timeout_ms);
-    if (r != IPCREF_OK) return r;
-    if (timeout_ms > 0) { /* what is left of the caller's wait */
-      long spent;
-      clock_gettime(CLOCK_MONOTONIC, &t1);
-      spent = (long)(t1.tv_sec - t0.tv_sec) * 1000 +
-              (long)(t1.tv_nsec - t0.tv_nsec) / 1000000;
-      timeout_ms = spent >= timeout_ms ? 0 : timeout_ms - (int)spent;
-    }
-  }
-  if (p->hello < 0) return ipcref__hello_result(p);
-  r = ipcref__wait_readable(p->fd, timeout_ms);
-  if (r != IPCREF_OK) return r;
-  bytes = (unsigned char *)IPCREF_MALLOC(IPCREF_MSG_MAX_BYTES);
-  if (!bytes) return IPCREF_ENOMEM;
-  is_stream = p->sock_type == SOCK_STREAM;
+  ipcref_result r = IPCREF_EPROTO;
   memset(&mh, 0, sizeof mh);
   iov.iov_base = is_stream ? (void *)head : (void *)bytes;
   iov.iov_len = is_stream ? 4 : IPCREF_MSG_MAX_BYTES;
@@ -173,39 +167,62 @@ IPCREF_API ipcref_result ipcref_recv_on(ipcref_peer *p, ipcref_view *out,
   mh.msg_iovlen = 1;
   mh.msg_control = u.buf;
   mh.msg_controllen = sizeof u.buf;
+  *nfds = 0;
   k = ipcref__recvmsg(p->fd, &mh, is_stream);
   for (c = k >= 0 ? CMSG_FIRSTHDR(&mh) : NULL; c; c = CMSG_NXTHDR(&mh, c)) {
     if (c->cmsg_level == SOL_SOCKET && c->cmsg_type == SCM_RIGHTS)
-      ipcref__take_fds(c, fds, &nfds, IPCREF_MSG_MAX_FDS);
+      ipcref__take_fds(c, fds, nfds, IPCREF_MSG_MAX_FDS);
   }
   if (k <= 0) {
     r = k == 0 || errno == ECONNRESET ? IPCREF_EPEER : IPCREF_ESYS;
-    goto fail;
+  } else if (mh.msg_flags & (MSG_CTRUNC | MSG_TRUNC)) {
+    r = IPCREF_EPROTO;
+  } else if (!is_stream) {
+    *len = (size_t)k;
+    return IPCREF_OK;
+  } else if (k == 4) { /* a stream: the length, then the record */
+    ipcref__wire w;
+    ipcref__wire_init(&w, head, 4);
+    *len = (size_t)ipcref__wire_get(&w, 4);
+    r = *len > IPCREF_MSG_MAX_BYTES ? IPCREF_EPROTO
+                                    : ipcref__read_all(p->fd, bytes, *len);
+    if (r == IPCREF_OK) return r;
   }
-  r = IPCREF_EPROTO;
-  if (mh.msg_flags & (MSG_CTRUNC | MSG_TRUNC)) goto fail;
-  if (is_stream) {
-    if (k != 4) goto fail;
-    len = (size_t)head[0] | (size_t)head[1] << 8 | (size_t)head[2] << 16 |
-          (size_t)head[3] << 24;
-    if (len > IPCREF_MSG_MAX_BYTES) goto fail;
-    r = ipcref__read_all(p->fd, bytes, len);
-    if (r != IPCREF_OK) goto fail;
-  } else {
-    len = (size_t)k;
+  for (i = 0; i < *nfds; i++) close(fds[i]);
+  *nfds = 0;
+  return r;
+}
+
+IPCREF_API ipcref_result ipcref_recv_on(ipcref_peer *p, ipcref_view *out,
+                                        int timeout_ms, void *stream) {
+  unsigned char *bytes;
+  int fds[IPCREF_MSG_MAX_FDS], nfds = 0, n = 0;
+  size_t len = 0;
+  ipcref_result r;
+  if (!p || !out) return IPCREF_EINVAL;
+  if (!IPCREF__PEER_USABLE(p, "ipcref_recv")) return IPCREF_EDEAD;
+  if (p->pending_pos < p->npending) { /* the rest of a batch */
+    *out = p->pending[p->pending_pos++];
+    return IPCREF_OK;
   }
-  IPCREF__STEP("receive");
-  r = ipcref__import_bytes(p, bytes, len, fds, nfds, stream, p->pending, &n);
+  r = ipcref__hello_within(p, &timeout_ms);
+  if (r != IPCREF_OK) return r;
+  if (p->hello < 0) return ipcref__hello_result(p);
+  r = ipcref__wait_readable(p->fd, timeout_ms);
+  if (r != IPCREF_OK) return r;
+  bytes = (unsigned char *)IPCREF_MALLOC(IPCREF_MSG_MAX_BYTES);
+  if (!bytes) return IPCREF_ENOMEM;
+  r = ipcref__recv_raw(p, bytes, &len, fds, &nfds);
+  if (r == IPCREF_OK) {
+    IPCREF__STEP("receive");
+    r = ipcref__import_bytes(p, bytes, len, fds, nfds, stream, p->pending, &n);
+  }
   IPCREF_FREE(bytes);
   if (r != IPCREF_OK) return r;
   *out = p->pending[0];
   p->npending = n;
   p->pending_pos = 1;
   return IPCREF_OK;
-fail:
-  for (i = 0; i < nfds; i++) close(fds[i]);
-  IPCREF_FREE(bytes);
-  return r;
 }
 
 #endif /* IPCREF__SHARING_IMPL */

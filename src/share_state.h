@@ -199,8 +199,16 @@ struct ipcref__ledger {
 
 /* ---- consumer-side mappings (cached per ctx) --------------------------- */
 
+/* What a mapping holds, and what a message's fd record announces (the
+ * values go on the wire): a memfd segment, a ledger, a device segment. */
+enum {
+  IPCREF__KIND_SEGMENT = 1,
+  IPCREF__KIND_LEDGER = 2,
+  IPCREF__KIND_DEVICE = 3
+};
+
 typedef struct ipcref__map {
-  int kind; /* 1: segment, 2: ledger, 3: device segment */
+  int kind; /* IPCREF__KIND_*: segment, ledger or device segment */
   uint64_t origin_nonce, id;
   int origin_pid;
   int fd; /* kept for forwarding */
@@ -230,9 +238,14 @@ typedef struct ipcref__import {
   void *fence;
 } ipcref__import;
 
-typedef struct ipcref__seen {
-  uint64_t nonce, key; /* key: id << 1 | (1 for a ledger) */
-} ipcref__seen_key;
+/* A segment or ledger a peer has been sent, by its origin's nonce and a
+ * key: its id, shifted to make room for a bit that is 1 for a ledger. */
+typedef struct ipcref__sent {
+  uint64_t nonce, key;
+} ipcref__sent;
+IPCREF_PRIVATE uint64_t ipcref__sent_key(uint64_t id, int is_ledger) {
+  return (id << 1) | (uint64_t)(is_ledger ? 1 : 0);
+}
 
 struct ipcref_peer {
   uint32_t magic; /* IPCREF__ALIVE; IPCREF__DEAD once freed (kept a while:
@@ -245,8 +258,8 @@ struct ipcref_peer {
   int hello; /* 0: the other side's hello not read yet; 1: read; -1: bad;
                 -2: refused (a uid not allowed) */
   ipcref__ledger *ledger; /* the current one for exports to this peer */
-  ipcref__seen_key *seen; /* what the other side has been sent */
-  size_t nseen, capseen;
+  ipcref__sent *sent;     /* what the other side has been sent */
+  size_t nsent, capsent;
   uint64_t *retired; /* own segments destroyed since, to announce */
   size_t nretired, capretired;
   ipcref_view pending[64]; /* received views not handed out yet */
@@ -265,6 +278,8 @@ typedef struct ipcref__hdr_chunk {
   ipcref__hdr h[IPCREF__HDR_CHUNK];
 } ipcref__hdr_chunk;
 
+#define IPCREF__MAX_BACKENDS 8 /* per context: one per device type */
+
 struct ipcref_ctx {
   uint32_t magic; /* IPCREF__ALIVE; IPCREF__DEAD once freed (IPCREF_CHECKED:
                      kept a while in the quarantine) */
@@ -276,7 +291,7 @@ struct ipcref_ctx {
   ipcref__segment *segments;
   ipcref__pool host;   /* host memory's size classes */
   ipcref__pool *pools; /* each device's */
-  ipcref_backend *backends[8];
+  ipcref_backend *backends[IPCREF__MAX_BACKENDS];
   ipcref__block *released;         /* wraps to hand back after the unlock */
   ipcref__alias *unpinned;         /* aliases to end after the unlock */
   struct ipcref__import *deferred; /* device releases waiting for a fence */
@@ -414,6 +429,37 @@ IPCREF_PRIVATE int ipcref__memfd(const char *name, size_t size,
 fail:
   close(fd);
   return -1;
+}
+
+/* 1 when peer `p` was sent the segment or ledger (nonce, key) already;
+ * else notes it and gives 0 (with *fail set when out of memory). Under the
+ * lock, as the next. */
+IPCREF_PRIVATE int ipcref__sent_mark(ipcref_peer *p, uint64_t nonce,
+                                     uint64_t key, int *fail) {
+  size_t i;
+  for (i = 0; i < p->nsent; i++)
+    if (p->sent[i].nonce == nonce && p->sent[i].key == key) return 1;
+  if (!ipcref__grow((void **)&p->sent, &p->capsent, p->nsent + 1,
+                    sizeof *p->sent)) {
+    *fail = 1;
+    return 0;
+  }
+  p->sent[p->nsent].nonce = nonce;
+  p->sent[p->nsent].key = key;
+  p->nsent++;
+  return 0;
+}
+
+/* Forgets that peer `p` was sent (nonce, key): 1 when it had been. */
+IPCREF_PRIVATE int ipcref__sent_forget(ipcref_peer *p, uint64_t nonce,
+                                       uint64_t key) {
+  size_t i;
+  for (i = 0; i < p->nsent; i++)
+    if (p->sent[i].nonce == nonce && p->sent[i].key == key) {
+      p->sent[i] = p->sent[--p->nsent];
+      return 1;
+    }
+  return 0;
 }
 
 /* What a peer did wrong, to the context's hook (or the process-wide one). */

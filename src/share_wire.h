@@ -26,7 +26,6 @@
  * Caches key on (origin nonce, id), never on bytes of a handle. */
 #define IPCREF__MSG_MAGIC   0x4d435049u /* "IPCM" */
 #define IPCREF__MSG_VERSION 1u
-#define IPCREF__MSG_VIEWS   IPCREF_MSG_MAX_VIEWS
 #define IPCREF__MSG_RETIRED 64 /* announced per message at most */
 
 typedef struct ipcref__wire {
@@ -35,7 +34,15 @@ typedef struct ipcref__wire {
   int bad; /* overflowed or short */
 } ipcref__wire;
 
-IPCREF_PRIVATE void ipcref__put(ipcref__wire *w, uint64_t v, int bytes) {
+IPCREF_PRIVATE void ipcref__wire_init(ipcref__wire *w, unsigned char *p,
+                                      size_t len) {
+  w->p = p;
+  w->len = len;
+  w->pos = 0;
+  w->bad = 0;
+}
+
+IPCREF_PRIVATE void ipcref__wire_put(ipcref__wire *w, uint64_t v, int bytes) {
   int i;
   if (w->pos + (size_t)bytes > w->len) {
     w->bad = 1;
@@ -44,7 +51,7 @@ IPCREF_PRIVATE void ipcref__put(ipcref__wire *w, uint64_t v, int bytes) {
   for (i = 0; i < bytes; i++) w->p[w->pos++] = (unsigned char)(v >> (8 * i));
 }
 
-IPCREF_PRIVATE uint64_t ipcref__get(ipcref__wire *w, int bytes) {
+IPCREF_PRIVATE uint64_t ipcref__wire_get(ipcref__wire *w, int bytes) {
   uint64_t v = 0;
   int i;
   if (w->pos + (size_t)bytes > w->len) {
@@ -77,7 +84,7 @@ typedef struct ipcref__fd_rec {
   unsigned char handle[IPCREF_HANDLE_BYTES];
 } ipcref__fd_rec;
 
-/* Writes / reads a segment or ledger record. */
+/* Writes / reads `n` bytes as they are. */
 IPCREF_PRIVATE void ipcref__put_bytes(ipcref__wire *w, const unsigned char *b,
                                       size_t n) {
   if (w->pos + n > w->len) {
@@ -99,90 +106,158 @@ IPCREF_PRIVATE void ipcref__get_bytes(ipcref__wire *w, unsigned char *b,
   w->pos += n;
 }
 
+/* Writes / reads a segment or ledger record (0 when malformed). */
 IPCREF_PRIVATE void ipcref__put_fd_rec(ipcref__wire *w,
                                        const ipcref__fd_rec *f) {
-  ipcref__put(w, (uint64_t)f->kind, 1);
-  ipcref__put(w, (uint64_t)f->writable, 1);
-  ipcref__put(w, f->origin_pid, 4);
-  ipcref__put(w, f->origin_nonce, 8);
-  ipcref__put(w, f->id, 8);
-  ipcref__put(w, f->size, 8);
-  if (f->kind != 3) return;
-  ipcref__put(w, (uint64_t)(uint32_t)f->dev_type, 4);
-  ipcref__put(w, (uint64_t)(uint32_t)f->dev_id, 4);
+  ipcref__wire_put(w, (uint64_t)f->kind, 1);
+  ipcref__wire_put(w, (uint64_t)f->writable, 1);
+  ipcref__wire_put(w, f->origin_pid, 4);
+  ipcref__wire_put(w, f->origin_nonce, 8);
+  ipcref__wire_put(w, f->id, 8);
+  ipcref__wire_put(w, f->size, 8);
+  if (f->kind != IPCREF__KIND_DEVICE) return;
+  ipcref__wire_put(w, (uint64_t)(uint32_t)f->dev_type, 4);
+  ipcref__wire_put(w, (uint64_t)(uint32_t)f->dev_id, 4);
   ipcref__put_bytes(w, f->handle, IPCREF_HANDLE_BYTES);
 }
 
-/* 0 when malformed. */
 IPCREF_PRIVATE int ipcref__get_fd_rec(ipcref__wire *w, ipcref__fd_rec *f) {
   memset(f, 0, sizeof *f);
-  f->kind = (int)ipcref__get(w, 1);
-  f->writable = (int)ipcref__get(w, 1);
-  f->origin_pid = (uint32_t)ipcref__get(w, 4);
-  f->origin_nonce = ipcref__get(w, 8);
-  f->id = ipcref__get(w, 8);
-  f->size = ipcref__get(w, 8);
-  if (f->kind == 3) {
-    f->dev_type = (int32_t)(uint32_t)ipcref__get(w, 4);
-    f->dev_id = (int32_t)(uint32_t)ipcref__get(w, 4);
+  f->kind = (int)ipcref__wire_get(w, 1);
+  f->writable = (int)ipcref__wire_get(w, 1);
+  f->origin_pid = (uint32_t)ipcref__wire_get(w, 4);
+  f->origin_nonce = ipcref__wire_get(w, 8);
+  f->id = ipcref__wire_get(w, 8);
+  f->size = ipcref__wire_get(w, 8);
+  if (f->kind == IPCREF__KIND_DEVICE) {
+    f->dev_type = (int32_t)(uint32_t)ipcref__wire_get(w, 4);
+    f->dev_id = (int32_t)(uint32_t)ipcref__wire_get(w, 4);
     ipcref__get_bytes(w, f->handle, IPCREF_HANDLE_BYTES);
     if (f->dev_type <= IPCREF_DEVICE_CPU || f->dev_id < 0) return 0;
   }
-  return !w->bad && f->kind >= 1 && f->kind <= 3;
+  return !w->bad && f->kind >= IPCREF__KIND_SEGMENT &&
+         f->kind <= IPCREF__KIND_DEVICE;
 }
 
+/* Writes / reads a view record (0 when malformed). */
 IPCREF_PRIVATE void ipcref__put_view(ipcref__wire *w,
                                      const ipcref__view_rec *r) {
   int d;
-  ipcref__put(w, r->origin_pid, 4);
-  ipcref__put(w, r->origin_nonce, 8);
-  ipcref__put(w, r->seg_id, 8);
-  ipcref__put(w, r->seg_size, 8);
-  ipcref__put(w, r->block_offset, 8);
-  ipcref__put(w, r->block_size, 8);
-  ipcref__put(w, r->ledger_id, 8);
-  ipcref__put(w, r->slot, 4);
-  ipcref__put(w, r->gen, 4);
-  ipcref__put(w, (uint64_t)r->view.dtype, 1);
-  ipcref__put(w, (uint64_t)r->view.ndim, 1);
-  ipcref__put(w, (uint64_t)r->writable, 1);
-  ipcref__put(w, (uint64_t)(r->has_event ? 1 : 0), 1); /* flags */
-  ipcref__put(w, (uint64_t)r->view.byte_offset, 8);
+  ipcref__wire_put(w, r->origin_pid, 4);
+  ipcref__wire_put(w, r->origin_nonce, 8);
+  ipcref__wire_put(w, r->seg_id, 8);
+  ipcref__wire_put(w, r->seg_size, 8);
+  ipcref__wire_put(w, r->block_offset, 8);
+  ipcref__wire_put(w, r->block_size, 8);
+  ipcref__wire_put(w, r->ledger_id, 8);
+  ipcref__wire_put(w, r->slot, 4);
+  ipcref__wire_put(w, r->gen, 4);
+  ipcref__wire_put(w, (uint64_t)r->view.dtype, 1);
+  ipcref__wire_put(w, (uint64_t)r->view.ndim, 1);
+  ipcref__wire_put(w, (uint64_t)r->writable, 1);
+  ipcref__wire_put(w, (uint64_t)(r->has_event ? 1 : 0), 1); /* flags */
+  ipcref__wire_put(w, (uint64_t)r->view.byte_offset, 8);
   for (d = 0; d < r->view.ndim; d++)
-    ipcref__put(w, (uint64_t)r->view.shape[d], 8);
+    ipcref__wire_put(w, (uint64_t)r->view.shape[d], 8);
   for (d = 0; d < r->view.ndim; d++)
-    ipcref__put(w, (uint64_t)r->view.strides[d], 8);
+    ipcref__wire_put(w, (uint64_t)r->view.strides[d], 8);
   if (r->has_event) ipcref__put_bytes(w, r->event, IPCREF_HANDLE_BYTES);
 }
 
-/* Reads a view record; 0 when it is malformed. */
 IPCREF_PRIVATE int ipcref__get_view(ipcref__wire *w, ipcref__view_rec *r) {
   uint64_t dt, nd, flags;
   int d;
   memset(r, 0, sizeof *r);
-  r->origin_pid = (uint32_t)ipcref__get(w, 4);
-  r->origin_nonce = ipcref__get(w, 8);
-  r->seg_id = ipcref__get(w, 8);
-  r->seg_size = ipcref__get(w, 8);
-  r->block_offset = ipcref__get(w, 8);
-  r->block_size = ipcref__get(w, 8);
-  r->ledger_id = ipcref__get(w, 8);
-  r->slot = (uint32_t)ipcref__get(w, 4);
-  r->gen = (uint32_t)ipcref__get(w, 4);
-  dt = ipcref__get(w, 1);
-  nd = ipcref__get(w, 1);
-  r->writable = (int)ipcref__get(w, 1);
-  flags = ipcref__get(w, 1);
+  r->origin_pid = (uint32_t)ipcref__wire_get(w, 4);
+  r->origin_nonce = ipcref__wire_get(w, 8);
+  r->seg_id = ipcref__wire_get(w, 8);
+  r->seg_size = ipcref__wire_get(w, 8);
+  r->block_offset = ipcref__wire_get(w, 8);
+  r->block_size = ipcref__wire_get(w, 8);
+  r->ledger_id = ipcref__wire_get(w, 8);
+  r->slot = (uint32_t)ipcref__wire_get(w, 4);
+  r->gen = (uint32_t)ipcref__wire_get(w, 4);
+  dt = ipcref__wire_get(w, 1);
+  nd = ipcref__wire_get(w, 1);
+  r->writable = (int)ipcref__wire_get(w, 1);
+  flags = ipcref__wire_get(w, 1);
   if (w->bad || dt >= IPCREF_DTYPE_COUNT || nd > IPCREF_MAX_DIMS || flags > 1)
     return 0;
   r->view.dtype = (ipcref_dtype)dt;
   r->view.ndim = (int)nd;
-  r->view.byte_offset = (int64_t)ipcref__get(w, 8);
-  for (d = 0; d < (int)nd; d++) r->view.shape[d] = (int64_t)ipcref__get(w, 8);
-  for (d = 0; d < (int)nd; d++) r->view.strides[d] = (int64_t)ipcref__get(w, 8);
+  r->view.byte_offset = (int64_t)ipcref__wire_get(w, 8);
+  for (d = 0; d < (int)nd; d++)
+    r->view.shape[d] = (int64_t)ipcref__wire_get(w, 8);
+  for (d = 0; d < (int)nd; d++)
+    r->view.strides[d] = (int64_t)ipcref__wire_get(w, 8);
   r->has_event = (int)flags;
   if (flags) ipcref__get_bytes(w, r->event, IPCREF_HANDLE_BYTES);
   return !w->bad;
+}
+
+/* A message's header (the counts bound the arrays of ipcref__msg_in). */
+typedef struct ipcref__msg_head {
+  int nviews, nrecs, nretired;
+  uint32_t sender_pid;
+  uint64_t sender_nonce;
+} ipcref__msg_head;
+
+IPCREF_PRIVATE void ipcref__put_msg_head(ipcref__wire *w,
+                                         const ipcref__msg_head *h) {
+  ipcref__wire_put(w, IPCREF__MSG_MAGIC, 4);
+  ipcref__wire_put(w, IPCREF__MSG_VERSION, 2);
+  ipcref__wire_put(w, (uint64_t)h->nviews, 2);
+  ipcref__wire_put(w, (uint64_t)h->nrecs, 2);
+  ipcref__wire_put(w, (uint64_t)h->nretired, 2);
+  ipcref__wire_put(w, h->sender_pid, 4);
+  ipcref__wire_put(w, h->sender_nonce, 8);
+}
+
+/* 0 when malformed: not ours, another version, or counts out of range. */
+IPCREF_PRIVATE int ipcref__get_msg_head(ipcref__wire *w, ipcref__msg_head *h) {
+  if (ipcref__wire_get(w, 4) != IPCREF__MSG_MAGIC ||
+      ipcref__wire_get(w, 2) != IPCREF__MSG_VERSION)
+    return 0;
+  h->nviews = (int)ipcref__wire_get(w, 2);
+  h->nrecs = (int)ipcref__wire_get(w, 2);
+  h->nretired = (int)ipcref__wire_get(w, 2);
+  h->sender_pid = (uint32_t)ipcref__wire_get(w, 4);
+  h->sender_nonce = ipcref__wire_get(w, 8);
+  return !w->bad && h->nviews >= 1 && h->nviews <= IPCREF_MSG_MAX_VIEWS &&
+         h->nrecs <= IPCREF_MSG_MAX_FDS && h->nretired <= IPCREF__MSG_RETIRED;
+}
+
+/* A whole message, decoded: its header, its segment and ledger records
+ * (with the index of each one's fd among those the message carries, -1
+ * for a device segment), the ids of the segments its sender retired, and
+ * its views. */
+typedef struct ipcref__msg_in {
+  ipcref__msg_head head;
+  int nfds; /* fds the records call for */
+  ipcref__fd_rec recs[IPCREF_MSG_MAX_FDS];
+  int fd_index[IPCREF_MSG_MAX_FDS];
+  uint64_t retired[IPCREF__MSG_RETIRED];
+  ipcref__view_rec views[IPCREF_MSG_MAX_VIEWS];
+} ipcref__msg_in;
+
+/* Decodes `len` bytes into *m: 0 when they are not exactly one well-formed
+ * message. Nothing else is read or changed. */
+IPCREF_PRIVATE int ipcref__msg_decode(const unsigned char *bytes, size_t len,
+                                      ipcref__msg_in *m) {
+  ipcref__wire w;
+  int i;
+  ipcref__wire_init(&w, (unsigned char *)(uintptr_t)bytes, len);
+  if (!ipcref__get_msg_head(&w, &m->head)) return 0;
+  m->nfds = 0;
+  for (i = 0; i < m->head.nrecs; i++) { /* segments and ledgers: an fd each */
+    if (!ipcref__get_fd_rec(&w, &m->recs[i])) return 0;
+    m->fd_index[i] = m->recs[i].kind == IPCREF__KIND_DEVICE ? -1 : m->nfds++;
+  }
+  for (i = 0; i < m->head.nretired; i++)
+    m->retired[i] = ipcref__wire_get(&w, 8);
+  for (i = 0; i < m->head.nviews; i++)
+    if (!ipcref__get_view(&w, &m->views[i])) return 0;
+  return !w.bad && w.pos == w.len;
 }
 
 #endif /* IPCREF__SHARING_IMPL */

@@ -302,11 +302,20 @@ IPCREF_PRIVATE IPCREF__INLINE int ipcref__view_span(const ipcref_view *v,
   return 1;
 }
 
+/* 1 when every element of `v` (its buf not read) lies in bytes [0, size)
+ * of its buffer: the geometry a buffer of `size` bytes can back. */
+IPCREF_PRIVATE IPCREF__INLINE int ipcref__view_fits(const ipcref_view *v,
+                                                    uint64_t size) {
+  int64_t lo, hi, n;
+  if (!ipcref__view_span(v, &lo, &hi, &n)) return 0;
+  if (v->byte_offset < 0 || (uint64_t)v->byte_offset > size) return 0;
+  return n == 0 || (lo >= 0 && (uint64_t)hi <= size);
+}
+
 /* 1 when `v` is a view its buffer can back. Under IPCREF_CHECKED a view
  * of a released buffer is reported, naming the public function `fn`. */
 IPCREF_PRIVATE IPCREF__INLINE int ipcref__view_valid_in(const ipcref_view *v,
                                                         const char *fn) {
-  int64_t lo, hi, n;
   (void)fn;
   if (!v || !v->buf || (unsigned)v->dtype >= IPCREF_DTYPE_COUNT ||
       v->ndim < 0 || v->ndim > IPCREF_MAX_DIMS)
@@ -314,9 +323,7 @@ IPCREF_PRIVATE IPCREF__INLINE int ipcref__view_valid_in(const ipcref_view *v,
 #ifdef IPCREF_CHECKED
   if (ipcref__buf_dead(v->buf, fn)) return 0;
 #endif
-  if (!ipcref__view_span(v, &lo, &hi, &n)) return 0;
-  if (v->byte_offset < 0 || (uint64_t)v->byte_offset > v->buf->size) return 0;
-  return n == 0 || (lo >= 0 && (uint64_t)hi <= v->buf->size);
+  return ipcref__view_fits(v, v->buf->size);
 }
 #define ipcref__view_valid(v) ipcref__view_valid_in((v), __func__)
 
@@ -333,15 +340,7 @@ IPCREF_PRIVATE int64_t ipcref__numel(const ipcref_view *v) {
 /* The check of a result whose geometry came from the caller: EINVAL for
  * bad fields, ERANGE for elements outside the buffer or overflow. */
 IPCREF_PRIVATE ipcref_result ipcref__view_check_new(const ipcref_view *v) {
-  int64_t lo, hi, n;
-  int d;
-  for (d = 0; d < v->ndim; d++)
-    if (v->shape[d] < 0) return IPCREF_ERANGE;
-  if (!ipcref__view_span(v, &lo, &hi, &n)) return IPCREF_ERANGE;
-  if (v->byte_offset < 0 || (uint64_t)v->byte_offset > v->buf->size)
-    return IPCREF_ERANGE;
-  if (n != 0 && (lo < 0 || (uint64_t)hi > v->buf->size)) return IPCREF_ERANGE;
-  return IPCREF_OK;
+  return ipcref__view_fits(v, v->buf->size) ? IPCREF_OK : IPCREF_ERANGE;
 }
 
 /* Python's dim rule: -ndim <= dim < ndim. */
