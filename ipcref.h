@@ -2763,6 +2763,9 @@ typedef struct ipcref__copy_plan {
   int64_t ss[IPCREF_MAX_DIMS]; /* source byte strides */
 } ipcref__copy_plan;
 
+/* Plans the copy of `src` into `dst` (same shape and dtype): byte
+ * strides, dims of size 1 dropped, neighbours contiguous on both sides
+ * merged. */
 IPCREF_PRIVATE void ipcref__plan(ipcref__copy_plan *p, const ipcref_view *dst,
                                  const ipcref_view *src) {
   int d, n = 0;
@@ -2834,6 +2837,8 @@ IPCREF_PRIVATE int64_t ipcref__gather2_4(char *d, const char *s, int64_t n,
       for (i = 0; i < n; i++) memcpy(d + i * ds, s + i * ss, SIZE);            \
   } while (0)
 
+/* Copies `n` elements of `item` bytes along one dim: one memcpy when both
+ * sides are contiguous, else element by element with a fixed size. */
 IPCREF_PRIVATE void ipcref__copy_run(char *d, int64_t ds, const char *s,
                                      int64_t ss, int64_t n, size_t item,
                                      int stream) {
@@ -2933,6 +2938,8 @@ IPCREF_PRIVATE int ipcref__transpose4(char *d, int64_t drs, const char *s,
     for (c = c0; c < c1; c++)                                                  \
   memcpy(d + r * drs + c * dcs, s + r * srs + c * scs, SIZE)
 
+/* A 2-d copy in square tiles, for a side contiguous along rows and the
+ * other along columns: each tile stays in cache on both sides. */
 IPCREF_PRIVATE void ipcref__copy_tiled(char *d, int64_t drs, int64_t dcs,
                                        const char *s, int64_t srs, int64_t scs,
                                        int64_t rows, int64_t cols,
@@ -2953,6 +2960,7 @@ IPCREF_PRIVATE void ipcref__copy_tiled(char *d, int64_t drs, int64_t dcs,
   }
 }
 
+/* One 2-d copy: the f32 register transpose, tiles, or row by row. */
 IPCREF_PRIVATE void ipcref__copy_2d(char *d, int64_t drs, int64_t dcs,
                                     const char *s, int64_t srs, int64_t scs,
                                     int64_t rows, int64_t cols, size_t item,
@@ -2983,6 +2991,8 @@ IPCREF_PRIVATE void ipcref__copy_fence(const ipcref__copy_plan *p) {
 #endif
 }
 
+/* Runs a plan: its two innermost dims as one 2-d copy (or one run), the
+ * outer dims counted like an odometer. */
 IPCREF_PRIVATE void ipcref__copy_plan_run(const ipcref__copy_plan *p, char *d,
                                           const char *s) {
   int64_t idx[IPCREF_MAX_DIMS];
@@ -3176,6 +3186,33 @@ IPCREF_API void ipcref_test_set_step_hook(void (*fn)(const char *step)) {
 
 #ifdef IPCREF__SHARING_IMPL
 
+/* ---- words ---------------------------------------------------------------
+ * block     a piece of a segment that backs one shared buffer made here
+ * segment   a sealed memfd (or a device allocation) cut into blocks
+ * lease     a peer's hold on a block: a slot of a ledger, live at one
+ *           generation; a forwarded lease is a forwarder's peer's hold
+ * ledger    the counter file of the leases of one peer (producer side)
+ * ring      a ledger's queue of returned and linked leases
+ * limbo     the blocks the producer released that leases still hold
+ * map       a consumer's mapping of a segment or a ledger, cached
+ * import    a consumer's buffer over a leased block
+ * watch     a process whose death the context waits for
+ * The private code lets go of things in these words, each one meaning:
+ *   release   a buffer's release callback ran: its last reference went
+ *   end       a lease is over: returned (lease_end, import_end), given
+ *             back unused (lease_cancel, leases_give_back), or its
+ *             holder died (lease_reclaim)
+ *   unlease   a block has one lease less (block_unlease)
+ *   put, unref, drop   one hold less on something counted (watch_put,
+ *             ctx_unref, alias_drop, hdr_put; map_drop lets go of a
+ *             mapping that no cache holds, map_evict takes it out first)
+ *   free, destroy   the memory goes: a block back to its segment
+ *             (block_free), a segment, ledger or context (_destroy)
+ *   retire    a segment its origin destroyed: its consumers unmap it once
+ *             unused (retire_announce, import_retire, maps_trim)
+ *   bury      a freed context or peer, kept marked dead a while
+ *   forget    a peer was not sent what it was counted as sent */
+
 /* ---- layout of a ledger (counter file), shared with every process that
  * maps it. All fields little endian (the host's: peers share a machine).
  *
@@ -3213,6 +3250,8 @@ IPCREF_PRIVATE uint64_t ipcref__ring_entry(uint32_t kind, uint32_t slot,
   return ((uint64_t)gen << 32) | ((uint64_t)kind << 30) | (slot + 1u);
 }
 
+/* A ledger's slots and ring in its mapping at `base`, and its size for n
+ * slots. */
 IPCREF_PRIVATE uint64_t *ipcref__ledger_slots(unsigned char *base) {
   return (uint64_t *)(void *)(base + IPCREF__LEDGER_HDR);
 }
@@ -3513,11 +3552,20 @@ struct ipcref_ctx {
 #define IPCREF__LOCK(c)   pthread_mutex_lock(&(c)->lock)
 #define IPCREF__UNLOCK(c) ipcref__unlock(c)
 
-/* Unlocks the context, then hands the wrapped allocations whose last hold
- * went back to their owners: their release runs outside the lock, since
- * it may call back into ipcref. */
-IPCREF_PRIVATE void ipcref__import_finish(struct ipcref__import *imp);
+/* ---- forward declarations ----------------------------------------------
+ * The files follow a hand-off from the producer's allocation to the
+ * consumer's release; these two steps of the consumer's side (in
+ * share_import) are called from earlier rooms: the unlock returns the
+ * device imports whose fence is done, and ipcref_buf_is_shared knows an
+ * imported buffer by its release callback. */
+IPCREF_PRIVATE void ipcref__import_end(struct ipcref__import *imp);
+IPCREF_PRIVATE void ipcref__import_release(void *user, void *data);
 
+/* Unlocks the context, then does what must not run under it, since each
+ * may call back into ipcref: the aliases whose last hold went end (their
+ * callback runs, their source is released), the wrapped allocations whose
+ * last hold went go back to their owners, and the device imports whose
+ * fence is done return their leases. */
 IPCREF_PRIVATE void ipcref__unlock(ipcref_ctx *ctx) {
   ipcref__block *b = ctx->released;
   struct ipcref__import *imp = ctx->finished;
@@ -3541,7 +3589,7 @@ IPCREF_PRIVATE void ipcref__unlock(ipcref_ctx *ctx) {
   }
   while (imp) { /* device releases whose work completed */
     struct ipcref__import *next = imp->next;
-    ipcref__import_finish(imp);
+    ipcref__import_end(imp);
     imp = next;
   }
 }
@@ -3682,6 +3730,8 @@ IPCREF_PRIVATE long ipcref__now_ms(void) {
  * kill(pid, 0) in ipcref_collect. Whatever notices one counts it in
  * st.peer_deaths; the reap that follows compares that with ctx->reaped. */
 
+/* Marks a watched process dead (once), counted in st.peer_deaths; its
+ * pidfd leaves the epoll set. */
 IPCREF_PRIVATE void ipcref__watch_dead(ipcref_ctx *ctx, ipcref__watch *w) {
   if (w->dead) return;
   w->dead = 1;
@@ -3730,6 +3780,7 @@ IPCREF_PRIVATE ipcref__watch *ipcref__watch_get(ipcref_ctx *ctx, int pid) {
   return w;
 }
 
+/* One use of a watch less; the last one removes it. */
 IPCREF_PRIVATE void ipcref__watch_put(ipcref_ctx *ctx, ipcref__watch *w) {
   if (!w || --w->refs > 0) return;
   if (w->pidfd >= 0) {
@@ -3781,6 +3832,8 @@ IPCREF_PRIVATE void ipcref__watch_refresh(ipcref_ctx *ctx) {
 
 #ifdef IPCREF__SHARING_IMPL
 
+/* The size class of a block of `size` bytes, and the class's block size
+ * (a power of two, at least IPCREF__MIN_BLOCK). */
 IPCREF_PRIVATE uint32_t ipcref__class_of(size_t size, size_t *block) {
   size_t b = IPCREF__MIN_BLOCK;
   uint32_t c = 0;
@@ -3789,6 +3842,8 @@ IPCREF_PRIVATE uint32_t ipcref__class_of(size_t size, size_t *block) {
   return c;
 }
 
+/* A segment with free blocks joins, or leaves, the list of its class
+ * (under the lock, as everything here). */
 IPCREF_PRIVATE void ipcref__class_add(ipcref__segment *s) {
   if (s->in_class || s->cls >= IPCREF__CLASSES) return;
   IPCREF__LIST_PUSH(s->pool->classes[s->cls], s, class_next, class_prev);
@@ -3801,6 +3856,8 @@ IPCREF_PRIVATE void ipcref__class_remove(ipcref__segment *s) {
   s->in_class = 0;
 }
 
+/* Segment `id` is going: each peer that was sent it is told in its next
+ * message, so that it unmaps it once unused. */
 IPCREF_PRIVATE void ipcref__retire_announce(ipcref_ctx *ctx, uint64_t id) {
   ipcref_peer *p;
   for (p = ctx->peers; p; p = p->next)
@@ -3810,6 +3867,9 @@ IPCREF_PRIVATE void ipcref__retire_announce(ipcref_ctx *ctx, uint64_t id) {
       p->retired[p->nretired++] = id;
 }
 
+/* Destroys a segment no block of which is used: announced retired to the
+ * peers that map it, its memory freed (a wrapped allocation stays its
+ * owner's). */
 IPCREF_PRIVATE void ipcref__segment_destroy(ipcref_ctx *ctx,
                                             ipcref__segment *s) {
   ipcref__class_remove(s);
@@ -3951,6 +4011,8 @@ IPCREF_PRIVATE void ipcref__alias_drop(ipcref_ctx *ctx, ipcref__alias *a) {
   ctx->unpinned = a;
 }
 
+/* A block nothing holds goes back: a wrap to its owner (after the unlock),
+ * else to its segment, which is cached or destroyed once empty. */
 IPCREF_PRIVATE void ipcref__block_free(ipcref_ctx *ctx, ipcref__block *b) {
   ipcref__segment *s = b->seg;
   if (s->cls == IPCREF__FOREIGN) { /* back to its owner, after the unlock */
@@ -3975,6 +4037,7 @@ IPCREF_PRIVATE void ipcref__block_free(ipcref_ctx *ctx, ipcref__block *b) {
   ipcref__segment_destroy(ctx, s);
 }
 
+/* Takes a block out of the limbo. */
 IPCREF_PRIVATE void ipcref__limbo_remove(ipcref_ctx *ctx, ipcref__block *b) {
   IPCREF__LIST_REMOVE(ctx->limbo, b, limbo_next, limbo_prev);
   b->in_limbo = 0;
@@ -3982,9 +4045,9 @@ IPCREF_PRIVATE void ipcref__limbo_remove(ipcref_ctx *ctx, ipcref__block *b) {
   ctx->st.limbo_bytes -= b->size;
 }
 
-/* A lease on `b` ended (under the lock): frees the block when nothing
+/* One lease less on `b` (under the lock): frees the block when nothing
  * holds it any more. Returns the bytes freed. */
-IPCREF_PRIVATE size_t ipcref__lease_end(ipcref_ctx *ctx, ipcref__block *b) {
+IPCREF_PRIVATE size_t ipcref__block_unlease(ipcref_ctx *ctx, ipcref__block *b) {
   size_t bytes;
   b->leases--;
   ctx->st.live_slots--;
@@ -4007,6 +4070,8 @@ IPCREF_PRIVATE size_t ipcref__lease_end(ipcref_ctx *ctx, ipcref__block *b) {
 
 #ifdef IPCREF__SHARING_IMPL
 
+/* Destroys a ledger nobody can use any more: its watches go, its counter
+ * file is unmapped and closed (under the lock). */
 IPCREF_PRIVATE void ipcref__ledger_destroy(ipcref_ctx *ctx, ipcref__ledger *l) {
   uint32_t s;
   IPCREF__LIST_REMOVE(ctx->ledgers, l, next, prev);
@@ -4076,9 +4141,9 @@ nomem:
  * again at the same generation (the next lease on it takes the next one,
  * so a replay of this one is refused), and the block goes when nothing
  * else holds it. 0 when there is no such live lease. */
-IPCREF_PRIVATE int ipcref__lease_free(ipcref_ctx *ctx, ipcref__ledger *l,
-                                      uint32_t slot, uint32_t gen,
-                                      size_t *freed) {
+IPCREF_PRIVATE int ipcref__lease_end(ipcref_ctx *ctx, ipcref__ledger *l,
+                                     uint32_t slot, uint32_t gen,
+                                     size_t *freed) {
   uint64_t *slots = ipcref__ledger_slots(l->base);
   ipcref__block *b;
   if (slot >= l->n || !l->leases[slot].block || l->leases[slot].gen != gen)
@@ -4096,7 +4161,7 @@ IPCREF_PRIVATE int ipcref__lease_free(ipcref_ctx *ctx, ipcref__ledger *l,
   __atomic_store_n(&slots[2 * (size_t)slot],
                    ((uint64_t)gen << 2) | IPCREF__SLOT_FREE, __ATOMIC_RELEASE);
   if (slot < l->n / 2) l->free_stack[l->nfree++] = slot;
-  *freed += ipcref__lease_end(ctx, b);
+  *freed += ipcref__block_unlease(ctx, b);
   return 1;
 }
 
@@ -4106,7 +4171,7 @@ IPCREF_PRIVATE int ipcref__lease_free(ipcref_ctx *ctx, ipcref__ledger *l,
 IPCREF_PRIVATE void ipcref__lease_reclaim(ipcref_ctx *ctx, ipcref__ledger *l,
                                           uint32_t slot, size_t *freed) {
   uint32_t gen = l->leases[slot].gen;
-  if (!l->leases[slot].block || !ipcref__lease_free(ctx, l, slot, gen, freed))
+  if (!l->leases[slot].block || !ipcref__lease_end(ctx, l, slot, gen, freed))
     return;
   l->leases[slot].reclaimed = gen + 1u;
   ctx->st.reclaimed++;
@@ -4195,7 +4260,7 @@ IPCREF_PRIVATE void ipcref__ring_release(ipcref_ctx *ctx, ipcref__ledger *l,
   uint32_t slot = (uint32_t)(e & 0x3fffffffu) - 1u, gen = (uint32_t)(e >> 32);
   if (((e >> 30) & 3u) != IPCREF__RING_RELEASE) {
     ipcref__bad_return(ctx, "invalid lease return in a ledger");
-  } else if (ipcref__lease_free(ctx, l, slot, gen, freed)) {
+  } else if (ipcref__lease_end(ctx, l, slot, gen, freed)) {
     return;
   } else if (slot < l->n && l->leases[slot].reclaimed == gen + 1u) {
     l->leases[slot].reclaimed = 0; /* late, once: a second one is forged */
@@ -4347,6 +4412,7 @@ IPCREF_PRIVATE size_t ipcref__sweep(ipcref_ctx *ctx) {
  * the child's copy is whole. */
 #ifdef IPCREF_CHECKED
 static pthread_once_t ipcref__fork_once = PTHREAD_ONCE_INIT;
+/* pthread_atfork's three handlers, registered once. */
 IPCREF_PRIVATE void ipcref__fork_prepare(void) {
   ipcref__quarantine_lock();
 }
@@ -4437,7 +4503,8 @@ IPCREF_PRIVATE void ipcref__map_drop(ipcref__map *m) {
   IPCREF_FREE(m);
 }
 
-IPCREF_PRIVATE void ipcref__map_unmap(ipcref_ctx *ctx, ipcref__map *m) {
+/* Takes a mapping out of the cache and lets go of it (under the lock). */
+IPCREF_PRIVATE void ipcref__map_evict(ipcref_ctx *ctx, ipcref__map *m) {
   IPCREF__LIST_REMOVE(ctx->maps, m, next, prev);
   if (m->kind == IPCREF__KIND_LEDGER)
     ctx->st.counter_files--;
@@ -4461,7 +4528,7 @@ IPCREF_PRIVATE void ipcref__maps_trim(ipcref_ctx *ctx, size_t min_bytes) {
   for (m = ctx->maps; m; m = next) {
     next = m->next;
     if (m->retired && __atomic_load_n(&m->refs, __ATOMIC_ACQUIRE) == 0)
-      ipcref__map_unmap(ctx, m);
+      ipcref__map_evict(ctx, m);
   }
 }
 
@@ -4486,7 +4553,7 @@ IPCREF_PRIVATE void ipcref__ctx_destroy(ipcref_ctx *ctx) {
   }
   while (ctx->ledgers) ipcref__ledger_destroy(ctx, ctx->ledgers);
   while (ctx->segments) ipcref__segment_destroy(ctx, ctx->segments);
-  while (ctx->maps) ipcref__map_unmap(ctx, ctx->maps);
+  while (ctx->maps) ipcref__map_evict(ctx, ctx->maps);
   IPCREF__UNLOCK(ctx);
   while ((pool = ctx->pools) != NULL) {
     ctx->pools = pool->next;
@@ -4522,7 +4589,22 @@ IPCREF_PRIVATE void ipcref__ctx_unref(ipcref_ctx *ctx) {
   ipcref__ctx_destroy(ctx);
 }
 
-IPCREF_PRIVATE void ipcref__deferred_poll(ipcref_ctx *ctx);
+/* Device releases whose fence is done move to ctx->finished, returned
+ * after the unlock (under the lock). */
+IPCREF_PRIVATE void ipcref__deferred_poll(ipcref_ctx *ctx) {
+  struct ipcref__import **pp = &ctx->deferred;
+  while (*pp) {
+    struct ipcref__import *imp = *pp;
+    if (!imp->seg->be->fence_done(imp->seg->be, imp->fence)) {
+      pp = &imp->next;
+      continue;
+    }
+    *pp = imp->next;
+    ctx->st.deferred--;
+    imp->next = ctx->finished;
+    ctx->finished = imp;
+  }
+}
 
 IPCREF_API void ipcref_ctx_free(ipcref_ctx *ctx) {
   int pending;
@@ -4546,7 +4628,7 @@ IPCREF_API void ipcref_ctx_free(ipcref_ctx *ctx) {
  * its pid no longer exists. */
 IPCREF_PRIVATE int ipcref__process_gone(int pidfd, int pid) {
   struct pollfd pfd;
-  if (pidfd < 0) return pid > 0 && kill((pid_t)pid, 0) != 0 && errno == ESRCH;
+  if (pidfd < 0) return pid > 0 && ipcref__pid_gone(pid);
   pfd.fd = pidfd;
   pfd.events = POLLIN;
   pfd.revents = 0;
@@ -4612,23 +4694,6 @@ IPCREF_PRIVATE size_t ipcref__reap(ipcref_ctx *ctx) {
 /* Notices deaths and reclaims what the dead held (under the lock). Every
  * call on the context pumps this, at most once per clock tick (`force`:
  * now), so that a process that never polls still gets its memory back. */
-/* Device releases whose fence is done move to ctx->finished, returned
- * after the unlock (under the lock). */
-IPCREF_PRIVATE void ipcref__deferred_poll(ipcref_ctx *ctx) {
-  struct ipcref__import **pp = &ctx->deferred;
-  while (*pp) {
-    struct ipcref__import *imp = *pp;
-    if (!imp->seg->be->fence_done(imp->seg->be, imp->fence)) {
-      pp = &imp->next;
-      continue;
-    }
-    *pp = imp->next;
-    ctx->st.deferred--;
-    imp->next = ctx->finished;
-    ctx->finished = imp;
-  }
-}
-
 IPCREF_PRIVATE size_t ipcref__pump(ipcref_ctx *ctx, int force) {
   if (ctx->deferred) ipcref__deferred_poll(ctx);
   if (!ctx->watches) return 0;
@@ -4646,9 +4711,8 @@ IPCREF_API size_t ipcref_collect(ipcref_ctx *ctx) {
   if (!ctx || !IPCREF__CTX_USABLE(ctx)) return 0;
   IPCREF__LOCK(ctx);
   if (ctx->deferred) ipcref__deferred_poll(ctx); /* returned at the unlock */
-  freed = ipcref__sweep(ctx);
   ipcref__watch_refresh(ctx);
-  freed += ipcref__reap(ctx);
+  freed = ipcref__reap(ctx); /* every ring read, the dead's reclaimed, swept */
   ipcref__maps_trim(ctx, 0); /* a consumer's retired mappings */
   IPCREF__UNLOCK(ctx);
   return freed;
@@ -4749,15 +4813,6 @@ IPCREF_PRIVATE void ipcref__block_release(void *user, void *data) {
    * (ipcref__hdr_put), which weak references may keep. */
 }
 
-IPCREF_PRIVATE void ipcref__import_release(void *user, void *data);
-IPCREF_PRIVATE void ipcref__alias_release(void *user, void *data);
-
-IPCREF_API int ipcref_buf_is_shared(const ipcref_buf *b) {
-  return b && (b->release == ipcref__block_release ||
-               b->release == ipcref__import_release ||
-               b->release == ipcref__alias_release);
-}
-
 /* The release callback of an alias's own buffer. */
 IPCREF_PRIVATE void ipcref__alias_release(void *user, void *data) {
   ipcref__alias *a = (ipcref__alias *)user;
@@ -4766,6 +4821,12 @@ IPCREF_PRIVATE void ipcref__alias_release(void *user, void *data) {
   IPCREF__LOCK(ctx);
   ipcref__alias_drop(ctx, a);
   IPCREF__UNLOCK(ctx);
+}
+
+IPCREF_API int ipcref_buf_is_shared(const ipcref_buf *b) {
+  return b && (b->release == ipcref__block_release ||
+               b->release == ipcref__import_release ||
+               b->release == ipcref__alias_release);
 }
 
 /* The block behind a shared buffer made here (itself or an alias), or
@@ -4803,8 +4864,6 @@ IPCREF_PRIVATE int ipcref__shared_alias(ipcref_buf *src, void (*fn)(void *),
   ipcref_buf_retain(src);
   return 1;
 }
-
-IPCREF_PRIVATE void ipcref__block_release(void *user, void *data);
 
 /* ---- headers of shared buffers ----------------------------------------
  * A shared buffer made here has its header in its context's memory, not
@@ -4905,9 +4964,13 @@ IPCREF_PRIVATE void ipcref__block_live(ipcref_ctx *ctx, ipcref__block *b) {
   __atomic_fetch_add(&ctx->refs, 1, __ATOMIC_RELAXED);
 }
 
-IPCREF_PRIVATE ipcref_result ipcref__shared_new(ipcref_ctx *ctx,
-                                                ipcref__pool *pool, size_t size,
-                                                int own, ipcref_buf **out) {
+/* A new shared buffer of `size` bytes in `pool` (host memory or one
+ * device's), in a segment of its own with `own`: what ipcref_shared_new,
+ * ipcref_shared_new_isolated and ipcref_device_new make. */
+IPCREF_PRIVATE ipcref_result ipcref__shared_new_in(ipcref_ctx *ctx,
+                                                   ipcref__pool *pool,
+                                                   size_t size, int own,
+                                                   ipcref_buf **out) {
   ipcref__block *b;
   ipcref_result r;
   if (size > (size_t)PTRDIFF_MAX / 2) return IPCREF_ERANGE;
@@ -4932,7 +4995,7 @@ IPCREF_API ipcref_result ipcref_shared_new(ipcref_ctx *ctx, size_t size,
                                            ipcref_buf **out) {
   if (!ctx || !out) return IPCREF_EINVAL;
   if (!IPCREF__CTX_USABLE(ctx)) return IPCREF_EDEAD;
-  return ipcref__shared_new(ctx, &ctx->host, size, ctx->opt.isolate, out);
+  return ipcref__shared_new_in(ctx, &ctx->host, size, ctx->opt.isolate, out);
 }
 
 IPCREF_API ipcref_result ipcref_shared_new_isolated(ipcref_ctx *ctx,
@@ -4940,7 +5003,7 @@ IPCREF_API ipcref_result ipcref_shared_new_isolated(ipcref_ctx *ctx,
                                                     ipcref_buf **out) {
   if (!ctx || !out) return IPCREF_EINVAL;
   if (!IPCREF__CTX_USABLE(ctx)) return IPCREF_EDEAD;
-  return ipcref__shared_new(ctx, &ctx->host, size, 1, out);
+  return ipcref__shared_new_in(ctx, &ctx->host, size, 1, out);
 }
 
 #endif /* IPCREF__SHARING_IMPL */
@@ -4954,6 +5017,7 @@ IPCREF_API ipcref_result ipcref_shared_new_isolated(ipcref_ctx *ctx,
 
 #ifdef IPCREF__SHARING_IMPL
 
+/* The backend added for device type `type`, or NULL (under the lock). */
 IPCREF_PRIVATE ipcref_backend *ipcref__backend_of(ipcref_ctx *ctx,
                                                   int32_t type) {
   int i;
@@ -5019,7 +5083,7 @@ IPCREF_API ipcref_result ipcref_device_new(ipcref_ctx *ctx, ipcref_device dev,
   pool = ipcref__pool_of(ctx, dev, &r);
   IPCREF__UNLOCK(ctx);
   if (!pool) return r;
-  return ipcref__shared_new(ctx, pool, size, ctx->opt.isolate, out);
+  return ipcref__shared_new_in(ctx, pool, size, ctx->opt.isolate, out);
 }
 
 IPCREF_API ipcref_result ipcref_device_wrap(
@@ -5130,6 +5194,8 @@ typedef struct ipcref__wire {
   int bad; /* overflowed or short */
 } ipcref__wire;
 
+/* A cursor over `len` bytes at `p`; the puts and gets of `bytes` bytes
+ * (little endian) set `bad` instead of overrunning. */
 IPCREF_PRIVATE void ipcref__wire_init(ipcref__wire *w, unsigned char *p,
                                       size_t len) {
   w->p = p;
@@ -5419,6 +5485,7 @@ IPCREF_PRIVATE ssize_t ipcref__recvmsg(int fd, struct msghdr *mh, int stream) {
 #define IPCREF__HELLO_MAGIC 0x48435049u /* "IPCH" */
 #define IPCREF__HELLO_BYTES 20
 
+/* Sends this side's hello, with its credentials (SCM_CREDENTIALS). */
 IPCREF_PRIVATE ipcref_result ipcref__hello_send(ipcref_peer *p) {
   union {
     char buf[CMSG_SPACE(sizeof(struct ucred))];
@@ -5482,6 +5549,8 @@ IPCREF_PRIVATE ipcref_result ipcref__peer_refuse(ipcref_peer *p) {
   return IPCREF_EPEER;
 }
 
+/* What the hello read says: OK, EPEER for a uid not allowed, EPROTO for
+ * a malformed one. */
 IPCREF_PRIVATE ipcref_result ipcref__hello_result(const ipcref_peer *p) {
   if (p->hello > 0) return IPCREF_OK;
   return p->hello == -2 ? IPCREF_EPEER : IPCREF_EPROTO;
@@ -5694,6 +5763,8 @@ IPCREF_API void ipcref_peer_free(ipcref_peer *p) {
 
 #ifdef IPCREF__SHARING_IMPL
 
+/* A cached mapping of (origin nonce, id), or NULL (under the lock). A
+ * segment is found whether it is host or device memory. */
 IPCREF_PRIVATE ipcref__map *ipcref__map_find(ipcref_ctx *ctx, int kind,
                                              uint64_t nonce, uint64_t id) {
   ipcref__map *m;
@@ -5705,6 +5776,7 @@ IPCREF_PRIVATE ipcref__map *ipcref__map_find(ipcref_ctx *ctx, int kind,
   return NULL;
 }
 
+/* A ledger of this context by its id, or NULL (under the lock). */
 IPCREF_PRIVATE ipcref__ledger *ipcref__ledger_find(ipcref_ctx *ctx,
                                                    uint64_t id) {
   ipcref__ledger *l;
@@ -5719,7 +5791,7 @@ IPCREF_PRIVATE void ipcref__lease_cancel(ipcref_ctx *ctx,
   if (r->origin_nonce == ctx->nonce) {
     ipcref__ledger *l = ipcref__ledger_find(ctx, r->ledger_id);
     size_t freed = 0;
-    if (l) (void)ipcref__lease_free(ctx, l, r->slot, r->gen, &freed);
+    if (l) (void)ipcref__lease_end(ctx, l, r->slot, r->gen, &freed);
   } else { /* a forwarded lease: return it to its origin's ledger */
     ipcref__map *m = ipcref__map_find(ctx, IPCREF__KIND_LEDGER, r->origin_nonce,
                                       r->ledger_id);
@@ -5739,6 +5811,7 @@ typedef struct ipcref__view_event {
   unsigned char handle[IPCREF_HANDLE_BYTES];
 } ipcref__view_event;
 
+/* Frees the events no lease took (not under the lock). */
 IPCREF_PRIVATE void ipcref__events_free(ipcref__view_event *ev, int n) {
   int i;
   for (i = 0; i < n; i++)
@@ -6133,7 +6206,7 @@ IPCREF_PRIVATE ipcref_result ipcref__export_msg(ipcref_peer *p,
 /* The release callback of an imported buffer: this process's last
  * reference went, so the lease goes back to its producer. One fetch_add
  * and stores into shared memory, a free: no system call, no lock. */
-IPCREF_PRIVATE void ipcref__import_finish(ipcref__import *imp) {
+IPCREF_PRIVATE void ipcref__import_end(ipcref__import *imp) {
   ipcref_ctx *ctx;
   uint64_t e = ipcref__ring_entry(IPCREF__RING_RELEASE, imp->slot, imp->gen);
   ipcref__ring_push(imp->ledger->base, imp->ledger->nslots, &e, 1, "release");
@@ -6171,7 +6244,7 @@ IPCREF_PRIVATE void ipcref__import_release(void *user, void *data) {
       while (!be->fence_done(be, fence)) usleep(50);
     }
   }
-  ipcref__import_finish(imp);
+  ipcref__import_end(imp);
 }
 
 /* Checks a received fd against its record and maps it. The fd must be a
@@ -6726,6 +6799,10 @@ IPCREF_PRIVATE ipcref_result ipcref__send_raw(ipcref_peer *p,
   return IPCREF_OK;
 }
 
+/* ipcref_send, ipcref_send_batch and ipcref_send_on: the events recorded,
+ * the leases taken and the message built under the lock, then sent
+ * outside it; a message that could not be sent gives its leases back.
+ * `fn` names the public call in reports. */
 IPCREF_PRIVATE ipcref_result ipcref__send_views(ipcref_peer *p,
                                                 const ipcref_view *views, int n,
                                                 void *stream, const char *fn) {

@@ -48,15 +48,6 @@ IPCREF_PRIVATE void ipcref__block_release(void *user, void *data) {
    * (ipcref__hdr_put), which weak references may keep. */
 }
 
-IPCREF_PRIVATE void ipcref__import_release(void *user, void *data);
-IPCREF_PRIVATE void ipcref__alias_release(void *user, void *data);
-
-IPCREF_API int ipcref_buf_is_shared(const ipcref_buf *b) {
-  return b && (b->release == ipcref__block_release ||
-               b->release == ipcref__import_release ||
-               b->release == ipcref__alias_release);
-}
-
 /* The release callback of an alias's own buffer. */
 IPCREF_PRIVATE void ipcref__alias_release(void *user, void *data) {
   ipcref__alias *a = (ipcref__alias *)user;
@@ -65,6 +56,12 @@ IPCREF_PRIVATE void ipcref__alias_release(void *user, void *data) {
   IPCREF__LOCK(ctx);
   ipcref__alias_drop(ctx, a);
   IPCREF__UNLOCK(ctx);
+}
+
+IPCREF_API int ipcref_buf_is_shared(const ipcref_buf *b) {
+  return b && (b->release == ipcref__block_release ||
+               b->release == ipcref__import_release ||
+               b->release == ipcref__alias_release);
 }
 
 /* The block behind a shared buffer made here (itself or an alias), or
@@ -102,8 +99,6 @@ IPCREF_PRIVATE int ipcref__shared_alias(ipcref_buf *src, void (*fn)(void *),
   ipcref_buf_retain(src);
   return 1;
 }
-
-IPCREF_PRIVATE void ipcref__block_release(void *user, void *data);
 
 /* ---- headers of shared buffers ----------------------------------------
  * A shared buffer made here has its header in its context's memory, not
@@ -204,9 +199,13 @@ IPCREF_PRIVATE void ipcref__block_live(ipcref_ctx *ctx, ipcref__block *b) {
   __atomic_fetch_add(&ctx->refs, 1, __ATOMIC_RELAXED);
 }
 
-IPCREF_PRIVATE ipcref_result ipcref__shared_new(ipcref_ctx *ctx,
-                                                ipcref__pool *pool, size_t size,
-                                                int own, ipcref_buf **out) {
+/* A new shared buffer of `size` bytes in `pool` (host memory or one
+ * device's), in a segment of its own with `own`: what ipcref_shared_new,
+ * ipcref_shared_new_isolated and ipcref_device_new make. */
+IPCREF_PRIVATE ipcref_result ipcref__shared_new_in(ipcref_ctx *ctx,
+                                                   ipcref__pool *pool,
+                                                   size_t size, int own,
+                                                   ipcref_buf **out) {
   ipcref__block *b;
   ipcref_result r;
   if (size > (size_t)PTRDIFF_MAX / 2) return IPCREF_ERANGE;
@@ -231,7 +230,7 @@ IPCREF_API ipcref_result ipcref_shared_new(ipcref_ctx *ctx, size_t size,
                                            ipcref_buf **out) {
   if (!ctx || !out) return IPCREF_EINVAL;
   if (!IPCREF__CTX_USABLE(ctx)) return IPCREF_EDEAD;
-  return ipcref__shared_new(ctx, &ctx->host, size, ctx->opt.isolate, out);
+  return ipcref__shared_new_in(ctx, &ctx->host, size, ctx->opt.isolate, out);
 }
 
 IPCREF_API ipcref_result ipcref_shared_new_isolated(ipcref_ctx *ctx,
@@ -239,7 +238,7 @@ IPCREF_API ipcref_result ipcref_shared_new_isolated(ipcref_ctx *ctx,
                                                     ipcref_buf **out) {
   if (!ctx || !out) return IPCREF_EINVAL;
   if (!IPCREF__CTX_USABLE(ctx)) return IPCREF_EDEAD;
-  return ipcref__shared_new(ctx, &ctx->host, size, 1, out);
+  return ipcref__shared_new_in(ctx, &ctx->host, size, 1, out);
 }
 
 #endif /* IPCREF__SHARING_IMPL */

@@ -13,6 +13,7 @@
  * the child's copy is whole. */
 #ifdef IPCREF_CHECKED
 static pthread_once_t ipcref__fork_once = PTHREAD_ONCE_INIT;
+/* pthread_atfork's three handlers, registered once. */
 IPCREF_PRIVATE void ipcref__fork_prepare(void) {
   ipcref__quarantine_lock();
 }
@@ -103,7 +104,8 @@ IPCREF_PRIVATE void ipcref__map_drop(ipcref__map *m) {
   IPCREF_FREE(m);
 }
 
-IPCREF_PRIVATE void ipcref__map_unmap(ipcref_ctx *ctx, ipcref__map *m) {
+/* Takes a mapping out of the cache and lets go of it (under the lock). */
+IPCREF_PRIVATE void ipcref__map_evict(ipcref_ctx *ctx, ipcref__map *m) {
   IPCREF__LIST_REMOVE(ctx->maps, m, next, prev);
   if (m->kind == IPCREF__KIND_LEDGER)
     ctx->st.counter_files--;
@@ -127,7 +129,7 @@ IPCREF_PRIVATE void ipcref__maps_trim(ipcref_ctx *ctx, size_t min_bytes) {
   for (m = ctx->maps; m; m = next) {
     next = m->next;
     if (m->retired && __atomic_load_n(&m->refs, __ATOMIC_ACQUIRE) == 0)
-      ipcref__map_unmap(ctx, m);
+      ipcref__map_evict(ctx, m);
   }
 }
 
@@ -152,7 +154,7 @@ IPCREF_PRIVATE void ipcref__ctx_destroy(ipcref_ctx *ctx) {
   }
   while (ctx->ledgers) ipcref__ledger_destroy(ctx, ctx->ledgers);
   while (ctx->segments) ipcref__segment_destroy(ctx, ctx->segments);
-  while (ctx->maps) ipcref__map_unmap(ctx, ctx->maps);
+  while (ctx->maps) ipcref__map_evict(ctx, ctx->maps);
   IPCREF__UNLOCK(ctx);
   while ((pool = ctx->pools) != NULL) {
     ctx->pools = pool->next;
@@ -188,7 +190,22 @@ IPCREF_PRIVATE void ipcref__ctx_unref(ipcref_ctx *ctx) {
   ipcref__ctx_destroy(ctx);
 }
 
-IPCREF_PRIVATE void ipcref__deferred_poll(ipcref_ctx *ctx);
+/* Device releases whose fence is done move to ctx->finished, returned
+ * after the unlock (under the lock). */
+IPCREF_PRIVATE void ipcref__deferred_poll(ipcref_ctx *ctx) {
+  struct ipcref__import **pp = &ctx->deferred;
+  while (*pp) {
+    struct ipcref__import *imp = *pp;
+    if (!imp->seg->be->fence_done(imp->seg->be, imp->fence)) {
+      pp = &imp->next;
+      continue;
+    }
+    *pp = imp->next;
+    ctx->st.deferred--;
+    imp->next = ctx->finished;
+    ctx->finished = imp;
+  }
+}
 
 IPCREF_API void ipcref_ctx_free(ipcref_ctx *ctx) {
   int pending;
@@ -212,7 +229,7 @@ IPCREF_API void ipcref_ctx_free(ipcref_ctx *ctx) {
  * its pid no longer exists. */
 IPCREF_PRIVATE int ipcref__process_gone(int pidfd, int pid) {
   struct pollfd pfd;
-  if (pidfd < 0) return pid > 0 && kill((pid_t)pid, 0) != 0 && errno == ESRCH;
+  if (pidfd < 0) return pid > 0 && ipcref__pid_gone(pid);
   pfd.fd = pidfd;
   pfd.events = POLLIN;
   pfd.revents = 0;
@@ -278,23 +295,6 @@ IPCREF_PRIVATE size_t ipcref__reap(ipcref_ctx *ctx) {
 /* Notices deaths and reclaims what the dead held (under the lock). Every
  * call on the context pumps this, at most once per clock tick (`force`:
  * now), so that a process that never polls still gets its memory back. */
-/* Device releases whose fence is done move to ctx->finished, returned
- * after the unlock (under the lock). */
-IPCREF_PRIVATE void ipcref__deferred_poll(ipcref_ctx *ctx) {
-  struct ipcref__import **pp = &ctx->deferred;
-  while (*pp) {
-    struct ipcref__import *imp = *pp;
-    if (!imp->seg->be->fence_done(imp->seg->be, imp->fence)) {
-      pp = &imp->next;
-      continue;
-    }
-    *pp = imp->next;
-    ctx->st.deferred--;
-    imp->next = ctx->finished;
-    ctx->finished = imp;
-  }
-}
-
 IPCREF_PRIVATE size_t ipcref__pump(ipcref_ctx *ctx, int force) {
   if (ctx->deferred) ipcref__deferred_poll(ctx);
   if (!ctx->watches) return 0;
@@ -312,9 +312,8 @@ IPCREF_API size_t ipcref_collect(ipcref_ctx *ctx) {
   if (!ctx || !IPCREF__CTX_USABLE(ctx)) return 0;
   IPCREF__LOCK(ctx);
   if (ctx->deferred) ipcref__deferred_poll(ctx); /* returned at the unlock */
-  freed = ipcref__sweep(ctx);
   ipcref__watch_refresh(ctx);
-  freed += ipcref__reap(ctx);
+  freed = ipcref__reap(ctx); /* every ring read, the dead's reclaimed, swept */
   ipcref__maps_trim(ctx, 0); /* a consumer's retired mappings */
   IPCREF__UNLOCK(ctx);
   return freed;

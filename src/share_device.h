@@ -5,6 +5,7 @@
 
 #ifdef IPCREF__SHARING_IMPL
 
+/* The backend added for device type `type`, or NULL (under the lock). */
 IPCREF_PRIVATE ipcref_backend *ipcref__backend_of(ipcref_ctx *ctx,
                                                   int32_t type) {
   int i;
@@ -70,7 +71,7 @@ IPCREF_API ipcref_result ipcref_device_new(ipcref_ctx *ctx, ipcref_device dev,
   pool = ipcref__pool_of(ctx, dev, &r);
   IPCREF__UNLOCK(ctx);
   if (!pool) return r;
-  return ipcref__shared_new(ctx, pool, size, ctx->opt.isolate, out);
+  return ipcref__shared_new_in(ctx, pool, size, ctx->opt.isolate, out);
 }
 
 IPCREF_API ipcref_result ipcref_device_wrap(

@@ -6,6 +6,8 @@
 
 #ifdef IPCREF__SHARING_IMPL
 
+/* A cached mapping of (origin nonce, id), or NULL (under the lock). A
+ * segment is found whether it is host or device memory. */
 IPCREF_PRIVATE ipcref__map *ipcref__map_find(ipcref_ctx *ctx, int kind,
                                              uint64_t nonce, uint64_t id) {
   ipcref__map *m;
@@ -17,6 +19,7 @@ IPCREF_PRIVATE ipcref__map *ipcref__map_find(ipcref_ctx *ctx, int kind,
   return NULL;
 }
 
+/* A ledger of this context by its id, or NULL (under the lock). */
 IPCREF_PRIVATE ipcref__ledger *ipcref__ledger_find(ipcref_ctx *ctx,
                                                    uint64_t id) {
   ipcref__ledger *l;
@@ -31,7 +34,7 @@ IPCREF_PRIVATE void ipcref__lease_cancel(ipcref_ctx *ctx,
   if (r->origin_nonce == ctx->nonce) {
     ipcref__ledger *l = ipcref__ledger_find(ctx, r->ledger_id);
     size_t freed = 0;
-    if (l) (void)ipcref__lease_free(ctx, l, r->slot, r->gen, &freed);
+    if (l) (void)ipcref__lease_end(ctx, l, r->slot, r->gen, &freed);
   } else { /* a forwarded lease: return it to its origin's ledger */
     ipcref__map *m = ipcref__map_find(ctx, IPCREF__KIND_LEDGER, r->origin_nonce,
                                       r->ledger_id);
@@ -51,6 +54,7 @@ typedef struct ipcref__view_event {
   unsigned char handle[IPCREF_HANDLE_BYTES];
 } ipcref__view_event;
 
+/* Frees the events no lease took (not under the lock). */
 IPCREF_PRIVATE void ipcref__events_free(ipcref__view_event *ev, int n) {
   int i;
   for (i = 0; i < n; i++)

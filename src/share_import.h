@@ -10,7 +10,7 @@
 /* The release callback of an imported buffer: this process's last
  * reference went, so the lease goes back to its producer. One fetch_add
  * and stores into shared memory, a free: no system call, no lock. */
-IPCREF_PRIVATE void ipcref__import_finish(ipcref__import *imp) {
+IPCREF_PRIVATE void ipcref__import_end(ipcref__import *imp) {
   ipcref_ctx *ctx;
   uint64_t e = ipcref__ring_entry(IPCREF__RING_RELEASE, imp->slot, imp->gen);
   ipcref__ring_push(imp->ledger->base, imp->ledger->nslots, &e, 1, "release");
@@ -48,7 +48,7 @@ IPCREF_PRIVATE void ipcref__import_release(void *user, void *data) {
       while (!be->fence_done(be, fence)) usleep(50);
     }
   }
-  ipcref__import_finish(imp);
+  ipcref__import_end(imp);
 }
 
 /* Checks a received fd against its record and maps it. The fd must be a

@@ -6,6 +6,8 @@
 
 #ifdef IPCREF__SHARING_IMPL
 
+/* Destroys a ledger nobody can use any more: its watches go, its counter
+ * file is unmapped and closed (under the lock). */
 IPCREF_PRIVATE void ipcref__ledger_destroy(ipcref_ctx *ctx, ipcref__ledger *l) {
   uint32_t s;
   IPCREF__LIST_REMOVE(ctx->ledgers, l, next, prev);
@@ -75,9 +77,9 @@ nomem:
  * again at the same generation (the next lease on it takes the next one,
  * so a replay of this one is refused), and the block goes when nothing
  * else holds it. 0 when there is no such live lease. */
-IPCREF_PRIVATE int ipcref__lease_free(ipcref_ctx *ctx, ipcref__ledger *l,
-                                      uint32_t slot, uint32_t gen,
-                                      size_t *freed) {
+IPCREF_PRIVATE int ipcref__lease_end(ipcref_ctx *ctx, ipcref__ledger *l,
+                                     uint32_t slot, uint32_t gen,
+                                     size_t *freed) {
   uint64_t *slots = ipcref__ledger_slots(l->base);
   ipcref__block *b;
   if (slot >= l->n || !l->leases[slot].block || l->leases[slot].gen != gen)
@@ -95,7 +97,7 @@ IPCREF_PRIVATE int ipcref__lease_free(ipcref_ctx *ctx, ipcref__ledger *l,
   __atomic_store_n(&slots[2 * (size_t)slot],
                    ((uint64_t)gen << 2) | IPCREF__SLOT_FREE, __ATOMIC_RELEASE);
   if (slot < l->n / 2) l->free_stack[l->nfree++] = slot;
-  *freed += ipcref__lease_end(ctx, b);
+  *freed += ipcref__block_unlease(ctx, b);
   return 1;
 }
 
@@ -105,7 +107,7 @@ IPCREF_PRIVATE int ipcref__lease_free(ipcref_ctx *ctx, ipcref__ledger *l,
 IPCREF_PRIVATE void ipcref__lease_reclaim(ipcref_ctx *ctx, ipcref__ledger *l,
                                           uint32_t slot, size_t *freed) {
   uint32_t gen = l->leases[slot].gen;
-  if (!l->leases[slot].block || !ipcref__lease_free(ctx, l, slot, gen, freed))
+  if (!l->leases[slot].block || !ipcref__lease_end(ctx, l, slot, gen, freed))
     return;
   l->leases[slot].reclaimed = gen + 1u;
   ctx->st.reclaimed++;
@@ -194,7 +196,7 @@ IPCREF_PRIVATE void ipcref__ring_release(ipcref_ctx *ctx, ipcref__ledger *l,
   uint32_t slot = (uint32_t)(e & 0x3fffffffu) - 1u, gen = (uint32_t)(e >> 32);
   if (((e >> 30) & 3u) != IPCREF__RING_RELEASE) {
     ipcref__bad_return(ctx, "invalid lease return in a ledger");
-  } else if (ipcref__lease_free(ctx, l, slot, gen, freed)) {
+  } else if (ipcref__lease_end(ctx, l, slot, gen, freed)) {
     return;
   } else if (slot < l->n && l->leases[slot].reclaimed == gen + 1u) {
     l->leases[slot].reclaimed = 0; /* late, once: a second one is forged */

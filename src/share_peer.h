@@ -57,6 +57,7 @@ IPCREF_PRIVATE ssize_t ipcref__recvmsg(int fd, struct msghdr *mh, int stream) {
 #define IPCREF__HELLO_MAGIC 0x48435049u /* "IPCH" */
 #define IPCREF__HELLO_BYTES 20
 
+/* Sends this side's hello, with its credentials (SCM_CREDENTIALS). */
 IPCREF_PRIVATE ipcref_result ipcref__hello_send(ipcref_peer *p) {
   union {
     char buf[CMSG_SPACE(sizeof(struct ucred))];
@@ -120,6 +121,8 @@ IPCREF_PRIVATE ipcref_result ipcref__peer_refuse(ipcref_peer *p) {
   return IPCREF_EPEER;
 }
 
+/* What the hello read says: OK, EPEER for a uid not allowed, EPROTO for
+ * a malformed one. */
 IPCREF_PRIVATE ipcref_result ipcref__hello_result(const ipcref_peer *p) {
   if (p->hello > 0) return IPCREF_OK;
   return p->hello == -2 ? IPCREF_EPEER : IPCREF_EPROTO;

@@ -6,6 +6,8 @@
 
 #ifdef IPCREF__SHARING_IMPL
 
+/* The size class of a block of `size` bytes, and the class's block size
+ * (a power of two, at least IPCREF__MIN_BLOCK). */
 IPCREF_PRIVATE uint32_t ipcref__class_of(size_t size, size_t *block) {
   size_t b = IPCREF__MIN_BLOCK;
   uint32_t c = 0;
@@ -14,6 +16,8 @@ IPCREF_PRIVATE uint32_t ipcref__class_of(size_t size, size_t *block) {
   return c;
 }
 
+/* A segment with free blocks joins, or leaves, the list of its class
+ * (under the lock, as everything here). */
 IPCREF_PRIVATE void ipcref__class_add(ipcref__segment *s) {
   if (s->in_class || s->cls >= IPCREF__CLASSES) return;
   IPCREF__LIST_PUSH(s->pool->classes[s->cls], s, class_next, class_prev);
@@ -26,6 +30,8 @@ IPCREF_PRIVATE void ipcref__class_remove(ipcref__segment *s) {
   s->in_class = 0;
 }
 
+/* Segment `id` is going: each peer that was sent it is told in its next
+ * message, so that it unmaps it once unused. */
 IPCREF_PRIVATE void ipcref__retire_announce(ipcref_ctx *ctx, uint64_t id) {
   ipcref_peer *p;
   for (p = ctx->peers; p; p = p->next)
@@ -35,6 +41,9 @@ IPCREF_PRIVATE void ipcref__retire_announce(ipcref_ctx *ctx, uint64_t id) {
       p->retired[p->nretired++] = id;
 }
 
+/* Destroys a segment no block of which is used: announced retired to the
+ * peers that map it, its memory freed (a wrapped allocation stays its
+ * owner's). */
 IPCREF_PRIVATE void ipcref__segment_destroy(ipcref_ctx *ctx,
                                             ipcref__segment *s) {
   ipcref__class_remove(s);
@@ -176,6 +185,8 @@ IPCREF_PRIVATE void ipcref__alias_drop(ipcref_ctx *ctx, ipcref__alias *a) {
   ctx->unpinned = a;
 }
 
+/* A block nothing holds goes back: a wrap to its owner (after the unlock),
+ * else to its segment, which is cached or destroyed once empty. */
 IPCREF_PRIVATE void ipcref__block_free(ipcref_ctx *ctx, ipcref__block *b) {
   ipcref__segment *s = b->seg;
   if (s->cls == IPCREF__FOREIGN) { /* back to its owner, after the unlock */
@@ -200,6 +211,7 @@ IPCREF_PRIVATE void ipcref__block_free(ipcref_ctx *ctx, ipcref__block *b) {
   ipcref__segment_destroy(ctx, s);
 }
 
+/* Takes a block out of the limbo. */
 IPCREF_PRIVATE void ipcref__limbo_remove(ipcref_ctx *ctx, ipcref__block *b) {
   IPCREF__LIST_REMOVE(ctx->limbo, b, limbo_next, limbo_prev);
   b->in_limbo = 0;
@@ -207,9 +219,9 @@ IPCREF_PRIVATE void ipcref__limbo_remove(ipcref_ctx *ctx, ipcref__block *b) {
   ctx->st.limbo_bytes -= b->size;
 }
 
-/* A lease on `b` ended (under the lock): frees the block when nothing
+/* One lease less on `b` (under the lock): frees the block when nothing
  * holds it any more. Returns the bytes freed. */
-IPCREF_PRIVATE size_t ipcref__lease_end(ipcref_ctx *ctx, ipcref__block *b) {
+IPCREF_PRIVATE size_t ipcref__block_unlease(ipcref_ctx *ctx, ipcref__block *b) {
   size_t bytes;
   b->leases--;
   ctx->st.live_slots--;

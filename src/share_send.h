@@ -62,6 +62,10 @@ IPCREF_PRIVATE ipcref_result ipcref__send_raw(ipcref_peer *p,
   return IPCREF_OK;
 }
 
+/* ipcref_send, ipcref_send_batch and ipcref_send_on: the events recorded,
+ * the leases taken and the message built under the lock, then sent
+ * outside it; a message that could not be sent gives its leases back.
+ * `fn` names the public call in reports. */
 IPCREF_PRIVATE ipcref_result ipcref__send_views(ipcref_peer *p,
                                                 const ipcref_view *views, int n,
                                                 void *stream, const char *fn) {

@@ -9,6 +9,33 @@
 
 #ifdef IPCREF__SHARING_IMPL
 
+/* ---- words ---------------------------------------------------------------
+ * block     a piece of a segment that backs one shared buffer made here
+ * segment   a sealed memfd (or a device allocation) cut into blocks
+ * lease     a peer's hold on a block: a slot of a ledger, live at one
+ *           generation; a forwarded lease is a forwarder's peer's hold
+ * ledger    the counter file of the leases of one peer (producer side)
+ * ring      a ledger's queue of returned and linked leases
+ * limbo     the blocks the producer released that leases still hold
+ * map       a consumer's mapping of a segment or a ledger, cached
+ * import    a consumer's buffer over a leased block
+ * watch     a process whose death the context waits for
+ * The private code lets go of things in these words, each one meaning:
+ *   release   a buffer's release callback ran: its last reference went
+ *   end       a lease is over: returned (lease_end, import_end), given
+ *             back unused (lease_cancel, leases_give_back), or its
+ *             holder died (lease_reclaim)
+ *   unlease   a block has one lease less (block_unlease)
+ *   put, unref, drop   one hold less on something counted (watch_put,
+ *             ctx_unref, alias_drop, hdr_put; map_drop lets go of a
+ *             mapping that no cache holds, map_evict takes it out first)
+ *   free, destroy   the memory goes: a block back to its segment
+ *             (block_free), a segment, ledger or context (_destroy)
+ *   retire    a segment its origin destroyed: its consumers unmap it once
+ *             unused (retire_announce, import_retire, maps_trim)
+ *   bury      a freed context or peer, kept marked dead a while
+ *   forget    a peer was not sent what it was counted as sent */
+
 /* ---- layout of a ledger (counter file), shared with every process that
  * maps it. All fields little endian (the host's: peers share a machine).
  *
@@ -46,6 +73,8 @@ IPCREF_PRIVATE uint64_t ipcref__ring_entry(uint32_t kind, uint32_t slot,
   return ((uint64_t)gen << 32) | ((uint64_t)kind << 30) | (slot + 1u);
 }
 
+/* A ledger's slots and ring in its mapping at `base`, and its size for n
+ * slots. */
 IPCREF_PRIVATE uint64_t *ipcref__ledger_slots(unsigned char *base) {
   return (uint64_t *)(void *)(base + IPCREF__LEDGER_HDR);
 }
@@ -346,11 +375,20 @@ struct ipcref_ctx {
 #define IPCREF__LOCK(c)   pthread_mutex_lock(&(c)->lock)
 #define IPCREF__UNLOCK(c) ipcref__unlock(c)
 
-/* Unlocks the context, then hands the wrapped allocations whose last hold
- * went back to their owners: their release runs outside the lock, since
- * it may call back into ipcref. */
-IPCREF_PRIVATE void ipcref__import_finish(struct ipcref__import *imp);
+/* ---- forward declarations ----------------------------------------------
+ * The files follow a hand-off from the producer's allocation to the
+ * consumer's release; these two steps of the consumer's side (in
+ * share_import) are called from earlier rooms: the unlock returns the
+ * device imports whose fence is done, and ipcref_buf_is_shared knows an
+ * imported buffer by its release callback. */
+IPCREF_PRIVATE void ipcref__import_end(struct ipcref__import *imp);
+IPCREF_PRIVATE void ipcref__import_release(void *user, void *data);
 
+/* Unlocks the context, then does what must not run under it, since each
+ * may call back into ipcref: the aliases whose last hold went end (their
+ * callback runs, their source is released), the wrapped allocations whose
+ * last hold went go back to their owners, and the device imports whose
+ * fence is done return their leases. */
 IPCREF_PRIVATE void ipcref__unlock(ipcref_ctx *ctx) {
   ipcref__block *b = ctx->released;
   struct ipcref__import *imp = ctx->finished;
@@ -374,7 +412,7 @@ IPCREF_PRIVATE void ipcref__unlock(ipcref_ctx *ctx) {
   }
   while (imp) { /* device releases whose work completed */
     struct ipcref__import *next = imp->next;
-    ipcref__import_finish(imp);
+    ipcref__import_end(imp);
     imp = next;
   }
 }

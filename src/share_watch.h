@@ -11,6 +11,8 @@
  * kill(pid, 0) in ipcref_collect. Whatever notices one counts it in
  * st.peer_deaths; the reap that follows compares that with ctx->reaped. */
 
+/* Marks a watched process dead (once), counted in st.peer_deaths; its
+ * pidfd leaves the epoll set. */
 IPCREF_PRIVATE void ipcref__watch_dead(ipcref_ctx *ctx, ipcref__watch *w) {
   if (w->dead) return;
   w->dead = 1;
@@ -59,6 +61,7 @@ IPCREF_PRIVATE ipcref__watch *ipcref__watch_get(ipcref_ctx *ctx, int pid) {
   return w;
 }
 
+/* One use of a watch less; the last one removes it. */
 IPCREF_PRIVATE void ipcref__watch_put(ipcref_ctx *ctx, ipcref__watch *w) {
   if (!w || --w->refs > 0) return;
   if (w->pidfd >= 0) {

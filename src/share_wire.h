@@ -34,6 +34,8 @@ typedef struct ipcref__wire {
   int bad; /* overflowed or short */
 } ipcref__wire;
 
+/* A cursor over `len` bytes at `p`; the puts and gets of `bytes` bytes
+ * (little endian) set `bad` instead of overrunning. */
 IPCREF_PRIVATE void ipcref__wire_init(ipcref__wire *w, unsigned char *p,
                                       size_t len) {
   w->p = p;

@@ -28,6 +28,9 @@ typedef struct ipcref__copy_plan {
   int64_t ss[IPCREF_MAX_DIMS]; /* source byte strides */
 } ipcref__copy_plan;
 
+/* Plans the copy of `src` into `dst` (same shape and dtype): byte
+ * strides, dims of size 1 dropped, neighbours contiguous on both sides
+ * merged. */
 IPCREF_PRIVATE void ipcref__plan(ipcref__copy_plan *p, const ipcref_view *dst,
                                  const ipcref_view *src) {
   int d, n = 0;
@@ -99,6 +102,8 @@ IPCREF_PRIVATE int64_t ipcref__gather2_4(char *d, const char *s, int64_t n,
       for (i = 0; i < n; i++) memcpy(d + i * ds, s + i * ss, SIZE);            \
   } while (0)
 
+/* Copies `n` elements of `item` bytes along one dim: one memcpy when both
+ * sides are contiguous, else element by element with a fixed size. */
 IPCREF_PRIVATE void ipcref__copy_run(char *d, int64_t ds, const char *s,
                                      int64_t ss, int64_t n, size_t item,
                                      int stream) {
@@ -198,6 +203,8 @@ IPCREF_PRIVATE int ipcref__transpose4(char *d, int64_t drs, const char *s,
     for (c = c0; c < c1; c++)                                                  \
   memcpy(d + r * drs + c * dcs, s + r * srs + c * scs, SIZE)
 
+/* A 2-d copy in square tiles, for a side contiguous along rows and the
+ * other along columns: each tile stays in cache on both sides. */
 IPCREF_PRIVATE void ipcref__copy_tiled(char *d, int64_t drs, int64_t dcs,
                                        const char *s, int64_t srs, int64_t scs,
                                        int64_t rows, int64_t cols,
@@ -218,6 +225,7 @@ IPCREF_PRIVATE void ipcref__copy_tiled(char *d, int64_t drs, int64_t dcs,
   }
 }
 
+/* One 2-d copy: the f32 register transpose, tiles, or row by row. */
 IPCREF_PRIVATE void ipcref__copy_2d(char *d, int64_t drs, int64_t dcs,
                                     const char *s, int64_t srs, int64_t scs,
                                     int64_t rows, int64_t cols, size_t item,
@@ -248,6 +256,8 @@ IPCREF_PRIVATE void ipcref__copy_fence(const ipcref__copy_plan *p) {
 #endif
 }
 
+/* Runs a plan: its two innermost dims as one 2-d copy (or one run), the
+ * outer dims counted like an odometer. */
 IPCREF_PRIVATE void ipcref__copy_plan_run(const ipcref__copy_plan *p, char *d,
                                           const char *s) {
   int64_t idx[IPCREF_MAX_DIMS];

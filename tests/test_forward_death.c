@@ -219,9 +219,10 @@ static int c_child(const child_args *a) {
 }
 
 /* D: holds what C forwards (NV views, or fewer if C is gone first):
- * block i must be SEED + i. */
+ * block i must be SEED + i. On a loaded machine C may be killed before D
+ * has even said its hello: D then holds nothing, as when C dies later. */
 static int d_child(const child_args *a) {
-  return run_holder(a->fd[2], a->fd[1], NV, SEED, 0);
+  return run_holder(a->fd[2], a->fd[1], NV, SEED, 1);
 }
 
 /* ------------------------------------------------------------ 1. chain */
