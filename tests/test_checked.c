@@ -24,6 +24,7 @@
  * is what a receive there sees. */
 #define _GNU_SOURCE
 #define IPCREF_IMPLEMENTATION
+#include "counting_alloc.h" /* what the quarantine holds, counted */
 #include "ipcref.h"
 
 #include <signal.h>
@@ -316,6 +317,60 @@ static void test_checked_buffers(void) {
 #endif
 }
 
+/* A released shared buffer's header is not handed out again before 255
+ * others were (IPCREF__HDR_DELAY: 256; 4096 with IPCREF_CHECKED), so a
+ * late call on it finds it dead; and it is handed out again after that, so
+ * the headers a context keeps are bounded. */
+static void test_header_reuse_delayed(void) {
+  ipcref_ctx *ctx;
+  ipcref_buf *old = NULL, *b = NULL;
+  int i, first_reuse = -1;
+  CHECK_EQ(ipcref_ctx_new(NULL, &ctx), IPCREF_OK);
+  CHECK_EQ(ipcref_shared_new(ctx, 64, &old), IPCREF_OK);
+  ipcref_buf_release(old);
+  for (i = 0; i < 1000; i++) {
+    CHECK_EQ(ipcref_shared_new(ctx, 64, &b), IPCREF_OK);
+    if (b == old && first_reuse < 0) first_reuse = i;
+    ipcref_buf_release(b);
+  }
+#ifdef IPCREF_CHECKED
+  CHECK_EQ(first_reuse, -1);
+#else
+  CHECK(first_reuse >= 255 && first_reuse < 1000);
+#endif
+  ipcref_ctx_free(ctx);
+}
+
+/* IPCREF_CHECKED: a child made by fork() starts with a copy of its
+ * parent's quarantine and hands it back at once (pthread_atfork): what it
+ * has allocated is what the parent had before it used ipcref. */
+static void test_fork_empties_quarantine(void) {
+#ifdef IPCREF_CHECKED
+  long base = live_allocs; /* flushed: nothing of ours is allocated */
+  ipcref_ctx *ctx;
+  ipcref_buf *heap = NULL;
+  ipcref_view v;
+  pid_t pid;
+  int status = -1;
+  CHECK_EQ(ipcref_ctx_new(NULL, &ctx), IPCREF_OK);
+  v = shared_view(ctx, 1000, 1);
+  ipcref_view_release(&v);
+  CHECK_EQ(ipcref_buf_new(64, &heap), IPCREF_OK);
+  ipcref_buf_release(heap); /* buried in the quarantine */
+  ipcref_ctx_free(ctx);     /* the context too */
+  CHECK(live_allocs_raw > base);
+  fflush(stdout);
+  pid = fork();
+  if (pid == 0) _exit(live_allocs_raw == base ? 0 : 1);
+  CHECK(pid > 0);
+  CHECK_EQ(waitpid(pid, &status, 0), pid);
+  CHECK(WIFEXITED(status) && WEXITSTATUS(status) == 0);
+  CHECK_EQ(live_allocs, base);
+#else
+  printf("    (IPCREF_CHECKED not defined: no quarantine)\n");
+#endif
+}
+
 /* Under AddressSanitizer a released shared block is poisoned until it is
  * handed out again: a child that reads it through a stale pointer is
  * stopped by ASan at that read. A fresh buffer on the same block reads
@@ -350,6 +405,28 @@ static void test_asan_poisons_released_block(void) {
   CHECK_EQ(stale[4095], 2);
   ipcref_buf_release(again);
   ipcref_ctx_free(ctx);
+#ifdef IPCREF_CHECKED
+  /* A heap buffer's bytes, buried in the quarantine, are poisoned too. */
+  {
+    ipcref_buf *heap = NULL;
+    CHECK_EQ(ipcref_buf_new(4096, &heap), IPCREF_OK);
+    stale = (volatile unsigned char *)ipcref_buf_data(heap);
+    stale[0] = 1;
+    ipcref_buf_release(heap);
+    fflush(stdout);
+    pid = fork();
+    if (pid == 0) {
+      int devnull = open("/dev/null", O_WRONLY);
+      if (devnull >= 0) dup2(devnull, 2); /* ASan's report: expected */
+      alarm(30);
+      if (stale[0] == 1) _exit(0); /* ASan must stop this read */
+      _exit(0);
+    }
+    CHECK(pid > 0);
+    CHECK_EQ(waitpid(pid, &status, 0), pid);
+    CHECK(!(WIFEXITED(status) && WEXITSTATUS(status) == 0));
+  }
+#endif
 #else
   printf("    (not built with AddressSanitizer: nothing to poison)\n");
 #endif
@@ -362,6 +439,8 @@ int main(void) {
   RUN(test_freed_peer);
   RUN(test_freed_ctx);
   RUN(test_checked_buffers);
+  RUN(test_header_reuse_delayed);
+  RUN(test_fork_empties_quarantine);
   RUN(test_asan_poisons_released_block);
   ipcref_set_error_hook(NULL);
   return harness_finish();
