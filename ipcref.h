@@ -4711,8 +4711,12 @@ IPCREF_API size_t ipcref_collect(ipcref_ctx *ctx) {
   if (!ctx || !IPCREF__CTX_USABLE(ctx)) return 0;
   IPCREF__LOCK(ctx);
   if (ctx->deferred) ipcref__deferred_poll(ctx); /* returned at the unlock */
+  /* The rings first: a link read off one may name a holder not watched
+   * yet, whose death the refresh must then see (without pidfds, it is
+   * seen only there, by kill(pid, 0)); then the reap. */
+  freed = ipcref__sweep(ctx);
   ipcref__watch_refresh(ctx);
-  freed = ipcref__reap(ctx); /* every ring read, the dead's reclaimed, swept */
+  freed += ipcref__reap(ctx);
   ipcref__maps_trim(ctx, 0); /* a consumer's retired mappings */
   IPCREF__UNLOCK(ctx);
   return freed;
