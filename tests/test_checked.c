@@ -371,34 +371,42 @@ static void test_fork_empties_quarantine(void) {
 #endif
 }
 
-/* Under AddressSanitizer a released shared block is poisoned until it is
- * handed out again: a child that reads it through a stale pointer is
- * stopped by ASan at that read. A fresh buffer on the same block reads
- * fine. */
-static void test_asan_poisons_released_block(void) {
 #if UNDER_ASAN
-  ipcref_ctx *ctx;
-  ipcref_buf *b = NULL, *again = NULL;
-  volatile unsigned char *stale;
+/* 1 when a child that reads *p is stopped (by ASan, at that read). */
+static int child_read_stopped(volatile unsigned char *p) {
   pid_t pid;
   int status = 0;
-  CHECK_EQ(ipcref_ctx_new(NULL, &ctx), IPCREF_OK);
-  CHECK_EQ(ipcref_shared_new(ctx, 4096, &b), IPCREF_OK);
-  stale = (volatile unsigned char *)ipcref_buf_data(b);
-  stale[0] = 1;
-  ipcref_buf_release(b);
   fflush(stdout);
   pid = fork();
   if (pid == 0) {
     int devnull = open("/dev/null", O_WRONLY);
     if (devnull >= 0) dup2(devnull, 2); /* ASan's report: expected */
     alarm(30);
-    if (stale[0] == 1) _exit(0); /* ASan must stop this read */
+    if (*p == 1) _exit(0); /* ASan must stop this read */
     _exit(0);
   }
   CHECK(pid > 0);
   CHECK_EQ(waitpid(pid, &status, 0), pid);
-  CHECK(!(WIFEXITED(status) && WEXITSTATUS(status) == 0));
+  return !(WIFEXITED(status) && WEXITSTATUS(status) == 0);
+}
+#endif
+
+/* Under AddressSanitizer a released shared block is poisoned until it is
+ * handed out again: a child that reads it through a stale pointer is
+ * stopped by ASan at that read. A fresh buffer on the same block reads
+ * fine. With IPCREF_CHECKED, a heap buffer's bytes, buried in the
+ * quarantine, are poisoned too. */
+static void test_asan_poisons_released_block(void) {
+#if UNDER_ASAN
+  ipcref_ctx *ctx;
+  ipcref_buf *b = NULL, *again = NULL;
+  volatile unsigned char *stale;
+  CHECK_EQ(ipcref_ctx_new(NULL, &ctx), IPCREF_OK);
+  CHECK_EQ(ipcref_shared_new(ctx, 4096, &b), IPCREF_OK);
+  stale = (volatile unsigned char *)ipcref_buf_data(b);
+  stale[0] = 1;
+  ipcref_buf_release(b);
+  CHECK(child_read_stopped(stale));
   CHECK_EQ(ipcref_shared_new(ctx, 4096, &again), IPCREF_OK);
   CHECK(ipcref_buf_data(again) == (void *)stale);
   memset(ipcref_buf_data(again), 2, 4096);
@@ -406,26 +414,11 @@ static void test_asan_poisons_released_block(void) {
   ipcref_buf_release(again);
   ipcref_ctx_free(ctx);
 #ifdef IPCREF_CHECKED
-  /* A heap buffer's bytes, buried in the quarantine, are poisoned too. */
-  {
-    ipcref_buf *heap = NULL;
-    CHECK_EQ(ipcref_buf_new(4096, &heap), IPCREF_OK);
-    stale = (volatile unsigned char *)ipcref_buf_data(heap);
-    stale[0] = 1;
-    ipcref_buf_release(heap);
-    fflush(stdout);
-    pid = fork();
-    if (pid == 0) {
-      int devnull = open("/dev/null", O_WRONLY);
-      if (devnull >= 0) dup2(devnull, 2); /* ASan's report: expected */
-      alarm(30);
-      if (stale[0] == 1) _exit(0); /* ASan must stop this read */
-      _exit(0);
-    }
-    CHECK(pid > 0);
-    CHECK_EQ(waitpid(pid, &status, 0), pid);
-    CHECK(!(WIFEXITED(status) && WEXITSTATUS(status) == 0));
-  }
+  CHECK_EQ(ipcref_buf_new(4096, &b), IPCREF_OK);
+  stale = (volatile unsigned char *)ipcref_buf_data(b);
+  stale[0] = 1;
+  ipcref_buf_release(b);
+  CHECK(child_read_stopped(stale));
 #endif
 #else
   printf("    (not built with AddressSanitizer: nothing to poison)\n");
