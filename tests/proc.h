@@ -1,10 +1,13 @@
 /* Scaffolding for the tests that run the sharing layer across real
  * processes and kill them (tests/test_crash.c, tests/test_forward_death.c).
- * All static functions; a test uses what it needs.
+ * All static functions; a test uses what it needs. It builds on
+ * tests/share_fixture.h (the run, fds and mappings, the error hook,
+ * contexts and peers, socketpairs and pipes, wait_child), which it
+ * includes.
  *
  * It provides:
- *   - timeouts: under_valgrind, slow, UNDER_ASAN, WAIT_MS, POLL_MS, REAP_MS,
- *     CHILD_ALARM_S; now_ms, sleep_us, mix64;
+ *   - timeouts: WAIT_MS, POLL_MS, REAP_MS, CHILD_ALARM_S (scaled by the
+ *     fixture's slow); mix64;
  *   - the protocol's step labels (L_ALLOCATE .. L_SWEEP, label_names) and
  *     the step hook a child is armed with (arm): at the nth passage of a
  *     label it reports 'H' and stays there until killed, or, with
@@ -16,13 +19,11 @@
  *   - the spawner: a process forked first thing in main that forks the
  *     children, so that they start with nothing of this process (valgrind's
  *     leak check sees only their own); spawn, reap, KILL_AND_REAP,
- *     EXPECT_EXIT0; xsocketpair, xpipe;
- *   - checks around a case: the error hook's reports (error_hook,
- *     EXPECT_ERRORS), open fds and memfd mappings (res_begin, RES_END;
- *     with res_all_maps set, all mappings in plain builds), a death
- *     seen as an event loop sees it (EXPECT_DEATH_SEEN), wait_live_slots;
+ *     EXPECT_EXIT0 (the fixture's, on the spawner's reap);
+ *   - a death seen as an event loop sees it (EXPECT_DEATH_SEEN),
+ *     wait_live_slots;
  *   - test blocks: new_block (a pattern any process can check: check_view),
- *     new_scribble; new_ctx, stats_of;
+ *     new_scribble;
  *   - the holder (run_holder), the role of a chain's last process: holds
  *     what it receives, checks it, and lets go on command.
  *
@@ -39,7 +40,7 @@
  *       int32_t fd[CHILD_FDS];     // fd[0]: the child's report pipe
  *       ...                        // whatever else the child is told
  *     } child_args;
- *     #include "proc.h"            // also brings tests/harness.h
+ *     #include "proc.h"            // also brings the fixture and harness
  *
  *     static int run_role(const child_args *a) { ... }  // a child's body
  *
@@ -72,26 +73,12 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "harness.h"
-
-#if defined(__SANITIZE_ADDRESS__)
-#define UNDER_ASAN 1
-#elif defined(__has_feature)
-#if __has_feature(address_sanitizer)
-#define UNDER_ASAN 1
-#endif
-#endif
-#ifndef UNDER_ASAN
-#define UNDER_ASAN 0
-#endif
-
-static int under_valgrind;
-static int slow = 1; /* timeouts are multiplied by this */
-
 #define WAIT_MS       (10000 * slow) /* longest wait for a child's report */
 #define POLL_MS       (5000 * slow)  /* longest wait for a death to be seen */
 #define REAP_MS       (10000 * slow) /* longest wait for a child to exit */
 #define CHILD_ALARM_S 300            /* a child never outlives this */
+
+#include "share_fixture.h" /* also brings tests/harness.h */
 
 /* ------------------------------------------------------------ basics */
 
@@ -100,35 +87,6 @@ static uint64_t mix64(uint64_t x) {
   x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ull;
   x = (x ^ (x >> 27)) * 0x94D049BB133111EBull;
   return x ^ (x >> 31);
-}
-
-static long now_ms(void) {
-  struct timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return (long)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
-}
-
-static void sleep_us(long us) {
-  struct timespec d;
-  d.tv_sec = us / 1000000;
-  d.tv_nsec = (us % 1000000) * 1000;
-  while (nanosleep(&d, &d) != 0 && errno == EINTR) continue;
-}
-
-/* 1 under valgrind: IPCREF_UNDER_VALGRIND=1, or its preload mapped. */
-static int detect_valgrind(void) {
-  static char buf[1 << 16];
-  ssize_t n;
-  int fd, found = 0;
-  if (harness_env_long("IPCREF_UNDER_VALGRIND", 0) != 0) return 1;
-  fd = open("/proc/self/maps", O_RDONLY | O_CLOEXEC);
-  if (fd < 0) return 0;
-  while (!found && (n = read(fd, buf, sizeof buf - 1)) > 0) {
-    buf[n] = 0;
-    found = strstr(buf, "vgpreload") != NULL;
-  }
-  close(fd);
-  return found;
 }
 
 /* ------------------------------------------------------------ labels */
@@ -290,123 +248,6 @@ static __attribute__((unused)) void arm(int label, int nth) {
   hook_target = label;
 }
 
-/* What the library reports through the error hook (in this process): a
- * ctx made by new_ctx has it, and a test may install it globally. */
-static int err_count;
-static char err_last[200];
-
-static void on_error(void *user, ipcref_result code, const char *msg) {
-  (void)user;
-  err_count++;
-  snprintf(err_last, sizeof err_last, "%s (%s)", msg ? msg : "?",
-           ipcref_strerror(code));
-}
-static const ipcref_error_hook error_hook = {on_error, NULL};
-
-static void errors_reset(void) {
-  err_count = 0;
-  err_last[0] = 0;
-}
-
-/* CHECKs that the error hook heard n reports since the last reset, and
- * resets. */
-#define EXPECT_ERRORS(n)                                                       \
-  do {                                                                         \
-    if (err_count != (n))                                                      \
-      printf("    %d error report(s), last: %s\n", err_count, err_last);       \
-    CHECK_EQ(err_count, (n));                                                  \
-    errors_reset();                                                            \
-  } while (0)
-
-/* ------------------------------------------------------------ resources */
-
-static int count_fds(void) {
-  DIR *d = opendir("/proc/self/fd");
-  struct dirent *e;
-  int n = 0;
-  if (!d) return -1;
-  while ((e = readdir(d)) != NULL)
-    if (e->d_name[0] != '.') n++;
-  closedir(d);
-  return n - 1; /* the directory's own fd */
-}
-
-/* One line of /proc/self/maps: counted unless it continues the previous
- * one (the kernel splits and merges [heap] at will). */
-static void count_map_line(const char *line, int *all, int *memfd) {
-  static unsigned long prev_end;
-  static char prev_rest[256];
-  unsigned long start, end;
-  const char *rest = strchr(line, ' ');
-  if (sscanf(line, "%lx-%lx", &start, &end) != 2 || !rest) return;
-  if (strstr(line, "/memfd:")) (*memfd)++;
-  if (!(start == prev_end && strncmp(rest, prev_rest, 5) == 0 &&
-        strcmp(strrchr(rest, ' '), strrchr(prev_rest, ' ')) == 0))
-    (*all)++;
-  prev_end = end;
-  snprintf(prev_rest, sizeof prev_rest, "%s", rest);
-}
-
-/* Counts mappings and memfd mappings (segments and ledgers) with read(2)
- * into static buffers, so that counting does not allocate. */
-static void count_maps(int *all, int *memfd) {
-  static char buf[1 << 16], line[512];
-  size_t len = 0, i;
-  int fd = open("/proc/self/maps", O_RDONLY | O_CLOEXEC);
-  ssize_t n;
-  *all = *memfd = 0;
-  if (fd < 0) return;
-  count_map_line("0-0 reset", all, memfd);
-  *all = 0;
-  while ((n = read(fd, buf, sizeof buf)) > 0)
-    for (i = 0; i < (size_t)n; i++) {
-      if (buf[i] != '\n') {
-        if (len < sizeof line - 1) line[len++] = buf[i];
-        continue;
-      }
-      line[len] = 0;
-      len = 0;
-      count_map_line(line, all, memfd);
-    }
-  close(fd);
-}
-
-/* Open fds and mappings around a case: fds and memfd mappings must be
- * back where they were; with res_all_maps set, so must the total of
- * mappings, in plain builds only (ASan's and valgrind's allocators map at
- * will). */
-static int res_all_maps;
-
-typedef struct res_mark {
-  int fds, maps, memfd_maps;
-} res_mark;
-
-static void res_begin(res_mark *m) {
-  m->fds = count_fds();
-  count_maps(&m->maps, &m->memfd_maps);
-}
-
-static int res_end_at(const res_mark *m, const char *file, int line) {
-  int fds = count_fds(), maps, memfd_maps, bad = 0;
-  count_maps(&maps, &memfd_maps);
-  if (fds != m->fds) {
-    printf("    %s:%d: open fds %d, %d before\n", file, line, fds, m->fds);
-    bad++;
-  }
-  if (memfd_maps != m->memfd_maps) {
-    printf("    %s:%d: memfd mappings %d, %d before\n", file, line, memfd_maps,
-           m->memfd_maps);
-    bad++;
-  }
-  if (res_all_maps && !UNDER_ASAN && !under_valgrind && maps != m->maps) {
-    printf("    %s:%d: mappings %d, %d before\n", file, line, maps, m->maps);
-    bad++;
-  }
-  harness_failures_in_test += bad;
-  return bad;
-}
-#define RES_END(m) res_end_at(m, __FILE__, __LINE__)
-
 /* ------------------------------------------------------------ children */
 
 /* Closes every fd above 2 but the listed ones (and the ones past the soft
@@ -456,24 +297,6 @@ typedef union sp_cbuf {
 
 static int spawner_sock = -1; /* this process's end */
 static pid_t spawner_pid = -1;
-
-/* Waits for child pid, killing it after timeout_ms: its status, or -1. */
-static int wait_child(pid_t pid, int timeout_ms) {
-  int st = 0;
-  long end = now_ms() + timeout_ms;
-  for (;;) {
-    pid_t r = waitpid(pid, &st, WNOHANG);
-    if (r == pid) return st;
-    if (r < 0 && errno != EINTR) return -1;
-    if (now_ms() > end) {
-      kill(pid, SIGKILL);
-      waitpid(pid, &st, 0);
-      printf("    child %d timed out: killed\n", (int)pid);
-      return -1;
-    }
-    sleep_us(300);
-  }
-}
 
 static void spawner_main(int sock) {
   static pid_t live[256];
@@ -619,48 +442,20 @@ static int reap(pid_t pid, int timeout_ms) {
   return spawner_call(&q, NULL, 0, timeout_ms + 10000 * slow).status;
 }
 
-static void kill_and_reap_at(pid_t pid, const char *who, const char *file,
-                             int line) {
-  int st;
-  if (pid <= 0) return;
-  kill(pid, SIGKILL);
-  st = reap(pid, REAP_MS);
-  if (st == -1 || !WIFSIGNALED(st) || WTERMSIG(st) != SIGKILL) {
-    harness_failures_in_test++;
-    printf("    %s:%d: %s (pid %d) was not killed by SIGKILL (status %#x)\n",
-           file, line, who, (int)pid, st);
-  }
-}
-#define KILL_AND_REAP(pid, who) kill_and_reap_at(pid, who, __FILE__, __LINE__)
-
-static void expect_exit0_at(pid_t pid, const char *who, const char *file,
-                            int line) {
-  int st = reap(pid, REAP_MS);
-  if (st == -1 || !WIFEXITED(st) || WEXITSTATUS(st) != 0) {
-    harness_failures_in_test++;
-    if (st != -1 && WIFSIGNALED(st))
-      printf("    %s:%d: %s killed by signal %d\n", file, line, who,
-             WTERMSIG(st));
-    else
-      printf("    %s:%d: %s exited with %d\n", file, line, who,
-             st == -1 ? -1 : WEXITSTATUS(st));
-  }
-}
-#define EXPECT_EXIT0(pid, who) expect_exit0_at(pid, who, __FILE__, __LINE__)
-
-static int xsocketpair(int type, int sv[2]) {
-  if (socketpair(AF_UNIX, type | SOCK_CLOEXEC, 0, sv) == 0) return 0;
-  CHECK(!"socketpair");
-  sv[0] = sv[1] = -1;
-  return -1;
-}
-
-static int xpipe(int p[2]) {
-  if (pipe2(p, O_CLOEXEC) == 0) return 0;
-  CHECK(!"pipe");
-  p[0] = p[1] = -1;
-  return -1;
-}
+/* Children of the spawner are reaped through it: the fixture's checks on
+ * the status reap() gives. */
+#define KILL_AND_REAP(pid, who)                                                \
+  do {                                                                         \
+    pid_t kill_pid = (pid);                                                    \
+    if (kill_pid > 0) {                                                        \
+      kill(kill_pid, SIGKILL);                                                 \
+      sigkilled_at(reap(kill_pid, REAP_MS), kill_pid, who, __FILE__,           \
+                   __LINE__);                                                  \
+    }                                                                          \
+  } while (0)
+#undef EXPECT_EXIT0
+#define EXPECT_EXIT0(pid, who)                                                 \
+  exit0_at(reap(pid, REAP_MS), who, __FILE__, __LINE__)
 
 /* ------------------------------------------------------------ data */
 
@@ -786,26 +581,6 @@ static int run_holder(int sock, int cmd, int max, uint32_t seed0,
 
 /* ------------------------------------------------------------ context */
 
-/* A context with the error hook, a segment size and ledger slots (0: the
- * defaults). */
-static ipcref_ctx *new_ctx(size_t segment, uint32_t slots) {
-  ipcref_ctx_options o;
-  ipcref_ctx *ctx = NULL;
-  memset(&o, 0, sizeof o);
-  o.segment_size = segment;
-  o.ledger_slots = slots;
-  o.error_hook = error_hook;
-  CHECK_EQ(ipcref_ctx_new(&o, &ctx), IPCREF_OK);
-  return ctx;
-}
-
-static ipcref_stats stats_of(ipcref_ctx *ctx) {
-  ipcref_stats s;
-  memset(&s, 0, sizeof s);
-  CHECK_EQ(ipcref_ctx_stats(ctx, &s), IPCREF_OK);
-  return s;
-}
-
 /* 1 where pidfd_open works (Linux 5.3; valgrind 3.19 lacks it): then the
  * poll fd must wake on a death; without it the library sees deaths by
  * kill(pid, 0), on ipcref_collect or ipcref_ctx_poll. */
@@ -872,8 +647,7 @@ static long wait_live_slots(ipcref_ctx *ctx, size_t want, int timeout_ms) {
  * the timeouts, starts the spawner, probes pidfd_open, ignores SIGPIPE
  * (here: the children keep the default). 0, or -1 without a spawner. */
 static int proc_start(void) {
-  under_valgrind = detect_valgrind();
-  slow = under_valgrind ? 4 : UNDER_ASAN ? 2 : 1;
+  fixture_start();
   if (spawner_start() != 0) return -1;
   probe_pidfd();
   signal(SIGPIPE, SIG_IGN);

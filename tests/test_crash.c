@@ -280,7 +280,7 @@ static void soak_round(ipcref_ctx *ctx, int round, const res_mark *start,
   close(ab[1]);
   close(bc[0]);
   close(bst[1]);
-  CHECK_EQ(ipcref_peer_new(ctx, ab[0], &p), IPCREF_OK);
+  p = make_peer(ctx, ab[0]);
   if (!p) close(ab[0]);
   for (j = 0; j < plan.k; j++)
     CHECK_EQ(new_block(ctx, plan.bytes[j], plan.seed[j], &views[j]), IPCREF_OK);
@@ -527,7 +527,7 @@ static void consumer_case(int label, int nth, int required) {
   close(sv[1]);
   close(stp[1]);
   ctx = new_ctx(1 << 20, 64);
-  CHECK_EQ(ipcref_peer_new(ctx, sv[0], &p), IPCREF_OK);
+  p = make_peer(ctx, sv[0]);
   for (i = 0; i < CONS_N; i++)
     CHECK_EQ(new_block(ctx, cons_bytes[i], 100 + (uint32_t)i, &v[i]),
              IPCREF_OK);
@@ -678,7 +678,7 @@ static void forwarder_case(int label, int nth, int required) {
   close(bc[0]);
   close(bst[1]);
   ctx = new_ctx(1 << 20, 64);
-  CHECK_EQ(ipcref_peer_new(ctx, ab[0], &p), IPCREF_OK);
+  p = make_peer(ctx, ab[0]);
   for (i = 0; i < FWD_N; i++)
     CHECK_EQ(new_block(ctx, fwd_bytes[i], 200 + (uint32_t)i, &v[i]), IPCREF_OK);
   CHECK_EQ(ipcref_send(p, &v[0]), IPCREF_OK);
@@ -863,7 +863,7 @@ static void producer_case(int label, int nth, int required) {
   close(stp[1]);
   close(cmdp[0]);
   ctx = new_ctx(0, 0);
-  CHECK_EQ(ipcref_peer_new(ctx, sv[0], &p), IPCREF_OK);
+  p = make_peer(ctx, sv[0]);
   if (label == L_SWEEP) {
     CHECK(clog_wait(stp[0], &l, "A", WAIT_MS));
     for (n = 0; n < PROD_N; n++)

@@ -52,19 +52,22 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "harness.h"
+static int g_tmo; /* ms any single wait may take */
+#define CTL_MS        g_tmo
+#define REAP_MS       g_tmo
+#define CHILD_ALARM_S 900 /* a child never outlives this */
+
+#include "share_fixture.h"
 
 /* ---- configuration ------------------------------------------------------ */
 
 static char g_tmp[64];  /* the logs' directory (mkdtemp) */
 static char g_log[256]; /* this case's call log */
 static int g_seq;
-static int g_vg;  /* under valgrind */
-static int g_tmo; /* ms any single wait may take */
 static const char *g_stub;
 static const char *g_hip_real; /* the real libamdhip64, if installed */
 static int g_fd0;              /* fds open when the case began */
-static double g_case_t0;
+static long g_case_t0;
 
 #define SEG ((size_t)1 << 20) /* segment_size for most cases */
 
@@ -111,18 +114,6 @@ static kind K_HIP = {1,
                      "hipIpcOpenEventHandle",
                      "hipErrorOutOfMemory",
                      ""};
-
-static double now_ms(void) {
-  struct timespec t;
-  clock_gettime(CLOCK_MONOTONIC, &t);
-  return (double)t.tv_sec * 1e3 + (double)t.tv_nsec / 1e6;
-}
-
-static void sleep_ms(int ms) {
-  struct timespec t = {ms / 1000, (long)(ms % 1000) * 1000000L};
-  while (nanosleep(&t, &t) != 0 && errno == EINTR) {
-  }
-}
 
 /* ---- the fakes' knobs and call log -------------------------------------- */
 
@@ -290,97 +281,6 @@ static void log_dump(void) {
 }
 
 /* ---- processes, sockets, fds --------------------------------------------- */
-
-/* Open fds, not counting those on files under g_tmp: the fake drivers keep
- * their log open, and after dlclose that fd stays (see the report). */
-static int count_fds(void) {
-  DIR *d = opendir("/proc/self/fd");
-  struct dirent *e;
-  int n = 0;
-  size_t tl = strlen(g_tmp);
-  if (!d) return -1;
-  while ((e = readdir(d)) != NULL) {
-    char path[300], target[PATH_MAX];
-    ssize_t k;
-    if (e->d_name[0] == '.' || atoi(e->d_name) == dirfd(d)) continue;
-    snprintf(path, sizeof path, "/proc/self/fd/%s", e->d_name);
-    k = readlink(path, target, sizeof target - 1);
-    target[k > 0 ? k : 0] = 0;
-    if (tl && strncmp(target, g_tmp, tl) == 0) continue;
-    n++;
-  }
-  closedir(d);
-  return n;
-}
-
-static void pair(int sv[2]) {
-  if (socketpair(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0, sv) != 0) {
-    perror("socketpair");
-    exit(2);
-  }
-}
-
-/* A control message (an int) between the test's processes. */
-static void ctl_put(int fd, int v) {
-  if (send(fd, &v, sizeof v, MSG_NOSIGNAL) != (ssize_t)sizeof v)
-    CHECK(!"ctl_put");
-}
-/* The next control message; -1 if none came within ms. */
-static int ctl_get(int fd, int ms) {
-  struct pollfd p;
-  int v = -1;
-  p.fd = fd;
-  p.events = POLLIN;
-  p.revents = 0;
-  if (poll(&p, 1, ms) <= 0) return -1;
-  if (recv(fd, &v, sizeof v, 0) != (ssize_t)sizeof v) return -2;
-  return v;
-}
-#define CTL_EXPECT(fd, v) CHECK_EQ(ctl_get((fd), g_tmo), (v))
-
-/* Forks a child that closes `close_fds` (-1 entries skipped), runs fn and
- * exits 0 when every CHECK in it held. */
-static pid_t spawn(int (*fn)(void *), void *arg, const int *close_fds, int n) {
-  pid_t pid;
-  fflush(stdout);
-  fflush(stderr);
-  pid = fork();
-  if (pid == 0) {
-    int i, rc;
-    for (i = 0; i < n; i++)
-      if (close_fds[i] >= 0) close(close_fds[i]);
-    harness_failures_in_test = 0;
-    rc = fn(arg);
-    if (rc || harness_failures_in_test)
-      printf("    (child %d: %d failed checks, rc %d)\n", (int)getpid(),
-             harness_failures_in_test, rc);
-    fflush(stdout);
-    _exit(rc || harness_failures_in_test ? 1 : 0);
-  }
-  CHECK(pid > 0);
-  return pid;
-}
-
-/* Waits up to ms for the child: its exit status, 128+signal, or -1 when
- * it had to be killed. */
-static int reap(pid_t pid, int ms) {
-  double end = now_ms() + ms;
-  int st = 0;
-  if (pid <= 0) return -1;
-  for (;;) {
-    pid_t r = waitpid(pid, &st, WNOHANG);
-    if (r == pid) return WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
-    if (r < 0 && errno != EINTR) return -1;
-    if (now_ms() > end) {
-      kill(pid, SIGKILL);
-      while (waitpid(pid, &st, 0) < 0 && errno == EINTR) {
-      }
-      printf("    child %d timed out: killed\n", (int)pid);
-      return -1;
-    }
-    sleep_ms(1);
-  }
-}
 
 /* ---- the driver, from the test's side ------------------------------------
  * ipcref's backend plus the fake library's own entry points (dlsym), to
@@ -605,25 +505,15 @@ static void *view_ptr(const ipcref_view *v) {
   return (char *)ipcref_buf_data(v->buf) + v->byte_offset;
 }
 
+/* A context with the driver's backend (d NULL: none). */
 static ipcref_ctx *mkctx(size_t segment_size, gdrv *d) {
   ipcref_ctx_options o;
-  ipcref_ctx *c = NULL;
+  ipcref_ctx *c;
   memset(&o, 0, sizeof o);
   o.segment_size = segment_size;
-  CHECK_EQ(ipcref_ctx_new(&o, &c), IPCREF_OK);
+  c = make_ctx(&o);
   if (c && d && d->be) CHECK_EQ(ipcref_ctx_add_backend(c, d->be), IPCREF_OK);
   return c;
-}
-static ipcref_stats stats(ipcref_ctx *c) {
-  ipcref_stats s;
-  memset(&s, 0, sizeof s);
-  CHECK_EQ(ipcref_ctx_stats(c, &s), IPCREF_OK);
-  return s;
-}
-static ipcref_peer *mkpeer(ipcref_ctx *c, int fd) {
-  ipcref_peer *p = NULL;
-  CHECK_EQ(ipcref_peer_new(c, fd, &p), IPCREF_OK);
-  return p;
 }
 static ipcref_view u32_view(ipcref_buf *b, size_t bytes) {
   ipcref_view v;
@@ -657,7 +547,7 @@ static void case_end(void) {
     printf("    fds: %d before the case, %d after\n", g_fd0, fds);
   CHECK_EQ(fds, g_fd0);
   if (harness_failures_in_test) log_dump();
-  if (getenv("IPCREF_GPU_TIMES")) printf("    %.0f ms\n", now_ms() - g_case_t0);
+  if (getenv("IPCREF_GPU_TIMES")) printf("    %ld ms\n", now_ms() - g_case_t0);
   knobs_reset();
 }
 
@@ -693,8 +583,8 @@ static int flow_child(void *vp) {
   memset(v, 0, sizeof v);
   if (g_open(a->k, &d) != IPCREF_OK) return 1;
   ctx = mkctx(SEG, &d);
-  pin = mkpeer(ctx, a->in);
-  if (a->out >= 0) pout = mkpeer(ctx, a->out);
+  pin = make_peer(ctx, a->in);
+  if (a->out >= 0) pout = make_peer(ctx, a->out);
   for (i = 0; i < 2; i++) {
     CHECK_EQ(ipcref_recv_on(pin, &v[i], g_tmo, NULL), IPCREF_OK);
     if (!v[i].buf) continue;
@@ -707,7 +597,7 @@ static int flow_child(void *vp) {
   CTL_EXPECT(a->ctl, 2);
   ipcref_view_release(&v[0]);
   ipcref_view_release(&v[1]);
-  st = stats(ctx);
+  st = stats_of(ctx);
   CHECK_EQ(st.imported_bufs, 0);
   CHECK_EQ(st.deferred, 0);
   ctl_put(a->ctl, 3); /* released */
@@ -720,9 +610,9 @@ static int flow_child(void *vp) {
 }
 
 static void test_full_flow(const kind *k) {
-  int ab[2], bc[2], cb[2], cc[2], i;
+  int bc[2], i;
   struct flow_arg b, c;
-  pid_t pb, pc;
+  kid kb, kc; /* B: a peer socket to A; C: its control socket only */
   gdrv d;
   ipcref_ctx *ctx;
   ipcref_peer *p;
@@ -731,31 +621,23 @@ static void test_full_flow(const kind *k) {
   ipcref_stats st;
   char h[64] = "";
   knob(k, "HOSTPTR", "none");
-  pair(ab);
-  pair(bc);
-  pair(cb);
-  pair(cc);
+  xsocketpair(SOCK_SEQPACKET, bc);
+  kid_open(&kb, 1, SOCK_SEQPACKET);
+  kid_open(&kc, 0, SOCK_SEQPACKET);
   b.k = c.k = k;
-  b.in = ab[1];
+  b.in = kb.their_sock[0];
   b.out = bc[0];
-  b.ctl = cb[1];
+  b.ctl = kb.their_ctl;
   c.in = bc[1];
   c.out = -1;
-  c.ctl = cc[1];
-  {
-    int cl_b[] = {ab[0], bc[1], cb[0], cc[0], cc[1]};
-    int cl_c[] = {ab[0], ab[1], bc[0], cb[0], cb[1], cc[0]};
-    pb = spawn(flow_child, &b, cl_b, 5); /* before the driver is opened */
-    pc = spawn(flow_child, &c, cl_c, 6);
-  }
-  close(ab[1]);
-  close(bc[0]);
-  close(bc[1]);
-  close(cb[1]);
-  close(cc[1]);
+  c.ctl = kc.their_ctl;
+  kid_fork(&kb, flow_child, &b, bc[0]); /* before the driver is opened */
+  kid_fork(&kc, flow_child, &c, bc[1]);
+  tclose(bc[0]);
+  tclose(bc[1]);
   if (g_open(k, &d) != IPCREF_OK) goto out;
   ctx = mkctx(SEG, &d);
-  p = mkpeer(ctx, ab[0]);
+  p = kid_peer(&kb, 0, ctx);
   for (i = 0; i < 2; i++) {
     CHECK_EQ(g_alloc(ctx, k, 0, flow_size[i], &buf[i]), IPCREF_OK);
     if (!buf[i]) goto done;
@@ -767,35 +649,34 @@ static void test_full_flow(const kind *k) {
     ipcref_view_release(&v[i]);
     ipcref_buf_release(buf[i]);
   }
-  st = stats(ctx);
+  st = stats_of(ctx);
   CHECK_EQ(st.live_bufs, 0);
   CHECK_EQ(st.limbo_blocks, 2);
   CHECK(st.live_slots >= 2);
   CHECK_EQ(st.device_bytes, SEG);
-  CTL_EXPECT(cb[0], 1); /* B read them and forwarded them to C */
-  CTL_EXPECT(cc[0], 1); /* C read them */
-  st = stats(ctx);
+  CTL_EXPECT(kb.ctl, 1); /* B read them and forwarded them to C */
+  CTL_EXPECT(kc.ctl, 1); /* C read them */
+  st = stats_of(ctx);
   CHECK_EQ(st.live_slots, 4); /* B's two leases, and C's two forwarded */
-  ctl_put(cb[0], 2);
-  CTL_EXPECT(cb[0], 3); /* B released */
+  ctl_put(kb.ctl, 2);
+  CTL_EXPECT(kb.ctl, 3); /* B released */
   ipcref_collect(ctx);
-  st = stats(ctx);
+  st = stats_of(ctx);
   CHECK_EQ(st.live_slots, 2);
   CHECK_EQ(st.limbo_blocks, 2); /* C's forwarded holds keep them */
-  ctl_put(cc[0], 2);
-  CTL_EXPECT(cc[0], 3); /* C released */
+  ctl_put(kc.ctl, 2);
+  CTL_EXPECT(kc.ctl, 3); /* C released */
   ipcref_collect(ctx);
-  st = stats(ctx);
+  st = stats_of(ctx);
   CHECK_EQ(st.live_slots, 0);
   CHECK_EQ(st.limbo_blocks, 0);
   CHECK_EQ(st.live_bufs, 0);
   CHECK(st.sweeps > 0);
   CHECK_EQ(st.device_bytes, SEG); /* the empty segment, cached */
-  ctl_put(cb[0], 4);
-  ctl_put(cc[0], 4);
-  CHECK_EQ(reap(pb, g_tmo), 0);
-  CHECK_EQ(reap(pc, g_tmo), 0);
-  pb = pc = -1;
+  ctl_put(kb.ctl, 4);
+  ctl_put(kc.ctl, 4);
+  KID_EXIT0(&kb, "B");
+  KID_EXIT0(&kc, "C");
   /* The driver's view: one segment exported once by A, opened once and
    * closed once in each of B and C (the handle names A's allocation). */
   CHECK_EQ(log_count(getpid(), k->c_get, k->ok), 1);
@@ -826,10 +707,10 @@ done:
   CHECK_EQ(log_count(getpid(), k->c_free, k->ok), 1);
   CHECK_EQ(log_count(getpid(), k->c_free, NULL), 1);
 out:
-  close(cb[0]);
-  close(cc[0]);
-  if (pb > 0) CHECK_EQ(reap(pb, g_tmo), 0);
-  if (pc > 0) CHECK_EQ(reap(pc, g_tmo), 0);
+  kid_close(&kb);
+  kid_close(&kc);
+  KID_EXIT0(&kb, "B");
+  KID_EXIT0(&kc, "C");
 }
 GPU_TEST(test_full_flow, cuda, &K_CUDA)
 GPU_TEST(test_full_flow, hip, &K_HIP)
@@ -861,7 +742,7 @@ static int wrap_child(void *vp) {
   memset(v, 0, sizeof v);
   if (g_open(a->k, &d) != IPCREF_OK) return 1;
   ctx = mkctx(SEG, &d);
-  p = mkpeer(ctx, a->peer);
+  p = make_peer(ctx, a->peer);
   for (i = 0; i < 2; i++) {
     size_t size = 0;
     CHECK_EQ(ipcref_recv_on(p, &v[i], g_tmo, NULL), IPCREF_OK);
@@ -880,7 +761,7 @@ static int wrap_child(void *vp) {
     CTL_EXPECT(a->ctl, 10 + i);
     ipcref_view_release(&v[i]);
     ipcref_collect(ctx);
-    (void)stats(ctx); /* returns a deferred release, if any */
+    (void)stats_of(ctx); /* returns a deferred release, if any */
     ctl_put(a->ctl, 20 + i);
   }
   CTL_EXPECT(a->ctl, 99);
@@ -901,9 +782,9 @@ static void count_release(void *user, void *ptr) {
 }
 
 static void test_wrap_offset(const kind *k) {
-  int pp[2], cp[2], i;
+  int i;
   struct wrap_arg a;
-  pid_t pid;
+  kid ch;
   gdrv d;
   ipcref_ctx *ctx;
   ipcref_peer *p;
@@ -914,22 +795,16 @@ static void test_wrap_offset(const kind *k) {
   char h[64] = "", hh[80];
   memset(rc, 0, sizeof rc);
   knob(k, "HOSTPTR", "none");
-  pair(pp);
-  pair(cp);
+  kid_open(&ch, 1, SOCK_SEQPACKET);
   a.k = k;
-  a.peer = pp[1];
-  a.ctl = cp[1];
-  {
-    int cl[] = {pp[0], cp[0]};
-    pid = spawn(wrap_child, &a, cl, 2);
-  }
-  close(pp[1]);
-  close(cp[1]);
+  a.peer = ch.their_sock[0];
+  a.ctl = ch.their_ctl;
+  kid_fork(&ch, wrap_child, &a, -1);
   if (g_open(k, &d) != IPCREF_OK) goto out;
   CHECK_EQ(g_malloc(&d, WRAP_ALLOC, &alloc), 0);
   dev_fill(&d, alloc, WRAP_ALLOC, WRAP_SEED, 0);
   ctx = mkctx(SEG, &d);
-  p = mkpeer(ctx, pp[0]);
+  p = kid_peer(&ch, 0, ctx);
   for (i = 0; i < 2; i++) {
     void *ptr = (char *)alloc + wrap_off[i];
     CHECK_EQ(g_wrap(ctx, k, 0, ptr, wrap_len[i], count_release, &rc[i], &b[i]),
@@ -946,14 +821,14 @@ static void test_wrap_offset(const kind *k) {
   ipcref_buf_release(b[0]);
   ipcref_collect(ctx);
   CHECK_EQ(rc[0].n, 0);
-  ctl_put(cp[0], 10);
-  CTL_EXPECT(cp[0], 20);
+  ctl_put(ch.ctl, 10);
+  CTL_EXPECT(ch.ctl, 20);
   ipcref_collect(ctx);
   CHECK_EQ(rc[0].n, 1);
   CHECK(rc[0].ptr == (char *)alloc + wrap_off[0]);
   /* Wrap 1: the consumer first, then the producer. */
-  ctl_put(cp[0], 11);
-  CTL_EXPECT(cp[0], 21);
+  ctl_put(ch.ctl, 11);
+  CTL_EXPECT(ch.ctl, 21);
   ipcref_collect(ctx);
   CHECK_EQ(rc[1].n, 0);
   ipcref_buf_release(b[1]);
@@ -961,14 +836,13 @@ static void test_wrap_offset(const kind *k) {
   CHECK(rc[1].ptr == (char *)alloc + wrap_off[1]);
   ipcref_collect(ctx);
   {
-    ipcref_stats st = stats(ctx);
+    ipcref_stats st = stats_of(ctx);
     CHECK_EQ(st.live_slots, 0);
     CHECK_EQ(st.limbo_blocks, 0);
     CHECK_EQ(st.live_bufs, 0);
   }
-  ctl_put(cp[0], 99);
-  CHECK_EQ(reap(pid, g_tmo), 0);
-  pid = -1;
+  ctl_put(ch.ctl, 99);
+  KID_EXIT0(&ch, "consumer");
   /* One export of the allocation's base, one opening in the consumer. */
   CHECK_EQ(log_count(getpid(), k->c_get, NULL), 1);
   CHECK(log_value(getpid(), k->c_get, k->ok, "h=", NULL, h, sizeof h));
@@ -991,8 +865,7 @@ done:
   CHECK_EQ(g_free(&d, alloc), 0);
   g_close(&d);
 out:
-  close(cp[0]);
-  if (pid > 0) CHECK_EQ(reap(pid, g_tmo), 0);
+  KID_END(&ch, "consumer");
 }
 GPU_TEST(test_wrap_offset, cuda, &K_CUDA)
 GPU_TEST(test_wrap_offset, hip, &K_HIP)
@@ -1022,8 +895,8 @@ static int twice_child(void *vp) {
   if (g_open(a->k, &d) != IPCREF_OK) return 1;
   c1 = mkctx(SEG, &d);
   c2 = mkctx(SEG, &d); /* the same backend in a second context */
-  p1 = mkpeer(c1, a->peer1);
-  p2 = mkpeer(c2, a->peer2);
+  p1 = make_peer(c1, a->peer1);
+  p2 = make_peer(c2, a->peer2);
   CHECK_EQ(ipcref_recv_on(p1, &v[0], g_tmo, NULL), IPCREF_OK);
   CHECK_EQ(ipcref_recv_on(p1, &v[1], g_tmo, NULL), IPCREF_OK);
   CHECK_EQ(ipcref_recv_on(p2, &v[2], g_tmo, NULL), IPCREF_OK);
@@ -1058,8 +931,8 @@ static void test_import_twice(const kind *k) {
   static const char *const reopen[] = {NULL, "208", "new"};
   int r;
   for (r = 0; r < 3; r++) {
-    int s1[2], s2[2], cp[2];
     struct twice_arg a;
+    kid ch;
     pid_t pid;
     gdrv d;
     ipcref_ctx *ctx;
@@ -1068,30 +941,19 @@ static void test_import_twice(const kind *k) {
     ipcref_view v0, v0s, v1;
     char h[64] = "", hh[80];
     knob(k, "REOPEN", reopen[r]);
-    pair(s1);
-    pair(s2);
-    pair(cp);
+    kid_open(&ch, 2, SOCK_SEQPACKET);
     a.k = k;
-    a.peer1 = s1[1];
-    a.peer2 = s2[1];
-    a.ctl = cp[1];
-    {
-      int cl[] = {s1[0], s2[0], cp[0]};
-      pid = spawn(twice_child, &a, cl, 3);
-    }
-    close(s1[1]);
-    close(s2[1]);
-    close(cp[1]);
+    a.peer1 = ch.their_sock[0];
+    a.peer2 = ch.their_sock[1];
+    a.ctl = ch.their_ctl;
+    pid = kid_fork(&ch, twice_child, &a, -1);
     if (g_open(k, &d) != IPCREF_OK) {
-      close(s1[0]);
-      close(s2[0]);
-      close(cp[0]);
-      CHECK_EQ(reap(pid, g_tmo), 0);
+      KID_END(&ch, "consumer");
       return;
     }
     ctx = mkctx(SEG, &d);
-    pa = mkpeer(ctx, s1[0]);
-    pb = mkpeer(ctx, s2[0]);
+    pa = kid_peer(&ch, 0, ctx);
+    pb = kid_peer(&ch, 1, ctx);
     CHECK_EQ(g_alloc(ctx, k, 0, 8192, &b0), IPCREF_OK);
     CHECK_EQ(g_alloc(ctx, k, 0, 8192, &b1), IPCREF_OK); /* same segment */
     if (b0 && b1) {
@@ -1109,12 +971,12 @@ static void test_import_twice(const kind *k) {
     }
     ipcref_buf_release(b0);
     ipcref_buf_release(b1);
-    CTL_EXPECT(cp[0], 1);
-    ctl_put(cp[0], 2);
-    CHECK_EQ(reap(pid, g_tmo), 0);
+    CTL_EXPECT(ch.ctl, 1);
+    ctl_put(ch.ctl, 2);
+    KID_EXIT0(&ch, "consumer");
     ipcref_collect(ctx);
     {
-      ipcref_stats st = stats(ctx);
+      ipcref_stats st = stats_of(ctx);
       CHECK_EQ(st.live_slots, 0);
       CHECK_EQ(st.limbo_blocks, 0);
     }
@@ -1129,7 +991,7 @@ static void test_import_twice(const kind *k) {
     ipcref_peer_free(pb);
     ipcref_ctx_free(ctx);
     g_close(&d);
-    close(cp[0]);
+    kid_close(&ch);
     /* The next round's log: a fresh file. */
     snprintf(g_log, sizeof g_log, "%s/%02d_import_twice_%s_%d.log", g_tmp,
              ++g_seq, k->name, r + 1);
@@ -1163,14 +1025,14 @@ static int order_child(void *vp) {
   ipcref_view v;
   ipcref_stats st;
   void *stream = NULL;
-  double t0, t1;
+  long t0, t1;
   int me = (int)getpid(), iw, iu;
   long long pending = -1;
   memset(&v, 0, sizeof v);
   if (g_open(a->k, &d) != IPCREF_OK) return 1;
   CHECK_EQ(g_stream(&d, &stream), 0);
   ctx = mkctx(SEG, &d);
-  p = mkpeer(ctx, a->peer);
+  p = make_peer(ctx, a->peer);
   CHECK_EQ(ipcref_recv_on(p, &v, g_tmo, stream), IPCREF_OK);
   if (!v.buf) return 1;
   if (!a->k->hip) {
@@ -1198,19 +1060,19 @@ static int order_child(void *vp) {
   ipcref_view_release(&v);
   t1 = now_ms();
   CHECK(t1 - t0 < g_fence_us / 2000.0);
-  st = stats(ctx);
+  st = stats_of(ctx);
   CHECK_EQ(st.deferred, 1);
   CHECK_EQ(st.imported_bufs, 1);
   ctl_put(a->ctl, 1); /* released, deferred */
   CTL_EXPECT(a->ctl, 2);
   /* Past the work: ipcref_collect alone hands the lease back. */
-  while (now_ms() < t0 + g_fence_us / 1000.0 + 20) sleep_ms(5);
+  while (now_ms() < t0 + g_fence_us / 1000 + 20) sleep_us(5 * 1000L);
   ipcref_collect(ctx);
   ctl_put(a->ctl, 3);
   CTL_EXPECT(a->ctl, 4);
-  st = stats(ctx);
+  st = stats_of(ctx);
   CHECK_EQ(st.deferred, 0);
-  st = stats(ctx); /* (the first one returned it: counted by the next) */
+  st = stats_of(ctx); /* (the first one returned it: counted by the next) */
   CHECK_EQ(st.imported_bufs, 0);
   ctl_put(a->ctl, 5);
   CTL_EXPECT(a->ctl, 6);
@@ -1235,9 +1097,8 @@ static int order_child(void *vp) {
 }
 
 static void test_stream_order(const kind *k) {
-  int pp[2], cp[2];
   struct order_arg a;
-  pid_t pid;
+  kid ch;
   gdrv d;
   ipcref_ctx *ctx;
   ipcref_peer *p;
@@ -1245,24 +1106,18 @@ static void test_stream_order(const kind *k) {
   ipcref_view v;
   ipcref_stats st;
   void *stream = NULL;
-  double t0, t1;
+  long t0, t1;
   knob(k, "HOSTPTR", "none");
   knob_num(k, "WORK_US", g_work_us);
-  pair(pp);
-  pair(cp);
+  kid_open(&ch, 1, SOCK_SEQPACKET);
   a.k = k;
-  a.peer = pp[1];
-  a.ctl = cp[1];
-  {
-    int cl[] = {pp[0], cp[0]};
-    pid = spawn(order_child, &a, cl, 2);
-  }
-  close(pp[1]);
-  close(cp[1]);
+  a.peer = ch.their_sock[0];
+  a.ctl = ch.their_ctl;
+  kid_fork(&ch, order_child, &a, -1);
   if (g_open(k, &d) != IPCREF_OK) goto out;
   CHECK_EQ(g_stream(&d, &stream), 0);
   ctx = mkctx(SEG, &d);
-  p = mkpeer(ctx, pp[0]);
+  p = kid_peer(&ch, 0, ctx);
   CHECK_EQ(g_alloc(ctx, k, 0, 4096, &b), IPCREF_OK);
   if (!b) goto done;
   dev_fill(&d, ipcref_buf_data(b), 4096, 0x77, 0);
@@ -1284,29 +1139,28 @@ static void test_stream_order(const kind *k) {
     CHECK(waited > 0);
   }
   ipcref_view_release(&v);
-  CTL_EXPECT(cp[0], 1); /* the consumer released: deferred */
+  CTL_EXPECT(ch.ctl, 1); /* the consumer released: deferred */
   ipcref_collect(ctx);
-  st = stats(ctx);
+  st = stats_of(ctx);
   CHECK_EQ(st.live_slots, 1);
   CHECK_EQ(st.limbo_blocks, 1);
-  ctl_put(cp[0], 2);
-  CTL_EXPECT(cp[0], 3); /* its work completed, and it called ipcref_collect */
+  ctl_put(ch.ctl, 2);
+  CTL_EXPECT(ch.ctl, 3); /* its work completed, and it called ipcref_collect */
   ipcref_collect(ctx);
-  st = stats(ctx);
+  st = stats_of(ctx);
   if (st.live_slots != 0)
     printf("    ipcref_collect did not hand back the consumer's deferred "
            "release (live_slots %zu)\n",
            st.live_slots);
   CHECK_EQ(st.live_slots, 0);
-  ctl_put(cp[0], 4);
-  CTL_EXPECT(cp[0], 5); /* and ipcref_ctx_stats */
+  ctl_put(ch.ctl, 4);
+  CTL_EXPECT(ch.ctl, 5); /* and ipcref_ctx_stats */
   ipcref_collect(ctx);
-  st = stats(ctx);
+  st = stats_of(ctx);
   CHECK_EQ(st.live_slots, 0);
   CHECK_EQ(st.limbo_blocks, 0);
-  ctl_put(cp[0], 6);
-  CHECK_EQ(reap(pid, g_tmo), 0);
-  pid = -1;
+  ctl_put(ch.ctl, 6);
+  KID_EXIT0(&ch, "consumer");
   if (k->hip) /* the producer's wait came before the consumer's open */
     CHECK(log_index(getpid(), k->c_sync, NULL, 0) <
           log_index(0, k->c_open, NULL, 0));
@@ -1316,8 +1170,7 @@ done:
   g_stream_free(&d, stream);
   g_close(&d);
 out:
-  close(cp[0]);
-  if (pid > 0) CHECK_EQ(reap(pid, g_tmo), 0);
+  KID_END(&ch, "consumer");
 }
 GPU_TEST(test_stream_order, cuda, &K_CUDA)
 GPU_TEST(test_stream_order, hip, &K_HIP)
@@ -1334,12 +1187,12 @@ static int cached_child(void *vp) {
   void *stream = NULL;
   long long pending[4] = {0, 0, 0, 0};
   int me = (int)getpid(), i;
-  double end;
+  long end;
   memset(v, 0, sizeof v);
   if (g_open(a->k, &d) != IPCREF_OK) return 1;
   CHECK_EQ(g_stream(&d, &stream), 0);
   ctx = mkctx(SEG, &d);
-  p = mkpeer(ctx, a->peer);
+  p = make_peer(ctx, a->peer);
   for (i = 0; i < 2; i++) {
     CHECK_EQ(ipcref_recv_on(p, &v[i], g_tmo, stream), IPCREF_OK);
     if (!v[i].buf) return 1;
@@ -1358,8 +1211,8 @@ static int cached_child(void *vp) {
   ipcref_view_release(&v[0]);
   ipcref_view_release(&v[1]);
   end = now_ms() + g_tmo;
-  while (stats(ctx).deferred != 0 && now_ms() < end) sleep_ms(2);
-  CHECK_EQ(stats(ctx).deferred, 0);
+  while (stats_of(ctx).deferred != 0 && now_ms() < end) sleep_us(2 * 1000L);
+  CHECK_EQ(stats_of(ctx).deferred, 0);
   ctl_put(a->ctl, 3);
   CTL_EXPECT(a->ctl, 4);
   ipcref_peer_free(p);
@@ -1370,30 +1223,24 @@ static int cached_child(void *vp) {
 }
 
 static void test_wait_cached(const kind *k) {
-  int pp[2], cp[2], i;
+  int i;
   struct order_arg a;
-  pid_t pid;
+  kid ch;
   gdrv d;
   ipcref_ctx *ctx;
   ipcref_peer *p;
   ipcref_buf *b[2] = {NULL, NULL};
   void *stream = NULL;
   knob_num(k, "WORK_US", g_work_us);
-  pair(pp);
-  pair(cp);
+  kid_open(&ch, 1, SOCK_SEQPACKET);
   a.k = k;
-  a.peer = pp[1];
-  a.ctl = cp[1];
-  {
-    int cl[] = {pp[0], cp[0]};
-    pid = spawn(cached_child, &a, cl, 2);
-  }
-  close(pp[1]);
-  close(cp[1]);
+  a.peer = ch.their_sock[0];
+  a.ctl = ch.their_ctl;
+  kid_fork(&ch, cached_child, &a, -1);
   if (g_open(k, &d) != IPCREF_OK) goto out;
   CHECK_EQ(g_stream(&d, &stream), 0);
   ctx = mkctx(SEG, &d);
-  p = mkpeer(ctx, pp[0]);
+  p = kid_peer(&ch, 0, ctx);
   for (i = 0; i < 2; i++) { /* two blocks of one segment */
     CHECK_EQ(g_alloc(ctx, k, 0, 4096, &b[i]), IPCREF_OK);
     if (!b[i]) goto done;
@@ -1405,15 +1252,14 @@ static void test_wait_cached(const kind *k) {
     CHECK_EQ(ipcref_send_on(p, &v, stream), IPCREF_OK);
     ipcref_view_release(&v);
     ipcref_buf_release(b[i]);
-    CTL_EXPECT(cp[0], 1 + i);
+    CTL_EXPECT(ch.ctl, 1 + i);
   }
-  CTL_EXPECT(cp[0], 3);
+  CTL_EXPECT(ch.ctl, 3);
   ipcref_collect(ctx);
-  CHECK_EQ(stats(ctx).live_slots, 0);
-  CHECK_EQ(stats(ctx).limbo_blocks, 0);
-  ctl_put(cp[0], 4);
-  CHECK_EQ(reap(pid, g_tmo), 0);
-  pid = -1;
+  CHECK_EQ(stats_of(ctx).live_slots, 0);
+  CHECK_EQ(stats_of(ctx).limbo_blocks, 0);
+  ctl_put(ch.ctl, 4);
+  KID_EXIT0(&ch, "consumer");
   CHECK_EQ(log_count(getpid(), k->c_get, NULL), 1);
   if (k->hip) CHECK_EQ(log_count(getpid(), k->c_sync, k->ok), 2);
 done:
@@ -1422,8 +1268,7 @@ done:
   g_stream_free(&d, stream);
   g_close(&d);
 out:
-  close(cp[0]);
-  if (pid > 0) CHECK_EQ(reap(pid, g_tmo), 0);
+  KID_END(&ch, "consumer");
 }
 GPU_TEST(test_wait_cached, cuda, &K_CUDA)
 GPU_TEST(test_wait_cached, hip, &K_HIP)
@@ -1449,14 +1294,14 @@ static int rounds_child(void *vp) {
   memset(v, 0, sizeof v);
   if (g_open(a->k, &d) != IPCREF_OK) return 1;
   ctx = mkctx(SEG, &d);
-  p = mkpeer(ctx, a->peer);
+  p = make_peer(ctx, a->peer);
   for (r = 0; r < 2; r++) {
     for (i = 0; i < POOL_N; i++)
       CHECK_EQ(ipcref_recv_on(p, &v[i], g_tmo, NULL), IPCREF_OK);
     ctl_put(a->ctl, 1);
     CTL_EXPECT(a->ctl, 2);
     for (i = 0; i < POOL_N; i++) ipcref_view_release(&v[i]);
-    CHECK_EQ(stats(ctx).deferred, 0);
+    CHECK_EQ(stats_of(ctx).deferred, 0);
     ctl_put(a->ctl, 3);
   }
   CTL_EXPECT(a->ctl, 4);
@@ -1467,26 +1312,20 @@ static int rounds_child(void *vp) {
 }
 
 static void test_event_pool(const kind *k) {
-  int pp[2], cp[2], r, i, me = (int)getpid();
+  int r, i, me = (int)getpid();
   struct rounds_arg a;
-  pid_t pid;
+  kid ch;
   gdrv d;
   ipcref_ctx *ctx;
   ipcref_peer *p;
-  pair(pp);
-  pair(cp);
+  kid_open(&ch, 1, SOCK_SEQPACKET);
   a.k = k;
-  a.peer = pp[1];
-  a.ctl = cp[1];
-  {
-    int cl[] = {pp[0], cp[0]};
-    pid = spawn(rounds_child, &a, cl, 2);
-  }
-  close(pp[1]);
-  close(cp[1]);
+  a.peer = ch.their_sock[0];
+  a.ctl = ch.their_ctl;
+  kid_fork(&ch, rounds_child, &a, -1);
   if (g_open(k, &d) != IPCREF_OK) goto out;
   ctx = mkctx(SEG, &d);
-  p = mkpeer(ctx, pp[0]);
+  p = kid_peer(&ch, 0, ctx);
   for (r = 0; r < 2; r++) {
     for (i = 0; i < POOL_N; i++) {
       ipcref_buf *b = NULL;
@@ -1498,27 +1337,25 @@ static void test_event_pool(const kind *k) {
       ipcref_view_release(&v);
       ipcref_buf_release(b);
     }
-    CTL_EXPECT(cp[0], 1); /* all POOL_N outstanding at once */
-    ctl_put(cp[0], 2);
-    CTL_EXPECT(cp[0], 3);
+    CTL_EXPECT(ch.ctl, 1); /* all POOL_N outstanding at once */
+    ctl_put(ch.ctl, 2);
+    CTL_EXPECT(ch.ctl, 3);
     ipcref_collect(ctx);
-    CHECK_EQ(stats(ctx).live_slots, 0);
+    CHECK_EQ(stats_of(ctx).live_slots, 0);
     /* Round 2 reused round 1's events. */
     CHECK_EQ(log_count(me, "cuEventCreate", "flags=6 "), POOL_N);
     CHECK_EQ(log_count(me, "cuIpcGetEventHandle", k->ok), POOL_N);
     CHECK_EQ(log_count(me, "cuEventRecord", k->ok), POOL_N * (r + 1));
   }
-  ctl_put(cp[0], 4);
-  CHECK_EQ(reap(pid, g_tmo), 0);
-  pid = -1;
+  ctl_put(ch.ctl, 4);
+  KID_EXIT0(&ch, "consumer");
   ipcref_peer_free(p);
   ipcref_ctx_free(ctx);
   CHECK_EQ(log_count(me, "cuEventDestroy_v2", NULL), 0);
   g_close(&d);
   CHECK_EQ(log_count(me, "cuEventDestroy_v2", k->ok), POOL_N);
 out:
-  close(cp[0]);
-  if (pid > 0) CHECK_EQ(reap(pid, g_tmo), 0);
+  KID_END(&ch, "consumer");
 }
 GPU_TEST(test_event_pool, cuda, &K_CUDA)
 
@@ -1546,13 +1383,13 @@ static int hold_child(void *vp) {
   memset(v, 0, sizeof v);
   if (g_open(a->k, &d) != IPCREF_OK) return 1;
   ctx = mkctx(SEG, &d);
-  p = mkpeer(ctx, a->peer);
+  p = make_peer(ctx, a->peer);
   for (i = 0; i < a->n; i++)
     CHECK_EQ(ipcref_recv_on(p, &v[i], g_tmo, NULL), IPCREF_OK);
   ctl_put(a->ctl, 1);
   CTL_EXPECT(a->ctl, 2);
   for (i = 0; i < a->n; i++) ipcref_view_release(&v[i]);
-  CHECK_EQ(stats(ctx).imported_bufs, 0);
+  CHECK_EQ(stats_of(ctx).imported_bufs, 0);
   ctl_put(a->ctl, 3);
   CTL_EXPECT(a->ctl, 4);
   ipcref_peer_free(p);
@@ -1562,9 +1399,9 @@ static int hold_child(void *vp) {
 }
 
 static void test_oom_sweep(const kind *k) {
-  int pp[2], cp[2], i;
+  int i;
   struct hold_arg a;
-  pid_t pid;
+  kid ch;
   gdrv d;
   ipcref_ctx *ctx;
   ipcref_peer *p;
@@ -1573,21 +1410,15 @@ static void test_oom_sweep(const kind *k) {
   uint64_t sweeps;
   ipcref_result r;
   knob_num(k, "MEM_LIMIT", (long long)(2 * OOM_SEG));
-  pair(pp);
-  pair(cp);
+  kid_open(&ch, 1, SOCK_SEQPACKET);
   a.k = k;
-  a.peer = pp[1];
-  a.ctl = cp[1];
+  a.peer = ch.their_sock[0];
+  a.ctl = ch.their_ctl;
   a.n = 2;
-  {
-    int cl[] = {pp[0], cp[0]};
-    pid = spawn(hold_child, &a, cl, 2);
-  }
-  close(pp[1]);
-  close(cp[1]);
+  kid_fork(&ch, hold_child, &a, -1);
   if (g_open(k, &d) != IPCREF_OK) goto out;
   ctx = mkctx(OOM_SEG, &d);
-  p = mkpeer(ctx, pp[0]);
+  p = kid_peer(&ch, 0, ctx);
   /* Two blocks of a segment each: the device is full. */
   for (i = 0; i < 2; i++) {
     ipcref_view v;
@@ -1598,13 +1429,13 @@ static void test_oom_sweep(const kind *k) {
     ipcref_view_release(&v);
     ipcref_buf_release(b[i]);
   }
-  CTL_EXPECT(cp[0], 1);
-  st = stats(ctx);
+  CTL_EXPECT(ch.ctl, 1);
+  st = stats_of(ctx);
   CHECK_EQ(st.limbo_blocks, 2);
   CHECK_EQ(st.device_bytes, 2 * OOM_SEG);
   /* The consumer holds both: nothing to sweep, no memory. */
   r = g_alloc(ctx, k, 0, OOM_SEG, &c);
-  st = stats(ctx);
+  st = stats_of(ctx);
   CHECK_EQ(r, IPCREF_ENOMEM);
   CHECK(c == NULL);
   CHECK(strstr(g_err(k), k->oom) != NULL);
@@ -1614,15 +1445,15 @@ static void test_oom_sweep(const kind *k) {
   c = NULL;
   /* It lets go; nobody sweeps; the next allocation does, and succeeds. */
   sweeps = st.sweeps;
-  ctl_put(cp[0], 2);
-  CTL_EXPECT(cp[0], 3);
+  ctl_put(ch.ctl, 2);
+  CTL_EXPECT(ch.ctl, 3);
   {
     int fails = log_count(getpid(), k->c_alloc, k->oom);
     CHECK_EQ(g_alloc(ctx, k, 0, OOM_SEG, &c), IPCREF_OK);
     /* It failed at the driver first (the limbo still held the memory). */
     CHECK_EQ(log_count(getpid(), k->c_alloc, k->oom), fails + 1);
   }
-  st = stats(ctx);
+  st = stats_of(ctx);
   CHECK(st.sweeps > sweeps);
   CHECK_EQ(st.limbo_blocks, 0);
   CHECK_EQ(st.live_slots, 0);
@@ -1636,9 +1467,8 @@ static void test_oom_sweep(const kind *k) {
   ipcref_buf_release(c);
   ipcref_buf_release(e);
   ipcref_buf_release(big);
-  ctl_put(cp[0], 4);
-  CHECK_EQ(reap(pid, g_tmo), 0);
-  pid = -1;
+  ctl_put(ch.ctl, 4);
+  KID_EXIT0(&ch, "consumer");
 done:
   ipcref_peer_free(p);
   ipcref_ctx_free(ctx);
@@ -1647,8 +1477,7 @@ done:
   CHECK_EQ(log_count(getpid(), k->c_free, k->ok),
            log_count(getpid(), k->c_alloc, k->ok));
 out:
-  close(cp[0]);
-  if (pid > 0) CHECK_EQ(reap(pid, g_tmo), 0);
+  KID_END(&ch, "consumer");
 }
 GPU_TEST(test_oom_sweep, cuda, &K_CUDA)
 GPU_TEST(test_oom_sweep, hip, &K_HIP)
@@ -1659,29 +1488,23 @@ GPU_TEST(test_oom_sweep, hip, &K_HIP)
  * no pidfd_open, by polling ipcref_collect) and reclaims everything. */
 
 static void test_consumer_killed(const kind *k) {
-  int pp[2], cp[2], i, status;
+  int i;
   struct hold_arg a;
-  pid_t pid;
+  kid ch;
   gdrv d;
   ipcref_ctx *ctx;
   ipcref_peer *p;
   ipcref_stats st;
   const int n = 6; /* 16 KiB blocks in 64 KiB segments: two segments */
-  pair(pp);
-  pair(cp);
+  kid_open(&ch, 1, SOCK_SEQPACKET);
   a.k = k;
-  a.peer = pp[1];
-  a.ctl = cp[1];
+  a.peer = ch.their_sock[0];
+  a.ctl = ch.their_ctl;
   a.n = n;
-  {
-    int cl[] = {pp[0], cp[0]};
-    pid = spawn(hold_child, &a, cl, 2);
-  }
-  close(pp[1]);
-  close(cp[1]);
+  kid_fork(&ch, hold_child, &a, -1);
   if (g_open(k, &d) != IPCREF_OK) goto out;
   ctx = mkctx(OOM_SEG, &d);
-  p = mkpeer(ctx, pp[0]);
+  p = kid_peer(&ch, 0, ctx);
   for (i = 0; i < n; i++) {
     ipcref_buf *b = NULL;
     ipcref_view v;
@@ -1692,16 +1515,13 @@ static void test_consumer_killed(const kind *k) {
     ipcref_view_release(&v);
     ipcref_buf_release(b);
   }
-  CTL_EXPECT(cp[0], 1); /* it holds them all */
-  st = stats(ctx);
+  CTL_EXPECT(ch.ctl, 1); /* it holds them all */
+  st = stats_of(ctx);
   CHECK_EQ(st.limbo_blocks, n);
   CHECK_EQ(st.live_slots, n);
   CHECK_EQ(st.device_bytes, 2 * OOM_SEG);
-  kill(pid, SIGKILL);
-  status = reap(pid, g_tmo);
-  CHECK_EQ(status, 128 + SIGKILL);
-  pid = -1;
-  if (!g_vg) {
+  KID_KILL(&ch, "consumer");
+  if (!under_valgrind) {
     struct pollfd pf;
     size_t freed = 0;
     pf.fd = ipcref_ctx_poll_fd(ctx);
@@ -1712,15 +1532,15 @@ static void test_consumer_killed(const kind *k) {
     CHECK_EQ(ipcref_ctx_poll(ctx, 0, &freed), IPCREF_OK);
     CHECK(freed >= (size_t)n * 16384);
   } else {
-    double end = now_ms() + g_tmo;
+    long end = now_ms() + g_tmo;
     do {
       ipcref_collect(ctx);
-      st = stats(ctx);
+      st = stats_of(ctx);
       if (st.limbo_blocks == 0) break;
-      sleep_ms(10);
+      sleep_us(10 * 1000L);
     } while (now_ms() < end);
   }
-  st = stats(ctx);
+  st = stats_of(ctx);
   CHECK_EQ(st.live_slots, 0);
   CHECK_EQ(st.limbo_blocks, 0);
   CHECK_EQ(st.live_bufs, 0);
@@ -1733,8 +1553,7 @@ static void test_consumer_killed(const kind *k) {
   CHECK_EQ(log_count(getpid(), k->c_alloc, k->ok), 2);
   CHECK_EQ(log_count(getpid(), k->c_free, k->ok), 2);
 out:
-  close(cp[0]);
-  if (pid > 0) CHECK_EQ(reap(pid, g_tmo), 0);
+  KID_END(&ch, "consumer");
 }
 GPU_TEST(test_consumer_killed, cuda, &K_CUDA)
 GPU_TEST(test_consumer_killed, hip, &K_HIP)
@@ -1785,7 +1604,7 @@ static void test_open_errors(const kind *k) {
     knob(k, "DEVICES", NULL);
     /* The real HIP 5 runtime, where installed (no GPU here; not under
      * valgrind: ROCm's libraries keep what they allocate at load). */
-    if (g_hip_real && !g_vg)
+    if (g_hip_real && !under_valgrind)
       expect_open_fails(k, g_hip_real, "no ROCm-capable device");
   }
   /* And then it opens, with nothing left of the failures. */
@@ -1812,16 +1631,16 @@ static void test_self_import(const kind *k) {
   ipcref_view v, w;
   memset(&w, 0, sizeof w);
   knob(k, "HOSTPTR", "none");
-  pair(sv);
+  xsocketpair(SOCK_SEQPACKET, sv);
   if (g_open(k, &d) != IPCREF_OK) {
-    close(sv[0]);
-    close(sv[1]);
+    tclose(sv[0]);
+    tclose(sv[1]);
     return;
   }
   ca = mkctx(SEG, &d);
   cb = mkctx(SEG, &d);
-  pa = mkpeer(ca, sv[0]);
-  pb = mkpeer(cb, sv[1]);
+  pa = make_peer(ca, sv[0]);
+  pb = make_peer(cb, sv[1]);
   CHECK_EQ(g_alloc(ca, k, 0, 4096, &b), IPCREF_OK);
   if (b) {
     dev_fill(&d, ipcref_buf_data(b), 4096, 0x99, 0);
@@ -1841,11 +1660,11 @@ static void test_self_import(const kind *k) {
   CHECK_EQ(log_count(0, k->c_close, NULL), 0);
   ipcref_collect(ca);
   {
-    ipcref_stats st = stats(ca);
+    ipcref_stats st = stats_of(ca);
     CHECK_EQ(st.live_slots, 0);
     CHECK_EQ(st.limbo_blocks, 0);
   }
-  CHECK_EQ(stats(cb).imported_bufs, 0);
+  CHECK_EQ(stats_of(cb).imported_bufs, 0);
   ipcref_peer_free(pa);
   ipcref_peer_free(pb);
   ipcref_ctx_free(cb);
@@ -1866,15 +1685,15 @@ typedef struct one_ctx {
 /* 0 when the driver cannot be opened (g_open said why). */
 static int one_ctx_open(const kind *k, one_ctx *o) {
   int sv[2];
-  pair(sv);
+  xsocketpair(SOCK_SEQPACKET, sv);
   if (g_open(k, &o->d) != IPCREF_OK) {
-    close(sv[0]);
-    close(sv[1]);
+    tclose(sv[0]);
+    tclose(sv[1]);
     return 0;
   }
   o->ctx = mkctx(SEG, &o->d);
-  o->pa = mkpeer(o->ctx, sv[0]);
-  o->pb = mkpeer(o->ctx, sv[1]);
+  o->pa = make_peer(o->ctx, sv[0]);
+  o->pb = make_peer(o->ctx, sv[1]);
   return 1;
 }
 
@@ -1882,7 +1701,7 @@ static int one_ctx_open(const kind *k, one_ctx *o) {
 static void one_ctx_close(one_ctx *o) {
   ipcref_stats st;
   ipcref_collect(o->ctx);
-  st = stats(o->ctx);
+  st = stats_of(o->ctx);
   CHECK_EQ(st.live_slots, 0);
   CHECK_EQ(st.limbo_blocks, 0);
   CHECK_EQ(st.imported_bufs, 0);
@@ -1985,16 +1804,16 @@ static void test_not_ipc_capable(const kind *k) {
   ipcref_stats st;
   memset(&rc, 0, sizeof rc);
   memset(&w, 0, sizeof w);
-  pair(sv);
+  xsocketpair(SOCK_SEQPACKET, sv);
   if (g_open(k, &d) != IPCREF_OK) {
-    close(sv[0]);
-    close(sv[1]);
+    tclose(sv[0]);
+    tclose(sv[1]);
     return;
   }
   ca = mkctx(SEG, &d);
   cb = mkctx(SEG, &d);
-  pa = mkpeer(ca, sv[0]);
-  pb = mkpeer(cb, sv[1]);
+  pa = make_peer(ca, sv[0]);
+  pb = make_peer(cb, sv[1]);
   g_cur(&d);
   CHECK_EQ(d.vmm(&vmm, 65536), 0);
   CHECK_EQ(g_wrap(ca, k, 0, (char *)vmm + 4096, 4096, count_release, &rc, &b),
@@ -2006,7 +1825,7 @@ static void test_not_ipc_capable(const kind *k) {
       printf("    ipcref_%s_error(): \"%s\"\n", k->name, g_err(k));
       CHECK(!"mentions legacy IPC");
     }
-    st = stats(ca);
+    st = stats_of(ca);
     CHECK_EQ(st.live_slots, 0);
     CHECK_EQ(st.live_bufs, 1);
     /* Nothing went out. */
@@ -2015,7 +1834,7 @@ static void test_not_ipc_capable(const kind *k) {
     ipcref_buf_release(b);
     CHECK_EQ(rc.n, 1);
     CHECK(rc.ptr == (char *)vmm + 4096);
-    st = stats(ca);
+    st = stats_of(ca);
     CHECK_EQ(st.live_bufs, 0);
     CHECK_EQ(st.limbo_blocks, 0);
   }
@@ -2031,7 +1850,7 @@ static void test_not_ipc_capable(const kind *k) {
     ipcref_buf_release(ok);
   }
   ipcref_collect(ca);
-  st = stats(ca);
+  st = stats_of(ca);
   CHECK_EQ(st.live_slots, 0);
   CHECK_EQ(st.limbo_blocks, 0);
   ipcref_peer_free(pa);
@@ -2059,7 +1878,7 @@ static int freed_child(void *vp) {
   memset(&v, 0, sizeof v);
   if (g_open(a->k, &d) != IPCREF_OK) return 1;
   ctx = mkctx(SEG, &d);
-  p = mkpeer(ctx, a->peer);
+  p = make_peer(ctx, a->peer);
   CTL_EXPECT(a->ctl, 1); /* sent, and freed */
   CHECK_EQ(ipcref_recv_on(p, &v, g_tmo, NULL), IPCREF_EPROTO);
   CHECK(v.buf == NULL);
@@ -2067,7 +1886,7 @@ static int freed_child(void *vp) {
     printf("    ipcref_%s_error(): \"%s\"\n", a->k->name, g_err(a->k));
     CHECK(!"says the open failed");
   }
-  CHECK_EQ(stats(ctx).imported_bufs, 0);
+  CHECK_EQ(stats_of(ctx).imported_bufs, 0);
   ctl_put(a->ctl, 2);
   ipcref_peer_free(p);
   ipcref_ctx_free(ctx);
@@ -2076,9 +1895,8 @@ static int freed_child(void *vp) {
 }
 
 static void test_freed_handle(const kind *k) {
-  int pp[2], cp[2];
   struct wrap_arg a;
-  pid_t pid;
+  kid ch;
   gdrv d;
   ipcref_ctx *ctx;
   ipcref_peer *p;
@@ -2087,22 +1905,16 @@ static void test_freed_handle(const kind *k) {
   ipcref_stats st;
   void *alloc = NULL;
   struct relcount rc;
-  double end;
+  long end;
   memset(&rc, 0, sizeof rc);
-  pair(pp);
-  pair(cp);
+  kid_open(&ch, 1, SOCK_SEQPACKET);
   a.k = k;
-  a.peer = pp[1];
-  a.ctl = cp[1];
-  {
-    int cl[] = {pp[0], cp[0]};
-    pid = spawn(freed_child, &a, cl, 2);
-  }
-  close(pp[1]);
-  close(cp[1]);
+  a.peer = ch.their_sock[0];
+  a.ctl = ch.their_ctl;
+  kid_fork(&ch, freed_child, &a, -1);
   if (g_open(k, &d) != IPCREF_OK) goto out;
   ctx = mkctx(SEG, &d);
-  p = mkpeer(ctx, pp[0]);
+  p = kid_peer(&ch, 0, ctx);
   CHECK_EQ(g_malloc(&d, 65536, &alloc), 0);
   CHECK_EQ(g_wrap(ctx, k, 0, alloc, 4096, count_release, &rc, &b), IPCREF_OK);
   if (b) {
@@ -2112,18 +1924,17 @@ static void test_freed_handle(const kind *k) {
     ipcref_buf_release(b);
   }
   CHECK_EQ(g_free(&d, alloc), 0); /* under the lease: the misuse */
-  ctl_put(cp[0], 1);
-  CTL_EXPECT(cp[0], 2);
-  CHECK_EQ(reap(pid, g_tmo), 0);
-  pid = -1;
+  ctl_put(ch.ctl, 1);
+  CTL_EXPECT(ch.ctl, 2);
+  KID_EXIT0(&ch, "consumer");
   CHECK_EQ(log_count(0, k->c_open, k->ok), 0);
   CHECK_EQ(log_count(0, k->c_open, NULL), 1);
   end = now_ms() + g_tmo;
   do { /* the consumer is gone: its lease with it */
     ipcref_collect(ctx);
-    st = stats(ctx);
+    st = stats_of(ctx);
     if (st.live_slots == 0) break;
-    sleep_ms(5);
+    sleep_us(5 * 1000L);
   } while (now_ms() < end);
   CHECK_EQ(st.live_slots, 0);
   CHECK_EQ(st.limbo_blocks, 0);
@@ -2132,8 +1943,7 @@ static void test_freed_handle(const kind *k) {
   ipcref_ctx_free(ctx);
   g_close(&d);
 out:
-  close(cp[0]);
-  if (pid > 0) CHECK_EQ(reap(pid, g_tmo), 0);
+  KID_END(&ch, "consumer");
 }
 GPU_TEST(test_freed_handle, cuda, &K_CUDA)
 GPU_TEST(test_freed_handle, hip, &K_HIP)
@@ -2182,7 +1992,7 @@ static int devop_child(void *vp) {
   memset(&v, 0, sizeof v);
   if (g_open(a->k, &d) != IPCREF_OK) return 1;
   ctx = mkctx(SEG, &d);
-  p = mkpeer(ctx, a->peer);
+  p = make_peer(ctx, a->peer);
   CHECK_EQ(ipcref_recv_on(p, &v, g_tmo, NULL), IPCREF_OK);
   if (v.buf) {
     check_dev(v.buf, a->k->type, 1); /* device 1 travelled */
@@ -2199,9 +2009,8 @@ static int devop_child(void *vp) {
 }
 
 static void test_device_ops(const kind *k) {
-  int pp[2], cp[2];
   struct devop_arg a;
-  pid_t pid;
+  kid ch;
   gdrv d;
   ipcref_ctx *ctx;
   ipcref_peer *p;
@@ -2209,20 +2018,14 @@ static void test_device_ops(const kind *k) {
   ipcref_view v;
   ipcref_device other;
   knob(k, "DEVICES", "2");
-  pair(pp);
-  pair(cp);
+  kid_open(&ch, 1, SOCK_SEQPACKET);
   a.k = k;
-  a.peer = pp[1];
-  a.ctl = cp[1];
-  {
-    int cl[] = {pp[0], cp[0]};
-    pid = spawn(devop_child, &a, cl, 2);
-  }
-  close(pp[1]);
-  close(cp[1]);
+  a.peer = ch.their_sock[0];
+  a.ctl = ch.their_ctl;
+  kid_fork(&ch, devop_child, &a, -1);
   if (g_open(k, &d) != IPCREF_OK) goto out;
   ctx = mkctx(SEG, &d);
-  p = mkpeer(ctx, pp[0]);
+  p = kid_peer(&ch, 0, ctx);
   CHECK_EQ(g_alloc(ctx, k, 0, 4096, &b0), IPCREF_OK);
   CHECK_EQ(g_alloc(ctx, k, 1, 4096, &b1), IPCREF_OK);
   if (b0 && b1) {
@@ -2253,21 +2056,19 @@ static void test_device_ops(const kind *k) {
   CHECK(x == NULL);
   CHECK_EQ(g_alloc(ctx, k, 1000, 4096, &x), IPCREF_ENODEV);
   CHECK(x == NULL);
-  CTL_EXPECT(cp[0], 1);
+  CTL_EXPECT(ch.ctl, 1);
   ipcref_collect(ctx);
-  CHECK_EQ(stats(ctx).live_slots, 0);
-  CHECK_EQ(stats(ctx).limbo_blocks, 0);
-  ctl_put(cp[0], 2);
-  CHECK_EQ(reap(pid, g_tmo), 0);
-  pid = -1;
+  CHECK_EQ(stats_of(ctx).live_slots, 0);
+  CHECK_EQ(stats_of(ctx).limbo_blocks, 0);
+  ctl_put(ch.ctl, 2);
+  KID_EXIT0(&ch, "consumer");
   ipcref_peer_free(p);
   ipcref_ctx_free(ctx);
   g_close(&d);
   CHECK_EQ(log_count(getpid(), k->c_free, k->ok),
            log_count(getpid(), k->c_alloc, k->ok));
 out:
-  close(cp[0]);
-  if (pid > 0) CHECK_EQ(reap(pid, g_tmo), 0);
+  KID_END(&ch, "consumer");
 }
 GPU_TEST(test_device_ops, cuda, &K_CUDA)
 GPU_TEST(test_device_ops, hip, &K_HIP)
@@ -2284,7 +2085,7 @@ static int nobackend_child(void *vp) {
   memset(&v, 0, sizeof v);
   fds = count_fds();      /* with the peer's socket */
   ctx = mkctx(SEG, NULL); /* no driver here at all */
-  p = mkpeer(ctx, a->peer);
+  p = make_peer(ctx, a->peer);
   CHECK_EQ(ipcref_recv_on(p, &v, g_tmo, NULL), IPCREF_ENODEV);
   CHECK(v.buf == NULL);
   CHECK_EQ(ipcref_recv(p, &v, g_tmo), IPCREF_OK);
@@ -2297,7 +2098,7 @@ static int nobackend_child(void *vp) {
     CHECK(good);
     ipcref_view_release(&v);
   }
-  st = stats(ctx);
+  st = stats_of(ctx);
   CHECK_EQ(st.imported_bufs, 0);
   ctl_put(a->ctl, 1);
   CTL_EXPECT(a->ctl, 2);
@@ -2308,29 +2109,22 @@ static int nobackend_child(void *vp) {
 }
 
 static void test_no_backend_consumer(const kind *k) {
-  int pp[2], cp[2];
   struct devop_arg a;
-  pid_t pid;
+  kid ch;
   gdrv d;
   ipcref_ctx *ctx;
   ipcref_peer *p;
   ipcref_buf *b = NULL, *h = NULL;
   ipcref_view v;
   ipcref_stats st;
-  pair(pp);
-  pair(cp);
+  kid_open(&ch, 1, SOCK_SEQPACKET);
   a.k = k;
-  a.peer = pp[1];
-  a.ctl = cp[1];
-  {
-    int cl[] = {pp[0], cp[0]};
-    pid = spawn(nobackend_child, &a, cl, 2);
-  }
-  close(pp[1]);
-  close(cp[1]);
+  a.peer = ch.their_sock[0];
+  a.ctl = ch.their_ctl;
+  kid_fork(&ch, nobackend_child, &a, -1);
   if (g_open(k, &d) != IPCREF_OK) goto out;
   ctx = mkctx(SEG, &d);
-  p = mkpeer(ctx, pp[0]);
+  p = kid_peer(&ch, 0, ctx);
   CHECK_EQ(g_alloc(ctx, k, 0, 4096, &b), IPCREF_OK);
   CHECK_EQ(ipcref_shared_new(ctx, 4096, &h), IPCREF_OK);
   if (b && h) {
@@ -2346,9 +2140,9 @@ static void test_no_backend_consumer(const kind *k) {
   }
   ipcref_buf_release(b);
   ipcref_buf_release(h);
-  CTL_EXPECT(cp[0], 1);
+  CTL_EXPECT(ch.ctl, 1);
   ipcref_collect(ctx);
-  st = stats(ctx);
+  st = stats_of(ctx);
   /* The host view came back. The device view's lease: the consumer never
    * took it, and lives on. */
   if (st.live_slots != 0)
@@ -2357,16 +2151,15 @@ static void test_no_backend_consumer(const kind *k) {
            st.live_slots, st.limbo_blocks);
   CHECK_EQ(st.live_slots, 0);
   CHECK_EQ(st.limbo_blocks, 0);
-  ctl_put(cp[0], 2);
-  CHECK_EQ(reap(pid, g_tmo), 0);
-  pid = -1;
+  ctl_put(ch.ctl, 2);
+  KID_EXIT0(&ch, "consumer");
   {
-    double end = now_ms() + g_tmo;
+    long end = now_ms() + g_tmo;
     do { /* once it exited, whatever it held is reclaimed */
       ipcref_collect(ctx);
-      st = stats(ctx);
+      st = stats_of(ctx);
       if (st.live_slots == 0) break;
-      sleep_ms(5);
+      sleep_us(5 * 1000L);
     } while (now_ms() < end);
   }
   CHECK_EQ(st.live_slots, 0);
@@ -2375,8 +2168,7 @@ static void test_no_backend_consumer(const kind *k) {
   ipcref_ctx_free(ctx);
   g_close(&d);
 out:
-  close(cp[0]);
-  if (pid > 0) CHECK_EQ(reap(pid, g_tmo), 0);
+  KID_END(&ch, "consumer");
 }
 GPU_TEST(test_no_backend_consumer, cuda, &K_CUDA)
 GPU_TEST(test_no_backend_consumer, hip, &K_HIP)
@@ -2528,9 +2320,9 @@ static void test_bad_args(const kind *k) {
     int sv[2];
     ipcref_peer *p, *q;
     ipcref_view v;
-    pair(sv);
-    p = mkpeer(ctx, sv[0]);
-    q = mkpeer(ctx, sv[1]);
+    xsocketpair(SOCK_SEQPACKET, sv);
+    p = make_peer(ctx, sv[0]);
+    q = make_peer(ctx, sv[1]);
     CHECK_EQ(ipcref_recv_on(p, NULL, 0, NULL), IPCREF_EINVAL);
     CHECK_EQ(ipcref_send_on(p, NULL, NULL), IPCREF_EINVAL);
     /* Not a shared buffer: a plain device wrap cannot be sent. */
@@ -2647,15 +2439,16 @@ int main(void) {
   g_hip_real = getenv("IPCREF_HIP_REAL");
   if (!g_hip_real) g_hip_real = "/usr/lib/x86_64-linux-gnu/libamdhip64.so.5";
   if (!*g_hip_real || stat(g_hip_real, &sb) != 0) g_hip_real = NULL;
-  g_vg = harness_env_long("IPCREF_UNDER_VALGRIND", 0) != 0;
-  g_tmo = g_vg ? 60000 : 10000;
-  g_work_us = g_vg ? 400000 : 50000;
-  g_fence_us = g_vg ? 2000000 : 300000;
+  fixture_start(); /* under_valgrind: IPCREF_UNDER_VALGRIND=1 */
+  g_tmo = under_valgrind ? 60000 : 10000;
+  g_work_us = under_valgrind ? 400000 : 50000;
+  g_fence_us = under_valgrind ? 2000000 : 300000;
   snprintf(g_tmp, sizeof g_tmp, "/tmp/ipcref_gpu_XXXXXX");
   if (!mkdtemp(g_tmp)) {
     perror("mkdtemp");
     return 1;
   }
+  fds_ignore = g_tmp; /* the fakes' logs, whose fds outlive dlclose */
   knobs_reset();
 
 /* A case of each half that runs, CUDA's first. */

@@ -40,103 +40,16 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "harness.h"
-
 #define IPCREF_IMPLEMENTATION
 #include "ipcref.h"
 
-#if defined(__SANITIZE_ADDRESS__)
-#define UNDER_ASAN 1
-#elif defined(__has_feature)
-#if __has_feature(address_sanitizer)
-#define UNDER_ASAN 1
-#endif
-#endif
-#ifndef UNDER_ASAN
-#define UNDER_ASAN 0
-#endif
-
 #define WAIT_MS       20000 /* longest wait for a control byte or a view */
-#define CHILD_ALARM_S 60    /* a child never outlives this */
+#define CTL_MS        WAIT_MS
+#define REAP_MS       WAIT_MS
+#define CHILD_ALARM_S 60 /* a child never outlives this */
 #define NOBODY        65534u
 
-static int under_valgrind;
-
-/* ------------------------------------------------------------ resources */
-
-static int count_fds(void) {
-  DIR *d = opendir("/proc/self/fd");
-  struct dirent *e;
-  int n = 0;
-  if (!d) return -1;
-  while ((e = readdir(d)) != NULL)
-    if (e->d_name[0] != '.') n++;
-  closedir(d);
-  return n;
-}
-
-/* Mappings, and memfd mappings, in /proc/self/maps (read with read(2) into
- * static buffers: counting must not allocate). Adjacent lines with the same
- * permissions and name count once (the kernel splits and merges them). */
-static void count_maps(int *all, int *memfd) {
-  static char buf[1 << 16], line[512], prev[256];
-  unsigned long prev_end = 0;
-  size_t len = 0, i;
-  ssize_t n;
-  int fd = open("/proc/self/maps", O_RDONLY | O_CLOEXEC);
-  *all = *memfd = 0;
-  prev[0] = 0;
-  if (fd < 0) return;
-  while ((n = read(fd, buf, sizeof buf)) > 0)
-    for (i = 0; i < (size_t)n; i++) {
-      unsigned long start, end;
-      const char *rest;
-      if (buf[i] != '\n') {
-        if (len < sizeof line - 1) line[len++] = buf[i];
-        continue;
-      }
-      line[len] = 0;
-      len = 0;
-      rest = strchr(line, ' ');
-      if (sscanf(line, "%lx-%lx", &start, &end) != 2 || !rest) continue;
-      if (strstr(line, "/memfd:")) (*memfd)++;
-      if (!(start == prev_end && strncmp(rest, prev, 5) == 0 && prev[0] &&
-            strcmp(strrchr(rest, ' '), strrchr(prev, ' ')) == 0))
-        (*all)++;
-      prev_end = end;
-      snprintf(prev, sizeof prev, "%s", rest);
-    }
-  close(fd);
-}
-
-typedef struct res_mark {
-  int fds, maps, memfd_maps;
-} res_mark;
-
-static void res_begin(res_mark *m) {
-  m->fds = count_fds();
-  count_maps(&m->maps, &m->memfd_maps);
-}
-
-static void res_end_at(const res_mark *m, int line) {
-  int fds = count_fds(), maps, memfd_maps;
-  count_maps(&maps, &memfd_maps);
-  if (fds != m->fds) {
-    harness_failures_in_test++;
-    printf("    %s:%d: open fds %d, %d before\n", __FILE__, line, fds, m->fds);
-  }
-  if (memfd_maps != m->memfd_maps) {
-    harness_failures_in_test++;
-    printf("    %s:%d: memfd mappings %d, %d before\n", __FILE__, line,
-           memfd_maps, m->memfd_maps);
-  }
-  if (!UNDER_ASAN && !under_valgrind && maps != m->maps) {
-    harness_failures_in_test++;
-    printf("    %s:%d: mappings %d, %d before\n", __FILE__, line, maps,
-           m->maps);
-  }
-}
-#define RES_END(m) res_end_at(m, __LINE__)
+#include "share_fixture.h"
 
 /* CHECK that a system call failed with `err`. */
 #define CHECK_ERRNO(expr, err)                                                 \
@@ -150,173 +63,6 @@ static void res_end_at(const res_mark *m, int line) {
              strerror(check_errno_), #err);                                    \
     }                                                                          \
   } while (0)
-
-static ipcref_stats stats_of(ipcref_ctx *ctx) {
-  ipcref_stats s;
-  memset(&s, 0, sizeof s);
-  CHECK_EQ(ipcref_ctx_stats(ctx, &s), IPCREF_OK);
-  return s;
-}
-
-/* ------------------------------------------------------------ processes */
-
-typedef int (*child_fn)(void *arg);
-
-/* Forks a child running fn(arg); it exits 0 when fn returned 0 and no
- * CHECK failed in it. The parent closes nothing: callers close the child's
- * ends of their sockets right after. */
-static pid_t spawn(child_fn fn, void *arg) {
-  pid_t pid;
-  fflush(stdout);
-  fflush(stderr);
-  pid = fork();
-  if (pid < 0) {
-    CHECK(!"fork");
-    return -1;
-  }
-  if (pid == 0) {
-    int base = harness_failures_in_test, rc;
-    alarm(CHILD_ALARM_S);
-    rc = fn(arg);
-    fflush(stdout);
-    _exit(rc != 0 || harness_failures_in_test != base ? 1 : 0);
-  }
-  return pid;
-}
-
-static long now_ms(void) {
-  struct timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return (long)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
-}
-
-/* Waits for the child (killing it after timeout_ms); 1 when it exited 0. */
-static int reap_ok_at(pid_t pid, const char *who, int line) {
-  int st = 0;
-  long end = now_ms() + WAIT_MS;
-  struct timespec ms = {0, 1000000};
-  if (pid <= 0) return 0;
-  for (;;) {
-    pid_t r = waitpid(pid, &st, WNOHANG);
-    if (r == pid) break;
-    if (r < 0 && errno != EINTR) {
-      st = -1;
-      break;
-    }
-    if (now_ms() > end) {
-      kill(pid, SIGKILL);
-      waitpid(pid, &st, 0);
-      printf("    %s:%d: %s timed out: killed\n", __FILE__, line, who);
-      st = -1;
-      break;
-    }
-    nanosleep(&ms, NULL);
-  }
-  if (st != -1 && WIFEXITED(st) && WEXITSTATUS(st) == 0) return 1;
-  harness_failures_in_test++;
-  if (st != -1 && WIFSIGNALED(st))
-    printf("    %s:%d: %s killed by signal %d\n", __FILE__, line, who,
-           WTERMSIG(st));
-  else if (st != -1)
-    printf("    %s:%d: %s exited with %d\n", __FILE__, line, who,
-           WEXITSTATUS(st));
-  return 0;
-}
-#define REAP_OK(pid, who) reap_ok_at(pid, who, __LINE__)
-
-static int pair(int type, int sv[2]) {
-  if (socketpair(AF_UNIX, type | SOCK_CLOEXEC, 0, sv) == 0) return 0;
-  CHECK(!"socketpair");
-  sv[0] = sv[1] = -1;
-  return -1;
-}
-
-/* Control bytes over a SOCK_SEQPACKET pair. */
-static void ctl_put(int fd, char c) {
-  CHECK_EQ(send(fd, &c, 1, MSG_NOSIGNAL), 1);
-}
-static char ctl_get(int fd) {
-  struct pollfd pf;
-  char c = 0;
-  int r;
-  pf.fd = fd;
-  pf.events = POLLIN;
-  pf.revents = 0;
-  do r = poll(&pf, 1, WAIT_MS);
-  while (r < 0 && errno == EINTR);
-  if (r != 1 || recv(fd, &c, 1, 0) != 1) return 0;
-  return c;
-}
-#define CTL_EXPECT(fd, c) CHECK_EQ(ctl_get(fd), c)
-
-/* An own transport for ipcref_export/ipcref_import: bytes and fds in one
- * SOCK_SEQPACKET packet. */
-static int xfer_send(int fd, const ipcref_msg *m) {
-  union {
-    char buf[CMSG_SPACE(sizeof(int) * IPCREF_MSG_MAX_FDS)];
-    struct cmsghdr align;
-  } u;
-  struct msghdr mh;
-  struct iovec iov;
-  memset(&mh, 0, sizeof mh);
-  memset(&u, 0, sizeof u);
-  iov.iov_base = (void *)(uintptr_t)m->bytes;
-  iov.iov_len = m->len;
-  mh.msg_iov = &iov;
-  mh.msg_iovlen = 1;
-  if (m->nfds > 0) {
-    struct cmsghdr *c;
-    mh.msg_control = u.buf;
-    mh.msg_controllen = CMSG_SPACE(sizeof(int) * (size_t)m->nfds);
-    c = CMSG_FIRSTHDR(&mh);
-    c->cmsg_level = SOL_SOCKET;
-    c->cmsg_type = SCM_RIGHTS;
-    c->cmsg_len = CMSG_LEN(sizeof(int) * (size_t)m->nfds);
-    memcpy(CMSG_DATA(c), m->fds, sizeof(int) * (size_t)m->nfds);
-  }
-  return sendmsg(fd, &mh, MSG_NOSIGNAL) == (ssize_t)m->len ? 0 : -1;
-}
-
-static int xfer_recv(int fd, ipcref_msg *m) {
-  union {
-    char buf[CMSG_SPACE(sizeof(int) * IPCREF_MSG_MAX_FDS)];
-    struct cmsghdr align;
-  } u;
-  struct msghdr mh;
-  struct iovec iov;
-  struct cmsghdr *c;
-  struct pollfd pf;
-  ssize_t r;
-  memset(m, 0, sizeof *m);
-  memset(&mh, 0, sizeof mh);
-  pf.fd = fd;
-  pf.events = POLLIN;
-  pf.revents = 0;
-  if (poll(&pf, 1, WAIT_MS) != 1) return -1;
-  iov.iov_base = m->bytes;
-  iov.iov_len = sizeof m->bytes;
-  mh.msg_iov = &iov;
-  mh.msg_iovlen = 1;
-  mh.msg_control = u.buf;
-  mh.msg_controllen = sizeof u.buf;
-  r = recvmsg(fd, &mh, MSG_CMSG_CLOEXEC);
-  if (r <= 0) return -1;
-  m->len = (size_t)r;
-  for (c = CMSG_FIRSTHDR(&mh); c; c = CMSG_NXTHDR(&mh, c))
-    if (c->cmsg_level == SOL_SOCKET && c->cmsg_type == SCM_RIGHTS) {
-      int n = (int)((c->cmsg_len - CMSG_LEN(0)) / sizeof(int));
-      memcpy(m->fds + m->nfds, CMSG_DATA(c), sizeof(int) * (size_t)n);
-      m->nfds += n;
-    }
-  return 0;
-}
-
-static void msg_close_fds(ipcref_msg *m) {
-  int i;
-  for (i = 0; i < m->nfds && i < IPCREF_MSG_MAX_FDS; i++)
-    if (m->fds[i] >= 0) close(m->fds[i]);
-  m->nfds = 0;
-}
 
 /* ------------------------------------------------------------ data */
 
@@ -593,8 +339,7 @@ static int reopen(int fd, int flags) {
  * over a socketpair; `tmpl` is a genuine one-view message with both fds
  * (segment and ledger), which the cases below copy and break. */
 static struct {
-  ipcref_ctx *P, *C;
-  ipcref_peer *pp, *cp;
+  local_pair l; /* prod P, cons C; their peers pp, cp */
   ipcref_view v;
   ipcref_msg tmpl; /* owns its fds; origin NULL */
   wmsg w;
@@ -631,7 +376,7 @@ typedef struct evil_mark {
 
 static void evil_begin(evil_mark *m) {
   res_begin(&m->res);
-  m->st = stats_of(A.C);
+  m->st = stats_of(A.l.cons);
 }
 
 /* Imports `msg` on the consumer: it must be refused with EPROTO, its fds
@@ -643,7 +388,7 @@ static void evil_end_at(const evil_mark *m, ipcref_msg *msg, const char *what,
   ipcref_result rc;
   int before = harness_failures_in_test;
   memset(&v, 0, sizeof v);
-  rc = ipcref_import(A.cp, msg, &v);
+  rc = ipcref_import(A.l.cp, msg, &v);
   if (rc != IPCREF_EPROTO) {
     harness_failures_in_test++;
     printf("    %s:%d: %s: %s, not EPROTO\n", __FILE__, line, what,
@@ -656,8 +401,8 @@ static void evil_end_at(const evil_mark *m, ipcref_msg *msg, const char *what,
            what);
     msg_close_fds(msg);
   }
-  res_end_at(&m->res, line);
-  s = stats_of(A.C);
+  res_end_at(&m->res, 0, __FILE__, line);
+  s = stats_of(A.l.cons);
   if (s.mapped_segments != m->st.mapped_segments ||
       s.counter_files != m->st.counter_files ||
       s.imported_bufs != m->st.imported_bufs ||
@@ -732,23 +477,19 @@ static int lying_ledger(size_t off, int bytes, uint64_t value) {
 }
 
 static void a_setup(void) {
-  int sv[2];
   ipcref_msg orig;
   int64_t shape[1] = {4096}; /* 16 KiB of f32 in a pooled segment */
   void *lm;
   memset(&A, 0, sizeof A);
-  pair(SOCK_SEQPACKET, sv);
-  CHECK_EQ(ipcref_ctx_new(NULL, &A.P), IPCREF_OK);
-  CHECK_EQ(ipcref_ctx_new(NULL, &A.C), IPCREF_OK);
-  CHECK_EQ(ipcref_peer_new(A.P, sv[0], &A.pp), IPCREF_OK);
-  CHECK_EQ(ipcref_peer_new(A.C, sv[1], &A.cp), IPCREF_OK);
+  local_pair_open(&A.l, NULL, NULL);
   /* Read the producer's hello now: the watch on it (a pidfd) is the
    * peer's, not something an import leaks. */
-  CHECK_EQ(ipcref_peer_pid(A.cp), (int)getpid());
-  CHECK_EQ(ipcref_view_new_shared(A.P, IPCREF_F32, 1, shape, &A.v), IPCREF_OK);
+  CHECK_EQ(ipcref_peer_pid(A.l.cp), (int)getpid());
+  CHECK_EQ(ipcref_view_new_shared(A.l.prod, IPCREF_F32, 1, shape, &A.v),
+           IPCREF_OK);
   fill(&A.v, 5);
   memset(&orig, 0, sizeof orig);
-  CHECK_EQ(ipcref_export(A.pp, &A.v, &orig), IPCREF_OK);
+  CHECK_EQ(ipcref_export(A.l.pp, &A.v, &orig), IPCREF_OK);
   /* Keep our own copy of the fds; the lease goes to the consumer. */
   A.tmpl = orig;
   A.tmpl.origin = NULL;
@@ -789,10 +530,7 @@ static void a_teardown(void) {
   msg_close_fds(&A.tmpl);
   free(A.ledger_copy);
   ipcref_view_release(&A.v);
-  ipcref_peer_free(A.cp);
-  ipcref_peer_free(A.pp);
-  ipcref_ctx_free(A.C);
-  ipcref_ctx_free(A.P);
+  local_pair_close(&A.l);
 }
 
 /* The fds a malicious producer can send in place of a sealed memfd. */
@@ -995,25 +733,25 @@ static void test_malicious_producer(void) {
     a_teardown();
     return;
   }
-  CHECK_EQ(stats_of(A.C).mapped_segments, 0);
+  CHECK_EQ(stats_of(A.l.cons).mapped_segments, 0);
   a_fd_cases();
   a_byte_cases();
-  s = stats_of(A.C);
+  s = stats_of(A.l.cons);
   CHECK_EQ(s.refused, (uint64_t)A.refusals);
   CHECK_EQ(s.mapped_segments, 0);
   CHECK_EQ(s.counter_files, 0);
   printf("  %d malicious messages refused\n", A.refusals);
   /* Nothing changed for the producer: the lease is still out. */
-  s = stats_of(A.P);
+  s = stats_of(A.l.prod);
   CHECK_EQ(s.live_slots, 1);
   /* The genuine message still imports, with the right data. */
   memset(&got, 0, sizeof got);
   memset(&again, 0, sizeof again);
   memset(&msg, 0, sizeof msg);
   evil_msg(&A.w, -1, -1, &msg);
-  CHECK_EQ(ipcref_import(A.cp, &msg, &got), IPCREF_OK);
+  CHECK_EQ(ipcref_import(A.l.cp, &msg, &got), IPCREF_OK);
   CHECK_EQ(bad_bytes(&got, 5), 0);
-  s = stats_of(A.C);
+  s = stats_of(A.l.cons);
   CHECK_EQ(s.mapped_segments, 1);
   CHECK_EQ(s.counter_files, 1);
   /* A replay while it is held, and after its release. */
@@ -1023,24 +761,24 @@ static void test_malicious_producer(void) {
     evil_msg(&A.w, -1, -1, &msg);
     EVIL(&m, &msg, "replay of an imported message (held)");
     ipcref_view_release(&got);
-    CHECK_EQ(stats_of(A.P).live_slots, 0);
+    CHECK_EQ(stats_of(A.l.prod).live_slots, 0);
     evil_begin(&m);
     evil_msg(&A.w, -1, -1, &msg);
     EVIL(&m, &msg, "replay of an imported message (released)");
   }
   /* The same peer goes on working: a send/recv and an export/import. */
-  CHECK_EQ(ipcref_send(A.pp, &A.v), IPCREF_OK);
-  CHECK_EQ(ipcref_recv(A.cp, &got, WAIT_MS), IPCREF_OK);
+  CHECK_EQ(ipcref_send(A.l.pp, &A.v), IPCREF_OK);
+  CHECK_EQ(ipcref_recv(A.l.cp, &got, WAIT_MS), IPCREF_OK);
   CHECK_EQ(bad_bytes(&got, 5), 0);
   memset(&msg, 0, sizeof msg);
-  CHECK_EQ(ipcref_export(A.pp, &A.v, &msg), IPCREF_OK);
+  CHECK_EQ(ipcref_export(A.l.pp, &A.v, &msg), IPCREF_OK);
   msg.origin = NULL; /* delivered by hand, in-process */
-  CHECK_EQ(ipcref_import(A.cp, &msg, &again), IPCREF_OK);
+  CHECK_EQ(ipcref_import(A.l.cp, &msg, &again), IPCREF_OK);
   CHECK_EQ(bad_bytes(&again, 5), 0);
-  CHECK_EQ(stats_of(A.P).live_slots, 2);
+  CHECK_EQ(stats_of(A.l.prod).live_slots, 2);
   ipcref_view_release(&got);
   ipcref_view_release(&again);
-  s = stats_of(A.P);
+  s = stats_of(A.l.prod);
   CHECK_EQ(s.live_slots, 0);
   CHECK_EQ(s.bad_returns, 0);
   a_teardown();
@@ -1145,8 +883,8 @@ static int b_child(void *argp) {
   CHECK_EQ(ipcref_ctx_new(NULL, &ctx), IPCREF_OK);
   CHECK_EQ(ipcref_peer_new(ctx, a->peer_ro, &pro), IPCREF_OK);
   CHECK_EQ(ipcref_peer_new(ctx, a->peer_rw, &prw), IPCREF_OK);
-  CHECK_EQ(xfer_recv(a->xs, &mro), 0);
-  CHECK_EQ(xfer_recv(a->xs, &mrw), 0);
+  CHECK_EQ(xfer_recv(a->xs, &mro, WAIT_MS), 0);
+  CHECK_EQ(xfer_recv(a->xs, &mrw, WAIT_MS), 0);
   CHECK(wparse(&mro, &w) && w.nfds == 2);
   for (i = 0; i < (int)w.nfds && i < mro.nfds; i++) {
     if (w.fd[i].kind == 1) b_attack_ro(mro.fds[i]);
@@ -1176,9 +914,8 @@ static int b_child(void *argp) {
  * producer's data stays intact and its mapping can never SIGBUS. */
 static void test_shrink_attempts(void) {
   res_mark m;
-  int sro[2], srw[2], sx[2], sc[2];
+  kid k;
   b_arg a;
-  pid_t pid;
   ipcref_ctx *P = NULL, *W = NULL;
   ipcref_peer *pro = NULL, *prw = NULL;
   ipcref_ctx_options opt;
@@ -1187,36 +924,29 @@ static void test_shrink_attempts(void) {
   res_begin(&m);
   memset(&vro, 0, sizeof vro);
   memset(&vrw, 0, sizeof vrw);
-  pair(SOCK_SEQPACKET, sro);
-  pair(SOCK_SEQPACKET, srw);
-  pair(SOCK_SEQPACKET, sx);
-  pair(SOCK_SEQPACKET, sc);
-  a.peer_ro = sro[1];
-  a.peer_rw = srw[1];
-  a.xs = sx[1];
-  a.ctl = sc[1];
-  pid = spawn(b_child, &a);
-  close(sro[1]);
-  close(srw[1]);
-  close(sx[1]);
-  close(sc[1]);
+  kid_open(&k, 3, SOCK_SEQPACKET); /* read-only peer, writable, own */
+  a.peer_ro = k.their_sock[0];
+  a.peer_rw = k.their_sock[1];
+  a.xs = k.their_sock[2];
+  a.ctl = k.their_ctl;
+  kid_fork(&k, b_child, &a, -1);
   memset(&opt, 0, sizeof opt);
   opt.writable_shares = 1;
-  CHECK_EQ(ipcref_ctx_new(NULL, &P), IPCREF_OK);
-  CHECK_EQ(ipcref_ctx_new(&opt, &W), IPCREF_OK);
-  CHECK_EQ(ipcref_peer_new(P, sro[0], &pro), IPCREF_OK);
-  CHECK_EQ(ipcref_peer_new(W, srw[0], &prw), IPCREF_OK);
+  P = make_ctx(NULL);
+  W = make_ctx(&opt);
+  pro = kid_peer(&k, 0, P);
+  prw = kid_peer(&k, 1, W);
   CHECK_EQ(u8_view(P, 100000, 21, &vro), IPCREF_OK);
   CHECK_EQ(u8_view(W, 100000, 22, &vrw), IPCREF_OK);
   memset(&msg, 0, sizeof msg);
   CHECK_EQ(ipcref_export(pro, &vro, &msg), IPCREF_OK);
-  CHECK_EQ(xfer_send(sx[0], &msg), 0);
+  CHECK_EQ(xfer_send(k.sock[2], &msg), 0);
   ipcref_msg_sent(&msg);
   CHECK_EQ(ipcref_export(prw, &vrw, &msg), IPCREF_OK);
-  CHECK_EQ(xfer_send(sx[0], &msg), 0);
+  CHECK_EQ(xfer_send(k.sock[2], &msg), 0);
   ipcref_msg_sent(&msg);
-  CTL_EXPECT(sc[0], 'd');
-  REAP_OK(pid, "consumer");
+  CTL_EXPECT(k.ctl, 'd');
+  KID_EXIT0(&k, "consumer");
   /* Our data is intact and every byte of it is still there to read. */
   CHECK_EQ(bad_bytes(&vro, 21), 0);
   CHECK_EQ(bad_bytes(&vrw, 22), 0);
@@ -1228,8 +958,7 @@ static void test_shrink_attempts(void) {
   ipcref_peer_free(prw);
   ipcref_ctx_free(P);
   ipcref_ctx_free(W);
-  close(sx[0]);
-  close(sc[0]);
+  kid_close(&k);
   RES_END(&m);
 }
 
@@ -1357,9 +1086,8 @@ static int c_child(void *argp) {
  * per segment instead of per block, and no page rounding). */
 static void test_isolation(void) {
   res_mark m;
-  int sp[2], si[2], sc[2];
+  kid k;
   c_arg a;
-  pid_t pid;
   ipcref_ctx *P = NULL, *I = NULL;
   ipcref_peer *pp = NULL, *pi = NULL;
   ipcref_ctx_options opt;
@@ -1373,24 +1101,19 @@ static void test_isolation(void) {
   memset(&iso2, 0, sizeof iso2);
   memset(&sec2, 0, sizeof sec2);
   memset(&iso3, 0, sizeof iso3);
-  pair(SOCK_SEQPACKET, sp);
-  pair(SOCK_SEQPACKET, si);
-  pair(SOCK_SEQPACKET, sc);
-  a.peer_pool = sp[1];
-  a.peer_iso = si[1];
-  a.ctl = sc[1];
+  kid_open(&k, 2, SOCK_SEQPACKET); /* to the pooled ctx, the isolating */
+  a.peer_pool = k.their_sock[0];
+  a.peer_iso = k.their_sock[1];
+  a.ctl = k.their_ctl;
   a.pool_segment = segment;
-  pid = spawn(c_child, &a);
-  close(sp[1]);
-  close(si[1]);
-  close(sc[1]);
+  kid_fork(&k, c_child, &a, -1);
   memset(&opt, 0, sizeof opt);
   opt.segment_size = segment;
-  CHECK_EQ(ipcref_ctx_new(&opt, &P), IPCREF_OK);
+  P = make_ctx(&opt);
   opt.isolate = 1;
-  CHECK_EQ(ipcref_ctx_new(&opt, &I), IPCREF_OK);
-  CHECK_EQ(ipcref_peer_new(P, sp[0], &pp), IPCREF_OK);
-  CHECK_EQ(ipcref_peer_new(I, si[0], &pi), IPCREF_OK);
+  I = make_ctx(&opt);
+  pp = kid_peer(&k, 0, P);
+  pi = kid_peer(&k, 1, I);
   /* A secret next to the pooled block (same size class: same segment). */
   CHECK_EQ(u8_view(P, 256, 30, &sec), IPCREF_OK);
   CHECK_EQ(u8_view(P, 256, 31, &pooled), IPCREF_OK);
@@ -1409,8 +1132,8 @@ static void test_isolation(void) {
   CHECK_EQ(ipcref_send(pp, &iso1), IPCREF_OK);
   CHECK_EQ(ipcref_send(pp, &iso2), IPCREF_OK);
   CHECK_EQ(ipcref_send(pi, &iso3), IPCREF_OK);
-  CTL_EXPECT(sc[0], 'd');
-  REAP_OK(pid, "consumer");
+  CTL_EXPECT(k.ctl, 'd');
+  KID_EXIT0(&k, "consumer");
   ipcref_view_release(&sec);
   ipcref_view_release(&pooled);
   ipcref_view_release(&iso1);
@@ -1424,19 +1147,8 @@ static void test_isolation(void) {
   ipcref_peer_free(pi);
   ipcref_ctx_free(P);
   ipcref_ctx_free(I);
-  close(sc[0]);
+  kid_close(&k);
   RES_END(&m);
-}
-
-/* A context's error hook that counts what it hears. */
-static int hook_calls, hook_eproto, hook_epeer;
-
-static void count_hook(void *user, ipcref_result code, const char *message) {
-  (void)user;
-  (void)message;
-  hook_calls++;
-  if (code == IPCREF_EPROTO) hook_eproto++;
-  if (code == IPCREF_EPEER) hook_epeer++;
 }
 
 /* ============================================================ d. uids */
@@ -1482,9 +1194,8 @@ static int d_child(void *argp) {
 }
 
 static void d_round(int accepted) {
-  int sv[2], sc[2];
+  kid k;
   d_arg a;
-  pid_t pid;
   ipcref_ctx_options opt;
   ipcref_ctx *ctx = NULL;
   ipcref_peer *p = NULL;
@@ -1494,27 +1205,23 @@ static void d_round(int accepted) {
   const uint32_t nobody = NOBODY;
   memset(&v, 0, sizeof v);
   memset(&got, 0, sizeof got);
-  pair(SOCK_SEQPACKET, sv);
-  pair(SOCK_SEQPACKET, sc);
-  a.sock = sv[1];
-  a.ctl = sc[1];
+  kid_open(&k, 1, SOCK_SEQPACKET);
+  a.sock = k.their_sock[0];
+  a.ctl = k.their_ctl;
   a.accepted = accepted;
   a.parent_uid = (uint32_t)getuid();
-  pid = spawn(d_child, &a);
-  close(sv[1]);
-  close(sc[1]);
+  kid_fork(&k, d_child, &a, -1);
   memset(&opt, 0, sizeof opt);
-  opt.error_hook.fn = count_hook;
-  hook_calls = hook_eproto = hook_epeer = 0;
+  opt.error_hook = error_hook;
+  errors_reset();
   if (accepted) {
     opt.allow_uids = &nobody;
     opt.allow_uids_count = 1;
   }
-  CHECK_EQ(ipcref_ctx_new(&opt, &ctx), IPCREF_OK);
-  CHECK_EQ(ipcref_peer_new(ctx, sv[0], &p), IPCREF_OK);
-  if (!p) close(sv[0]);
+  ctx = make_ctx(&opt);
+  p = kid_peer(&k, 0, ctx);
   CHECK_EQ(u8_view(ctx, 5000, 41, &v), IPCREF_OK);
-  CTL_EXPECT(sc[0], 'r');
+  CTL_EXPECT(k.ctl, 'r');
   if (!accepted) {
     CHECK_EQ(ipcref_recv(p, &got, WAIT_MS), IPCREF_EPEER);
     CHECK_EQ(ipcref_send(p, &v), IPCREF_EPEER);
@@ -1523,7 +1230,7 @@ static void d_round(int accepted) {
     CHECK_EQ(msg.nfds, 0);
     s = stats_of(ctx);
     CHECK(s.refused >= 1);
-    CHECK_EQ(hook_epeer, 1);      /* the context's hook heard of it, once */
+    CHECK_EQ(err_epeer, 1);       /* the context's hook heard of it, once */
     CHECK_EQ(s.live_slots, 0);    /* nothing leased to it */
     CHECK_EQ(s.counter_files, 0); /* not even a ledger made */
     CHECK_EQ(s.fds_sent, 0);
@@ -1533,16 +1240,16 @@ static void d_round(int accepted) {
     CHECK_EQ(bad_bytes(&got, 42), 0);
     s = stats_of(ctx);
     CHECK_EQ(s.refused, 0);
-    CHECK_EQ(hook_calls, 0);
+    CHECK_EQ(err_count, 0);
     ipcref_view_release(&got);
   }
-  ctl_put(sc[0], 'q');
-  REAP_OK(pid, accepted ? "allowed child" : "refused child");
+  ctl_put(k.ctl, 'q');
+  KID_EXIT0(&k, accepted ? "allowed child" : "refused child");
   ipcref_view_release(&v);
   CHECK_EQ(stats_of(ctx).live_slots, 0);
   ipcref_peer_free(p);
   ipcref_ctx_free(ctx);
-  close(sc[0]);
+  kid_close(&k);
 }
 
 /* Who may connect: a child that became uid 65534 (nobody) is refused by a
@@ -1595,7 +1302,7 @@ static int e_child(void *argp) {
   CHECK_EQ(ipcref_peer_new(ctx, a->peer, &p), IPCREF_OK);
   for (i = 0; i < 3; i++) {
     int k;
-    CHECK_EQ(xfer_recv(a->xs, &msg), 0);
+    CHECK_EQ(xfer_recv(a->xs, &msg, WAIT_MS), 0);
     CHECK(wparse(&msg, &w) && w.nviews == 1);
     slot[i] = w.v[0].slot;
     gen[i] = w.v[0].gen;
@@ -1685,71 +1392,65 @@ out:
  * every free block around it. */
 static void test_forged_returns(void) {
   res_mark m;
-  int sp[2], sx[2], sc[2], sl[2];
+  int sl[2];
+  kid k;
   e_arg a;
-  pid_t pid;
   ipcref_ctx_options opt;
   ipcref_ctx *P = NULL, *L = NULL;
   ipcref_peer *pp = NULL, *pl = NULL, *lc = NULL;
   ipcref_view v[3], lv, more[64];
   ipcref_msg msg;
   ipcref_stats s;
-  int i;
-  char c;
+  int i, c;
   res_begin(&m);
   memset(v, 0, sizeof v);
   memset(&lv, 0, sizeof lv);
   memset(more, 0, sizeof more);
-  pair(SOCK_SEQPACKET, sp);
-  pair(SOCK_SEQPACKET, sx);
-  pair(SOCK_SEQPACKET, sc);
-  a.peer = sp[1];
-  a.xs = sx[1];
-  a.ctl = sc[1];
-  pid = spawn(e_child, &a);
-  close(sp[1]);
-  close(sx[1]);
-  close(sc[1]);
-  hook_calls = hook_eproto = hook_epeer = 0;
+  kid_open(&k, 2, SOCK_SEQPACKET); /* the peer, the own transport */
+  a.peer = k.their_sock[0];
+  a.xs = k.their_sock[1];
+  a.ctl = k.their_ctl;
+  kid_fork(&k, e_child, &a, -1);
+  errors_reset();
   memset(&opt, 0, sizeof opt);
-  opt.error_hook.fn = count_hook;
-  CHECK_EQ(ipcref_ctx_new(&opt, &P), IPCREF_OK);
-  CHECK_EQ(ipcref_ctx_new(NULL, &L), IPCREF_OK);
-  CHECK_EQ(ipcref_peer_new(P, sp[0], &pp), IPCREF_OK);
+  opt.error_hook = error_hook;
+  P = make_ctx(&opt);
+  L = make_ctx(NULL);
+  pp = kid_peer(&k, 0, P);
   /* The legitimate consumer, in this process. */
-  pair(SOCK_SEQPACKET, sl);
-  CHECK_EQ(ipcref_peer_new(P, sl[0], &pl), IPCREF_OK);
-  CHECK_EQ(ipcref_peer_new(L, sl[1], &lc), IPCREF_OK);
+  xsocketpair(SOCK_SEQPACKET, sl);
+  pl = make_peer(P, sl[0]);
+  lc = make_peer(L, sl[1]);
   for (i = 0; i < 3; i++) {
     CHECK_EQ(u8_view(P, 4096, 50 + (uint32_t)i, &v[i]), IPCREF_OK);
     memset(&msg, 0, sizeof msg);
     CHECK_EQ(ipcref_export(pp, &v[i], &msg), IPCREF_OK);
-    CHECK_EQ(xfer_send(sx[0], &msg), 0);
+    CHECK_EQ(xfer_send(k.sock[1], &msg), 0);
     ipcref_msg_sent(&msg);
   }
   CHECK_EQ(ipcref_send(pl, &v[1]), IPCREF_OK);
   CHECK_EQ(ipcref_recv(lc, &lv, WAIT_MS), IPCREF_OK);
-  c = ctl_get(sc[0]);
+  c = ctl_get(k.ctl, CTL_MS);
   CHECK_EQ(c, 'r');
   if (c != 'r') goto out;
   s = stats_of(P);
   CHECK_EQ(s.live_slots, 4);
   CHECK_EQ(s.bad_returns, 0);
-  CHECK_EQ(hook_calls, 0);
-  ctl_put(sc[0], 'g');
-  CTL_EXPECT(sc[0], 'f');
+  CHECK_EQ(err_count, 0);
+  ctl_put(k.ctl, 'g');
+  CTL_EXPECT(k.ctl, 'f');
   /* Phase 1: A's genuine return ends its lease; each lie is refused. */
   s = stats_of(P);
   CHECK_EQ(s.bad_returns, E_FORGED);
-  CHECK_EQ(hook_calls, E_FORGED);
-  CHECK_EQ(hook_eproto, E_FORGED);
+  CHECK_EQ(err_count, E_FORGED);
+  CHECK_EQ(err_eproto, E_FORGED);
   CHECK_EQ(s.live_slots, 3); /* B and C at the child, B at L */
   CHECK_EQ(s.live_bufs, 3);
-  ctl_put(sc[0], 'l');
-  CTL_EXPECT(sc[0], 'k');
+  ctl_put(k.ctl, 'l');
+  CTL_EXPECT(k.ctl, 'k');
   s = stats_of(P);
   CHECK(s.bad_returns > E_FORGED);
-  CHECK(hook_calls > E_FORGED);
+  CHECK(err_count > E_FORGED);
   CHECK_EQ(s.live_slots, 3); /* the forged link added no lease */
   /* The producer lets go of A, B and C: A is free, B and C wait. Then it
    * takes and scribbles on every free block of that size it can get: a
@@ -1762,8 +1463,8 @@ static void test_forged_returns(void) {
     if (u8_view(P, 4096, 99, &more[i]) == IPCREF_OK)
       memset(view_data(&more[i]), 0xee, 4096);
   CHECK_EQ(bad_bytes(&lv, 51), 0);
-  ctl_put(sc[0], 'c');
-  CTL_EXPECT(sc[0], 'd');
+  ctl_put(k.ctl, 'c');
+  CTL_EXPECT(k.ctl, 'd');
   /* Phase 4: the child (still alive) left holes in its ring: the sweep
    * steps over them (they are stale after a while), so its genuine
    * returns behind them still come back, and its late lie still does not
@@ -1780,11 +1481,11 @@ static void test_forged_returns(void) {
   CHECK_EQ(s.live_slots, 1);
   CHECK_EQ(s.limbo_blocks, 1);
   CHECK_EQ(s.bad_returns, E_FORGED + 2);
-  CHECK_EQ((long long)s.bad_returns, (long long)hook_eproto);
-  CHECK_EQ(hook_calls, hook_eproto);
+  CHECK_EQ((long long)s.bad_returns, (long long)err_eproto);
+  CHECK_EQ(err_count, err_eproto);
   CHECK_EQ(bad_bytes(&lv, 51), 0);
-  ctl_put(sc[0], 'q');
-  REAP_OK(pid, "forging consumer");
+  ctl_put(k.ctl, 'q');
+  KID_EXIT0(&k, "forging consumer");
   s = stats_of(P);
   CHECK_EQ(s.live_slots, 1);
   CHECK_EQ(s.limbo_blocks, 1);
@@ -1797,34 +1498,17 @@ out:
   for (i = 0; i < 64; i++) ipcref_view_release(&more[i]);
   for (i = 0; i < 3; i++) ipcref_view_release(&v[i]);
   ipcref_view_release(&lv);
-  if (c != 'r') REAP_OK(pid, "forging consumer");
+  if (c != 'r') KID_EXIT0(&k, "forging consumer");
   ipcref_peer_free(lc);
   ipcref_peer_free(pl);
   ipcref_peer_free(pp);
   ipcref_ctx_free(L);
   ipcref_ctx_free(P);
-  close(sx[0]);
-  close(sc[0]);
+  kid_close(&k);
   RES_END(&m);
 }
 
 /* ------------------------------------------------------------ main */
-
-/* 1 under valgrind: IPCREF_UNDER_VALGRIND=1, or its preload is mapped. */
-static int detect_valgrind(void) {
-  static char buf[1 << 16];
-  ssize_t n;
-  int fd, found = 0;
-  if (harness_env_long("IPCREF_UNDER_VALGRIND", 0) != 0) return 1;
-  fd = open("/proc/self/maps", O_RDONLY | O_CLOEXEC);
-  if (fd < 0) return 0;
-  while (!found && (n = read(fd, buf, sizeof buf - 1)) > 0) {
-    buf[n] = 0;
-    found = strstr(buf, "vgpreload") != NULL;
-  }
-  close(fd);
-  return found;
-}
 
 /* One hand-off first, so that one-time allocations (stdio, malloc arenas)
  * are not counted as a test's. */
@@ -1836,7 +1520,8 @@ static void warm_up(void) {
 }
 
 int main(void) {
-  under_valgrind = detect_valgrind();
+  fixture_start();
+  res_all_maps = 1; /* every mapping is back after a case (plain builds) */
   signal(SIGPIPE, SIG_IGN);
   warm_up();
   RUN(test_malicious_producer);

@@ -29,21 +29,8 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "harness.h"
-
 #define IPCREF_IMPLEMENTATION
 #include "../ipcref.h"
-
-#if defined(__SANITIZE_ADDRESS__)
-#define UNDER_ASAN 1
-#elif defined(__has_feature)
-#if __has_feature(address_sanitizer)
-#define UNDER_ASAN 1
-#endif
-#endif
-#ifndef UNDER_ASAN
-#define UNDER_ASAN 0
-#endif
 
 #define CTL_MS        30000 /* longest wait for a command or a reply */
 #define RECV_MS       20000 /* longest ipcref_recv in a child */
@@ -51,316 +38,19 @@
 #define CHILD_ALARM_S 120   /* safety net: a child never outlives this */
 #define HELD_MAX      64    /* views a server child can hold */
 
+#include "share_fixture.h"
+
 /* The message layout this suite knows (src/share_wire.h): a 4-byte magic, then
  * the format version. */
 #define MSG_MAGIC_OFFSET   0
 #define MSG_VERSION_OFFSET 4
 
-static int under_valgrind;
 static long test_ops;
 static unsigned rng;
 
 static unsigned next_rand(void) {
   rng = rng * 1103515245u + 12345u;
   return rng >> 8;
-}
-
-static long now_ms(void) {
-  struct timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return (long)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
-}
-
-/* ------------------------------------------------------------ resources */
-
-/* The fds the test itself opened (sockets, pipes): a forked child closes
- * every one it was not given, so hang-ups are seen. */
-#define MAX_TFDS 128
-static int tfds[MAX_TFDS];
-static int ntfds;
-
-static void treg(int fd) {
-  if (fd >= 0 && ntfds < MAX_TFDS) tfds[ntfds++] = fd;
-}
-static void tforget(int fd) {
-  int i;
-  for (i = 0; i < ntfds; i++)
-    if (tfds[i] == fd) {
-      tfds[i] = tfds[--ntfds];
-      return;
-    }
-}
-static void tclose(int fd) {
-  if (fd < 0) return;
-  tforget(fd);
-  close(fd);
-}
-static int xsocketpair(int type, int sv[2]) {
-  if (socketpair(AF_UNIX, type | SOCK_CLOEXEC, 0, sv) != 0) {
-    CHECK(!"socketpair");
-    sv[0] = sv[1] = -1;
-    return -1;
-  }
-  treg(sv[0]);
-  treg(sv[1]);
-  return 0;
-}
-
-static int count_fds(void) {
-  DIR *d = opendir("/proc/self/fd");
-  struct dirent *e;
-  int n = 0;
-  if (!d) return -1;
-  while ((e = readdir(d)) != NULL)
-    if (e->d_name[0] != '.') n++;
-  closedir(d);
-  return n;
-}
-
-/* One line of /proc/self/maps: counts it unless it continues the previous
- * one (adjacent, same permissions and name: the kernel may split a
- * [heap] in two, or merge it back, at will). */
-static void count_map_line(const char *line, int *all, int *memfd) {
-  static unsigned long prev_end;
-  static char prev_rest[256];
-  unsigned long start, end;
-  const char *rest = strchr(line, ' ');
-  if (sscanf(line, "%lx-%lx", &start, &end) != 2 || !rest) return;
-  if (strstr(line, "/memfd:")) (*memfd)++;
-  if (!(start == prev_end && strncmp(rest, prev_rest, 5) == 0 &&
-        strcmp(strrchr(rest, ' '), strrchr(prev_rest, ' ')) == 0))
-    (*all)++;
-  prev_end = end;
-  snprintf(prev_rest, sizeof prev_rest, "%s", rest);
-}
-
-/* Counts mappings and memfd mappings, reading with plain read(2) into
- * static buffers: the count must not allocate, or malloc's own mappings
- * would move under it. */
-static void count_maps(int *all, int *memfd) {
-  static char buf[1 << 16], line[512];
-  size_t len = 0, i;
-  int fd = open("/proc/self/maps", O_RDONLY | O_CLOEXEC);
-  ssize_t n;
-  *all = *memfd = 0;
-  if (fd < 0) return;
-  count_map_line("0-0 reset", all, memfd); /* no previous line */
-  *all = 0;
-  while ((n = read(fd, buf, sizeof buf)) > 0)
-    for (i = 0; i < (size_t)n; i++) {
-      if (buf[i] != '\n') {
-        if (len < sizeof line - 1) line[len++] = buf[i];
-        continue;
-      }
-      line[len] = 0;
-      len = 0;
-      count_map_line(line, all, memfd);
-    }
-  close(fd);
-}
-
-/* Open fds and mappings before a test; after it they must be the same. The
- * memfd mappings (all of ipcref's) are exact everywhere; the total is
- * exact in plain builds, while under ASan or valgrind, whose allocators map
- * and unmap at will, it is not checked. */
-typedef struct res_mark {
-  int fds, maps, memfd_maps;
-} res_mark;
-
-static void res_begin(res_mark *m) {
-  m->fds = count_fds();
-  count_maps(&m->maps, &m->memfd_maps);
-}
-
-/* `gone`: fds open at res_begin that were handed over and closed since
- * (a child's peer sockets). */
-static void res_end_at(const res_mark *m, int gone, int line) {
-  int fds = count_fds(), maps, memfd_maps;
-  count_maps(&maps, &memfd_maps);
-  if (fds != m->fds - gone) {
-    harness_failures_in_test++;
-    printf("    %s:%d: open fds %d, %d before the test\n", __FILE__, line, fds,
-           m->fds - gone);
-  }
-  if (memfd_maps != m->memfd_maps) {
-    harness_failures_in_test++;
-    printf("    %s:%d: memfd mappings %d, %d before the test\n", __FILE__, line,
-           memfd_maps, m->memfd_maps);
-  }
-  if (!UNDER_ASAN && !under_valgrind && maps != m->maps) {
-    harness_failures_in_test++;
-    printf("    %s:%d: mappings %d, %d before the test\n", __FILE__, line, maps,
-           m->maps);
-  }
-}
-#define RES_END(m)                res_end_at(m, 0, __LINE__)
-#define RES_END_CHILD(m, sockets) res_end_at(m, sockets, __LINE__)
-
-/* ------------------------------------------------------------ children */
-
-typedef int (*child_fn)(void *arg);
-
-/* Forks a child that runs fn(arg) with only the listed fds (-1 ends the
- * list) of those the test opened. Its exit status is 0 when fn returned 0
- * and no CHECK failed in it. */
-static pid_t spawn(child_fn fn, void *arg, ...) {
-  int keep[16], nkeep = 0, fd, i, j;
-  pid_t pid;
-  va_list ap;
-  va_start(ap, arg);
-  while ((fd = va_arg(ap, int)) >= 0 && nkeep < 16) keep[nkeep++] = fd;
-  va_end(ap);
-  fflush(stdout);
-  fflush(stderr);
-  pid = fork();
-  if (pid < 0) {
-    CHECK(!"fork");
-    return -1;
-  }
-  if (pid == 0) {
-    int base = harness_failures_in_test, rc;
-    for (i = 0; i < ntfds; i++) {
-      for (j = 0; j < nkeep && keep[j] != tfds[i]; j++) continue;
-      if (j == nkeep) close(tfds[i]);
-    }
-    ntfds = 0;
-    for (j = 0; j < nkeep; j++) tfds[ntfds++] = keep[j];
-    alarm(CHILD_ALARM_S);
-    rc = fn(arg);
-    fflush(stdout);
-    _exit(rc != 0 || harness_failures_in_test != base ? 1 : 0);
-  }
-  return pid;
-}
-
-/* Waits for the child; on timeout kills it. Returns the wait status or -1. */
-static int reap(pid_t pid, int timeout_ms) {
-  int st = 0;
-  long end = now_ms() + timeout_ms;
-  struct timespec ms = {0, 1000000};
-  if (pid <= 0) return -1;
-  for (;;) {
-    pid_t r = waitpid(pid, &st, WNOHANG);
-    if (r == pid) return st;
-    if (r < 0 && errno != EINTR) return -1;
-    if (now_ms() > end) {
-      kill(pid, SIGKILL);
-      waitpid(pid, &st, 0);
-      printf("    child %d timed out: killed\n", (int)pid);
-      return -1;
-    }
-    nanosleep(&ms, NULL);
-  }
-}
-
-static void expect_exit0_at(pid_t pid, const char *who, int line) {
-  int st = reap(pid, REAP_MS);
-  if (st == -1 || !WIFEXITED(st) || WEXITSTATUS(st) != 0) {
-    harness_failures_in_test++;
-    if (st != -1 && WIFSIGNALED(st))
-      printf("    %s:%d: %s killed by signal %d\n", __FILE__, line, who,
-             WTERMSIG(st));
-    else
-      printf("    %s:%d: %s exited with %d\n", __FILE__, line, who,
-             st == -1 ? -1 : WEXITSTATUS(st));
-  }
-}
-#define EXPECT_EXIT0(pid, who) expect_exit0_at(pid, who, __LINE__)
-
-/* Control messages: one send, one packet (SOCK_SEQPACKET). */
-static int ctl_send(int fd, const void *p, size_t n) {
-  return send(fd, p, n, MSG_NOSIGNAL) == (ssize_t)n ? 0 : -1;
-}
-static ssize_t ctl_recv(int fd, void *p, size_t n, int timeout_ms) {
-  struct pollfd pf;
-  ssize_t r;
-  pf.fd = fd;
-  pf.events = POLLIN;
-  pf.revents = 0;
-  do r = poll(&pf, 1, timeout_ms);
-  while (r < 0 && errno == EINTR);
-  if (r <= 0) return -1;
-  do r = recv(fd, p, n, 0);
-  while (r < 0 && errno == EINTR);
-  return r > 0 ? r : -1;
-}
-
-/* An own transport for ipcref_export/ipcref_import: bytes and fds in one
- * SOCK_SEQPACKET packet. */
-static int xfer_send(int fd, const ipcref_msg *m) {
-  struct msghdr mh;
-  struct iovec iov;
-  union {
-    char buf[CMSG_SPACE(sizeof(int) * IPCREF_MSG_MAX_FDS)];
-    struct cmsghdr align;
-  } u;
-  memset(&mh, 0, sizeof mh);
-  memset(&u, 0, sizeof u);
-  iov.iov_base = (void *)m->bytes;
-  iov.iov_len = m->len;
-  mh.msg_iov = &iov;
-  mh.msg_iovlen = 1;
-  if (m->nfds > 0) {
-    struct cmsghdr *c;
-    mh.msg_control = u.buf;
-    mh.msg_controllen = CMSG_SPACE(sizeof(int) * (size_t)m->nfds);
-    c = CMSG_FIRSTHDR(&mh);
-    c->cmsg_level = SOL_SOCKET;
-    c->cmsg_type = SCM_RIGHTS;
-    c->cmsg_len = CMSG_LEN(sizeof(int) * (size_t)m->nfds);
-    memcpy(CMSG_DATA(c), m->fds, sizeof(int) * (size_t)m->nfds);
-  }
-  return sendmsg(fd, &mh, MSG_NOSIGNAL) == (ssize_t)m->len ? 0 : -1;
-}
-
-static int xfer_recv(int fd, ipcref_msg *m, int timeout_ms) {
-  struct msghdr mh;
-  struct iovec iov;
-  struct cmsghdr *c;
-  struct pollfd pf;
-  ssize_t r;
-  union {
-    char buf[CMSG_SPACE(sizeof(int) * IPCREF_MSG_MAX_FDS)];
-    struct cmsghdr align;
-  } u;
-  memset(m, 0, sizeof *m);
-  memset(&mh, 0, sizeof mh);
-  pf.fd = fd;
-  pf.events = POLLIN;
-  pf.revents = 0;
-  if (poll(&pf, 1, timeout_ms) != 1) return -1;
-  iov.iov_base = m->bytes;
-  iov.iov_len = sizeof m->bytes;
-  mh.msg_iov = &iov;
-  mh.msg_iovlen = 1;
-  mh.msg_control = u.buf;
-  mh.msg_controllen = sizeof u.buf;
-  r = recvmsg(fd, &mh, MSG_CMSG_CLOEXEC);
-  if (r <= 0) return -1;
-  m->len = (size_t)r;
-  for (c = CMSG_FIRSTHDR(&mh); c; c = CMSG_NXTHDR(&mh, c))
-    if (c->cmsg_level == SOL_SOCKET && c->cmsg_type == SCM_RIGHTS) {
-      int n = (int)((c->cmsg_len - CMSG_LEN(0)) / sizeof(int));
-      memcpy(m->fds + m->nfds, CMSG_DATA(c), sizeof(int) * (size_t)n);
-      m->nfds += n;
-    }
-  return 0;
-}
-
-/* A copy of a message that owns duplicates of its fds. */
-static void msg_dup(const ipcref_msg *src, ipcref_msg *dst) {
-  int i;
-  memcpy(dst, src, sizeof *dst);
-  dst->origin = NULL;
-  for (i = 0; i < src->nfds && i < IPCREF_MSG_MAX_FDS; i++)
-    dst->fds[i] = fcntl(src->fds[i], F_DUPFD_CLOEXEC, 0);
-}
-
-static void msg_close_fds(ipcref_msg *m) {
-  int i;
-  for (i = 0; i < m->nfds && i < IPCREF_MSG_MAX_FDS; i++)
-    if (m->fds[i] >= 0) close(m->fds[i]);
-  m->nfds = 0;
 }
 
 /* ------------------------------------------------------------ data */
@@ -557,13 +247,6 @@ static int64_t compare_views(const ipcref_view *got, const ipcref_view *want) {
     }                                                                          \
   } while (0)
 
-static ipcref_stats stats_of(ipcref_ctx *ctx) {
-  ipcref_stats s;
-  memset(&s, 0, sizeof s);
-  CHECK_EQ(ipcref_ctx_stats(ctx, &s), IPCREF_OK);
-  return s;
-}
-
 /* After a collect: the producer holds `bufs` buffers, `limbo` blocks sit
  * in the limbo and `slots` leases are out (-1 skips a check). Bytes follow
  * the counts: zero exactly when the count is zero. */
@@ -653,13 +336,9 @@ static int server_child(void *argp) {
     d.tv_nsec = (long)(a->delay_ms % 1000) * 1000000;
     nanosleep(&d, NULL);
   }
-  if (ipcref_ctx_new(NULL, &ctx) != IPCREF_OK) return 1;
-  if (ipcref_peer_new(ctx, a->sock, &p) != IPCREF_OK) failed = 1;
-  tforget(a->sock);
-  if (a->sock2 >= 0) {
-    if (ipcref_peer_new(ctx, a->sock2, &p2) != IPCREF_OK) failed = 1;
-    tforget(a->sock2);
-  }
+  if ((ctx = make_ctx(NULL)) == NULL) return 1;
+  if ((p = make_peer(ctx, a->sock)) == NULL) failed = 1;
+  if (a->sock2 >= 0 && (p2 = make_peer(ctx, a->sock2)) == NULL) failed = 1;
   while (!failed) {
     cmd c;
     reply r;
@@ -761,53 +440,47 @@ static reply call(int ctl, int op, int k, uint32_t seed) {
     CHECK_EQ(call_r.bad, 0);                                                   \
   } while (0)
 
-/* A server child on a fresh socketpair of `type`, with a control socket. */
+/* A server child (a kid) with a control socket. */
 typedef struct conn {
-  int sock; /* the parent's end of the peer socket (until a peer owns it) */
-  int ctl;
-  int xs; /* the parent's end of the own transport, or -1 */
+  kid k;
+  int ctl; /* k.ctl */
+  int xs;  /* this process's end of the own transport, or -1 */
   pid_t pid;
   server_arg a;
 } conn;
 
+/* Forks the server of c->a (kid_open made c->k); `other`: a socket to
+ * another process it keeps (-1: none). */
+static void conn_fork(conn *c, int other) {
+  kid_fork(&c->k, server_child, &c->a, other);
+  c->ctl = c->k.ctl;
+  c->xs = c->k.nsock > 1 ? c->k.sock[1] : -1;
+  c->pid = c->k.pid;
+}
+
+/* A server on a fresh socketpair of `type` to this process, with an own
+ * transport if asked; its hello comes delay_ms late. */
 static void conn_start_late(conn *c, int type, int with_xfer, int delay_ms) {
-  int sv[2], cv[2], xv[2] = {-1, -1};
   memset(c, 0, sizeof *c);
-  c->sock = c->ctl = c->xs = -1;
-  c->pid = -1;
-  if (xsocketpair(type, sv) != 0) return;
-  if (xsocketpair(SOCK_SEQPACKET, cv) != 0) return;
-  if (with_xfer && xsocketpair(SOCK_SEQPACKET, xv) != 0) return;
-  c->a.sock = sv[1];
+  kid_open(&c->k, with_xfer ? 2 : 1, type);
+  c->a.sock = c->k.their_sock[0];
   c->a.sock2 = -1;
-  c->a.xs = xv[1];
-  c->a.ctl = cv[1];
+  c->a.xs = with_xfer ? c->k.their_sock[1] : -1;
+  c->a.ctl = c->k.their_ctl;
   c->a.delay_ms = delay_ms;
-  c->pid = spawn(server_child, &c->a, sv[1], cv[1], xv[1], -1);
-  tclose(sv[1]);
-  tclose(cv[1]);
-  tclose(xv[1]);
-  c->sock = sv[0];
-  c->ctl = cv[0];
-  c->xs = xv[0];
+  conn_fork(c, -1);
 }
 
 static void conn_start(conn *c, int type, int with_xfer) {
   conn_start_late(c, type, with_xfer, 0);
 }
 
-/* Makes the parent's peer on c->sock. */
+/* Makes the parent's peer on the server's socket. */
 static ipcref_peer *conn_peer(conn *c, ipcref_ctx *ctx) {
-  ipcref_peer *p = NULL;
-  CHECK_EQ(ipcref_peer_new(ctx, c->sock, &p), IPCREF_OK);
-  if (p) {
-    tforget(c->sock);
-    c->sock = -1;
-  }
-  return p;
+  return kid_peer(&c->k, 0, ctx);
 }
 
-/* Quits the server, checks its exit, closes the parent's fds. */
+/* Quits the server, closes the parent's fds, checks its exit. */
 static void conn_stop_at(conn *c, int line) {
   reply r = call(c->ctl, OP_QUIT, 0, 0);
   if (r.rc != 0) {
@@ -815,11 +488,9 @@ static void conn_stop_at(conn *c, int line) {
     printf("    %s:%d: server did not quit cleanly (%d)\n", __FILE__, line,
            (int)r.rc);
   }
-  expect_exit0_at(c->pid, "server child", line);
-  tclose(c->sock);
-  tclose(c->ctl);
-  tclose(c->xs);
-  c->sock = c->ctl = c->xs = -1;
+  kid_close(&c->k);
+  kid_exit0_at(&c->k, "server child", __FILE__, line);
+  c->ctl = c->xs = -1;
 }
 #define CONN_STOP(c) conn_stop_at(c, __LINE__)
 
@@ -839,9 +510,8 @@ static int rt_child(void *argp) {
   int c;
   res_mark m;
   res_begin(&m);
-  CHECK_EQ(ipcref_ctx_new(NULL, &ctx), IPCREF_OK);
-  CHECK_EQ(ipcref_peer_new(ctx, a->sock, &p), IPCREF_OK);
-  tforget(a->sock);
+  ctx = make_ctx(NULL);
+  p = make_peer(ctx, a->sock);
   for (c = 0; c < NCASES + 3 && p; c++) {
     int id = c < NCASES ? c : batch_cases[c - NCASES];
     ipcref_view got, want;
@@ -880,8 +550,8 @@ static int rt_child(void *argp) {
 
 static void round_trip(int type) {
   res_mark m;
-  int sv[2], cv[2], c;
-  pid_t pid;
+  kid k;
+  int c;
   rt_arg a;
   ipcref_ctx *ctx = NULL;
   ipcref_peer *p = NULL;
@@ -889,16 +559,12 @@ static void round_trip(int type) {
   int64_t res[2] = {-1, -1};
   res_begin(&m);
   memset(batch, 0, sizeof batch);
-  xsocketpair(type, sv);
-  xsocketpair(SOCK_SEQPACKET, cv);
-  a.sock = sv[1];
-  a.ctl = cv[1];
-  pid = spawn(rt_child, &a, sv[1], cv[1], -1);
-  tclose(sv[1]);
-  tclose(cv[1]);
-  CHECK_EQ(ipcref_ctx_new(NULL, &ctx), IPCREF_OK);
-  CHECK_EQ(ipcref_peer_new(ctx, sv[0], &p), IPCREF_OK);
-  if (p) tforget(sv[0]);
+  kid_open(&k, 1, type);
+  a.sock = k.their_sock[0];
+  a.ctl = k.their_ctl;
+  kid_fork(&k, rt_child, &a, -1);
+  ctx = make_ctx(NULL);
+  p = kid_peer(&k, 0, ctx);
   for (c = 0; c < NCASES; c++) {
     ipcref_view v;
     memset(&v, 0, sizeof v);
@@ -911,13 +577,12 @@ static void round_trip(int type) {
     CHECK_EQ(make_case(batch_cases[c], ctx, &batch[c]), IPCREF_OK);
   CHECK_EQ(ipcref_send_batch(p, batch, 3), IPCREF_OK);
   for (c = 0; c < 3; c++) ipcref_view_release(&batch[c]);
-  CHECK_EQ(ctl_recv(cv[0], res, sizeof res, CTL_MS), (ssize_t)sizeof res);
+  CHECK_EQ(ctl_recv(k.ctl, res, sizeof res, CTL_MS), (ssize_t)sizeof res);
   CHECK_EQ(res[0], 0);          /* cases that differed */
   CHECK_EQ(res[1], NCASES + 3); /* views received */
-  EXPECT_EXIT0(pid, "consumer");
+  KID_EXIT0(&k, "consumer");
   ipcref_peer_free(p);
-  tclose(sv[0]);
-  tclose(cv[0]);
+  kid_close(&k);
   EXPECT_DRAINED(ctx);
   ipcref_ctx_free(ctx);
   RES_END(&m);
@@ -1051,43 +716,31 @@ static void test_forwarding(void) {
   static const char orders[6][4] = {"ABC", "ACB", "BAC", "BCA", "CAB", "CBA"};
   res_mark m;
   conn b, cc;
-  int ab[2], bc[2], bctl[2];
+  int bc[2];
   ipcref_ctx *ctx = NULL;
   ipcref_peer *p;
   int round, j;
   const int64_t shape[2] = {256, 256};
   res_begin(&m);
-  /* B: peer sockets to A and to C. C: a plain server on B's socket. */
-  memset(&b, 0, sizeof b);
-  xsocketpair(SOCK_SEQPACKET, ab);
   xsocketpair(SOCK_SEQPACKET, bc);
-  xsocketpair(SOCK_SEQPACKET, bctl);
-  b.a.sock = ab[1];
+  /* B: peer sockets to A and to C. */
+  memset(&b, 0, sizeof b);
+  kid_open(&b.k, 1, SOCK_SEQPACKET);
+  b.a.sock = b.k.their_sock[0];
   b.a.sock2 = bc[0];
   b.a.xs = -1;
-  b.a.ctl = bctl[1];
-  b.pid = spawn(server_child, &b.a, ab[1], bc[0], bctl[1], -1);
-  b.sock = ab[0];
-  b.ctl = bctl[0];
-  b.xs = -1;
-  tclose(ab[1]);
-  tclose(bctl[1]);
+  b.a.ctl = b.k.their_ctl;
+  conn_fork(&b, bc[0]);
   tclose(bc[0]);
-  {
-    int cv[2];
-    memset(&cc, 0, sizeof cc);
-    xsocketpair(SOCK_SEQPACKET, cv);
-    cc.a.sock = bc[1];
-    cc.a.sock2 = -1;
-    cc.a.xs = -1;
-    cc.a.ctl = cv[1];
-    cc.pid = spawn(server_child, &cc.a, bc[1], cv[1], -1);
-    cc.sock = -1;
-    cc.ctl = cv[0];
-    cc.xs = -1;
-    tclose(bc[1]);
-    tclose(cv[1]);
-  }
+  /* C: a plain server on B's socket. */
+  memset(&cc, 0, sizeof cc);
+  kid_open(&cc.k, 0, SOCK_SEQPACKET);
+  cc.a.sock = bc[1];
+  cc.a.sock2 = -1;
+  cc.a.xs = -1;
+  cc.a.ctl = cc.k.their_ctl;
+  conn_fork(&cc, bc[1]);
+  tclose(bc[1]);
   CHECK_EQ(ipcref_ctx_new(NULL, &ctx), IPCREF_OK);
   p = conn_peer(&b, ctx);
   for (round = 0; round < 6; round++) {
@@ -1166,9 +819,8 @@ static int handoff_child(void *argp) {
   unsigned char want[HANDOFF_BYTES];
   res_mark m;
   res_begin(&m);
-  CHECK_EQ(ipcref_ctx_new(NULL, &ctx), IPCREF_OK);
-  CHECK_EQ(ipcref_peer_new(ctx, a->sock, &p), IPCREF_OK);
-  tforget(a->sock);
+  ctx = make_ctx(NULL);
+  p = make_peer(ctx, a->sock);
   for (i = 0; i < a->n && p; i++) {
     ipcref_view v;
     const int64_t zero[1] = {0};
@@ -1208,8 +860,7 @@ static int handoff_child(void *argp) {
  * producer reuses the freed blocks (one 64 KiB segment for all). */
 static void test_many_handoffs(void) {
   res_mark m;
-  int sv[2], cv[2];
-  pid_t pid;
+  kid k;
   handoff_arg a;
   ipcref_ctx *ctx = NULL;
   ipcref_peer *p = NULL;
@@ -1221,17 +872,13 @@ static void test_many_handoffs(void) {
   memset(&opt, 0, sizeof opt);
   opt.segment_size = HANDOFF_SEGMENT;
   res_begin(&m);
-  xsocketpair(SOCK_SEQPACKET, sv);
-  xsocketpair(SOCK_SEQPACKET, cv);
-  a.sock = sv[1];
-  a.ctl = cv[1];
+  kid_open(&k, 1, SOCK_SEQPACKET);
+  a.sock = k.their_sock[0];
+  a.ctl = k.their_ctl;
   a.n = n;
-  pid = spawn(handoff_child, &a, sv[1], cv[1], -1);
-  tclose(sv[1]);
-  tclose(cv[1]);
-  CHECK_EQ(ipcref_ctx_new(&opt, &ctx), IPCREF_OK);
-  CHECK_EQ(ipcref_peer_new(ctx, sv[0], &p), IPCREF_OK);
-  if (p) tforget(sv[0]);
+  kid_fork(&k, handoff_child, &a, -1);
+  ctx = make_ctx(&opt);
+  p = kid_peer(&k, 0, ctx);
   for (i = 0; i < n && p; i++) {
     ipcref_buf *b = NULL;
     ipcref_view v;
@@ -1256,7 +903,7 @@ static void test_many_handoffs(void) {
     }
     if ((i + 1) % HANDOFF_WINDOW == 0 || i + 1 == n) {
       int64_t done = -1;
-      if (ctl_recv(cv[0], &done, sizeof done, CTL_MS) != (ssize_t)sizeof done) {
+      if (ctl_recv(k.ctl, &done, sizeof done, CTL_MS) != (ssize_t)sizeof done) {
         CHECK(!"consumer acknowledged");
         break;
       }
@@ -1264,7 +911,7 @@ static void test_many_handoffs(void) {
     }
   }
   CHECK_EQ(i, n);
-  CHECK_EQ(ctl_recv(cv[0], res, sizeof res, CTL_MS), (ssize_t)sizeof res);
+  CHECK_EQ(ctl_recv(k.ctl, res, sizeof res, CTL_MS), (ssize_t)sizeof res);
   CHECK_EQ(res[0], 0); /* blocks with wrong data */
   CHECK_EQ(res[1], 2); /* the consumer received 2 fds in all */
   CHECK_EQ(res[2], 1); /* and mapped 1 segment */
@@ -1273,10 +920,9 @@ static void test_many_handoffs(void) {
   CHECK_EQ(s.fds_sent, 2); /* one segment fd, one ledger fd */
   CHECK_EQ(s.mapped_segments, 1);
   CHECK_EQ(s.segment_bytes, HANDOFF_SEGMENT); /* blocks were reused */
-  EXPECT_EXIT0(pid, "consumer");
+  KID_EXIT0(&k, "consumer");
   ipcref_peer_free(p);
-  tclose(sv[0]);
-  tclose(cv[0]);
+  kid_close(&k);
   EXPECT_DRAINED(ctx);
   ipcref_ctx_free(ctx);
   RES_END(&m);
@@ -1298,9 +944,8 @@ static int strict_child(void *argp) {
   res_mark m;
   res_begin(&m);
   memset(&v, 0, sizeof v);
-  CHECK_EQ(ipcref_ctx_new(NULL, &ctx), IPCREF_OK);
-  CHECK_EQ(ipcref_peer_new(ctx, a->sock, &p), IPCREF_OK);
-  tforget(a->sock);
+  ctx = make_ctx(NULL);
+  p = make_peer(ctx, a->sock);
   if (ipcref_recv(p, &v, RECV_MS) == IPCREF_OK && v.ndim == 1 &&
       v.shape[0] == shape[0] && check_pattern(&v, 600) == 0)
     ch = 'r';
@@ -1333,8 +978,7 @@ out:
  * the lease back while the consumer is still alive. */
 static void test_release_without_syscalls(void) {
   res_mark m;
-  int sv[2], cv[2];
-  pid_t pid;
+  kid k;
   strict_arg a;
   ipcref_ctx *ctx = NULL;
   ipcref_peer *p = NULL;
@@ -1348,39 +992,34 @@ static void test_release_without_syscalls(void) {
            UNDER_ASAN ? "ASan" : "valgrind");
   res_begin(&m);
   memset(&v, 0, sizeof v);
-  xsocketpair(SOCK_SEQPACKET, sv);
-  xsocketpair(SOCK_SEQPACKET, cv);
-  a.sock = sv[1];
-  a.ctl = cv[1];
+  kid_open(&k, 1, SOCK_SEQPACKET);
+  a.sock = k.their_sock[0];
+  a.ctl = k.their_ctl;
   a.strict = strict;
-  pid = spawn(strict_child, &a, sv[1], cv[1], -1);
-  tclose(sv[1]);
-  tclose(cv[1]);
-  CHECK_EQ(ipcref_ctx_new(NULL, &ctx), IPCREF_OK);
-  CHECK_EQ(ipcref_peer_new(ctx, sv[0], &p), IPCREF_OK);
-  if (p) tforget(sv[0]);
+  kid_fork(&k, strict_child, &a, -1);
+  ctx = make_ctx(NULL);
+  p = kid_peer(&k, 0, ctx);
   CHECK_EQ(pattern_view(ctx, IPCREF_U32, 1, shape, 600, &v), IPCREF_OK);
   CHECK_EQ(ipcref_send(p, &v), IPCREF_OK);
-  CHECK_EQ(ctl_recv(cv[0], &ch, 1, CTL_MS), 1);
+  CHECK_EQ(ctl_recv(k.ctl, &ch, 1, CTL_MS), 1);
   CHECK_EQ(ch, 'r'); /* imported and checked */
   EXPECT_STATS(ctx, 1, 0, 1);
   ch = 'g';
-  CHECK_EQ(ctl_send(cv[0], &ch, 1), 0);
-  CHECK_EQ(ctl_recv(cv[0], &ch, 1, CTL_MS), 1);
+  CHECK_EQ(ctl_send(k.ctl, &ch, 1), 0);
+  CHECK_EQ(ctl_recv(k.ctl, &ch, 1, CTL_MS), 1);
   if (ch == 'e') {
     printf("  note: prctl(PR_SET_SECCOMP) refused here: strict part "
            "skipped\n");
-    CHECK_EQ(ctl_recv(cv[0], &ch, 1, CTL_MS), 1);
+    CHECK_EQ(ctl_recv(k.ctl, &ch, 1, CTL_MS), 1);
   }
   CHECK_EQ(ch, 'k');          /* released in strict mode, still alive */
   EXPECT_STATS(ctx, 1, 0, 0); /* the lease is back */
   ch = 'x';
-  CHECK_EQ(ctl_send(cv[0], &ch, 1), 0);
-  EXPECT_EXIT0(pid, "consumer in strict mode");
+  CHECK_EQ(ctl_send(k.ctl, &ch, 1), 0);
+  KID_EXIT0(&k, "consumer in strict mode");
   ipcref_view_release(&v);
   ipcref_peer_free(p);
-  tclose(sv[0]);
-  tclose(cv[0]);
+  kid_close(&k);
   EXPECT_DRAINED(ctx);
   ipcref_ctx_free(ctx);
   RES_END(&m);
@@ -1446,9 +1085,8 @@ static int rdonly_child(void *argp) {
   res_begin(&m);
   memset(&v, 0, sizeof v);
   memset(&other, 0, sizeof other);
-  CHECK_EQ(ipcref_ctx_new(NULL, &ctx), IPCREF_OK);
-  CHECK_EQ(ipcref_peer_new(ctx, a->sock, &p), IPCREF_OK);
-  tforget(a->sock);
+  ctx = make_ctx(NULL);
+  p = make_peer(ctx, a->sock);
   CHECK_EQ(ipcref_recv(p, &v, RECV_MS), IPCREF_OK);
   CHECK_EQ(check_pattern(&v, 700), 0);
   d = (const char *)ipcref_view_ptr(&v, zero);
@@ -1526,7 +1164,7 @@ static int rdonly_child(void *argp) {
       _exit(0);
     }
     if (w > 0) {
-      int st = reap(w, REAP_MS);
+      int st = wait_child(w, REAP_MS);
       CHECK(st != -1 && !(WIFEXITED(st) && WEXITSTATUS(st) == 0));
     }
   }
@@ -1566,8 +1204,7 @@ out:
  * (not even reopened read-write), and a store faults. */
 static void test_read_only_mapping(void) {
   res_mark m;
-  int sv[2], cv[2];
-  pid_t pid;
+  kid k;
   rt_arg a;
   ipcref_ctx *ctx = NULL;
   ipcref_peer *p = NULL;
@@ -1576,25 +1213,20 @@ static void test_read_only_mapping(void) {
   const int64_t shape[1] = {1 << 20};
   res_begin(&m);
   memset(&v, 0, sizeof v);
-  xsocketpair(SOCK_SEQPACKET, sv);
-  xsocketpair(SOCK_SEQPACKET, cv);
-  a.sock = sv[1];
-  a.ctl = cv[1];
-  pid = spawn(rdonly_child, &a, sv[1], cv[1], -1);
-  tclose(sv[1]);
-  tclose(cv[1]);
-  CHECK_EQ(ipcref_ctx_new(NULL, &ctx), IPCREF_OK);
-  CHECK_EQ(ipcref_peer_new(ctx, sv[0], &p), IPCREF_OK);
-  if (p) tforget(sv[0]);
+  kid_open(&k, 1, SOCK_SEQPACKET);
+  a.sock = k.their_sock[0];
+  a.ctl = k.their_ctl;
+  kid_fork(&k, rdonly_child, &a, -1);
+  ctx = make_ctx(NULL);
+  p = kid_peer(&k, 0, ctx);
   CHECK_EQ(pattern_view(ctx, IPCREF_U8, 1, shape, 700, &v), IPCREF_OK);
   CHECK_EQ(ipcref_send(p, &v), IPCREF_OK);
-  CHECK_EQ(ctl_recv(cv[0], &ch, 1, CTL_MS), 1);
-  EXPECT_EXIT0(pid, "consumer");
+  CHECK_EQ(ctl_recv(k.ctl, &ch, 1, CTL_MS), 1);
+  KID_EXIT0(&k, "consumer");
   CHECK_EQ(check_pattern(&v, 700), 0); /* untouched */
   ipcref_view_release(&v);
   ipcref_peer_free(p);
-  tclose(sv[0]);
-  tclose(cv[0]);
+  kid_close(&k);
   EXPECT_DRAINED(ctx);
   ipcref_ctx_free(ctx);
   RES_END(&m);
@@ -2195,22 +1827,6 @@ static void warm_up(void) {
   harness_failures_in_test = fails;
 }
 
-/* 1 under valgrind: IPCREF_UNDER_VALGRIND=1, or its preload is mapped. */
-static int detect_valgrind(void) {
-  static char buf[1 << 16];
-  ssize_t n;
-  int fd, found = 0;
-  if (harness_env_long("IPCREF_UNDER_VALGRIND", 0) != 0) return 1;
-  fd = open("/proc/self/maps", O_RDONLY | O_CLOEXEC);
-  if (fd < 0) return 0;
-  while (!found && (n = read(fd, buf, sizeof buf - 1)) > 0) {
-    buf[n] = 0;
-    found = strstr(buf, "vgpreload") != NULL;
-  }
-  close(fd);
-  return found;
-}
-
 /* ipcref_ctx_free with buffers still alive: the producer's own view and a
  * consumer's imported one (both ends in this process, over a socketpair)
  * stay valid, and the last release tears each context down, leaving no fd
@@ -2229,19 +1845,19 @@ static void count_dealloc(void *user, ipcref_id id, const uint32_t *stores,
 static void test_table_view_sent(void) {
   ipcref_table_hooks hooks = {count_dealloc, NULL, NULL};
   const int64_t shape[1] = {1024};
-  ipcref_ctx *prod = NULL, *cons = NULL;
-  ipcref_peer *pp = NULL, *cp = NULL;
+  local_pair l;
+  ipcref_ctx *prod;
+  ipcref_peer *pp, *cp;
   ipcref_table *t = NULL;
   ipcref_view v, tv, got;
   ipcref_stats st;
   ipcref_id id;
-  int sv[2], i, bad = 0;
+  int i, bad = 0;
   table_deallocs = 0;
-  CHECK_EQ(socketpair(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0, sv), 0);
-  CHECK_EQ(ipcref_ctx_new(NULL, &prod), IPCREF_OK);
-  CHECK_EQ(ipcref_ctx_new(NULL, &cons), IPCREF_OK);
-  CHECK_EQ(ipcref_peer_new(prod, sv[0], &pp), IPCREF_OK);
-  CHECK_EQ(ipcref_peer_new(cons, sv[1], &cp), IPCREF_OK);
+  local_pair_open(&l, NULL, NULL);
+  prod = l.prod;
+  pp = l.pp;
+  cp = l.cp;
   CHECK_EQ(ipcref_table_new(&hooks, &t), IPCREF_OK);
   CHECK_EQ(ipcref_table_create(t, &id), IPCREF_OK);
   CHECK_EQ(ipcref_view_new_shared(prod, IPCREF_I32, 1, shape, &v), IPCREF_OK);
@@ -2267,32 +1883,23 @@ static void test_table_view_sent(void) {
   CHECK_EQ(st.live_bufs, 0);
   CHECK_EQ(st.live_slots, 0);
   ipcref_table_free(t);
-  ipcref_peer_free(cp);
-  ipcref_peer_free(pp);
-  ipcref_ctx_free(cons);
-  ipcref_ctx_free(prod);
+  local_pair_close(&l);
 }
 
 static void test_ctx_free_with_live_buffers(void) {
   res_mark m;
-  int sv[2];
-  ipcref_ctx *a = NULL, *b = NULL;
-  ipcref_peer *pa = NULL, *pb = NULL;
+  local_pair l;
   ipcref_view v, w;
   const int64_t shape[1] = {1000};
   int64_t last[1] = {999};
   res_begin(&m);
-  CHECK_EQ(socketpair(AF_UNIX, SOCK_SEQPACKET, 0, sv), 0);
-  CHECK_EQ(ipcref_ctx_new(NULL, &a), IPCREF_OK);
-  CHECK_EQ(ipcref_ctx_new(NULL, &b), IPCREF_OK);
-  CHECK_EQ(ipcref_peer_new(a, sv[0], &pa), IPCREF_OK);
-  CHECK_EQ(ipcref_peer_new(b, sv[1], &pb), IPCREF_OK);
-  CHECK_EQ(ipcref_view_new_shared(a, IPCREF_F32, 1, shape, &v), IPCREF_OK);
+  local_pair_open(&l, NULL, NULL);
+  CHECK_EQ(ipcref_view_new_shared(l.prod, IPCREF_F32, 1, shape, &v), IPCREF_OK);
   *(float *)ipcref_view_ptr(&v, last) = 7.5f;
-  CHECK_EQ(ipcref_send(pa, &v), IPCREF_OK);
-  CHECK_EQ(ipcref_recv(pb, &w, 1000), IPCREF_OK);
-  ipcref_ctx_free(a); /* frees its peer; v keeps the rest alive */
-  ipcref_ctx_free(b);
+  CHECK_EQ(ipcref_send(l.pp, &v), IPCREF_OK);
+  CHECK_EQ(ipcref_recv(l.cp, &w, 1000), IPCREF_OK);
+  ipcref_ctx_free(l.prod); /* frees its peer; v keeps the rest alive */
+  ipcref_ctx_free(l.cons);
   CHECK(*(float *)ipcref_view_ptr(&v, last) == 7.5f);
   CHECK(*(float *)ipcref_view_ptr(&w, last) == 7.5f);
   *(float *)ipcref_view_data_mut(&v) = 1.0f; /* still ours to write */
@@ -2306,47 +1913,36 @@ static void test_ctx_free_with_live_buffers(void) {
  * ipcref_collect reclaims every lease it held. And a middleman killed
  * after forwarding: the hold of the process it forwarded to stays until
  * that one lets go (or dies too). */
-static void kill_holder_child(int sock, int ready, int ctl_fd, int n) {
+#define KILL_HOLD 100 /* views the killed consumer holds */
+
+static int kill_holder_child(void *arg) {
+  kid *k = (kid *)arg;
   ipcref_ctx *c;
   ipcref_peer *p;
   ipcref_view v;
   int i;
-  char x;
-  if (ipcref_ctx_new(NULL, &c) || ipcref_peer_new(c, sock, &p)) _exit(2);
-  for (i = 0; i < n; i++)
+  if (ipcref_ctx_new(NULL, &c) || ipcref_peer_new(c, k->their_sock[0], &p))
+    return 2;
+  for (i = 0; i < KILL_HOLD; i++)
     if (ipcref_recv(p, &v, 5000) != IPCREF_OK)
-      _exit(3); /* held, never let go */
-  if (write(ready, "r", 1) != 1) _exit(4);
-  if (read(ctl_fd, &x, 1) < 0) _exit(5); /* killed while waiting here */
-  _exit(6);
+      return 3; /* held, never let go */
+  ctl_put(k->their_ctl, 'r');
+  ctl_get(k->their_ctl, CTL_MS * 10); /* killed while waiting here */
+  return 6;
 }
 
 static void test_consumer_killed(void) {
   res_mark m;
-  int sv[2], pipe_ready[2], pipe_ctl[2], status, i;
+  kid k;
+  int i;
   ipcref_ctx *ctx = NULL;
   ipcref_peer *p;
   ipcref_stats st;
-  pid_t pid;
-  char x;
-  const int n = 100;
+  const int n = KILL_HOLD;
   res_begin(&m);
-  CHECK_EQ(socketpair(AF_UNIX, SOCK_SEQPACKET, 0, sv), 0);
-  CHECK_EQ(pipe(pipe_ready), 0);
-  CHECK_EQ(pipe(pipe_ctl), 0);
-  pid = fork();
-  if (pid == 0) {
-    alarm(20);
-    close(sv[0]);
-    close(pipe_ready[0]);
-    close(pipe_ctl[1]);
-    kill_holder_child(sv[1], pipe_ready[1], pipe_ctl[0], n);
-  }
-  close(sv[1]);
-  close(pipe_ready[1]);
-  close(pipe_ctl[0]);
-  CHECK_EQ(ipcref_ctx_new(NULL, &ctx), IPCREF_OK);
-  CHECK_EQ(ipcref_peer_new(ctx, sv[0], &p), IPCREF_OK);
+  kid_start(&k, 1, SOCK_SEQPACKET, kill_holder_child);
+  ctx = make_ctx(NULL);
+  p = kid_peer(&k, 0, ctx);
   for (i = 0; i < n; i++) {
     ipcref_view v;
     const int64_t shape[1] = {64 + i};
@@ -2354,23 +1950,20 @@ static void test_consumer_killed(void) {
     CHECK_EQ(ipcref_send(p, &v), IPCREF_OK);
     ipcref_view_release(&v); /* to the limbo: the consumer holds it */
   }
-  CHECK_EQ(read(pipe_ready[0], &x, 1), 1);
-  CHECK_EQ(ipcref_peer_pid(p), pid);
+  CTL_EXPECT(k.ctl, 'r');
+  CHECK_EQ(ipcref_peer_pid(p), k.pid);
   ipcref_collect(ctx);
   st = stats_of(ctx);
   CHECK_EQ(st.limbo_blocks, (size_t)n); /* alive: everything stays */
   CHECK_EQ(st.live_slots, (size_t)n);
-  kill(pid, SIGKILL);
-  CHECK_EQ(waitpid(pid, &status, 0), pid);
-  CHECK(WIFSIGNALED(status) && WTERMSIG(status) == SIGKILL);
+  KID_KILL(&k, "consumer");
   ipcref_collect(ctx); /* sees the death, reclaims */
   st = stats_of(ctx);
   CHECK_EQ(st.limbo_blocks, 0);
   CHECK_EQ(st.live_slots, 0);
   CHECK_EQ(st.live_bytes, 0);
   ipcref_peer_free(p);
-  close(pipe_ready[0]);
-  close(pipe_ctl[1]);
+  kid_close(&k);
   EXPECT_DRAINED(ctx);
   ipcref_ctx_free(ctx);
   RES_END(&m);
@@ -2378,56 +1971,68 @@ static void test_consumer_killed(void) {
 
 /* A -> B -> C, then B is killed holding its own lease: A keeps the block
  * for C (whose hold it counts itself), and frees it when C lets go. */
+typedef struct mm_arg {
+  int peer, ctl, other; /* other: the socket between B and C */
+} mm_arg;
+
+/* C: holds what B forwards until told to let go. */
+static int mm_c(void *arg) {
+  mm_arg *a = (mm_arg *)arg;
+  ipcref_ctx *cc;
+  ipcref_peer *cp;
+  ipcref_view v;
+  int64_t last[1] = {255};
+  if (ipcref_ctx_new(NULL, &cc) || ipcref_peer_new(cc, a->other, &cp) ||
+      ipcref_recv(cp, &v, 5000))
+    return 2;
+  ctl_put(a->ctl, 'c');
+  if (ctl_get(a->ctl, CTL_MS) != 'g') return 3;
+  /* B is dead by now; the data is still A's block, intact. */
+  if (*(unsigned char *)ipcref_view_ptr(&v, last) != 0xab) return 4;
+  ipcref_view_release(&v);
+  ipcref_peer_free(cp);
+  ipcref_ctx_free(cc);
+  return 0;
+}
+
+/* B: forwards to C, then waits to be killed. */
+static int mm_b(void *arg) {
+  mm_arg *a = (mm_arg *)arg;
+  ipcref_ctx *bctx;
+  ipcref_peer *pa, *pc;
+  ipcref_view v;
+  if (ipcref_ctx_new(NULL, &bctx) || ipcref_peer_new(bctx, a->peer, &pa) ||
+      ipcref_peer_new(bctx, a->other, &pc) || ipcref_recv(pa, &v, 5000) ||
+      ipcref_send(pc, &v))
+    return 2;
+  ctl_put(a->ctl, 'b');
+  for (;;) pause();
+}
+
 static void test_middleman_killed(void) {
   res_mark m;
-  int ab[2], bc[2], b_ready[2], c_ready[2], c_go[2], status;
+  int bc[2];
+  kid kb, kc;
+  mm_arg ab, ac;
   ipcref_ctx *ctx = NULL;
   ipcref_peer *p;
   ipcref_stats st;
-  pid_t b, c;
-  char x;
   res_begin(&m);
-  CHECK_EQ(socketpair(AF_UNIX, SOCK_SEQPACKET, 0, ab), 0);
-  CHECK_EQ(socketpair(AF_UNIX, SOCK_SEQPACKET, 0, bc), 0);
-  CHECK_EQ(pipe(b_ready), 0);
-  CHECK_EQ(pipe(c_ready), 0);
-  CHECK_EQ(pipe(c_go), 0);
-  c = fork();
-  if (c == 0) { /* C: holds what B forwards until told to let go */
-    ipcref_ctx *cc;
-    ipcref_peer *cp;
-    ipcref_view v;
-    int64_t last[1] = {255};
-    alarm(20);
-    close(ab[0]), close(ab[1]), close(bc[0]);
-    if (ipcref_ctx_new(NULL, &cc) || ipcref_peer_new(cc, bc[1], &cp) ||
-        ipcref_recv(cp, &v, 5000))
-      _exit(2);
-    if (write(c_ready[1], "c", 1) != 1 || read(c_go[0], &x, 1) != 1) _exit(3);
-    /* B is dead by now; the data is still A's block, intact. */
-    if (*(unsigned char *)ipcref_view_ptr(&v, last) != 0xab) _exit(4);
-    ipcref_view_release(&v);
-    ipcref_peer_free(cp);
-    ipcref_ctx_free(cc);
-    _exit(0);
-  }
-  b = fork();
-  if (b == 0) { /* B: forwards to C, then waits to be killed */
-    ipcref_ctx *bctx;
-    ipcref_peer *pa, *pc;
-    ipcref_view v;
-    alarm(20);
-    close(ab[0]), close(bc[1]);
-    if (ipcref_ctx_new(NULL, &bctx) || ipcref_peer_new(bctx, ab[1], &pa) ||
-        ipcref_peer_new(bctx, bc[0], &pc) || ipcref_recv(pa, &v, 5000) ||
-        ipcref_send(pc, &v))
-      _exit(2);
-    if (write(b_ready[1], "b", 1) != 1) _exit(3);
-    for (;;) pause();
-  }
-  close(ab[1]), close(bc[0]), close(bc[1]);
-  CHECK_EQ(ipcref_ctx_new(NULL, &ctx), IPCREF_OK);
-  CHECK_EQ(ipcref_peer_new(ctx, ab[0], &p), IPCREF_OK);
+  xsocketpair(SOCK_SEQPACKET, bc);
+  kid_open(&kc, 0, SOCK_SEQPACKET);
+  ac.peer = -1;
+  ac.ctl = kc.their_ctl;
+  ac.other = bc[1];
+  kid_fork(&kc, mm_c, &ac, bc[1]);
+  kid_open(&kb, 1, SOCK_SEQPACKET);
+  ab.peer = kb.their_sock[0];
+  ab.ctl = kb.their_ctl;
+  ab.other = bc[0];
+  kid_fork(&kb, mm_b, &ab, bc[0]);
+  tclose(bc[0]);
+  tclose(bc[1]);
+  ctx = make_ctx(NULL);
+  p = kid_peer(&kb, 0, ctx);
   {
     ipcref_view v;
     const int64_t shape[1] = {256};
@@ -2436,27 +2041,25 @@ static void test_middleman_killed(void) {
     CHECK_EQ(ipcref_send(p, &v), IPCREF_OK);
     ipcref_view_release(&v);
   }
-  CHECK_EQ(read(b_ready[0], &x, 1), 1);
-  CHECK_EQ(read(c_ready[0], &x, 1), 1);
+  CTL_EXPECT(kb.ctl, 'b');
+  CTL_EXPECT(kc.ctl, 'c');
   /* B's identity comes with its hello, which this producer may not have
    * read yet (it only sent): reading it is what lets A see B die. */
-  CHECK_EQ(ipcref_peer_pid(p), b);
-  kill(b, SIGKILL);
-  CHECK_EQ(waitpid(b, &status, 0), b);
+  CHECK_EQ(ipcref_peer_pid(p), kb.pid);
+  KID_KILL(&kb, "B");
   ipcref_collect(ctx); /* B's own hold goes; C's stays */
   st = stats_of(ctx);
   CHECK_EQ(st.limbo_blocks, 1);
   CHECK_EQ(st.live_slots, 1);
-  CHECK_EQ(write(c_go[1], "g", 1), 1);
-  CHECK_EQ(waitpid(c, &status, 0), c);
-  CHECK(WIFEXITED(status) && WEXITSTATUS(status) == 0);
+  ctl_put(kc.ctl, 'g');
+  KID_EXIT0(&kc, "C");
   ipcref_collect(ctx);
   st = stats_of(ctx);
   CHECK_EQ(st.limbo_blocks, 0);
   CHECK_EQ(st.live_slots, 0);
   ipcref_peer_free(p);
-  close(b_ready[0]), close(b_ready[1]), close(c_ready[0]), close(c_ready[1]);
-  close(c_go[0]), close(c_go[1]);
+  kid_close(&kb);
+  kid_close(&kc);
   EXPECT_DRAINED(ctx);
   ipcref_ctx_free(ctx);
   RES_END(&m);
@@ -2464,7 +2067,8 @@ static void test_middleman_killed(void) {
 
 int main(void) {
   long seed;
-  under_valgrind = detect_valgrind();
+  fixture_start();
+  res_all_maps = 1; /* every mapping is back after a test (plain builds) */
   test_ops = harness_env_long("IPCREF_TEST_OPS", 0);
   seed = harness_env_long("IPCREF_TEST_SEED", (long)time(NULL));
   rng = (unsigned)seed;
