@@ -1030,13 +1030,13 @@ IPCREF_API void ipcref_test_set_step_hook(void (*fn)(const char *step));
  * reference to the view's buffer: the consumer calls its deleter once, when
  * it is done, and that releases the reference. `data` points at element
  * (0,...,0), never NULL (PyTorch 1.13 leaks a tensor whose data is NULL),
- * and `byte_offset` is 0 (PyTorch 1.13 ignores byte_offset);
- * `strides` are always set (in elements; 0 and negative strides pass as
- * they are); the device is the buffer's (kDLCPU 0 for host memory,
- * kDLCUDA or kDLROCM for a backend's device memory). The tensor is shared
- * with the consumer: by ipcref's rules it may write only when the buffer is
- * open for shared writes (ipcref_buf_set_shared_mut); the versioned export
- * says so with DLPACK_FLAG_BITMASK_READ_ONLY.
+ * and `byte_offset` is 0 (PyTorch 1.13 ignores byte_offset); `strides` are
+ * always set (in elements; 0 and negative strides pass as they are); the
+ * device is the buffer's (kDLCPU 0 for host memory, kDLCUDA or kDLROCM for
+ * a backend's device memory). The tensor is shared with the consumer: by
+ * ipcref's rules it may write only when the buffer is open for shared
+ * writes (ipcref_buf_set_shared_mut); the versioned export says so with
+ * DLPACK_FLAG_BITMASK_READ_ONLY.
  *
  * Read-only memory. A consumer maps what it receives from another process
  * read-only (unless the producer's context has the option writable_shares),
@@ -1064,18 +1064,19 @@ IPCREF_API void ipcref_test_set_step_hook(void (*fn)(const char *step));
  * that buffer goes (views derived from the imported one keep it alive), on
  * the thread that drops it (a Python producer's deleter may need the GIL).
  * On success ownership of the managed tensor passes to ipcref: do not call
- * its deleter yourself. A legacy tensor carries no read-only flag: the
- * view is writable by the usual rule (while it holds the only reference),
- * and writes land in the producer's memory. On error NOTHING is taken: the
- * deleter is not called and the caller still owns the tensor (usually it calls
- * the deleter). The checks, in this order, and their codes: `t` or `out` NULL:
- * EINVAL; a device other than kDLCPU id 0, kDLCUDA or kDLROCM: ENODEV
- * (device memory is adopted as such: see ipcref_buf_device); ndim < 0 or >
- * IPCREF_MAX_DIMS: ERANGE; lanes != 1 or a (code, bits) pair with no ipcref
- * dtype: EINVAL; shape NULL with ndim > 0, or data NULL for a non-empty tensor:
- * EINVAL; a negative size, or an element count, stride extent or byte size that
- * overflows, or memory that would wrap the address space: ERANGE; the
- * allocator failing: ENOMEM. NULL strides mean compact row-major.
+ * its deleter yourself. A legacy tensor carries no read-only flag: the view
+ * is writable by the usual rule (while it holds the only reference), and
+ * writes land in the producer's memory. On error NOTHING is taken: the
+ * deleter is not called and the caller still owns the tensor (usually it
+ * calls the deleter). The checks, in this order, and their codes: `t` or
+ * `out` NULL: EINVAL; a device other than kDLCPU id 0, kDLCUDA or kDLROCM:
+ * ENODEV (device memory is adopted as such: see ipcref_buf_device);
+ * ndim < 0 or > IPCREF_MAX_DIMS: ERANGE; lanes != 1 or a (code, bits) pair
+ * with no ipcref dtype: EINVAL; shape NULL with ndim > 0, or data NULL for
+ * a non-empty tensor: EINVAL; a negative size, or an element count, stride
+ * extent or byte size that overflows, or memory that would wrap the address
+ * space: ERANGE; the allocator failing: ENOMEM. NULL strides mean compact
+ * row-major.
  *
  * Types, both ways:
  *   BOOL  kDLBool 8 (code 6; DLPack >= 0.8 names it, older headers do not;
