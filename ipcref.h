@@ -1030,13 +1030,13 @@ IPCREF_API void ipcref_test_set_step_hook(void (*fn)(const char *step));
  * reference to the view's buffer: the consumer calls its deleter once, when
  * it is done, and that releases the reference. `data` points at element
  * (0,...,0), never NULL (PyTorch 1.13 leaks a tensor whose data is NULL),
- * and `byte_offset` is 0 (PyTorch 1.13 ignores byte_offset);
- * `strides` are always set (in elements; 0 and negative strides pass as
- * they are); the device is the buffer's (kDLCPU 0 for host memory,
- * kDLCUDA or kDLROCM for a backend's device memory). The tensor is shared
- * with the consumer: by ipcref's rules it may write only when the buffer is
- * open for shared writes (ipcref_buf_set_shared_mut); the versioned export
- * says so with DLPACK_FLAG_BITMASK_READ_ONLY.
+ * and `byte_offset` is 0 (PyTorch 1.13 ignores byte_offset); `strides` are
+ * always set (in elements; 0 and negative strides pass as they are); the
+ * device is the buffer's (kDLCPU 0 for host memory, kDLCUDA or kDLROCM for
+ * a backend's device memory). The tensor is shared with the consumer: by
+ * ipcref's rules it may write only when the buffer is open for shared
+ * writes (ipcref_buf_set_shared_mut); the versioned export says so with
+ * DLPACK_FLAG_BITMASK_READ_ONLY.
  *
  * Read-only memory. A consumer maps what it receives from another process
  * read-only (unless the producer's context has the option writable_shares),
@@ -1064,18 +1064,19 @@ IPCREF_API void ipcref_test_set_step_hook(void (*fn)(const char *step));
  * that buffer goes (views derived from the imported one keep it alive), on
  * the thread that drops it (a Python producer's deleter may need the GIL).
  * On success ownership of the managed tensor passes to ipcref: do not call
- * its deleter yourself. A legacy tensor carries no read-only flag: the
- * view is writable by the usual rule (while it holds the only reference),
- * and writes land in the producer's memory. On error NOTHING is taken: the
- * deleter is not called and the caller still owns the tensor (usually it calls
- * the deleter). The checks, in this order, and their codes: `t` or `out` NULL:
- * EINVAL; a device other than kDLCPU id 0, kDLCUDA or kDLROCM: ENODEV
- * (device memory is adopted as such: see ipcref_buf_device); ndim < 0 or >
- * IPCREF_MAX_DIMS: ERANGE; lanes != 1 or a (code, bits) pair with no ipcref
- * dtype: EINVAL; shape NULL with ndim > 0, or data NULL for a non-empty tensor:
- * EINVAL; a negative size, or an element count, stride extent or byte size that
- * overflows, or memory that would wrap the address space: ERANGE; the
- * allocator failing: ENOMEM. NULL strides mean compact row-major.
+ * its deleter yourself. A legacy tensor carries no read-only flag: the view
+ * is writable by the usual rule (while it holds the only reference), and
+ * writes land in the producer's memory. On error NOTHING is taken: the
+ * deleter is not called and the caller still owns the tensor (usually it
+ * calls the deleter). The checks, in this order, and their codes: `t` or
+ * `out` NULL: EINVAL; a device other than kDLCPU id 0, kDLCUDA or kDLROCM:
+ * ENODEV (device memory is adopted as such: see ipcref_buf_device);
+ * ndim < 0 or > IPCREF_MAX_DIMS: ERANGE; lanes != 1 or a (code, bits) pair
+ * with no ipcref dtype: EINVAL; shape NULL with ndim > 0, or data NULL for
+ * a non-empty tensor: EINVAL; a negative size, or an element count, stride
+ * extent or byte size that overflows, or memory that would wrap the address
+ * space: ERANGE; the allocator failing: ENOMEM. NULL strides mean compact
+ * row-major.
  *
  * Types, both ways:
  *   BOOL  kDLBool 8 (code 6; DLPack >= 0.8 names it, older headers do not;
@@ -7162,6 +7163,85 @@ IPCREF_PRIVATE void ipcref__dlpack_import_release(void *user, void *data) {
   IPCREF_FREE(im);
 }
 
+/* The import's first checks, in the documented order: the device, the
+ * rank, the element type, and a shape wherever there are dimensions. */
+IPCREF_PRIVATE ipcref_result ipcref__dlpack_check(const DLTensor *t,
+                                                  ipcref_device *dev,
+                                                  ipcref_dtype *dt) {
+  if (ipcref__dlpack_device_in(t->device, dev) != IPCREF_OK)
+    return IPCREF_ENODEV;
+  if (t->ndim < 0 || t->ndim > IPCREF_MAX_DIMS) return IPCREF_ERANGE;
+  if (ipcref_dtype_from_dlpack(t->dtype, dt) != IPCREF_OK) return IPCREF_EINVAL;
+  if (t->ndim > 0 && !t->shape) return IPCREF_EINVAL;
+  return IPCREF_OK;
+}
+
+/* `t`'s geometry as a view with no buffer yet, placed at element
+ * (0,...,0) (byte offset 0). Strides: given, or compact row-major (for an
+ * empty tensor whose compact strides would overflow, any strides do: those
+ * are 0). A negative size is left for ipcref__view_span to refuse. */
+IPCREF_PRIVATE void ipcref__dlpack_geometry(const DLTensor *t, ipcref_dtype dt,
+                                            ipcref_view *v) {
+  int64_t compact = 1;
+  int i;
+  memset(v, 0, sizeof *v);
+  v->dtype = dt;
+  v->ndim = t->ndim;
+  for (i = t->ndim - 1; i >= 0; i--) {
+    v->shape[i] = t->shape[i];
+    if (t->strides) {
+      v->strides[i] = t->strides[i];
+      continue;
+    }
+    v->strides[i] = compact;
+    if (__builtin_mul_overflow(compact, t->shape[i] > 1 ? t->shape[i] : 1,
+                               &compact))
+      compact = 0;
+  }
+}
+
+/* The address of the first byte reached, given the bytes [lo, hi) reached
+ * relative to element (0,...,0), lo <= 0 <= hi: ERANGE when the size would
+ * not fit in ptrdiff_t (hi - lo itself cannot overflow) or the memory
+ * would wrap around the address space. 0 for an empty tensor without
+ * data. */
+IPCREF_PRIVATE ipcref_result ipcref__dlpack_start(const DLTensor *t, int64_t lo,
+                                                  int64_t hi, int64_t numel,
+                                                  uintptr_t *start) {
+  uintptr_t addr = (uintptr_t)t->data;
+  if (hi > PTRDIFF_MAX + lo) return IPCREF_ERANGE;
+  if (t->byte_offset > (uint64_t)PTRDIFF_MAX) return IPCREF_ERANGE;
+  if (addr > UINTPTR_MAX - (uintptr_t)t->byte_offset) return IPCREF_ERANGE;
+  addr += (uintptr_t)t->byte_offset;
+  if (addr < (uintptr_t)(-lo) || addr > UINTPTR_MAX - (uintptr_t)hi)
+    return IPCREF_ERANGE;
+  *start = numel == 0 && !t->data ? 0 : addr - (uintptr_t)(-lo);
+  return IPCREF_OK;
+}
+
+/* A buffer over the `size` bytes at `start` on `dev` whose release deletes
+ * the managed tensor; a read-only import's buffer keeps a weak reference
+ * to itself, so it is never unique. Nothing is adopted on error. */
+IPCREF_PRIVATE ipcref_result ipcref__dlpack_adopt_buf(
+    uintptr_t start, size_t size, ipcref_device dev, void *managed,
+    int versioned, int read_only, ipcref_buf **out) {
+  ipcref__dlpack_adopt *im;
+  ipcref_result r;
+  im = (ipcref__dlpack_adopt *)IPCREF_MALLOC(sizeof *im);
+  if (!im) return IPCREF_ENOMEM;
+  im->managed = managed;
+  im->versioned = versioned;
+  im->read_only = NULL;
+  r = ipcref_buf_wrap_device(start ? (void *)start : NULL, size, dev,
+                             ipcref__dlpack_import_release, im, out);
+  if (r != IPCREF_OK) {
+    IPCREF_FREE(im);
+    return r;
+  }
+  if (read_only) im->read_only = ipcref_buf_downgrade(*out);
+  return IPCREF_OK;
+}
+
 /* The common import: checks `t`, wraps the memory its elements reach and
  * fills *out. Nothing is adopted unless it returns OK. */
 IPCREF_PRIVATE ipcref_result ipcref__dlpack_import(const DLTensor *t,
@@ -7169,101 +7249,22 @@ IPCREF_PRIVATE ipcref_result ipcref__dlpack_import(const DLTensor *t,
                                                    int read_only,
                                                    ipcref_view *out) {
   ipcref_dtype dt;
-  ipcref_view v;
-  ipcref__dlpack_adopt *im;
-  ipcref_buf *b;
-  ipcref_result r;
-  int64_t strides[IPCREF_MAX_DIMS];
-  int64_t numel = 1, lo = 0, hi = 0, esize, lo_b, hi_b;
-  uintptr_t addr, start;
   ipcref_device dev;
-  int i;
-
-  if (ipcref__dlpack_device_in(t->device, &dev) != IPCREF_OK)
-    return IPCREF_ENODEV;
-  if (t->ndim < 0 || t->ndim > IPCREF_MAX_DIMS) return IPCREF_ERANGE;
-  if (ipcref_dtype_from_dlpack(t->dtype, &dt) != IPCREF_OK)
-    return IPCREF_EINVAL;
-  if (t->ndim > 0 && !t->shape) return IPCREF_EINVAL;
-  esize = (int64_t)ipcref_dtype_size(dt);
-
-  for (i = 0; i < t->ndim; i++) {
-    if (t->shape[i] < 0) return IPCREF_ERANGE;
-    if (t->shape[i] == 0) numel = 0;
-  }
-  if (numel != 0) {
-    for (i = 0; i < t->ndim; i++)
-      if (__builtin_mul_overflow(numel, t->shape[i], &numel))
-        return IPCREF_ERANGE;
-  }
-
-  /* Strides: given, or compact row-major (for an empty tensor whose
-   * compact strides would overflow, any strides do: those are 0). */
-  if (t->strides) {
-    for (i = 0; i < t->ndim; i++) strides[i] = t->strides[i];
-  } else {
-    int64_t s = 1;
-    for (i = t->ndim - 1; i >= 0; i--) {
-      strides[i] = s;
-      if (__builtin_mul_overflow(s, t->shape[i] > 1 ? t->shape[i] : 1, &s))
-        s = 0;
-    }
-  }
-
-  /* The bytes reached, relative to element (0,...,0): [lo_b, hi_b). */
-  lo_b = 0;
-  hi_b = 0;
-  if (numel != 0) {
-    for (i = 0; i < t->ndim; i++) {
-      int64_t reach;
-      if (__builtin_mul_overflow(t->shape[i] - 1, strides[i], &reach) ||
-          __builtin_add_overflow(reach < 0 ? lo : hi, reach,
-                                 reach < 0 ? &lo : &hi))
-        return IPCREF_ERANGE;
-    }
-    if (__builtin_mul_overflow(lo, esize, &lo_b) ||
-        __builtin_add_overflow(hi, 1, &hi_b) ||
-        __builtin_mul_overflow(hi_b, esize, &hi_b))
-      return IPCREF_ERANGE;
-    if (!t->data) return IPCREF_EINVAL;
-  }
-  /* hi_b - lo_b cannot overflow: lo_b <= 0 <= hi_b, and the size must fit
-   * in ptrdiff_t for the buffer anyway. */
-  if (hi_b > PTRDIFF_MAX + lo_b) return IPCREF_ERANGE;
-  if (t->byte_offset > (uint64_t)PTRDIFF_MAX) return IPCREF_ERANGE;
-
-  /* The first byte reached and the size, without wrapping around. */
-  addr = (uintptr_t)t->data;
-  if (addr > UINTPTR_MAX - (uintptr_t)t->byte_offset) return IPCREF_ERANGE;
-  addr += (uintptr_t)t->byte_offset;
-  if (addr < (uintptr_t)(-lo_b) || addr > UINTPTR_MAX - (uintptr_t)hi_b)
-    return IPCREF_ERANGE;
-  start = numel == 0 && !t->data ? 0 : addr - (uintptr_t)(-lo_b);
-
-  im = (ipcref__dlpack_adopt *)IPCREF_MALLOC(sizeof *im);
-  if (!im) return IPCREF_ENOMEM;
-  im->managed = managed;
-  im->versioned = versioned;
-  im->read_only = NULL;
-  r = ipcref_buf_wrap_device(start ? (void *)start : NULL,
-                             (size_t)(hi_b - lo_b), dev,
-                             ipcref__dlpack_import_release, im, &b);
-  if (r != IPCREF_OK) {
-    IPCREF_FREE(im);
-    return r;
-  }
-  if (read_only) im->read_only = ipcref_buf_downgrade(b);
-
+  ipcref_view v;
+  int64_t lo, hi, numel; /* the bytes reached, from element (0,...,0) */
+  uintptr_t start;
+  ipcref_result r = ipcref__dlpack_check(t, &dev, &dt);
+  if (r != IPCREF_OK) return r;
+  ipcref__dlpack_geometry(t, dt, &v);
+  if (!ipcref__view_span(&v, &lo, &hi, &numel)) return IPCREF_ERANGE;
+  if (numel != 0 && !t->data) return IPCREF_EINVAL;
+  r = ipcref__dlpack_start(t, lo, hi, numel, &start);
+  if (r != IPCREF_OK) return r;
+  r = ipcref__dlpack_adopt_buf(start, (size_t)(hi - lo), dev, managed,
+                               versioned, read_only, &v.buf);
+  if (r != IPCREF_OK) return r;
   /* From here nothing can fail: the view takes the buffer's reference. */
-  memset(&v, 0, sizeof v);
-  v.buf = b;
-  v.byte_offset = -lo_b;
-  v.dtype = dt;
-  v.ndim = t->ndim;
-  for (i = 0; i < t->ndim; i++) {
-    v.shape[i] = t->shape[i];
-    v.strides[i] = strides[i];
-  }
+  v.byte_offset = -lo;
   *out = v;
   return IPCREF_OK;
 }
@@ -7340,59 +7341,59 @@ IPCREF_API ipcref_result ipcref_view_from_dlpack_versioned(
 
 /* A live id. Its object (alias group) keeps the ids in a list; counts stay
  * per id, and the object's total is their sum. */
-typedef struct ipcref__tid {
+typedef struct ipcref__table_id {
   ipcref_id id;
-  uint64_t count;           /* this id's references */
-  struct ipcref__tobj *obj; /* the object it names */
-  struct ipcref__tid *next; /* the next id of the same object */
-  ipcref_id *contained;     /* what the object holds (first put) */
+  uint64_t count;                /* this id's references */
+  struct ipcref__table_obj *obj; /* the object it names */
+  struct ipcref__table_id *next; /* the next id of the same object */
+  ipcref_id *contained;          /* what the object holds (first put) */
   size_t ncontained;
   uint32_t *stores, nstores, cap; /* where it is stored */
   int put;                        /* put at least once */
-} ipcref__tid;
+} ipcref__table_id;
 
 /* What a call owes the hooks, told after the lock is let go. Making one
  * never allocates (freeing can meet a breach, and freeing cannot fail): a
  * dealloc's note is part of its object, a violation's is the caller's (on
  * its stack, told before the call returns). */
-typedef struct ipcref__tnote {
+typedef struct ipcref__table_note {
   ipcref_id id;       /* a dealloc: the object's first id */
   ipcref_result code; /* OK: a dealloc; else a violation */
   const char *what;
   const ipcref_id *ids; /* a violation: the ids it names (n), each told */
   uint32_t *stores;     /* a dealloc: the stores (n; owned by the object) */
   size_t n;
-  struct ipcref__tnote *next;
-} ipcref__tnote;
+  struct ipcref__table_note *next;
+} ipcref__table_note;
 
-typedef struct ipcref__tobj {
-  ipcref_id first;  /* its smallest id: the name the dealloc hook gets */
-  uint64_t total;   /* the sum of its ids' counts */
-  ipcref__tid *ids; /* the list; once deallocated, the ids whose contained
-                       lists met breaches (see ipcref__tdealloc) */
+typedef struct ipcref__table_obj {
+  ipcref_id first;       /* its smallest id: the name the dealloc hook gets */
+  uint64_t total;        /* the sum of its ids' counts */
+  ipcref__table_id *ids; /* the list; once deallocated, the ids whose contained
+                       lists met breaches (see ipcref__table_dealloc) */
   size_t nids;
-  struct ipcref__tobj *next_free; /* on the dealloc worklist */
+  struct ipcref__table_obj *next_free; /* on the dealloc worklist */
   /* Its dealloc note, made in place: freeing never allocates, so it can
    * never fail halfway. `stores` has room for every store of its ids,
    * reserved by put and alias (which can say ENOMEM before changing
    * anything). */
-  ipcref__tnote note;
+  ipcref__table_note note;
   size_t nstores, room; /* stores of its ids (with repeats); reserved */
-} ipcref__tobj;
+} ipcref__table_obj;
 
 /* A message in flight: the ids it carries. */
-typedef struct ipcref__tmsg {
+typedef struct ipcref__table_msg {
   size_t n;
   ipcref_id ids[1]; /* n of them */
-} ipcref__tmsg;
+} ipcref__table_msg;
 
 /* An open-addressing hash from nonzero 64-bit keys to pointers (linear
  * probing; deletion shifts back, so there are no tombstones). */
-typedef struct ipcref__thash {
+typedef struct ipcref__table_hash {
   uint64_t *keys;
   void **vals;
   size_t cap, n; /* cap: a power of two, or 0 */
-} ipcref__thash;
+} ipcref__table_hash;
 
 struct ipcref_table {
   int lock; /* a spinlock: the table is portable C, calls are short */
@@ -7400,13 +7401,14 @@ struct ipcref_table {
   ipcref_table_hooks hooks;
   ipcref_id next_id;
   uint64_t next_token;
-  ipcref__thash ids, msgs;
+  ipcref__table_hash ids, msgs;
   size_t objects;
   uint64_t deallocs, violations;
-  ipcref__tnote *notes, **notes_tail;
+  ipcref__table_note *notes, **notes_tail;
 };
 
-IPCREF_PRIVATE void ipcref__tlock(ipcref_table *t) {
+/* Takes the table's spinlock; ipcref__table_unlock lets it go. */
+IPCREF_PRIVATE void ipcref__table_lock(ipcref_table *t) {
   while (__atomic_test_and_set(&t->lock, __ATOMIC_ACQUIRE))
     while (__atomic_load_n(&t->lock, __ATOMIC_RELAXED)) {
     }
@@ -7414,27 +7416,37 @@ IPCREF_PRIVATE void ipcref__tlock(ipcref_table *t) {
 
 /* ---- the hash ------------------------------------------------------------ */
 
-IPCREF_PRIVATE size_t ipcref__thash_slot(const ipcref__thash *h, uint64_t k) {
-  k ^= k >> 33; /* a 64-bit mix: ids and tokens are sequential */
-  k *= 0xff51afd7ed558ccdull;
+/* The hash's smallest table, in slots (a power of two). */
+#define IPCREF__TABLE_HASH_MIN_SLOTS 16
+/* The multiplier of MurmurHash3's 64-bit finalizer (fmix64). */
+#define IPCREF__TABLE_HASH_MIX 0xff51afd7ed558ccdull
+
+/* Key `k`'s home slot. Ids and tokens are sequential: they are mixed
+ * first, so that neighbours spread. */
+IPCREF_PRIVATE size_t ipcref__table_hash_slot(const ipcref__table_hash *h,
+                                              uint64_t k) {
+  k ^= k >> 33;
+  k *= IPCREF__TABLE_HASH_MIX;
   k ^= k >> 33;
   return (size_t)k & (h->cap - 1);
 }
 
-IPCREF_PRIVATE void *ipcref__thash_get(const ipcref__thash *h, uint64_t k) {
+IPCREF_PRIVATE void *ipcref__table_hash_get(const ipcref__table_hash *h,
+                                            uint64_t k) {
   size_t i;
   if (!h->cap) return NULL;
-  for (i = ipcref__thash_slot(h, k); h->keys[i]; i = (i + 1) & (h->cap - 1))
+  for (i = ipcref__table_hash_slot(h, k); h->keys[i];
+       i = (i + 1) & (h->cap - 1))
     if (h->keys[i] == k) return h->vals[i];
   return NULL;
 }
 
 /* Makes room for one more key (load at most 1/2). 0 on ENOMEM. */
-IPCREF_PRIVATE int ipcref__thash_reserve(ipcref__thash *h) {
-  ipcref__thash g;
+IPCREF_PRIVATE int ipcref__table_hash_reserve(ipcref__table_hash *h) {
+  ipcref__table_hash g;
   size_t i, j;
   if ((h->n + 1) * 2 <= h->cap) return 1;
-  g.cap = h->cap ? h->cap * 2 : 16;
+  g.cap = h->cap ? h->cap * 2 : IPCREF__TABLE_HASH_MIN_SLOTS;
   g.n = h->n;
   g.keys = (uint64_t *)IPCREF_MALLOC(g.cap * sizeof *g.keys);
   g.vals = (void **)IPCREF_MALLOC(g.cap * sizeof *g.vals);
@@ -7446,7 +7458,7 @@ IPCREF_PRIVATE int ipcref__thash_reserve(ipcref__thash *h) {
   memset(g.keys, 0, g.cap * sizeof *g.keys);
   for (i = 0; i < h->cap; i++) {
     if (!h->keys[i]) continue;
-    for (j = ipcref__thash_slot(&g, h->keys[i]); g.keys[j];
+    for (j = ipcref__table_hash_slot(&g, h->keys[i]); g.keys[j];
          j = (j + 1) & (g.cap - 1)) {
     }
     g.keys[j] = h->keys[i];
@@ -7458,25 +7470,27 @@ IPCREF_PRIVATE int ipcref__thash_reserve(ipcref__thash *h) {
   return 1;
 }
 
-/* After ipcref__thash_reserve. */
-IPCREF_PRIVATE void ipcref__thash_put(ipcref__thash *h, uint64_t k, void *v) {
+/* After ipcref__table_hash_reserve. */
+IPCREF_PRIVATE void ipcref__table_hash_put(ipcref__table_hash *h, uint64_t k,
+                                           void *v) {
   size_t i;
-  for (i = ipcref__thash_slot(h, k); h->keys[i]; i = (i + 1) & (h->cap - 1)) {
+  for (i = ipcref__table_hash_slot(h, k); h->keys[i];
+       i = (i + 1) & (h->cap - 1)) {
   }
   h->keys[i] = k;
   h->vals[i] = v;
   h->n++;
 }
 
-IPCREF_PRIVATE void ipcref__thash_del(ipcref__thash *h, uint64_t k) {
+IPCREF_PRIVATE void ipcref__table_hash_del(ipcref__table_hash *h, uint64_t k) {
   size_t i, j, home;
   if (!h->cap) return;
-  for (i = ipcref__thash_slot(h, k); h->keys[i] != k;
+  for (i = ipcref__table_hash_slot(h, k); h->keys[i] != k;
        i = (i + 1) & (h->cap - 1))
     if (!h->keys[i]) return;
   /* Shift back what the hole would hide from its home slot. */
   for (j = (i + 1) & (h->cap - 1); h->keys[j]; j = (j + 1) & (h->cap - 1)) {
-    home = ipcref__thash_slot(h, h->keys[j]);
+    home = ipcref__table_hash_slot(h, h->keys[j]);
     if (((j - home) & (h->cap - 1)) >= ((j - i) & (h->cap - 1))) {
       h->keys[i] = h->keys[j];
       h->vals[i] = h->vals[j];
@@ -7487,16 +7501,16 @@ IPCREF_PRIVATE void ipcref__thash_del(ipcref__thash *h, uint64_t k) {
   h->n--;
 }
 
-/* ---- notes for the hooks ----------------------------------------------------
- */
+/* ---- notes for the hooks ------------------------------------------------- */
 
 /* A breach naming `id`: counted, and told to the violation hook after the
  * unlock through `note`, the caller's (it must live until the unlock;
  * one note per breach). Never allocates. */
-IPCREF_PRIVATE ipcref_result ipcref__tbreach(ipcref_table *t,
-                                             ipcref__tnote *note, ipcref_id id,
-                                             ipcref_result code,
-                                             const char *what) {
+IPCREF_PRIVATE ipcref_result ipcref__table_breach(ipcref_table *t,
+                                                  ipcref__table_note *note,
+                                                  ipcref_id id,
+                                                  ipcref_result code,
+                                                  const char *what) {
   memset(note, 0, sizeof *note);
   note->id = id;
   note->code = code;
@@ -7511,19 +7525,20 @@ IPCREF_PRIVATE ipcref_result ipcref__tbreach(ipcref_table *t,
 
 /* Unlocks, then tells the hooks (they may call into the table), then frees
  * what was told. */
-IPCREF_PRIVATE void ipcref__tunlock(ipcref_table *t) {
-  ipcref__tnote *n = t->notes;
+IPCREF_PRIVATE void ipcref__table_unlock(ipcref_table *t) {
+  ipcref__table_note *n = t->notes;
   ipcref_table_hooks h = t->hooks;
   size_t k;
   t->notes = NULL;
   t->notes_tail = &t->notes;
   __atomic_clear(&t->lock, __ATOMIC_RELEASE);
   while (n) {
-    ipcref__tnote *next = n->next;
+    ipcref__table_note *next = n->next;
     if (n->code == IPCREF_OK) { /* a dealloc: its note is in its object */
-      ipcref__tobj *o =
-          (ipcref__tobj *)(void *)((char *)n - offsetof(ipcref__tobj, note));
-      ipcref__tid *x;
+      ipcref__table_obj *o =
+          (ipcref__table_obj *)(void *)((char *)n -
+                                        offsetof(ipcref__table_obj, note));
+      ipcref__table_id *x;
       for (x = o->ids; x && h.violation; x = x->next) /* breaches it met */
         for (k = 0; k < x->ncontained; k++)           /* as decref tells them */
           h.violation(h.user, x->contained[k], IPCREF_EDEAD,
@@ -7545,18 +7560,17 @@ IPCREF_PRIVATE void ipcref__tunlock(ipcref_table *t) {
   }
 }
 
-/* ---- ids and objects ------------------------------------------------------
- */
+/* ---- ids and objects ----------------------------------------------------- */
 
 /* The live id `id`, or NULL with *r: EINVAL (never handed out), EDEAD. */
-IPCREF_PRIVATE ipcref__tid *ipcref__tfind(ipcref_table *t, ipcref_id id,
-                                          ipcref_result *r) {
-  ipcref__tid *x;
+IPCREF_PRIVATE ipcref__table_id *
+ipcref__table_find(ipcref_table *t, ipcref_id id, ipcref_result *r) {
+  ipcref__table_id *x;
   if (id == 0 || id >= t->next_id) {
     *r = IPCREF_EINVAL;
     return NULL;
   }
-  x = (ipcref__tid *)ipcref__thash_get(&t->ids, id);
+  x = (ipcref__table_id *)ipcref__table_hash_get(&t->ids, id);
   if (!x) *r = IPCREF_EDEAD;
   return x;
 }
@@ -7568,14 +7582,15 @@ IPCREF_PRIVATE ipcref__tid *ipcref__tfind(ipcref_table *t, ipcref_id id,
  * taken by someone else): it changes nothing and the rest goes on. The
  * breaches are kept in the dead id's contained list, which stays (with
  * the id) on its object until told: freeing never allocates. */
-IPCREF_PRIVATE void ipcref__tdealloc(ipcref_table *t, ipcref__tobj *o) {
-  ipcref__tobj *work = o;
+IPCREF_PRIVATE void ipcref__table_dealloc(ipcref_table *t,
+                                          ipcref__table_obj *o) {
+  ipcref__table_obj *work = o;
   o->next_free = NULL;
   while (work) {
-    ipcref__tobj *cur = work;
-    ipcref__tnote *note = &cur->note;
+    ipcref__table_obj *cur = work;
+    ipcref__table_note *note = &cur->note;
     size_t k, nb;
-    ipcref__tid *x, *kept = NULL, **kept_tail = &kept;
+    ipcref__table_id *x, *kept = NULL, **kept_tail = &kept;
     work = cur->next_free;
     note->id = cur->first;
     while ((x = cur->ids) != NULL) {
@@ -7587,8 +7602,8 @@ IPCREF_PRIVATE void ipcref__tdealloc(ipcref_table *t, ipcref__tobj *o) {
         if (j == note->n) note->stores[note->n++] = x->stores[k];
       }
       for (k = nb = 0; k < x->ncontained; k++) {
-        ipcref__tid *c =
-            (ipcref__tid *)ipcref__thash_get(&t->ids, x->contained[k]);
+        ipcref__table_id *c = (ipcref__table_id *)ipcref__table_hash_get(
+            &t->ids, x->contained[k]);
         if (!c || c->count == 0) { /* gone, or at zero: a breach */
           x->contained[nb++] = x->contained[k];
           continue;
@@ -7599,9 +7614,9 @@ IPCREF_PRIVATE void ipcref__tdealloc(ipcref_table *t, ipcref__tobj *o) {
           work = c->obj;
         }
       }
-      ipcref__thash_del(&t->ids, x->id);
+      ipcref__table_hash_del(&t->ids, x->id);
       IPCREF_FREE(x->stores);
-      if (nb) { /* kept until told (ipcref__tunlock) */
+      if (nb) { /* kept until told (ipcref__table_unlock) */
         t->violations += nb;
         x->ncontained = nb;
         x->next = NULL;
@@ -7622,7 +7637,7 @@ IPCREF_PRIVATE void ipcref__tdealloc(ipcref_table *t, ipcref__tobj *o) {
 
 /* Makes room in `o`'s dealloc note for `need` stores (under the lock). 0
  * on ENOMEM, with nothing changed. */
-IPCREF_PRIVATE int ipcref__troom(ipcref__tobj *o, size_t need) {
+IPCREF_PRIVATE int ipcref__table_room(ipcref__table_obj *o, size_t need) {
   size_t room = o->room ? o->room * 2 : 4;
   uint32_t *s;
   if (need <= o->room) return 1;
@@ -7635,12 +7650,13 @@ IPCREF_PRIVATE int ipcref__troom(ipcref__tobj *o, size_t need) {
 }
 
 /* One reference less on `x` (under the lock; its count is above zero). */
-IPCREF_PRIVATE void ipcref__tdrop(ipcref_table *t, ipcref__tid *x) {
+IPCREF_PRIVATE void ipcref__table_drop(ipcref_table *t, ipcref__table_id *x) {
   x->count--;
-  if (--x->obj->total == 0) ipcref__tdealloc(t, x->obj);
+  if (--x->obj->total == 0) ipcref__table_dealloc(t, x->obj);
 }
 
-IPCREF_PRIVATE void ipcref__tgain(ipcref__tid *x) {
+/* One reference more on `x` (under the lock). */
+IPCREF_PRIVATE void ipcref__table_gain(ipcref__table_id *x) {
   x->count++;
   x->obj->total++;
 }
@@ -7652,8 +7668,7 @@ IPCREF_PRIVATE void ipcref__tgain(ipcref__tid *x) {
  * breaches, noted while locked) after letting it go, so a hook may call
  * back in. */
 
-/* ---- the API ----------------------------------------------------------------
- */
+/* ---- the API ------------------------------------------------------------- */
 
 IPCREF_API ipcref_result ipcref_table_new(const ipcref_table_hooks *hooks,
                                           ipcref_table **out) {
@@ -7676,11 +7691,11 @@ IPCREF_PRIVATE void ipcref__table_unref(ipcref_table *t) {
   if (__atomic_fetch_sub(&t->refs, 1, __ATOMIC_RELEASE) != 1) return;
   IPCREF__ACQUIRE_FENCE(&t->refs);
   for (i = 0; i < t->ids.cap; i++) {
-    ipcref__tid *x = (ipcref__tid *)t->ids.vals[i];
+    ipcref__table_id *x = (ipcref__table_id *)t->ids.vals[i];
     if (!t->ids.keys[i]) continue;
     if (x->obj) { /* the first of its ids met: all are still here */
-      ipcref__tobj *o = x->obj;
-      ipcref__tid *y;
+      ipcref__table_obj *o = x->obj;
+      ipcref__table_id *y;
       for (y = o->ids; y; y = y->next) y->obj = NULL;
       IPCREF_FREE(o->note.stores);
       IPCREF_FREE(o);
@@ -7700,18 +7715,18 @@ IPCREF_PRIVATE void ipcref__table_unref(ipcref_table *t) {
 
 IPCREF_API void ipcref_table_free(ipcref_table *t) {
   if (!t) return;
-  ipcref__tlock(t); /* no hook is called any more, whatever still runs */
+  ipcref__table_lock(t); /* no hook is called any more, whatever still runs */
   memset(&t->hooks, 0, sizeof t->hooks);
-  ipcref__tunlock(t);
+  ipcref__table_unlock(t);
   ipcref__table_unref(t);
 }
 
 IPCREF_API ipcref_result ipcref_table_create(ipcref_table *t, ipcref_id *out) {
-  ipcref__tid *x;
-  ipcref__tobj *o;
+  ipcref__table_id *x;
+  ipcref__table_obj *o;
   if (!t || !out) return IPCREF_EINVAL;
-  x = (ipcref__tid *)IPCREF_MALLOC(sizeof *x);
-  o = (ipcref__tobj *)IPCREF_MALLOC(sizeof *o);
+  x = (ipcref__table_id *)IPCREF_MALLOC(sizeof *x);
+  o = (ipcref__table_obj *)IPCREF_MALLOC(sizeof *o);
   if (!x || !o) {
     IPCREF_FREE(x);
     IPCREF_FREE(o);
@@ -7719,9 +7734,9 @@ IPCREF_API ipcref_result ipcref_table_create(ipcref_table *t, ipcref_id *out) {
   }
   memset(x, 0, sizeof *x);
   memset(o, 0, sizeof *o);
-  ipcref__tlock(t);
-  if (!ipcref__thash_reserve(&t->ids)) {
-    ipcref__tunlock(t);
+  ipcref__table_lock(t);
+  if (!ipcref__table_hash_reserve(&t->ids)) {
+    ipcref__table_unlock(t);
     IPCREF_FREE(x);
     IPCREF_FREE(o);
     return IPCREF_ENOMEM;
@@ -7733,54 +7748,77 @@ IPCREF_API ipcref_result ipcref_table_create(ipcref_table *t, ipcref_id *out) {
   o->total = 1;
   o->ids = x;
   o->nids = 1;
-  ipcref__thash_put(&t->ids, x->id, x);
+  ipcref__table_hash_put(&t->ids, x->id, x);
   t->objects++;
   *out = x->id;
-  ipcref__tunlock(t);
+  ipcref__table_unlock(t);
   return IPCREF_OK;
 }
 
 IPCREF_API ipcref_result ipcref_table_incref(ipcref_table *t, ipcref_id id) {
-  ipcref__tid *x;
-  ipcref__tnote note;
+  ipcref__table_id *x;
+  ipcref__table_note note;
   ipcref_result r = IPCREF_OK;
   if (!t) return IPCREF_EINVAL;
-  ipcref__tlock(t);
-  x = ipcref__tfind(t, id, &r);
+  ipcref__table_lock(t);
+  x = ipcref__table_find(t, id, &r);
   if (x)
-    ipcref__tgain(x);
+    ipcref__table_gain(x);
   else
-    r = ipcref__tbreach(t, &note, id, r,
-                        "incref of an id that is gone or unknown");
-  ipcref__tunlock(t);
+    r = ipcref__table_breach(t, &note, id, r,
+                             "incref of an id that is gone or unknown");
+  ipcref__table_unlock(t);
   return r;
 }
 
 IPCREF_API ipcref_result ipcref_table_decref(ipcref_table *t, ipcref_id id) {
-  ipcref__tid *x;
-  ipcref__tnote note;
+  ipcref__table_id *x;
+  ipcref__table_note note;
   ipcref_result r = IPCREF_OK;
   if (!t) return IPCREF_EINVAL;
-  ipcref__tlock(t);
-  x = ipcref__tfind(t, id, &r);
+  ipcref__table_lock(t);
+  x = ipcref__table_find(t, id, &r);
   if (!x)
-    r = ipcref__tbreach(t, &note, id, r,
-                        "decref of an id that is gone or unknown");
+    r = ipcref__table_breach(t, &note, id, r,
+                             "decref of an id that is gone or unknown");
   else if (x->count == 0)
-    r = ipcref__tbreach(t, &note, id, IPCREF_EDEAD, "decref of an id at zero");
+    r = ipcref__table_breach(t, &note, id, IPCREF_EDEAD,
+                             "decref of an id at zero");
   else
-    ipcref__tdrop(t, x);
-  ipcref__tunlock(t);
+    ipcref__table_drop(t, x);
+  ipcref__table_unlock(t);
   return r;
+}
+
+/* Records that `x` is stored in `store` (once: a store already listed is
+ * not listed again), with room for it in its object's dealloc note (under
+ * the lock). ENOMEM with nothing changed. */
+IPCREF_PRIVATE ipcref_result ipcref__table_add_store(ipcref__table_id *x,
+                                                     uint32_t store) {
+  uint32_t i;
+  for (i = 0; i < x->nstores; i++)
+    if (x->stores[i] == store) return IPCREF_OK;
+  if (x->nstores == x->cap) {
+    uint32_t cap = x->cap ? x->cap * 2 : 2;
+    uint32_t *s =
+        (uint32_t *)IPCREF_REALLOC(x->stores, cap * sizeof *x->stores);
+    if (!s) return IPCREF_ENOMEM;
+    x->stores = s;
+    x->cap = cap;
+  }
+  if (!ipcref__table_room(x->obj, x->obj->nstores + 1)) return IPCREF_ENOMEM;
+  x->stores[x->nstores++] = store;
+  x->obj->nstores++;
+  return IPCREF_OK;
 }
 
 IPCREF_API ipcref_result ipcref_table_put(ipcref_table *t, ipcref_id id,
                                           uint32_t store,
                                           const ipcref_id *contained,
                                           size_t n) {
-  ipcref__tid *x;
+  ipcref__table_id *x;
   ipcref_id *copy = NULL;
-  ipcref__tnote note;
+  ipcref__table_note note;
   ipcref_result r = IPCREF_OK;
   size_t i;
   if (!t || (n && !contained) || n > SIZE_MAX / sizeof *copy)
@@ -7790,11 +7828,11 @@ IPCREF_API ipcref_result ipcref_table_put(ipcref_table *t, ipcref_id id,
     if (!copy) return IPCREF_ENOMEM;
     memcpy(copy, contained, n * sizeof *copy);
   }
-  ipcref__tlock(t);
-  x = ipcref__tfind(t, id, &r);
+  ipcref__table_lock(t);
+  x = ipcref__table_find(t, id, &r);
   if (!x) {
-    r = ipcref__tbreach(t, &note, id, r,
-                        "put of an id that is gone or unknown");
+    r = ipcref__table_breach(t, &note, id, r,
+                             "put of an id that is gone or unknown");
     goto out;
   }
   if (n && x->put) { /* what an object holds is set once */
@@ -7803,45 +7841,28 @@ IPCREF_API ipcref_result ipcref_table_put(ipcref_table *t, ipcref_id id,
   }
   for (i = 0; i < n; i++) { /* all, before anything changes */
     ipcref_result rc = IPCREF_OK;
-    if (copy[i] == id || !ipcref__tfind(t, copy[i], &rc)) {
-      r = copy[i] == id ? IPCREF_EINVAL
-                        : ipcref__tbreach(t, &note, copy[i], rc,
-                                          "put containing an id that is gone "
-                                          "or unknown");
+    if (copy[i] == id || !ipcref__table_find(t, copy[i], &rc)) {
+      r = copy[i] == id
+              ? IPCREF_EINVAL
+              : ipcref__table_breach(t, &note, copy[i], rc,
+                                     "put containing an id that is gone "
+                                     "or unknown");
       goto out;
     }
   }
-  for (i = 0; i < x->nstores && x->stores[i] != store; i++) {
-  }
-  if (i == x->nstores) {
-    if (x->nstores == x->cap) {
-      uint32_t cap = x->cap ? x->cap * 2 : 2;
-      uint32_t *s =
-          (uint32_t *)IPCREF_REALLOC(x->stores, cap * sizeof *x->stores);
-      if (!s) {
-        r = IPCREF_ENOMEM;
-        goto out;
-      }
-      x->stores = s;
-      x->cap = cap;
-    }
-    if (!ipcref__troom(x->obj, x->obj->nstores + 1)) {
-      r = IPCREF_ENOMEM;
-      goto out;
-    }
-    x->stores[x->nstores++] = store;
-    x->obj->nstores++;
-  }
+  r = ipcref__table_add_store(x, store);
+  if (r != IPCREF_OK) goto out;
   if (!x->put) {
     for (i = 0; i < n; i++)
-      ipcref__tgain((ipcref__tid *)ipcref__thash_get(&t->ids, copy[i]));
+      ipcref__table_gain(
+          (ipcref__table_id *)ipcref__table_hash_get(&t->ids, copy[i]));
     x->contained = copy;
     x->ncontained = n;
     copy = NULL;
     x->put = 1;
   }
 out:
-  ipcref__tunlock(t);
+  ipcref__table_unlock(t);
   IPCREF_FREE(copy);
   return r;
 }
@@ -7849,36 +7870,37 @@ out:
 IPCREF_API ipcref_result ipcref_table_msg_out(ipcref_table *t,
                                               const ipcref_id *ids, size_t n,
                                               uint64_t *token) {
-  ipcref__tmsg *m;
-  ipcref__tnote note;
+  ipcref__table_msg *m;
+  ipcref__table_note note;
   ipcref_result r = IPCREF_OK;
   size_t i;
   if (!t || !token || (n && !ids) ||
       n > (SIZE_MAX - sizeof *m) / sizeof(ipcref_id))
     return IPCREF_EINVAL;
-  m = (ipcref__tmsg *)IPCREF_MALLOC(sizeof *m + n * sizeof(ipcref_id));
+  m = (ipcref__table_msg *)IPCREF_MALLOC(sizeof *m + n * sizeof(ipcref_id));
   if (!m) return IPCREF_ENOMEM;
   m->n = n;
   if (n) memcpy(m->ids, ids, n * sizeof(ipcref_id));
-  ipcref__tlock(t);
+  ipcref__table_lock(t);
   for (i = 0; i < n; i++)
-    if (!ipcref__tfind(t, ids[i], &r)) {
-      r = ipcref__tbreach(t, &note, ids[i], r,
-                          "message carrying an id that is gone "
-                          "or unknown");
+    if (!ipcref__table_find(t, ids[i], &r)) {
+      r = ipcref__table_breach(t, &note, ids[i], r,
+                               "message carrying an id that is gone "
+                               "or unknown");
       goto out;
     }
-  if (!ipcref__thash_reserve(&t->msgs)) {
+  if (!ipcref__table_hash_reserve(&t->msgs)) {
     r = IPCREF_ENOMEM;
     goto out;
   }
   for (i = 0; i < n; i++)
-    ipcref__tgain((ipcref__tid *)ipcref__thash_get(&t->ids, ids[i]));
+    ipcref__table_gain(
+        (ipcref__table_id *)ipcref__table_hash_get(&t->ids, ids[i]));
   *token = t->next_token++;
-  ipcref__thash_put(&t->msgs, *token, m);
+  ipcref__table_hash_put(&t->msgs, *token, m);
   m = NULL;
 out:
-  ipcref__tunlock(t);
+  ipcref__table_unlock(t);
   IPCREF_FREE(m);
   return r;
 }
@@ -7889,23 +7911,24 @@ out:
  * which is freed after they are told. */
 IPCREF_PRIVATE ipcref_result ipcref__table_msg_end(ipcref_table *t,
                                                    uint64_t token) {
-  ipcref__tmsg *m;
-  ipcref__tnote note;
+  ipcref__table_msg *m;
+  ipcref__table_note note;
   size_t i, nb = 0;
   if (!t || token == 0) return IPCREF_EINVAL;
-  ipcref__tlock(t);
-  m = (ipcref__tmsg *)ipcref__thash_get(&t->msgs, token);
+  ipcref__table_lock(t);
+  m = (ipcref__table_msg *)ipcref__table_hash_get(&t->msgs, token);
   if (m) {
-    ipcref__thash_del(&t->msgs, token);
+    ipcref__table_hash_del(&t->msgs, token);
     for (i = 0; i < m->n; i++) {
-      ipcref__tid *x = (ipcref__tid *)ipcref__thash_get(&t->ids, m->ids[i]);
+      ipcref__table_id *x =
+          (ipcref__table_id *)ipcref__table_hash_get(&t->ids, m->ids[i]);
       if (x && x->count) {
-        ipcref__tdrop(t, x); /* alive: the message held it */
+        ipcref__table_drop(t, x); /* alive: the message held it */
         continue;
       }
       if (nb == 0)
-        (void)ipcref__tbreach(t, &note, m->ids[i], IPCREF_EDEAD,
-                              "a message's id went below zero");
+        (void)ipcref__table_breach(t, &note, m->ids[i], IPCREF_EDEAD,
+                                   "a message's id went below zero");
       else
         t->violations++;
       m->ids[nb++] = m->ids[i];
@@ -7913,10 +7936,10 @@ IPCREF_PRIVATE ipcref_result ipcref__table_msg_end(ipcref_table *t,
       note.n = nb;
     }
   } else if (token < t->next_token) { /* spent: a second msg_in/cancel */
-    (void)ipcref__tbreach(t, &note, 0, IPCREF_EINVAL,
-                          "a message let go of twice");
+    (void)ipcref__table_breach(t, &note, 0, IPCREF_EINVAL,
+                               "a message let go of twice");
   }
-  ipcref__tunlock(t);
+  ipcref__table_unlock(t);
   IPCREF_FREE(m);
   return m ? IPCREF_OK : IPCREF_EINVAL;
 }
@@ -7932,29 +7955,29 @@ IPCREF_API ipcref_result ipcref_table_msg_cancel(ipcref_table *t,
 
 IPCREF_API ipcref_result ipcref_table_alias(ipcref_table *t, ipcref_id a,
                                             ipcref_id b) {
-  ipcref__tid *x, *y, *last;
-  ipcref__tobj *big, *small;
-  ipcref__tnote note;
+  ipcref__table_id *x, *y, *last;
+  ipcref__table_obj *big, *small;
+  ipcref__table_note note;
   ipcref_result ra = IPCREF_OK, rb = IPCREF_OK;
   if (!t) return IPCREF_EINVAL;
-  ipcref__tlock(t);
-  x = ipcref__tfind(t, a, &ra);
-  y = ipcref__tfind(t, b, &rb);
+  ipcref__table_lock(t);
+  x = ipcref__table_find(t, a, &ra);
+  y = ipcref__table_find(t, b, &rb);
   if (!x || !y) {
     ipcref_result r = ra != IPCREF_OK ? ra : rb;
-    r = ipcref__tbreach(t, &note, !x ? a : b, r,
-                        r == IPCREF_EDEAD
-                            ? "alias of an object that was freed: the ids "
-                              "were not both alive until the alias"
-                            : "alias of an id never handed out");
-    ipcref__tunlock(t);
+    r = ipcref__table_breach(t, &note, !x ? a : b, r,
+                             r == IPCREF_EDEAD
+                                 ? "alias of an object that was freed: the ids "
+                                   "were not both alive until the alias"
+                                 : "alias of an id never handed out");
+    ipcref__table_unlock(t);
     return r;
   }
   if (x->obj != y->obj) { /* merge the smaller group into the larger */
     big = x->obj->nids >= y->obj->nids ? x->obj : y->obj;
     small = big == x->obj ? y->obj : x->obj;
-    if (!ipcref__troom(big, big->nstores + small->nstores)) {
-      ipcref__tunlock(t);
+    if (!ipcref__table_room(big, big->nstores + small->nstores)) {
+      ipcref__table_unlock(t);
       return IPCREF_ENOMEM;
     }
     big->nstores += small->nstores;
@@ -7969,77 +7992,78 @@ IPCREF_API ipcref_result ipcref_table_alias(ipcref_table *t, ipcref_id a,
     t->objects--;
     IPCREF_FREE(small);
   }
-  ipcref__tunlock(t);
+  ipcref__table_unlock(t);
   return IPCREF_OK;
 }
 
 IPCREF_API ipcref_result ipcref_table_count(ipcref_table *t, ipcref_id id,
                                             uint64_t *out) {
-  ipcref__tid *x;
+  ipcref__table_id *x;
   ipcref_result r = IPCREF_OK;
   if (!t || !out) return IPCREF_EINVAL;
-  ipcref__tlock(t);
-  x = ipcref__tfind(t, id, &r);
+  ipcref__table_lock(t);
+  x = ipcref__table_find(t, id, &r);
   if (x) *out = x->count;
-  ipcref__tunlock(t);
+  ipcref__table_unlock(t);
   return r;
 }
 
 IPCREF_API ipcref_result ipcref_table_get_stats(ipcref_table *t,
                                                 ipcref_table_stats *out) {
   if (!t || !out) return IPCREF_EINVAL;
-  ipcref__tlock(t);
+  ipcref__table_lock(t);
   out->ids = t->ids.n;
   out->objects = t->objects;
   out->messages = t->msgs.n;
   out->deallocs = t->deallocs;
   out->violations = t->violations;
-  ipcref__tunlock(t);
+  ipcref__table_unlock(t);
   return IPCREF_OK;
 }
 
 /* A pulled view's hold: the table reference and the source buffer. */
-typedef struct ipcref__tpin {
+typedef struct ipcref__table_pin {
   ipcref_table *t;
   ipcref_id id;
   ipcref_buf *src;
-} ipcref__tpin;
+} ipcref__table_pin;
 
 /* The pin's end: the table reference goes, and the source buffer (unless
  * a shared alias releases it itself: src NULL). */
-IPCREF_PRIVATE void ipcref__tpin_end(void *user) {
-  ipcref__tpin *pin = (ipcref__tpin *)user;
-  ipcref__tid *x = NULL;
-  ipcref__tnote note;
-  ipcref__tlock(pin->t);
-  if (pin->id) x = (ipcref__tid *)ipcref__thash_get(&pin->t->ids, pin->id);
+IPCREF_PRIVATE void ipcref__table_pin_end(void *user) {
+  ipcref__table_pin *pin = (ipcref__table_pin *)user;
+  ipcref__table_id *x = NULL;
+  ipcref__table_note note;
+  ipcref__table_lock(pin->t);
+  if (pin->id)
+    x = (ipcref__table_id *)ipcref__table_hash_get(&pin->t->ids, pin->id);
   if (x && x->count)
-    ipcref__tdrop(pin->t, x); /* alive: the pin held it */
-  else if (pin->id)           /* someone let go of the pin's reference too */
-    (void)ipcref__tbreach(pin->t, &note, pin->id, IPCREF_EDEAD,
-                          "a pulled view's reference was decremented by "
-                          "someone else");
-  ipcref__tunlock(pin->t);
+    ipcref__table_drop(pin->t, x); /* alive: the pin held it */
+  else if (pin->id) /* someone let go of the pin's reference too */
+    (void)ipcref__table_breach(pin->t, &note, pin->id, IPCREF_EDEAD,
+                               "a pulled view's reference was decremented by "
+                               "someone else");
+  ipcref__table_unlock(pin->t);
   ipcref_buf_release(pin->src);
   ipcref__table_unref(pin->t);
   IPCREF_FREE(pin);
 }
 
-IPCREF_PRIVATE void ipcref__tpin_release(void *user, void *data) {
+IPCREF_PRIVATE void ipcref__table_pin_release(void *user, void *data) {
   (void)data;
-  ipcref__tpin_end(user);
+  ipcref__table_pin_end(user);
 }
 
 IPCREF_API ipcref_result ipcref_table_view(ipcref_table *t, ipcref_id id,
                                            const ipcref_view *src,
                                            ipcref_view *out) {
-  ipcref__tpin *pin;
-  ipcref__tid *x;
+  ipcref__table_pin *pin;
+  ipcref__table_id *x;
   ipcref_buf *b;
-  ipcref__tnote note;
+  ipcref__table_note note;
   ipcref_result r = IPCREF_OK;
   if (!t || !out || !ipcref__view_valid(src)) return IPCREF_EINVAL;
-  pin = (ipcref__tpin *)IPCREF_MALLOC(sizeof *pin);
+  pin = (ipcref__table_pin *)IPCREF_MALLOC(sizeof *pin);
   if (!pin) return IPCREF_ENOMEM;
   pin->t = t;
   pin->id = id;
@@ -8048,14 +8072,14 @@ IPCREF_API ipcref_result ipcref_table_view(ipcref_table *t, ipcref_id id,
   /* A shared buffer made here: the pulled view is an alias of it, which
    * can be sent on, and the table reference lives until the alias and
    * every lease taken through it are gone. */
-  switch (ipcref__shared_alias(src->buf, ipcref__tpin_end, pin, &b)) {
+  switch (ipcref__shared_alias(src->buf, ipcref__table_pin_end, pin, &b)) {
   case 1: pin->src = NULL; break; /* the alias releases it */
   case -1: IPCREF_FREE(pin); return IPCREF_ENOMEM;
   default:
 #endif
     r = ipcref_buf_wrap_device(src->buf->data, src->buf->size,
                                ipcref_buf_device(src->buf),
-                               ipcref__tpin_release, pin, &b);
+                               ipcref__table_pin_release, pin, &b);
     if (r != IPCREF_OK) {
       IPCREF_FREE(pin);
       return r;
@@ -8064,14 +8088,14 @@ IPCREF_API ipcref_result ipcref_table_view(ipcref_table *t, ipcref_id id,
 #ifdef IPCREF_HAVE_SHARING
   }
 #endif
-  ipcref__tlock(t);
-  x = ipcref__tfind(t, id, &r);
+  ipcref__table_lock(t);
+  x = ipcref__table_find(t, id, &r);
   if (x)
-    ipcref__tgain(x);
+    ipcref__table_gain(x);
   else
-    r = ipcref__tbreach(t, &note, id, r,
-                        "pull of an id that is gone or unknown");
-  ipcref__tunlock(t);
+    r = ipcref__table_breach(t, &note, id, r,
+                             "pull of an id that is gone or unknown");
+  ipcref__table_unlock(t);
   if (r != IPCREF_OK) { /* the pin took nothing from the table */
     pin->id = 0;
     __atomic_fetch_add(&t->refs, 1, __ATOMIC_RELAXED); /* the pin's end */

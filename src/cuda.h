@@ -93,6 +93,10 @@ IPCREF_API ipcref_result ipcref_cuda_wrap(
 /* @implementation */
 
 /* ---- CUDA's part (the shared part is src/gpu.h) ---------------------------
+ * ipcref__cu_d_* names a function of the driver's part ("d" for driver):
+ * the ones src/gpu.h calls as ipcref__gpu_d_*, each wrapping one driver
+ * call, and the loader's steps.
+ *
  * The driver's types: with <cuda.h> included first, its own, and the
  * compiler checks each entry point below against the header's prototype;
  * without it, the same layouts (a CUipcMemHandle is a 64-byte struct passed
@@ -356,113 +360,135 @@ IPCREF_PRIVATE ipcref_result ipcref__cu_stub(const char *path) {
   return IPCREF_ENODEV;
 }
 
-/* Loads the driver and every entry point (each one checked), then cuInit.
- * On failure, says why and leaves nothing loaded. */
-IPCREF_PRIVATE ipcref_result ipcref__cu_d_load(ipcref__cu_state *d,
-                                               const char *driver_path) {
+/* The entry points looked up with cuGetProcAddress, in this order (a driver
+ * lacking several is said to lack the first); every one is required. */
+#define IPCREF__CU_ENTRY(field)                                                \
+  { "cu" #field, offsetof(ipcref__cu_api, field), 0 }
+static const ipcref__cu_entry ipcref__cu_entries[] = {
+    IPCREF__CU_ENTRY(Init),
+    IPCREF__CU_ENTRY(GetErrorName),
+    IPCREF__CU_ENTRY(DeviceGet),
+    IPCREF__CU_ENTRY(DevicePrimaryCtxRetain),
+    IPCREF__CU_ENTRY(DevicePrimaryCtxRelease),
+    IPCREF__CU_ENTRY(CtxSetCurrent),
+    IPCREF__CU_ENTRY(MemAlloc),
+    IPCREF__CU_ENTRY(MemFree),
+    IPCREF__CU_ENTRY(MemGetAddressRange),
+    IPCREF__CU_ENTRY(PointerGetAttribute),
+    IPCREF__CU_ENTRY(IpcGetMemHandle),
+    IPCREF__CU_ENTRY(IpcOpenMemHandle),
+    IPCREF__CU_ENTRY(IpcCloseMemHandle),
+    IPCREF__CU_ENTRY(EventCreate),
+    IPCREF__CU_ENTRY(EventRecord),
+    IPCREF__CU_ENTRY(EventQuery),
+    IPCREF__CU_ENTRY(EventDestroy),
+    IPCREF__CU_ENTRY(IpcGetEventHandle),
+    IPCREF__CU_ENTRY(IpcOpenEventHandle),
+    IPCREF__CU_ENTRY(StreamWaitEvent),
+    IPCREF__CU_ENTRY(StreamSynchronize),
+    IPCREF__CU_ENTRY(DriverGetVersion),
+};
+#undef IPCREF__CU_ENTRY
+
+/* cuGetProcAddress (the _v2 one where the driver has it) and the version
+ * every entry point is looked up at. */
+typedef struct ipcref__cu_proc {
   ipcref__cu_get_proc_v2 get2;
   ipcref__cu_get_proc_v1 get1;
-  const char *path = driver_path ? driver_path : "libcuda.so.1";
-  int version = 0, code, i;
-  void *sym;
-  struct {
-    const char *name;
-    void *slot; /* a function pointer's address */
-  } syms[22];
-  d->lib = dlopen(path, RTLD_NOW | RTLD_LOCAL);
-  if (!d->lib) {
-    const char *e = dlerror();
-    snprintf(ipcref__cu_why, sizeof ipcref__cu_why,
-             "the CUDA driver library could not be loaded (%s): %s", path,
-             e ? e : "not found");
-    return IPCREF_ENODEV;
-  }
-  /* Symbols by their base names at a pinned version: cuda.h's macros do
-   * not apply to strings (dlsym "cuMemAlloc" is the 32-bit v1 ABI). dlsym
-   * gives objects; POSIX makes them functions (memcpy: ISO C has no cast
-   * between the two). */
-  sym = dlsym(d->lib, "cuGetProcAddress_v2");
-  memcpy(&get2, &sym, sizeof sym);
-  sym = dlsym(d->lib, "cuGetProcAddress");
-  memcpy(&get1, &sym, sizeof sym);
-  sym = dlsym(d->lib, "cuDriverGetVersion");
-  memcpy(&d->api.DriverGetVersion, &sym, sizeof sym);
-  if ((!get2 && !get1) || !d->api.DriverGetVersion) {
+  int version;
+} ipcref__cu_proc;
+
+/* An ipcref__cu_lookup: one entry point by cuGetProcAddress. */
+IPCREF_PRIVATE int ipcref__cu_d_lookup(void *user, const char *name,
+                                       void **fn) {
+  ipcref__cu_proc *p = (ipcref__cu_proc *)user;
+  ipcref__cu_query q = (ipcref__cu_query)0;
+  return p->get2 ? (int)p->get2(name, fn, p->version, 0, &q)
+                 : (int)p->get1(name, fn, p->version, 0);
+}
+
+/* Finds cuGetProcAddress and asks the driver its version (capped at the
+ * pinned one). Symbols go by their base names at that version: cuda.h's
+ * macros do not apply to strings (dlsym "cuMemAlloc" is the 32-bit v1
+ * ABI). 0 when it failed, having said why. */
+IPCREF_PRIVATE int ipcref__cu_d_proc(ipcref__cu_state *d, const char *path,
+                                     ipcref__cu_proc *p) {
+  int code;
+  p->version = 0;
+  ipcref__cu_load_symbol(d->lib, "cuGetProcAddress_v2", &p->get2);
+  ipcref__cu_load_symbol(d->lib, "cuGetProcAddress", &p->get1);
+  ipcref__cu_load_symbol(d->lib, "cuDriverGetVersion",
+                         &d->api.DriverGetVersion);
+  if ((!p->get2 && !p->get1) || !d->api.DriverGetVersion) {
     ipcref__cu_say(IPCREF_ENODEV, "the CUDA driver has no cuGetProcAddress "
                                   "(it is older than CUDA 11.3)");
-    goto fail;
+    return 0;
   }
-  code = (int)d->api.DriverGetVersion(&version);
+  code = (int)d->api.DriverGetVersion(&p->version);
   if (code == IPCREF__CU_STUB) {
     ipcref__cu_stub(path);
-    goto fail;
+    return 0;
   }
   if (code) {
     snprintf(ipcref__cu_why, sizeof ipcref__cu_why,
              "cuDriverGetVersion failed (%d)", code);
-    goto fail;
+    return 0;
   }
-  if (version > IPCREF__CU_PROC_VERSION) version = IPCREF__CU_PROC_VERSION;
-#define IPCREF__CU_SYM(k, field)                                               \
-  syms[k].name = "cu" #field;                                                  \
-  syms[k].slot = (void *)&d->api.field
-  IPCREF__CU_SYM(0, Init);
-  IPCREF__CU_SYM(1, GetErrorName);
-  IPCREF__CU_SYM(2, DeviceGet);
-  IPCREF__CU_SYM(3, DevicePrimaryCtxRetain);
-  IPCREF__CU_SYM(4, DevicePrimaryCtxRelease);
-  IPCREF__CU_SYM(5, CtxSetCurrent);
-  IPCREF__CU_SYM(6, MemAlloc);
-  IPCREF__CU_SYM(7, MemFree);
-  IPCREF__CU_SYM(8, MemGetAddressRange);
-  IPCREF__CU_SYM(9, PointerGetAttribute);
-  IPCREF__CU_SYM(10, IpcGetMemHandle);
-  IPCREF__CU_SYM(11, IpcOpenMemHandle);
-  IPCREF__CU_SYM(12, IpcCloseMemHandle);
-  IPCREF__CU_SYM(13, EventCreate);
-  IPCREF__CU_SYM(14, EventRecord);
-  IPCREF__CU_SYM(15, EventQuery);
-  IPCREF__CU_SYM(16, EventDestroy);
-  IPCREF__CU_SYM(17, IpcGetEventHandle);
-  IPCREF__CU_SYM(18, IpcOpenEventHandle);
-  IPCREF__CU_SYM(19, StreamWaitEvent);
-  IPCREF__CU_SYM(20, StreamSynchronize);
-  IPCREF__CU_SYM(21, DriverGetVersion);
-#undef IPCREF__CU_SYM
-  for (i = 0; i < 22; i++) {
-    void *fn = NULL;
-    ipcref__cu_query q = (ipcref__cu_query)0;
-    code = get2 ? (int)get2(syms[i].name, &fn, version, 0, &q)
-                : (int)get1(syms[i].name, &fn, version, 0);
-    if (code == IPCREF__CU_STUB) {
-      ipcref__cu_stub(path);
-      goto fail;
-    }
-    if (code || !fn) {
-      snprintf(ipcref__cu_why, sizeof ipcref__cu_why,
-               "the CUDA driver lacks %s (cuGetProcAddress: %d)", syms[i].name,
-               code);
-      goto fail;
-    }
-    memcpy(syms[i].slot, &fn, sizeof fn);
-  }
-  code = (int)d->api.Init(0);
+  if (p->version > IPCREF__CU_PROC_VERSION)
+    p->version = IPCREF__CU_PROC_VERSION;
+  return 1;
+}
+
+/* cuInit. 0 when it failed, having said why. */
+IPCREF_PRIVATE int ipcref__cu_d_init(ipcref__cu_state *d, const char *path) {
+  int code = (int)d->api.Init(0);
   if (code == IPCREF__CU_STUB) {
     ipcref__cu_stub(path);
-    goto fail;
+    return 0;
   }
   if (code) {
     snprintf(ipcref__cu_why, sizeof ipcref__cu_why, "cuInit: %s (%d)%s",
              ipcref__cu_d_errname(d, code), code,
              code == IPCREF__CU_NO_DEVICE ? ": no CUDA-capable device" : "");
-    goto fail;
+    return 0;
   }
-  if (pthread_mutex_init(&d->lock, NULL) == 0) return IPCREF_OK;
-  ipcref__cu_say(IPCREF_ESYS, "pthread_mutex_init failed");
-fail:
-  dlclose(d->lib);
-  d->lib = NULL;
-  return IPCREF_ENODEV;
+  return 1;
+}
+
+/* Loads the driver and every entry point (each one checked), then cuInit.
+ * On failure, says why and leaves nothing loaded. */
+IPCREF_PRIVATE ipcref_result ipcref__cu_d_load(ipcref__cu_state *d,
+                                               const char *driver_path) {
+  static const char *const names[] = {"libcuda.so.1"};
+  const ipcref__cu_entry *lacking;
+  const char *path = driver_path;
+  ipcref__cu_proc proc;
+  int code;
+  d->lib =
+      ipcref__cu_load_library(driver_path, names, sizeof names / sizeof *names,
+                              "CUDA driver", names[0], &path);
+  if (!d->lib) return IPCREF_ENODEV;
+  if (!ipcref__cu_d_proc(d, path, &proc))
+    return ipcref__cu_load_failed(&d->lib);
+  lacking = ipcref__cu_load_entries(&d->api, ipcref__cu_entries,
+                                    sizeof ipcref__cu_entries /
+                                        sizeof *ipcref__cu_entries,
+                                    ipcref__cu_d_lookup, &proc, &code);
+  if (lacking) {
+    if (code == IPCREF__CU_STUB)
+      ipcref__cu_stub(path);
+    else
+      snprintf(ipcref__cu_why, sizeof ipcref__cu_why,
+               "the CUDA driver lacks %s (cuGetProcAddress: %d)", lacking->name,
+               code);
+    return ipcref__cu_load_failed(&d->lib);
+  }
+  if (!ipcref__cu_d_init(d, path)) return ipcref__cu_load_failed(&d->lib);
+  if (pthread_mutex_init(&d->lock, NULL) != 0) {
+    ipcref__cu_say(IPCREF_ESYS, "pthread_mutex_init failed");
+    return ipcref__cu_load_failed(&d->lib);
+  }
+  return IPCREF_OK;
 }
 
 IPCREF_PRIVATE void ipcref__cu_d_unload(ipcref__cu_state *d) {

@@ -8,13 +8,13 @@
  * reference to the view's buffer: the consumer calls its deleter once, when
  * it is done, and that releases the reference. `data` points at element
  * (0,...,0), never NULL (PyTorch 1.13 leaks a tensor whose data is NULL),
- * and `byte_offset` is 0 (PyTorch 1.13 ignores byte_offset);
- * `strides` are always set (in elements; 0 and negative strides pass as
- * they are); the device is the buffer's (kDLCPU 0 for host memory,
- * kDLCUDA or kDLROCM for a backend's device memory). The tensor is shared
- * with the consumer: by ipcref's rules it may write only when the buffer is
- * open for shared writes (ipcref_buf_set_shared_mut); the versioned export
- * says so with DLPACK_FLAG_BITMASK_READ_ONLY.
+ * and `byte_offset` is 0 (PyTorch 1.13 ignores byte_offset); `strides` are
+ * always set (in elements; 0 and negative strides pass as they are); the
+ * device is the buffer's (kDLCPU 0 for host memory, kDLCUDA or kDLROCM for
+ * a backend's device memory). The tensor is shared with the consumer: by
+ * ipcref's rules it may write only when the buffer is open for shared
+ * writes (ipcref_buf_set_shared_mut); the versioned export says so with
+ * DLPACK_FLAG_BITMASK_READ_ONLY.
  *
  * Read-only memory. A consumer maps what it receives from another process
  * read-only (unless the producer's context has the option writable_shares),
@@ -42,18 +42,19 @@
  * that buffer goes (views derived from the imported one keep it alive), on
  * the thread that drops it (a Python producer's deleter may need the GIL).
  * On success ownership of the managed tensor passes to ipcref: do not call
- * its deleter yourself. A legacy tensor carries no read-only flag: the
- * view is writable by the usual rule (while it holds the only reference),
- * and writes land in the producer's memory. On error NOTHING is taken: the
- * deleter is not called and the caller still owns the tensor (usually it calls
- * the deleter). The checks, in this order, and their codes: `t` or `out` NULL:
- * EINVAL; a device other than kDLCPU id 0, kDLCUDA or kDLROCM: ENODEV
- * (device memory is adopted as such: see ipcref_buf_device); ndim < 0 or >
- * IPCREF_MAX_DIMS: ERANGE; lanes != 1 or a (code, bits) pair with no ipcref
- * dtype: EINVAL; shape NULL with ndim > 0, or data NULL for a non-empty tensor:
- * EINVAL; a negative size, or an element count, stride extent or byte size that
- * overflows, or memory that would wrap the address space: ERANGE; the
- * allocator failing: ENOMEM. NULL strides mean compact row-major.
+ * its deleter yourself. A legacy tensor carries no read-only flag: the view
+ * is writable by the usual rule (while it holds the only reference), and
+ * writes land in the producer's memory. On error NOTHING is taken: the
+ * deleter is not called and the caller still owns the tensor (usually it
+ * calls the deleter). The checks, in this order, and their codes: `t` or
+ * `out` NULL: EINVAL; a device other than kDLCPU id 0, kDLCUDA or kDLROCM:
+ * ENODEV (device memory is adopted as such: see ipcref_buf_device);
+ * ndim < 0 or > IPCREF_MAX_DIMS: ERANGE; lanes != 1 or a (code, bits) pair
+ * with no ipcref dtype: EINVAL; shape NULL with ndim > 0, or data NULL for
+ * a non-empty tensor: EINVAL; a negative size, or an element count, stride
+ * extent or byte size that overflows, or memory that would wrap the address
+ * space: ERANGE; the allocator failing: ENOMEM. NULL strides mean compact
+ * row-major.
  *
  * Types, both ways:
  *   BOOL  kDLBool 8 (code 6; DLPack >= 0.8 names it, older headers do not;
@@ -320,6 +321,85 @@ IPCREF_PRIVATE void ipcref__dlpack_import_release(void *user, void *data) {
   IPCREF_FREE(im);
 }
 
+/* The import's first checks, in the documented order: the device, the
+ * rank, the element type, and a shape wherever there are dimensions. */
+IPCREF_PRIVATE ipcref_result ipcref__dlpack_check(const DLTensor *t,
+                                                  ipcref_device *dev,
+                                                  ipcref_dtype *dt) {
+  if (ipcref__dlpack_device_in(t->device, dev) != IPCREF_OK)
+    return IPCREF_ENODEV;
+  if (t->ndim < 0 || t->ndim > IPCREF_MAX_DIMS) return IPCREF_ERANGE;
+  if (ipcref_dtype_from_dlpack(t->dtype, dt) != IPCREF_OK) return IPCREF_EINVAL;
+  if (t->ndim > 0 && !t->shape) return IPCREF_EINVAL;
+  return IPCREF_OK;
+}
+
+/* `t`'s geometry as a view with no buffer yet, placed at element
+ * (0,...,0) (byte offset 0). Strides: given, or compact row-major (for an
+ * empty tensor whose compact strides would overflow, any strides do: those
+ * are 0). A negative size is left for ipcref__view_span to refuse. */
+IPCREF_PRIVATE void ipcref__dlpack_geometry(const DLTensor *t, ipcref_dtype dt,
+                                            ipcref_view *v) {
+  int64_t compact = 1;
+  int i;
+  memset(v, 0, sizeof *v);
+  v->dtype = dt;
+  v->ndim = t->ndim;
+  for (i = t->ndim - 1; i >= 0; i--) {
+    v->shape[i] = t->shape[i];
+    if (t->strides) {
+      v->strides[i] = t->strides[i];
+      continue;
+    }
+    v->strides[i] = compact;
+    if (__builtin_mul_overflow(compact, t->shape[i] > 1 ? t->shape[i] : 1,
+                               &compact))
+      compact = 0;
+  }
+}
+
+/* The address of the first byte reached, given the bytes [lo, hi) reached
+ * relative to element (0,...,0), lo <= 0 <= hi: ERANGE when the size would
+ * not fit in ptrdiff_t (hi - lo itself cannot overflow) or the memory
+ * would wrap around the address space. 0 for an empty tensor without
+ * data. */
+IPCREF_PRIVATE ipcref_result ipcref__dlpack_start(const DLTensor *t, int64_t lo,
+                                                  int64_t hi, int64_t numel,
+                                                  uintptr_t *start) {
+  uintptr_t addr = (uintptr_t)t->data;
+  if (hi > PTRDIFF_MAX + lo) return IPCREF_ERANGE;
+  if (t->byte_offset > (uint64_t)PTRDIFF_MAX) return IPCREF_ERANGE;
+  if (addr > UINTPTR_MAX - (uintptr_t)t->byte_offset) return IPCREF_ERANGE;
+  addr += (uintptr_t)t->byte_offset;
+  if (addr < (uintptr_t)(-lo) || addr > UINTPTR_MAX - (uintptr_t)hi)
+    return IPCREF_ERANGE;
+  *start = numel == 0 && !t->data ? 0 : addr - (uintptr_t)(-lo);
+  return IPCREF_OK;
+}
+
+/* A buffer over the `size` bytes at `start` on `dev` whose release deletes
+ * the managed tensor; a read-only import's buffer keeps a weak reference
+ * to itself, so it is never unique. Nothing is adopted on error. */
+IPCREF_PRIVATE ipcref_result ipcref__dlpack_adopt_buf(
+    uintptr_t start, size_t size, ipcref_device dev, void *managed,
+    int versioned, int read_only, ipcref_buf **out) {
+  ipcref__dlpack_adopt *im;
+  ipcref_result r;
+  im = (ipcref__dlpack_adopt *)IPCREF_MALLOC(sizeof *im);
+  if (!im) return IPCREF_ENOMEM;
+  im->managed = managed;
+  im->versioned = versioned;
+  im->read_only = NULL;
+  r = ipcref_buf_wrap_device(start ? (void *)start : NULL, size, dev,
+                             ipcref__dlpack_import_release, im, out);
+  if (r != IPCREF_OK) {
+    IPCREF_FREE(im);
+    return r;
+  }
+  if (read_only) im->read_only = ipcref_buf_downgrade(*out);
+  return IPCREF_OK;
+}
+
 /* The common import: checks `t`, wraps the memory its elements reach and
  * fills *out. Nothing is adopted unless it returns OK. */
 IPCREF_PRIVATE ipcref_result ipcref__dlpack_import(const DLTensor *t,
@@ -327,101 +407,22 @@ IPCREF_PRIVATE ipcref_result ipcref__dlpack_import(const DLTensor *t,
                                                    int read_only,
                                                    ipcref_view *out) {
   ipcref_dtype dt;
-  ipcref_view v;
-  ipcref__dlpack_adopt *im;
-  ipcref_buf *b;
-  ipcref_result r;
-  int64_t strides[IPCREF_MAX_DIMS];
-  int64_t numel = 1, lo = 0, hi = 0, esize, lo_b, hi_b;
-  uintptr_t addr, start;
   ipcref_device dev;
-  int i;
-
-  if (ipcref__dlpack_device_in(t->device, &dev) != IPCREF_OK)
-    return IPCREF_ENODEV;
-  if (t->ndim < 0 || t->ndim > IPCREF_MAX_DIMS) return IPCREF_ERANGE;
-  if (ipcref_dtype_from_dlpack(t->dtype, &dt) != IPCREF_OK)
-    return IPCREF_EINVAL;
-  if (t->ndim > 0 && !t->shape) return IPCREF_EINVAL;
-  esize = (int64_t)ipcref_dtype_size(dt);
-
-  for (i = 0; i < t->ndim; i++) {
-    if (t->shape[i] < 0) return IPCREF_ERANGE;
-    if (t->shape[i] == 0) numel = 0;
-  }
-  if (numel != 0) {
-    for (i = 0; i < t->ndim; i++)
-      if (__builtin_mul_overflow(numel, t->shape[i], &numel))
-        return IPCREF_ERANGE;
-  }
-
-  /* Strides: given, or compact row-major (for an empty tensor whose
-   * compact strides would overflow, any strides do: those are 0). */
-  if (t->strides) {
-    for (i = 0; i < t->ndim; i++) strides[i] = t->strides[i];
-  } else {
-    int64_t s = 1;
-    for (i = t->ndim - 1; i >= 0; i--) {
-      strides[i] = s;
-      if (__builtin_mul_overflow(s, t->shape[i] > 1 ? t->shape[i] : 1, &s))
-        s = 0;
-    }
-  }
-
-  /* The bytes reached, relative to element (0,...,0): [lo_b, hi_b). */
-  lo_b = 0;
-  hi_b = 0;
-  if (numel != 0) {
-    for (i = 0; i < t->ndim; i++) {
-      int64_t reach;
-      if (__builtin_mul_overflow(t->shape[i] - 1, strides[i], &reach) ||
-          __builtin_add_overflow(reach < 0 ? lo : hi, reach,
-                                 reach < 0 ? &lo : &hi))
-        return IPCREF_ERANGE;
-    }
-    if (__builtin_mul_overflow(lo, esize, &lo_b) ||
-        __builtin_add_overflow(hi, 1, &hi_b) ||
-        __builtin_mul_overflow(hi_b, esize, &hi_b))
-      return IPCREF_ERANGE;
-    if (!t->data) return IPCREF_EINVAL;
-  }
-  /* hi_b - lo_b cannot overflow: lo_b <= 0 <= hi_b, and the size must fit
-   * in ptrdiff_t for the buffer anyway. */
-  if (hi_b > PTRDIFF_MAX + lo_b) return IPCREF_ERANGE;
-  if (t->byte_offset > (uint64_t)PTRDIFF_MAX) return IPCREF_ERANGE;
-
-  /* The first byte reached and the size, without wrapping around. */
-  addr = (uintptr_t)t->data;
-  if (addr > UINTPTR_MAX - (uintptr_t)t->byte_offset) return IPCREF_ERANGE;
-  addr += (uintptr_t)t->byte_offset;
-  if (addr < (uintptr_t)(-lo_b) || addr > UINTPTR_MAX - (uintptr_t)hi_b)
-    return IPCREF_ERANGE;
-  start = numel == 0 && !t->data ? 0 : addr - (uintptr_t)(-lo_b);
-
-  im = (ipcref__dlpack_adopt *)IPCREF_MALLOC(sizeof *im);
-  if (!im) return IPCREF_ENOMEM;
-  im->managed = managed;
-  im->versioned = versioned;
-  im->read_only = NULL;
-  r = ipcref_buf_wrap_device(start ? (void *)start : NULL,
-                             (size_t)(hi_b - lo_b), dev,
-                             ipcref__dlpack_import_release, im, &b);
-  if (r != IPCREF_OK) {
-    IPCREF_FREE(im);
-    return r;
-  }
-  if (read_only) im->read_only = ipcref_buf_downgrade(b);
-
+  ipcref_view v;
+  int64_t lo, hi, numel; /* the bytes reached, from element (0,...,0) */
+  uintptr_t start;
+  ipcref_result r = ipcref__dlpack_check(t, &dev, &dt);
+  if (r != IPCREF_OK) return r;
+  ipcref__dlpack_geometry(t, dt, &v);
+  if (!ipcref__view_span(&v, &lo, &hi, &numel)) return IPCREF_ERANGE;
+  if (numel != 0 && !t->data) return IPCREF_EINVAL;
+  r = ipcref__dlpack_start(t, lo, hi, numel, &start);
+  if (r != IPCREF_OK) return r;
+  r = ipcref__dlpack_adopt_buf(start, (size_t)(hi - lo), dev, managed,
+                               versioned, read_only, &v.buf);
+  if (r != IPCREF_OK) return r;
   /* From here nothing can fail: the view takes the buffer's reference. */
-  memset(&v, 0, sizeof v);
-  v.buf = b;
-  v.byte_offset = -lo_b;
-  v.dtype = dt;
-  v.ndim = t->ndim;
-  for (i = 0; i < t->ndim; i++) {
-    v.shape[i] = t->shape[i];
-    v.strides[i] = strides[i];
-  }
+  v.byte_offset = -lo;
   *out = v;
   return IPCREF_OK;
 }

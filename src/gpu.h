@@ -7,20 +7,97 @@
  * (0 is success).
  *
  * The part before the marker below comes first (the driver's part uses
- * it); the rest comes after the driver's part. */
+ * it: the failure message, and the loader's steps that are the same for
+ * both drivers); the rest comes after the driver's part. */
 
+#include <dlfcn.h>
 #include <pthread.h>
+#include <stddef.h>
 #include <stdio.h>
 #include <string.h>
 #include <unistd.h>
 
+/* The longest failure message kept, with its terminating NUL. */
+#define IPCREF__GPU_WHY_BYTES 256
+
 /* Why the last failure on this thread happened, for ipcref_gpu_error(). */
-static __thread char ipcref__gpu_why[256];
+static __thread char ipcref__gpu_why[IPCREF__GPU_WHY_BYTES];
 
 IPCREF_PRIVATE ipcref_result ipcref__gpu_say(ipcref_result r,
                                              const char *what) {
   snprintf(ipcref__gpu_why, sizeof ipcref__gpu_why, "%s", what);
   return r;
+}
+
+/* ---- loading the driver (the driver's loader uses these) ----------------- */
+
+/* One entry point of the driver's table of them (its api struct): the name
+ * it is looked up by, where its pointer goes (offsetof the field), and
+ * whether a driver may lack it (its pointer then stays NULL). */
+typedef struct ipcref__gpu_entry {
+  const char *name;
+  size_t offset;
+  int optional;
+} ipcref__gpu_entry;
+
+/* Looks up entry point `name`: 0 with *fn set (NULL when the driver has no
+ * such symbol), or the driver's error number. */
+typedef int (*ipcref__gpu_lookup)(void *user, const char *name, void **fn);
+
+/* Symbol `name` of `lib` into the function pointer at `slot` (NULL when
+ * absent). dlsym gives objects; POSIX makes them functions (memcpy: ISO C
+ * has no cast between the two). */
+IPCREF_PRIVATE void ipcref__gpu_load_symbol(void *lib, const char *name,
+                                            void *slot) {
+  void *sym = dlsym(lib, name);
+  memcpy(slot, &sym, sizeof sym);
+}
+
+/* Opens the driver's library: `path`, or else the first of the `n` `names`
+ * that loads; *opened is the name tried last (the one loaded, on success).
+ * On failure says why, naming the library as `what` ("CUDA driver") and,
+ * without a path, what was looked for as `wanted`, and returns NULL. */
+IPCREF_PRIVATE void *ipcref__gpu_load_library(const char *path,
+                                              const char *const *names,
+                                              size_t n, const char *what,
+                                              const char *wanted,
+                                              const char **opened) {
+  const char *const *candidates = path ? &path : names;
+  size_t count = path ? 1 : n, i;
+  const char *e;
+  void *lib = NULL;
+  for (i = 0; i < count && !lib; i++)
+    lib = dlopen(*opened = candidates[i], RTLD_NOW | RTLD_LOCAL);
+  if (lib) return lib;
+  e = dlerror();
+  snprintf(ipcref__gpu_why, sizeof ipcref__gpu_why,
+           "the %s library could not be loaded (%s): %s", what,
+           path ? path : wanted, e ? e : "not found");
+  return NULL;
+}
+
+/* Fills the api struct at `api` from the `n` `entries`, in order, with
+ * `lookup`. Returns the first entry that failed, *code saying how (the
+ * lookup's error, or 0 for a required entry point missing), or NULL when
+ * every one is in. Pointers are stored as ipcref__gpu_load_symbol does. */
+IPCREF_PRIVATE const ipcref__gpu_entry *
+ipcref__gpu_load_entries(void *api, const ipcref__gpu_entry *entries, size_t n,
+                         ipcref__gpu_lookup lookup, void *user, int *code) {
+  size_t i;
+  for (i = 0; i < n; i++) {
+    void *fn = NULL;
+    *code = lookup(user, entries[i].name, &fn);
+    if (*code || (!fn && !entries[i].optional)) return &entries[i];
+    memcpy((char *)api + entries[i].offset, &fn, sizeof fn);
+  }
+  return NULL;
+}
+
+/* The end of a load that failed (it said why): nothing stays loaded. */
+IPCREF_PRIVATE ipcref_result ipcref__gpu_load_failed(void **lib) {
+  dlclose(*lib);
+  *lib = NULL;
+  return IPCREF_ENODEV;
 }
 
 /* @driver */

@@ -80,6 +80,10 @@ IPCREF_API ipcref_result ipcref_hip_wrap(ipcref_ctx *ctx, int device, void *ptr,
 /* @implementation */
 
 /* ---- HIP's part (the shared part is src/gpu.h) -----------------------------
+ * ipcref__hip_d_* names a function of the driver's part ("d" for driver;
+ * HIP's driver is its runtime library): the ones src/gpu.h calls as
+ * ipcref__gpu_d_*, each wrapping one runtime call, and the loader's steps.
+ *
  * The runtime's types: with <hip/hip_runtime_api.h> included first, its
  * own, and the compiler checks each entry point against the header's
  * prototype; without it, the same layouts. */
@@ -114,6 +118,7 @@ typedef int ipcref__hip_attr;
 #define IPCREF__HIP_EVENT_NO_TIMING 0x2 /* hipEventDisableTiming */
 #define IPCREF__HIP_ATTR_IPC_CAPABLE                                           \
   10 /* HIP_POINTER_ATTRIBUTE_IS_LEGACY_HIP_IPC_CAPABLE */
+#define IPCREF__HIP_VERSION_6 60000000 /* hipRuntimeGetVersion's HIP 6.0.0 */
 
 /* The entry points, by their names (HIP has no versioned lookup). */
 typedef struct ipcref__hip_api {
@@ -280,68 +285,43 @@ IPCREF_PRIVATE int ipcref__hip_d_stream_sync(ipcref__hip_state *d,
   return (int)d->api.StreamSynchronize((ipcref__hip_stream)stream);
 }
 
-/* Loads the runtime and every entry point (each one checked), then
- * hipInit and a device count. On failure, says why and leaves nothing
- * loaded. */
-IPCREF_PRIVATE ipcref_result ipcref__hip_d_load(ipcref__hip_state *d,
-                                                const char *runtime_path) {
-  static const char *const names[] = {"libamdhip64.so.7", "libamdhip64.so.6",
-                                      "libamdhip64.so.5", "libamdhip64.so"};
-  const char *path = runtime_path;
-  int code, i, count = 0, version = 0;
-  struct {
-    const char *name;
-    void *slot; /* a function pointer's address */
-    int optional;
-  } syms[18];
-  if (path) {
-    d->lib = dlopen(path, RTLD_NOW | RTLD_LOCAL);
-  } else {
-    for (i = 0; i < 4 && !d->lib; i++)
-      d->lib = dlopen(path = names[i], RTLD_NOW | RTLD_LOCAL);
-  }
-  if (!d->lib) {
-    const char *e = dlerror();
-    snprintf(ipcref__hip_why, sizeof ipcref__hip_why,
-             "the HIP runtime library could not be loaded (%s): %s",
-             runtime_path ? runtime_path : "libamdhip64.so.5 or later",
-             e ? e : "not found");
-    return IPCREF_ENODEV;
-  }
-#define IPCREF__HIP_SYM(k, field, opt)                                         \
-  syms[k].name = "hip" #field;                                                 \
-  syms[k].slot = (void *)&d->api.field;                                        \
-  syms[k].optional = opt
-  IPCREF__HIP_SYM(0, Init, 0);
-  IPCREF__HIP_SYM(1, GetDeviceCount, 0);
-  IPCREF__HIP_SYM(2, RuntimeGetVersion, 0);
-  IPCREF__HIP_SYM(3, GetErrorName, 0);
-  IPCREF__HIP_SYM(4, SetDevice, 0);
-  IPCREF__HIP_SYM(5, Malloc, 0);
-  IPCREF__HIP_SYM(6, Free, 0);
-  IPCREF__HIP_SYM(7, MemGetAddressRange, 0);
-  IPCREF__HIP_SYM(8, PointerGetAttribute, 1); /* HIP 5.0 on */
-  IPCREF__HIP_SYM(9, IpcGetMemHandle, 0);
-  IPCREF__HIP_SYM(10, IpcOpenMemHandle, 0);
-  IPCREF__HIP_SYM(11, IpcCloseMemHandle, 0);
-  IPCREF__HIP_SYM(12, EventCreateWithFlags, 0);
-  IPCREF__HIP_SYM(13, EventRecord, 0);
-  IPCREF__HIP_SYM(14, EventQuery, 0);
-  IPCREF__HIP_SYM(15, EventDestroy, 0);
-  IPCREF__HIP_SYM(16, StreamWaitEvent, 0);
-  IPCREF__HIP_SYM(17, StreamSynchronize, 0);
-#undef IPCREF__HIP_SYM
-  for (i = 0; i < 18; i++) {
-    /* dlsym gives objects; POSIX makes them functions (memcpy: ISO C has
-     * no cast between the two). */
-    void *fn = dlsym(d->lib, syms[i].name);
-    if (!fn && !syms[i].optional) {
-      snprintf(ipcref__hip_why, sizeof ipcref__hip_why,
-               "the HIP runtime %s lacks %s", path, syms[i].name);
-      goto fail;
-    }
-    memcpy(syms[i].slot, &fn, sizeof fn);
-  }
+/* The entry points, looked up by dlsym in this order (a runtime lacking
+ * several is said to lack the first). */
+#define IPCREF__HIP_ENTRY(field, optional)                                     \
+  { "hip" #field, offsetof(ipcref__hip_api, field), optional }
+static const ipcref__hip_entry ipcref__hip_entries[] = {
+    IPCREF__HIP_ENTRY(Init, 0),
+    IPCREF__HIP_ENTRY(GetDeviceCount, 0),
+    IPCREF__HIP_ENTRY(RuntimeGetVersion, 0),
+    IPCREF__HIP_ENTRY(GetErrorName, 0),
+    IPCREF__HIP_ENTRY(SetDevice, 0),
+    IPCREF__HIP_ENTRY(Malloc, 0),
+    IPCREF__HIP_ENTRY(Free, 0),
+    IPCREF__HIP_ENTRY(MemGetAddressRange, 0),
+    IPCREF__HIP_ENTRY(PointerGetAttribute, 1), /* HIP 5.0 on */
+    IPCREF__HIP_ENTRY(IpcGetMemHandle, 0),
+    IPCREF__HIP_ENTRY(IpcOpenMemHandle, 0),
+    IPCREF__HIP_ENTRY(IpcCloseMemHandle, 0),
+    IPCREF__HIP_ENTRY(EventCreateWithFlags, 0),
+    IPCREF__HIP_ENTRY(EventRecord, 0),
+    IPCREF__HIP_ENTRY(EventQuery, 0),
+    IPCREF__HIP_ENTRY(EventDestroy, 0),
+    IPCREF__HIP_ENTRY(StreamWaitEvent, 0),
+    IPCREF__HIP_ENTRY(StreamSynchronize, 0),
+};
+#undef IPCREF__HIP_ENTRY
+
+/* An ipcref__hip_lookup: one entry point of library `lib` by dlsym. */
+IPCREF_PRIVATE int ipcref__hip_d_lookup(void *lib, const char *name,
+                                        void **fn) {
+  *fn = dlsym(lib, name);
+  return 0;
+}
+
+/* hipInit and a device count, then the version's choice of flags. 0 when
+ * it failed, having said why. */
+IPCREF_PRIVATE int ipcref__hip_d_init(ipcref__hip_state *d) {
+  int code, count = 0, version = 0;
   code = (int)d->api.Init(0);
   if (!code) code = (int)d->api.GetDeviceCount(&count);
   if (code || count < 1) {
@@ -351,15 +331,38 @@ IPCREF_PRIVATE ipcref_result ipcref__hip_d_load(ipcref__hip_state *d,
              code == IPCREF__HIP_NO_DEVICE || count < 1
                  ? ": no ROCm-capable device"
                  : "");
-    goto fail;
+    return 0;
   }
   (void)d->api.RuntimeGetVersion(&version);
-  d->lazy_peer = version >= 60000000 ? 1u : 0u;
+  d->lazy_peer = version >= IPCREF__HIP_VERSION_6 ? 1u : 0u;
+  return 1;
+}
+
+/* Loads the runtime and every entry point (each one checked), then
+ * hipInit and a device count. On failure, says why and leaves nothing
+ * loaded. */
+IPCREF_PRIVATE ipcref_result ipcref__hip_d_load(ipcref__hip_state *d,
+                                                const char *runtime_path) {
+  static const char *const names[] = {"libamdhip64.so.7", "libamdhip64.so.6",
+                                      "libamdhip64.so.5", "libamdhip64.so"};
+  const ipcref__hip_entry *lacking;
+  const char *path = runtime_path;
+  int code;
+  d->lib = ipcref__hip_load_library(runtime_path, names,
+                                    sizeof names / sizeof *names, "HIP runtime",
+                                    "libamdhip64.so.5 or later", &path);
+  if (!d->lib) return IPCREF_ENODEV;
+  lacking = ipcref__hip_load_entries(&d->api, ipcref__hip_entries,
+                                     sizeof ipcref__hip_entries /
+                                         sizeof *ipcref__hip_entries,
+                                     ipcref__hip_d_lookup, d->lib, &code);
+  if (lacking) {
+    snprintf(ipcref__hip_why, sizeof ipcref__hip_why,
+             "the HIP runtime %s lacks %s", path, lacking->name);
+    return ipcref__hip_load_failed(&d->lib);
+  }
+  if (!ipcref__hip_d_init(d)) return ipcref__hip_load_failed(&d->lib);
   return IPCREF_OK;
-fail:
-  dlclose(d->lib);
-  d->lib = NULL;
-  return IPCREF_ENODEV;
 }
 
 IPCREF_PRIVATE void ipcref__hip_d_unload(ipcref__hip_state *d) {

@@ -159,59 +159,59 @@ IPCREF_API ipcref_result ipcref_table_get_stats(ipcref_table *t,
 
 /* A live id. Its object (alias group) keeps the ids in a list; counts stay
  * per id, and the object's total is their sum. */
-typedef struct ipcref__tid {
+typedef struct ipcref__table_id {
   ipcref_id id;
-  uint64_t count;           /* this id's references */
-  struct ipcref__tobj *obj; /* the object it names */
-  struct ipcref__tid *next; /* the next id of the same object */
-  ipcref_id *contained;     /* what the object holds (first put) */
+  uint64_t count;                /* this id's references */
+  struct ipcref__table_obj *obj; /* the object it names */
+  struct ipcref__table_id *next; /* the next id of the same object */
+  ipcref_id *contained;          /* what the object holds (first put) */
   size_t ncontained;
   uint32_t *stores, nstores, cap; /* where it is stored */
   int put;                        /* put at least once */
-} ipcref__tid;
+} ipcref__table_id;
 
 /* What a call owes the hooks, told after the lock is let go. Making one
  * never allocates (freeing can meet a breach, and freeing cannot fail): a
  * dealloc's note is part of its object, a violation's is the caller's (on
  * its stack, told before the call returns). */
-typedef struct ipcref__tnote {
+typedef struct ipcref__table_note {
   ipcref_id id;       /* a dealloc: the object's first id */
   ipcref_result code; /* OK: a dealloc; else a violation */
   const char *what;
   const ipcref_id *ids; /* a violation: the ids it names (n), each told */
   uint32_t *stores;     /* a dealloc: the stores (n; owned by the object) */
   size_t n;
-  struct ipcref__tnote *next;
-} ipcref__tnote;
+  struct ipcref__table_note *next;
+} ipcref__table_note;
 
-typedef struct ipcref__tobj {
-  ipcref_id first;  /* its smallest id: the name the dealloc hook gets */
-  uint64_t total;   /* the sum of its ids' counts */
-  ipcref__tid *ids; /* the list; once deallocated, the ids whose contained
-                       lists met breaches (see ipcref__tdealloc) */
+typedef struct ipcref__table_obj {
+  ipcref_id first;       /* its smallest id: the name the dealloc hook gets */
+  uint64_t total;        /* the sum of its ids' counts */
+  ipcref__table_id *ids; /* the list; once deallocated, the ids whose contained
+                       lists met breaches (see ipcref__table_dealloc) */
   size_t nids;
-  struct ipcref__tobj *next_free; /* on the dealloc worklist */
+  struct ipcref__table_obj *next_free; /* on the dealloc worklist */
   /* Its dealloc note, made in place: freeing never allocates, so it can
    * never fail halfway. `stores` has room for every store of its ids,
    * reserved by put and alias (which can say ENOMEM before changing
    * anything). */
-  ipcref__tnote note;
+  ipcref__table_note note;
   size_t nstores, room; /* stores of its ids (with repeats); reserved */
-} ipcref__tobj;
+} ipcref__table_obj;
 
 /* A message in flight: the ids it carries. */
-typedef struct ipcref__tmsg {
+typedef struct ipcref__table_msg {
   size_t n;
   ipcref_id ids[1]; /* n of them */
-} ipcref__tmsg;
+} ipcref__table_msg;
 
 /* An open-addressing hash from nonzero 64-bit keys to pointers (linear
  * probing; deletion shifts back, so there are no tombstones). */
-typedef struct ipcref__thash {
+typedef struct ipcref__table_hash {
   uint64_t *keys;
   void **vals;
   size_t cap, n; /* cap: a power of two, or 0 */
-} ipcref__thash;
+} ipcref__table_hash;
 
 struct ipcref_table {
   int lock; /* a spinlock: the table is portable C, calls are short */
@@ -219,13 +219,14 @@ struct ipcref_table {
   ipcref_table_hooks hooks;
   ipcref_id next_id;
   uint64_t next_token;
-  ipcref__thash ids, msgs;
+  ipcref__table_hash ids, msgs;
   size_t objects;
   uint64_t deallocs, violations;
-  ipcref__tnote *notes, **notes_tail;
+  ipcref__table_note *notes, **notes_tail;
 };
 
-IPCREF_PRIVATE void ipcref__tlock(ipcref_table *t) {
+/* Takes the table's spinlock; ipcref__table_unlock lets it go. */
+IPCREF_PRIVATE void ipcref__table_lock(ipcref_table *t) {
   while (__atomic_test_and_set(&t->lock, __ATOMIC_ACQUIRE))
     while (__atomic_load_n(&t->lock, __ATOMIC_RELAXED)) {
     }
@@ -233,27 +234,37 @@ IPCREF_PRIVATE void ipcref__tlock(ipcref_table *t) {
 
 /* ---- the hash ------------------------------------------------------------ */
 
-IPCREF_PRIVATE size_t ipcref__thash_slot(const ipcref__thash *h, uint64_t k) {
-  k ^= k >> 33; /* a 64-bit mix: ids and tokens are sequential */
-  k *= 0xff51afd7ed558ccdull;
+/* The hash's smallest table, in slots (a power of two). */
+#define IPCREF__TABLE_HASH_MIN_SLOTS 16
+/* The multiplier of MurmurHash3's 64-bit finalizer (fmix64). */
+#define IPCREF__TABLE_HASH_MIX 0xff51afd7ed558ccdull
+
+/* Key `k`'s home slot. Ids and tokens are sequential: they are mixed
+ * first, so that neighbours spread. */
+IPCREF_PRIVATE size_t ipcref__table_hash_slot(const ipcref__table_hash *h,
+                                              uint64_t k) {
+  k ^= k >> 33;
+  k *= IPCREF__TABLE_HASH_MIX;
   k ^= k >> 33;
   return (size_t)k & (h->cap - 1);
 }
 
-IPCREF_PRIVATE void *ipcref__thash_get(const ipcref__thash *h, uint64_t k) {
+IPCREF_PRIVATE void *ipcref__table_hash_get(const ipcref__table_hash *h,
+                                            uint64_t k) {
   size_t i;
   if (!h->cap) return NULL;
-  for (i = ipcref__thash_slot(h, k); h->keys[i]; i = (i + 1) & (h->cap - 1))
+  for (i = ipcref__table_hash_slot(h, k); h->keys[i];
+       i = (i + 1) & (h->cap - 1))
     if (h->keys[i] == k) return h->vals[i];
   return NULL;
 }
 
 /* Makes room for one more key (load at most 1/2). 0 on ENOMEM. */
-IPCREF_PRIVATE int ipcref__thash_reserve(ipcref__thash *h) {
-  ipcref__thash g;
+IPCREF_PRIVATE int ipcref__table_hash_reserve(ipcref__table_hash *h) {
+  ipcref__table_hash g;
   size_t i, j;
   if ((h->n + 1) * 2 <= h->cap) return 1;
-  g.cap = h->cap ? h->cap * 2 : 16;
+  g.cap = h->cap ? h->cap * 2 : IPCREF__TABLE_HASH_MIN_SLOTS;
   g.n = h->n;
   g.keys = (uint64_t *)IPCREF_MALLOC(g.cap * sizeof *g.keys);
   g.vals = (void **)IPCREF_MALLOC(g.cap * sizeof *g.vals);
@@ -265,7 +276,7 @@ IPCREF_PRIVATE int ipcref__thash_reserve(ipcref__thash *h) {
   memset(g.keys, 0, g.cap * sizeof *g.keys);
   for (i = 0; i < h->cap; i++) {
     if (!h->keys[i]) continue;
-    for (j = ipcref__thash_slot(&g, h->keys[i]); g.keys[j];
+    for (j = ipcref__table_hash_slot(&g, h->keys[i]); g.keys[j];
          j = (j + 1) & (g.cap - 1)) {
     }
     g.keys[j] = h->keys[i];
@@ -277,25 +288,27 @@ IPCREF_PRIVATE int ipcref__thash_reserve(ipcref__thash *h) {
   return 1;
 }
 
-/* After ipcref__thash_reserve. */
-IPCREF_PRIVATE void ipcref__thash_put(ipcref__thash *h, uint64_t k, void *v) {
+/* After ipcref__table_hash_reserve. */
+IPCREF_PRIVATE void ipcref__table_hash_put(ipcref__table_hash *h, uint64_t k,
+                                           void *v) {
   size_t i;
-  for (i = ipcref__thash_slot(h, k); h->keys[i]; i = (i + 1) & (h->cap - 1)) {
+  for (i = ipcref__table_hash_slot(h, k); h->keys[i];
+       i = (i + 1) & (h->cap - 1)) {
   }
   h->keys[i] = k;
   h->vals[i] = v;
   h->n++;
 }
 
-IPCREF_PRIVATE void ipcref__thash_del(ipcref__thash *h, uint64_t k) {
+IPCREF_PRIVATE void ipcref__table_hash_del(ipcref__table_hash *h, uint64_t k) {
   size_t i, j, home;
   if (!h->cap) return;
-  for (i = ipcref__thash_slot(h, k); h->keys[i] != k;
+  for (i = ipcref__table_hash_slot(h, k); h->keys[i] != k;
        i = (i + 1) & (h->cap - 1))
     if (!h->keys[i]) return;
   /* Shift back what the hole would hide from its home slot. */
   for (j = (i + 1) & (h->cap - 1); h->keys[j]; j = (j + 1) & (h->cap - 1)) {
-    home = ipcref__thash_slot(h, h->keys[j]);
+    home = ipcref__table_hash_slot(h, h->keys[j]);
     if (((j - home) & (h->cap - 1)) >= ((j - i) & (h->cap - 1))) {
       h->keys[i] = h->keys[j];
       h->vals[i] = h->vals[j];
@@ -306,16 +319,16 @@ IPCREF_PRIVATE void ipcref__thash_del(ipcref__thash *h, uint64_t k) {
   h->n--;
 }
 
-/* ---- notes for the hooks ----------------------------------------------------
- */
+/* ---- notes for the hooks ------------------------------------------------- */
 
 /* A breach naming `id`: counted, and told to the violation hook after the
  * unlock through `note`, the caller's (it must live until the unlock;
  * one note per breach). Never allocates. */
-IPCREF_PRIVATE ipcref_result ipcref__tbreach(ipcref_table *t,
-                                             ipcref__tnote *note, ipcref_id id,
-                                             ipcref_result code,
-                                             const char *what) {
+IPCREF_PRIVATE ipcref_result ipcref__table_breach(ipcref_table *t,
+                                                  ipcref__table_note *note,
+                                                  ipcref_id id,
+                                                  ipcref_result code,
+                                                  const char *what) {
   memset(note, 0, sizeof *note);
   note->id = id;
   note->code = code;
@@ -330,19 +343,20 @@ IPCREF_PRIVATE ipcref_result ipcref__tbreach(ipcref_table *t,
 
 /* Unlocks, then tells the hooks (they may call into the table), then frees
  * what was told. */
-IPCREF_PRIVATE void ipcref__tunlock(ipcref_table *t) {
-  ipcref__tnote *n = t->notes;
+IPCREF_PRIVATE void ipcref__table_unlock(ipcref_table *t) {
+  ipcref__table_note *n = t->notes;
   ipcref_table_hooks h = t->hooks;
   size_t k;
   t->notes = NULL;
   t->notes_tail = &t->notes;
   __atomic_clear(&t->lock, __ATOMIC_RELEASE);
   while (n) {
-    ipcref__tnote *next = n->next;
+    ipcref__table_note *next = n->next;
     if (n->code == IPCREF_OK) { /* a dealloc: its note is in its object */
-      ipcref__tobj *o =
-          (ipcref__tobj *)(void *)((char *)n - offsetof(ipcref__tobj, note));
-      ipcref__tid *x;
+      ipcref__table_obj *o =
+          (ipcref__table_obj *)(void *)((char *)n -
+                                        offsetof(ipcref__table_obj, note));
+      ipcref__table_id *x;
       for (x = o->ids; x && h.violation; x = x->next) /* breaches it met */
         for (k = 0; k < x->ncontained; k++)           /* as decref tells them */
           h.violation(h.user, x->contained[k], IPCREF_EDEAD,
@@ -364,18 +378,17 @@ IPCREF_PRIVATE void ipcref__tunlock(ipcref_table *t) {
   }
 }
 
-/* ---- ids and objects ------------------------------------------------------
- */
+/* ---- ids and objects ----------------------------------------------------- */
 
 /* The live id `id`, or NULL with *r: EINVAL (never handed out), EDEAD. */
-IPCREF_PRIVATE ipcref__tid *ipcref__tfind(ipcref_table *t, ipcref_id id,
-                                          ipcref_result *r) {
-  ipcref__tid *x;
+IPCREF_PRIVATE ipcref__table_id *
+ipcref__table_find(ipcref_table *t, ipcref_id id, ipcref_result *r) {
+  ipcref__table_id *x;
   if (id == 0 || id >= t->next_id) {
     *r = IPCREF_EINVAL;
     return NULL;
   }
-  x = (ipcref__tid *)ipcref__thash_get(&t->ids, id);
+  x = (ipcref__table_id *)ipcref__table_hash_get(&t->ids, id);
   if (!x) *r = IPCREF_EDEAD;
   return x;
 }
@@ -387,14 +400,15 @@ IPCREF_PRIVATE ipcref__tid *ipcref__tfind(ipcref_table *t, ipcref_id id,
  * taken by someone else): it changes nothing and the rest goes on. The
  * breaches are kept in the dead id's contained list, which stays (with
  * the id) on its object until told: freeing never allocates. */
-IPCREF_PRIVATE void ipcref__tdealloc(ipcref_table *t, ipcref__tobj *o) {
-  ipcref__tobj *work = o;
+IPCREF_PRIVATE void ipcref__table_dealloc(ipcref_table *t,
+                                          ipcref__table_obj *o) {
+  ipcref__table_obj *work = o;
   o->next_free = NULL;
   while (work) {
-    ipcref__tobj *cur = work;
-    ipcref__tnote *note = &cur->note;
+    ipcref__table_obj *cur = work;
+    ipcref__table_note *note = &cur->note;
     size_t k, nb;
-    ipcref__tid *x, *kept = NULL, **kept_tail = &kept;
+    ipcref__table_id *x, *kept = NULL, **kept_tail = &kept;
     work = cur->next_free;
     note->id = cur->first;
     while ((x = cur->ids) != NULL) {
@@ -406,8 +420,8 @@ IPCREF_PRIVATE void ipcref__tdealloc(ipcref_table *t, ipcref__tobj *o) {
         if (j == note->n) note->stores[note->n++] = x->stores[k];
       }
       for (k = nb = 0; k < x->ncontained; k++) {
-        ipcref__tid *c =
-            (ipcref__tid *)ipcref__thash_get(&t->ids, x->contained[k]);
+        ipcref__table_id *c = (ipcref__table_id *)ipcref__table_hash_get(
+            &t->ids, x->contained[k]);
         if (!c || c->count == 0) { /* gone, or at zero: a breach */
           x->contained[nb++] = x->contained[k];
           continue;
@@ -418,9 +432,9 @@ IPCREF_PRIVATE void ipcref__tdealloc(ipcref_table *t, ipcref__tobj *o) {
           work = c->obj;
         }
       }
-      ipcref__thash_del(&t->ids, x->id);
+      ipcref__table_hash_del(&t->ids, x->id);
       IPCREF_FREE(x->stores);
-      if (nb) { /* kept until told (ipcref__tunlock) */
+      if (nb) { /* kept until told (ipcref__table_unlock) */
         t->violations += nb;
         x->ncontained = nb;
         x->next = NULL;
@@ -441,7 +455,7 @@ IPCREF_PRIVATE void ipcref__tdealloc(ipcref_table *t, ipcref__tobj *o) {
 
 /* Makes room in `o`'s dealloc note for `need` stores (under the lock). 0
  * on ENOMEM, with nothing changed. */
-IPCREF_PRIVATE int ipcref__troom(ipcref__tobj *o, size_t need) {
+IPCREF_PRIVATE int ipcref__table_room(ipcref__table_obj *o, size_t need) {
   size_t room = o->room ? o->room * 2 : 4;
   uint32_t *s;
   if (need <= o->room) return 1;
@@ -454,12 +468,13 @@ IPCREF_PRIVATE int ipcref__troom(ipcref__tobj *o, size_t need) {
 }
 
 /* One reference less on `x` (under the lock; its count is above zero). */
-IPCREF_PRIVATE void ipcref__tdrop(ipcref_table *t, ipcref__tid *x) {
+IPCREF_PRIVATE void ipcref__table_drop(ipcref_table *t, ipcref__table_id *x) {
   x->count--;
-  if (--x->obj->total == 0) ipcref__tdealloc(t, x->obj);
+  if (--x->obj->total == 0) ipcref__table_dealloc(t, x->obj);
 }
 
-IPCREF_PRIVATE void ipcref__tgain(ipcref__tid *x) {
+/* One reference more on `x` (under the lock). */
+IPCREF_PRIVATE void ipcref__table_gain(ipcref__table_id *x) {
   x->count++;
   x->obj->total++;
 }

@@ -3,8 +3,7 @@
  * breaches, noted while locked) after letting it go, so a hook may call
  * back in. */
 
-/* ---- the API ----------------------------------------------------------------
- */
+/* ---- the API ------------------------------------------------------------- */
 
 IPCREF_API ipcref_result ipcref_table_new(const ipcref_table_hooks *hooks,
                                           ipcref_table **out) {
@@ -27,11 +26,11 @@ IPCREF_PRIVATE void ipcref__table_unref(ipcref_table *t) {
   if (__atomic_fetch_sub(&t->refs, 1, __ATOMIC_RELEASE) != 1) return;
   IPCREF__ACQUIRE_FENCE(&t->refs);
   for (i = 0; i < t->ids.cap; i++) {
-    ipcref__tid *x = (ipcref__tid *)t->ids.vals[i];
+    ipcref__table_id *x = (ipcref__table_id *)t->ids.vals[i];
     if (!t->ids.keys[i]) continue;
     if (x->obj) { /* the first of its ids met: all are still here */
-      ipcref__tobj *o = x->obj;
-      ipcref__tid *y;
+      ipcref__table_obj *o = x->obj;
+      ipcref__table_id *y;
       for (y = o->ids; y; y = y->next) y->obj = NULL;
       IPCREF_FREE(o->note.stores);
       IPCREF_FREE(o);
@@ -51,18 +50,18 @@ IPCREF_PRIVATE void ipcref__table_unref(ipcref_table *t) {
 
 IPCREF_API void ipcref_table_free(ipcref_table *t) {
   if (!t) return;
-  ipcref__tlock(t); /* no hook is called any more, whatever still runs */
+  ipcref__table_lock(t); /* no hook is called any more, whatever still runs */
   memset(&t->hooks, 0, sizeof t->hooks);
-  ipcref__tunlock(t);
+  ipcref__table_unlock(t);
   ipcref__table_unref(t);
 }
 
 IPCREF_API ipcref_result ipcref_table_create(ipcref_table *t, ipcref_id *out) {
-  ipcref__tid *x;
-  ipcref__tobj *o;
+  ipcref__table_id *x;
+  ipcref__table_obj *o;
   if (!t || !out) return IPCREF_EINVAL;
-  x = (ipcref__tid *)IPCREF_MALLOC(sizeof *x);
-  o = (ipcref__tobj *)IPCREF_MALLOC(sizeof *o);
+  x = (ipcref__table_id *)IPCREF_MALLOC(sizeof *x);
+  o = (ipcref__table_obj *)IPCREF_MALLOC(sizeof *o);
   if (!x || !o) {
     IPCREF_FREE(x);
     IPCREF_FREE(o);
@@ -70,9 +69,9 @@ IPCREF_API ipcref_result ipcref_table_create(ipcref_table *t, ipcref_id *out) {
   }
   memset(x, 0, sizeof *x);
   memset(o, 0, sizeof *o);
-  ipcref__tlock(t);
-  if (!ipcref__thash_reserve(&t->ids)) {
-    ipcref__tunlock(t);
+  ipcref__table_lock(t);
+  if (!ipcref__table_hash_reserve(&t->ids)) {
+    ipcref__table_unlock(t);
     IPCREF_FREE(x);
     IPCREF_FREE(o);
     return IPCREF_ENOMEM;
@@ -84,54 +83,77 @@ IPCREF_API ipcref_result ipcref_table_create(ipcref_table *t, ipcref_id *out) {
   o->total = 1;
   o->ids = x;
   o->nids = 1;
-  ipcref__thash_put(&t->ids, x->id, x);
+  ipcref__table_hash_put(&t->ids, x->id, x);
   t->objects++;
   *out = x->id;
-  ipcref__tunlock(t);
+  ipcref__table_unlock(t);
   return IPCREF_OK;
 }
 
 IPCREF_API ipcref_result ipcref_table_incref(ipcref_table *t, ipcref_id id) {
-  ipcref__tid *x;
-  ipcref__tnote note;
+  ipcref__table_id *x;
+  ipcref__table_note note;
   ipcref_result r = IPCREF_OK;
   if (!t) return IPCREF_EINVAL;
-  ipcref__tlock(t);
-  x = ipcref__tfind(t, id, &r);
+  ipcref__table_lock(t);
+  x = ipcref__table_find(t, id, &r);
   if (x)
-    ipcref__tgain(x);
+    ipcref__table_gain(x);
   else
-    r = ipcref__tbreach(t, &note, id, r,
-                        "incref of an id that is gone or unknown");
-  ipcref__tunlock(t);
+    r = ipcref__table_breach(t, &note, id, r,
+                             "incref of an id that is gone or unknown");
+  ipcref__table_unlock(t);
   return r;
 }
 
 IPCREF_API ipcref_result ipcref_table_decref(ipcref_table *t, ipcref_id id) {
-  ipcref__tid *x;
-  ipcref__tnote note;
+  ipcref__table_id *x;
+  ipcref__table_note note;
   ipcref_result r = IPCREF_OK;
   if (!t) return IPCREF_EINVAL;
-  ipcref__tlock(t);
-  x = ipcref__tfind(t, id, &r);
+  ipcref__table_lock(t);
+  x = ipcref__table_find(t, id, &r);
   if (!x)
-    r = ipcref__tbreach(t, &note, id, r,
-                        "decref of an id that is gone or unknown");
+    r = ipcref__table_breach(t, &note, id, r,
+                             "decref of an id that is gone or unknown");
   else if (x->count == 0)
-    r = ipcref__tbreach(t, &note, id, IPCREF_EDEAD, "decref of an id at zero");
+    r = ipcref__table_breach(t, &note, id, IPCREF_EDEAD,
+                             "decref of an id at zero");
   else
-    ipcref__tdrop(t, x);
-  ipcref__tunlock(t);
+    ipcref__table_drop(t, x);
+  ipcref__table_unlock(t);
   return r;
+}
+
+/* Records that `x` is stored in `store` (once: a store already listed is
+ * not listed again), with room for it in its object's dealloc note (under
+ * the lock). ENOMEM with nothing changed. */
+IPCREF_PRIVATE ipcref_result ipcref__table_add_store(ipcref__table_id *x,
+                                                     uint32_t store) {
+  uint32_t i;
+  for (i = 0; i < x->nstores; i++)
+    if (x->stores[i] == store) return IPCREF_OK;
+  if (x->nstores == x->cap) {
+    uint32_t cap = x->cap ? x->cap * 2 : 2;
+    uint32_t *s =
+        (uint32_t *)IPCREF_REALLOC(x->stores, cap * sizeof *x->stores);
+    if (!s) return IPCREF_ENOMEM;
+    x->stores = s;
+    x->cap = cap;
+  }
+  if (!ipcref__table_room(x->obj, x->obj->nstores + 1)) return IPCREF_ENOMEM;
+  x->stores[x->nstores++] = store;
+  x->obj->nstores++;
+  return IPCREF_OK;
 }
 
 IPCREF_API ipcref_result ipcref_table_put(ipcref_table *t, ipcref_id id,
                                           uint32_t store,
                                           const ipcref_id *contained,
                                           size_t n) {
-  ipcref__tid *x;
+  ipcref__table_id *x;
   ipcref_id *copy = NULL;
-  ipcref__tnote note;
+  ipcref__table_note note;
   ipcref_result r = IPCREF_OK;
   size_t i;
   if (!t || (n && !contained) || n > SIZE_MAX / sizeof *copy)
@@ -141,11 +163,11 @@ IPCREF_API ipcref_result ipcref_table_put(ipcref_table *t, ipcref_id id,
     if (!copy) return IPCREF_ENOMEM;
     memcpy(copy, contained, n * sizeof *copy);
   }
-  ipcref__tlock(t);
-  x = ipcref__tfind(t, id, &r);
+  ipcref__table_lock(t);
+  x = ipcref__table_find(t, id, &r);
   if (!x) {
-    r = ipcref__tbreach(t, &note, id, r,
-                        "put of an id that is gone or unknown");
+    r = ipcref__table_breach(t, &note, id, r,
+                             "put of an id that is gone or unknown");
     goto out;
   }
   if (n && x->put) { /* what an object holds is set once */
@@ -154,45 +176,28 @@ IPCREF_API ipcref_result ipcref_table_put(ipcref_table *t, ipcref_id id,
   }
   for (i = 0; i < n; i++) { /* all, before anything changes */
     ipcref_result rc = IPCREF_OK;
-    if (copy[i] == id || !ipcref__tfind(t, copy[i], &rc)) {
-      r = copy[i] == id ? IPCREF_EINVAL
-                        : ipcref__tbreach(t, &note, copy[i], rc,
-                                          "put containing an id that is gone "
-                                          "or unknown");
+    if (copy[i] == id || !ipcref__table_find(t, copy[i], &rc)) {
+      r = copy[i] == id
+              ? IPCREF_EINVAL
+              : ipcref__table_breach(t, &note, copy[i], rc,
+                                     "put containing an id that is gone "
+                                     "or unknown");
       goto out;
     }
   }
-  for (i = 0; i < x->nstores && x->stores[i] != store; i++) {
-  }
-  if (i == x->nstores) {
-    if (x->nstores == x->cap) {
-      uint32_t cap = x->cap ? x->cap * 2 : 2;
-      uint32_t *s =
-          (uint32_t *)IPCREF_REALLOC(x->stores, cap * sizeof *x->stores);
-      if (!s) {
-        r = IPCREF_ENOMEM;
-        goto out;
-      }
-      x->stores = s;
-      x->cap = cap;
-    }
-    if (!ipcref__troom(x->obj, x->obj->nstores + 1)) {
-      r = IPCREF_ENOMEM;
-      goto out;
-    }
-    x->stores[x->nstores++] = store;
-    x->obj->nstores++;
-  }
+  r = ipcref__table_add_store(x, store);
+  if (r != IPCREF_OK) goto out;
   if (!x->put) {
     for (i = 0; i < n; i++)
-      ipcref__tgain((ipcref__tid *)ipcref__thash_get(&t->ids, copy[i]));
+      ipcref__table_gain(
+          (ipcref__table_id *)ipcref__table_hash_get(&t->ids, copy[i]));
     x->contained = copy;
     x->ncontained = n;
     copy = NULL;
     x->put = 1;
   }
 out:
-  ipcref__tunlock(t);
+  ipcref__table_unlock(t);
   IPCREF_FREE(copy);
   return r;
 }
@@ -200,36 +205,37 @@ out:
 IPCREF_API ipcref_result ipcref_table_msg_out(ipcref_table *t,
                                               const ipcref_id *ids, size_t n,
                                               uint64_t *token) {
-  ipcref__tmsg *m;
-  ipcref__tnote note;
+  ipcref__table_msg *m;
+  ipcref__table_note note;
   ipcref_result r = IPCREF_OK;
   size_t i;
   if (!t || !token || (n && !ids) ||
       n > (SIZE_MAX - sizeof *m) / sizeof(ipcref_id))
     return IPCREF_EINVAL;
-  m = (ipcref__tmsg *)IPCREF_MALLOC(sizeof *m + n * sizeof(ipcref_id));
+  m = (ipcref__table_msg *)IPCREF_MALLOC(sizeof *m + n * sizeof(ipcref_id));
   if (!m) return IPCREF_ENOMEM;
   m->n = n;
   if (n) memcpy(m->ids, ids, n * sizeof(ipcref_id));
-  ipcref__tlock(t);
+  ipcref__table_lock(t);
   for (i = 0; i < n; i++)
-    if (!ipcref__tfind(t, ids[i], &r)) {
-      r = ipcref__tbreach(t, &note, ids[i], r,
-                          "message carrying an id that is gone "
-                          "or unknown");
+    if (!ipcref__table_find(t, ids[i], &r)) {
+      r = ipcref__table_breach(t, &note, ids[i], r,
+                               "message carrying an id that is gone "
+                               "or unknown");
       goto out;
     }
-  if (!ipcref__thash_reserve(&t->msgs)) {
+  if (!ipcref__table_hash_reserve(&t->msgs)) {
     r = IPCREF_ENOMEM;
     goto out;
   }
   for (i = 0; i < n; i++)
-    ipcref__tgain((ipcref__tid *)ipcref__thash_get(&t->ids, ids[i]));
+    ipcref__table_gain(
+        (ipcref__table_id *)ipcref__table_hash_get(&t->ids, ids[i]));
   *token = t->next_token++;
-  ipcref__thash_put(&t->msgs, *token, m);
+  ipcref__table_hash_put(&t->msgs, *token, m);
   m = NULL;
 out:
-  ipcref__tunlock(t);
+  ipcref__table_unlock(t);
   IPCREF_FREE(m);
   return r;
 }
@@ -240,23 +246,24 @@ out:
  * which is freed after they are told. */
 IPCREF_PRIVATE ipcref_result ipcref__table_msg_end(ipcref_table *t,
                                                    uint64_t token) {
-  ipcref__tmsg *m;
-  ipcref__tnote note;
+  ipcref__table_msg *m;
+  ipcref__table_note note;
   size_t i, nb = 0;
   if (!t || token == 0) return IPCREF_EINVAL;
-  ipcref__tlock(t);
-  m = (ipcref__tmsg *)ipcref__thash_get(&t->msgs, token);
+  ipcref__table_lock(t);
+  m = (ipcref__table_msg *)ipcref__table_hash_get(&t->msgs, token);
   if (m) {
-    ipcref__thash_del(&t->msgs, token);
+    ipcref__table_hash_del(&t->msgs, token);
     for (i = 0; i < m->n; i++) {
-      ipcref__tid *x = (ipcref__tid *)ipcref__thash_get(&t->ids, m->ids[i]);
+      ipcref__table_id *x =
+          (ipcref__table_id *)ipcref__table_hash_get(&t->ids, m->ids[i]);
       if (x && x->count) {
-        ipcref__tdrop(t, x); /* alive: the message held it */
+        ipcref__table_drop(t, x); /* alive: the message held it */
         continue;
       }
       if (nb == 0)
-        (void)ipcref__tbreach(t, &note, m->ids[i], IPCREF_EDEAD,
-                              "a message's id went below zero");
+        (void)ipcref__table_breach(t, &note, m->ids[i], IPCREF_EDEAD,
+                                   "a message's id went below zero");
       else
         t->violations++;
       m->ids[nb++] = m->ids[i];
@@ -264,10 +271,10 @@ IPCREF_PRIVATE ipcref_result ipcref__table_msg_end(ipcref_table *t,
       note.n = nb;
     }
   } else if (token < t->next_token) { /* spent: a second msg_in/cancel */
-    (void)ipcref__tbreach(t, &note, 0, IPCREF_EINVAL,
-                          "a message let go of twice");
+    (void)ipcref__table_breach(t, &note, 0, IPCREF_EINVAL,
+                               "a message let go of twice");
   }
-  ipcref__tunlock(t);
+  ipcref__table_unlock(t);
   IPCREF_FREE(m);
   return m ? IPCREF_OK : IPCREF_EINVAL;
 }
@@ -283,29 +290,29 @@ IPCREF_API ipcref_result ipcref_table_msg_cancel(ipcref_table *t,
 
 IPCREF_API ipcref_result ipcref_table_alias(ipcref_table *t, ipcref_id a,
                                             ipcref_id b) {
-  ipcref__tid *x, *y, *last;
-  ipcref__tobj *big, *small;
-  ipcref__tnote note;
+  ipcref__table_id *x, *y, *last;
+  ipcref__table_obj *big, *small;
+  ipcref__table_note note;
   ipcref_result ra = IPCREF_OK, rb = IPCREF_OK;
   if (!t) return IPCREF_EINVAL;
-  ipcref__tlock(t);
-  x = ipcref__tfind(t, a, &ra);
-  y = ipcref__tfind(t, b, &rb);
+  ipcref__table_lock(t);
+  x = ipcref__table_find(t, a, &ra);
+  y = ipcref__table_find(t, b, &rb);
   if (!x || !y) {
     ipcref_result r = ra != IPCREF_OK ? ra : rb;
-    r = ipcref__tbreach(t, &note, !x ? a : b, r,
-                        r == IPCREF_EDEAD
-                            ? "alias of an object that was freed: the ids "
-                              "were not both alive until the alias"
-                            : "alias of an id never handed out");
-    ipcref__tunlock(t);
+    r = ipcref__table_breach(t, &note, !x ? a : b, r,
+                             r == IPCREF_EDEAD
+                                 ? "alias of an object that was freed: the ids "
+                                   "were not both alive until the alias"
+                                 : "alias of an id never handed out");
+    ipcref__table_unlock(t);
     return r;
   }
   if (x->obj != y->obj) { /* merge the smaller group into the larger */
     big = x->obj->nids >= y->obj->nids ? x->obj : y->obj;
     small = big == x->obj ? y->obj : x->obj;
-    if (!ipcref__troom(big, big->nstores + small->nstores)) {
-      ipcref__tunlock(t);
+    if (!ipcref__table_room(big, big->nstores + small->nstores)) {
+      ipcref__table_unlock(t);
       return IPCREF_ENOMEM;
     }
     big->nstores += small->nstores;
@@ -320,77 +327,78 @@ IPCREF_API ipcref_result ipcref_table_alias(ipcref_table *t, ipcref_id a,
     t->objects--;
     IPCREF_FREE(small);
   }
-  ipcref__tunlock(t);
+  ipcref__table_unlock(t);
   return IPCREF_OK;
 }
 
 IPCREF_API ipcref_result ipcref_table_count(ipcref_table *t, ipcref_id id,
                                             uint64_t *out) {
-  ipcref__tid *x;
+  ipcref__table_id *x;
   ipcref_result r = IPCREF_OK;
   if (!t || !out) return IPCREF_EINVAL;
-  ipcref__tlock(t);
-  x = ipcref__tfind(t, id, &r);
+  ipcref__table_lock(t);
+  x = ipcref__table_find(t, id, &r);
   if (x) *out = x->count;
-  ipcref__tunlock(t);
+  ipcref__table_unlock(t);
   return r;
 }
 
 IPCREF_API ipcref_result ipcref_table_get_stats(ipcref_table *t,
                                                 ipcref_table_stats *out) {
   if (!t || !out) return IPCREF_EINVAL;
-  ipcref__tlock(t);
+  ipcref__table_lock(t);
   out->ids = t->ids.n;
   out->objects = t->objects;
   out->messages = t->msgs.n;
   out->deallocs = t->deallocs;
   out->violations = t->violations;
-  ipcref__tunlock(t);
+  ipcref__table_unlock(t);
   return IPCREF_OK;
 }
 
 /* A pulled view's hold: the table reference and the source buffer. */
-typedef struct ipcref__tpin {
+typedef struct ipcref__table_pin {
   ipcref_table *t;
   ipcref_id id;
   ipcref_buf *src;
-} ipcref__tpin;
+} ipcref__table_pin;
 
 /* The pin's end: the table reference goes, and the source buffer (unless
  * a shared alias releases it itself: src NULL). */
-IPCREF_PRIVATE void ipcref__tpin_end(void *user) {
-  ipcref__tpin *pin = (ipcref__tpin *)user;
-  ipcref__tid *x = NULL;
-  ipcref__tnote note;
-  ipcref__tlock(pin->t);
-  if (pin->id) x = (ipcref__tid *)ipcref__thash_get(&pin->t->ids, pin->id);
+IPCREF_PRIVATE void ipcref__table_pin_end(void *user) {
+  ipcref__table_pin *pin = (ipcref__table_pin *)user;
+  ipcref__table_id *x = NULL;
+  ipcref__table_note note;
+  ipcref__table_lock(pin->t);
+  if (pin->id)
+    x = (ipcref__table_id *)ipcref__table_hash_get(&pin->t->ids, pin->id);
   if (x && x->count)
-    ipcref__tdrop(pin->t, x); /* alive: the pin held it */
-  else if (pin->id)           /* someone let go of the pin's reference too */
-    (void)ipcref__tbreach(pin->t, &note, pin->id, IPCREF_EDEAD,
-                          "a pulled view's reference was decremented by "
-                          "someone else");
-  ipcref__tunlock(pin->t);
+    ipcref__table_drop(pin->t, x); /* alive: the pin held it */
+  else if (pin->id) /* someone let go of the pin's reference too */
+    (void)ipcref__table_breach(pin->t, &note, pin->id, IPCREF_EDEAD,
+                               "a pulled view's reference was decremented by "
+                               "someone else");
+  ipcref__table_unlock(pin->t);
   ipcref_buf_release(pin->src);
   ipcref__table_unref(pin->t);
   IPCREF_FREE(pin);
 }
 
-IPCREF_PRIVATE void ipcref__tpin_release(void *user, void *data) {
+IPCREF_PRIVATE void ipcref__table_pin_release(void *user, void *data) {
   (void)data;
-  ipcref__tpin_end(user);
+  ipcref__table_pin_end(user);
 }
 
 IPCREF_API ipcref_result ipcref_table_view(ipcref_table *t, ipcref_id id,
                                            const ipcref_view *src,
                                            ipcref_view *out) {
-  ipcref__tpin *pin;
-  ipcref__tid *x;
+  ipcref__table_pin *pin;
+  ipcref__table_id *x;
   ipcref_buf *b;
-  ipcref__tnote note;
+  ipcref__table_note note;
   ipcref_result r = IPCREF_OK;
   if (!t || !out || !ipcref__view_valid(src)) return IPCREF_EINVAL;
-  pin = (ipcref__tpin *)IPCREF_MALLOC(sizeof *pin);
+  pin = (ipcref__table_pin *)IPCREF_MALLOC(sizeof *pin);
   if (!pin) return IPCREF_ENOMEM;
   pin->t = t;
   pin->id = id;
@@ -399,14 +407,14 @@ IPCREF_API ipcref_result ipcref_table_view(ipcref_table *t, ipcref_id id,
   /* A shared buffer made here: the pulled view is an alias of it, which
    * can be sent on, and the table reference lives until the alias and
    * every lease taken through it are gone. */
-  switch (ipcref__shared_alias(src->buf, ipcref__tpin_end, pin, &b)) {
+  switch (ipcref__shared_alias(src->buf, ipcref__table_pin_end, pin, &b)) {
   case 1: pin->src = NULL; break; /* the alias releases it */
   case -1: IPCREF_FREE(pin); return IPCREF_ENOMEM;
   default:
 #endif
     r = ipcref_buf_wrap_device(src->buf->data, src->buf->size,
                                ipcref_buf_device(src->buf),
-                               ipcref__tpin_release, pin, &b);
+                               ipcref__table_pin_release, pin, &b);
     if (r != IPCREF_OK) {
       IPCREF_FREE(pin);
       return r;
@@ -415,14 +423,14 @@ IPCREF_API ipcref_result ipcref_table_view(ipcref_table *t, ipcref_id id,
 #ifdef IPCREF_HAVE_SHARING
   }
 #endif
-  ipcref__tlock(t);
-  x = ipcref__tfind(t, id, &r);
+  ipcref__table_lock(t);
+  x = ipcref__table_find(t, id, &r);
   if (x)
-    ipcref__tgain(x);
+    ipcref__table_gain(x);
   else
-    r = ipcref__tbreach(t, &note, id, r,
-                        "pull of an id that is gone or unknown");
-  ipcref__tunlock(t);
+    r = ipcref__table_breach(t, &note, id, r,
+                             "pull of an id that is gone or unknown");
+  ipcref__table_unlock(t);
   if (r != IPCREF_OK) { /* the pin took nothing from the table */
     pin->id = 0;
     __atomic_fetch_add(&t->refs, 1, __ATOMIC_RELAXED); /* the pin's end */
