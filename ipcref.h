@@ -1348,7 +1348,7 @@ IPCREF_API ipcref_result ipcref_table_get_stats(ipcref_table *t,
 #endif
 
 #if defined(__GNUC__) || defined(__clang__)
-#define IPCREF_PRIVATE      static __attribute__((unused))
+#define IPCREF__PRIVATE     static __attribute__((unused))
 #define IPCREF__LIKELY(x)   __builtin_expect(!!(x), 1)
 #define IPCREF__UNLIKELY(x) __builtin_expect(!!(x), 0)
 #define IPCREF__NOINLINE    __attribute__((noinline))
@@ -1407,8 +1407,8 @@ ipcref_set_error_hook(const ipcref_error_hook *hook) {
   return __atomic_exchange_n(&ipcref__error_hook, hook, __ATOMIC_ACQ_REL);
 }
 
-IPCREF_PRIVATE IPCREF__NOINLINE void ipcref__report(ipcref_result code,
-                                                    const char *message) {
+IPCREF__PRIVATE IPCREF__NOINLINE void ipcref__report(ipcref_result code,
+                                                     const char *message) {
   const ipcref_error_hook *h =
       __atomic_load_n(&ipcref__error_hook, __ATOMIC_ACQUIRE);
   if (h && h->fn) {
@@ -1421,7 +1421,7 @@ IPCREF_PRIVATE IPCREF__NOINLINE void ipcref__report(ipcref_result code,
 }
 
 /* A misuse met by public function `fn`, to the hook as "fn: what". */
-IPCREF_PRIVATE IPCREF__NOINLINE void
+IPCREF__PRIVATE IPCREF__NOINLINE void
 ipcref__report_in(ipcref_result code, const char *fn, const char *what) {
   char m[192];
   size_t a = strlen(fn), b = strlen(what);
@@ -1435,12 +1435,12 @@ ipcref__report_in(ipcref_result code, const char *fn, const char *what) {
   ipcref__report(code, m);
 }
 
-IPCREF_PRIVATE void *ipcref__default_alloc(void *user, size_t size) {
+IPCREF__PRIVATE void *ipcref__default_alloc(void *user, size_t size) {
   (void)user;
   return IPCREF_MALLOC(size);
 }
 
-IPCREF_PRIVATE void ipcref__default_free(void *user, void *ptr, size_t size) {
+IPCREF__PRIVATE void ipcref__default_free(void *user, void *ptr, size_t size) {
   (void)user;
   (void)size;
   IPCREF_FREE(ptr);
@@ -1450,7 +1450,7 @@ static const ipcref_allocator ipcref__default_allocator = {
     ipcref__default_alloc, ipcref__default_free, NULL};
 
 /* a + b into *out; 0 on overflow. */
-IPCREF_PRIVATE int ipcref__add_size(size_t a, size_t b, size_t *out) {
+IPCREF__PRIVATE int ipcref__add_size(size_t a, size_t b, size_t *out) {
   if (a > SIZE_MAX - b) return 0;
   *out = a + b;
   return 1;
@@ -1512,19 +1512,19 @@ static struct {
   ipcref__grave g[IPCREF_QUARANTINE_OBJECTS];
 } ipcref__quarantine;
 
-IPCREF_PRIVATE void ipcref__quarantine_lock(void) {
+IPCREF__PRIVATE void ipcref__quarantine_lock(void) {
   while (__atomic_exchange_n(&ipcref__quarantine.lock, 1, __ATOMIC_ACQUIRE))
     while (__atomic_load_n(&ipcref__quarantine.lock, __ATOMIC_RELAXED)) {
     }
 }
 
-IPCREF_PRIVATE void ipcref__quarantine_unlock(void) {
+IPCREF__PRIVATE void ipcref__quarantine_unlock(void) {
   __atomic_store_n(&ipcref__quarantine.lock, 0, __ATOMIC_RELEASE);
 }
 
 /* Takes the oldest grave out (under the lock) into *out: 1 if there was
  * one. */
-IPCREF_PRIVATE int ipcref__grave_pop(ipcref__grave *out) {
+IPCREF__PRIVATE int ipcref__grave_pop(ipcref__grave *out) {
   if (ipcref__quarantine.count == 0) return 0;
   *out = ipcref__quarantine.g[ipcref__quarantine.first];
   ipcref__quarantine.first =
@@ -1536,14 +1536,14 @@ IPCREF_PRIVATE int ipcref__grave_pop(ipcref__grave *out) {
 
 /* As ipcref__grave_pop, when `size` more bytes, or one more object, would
  * not fit. */
-IPCREF_PRIVATE int ipcref__grave_evict(size_t size, ipcref__grave *out) {
+IPCREF__PRIVATE int ipcref__grave_evict(size_t size, ipcref__grave *out) {
   if (ipcref__quarantine.count < IPCREF_QUARANTINE_OBJECTS &&
       ipcref__quarantine.bytes + size <= IPCREF_QUARANTINE_BYTES)
     return 0;
   return ipcref__grave_pop(out);
 }
 
-IPCREF_PRIVATE void ipcref__grave_free(const ipcref__grave *g) {
+IPCREF__PRIVATE void ipcref__grave_free(const ipcref__grave *g) {
   IPCREF__UNPOISON(g->ptr, g->size);
   g->free_fn(g->user, g->ptr, g->size);
 }
@@ -1551,9 +1551,9 @@ IPCREF_PRIVATE void ipcref__grave_free(const ipcref__grave *g) {
 /* Keeps the freed object `ptr` (`size` bytes, whose first `keep` hold its
  * dead mark) in the quarantine; the oldest ones leave it through their
  * free_fn. An object larger than the whole quarantine goes back at once. */
-IPCREF_PRIVATE void ipcref__bury(void *ptr, size_t size, size_t keep,
-                                 void (*free_fn)(void *, void *, size_t),
-                                 void *user) {
+IPCREF__PRIVATE void ipcref__bury(void *ptr, size_t size, size_t keep,
+                                  void (*free_fn)(void *, void *, size_t),
+                                  void *user) {
   ipcref__grave g, old;
   if (size > IPCREF_QUARANTINE_BYTES) {
     free_fn(user, ptr, size);
@@ -1584,7 +1584,7 @@ IPCREF_PRIVATE void ipcref__bury(void *ptr, size_t size, size_t keep,
 }
 
 /* A library's free for objects taken with IPCREF_MALLOC. */
-IPCREF_PRIVATE void ipcref__free_plain(void *user, void *ptr, size_t size) {
+IPCREF__PRIVATE void ipcref__free_plain(void *user, void *ptr, size_t size) {
   (void)user;
   (void)size;
   IPCREF_FREE(ptr);
@@ -1640,7 +1640,7 @@ struct ipcref_buf {
  * be. A dead object (old == 0) stays dead: the count goes back to zero, so
  * that no later release can free it again and no upgrade can revive it.
  * An overflow pins the count at IPCREF__SATURATED for good. */
-IPCREF_PRIVATE IPCREF__NOINLINE void
+IPCREF__PRIVATE IPCREF__NOINLINE void
 ipcref__saturate(int32_t *counter, int32_t old, const char *what) {
   if (old == 0) {
     __atomic_store_n(counter, 0, __ATOMIC_RELAXED);
@@ -1655,8 +1655,8 @@ ipcref__saturate(int32_t *counter, int32_t old, const char *what) {
 /* IPCREF_CHECKED: 1 (and a report naming `fn`) when `b` was released,
  * its data gone. Its header is still readable: it waits in the
  * quarantine, or in its context. */
-IPCREF_PRIVATE IPCREF__NOINLINE int ipcref__buf_dead(const ipcref_buf *b,
-                                                     const char *fn) {
+IPCREF__PRIVATE IPCREF__NOINLINE int ipcref__buf_dead(const ipcref_buf *b,
+                                                      const char *fn) {
   if (__atomic_load_n(&b->strong, __ATOMIC_ACQUIRE) != 0) return 0;
   ipcref__report_in(IPCREF_EDEAD, fn, "the buffer was already released");
   return 1;
@@ -1670,9 +1670,9 @@ IPCREF_PRIVATE IPCREF__NOINLINE int ipcref__buf_dead(const ipcref_buf *b,
 #define IPCREF__BUF_CHECK(b, ret) ((void)0)
 #endif
 
-IPCREF_PRIVATE ipcref_result ipcref__buf_alloc(const ipcref_allocator *a,
-                                               size_t size, size_t align,
-                                               ipcref_buf **out) {
+IPCREF__PRIVATE ipcref_result ipcref__buf_alloc(const ipcref_allocator *a,
+                                                size_t size, size_t align,
+                                                ipcref_buf **out) {
   size_t total, addr;
   unsigned char *raw;
   ipcref_buf *b;
@@ -1751,10 +1751,10 @@ IPCREF_API ipcref_result ipcref_buf_wrap_device(
 /* Makes `b`, a header its caller keeps (a context's), a buffer over
  * `data` as ipcref_buf_wrap_device would, returned through `a` (which
  * owns the header) when its last reference goes. */
-IPCREF_PRIVATE void ipcref__buf_adopt(ipcref_buf *b, void *data, size_t size,
-                                      ipcref_device device,
-                                      void (*release)(void *, void *),
-                                      void *user, const ipcref_allocator *a) {
+IPCREF__PRIVATE void ipcref__buf_adopt(ipcref_buf *b, void *data, size_t size,
+                                       ipcref_device device,
+                                       void (*release)(void *, void *),
+                                       void *user, const ipcref_allocator *a) {
   b->strong = 1;
   b->weak = 1;
   b->flags = 0;
@@ -1776,7 +1776,7 @@ IPCREF_API ipcref_device ipcref_buf_device(const ipcref_buf *b) {
 }
 
 /* 1 when the host can read and write the buffer's memory. */
-IPCREF_PRIVATE int ipcref__buf_on_host(const ipcref_buf *b) {
+IPCREF__PRIVATE int ipcref__buf_on_host(const ipcref_buf *b) {
   return b->device.type == IPCREF_DEVICE_CPU;
 }
 
@@ -1795,7 +1795,7 @@ IPCREF_API ipcref_buf *ipcref_buf_retain(ipcref_buf *b) {
   return b;
 }
 
-IPCREF_PRIVATE void ipcref__weak_drop(ipcref_buf *b) {
+IPCREF__PRIVATE void ipcref__weak_drop(ipcref_buf *b) {
   int32_t old = __atomic_fetch_sub(&b->weak, 1, __ATOMIC_RELEASE);
   if (IPCREF__LIKELY(old != 1)) {
     if (IPCREF__UNLIKELY(old <= 0))
@@ -1817,7 +1817,7 @@ IPCREF_PRIVATE void ipcref__weak_drop(ipcref_buf *b) {
   b->allocator.free(b->allocator.user, b, b->alloc_size);
 }
 
-IPCREF_PRIVATE IPCREF__NOINLINE void ipcref__buf_drop_slow(ipcref_buf *b) {
+IPCREF__PRIVATE IPCREF__NOINLINE void ipcref__buf_drop_slow(ipcref_buf *b) {
   if (b->release) b->release(b->release_user, b->data);
   /* The implicit weak reference the strong ones shared goes last. */
   ipcref__weak_drop(b);
@@ -1825,8 +1825,8 @@ IPCREF_PRIVATE IPCREF__NOINLINE void ipcref__buf_drop_slow(ipcref_buf *b) {
 
 /* The rare ends of a release, kept out of line so that the fast path is
  * one atomic and one compare, small enough for compilers to inline. */
-IPCREF_PRIVATE IPCREF__NOINLINE void ipcref__buf_release_slow(ipcref_buf *b,
-                                                              int32_t old) {
+IPCREF__PRIVATE IPCREF__NOINLINE void ipcref__buf_release_slow(ipcref_buf *b,
+                                                               int32_t old) {
   if (old <= 0) {
     ipcref__saturate(&b->strong, old,
                      "ipcref_buf_release: the buffer was already released");
@@ -1892,11 +1892,11 @@ IPCREF_API int ipcref_buf_is_unique(ipcref_buf *b) {
 }
 
 /* Marks memory that must never be written (a read-only mapping). */
-IPCREF_PRIVATE void ipcref__buf_set_read_only(ipcref_buf *b) {
+IPCREF__PRIVATE void ipcref__buf_set_read_only(ipcref_buf *b) {
   __atomic_fetch_or(&b->flags, IPCREF__BUF_READ_ONLY, __ATOMIC_RELEASE);
 }
 
-IPCREF_PRIVATE int ipcref__buf_read_only(const ipcref_buf *b) {
+IPCREF__PRIVATE int ipcref__buf_read_only(const ipcref_buf *b) {
   return (__atomic_load_n(&b->flags, __ATOMIC_ACQUIRE) &
           IPCREF__BUF_READ_ONLY) != 0;
 }
@@ -2027,9 +2027,9 @@ IPCREF_API const char *ipcref_dtype_name(ipcref_dtype dt) {
 
 /* [lo, hi): the bytes of the buffer a view can reach, relative to its data.
  * 0 when some product overflows. `numel` receives the element count. */
-IPCREF_PRIVATE IPCREF__INLINE int ipcref__view_span(const ipcref_view *v,
-                                                    int64_t *lo, int64_t *hi,
-                                                    int64_t *numel) {
+IPCREF__PRIVATE IPCREF__INLINE int ipcref__view_span(const ipcref_view *v,
+                                                     int64_t *lo, int64_t *hi,
+                                                     int64_t *numel) {
   int64_t item = (int64_t)ipcref__dtype_sizes[v->dtype], n = 1, neg = 0,
           pos = 0, reach;
   int d;
@@ -2068,8 +2068,8 @@ IPCREF_PRIVATE IPCREF__INLINE int ipcref__view_span(const ipcref_view *v,
 
 /* 1 when every element of `v` (its buf not read) lies in bytes [0, size)
  * of its buffer: the geometry a buffer of `size` bytes can back. */
-IPCREF_PRIVATE IPCREF__INLINE int ipcref__view_fits(const ipcref_view *v,
-                                                    uint64_t size) {
+IPCREF__PRIVATE IPCREF__INLINE int ipcref__view_fits(const ipcref_view *v,
+                                                     uint64_t size) {
   int64_t lo, hi, n;
   if (!ipcref__view_span(v, &lo, &hi, &n)) return 0;
   if (v->byte_offset < 0 || (uint64_t)v->byte_offset > size) return 0;
@@ -2078,8 +2078,8 @@ IPCREF_PRIVATE IPCREF__INLINE int ipcref__view_fits(const ipcref_view *v,
 
 /* 1 when `v` is a view its buffer can back. Under IPCREF_CHECKED a view
  * of a released buffer is reported, naming the public function `fn`. */
-IPCREF_PRIVATE IPCREF__INLINE int ipcref__view_valid_in(const ipcref_view *v,
-                                                        const char *fn) {
+IPCREF__PRIVATE IPCREF__INLINE int ipcref__view_valid_in(const ipcref_view *v,
+                                                         const char *fn) {
   (void)fn;
   if (!v || !v->buf || (unsigned)v->dtype >= IPCREF_DTYPE_COUNT ||
       v->ndim < 0 || v->ndim > IPCREF_MAX_DIMS)
@@ -2092,7 +2092,7 @@ IPCREF_PRIVATE IPCREF__INLINE int ipcref__view_valid_in(const ipcref_view *v,
 #define ipcref__view_valid(v) ipcref__view_valid_in((v), __func__)
 
 /* The element count of a view already known to be valid. */
-IPCREF_PRIVATE int64_t ipcref__numel(const ipcref_view *v) {
+IPCREF__PRIVATE int64_t ipcref__numel(const ipcref_view *v) {
   int64_t n = 1;
   int d;
   for (d = 0; d < v->ndim; d++)
@@ -2103,12 +2103,12 @@ IPCREF_PRIVATE int64_t ipcref__numel(const ipcref_view *v) {
 
 /* The check of a result whose geometry came from the caller: EINVAL for
  * bad fields, ERANGE for elements outside the buffer or overflow. */
-IPCREF_PRIVATE ipcref_result ipcref__view_check_new(const ipcref_view *v) {
+IPCREF__PRIVATE ipcref_result ipcref__view_check_new(const ipcref_view *v) {
   return ipcref__view_fits(v, v->buf->size) ? IPCREF_OK : IPCREF_ERANGE;
 }
 
 /* Python's dim rule: -ndim <= dim < ndim. */
-IPCREF_PRIVATE IPCREF__INLINE int ipcref__dim(int dim, int ndim, int *out) {
+IPCREF__PRIVATE IPCREF__INLINE int ipcref__dim(int dim, int ndim, int *out) {
   if (dim < -ndim || dim >= ndim) return 0;
   *out = dim < 0 ? dim + ndim : dim;
   return 1;
@@ -2116,8 +2116,9 @@ IPCREF_PRIVATE IPCREF__INLINE int ipcref__dim(int dim, int ndim, int *out) {
 
 /* The element count of a shape given by the caller: ERANGE for ndim out of
  * range, a negative size, or an overflow of int64 or of size_t bytes. */
-IPCREF_PRIVATE ipcref_result ipcref__shape_numel(int ndim, const int64_t *shape,
-                                                 size_t item, int64_t *numel) {
+IPCREF__PRIVATE ipcref_result ipcref__shape_numel(int ndim,
+                                                  const int64_t *shape,
+                                                  size_t item, int64_t *numel) {
   int64_t n = 1, bytes;
   int d;
   if (ndim < 0 || ndim > IPCREF_MAX_DIMS) return IPCREF_ERANGE;
@@ -2135,8 +2136,8 @@ IPCREF_PRIVATE ipcref_result ipcref__shape_numel(int ndim, const int64_t *shape,
   return IPCREF_OK;
 }
 
-IPCREF_PRIVATE void ipcref__contiguous_strides(int ndim, const int64_t *shape,
-                                               int64_t *strides) {
+IPCREF__PRIVATE void ipcref__contiguous_strides(int ndim, const int64_t *shape,
+                                                int64_t *strides) {
   int64_t s = 1;
   int d;
   for (d = ndim - 1; d >= 0; d--) {
@@ -2148,7 +2149,7 @@ IPCREF_PRIVATE void ipcref__contiguous_strides(int ndim, const int64_t *shape,
 
 /* Stores a finished result. When `out` is the input, the input's reference
  * moves to the result; otherwise the result takes a reference of its own. */
-IPCREF_PRIVATE IPCREF__INLINE ipcref_result ipcref__view_finish(
+IPCREF__PRIVATE IPCREF__INLINE ipcref_result ipcref__view_finish(
     const ipcref_view *in, const ipcref_view *r, ipcref_view *out) {
   if (out != in) ipcref_buf_retain(r->buf);
   *out = *r;
@@ -2159,7 +2160,7 @@ IPCREF_PRIVATE IPCREF__INLINE ipcref_result ipcref__view_finish(
  * the input, keeping the input's), ready to be changed in place. Called
  * only after every check passed, with everything read from `v` already
  * in locals (`out` may be `v`). */
-IPCREF_PRIVATE IPCREF__INLINE ipcref_view *
+IPCREF__PRIVATE IPCREF__INLINE ipcref_view *
 ipcref__view_out(const ipcref_view *v, ipcref_view *out) {
   if (out != v) {
     *out = *v;
@@ -2183,7 +2184,7 @@ ipcref__view_out(const ipcref_view *v, ipcref_view *out) {
 #include <sys/mman.h>
 #endif
 
-IPCREF_PRIVATE ipcref_result ipcref__buf_for(size_t bytes, ipcref_buf **out) {
+IPCREF__PRIVATE ipcref_result ipcref__buf_for(size_t bytes, ipcref_buf **out) {
   ipcref_result r;
 #if defined(__linux__) && !defined(IPCREF_NO_SHARING) && defined(MADV_HUGEPAGE)
   if (bytes >= IPCREF__HUGE_MIN) {
@@ -2263,7 +2264,7 @@ IPCREF_API void ipcref_view_release(ipcref_view *v) {
  * count is atomic). */
 
 /* Removes dim d of r (its offset already accounted for). */
-IPCREF_PRIVATE void ipcref__drop_dim(ipcref_view *r, int d) {
+IPCREF__PRIVATE void ipcref__drop_dim(ipcref_view *r, int d) {
   int i;
   for (i = d; i + 1 < r->ndim; i++) {
     r->shape[i] = r->shape[i + 1];
@@ -2274,7 +2275,7 @@ IPCREF_PRIVATE void ipcref__drop_dim(ipcref_view *r, int d) {
   r->strides[r->ndim] = 0;
 }
 
-IPCREF_PRIVATE int64_t ipcref__item(const ipcref_view *v) {
+IPCREF__PRIVATE int64_t ipcref__item(const ipcref_view *v) {
   return (int64_t)ipcref__dtype_sizes[v->dtype];
 }
 
@@ -2403,9 +2404,9 @@ IPCREF_API ipcref_result ipcref_view_transpose(const ipcref_view *v, int d0,
  * without a copy, or 0 when there are none. Dims are merged into chunks of
  * memory-contiguous runs; each chunk must split exactly into new dims (the
  * rule of PyTorch's computeStride). */
-IPCREF_PRIVATE int ipcref__reshape_strides(const ipcref_view *v, int ndim,
-                                           const int64_t *shape,
-                                           int64_t *strides) {
+IPCREF__PRIVATE int ipcref__reshape_strides(const ipcref_view *v, int ndim,
+                                            const int64_t *shape,
+                                            int64_t *strides) {
   int64_t chunk_stride, tensor_n = 1, view_n = 1;
   int td, vd = ndim - 1;
   if (v->ndim == 0) {
@@ -2439,9 +2440,9 @@ IPCREF_PRIVATE int ipcref__reshape_strides(const ipcref_view *v, int ndim,
 }
 
 /* Resolves a requested shape (one -1 may be inferred) against `numel`. */
-IPCREF_PRIVATE ipcref_result ipcref__infer_shape(int ndim, const int64_t *in,
-                                                 int64_t numel,
-                                                 int64_t *shape) {
+IPCREF__PRIVATE ipcref_result ipcref__infer_shape(int ndim, const int64_t *in,
+                                                  int64_t numel,
+                                                  int64_t *shape) {
   int64_t known = 1;
   int d, infer = -1;
   if (ndim < 0 || ndim > IPCREF_MAX_DIMS) return IPCREF_ERANGE;
@@ -2767,8 +2768,8 @@ typedef struct ipcref__copy_plan {
 /* Plans the copy of `src` into `dst` (same shape and dtype): byte
  * strides, dims of size 1 dropped, neighbours contiguous on both sides
  * merged. */
-IPCREF_PRIVATE void ipcref__plan(ipcref__copy_plan *p, const ipcref_view *dst,
-                                 const ipcref_view *src) {
+IPCREF__PRIVATE void ipcref__plan(ipcref__copy_plan *p, const ipcref_view *dst,
+                                  const ipcref_view *src) {
   int d, n = 0;
   int64_t item = ipcref__item(dst);
   p->item = (size_t)item;
@@ -2802,8 +2803,8 @@ IPCREF_PRIVATE void ipcref__plan(ipcref__copy_plan *p, const ipcref_view *dst,
 
 /* Every other element of a run of 4-byte elements, four at a time; returns
  * how many it did (the caller finishes the tail). */
-IPCREF_PRIVATE int64_t ipcref__gather2_4(char *d, const char *s, int64_t n,
-                                         int stream) {
+IPCREF__PRIVATE int64_t ipcref__gather2_4(char *d, const char *s, int64_t n,
+                                          int stream) {
   int64_t i = 0;
 #ifdef IPCREF__SSE2
   if (stream && ((uintptr_t)d & 15) == 0) {
@@ -2840,9 +2841,9 @@ IPCREF_PRIVATE int64_t ipcref__gather2_4(char *d, const char *s, int64_t n,
 
 /* Copies `n` elements of `item` bytes along one dim: one memcpy when both
  * sides are contiguous, else element by element with a fixed size. */
-IPCREF_PRIVATE void ipcref__copy_run(char *d, int64_t ds, const char *s,
-                                     int64_t ss, int64_t n, size_t item,
-                                     int stream) {
+IPCREF__PRIVATE void ipcref__copy_run(char *d, int64_t ds, const char *s,
+                                      int64_t ss, int64_t n, size_t item,
+                                      int stream) {
   int64_t i;
   if (ds == (int64_t)item && ss == (int64_t)item) {
     memcpy(d, s, (size_t)n * item);
@@ -2872,9 +2873,9 @@ IPCREF_PRIVATE void ipcref__copy_run(char *d, int64_t ds, const char *s,
  * 4x4 register transposes write whole output lines, around the cache when
  * the output is large. Returns 0 (and does nothing) without scratch. */
 #define IPCREF__TT 64
-IPCREF_PRIVATE int ipcref__transpose4(char *d, int64_t drs, const char *s,
-                                      int64_t scs, int64_t rows, int64_t cols,
-                                      int stream) {
+IPCREF__PRIVATE int ipcref__transpose4(char *d, int64_t drs, const char *s,
+                                       int64_t scs, int64_t rows, int64_t cols,
+                                       int stream) {
   float *tile;
   int64_t r0, c0, r, c;
   if (rows < IPCREF__TT || cols < IPCREF__TT) return 0;
@@ -2941,10 +2942,10 @@ IPCREF_PRIVATE int ipcref__transpose4(char *d, int64_t drs, const char *s,
 
 /* A 2-d copy in square tiles, for a side contiguous along rows and the
  * other along columns: each tile stays in cache on both sides. */
-IPCREF_PRIVATE void ipcref__copy_tiled(char *d, int64_t drs, int64_t dcs,
-                                       const char *s, int64_t srs, int64_t scs,
-                                       int64_t rows, int64_t cols,
-                                       size_t item) {
+IPCREF__PRIVATE void ipcref__copy_tiled(char *d, int64_t drs, int64_t dcs,
+                                        const char *s, int64_t srs, int64_t scs,
+                                        int64_t rows, int64_t cols,
+                                        size_t item) {
   int64_t r0, c0, r, c;
   for (r0 = 0; r0 < rows; r0 += IPCREF__TILE) {
     int64_t r1 = r0 + IPCREF__TILE < rows ? r0 + IPCREF__TILE : rows;
@@ -2962,10 +2963,10 @@ IPCREF_PRIVATE void ipcref__copy_tiled(char *d, int64_t drs, int64_t dcs,
 }
 
 /* One 2-d copy: the f32 register transpose, tiles, or row by row. */
-IPCREF_PRIVATE void ipcref__copy_2d(char *d, int64_t drs, int64_t dcs,
-                                    const char *s, int64_t srs, int64_t scs,
-                                    int64_t rows, int64_t cols, size_t item,
-                                    int stream) {
+IPCREF__PRIVATE void ipcref__copy_2d(char *d, int64_t drs, int64_t dcs,
+                                     const char *s, int64_t srs, int64_t scs,
+                                     int64_t rows, int64_t cols, size_t item,
+                                     int stream) {
   int64_t r, it = (int64_t)item;
 #ifdef IPCREF__SSE2
   if (item == 4 && dcs == 4 && srs == 4 &&
@@ -2984,7 +2985,7 @@ IPCREF_PRIVATE void ipcref__copy_2d(char *d, int64_t drs, int64_t dcs,
 
 /* Streaming stores are weakly ordered: fence them before anyone (another
  * thread handed the buffer next) can read the result. */
-IPCREF_PRIVATE void ipcref__copy_fence(const ipcref__copy_plan *p) {
+IPCREF__PRIVATE void ipcref__copy_fence(const ipcref__copy_plan *p) {
 #ifdef IPCREF__SSE2
   if (p->stream) _mm_sfence();
 #else
@@ -2994,8 +2995,8 @@ IPCREF_PRIVATE void ipcref__copy_fence(const ipcref__copy_plan *p) {
 
 /* Runs a plan: its two innermost dims as one 2-d copy (or one run), the
  * outer dims counted like an odometer. */
-IPCREF_PRIVATE void ipcref__copy_plan_run(const ipcref__copy_plan *p, char *d,
-                                          const char *s) {
+IPCREF__PRIVATE void ipcref__copy_plan_run(const ipcref__copy_plan *p, char *d,
+                                           const char *s) {
   int64_t idx[IPCREF_MAX_DIMS];
   int outer = p->ndim - 2, k;
   if (p->ndim == 0) {
@@ -3028,8 +3029,8 @@ IPCREF_PRIVATE void ipcref__copy_plan_run(const ipcref__copy_plan *p, char *d,
 
 /* Copies src into dst: same dtype and ndim, shapes equal, both valid, no
  * overlap. */
-IPCREF_PRIVATE void ipcref__copy_elements(const ipcref_view *dst,
-                                          const ipcref_view *src) {
+IPCREF__PRIVATE void ipcref__copy_elements(const ipcref_view *dst,
+                                           const ipcref_view *src) {
   ipcref__copy_plan p;
   if (ipcref__numel(dst) == 0) return;
   ipcref__plan(&p, dst, src);
@@ -3052,14 +3053,14 @@ IPCREF_API ipcref_result ipcref_view_contiguous(const ipcref_view *v,
   return IPCREF_OK;
 }
 
-IPCREF_PRIVATE int ipcref__view_writable(const ipcref_view *v) {
+IPCREF__PRIVATE int ipcref__view_writable(const ipcref_view *v) {
   if (ipcref__buf_read_only(v->buf)) return 0;
   return ipcref_buf_is_shared_mut(v->buf) || ipcref_buf_is_unique(v->buf);
 }
 
 /* The absolute address range [lo, hi) a non-empty valid view touches. */
-IPCREF_PRIVATE void ipcref__view_range(const ipcref_view *v, uintptr_t *lo,
-                                       uintptr_t *hi) {
+IPCREF__PRIVATE void ipcref__view_range(const ipcref_view *v, uintptr_t *lo,
+                                        uintptr_t *hi) {
   int64_t l = 0, h = 0, n;
   (void)ipcref__view_span(v, &l, &h, &n);
   *lo = (uintptr_t)v->buf->data + (uintptr_t)l;
@@ -3246,20 +3247,20 @@ typedef struct ipcref__ledger_hdr {
 
 /* A ring entry: slot + 1 in bits 0..29 (0 marks "not written yet"), the
  * kind in bits 30..31, the generation in bits 32..63. */
-IPCREF_PRIVATE uint64_t ipcref__ring_entry(uint32_t kind, uint32_t slot,
-                                           uint32_t gen) {
+IPCREF__PRIVATE uint64_t ipcref__ring_entry(uint32_t kind, uint32_t slot,
+                                            uint32_t gen) {
   return ((uint64_t)gen << 32) | ((uint64_t)kind << 30) | (slot + 1u);
 }
 
 /* A ledger's slots and ring in its mapping at `base`, and its size for n
  * slots. */
-IPCREF_PRIVATE uint64_t *ipcref__ledger_slots(unsigned char *base) {
+IPCREF__PRIVATE uint64_t *ipcref__ledger_slots(unsigned char *base) {
   return (uint64_t *)(void *)(base + IPCREF__LEDGER_HDR);
 }
-IPCREF_PRIVATE uint64_t *ipcref__ledger_ring(unsigned char *base, uint32_t n) {
+IPCREF__PRIVATE uint64_t *ipcref__ledger_ring(unsigned char *base, uint32_t n) {
   return (uint64_t *)(void *)(base + IPCREF__LEDGER_HDR + (size_t)n * 16);
 }
-IPCREF_PRIVATE size_t ipcref__ledger_bytes(uint32_t n) {
+IPCREF__PRIVATE size_t ipcref__ledger_bytes(uint32_t n) {
   return IPCREF__LEDGER_HDR + (size_t)n * 16 + (size_t)n * 16;
 }
 
@@ -3268,9 +3269,9 @@ IPCREF_PRIVATE size_t ipcref__ledger_bytes(uint32_t n) {
  * process that dies between taking its positions and writing them leaves
  * a hole, which the producer's sweep steps over once it is stale (see
  * ipcref__hole_stale). `step` labels the moment for the test hook. */
-IPCREF_PRIVATE void ipcref__ring_push(unsigned char *base, uint32_t n,
-                                      const uint64_t *e, int count,
-                                      const char *step) {
+IPCREF__PRIVATE void ipcref__ring_push(unsigned char *base, uint32_t n,
+                                       const uint64_t *e, int count,
+                                       const char *step) {
   ipcref__ledger_hdr *h = (ipcref__ledger_hdr *)(void *)base;
   uint64_t *ring = ipcref__ledger_ring(base, n);
   /* Release: a forwarder's slot, written before, is seen by the producer
@@ -3450,7 +3451,7 @@ typedef struct ipcref__import {
 typedef struct ipcref__sent {
   uint64_t nonce, key;
 } ipcref__sent;
-IPCREF_PRIVATE uint64_t ipcref__sent_key(uint64_t id, int is_ledger) {
+IPCREF__PRIVATE uint64_t ipcref__sent_key(uint64_t id, int is_ledger) {
   return (id << 1) | (uint64_t)(is_ledger ? 1 : 0);
 }
 
@@ -3559,15 +3560,15 @@ struct ipcref_ctx {
  * share_import) are called from earlier rooms: the unlock returns the
  * device imports whose fence is done, and ipcref_buf_is_shared knows an
  * imported buffer by its release callback. */
-IPCREF_PRIVATE void ipcref__import_end(struct ipcref__import *imp);
-IPCREF_PRIVATE void ipcref__import_release(void *user, void *data);
+IPCREF__PRIVATE void ipcref__import_end(struct ipcref__import *imp);
+IPCREF__PRIVATE void ipcref__import_release(void *user, void *data);
 
 /* Unlocks the context, then does what must not run under it, since each
  * may call back into ipcref: the aliases whose last hold went end (their
  * callback runs, their source is released), the wrapped allocations whose
  * last hold went go back to their owners, and the device imports whose
  * fence is done return their leases. */
-IPCREF_PRIVATE void ipcref__unlock(ipcref_ctx *ctx) {
+IPCREF__PRIVATE void ipcref__unlock(ipcref_ctx *ctx) {
   ipcref__block *b = ctx->released;
   struct ipcref__import *imp = ctx->finished;
   ipcref__alias *a = ctx->unpinned;
@@ -3595,15 +3596,15 @@ IPCREF_PRIVATE void ipcref__unlock(ipcref_ctx *ctx) {
   }
 }
 
-IPCREF_PRIVATE void *ipcref__zalloc(size_t n) {
+IPCREF__PRIVATE void *ipcref__zalloc(size_t n) {
   void *p = IPCREF_MALLOC(n ? n : 1);
   if (p) memset(p, 0, n ? n : 1);
   return p;
 }
 
 /* Grows *arr (elements of `size` bytes) to hold `need`. 0 on ENOMEM. */
-IPCREF_PRIVATE int ipcref__grow(void **arr, size_t *cap, size_t need,
-                                size_t size) {
+IPCREF__PRIVATE int ipcref__grow(void **arr, size_t *cap, size_t need,
+                                 size_t size) {
   size_t ncap;
   void *p;
   if (need <= *cap) return 1;
@@ -3625,9 +3626,9 @@ IPCREF_PRIVATE int ipcref__grow(void **arr, size_t *cap, size_t need,
  * against further seals; with `read_only_elsewhere`, also against any new
  * writable mapping or write(): the producer's mapping, made before, is the
  * only way to change it, whoever else gets hold of the file. */
-IPCREF_PRIVATE int ipcref__memfd(const char *name, size_t size,
-                                 int read_only_elsewhere,
-                                 unsigned char **base) {
+IPCREF__PRIVATE int ipcref__memfd(const char *name, size_t size,
+                                  int read_only_elsewhere,
+                                  unsigned char **base) {
   int fd = memfd_create(name, MFD_CLOEXEC | MFD_ALLOW_SEALING);
   int seals = F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL;
   void *p;
@@ -3650,8 +3651,8 @@ fail:
 /* 1 when peer `p` was sent the segment or ledger (nonce, key) already;
  * else notes it and gives 0 (with *fail set when out of memory). Under the
  * lock, as the next. */
-IPCREF_PRIVATE int ipcref__sent_mark(ipcref_peer *p, uint64_t nonce,
-                                     uint64_t key, int *fail) {
+IPCREF__PRIVATE int ipcref__sent_mark(ipcref_peer *p, uint64_t nonce,
+                                      uint64_t key, int *fail) {
   size_t i;
   for (i = 0; i < p->nsent; i++)
     if (p->sent[i].nonce == nonce && p->sent[i].key == key) return 1;
@@ -3667,8 +3668,8 @@ IPCREF_PRIVATE int ipcref__sent_mark(ipcref_peer *p, uint64_t nonce,
 }
 
 /* Forgets that peer `p` was sent (nonce, key): 1 when it had been. */
-IPCREF_PRIVATE int ipcref__sent_forget(ipcref_peer *p, uint64_t nonce,
-                                       uint64_t key) {
+IPCREF__PRIVATE int ipcref__sent_forget(ipcref_peer *p, uint64_t nonce,
+                                        uint64_t key) {
   size_t i;
   for (i = 0; i < p->nsent; i++)
     if (p->sent[i].nonce == nonce && p->sent[i].key == key) {
@@ -3679,8 +3680,8 @@ IPCREF_PRIVATE int ipcref__sent_forget(ipcref_peer *p, uint64_t nonce,
 }
 
 /* What a peer did wrong, to the context's hook (or the process-wide one). */
-IPCREF_PRIVATE void ipcref__ctx_report(ipcref_ctx *ctx, ipcref_result code,
-                                       const char *message) {
+IPCREF__PRIVATE void ipcref__ctx_report(ipcref_ctx *ctx, ipcref_result code,
+                                        const char *message) {
   if (ctx->opt.error_hook.fn)
     ctx->opt.error_hook.fn(ctx->opt.error_hook.user, code, message);
   else
@@ -3692,8 +3693,8 @@ IPCREF_PRIVATE void ipcref__ctx_report(ipcref_ctx *ctx, ipcref_result code,
  * quarantine) and, for a context, not given up by its owner (*owner_gone;
  * read only past the mark). Else the call is reported, naming the public
  * function `fn`. */
-IPCREF_PRIVATE int ipcref__usable(const uint32_t *magic, const int *owner_gone,
-                                  const char *fn, const char *what) {
+IPCREF__PRIVATE int ipcref__usable(const uint32_t *magic, const int *owner_gone,
+                                   const char *fn, const char *what) {
   if (__atomic_load_n(magic, __ATOMIC_RELAXED) == IPCREF__ALIVE &&
       !(owner_gone && __atomic_load_n(owner_gone, __ATOMIC_RELAXED)))
     return 1;
@@ -3708,7 +3709,7 @@ IPCREF_PRIVATE int ipcref__usable(const uint32_t *magic, const int *owner_gone,
 
 /* Milliseconds of the coarse monotonic clock (a vDSO read, no system
  * call; it moves once per clock tick). */
-IPCREF_PRIVATE long ipcref__now_ms(void) {
+IPCREF__PRIVATE long ipcref__now_ms(void) {
   struct timespec ts;
   clock_gettime(CLOCK_MONOTONIC_COARSE, &ts);
   return (long)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
@@ -3733,7 +3734,7 @@ IPCREF_PRIVATE long ipcref__now_ms(void) {
 
 /* Marks a watched process dead (once), counted in st.peer_deaths; its
  * pidfd leaves the epoll set. */
-IPCREF_PRIVATE void ipcref__watch_dead(ipcref_ctx *ctx, ipcref__watch *w) {
+IPCREF__PRIVATE void ipcref__watch_dead(ipcref_ctx *ctx, ipcref__watch *w) {
   if (w->dead) return;
   w->dead = 1;
   ctx->st.peer_deaths++;
@@ -3747,7 +3748,7 @@ IPCREF_PRIVATE void ipcref__watch_dead(ipcref_ctx *ctx, ipcref__watch *w) {
 /* The watch on process `pid` (a new one, or one more use of the live
  * one); NULL for pid <= 0 or out of memory (then the caller falls back on
  * the pid). A process already gone is dead from the start. */
-IPCREF_PRIVATE ipcref__watch *ipcref__watch_get(ipcref_ctx *ctx, int pid) {
+IPCREF__PRIVATE ipcref__watch *ipcref__watch_get(ipcref_ctx *ctx, int pid) {
   ipcref__watch *w;
   if (pid <= 0) return NULL;
   for (w = ctx->watches; w; w = w->next)
@@ -3782,7 +3783,7 @@ IPCREF_PRIVATE ipcref__watch *ipcref__watch_get(ipcref_ctx *ctx, int pid) {
 }
 
 /* One use of a watch less; the last one removes it. */
-IPCREF_PRIVATE void ipcref__watch_put(ipcref_ctx *ctx, ipcref__watch *w) {
+IPCREF__PRIVATE void ipcref__watch_put(ipcref_ctx *ctx, ipcref__watch *w) {
   if (!w || --w->refs > 0) return;
   if (w->pidfd >= 0) {
     (void)epoll_ctl(ctx->epfd, EPOLL_CTL_DEL, w->pidfd, NULL);
@@ -3793,13 +3794,13 @@ IPCREF_PRIVATE void ipcref__watch_put(ipcref_ctx *ctx, ipcref__watch *w) {
 }
 
 /* 1 when process `pid` is known to be gone: kill(pid, 0) finds none. */
-IPCREF_PRIVATE int ipcref__pid_gone(int pid) {
+IPCREF__PRIVATE int ipcref__pid_gone(int pid) {
   return pid <= 0 || (kill((pid_t)pid, 0) != 0 && errno == ESRCH);
 }
 
 /* Marks the watches whose pidfd turned readable (the process exited, or
  * is a zombie). Returns how many. */
-IPCREF_PRIVATE int ipcref__watch_events(ipcref_ctx *ctx) {
+IPCREF__PRIVATE int ipcref__watch_events(ipcref_ctx *ctx) {
   struct epoll_event ev[16];
   int n, i, got = 0;
   do {
@@ -3813,7 +3814,7 @@ IPCREF_PRIVATE int ipcref__watch_events(ipcref_ctx *ctx) {
 
 /* Every check there is: the epoll set, then kill(pid, 0) for the watches
  * without a pidfd. */
-IPCREF_PRIVATE void ipcref__watch_refresh(ipcref_ctx *ctx) {
+IPCREF__PRIVATE void ipcref__watch_refresh(ipcref_ctx *ctx) {
   ipcref__watch *w;
   (void)ipcref__watch_events(ctx);
   for (w = ctx->watches; w; w = w->next)
@@ -3835,7 +3836,7 @@ IPCREF_PRIVATE void ipcref__watch_refresh(ipcref_ctx *ctx) {
 
 /* The size class of a block of `size` bytes, and the class's block size
  * (a power of two, at least IPCREF__MIN_BLOCK). */
-IPCREF_PRIVATE uint32_t ipcref__class_of(size_t size, size_t *block) {
+IPCREF__PRIVATE uint32_t ipcref__class_of(size_t size, size_t *block) {
   size_t b = IPCREF__MIN_BLOCK;
   uint32_t c = 0;
   while (b < size) b <<= 1, c++;
@@ -3845,13 +3846,13 @@ IPCREF_PRIVATE uint32_t ipcref__class_of(size_t size, size_t *block) {
 
 /* A segment with free blocks joins, or leaves, the list of its class
  * (under the lock, as everything here). */
-IPCREF_PRIVATE void ipcref__class_add(ipcref__segment *s) {
+IPCREF__PRIVATE void ipcref__class_add(ipcref__segment *s) {
   if (s->in_class || s->cls >= IPCREF__CLASSES) return;
   IPCREF__LIST_PUSH(s->pool->classes[s->cls], s, class_next, class_prev);
   s->in_class = 1;
 }
 
-IPCREF_PRIVATE void ipcref__class_remove(ipcref__segment *s) {
+IPCREF__PRIVATE void ipcref__class_remove(ipcref__segment *s) {
   if (!s->in_class) return;
   IPCREF__LIST_REMOVE(s->pool->classes[s->cls], s, class_next, class_prev);
   s->in_class = 0;
@@ -3859,7 +3860,7 @@ IPCREF_PRIVATE void ipcref__class_remove(ipcref__segment *s) {
 
 /* Segment `id` is going: each peer that was sent it is told in its next
  * message, so that it unmaps it once unused. */
-IPCREF_PRIVATE void ipcref__retire_announce(ipcref_ctx *ctx, uint64_t id) {
+IPCREF__PRIVATE void ipcref__retire_announce(ipcref_ctx *ctx, uint64_t id) {
   ipcref_peer *p;
   for (p = ctx->peers; p; p = p->next)
     if (ipcref__sent_forget(p, ctx->nonce, ipcref__sent_key(id, 0)) &&
@@ -3871,8 +3872,8 @@ IPCREF_PRIVATE void ipcref__retire_announce(ipcref_ctx *ctx, uint64_t id) {
 /* Destroys a segment no block of which is used: announced retired to the
  * peers that map it, its memory freed (a wrapped allocation stays its
  * owner's). */
-IPCREF_PRIVATE void ipcref__segment_destroy(ipcref_ctx *ctx,
-                                            ipcref__segment *s) {
+IPCREF__PRIVATE void ipcref__segment_destroy(ipcref_ctx *ctx,
+                                             ipcref__segment *s) {
   ipcref__class_remove(s);
   if (s->cached) ctx->empty_bytes -= s->size;
   IPCREF__LIST_REMOVE(ctx->segments, s, next, prev);
@@ -3897,11 +3898,11 @@ IPCREF_PRIVATE void ipcref__segment_destroy(ipcref_ctx *ctx,
 /* A new segment of `size` bytes in `pool`, cut into blocks of `block`
  * bytes (none for IPCREF__FOREIGN: the caller adds its wraps); device
  * memory comes from the pool's backend (daddr: given for a foreign one). */
-IPCREF_PRIVATE ipcref_result ipcref__segment_new(ipcref_ctx *ctx,
-                                                 ipcref__pool *pool,
-                                                 size_t size, size_t block,
-                                                 uint32_t cls, uint64_t daddr,
-                                                 ipcref__segment **out) {
+IPCREF__PRIVATE ipcref_result ipcref__segment_new(ipcref_ctx *ctx,
+                                                  ipcref__pool *pool,
+                                                  size_t size, size_t block,
+                                                  uint32_t cls, uint64_t daddr,
+                                                  ipcref__segment **out) {
   ipcref__segment *s;
   ipcref_result r;
   uint32_t i;
@@ -3968,10 +3969,10 @@ nomem:
 
 /* A free block of at least `size` bytes in `pool` (under the lock); `own`:
  * in a segment of its own. */
-IPCREF_PRIVATE ipcref_result ipcref__block_alloc(ipcref_ctx *ctx,
-                                                 ipcref__pool *pool,
-                                                 size_t size, int own,
-                                                 ipcref__block **out) {
+IPCREF__PRIVATE ipcref_result ipcref__block_alloc(ipcref_ctx *ctx,
+                                                  ipcref__pool *pool,
+                                                  size_t size, int own,
+                                                  ipcref__block **out) {
   ipcref__segment *s;
   ipcref__block *b;
   size_t block;
@@ -4006,7 +4007,7 @@ IPCREF_PRIVATE ipcref_result ipcref__block_alloc(ipcref_ctx *ctx,
 
 /* One hold of an alias less (under the lock); the last ends it after the
  * unlock. */
-IPCREF_PRIVATE void ipcref__alias_drop(ipcref_ctx *ctx, ipcref__alias *a) {
+IPCREF__PRIVATE void ipcref__alias_drop(ipcref_ctx *ctx, ipcref__alias *a) {
   if (--a->holds) return;
   a->next = ctx->unpinned;
   ctx->unpinned = a;
@@ -4014,7 +4015,7 @@ IPCREF_PRIVATE void ipcref__alias_drop(ipcref_ctx *ctx, ipcref__alias *a) {
 
 /* A block nothing holds goes back: a wrap to its owner (after the unlock),
  * else to its segment, which is cached or destroyed once empty. */
-IPCREF_PRIVATE void ipcref__block_free(ipcref_ctx *ctx, ipcref__block *b) {
+IPCREF__PRIVATE void ipcref__block_free(ipcref_ctx *ctx, ipcref__block *b) {
   ipcref__segment *s = b->seg;
   if (s->cls == IPCREF__FOREIGN) { /* back to its owner, after the unlock */
     b->limbo_next = ctx->released;
@@ -4039,7 +4040,7 @@ IPCREF_PRIVATE void ipcref__block_free(ipcref_ctx *ctx, ipcref__block *b) {
 }
 
 /* Takes a block out of the limbo. */
-IPCREF_PRIVATE void ipcref__limbo_remove(ipcref_ctx *ctx, ipcref__block *b) {
+IPCREF__PRIVATE void ipcref__limbo_remove(ipcref_ctx *ctx, ipcref__block *b) {
   IPCREF__LIST_REMOVE(ctx->limbo, b, limbo_next, limbo_prev);
   b->in_limbo = 0;
   ctx->st.limbo_blocks--;
@@ -4048,7 +4049,8 @@ IPCREF_PRIVATE void ipcref__limbo_remove(ipcref_ctx *ctx, ipcref__block *b) {
 
 /* One lease less on `b` (under the lock): frees the block when nothing
  * holds it any more. Returns the bytes freed. */
-IPCREF_PRIVATE size_t ipcref__block_unlease(ipcref_ctx *ctx, ipcref__block *b) {
+IPCREF__PRIVATE size_t ipcref__block_unlease(ipcref_ctx *ctx,
+                                             ipcref__block *b) {
   size_t bytes;
   b->leases--;
   ctx->st.live_slots--;
@@ -4073,7 +4075,8 @@ IPCREF_PRIVATE size_t ipcref__block_unlease(ipcref_ctx *ctx, ipcref__block *b) {
 
 /* Destroys a ledger nobody can use any more: its watches go, its counter
  * file is unmapped and closed (under the lock). */
-IPCREF_PRIVATE void ipcref__ledger_destroy(ipcref_ctx *ctx, ipcref__ledger *l) {
+IPCREF__PRIVATE void ipcref__ledger_destroy(ipcref_ctx *ctx,
+                                            ipcref__ledger *l) {
   uint32_t s;
   IPCREF__LIST_REMOVE(ctx->ledgers, l, next, prev);
   for (s = l->n / 2; s < l->n; s++) ipcref__watch_put(ctx, l->leases[s].watch);
@@ -4089,8 +4092,9 @@ IPCREF_PRIVATE void ipcref__ledger_destroy(ipcref_ctx *ctx, ipcref__ledger *l) {
 /* A new ledger for peer p. Each one a peer gets is twice the size of its
  * last (up to 2^22 slots), so a peer holding n leases needs O(log n)
  * ledgers, and a sweep, which looks at every ledger, stays cheap. */
-IPCREF_PRIVATE ipcref_result ipcref__ledger_new(ipcref_ctx *ctx, ipcref_peer *p,
-                                                ipcref__ledger **out) {
+IPCREF__PRIVATE ipcref_result ipcref__ledger_new(ipcref_ctx *ctx,
+                                                 ipcref_peer *p,
+                                                 ipcref__ledger **out) {
   uint32_t n = ctx->opt.ledger_slots, i;
   size_t bytes;
   ipcref__ledger *l;
@@ -4142,9 +4146,9 @@ nomem:
  * again at the same generation (the next lease on it takes the next one,
  * so a replay of this one is refused), and the block goes when nothing
  * else holds it. 0 when there is no such live lease. */
-IPCREF_PRIVATE int ipcref__lease_end(ipcref_ctx *ctx, ipcref__ledger *l,
-                                     uint32_t slot, uint32_t gen,
-                                     size_t *freed) {
+IPCREF__PRIVATE int ipcref__lease_end(ipcref_ctx *ctx, ipcref__ledger *l,
+                                      uint32_t slot, uint32_t gen,
+                                      size_t *freed) {
   uint64_t *slots = ipcref__ledger_slots(l->base);
   ipcref__block *b;
   if (slot >= l->n || !l->leases[slot].block || l->leases[slot].gen != gen)
@@ -4169,8 +4173,8 @@ IPCREF_PRIVATE int ipcref__lease_end(ipcref_ctx *ctx, ipcref__ledger *l,
 /* Ends lease `slot` of ledger `l` because its holder died (under the
  * lock). Its generation is remembered: a return of it that comes later
  * (a forwarder cancelling a send to the dead one) is late, not forged. */
-IPCREF_PRIVATE void ipcref__lease_reclaim(ipcref_ctx *ctx, ipcref__ledger *l,
-                                          uint32_t slot, size_t *freed) {
+IPCREF__PRIVATE void ipcref__lease_reclaim(ipcref_ctx *ctx, ipcref__ledger *l,
+                                           uint32_t slot, size_t *freed) {
   uint32_t gen = l->leases[slot].gen;
   if (!l->leases[slot].block || !ipcref__lease_end(ctx, l, slot, gen, freed))
     return;
@@ -4180,16 +4184,16 @@ IPCREF_PRIVATE void ipcref__lease_reclaim(ipcref_ctx *ctx, ipcref__ledger *l,
 
 /* A ring entry refused (under the lock): counted, and reported to the
  * context's hook. Never a free: the private lease table decides. */
-IPCREF_PRIVATE void ipcref__bad_return(ipcref_ctx *ctx, const char *what) {
+IPCREF__PRIVATE void ipcref__bad_return(ipcref_ctx *ctx, const char *what) {
   ctx->st.bad_returns++;
   ipcref__ctx_report(ctx, IPCREF_EPROTO, what);
 }
 
 /* Records a forwarded lease (slot, gen) on block `b`, held by `holder`
  * (under the lock). */
-IPCREF_PRIVATE void ipcref__lease_link(ipcref_ctx *ctx, ipcref__ledger *l,
-                                       uint32_t slot, uint32_t gen,
-                                       ipcref__block *b, int holder) {
+IPCREF__PRIVATE void ipcref__lease_link(ipcref_ctx *ctx, ipcref__ledger *l,
+                                        uint32_t slot, uint32_t gen,
+                                        ipcref__block *b, int holder) {
   l->leases[slot].block = b;
   l->leases[slot].gen = gen;
   l->leases[slot].holder = holder;
@@ -4206,7 +4210,8 @@ IPCREF_PRIVATE void ipcref__lease_link(ipcref_ctx *ctx, ipcref__ledger *l,
  * so when a hole is stepped over its link is found here, before any later
  * entry (the parent's own return comes later) is read. A link that
  * arrives after all is then taken as already known. */
-IPCREF_PRIVATE void ipcref__adopt_forwards(ipcref_ctx *ctx, ipcref__ledger *l) {
+IPCREF__PRIVATE void ipcref__adopt_forwards(ipcref_ctx *ctx,
+                                            ipcref__ledger *l) {
   uint64_t *slots = ipcref__ledger_slots(l->base);
   uint32_t s;
   for (s = l->n / 2; s < l->n; s++) {
@@ -4233,7 +4238,7 @@ IPCREF_PRIVATE void ipcref__adopt_forwards(ipcref_ctx *ctx, ipcref__ledger *l) {
  * position is remembered, so an entry written late is still read (unless
  * the ring has come round to that cell again by then, when a return is
  * lost and its block stays until its holder dies). */
-IPCREF_PRIVATE int ipcref__hole_stale(ipcref__ledger *l) {
+IPCREF__PRIVATE int ipcref__hole_stale(ipcref__ledger *l) {
   long now = ipcref__now_ms();
   if (l->tail < l->death_head) return 1;
   if (l->hole_pos != l->tail + 1) {
@@ -4245,8 +4250,8 @@ IPCREF_PRIVATE int ipcref__hole_stale(ipcref__ledger *l) {
 }
 
 /* Steps over the hole at ring position `pos` (under the lock). */
-IPCREF_PRIVATE void ipcref__hole_skip(ipcref_ctx *ctx, ipcref__ledger *l,
-                                      uint64_t pos) {
+IPCREF__PRIVATE void ipcref__hole_skip(ipcref_ctx *ctx, ipcref__ledger *l,
+                                       uint64_t pos) {
   if (l->nlate == IPCREF__LATE) { /* forget the oldest */
     memmove(l->late, l->late + 1, (IPCREF__LATE - 1) * sizeof l->late[0]);
     l->nlate--;
@@ -4256,8 +4261,8 @@ IPCREF_PRIVATE void ipcref__hole_skip(ipcref_ctx *ctx, ipcref__ledger *l,
 }
 
 /* One ring entry that is not a link (under the lock). */
-IPCREF_PRIVATE void ipcref__ring_release(ipcref_ctx *ctx, ipcref__ledger *l,
-                                         uint64_t e, size_t *freed) {
+IPCREF__PRIVATE void ipcref__ring_release(ipcref_ctx *ctx, ipcref__ledger *l,
+                                          uint64_t e, size_t *freed) {
   uint32_t slot = (uint32_t)(e & 0x3fffffffu) - 1u, gen = (uint32_t)(e >> 32);
   if (((e >> 30) & 3u) != IPCREF__RING_RELEASE) {
     ipcref__bad_return(ctx, "invalid lease return in a ledger");
@@ -4274,8 +4279,8 @@ IPCREF_PRIVATE void ipcref__ring_release(ipcref_ctx *ctx, ipcref__ledger *l,
 /* Entries written late into holes stepped over (under the lock): a return
  * is taken as any other; half a link is known already (adopted). A cell
  * is watched until the ring's head reaches its next lap. */
-IPCREF_PRIVATE void ipcref__late_entries(ipcref_ctx *ctx, ipcref__ledger *l,
-                                         uint64_t head, size_t *freed) {
+IPCREF__PRIVATE void ipcref__late_entries(ipcref_ctx *ctx, ipcref__ledger *l,
+                                          uint64_t head, size_t *freed) {
   uint64_t *ring = ipcref__ledger_ring(l->base, l->n);
   uint64_t cap = 2u * (uint64_t)l->n;
   uint32_t i = 0;
@@ -4299,8 +4304,8 @@ IPCREF_PRIVATE void ipcref__late_entries(ipcref_ctx *ctx, ipcref__ledger *l,
  * a forwarded lease, `p` its parent. Checked against the lease table as a
  * return is; a valid one counts the forwarded lease on its parent's block
  * (one that was adopted while its link was a hole is already counted). */
-IPCREF_PRIVATE void ipcref__ring_link(ipcref_ctx *ctx, ipcref__ledger *l,
-                                      uint64_t e, uint64_t p) {
+IPCREF__PRIVATE void ipcref__ring_link(ipcref_ctx *ctx, ipcref__ledger *l,
+                                       uint64_t e, uint64_t p) {
   uint64_t *slots = ipcref__ledger_slots(l->base);
   uint32_t slot = (uint32_t)(e & 0x3fffffffu) - 1u, gen = (uint32_t)(e >> 32);
   uint32_t ps = (uint32_t)(p & 0x3fffffffu) - 1u;
@@ -4329,7 +4334,8 @@ IPCREF_PRIVATE void ipcref__ring_link(ipcref_ctx *ctx, ipcref__ledger *l,
  * forged entry (a second return of one lease, a return from a process
  * that died and was reclaimed) is reported and ignored: a count can never
  * go below zero. Returns the bytes freed. */
-IPCREF_PRIVATE size_t ipcref__ledger_drain(ipcref_ctx *ctx, ipcref__ledger *l) {
+IPCREF__PRIVATE size_t ipcref__ledger_drain(ipcref_ctx *ctx,
+                                            ipcref__ledger *l) {
   ipcref__ledger_hdr *h = (ipcref__ledger_hdr *)(void *)l->base;
   uint64_t *ring = ipcref__ledger_ring(l->base, l->n);
   uint64_t cap = 2u * (uint64_t)l->n;
@@ -4382,7 +4388,7 @@ IPCREF_PRIVATE size_t ipcref__ledger_drain(ipcref_ctx *ctx, ipcref__ledger *l) {
 
 /* The sweep (under the lock): every ledger's returns, then the ledgers
  * that nobody can use any more. */
-IPCREF_PRIVATE size_t ipcref__sweep(ipcref_ctx *ctx) {
+IPCREF__PRIVATE size_t ipcref__sweep(ipcref_ctx *ctx) {
   ipcref__ledger *l, *next;
   size_t freed = 0;
   ctx->st.sweeps++;
@@ -4414,17 +4420,17 @@ IPCREF_PRIVATE size_t ipcref__sweep(ipcref_ctx *ctx) {
 #ifdef IPCREF_CHECKED
 static pthread_once_t ipcref__fork_once = PTHREAD_ONCE_INIT;
 /* pthread_atfork's three handlers, registered once. */
-IPCREF_PRIVATE void ipcref__fork_prepare(void) {
+IPCREF__PRIVATE void ipcref__fork_prepare(void) {
   ipcref__quarantine_lock();
 }
-IPCREF_PRIVATE void ipcref__fork_parent(void) {
+IPCREF__PRIVATE void ipcref__fork_parent(void) {
   ipcref__quarantine_unlock();
 }
-IPCREF_PRIVATE void ipcref__fork_child(void) {
+IPCREF__PRIVATE void ipcref__fork_child(void) {
   ipcref__quarantine_unlock();
   ipcref_quarantine_flush();
 }
-IPCREF_PRIVATE void ipcref__fork_handlers(void) {
+IPCREF__PRIVATE void ipcref__fork_handlers(void) {
   (void)pthread_atfork(ipcref__fork_prepare, ipcref__fork_parent,
                        ipcref__fork_child);
 }
@@ -4493,7 +4499,7 @@ IPCREF_API ipcref_result ipcref_ctx_new(const ipcref_ctx_options *opt,
 }
 
 /* Lets go of a mapping (not in the cache, or just taken out of it). */
-IPCREF_PRIVATE void ipcref__map_drop(ipcref__map *m) {
+IPCREF__PRIVATE void ipcref__map_drop(ipcref__map *m) {
   if (m->kind == IPCREF__KIND_DEVICE) {
     if (m->be) m->be->seg_close(m->be, m->dev_id, m->daddr);
   } else {
@@ -4505,7 +4511,7 @@ IPCREF_PRIVATE void ipcref__map_drop(ipcref__map *m) {
 }
 
 /* Takes a mapping out of the cache and lets go of it (under the lock). */
-IPCREF_PRIVATE void ipcref__map_evict(ipcref_ctx *ctx, ipcref__map *m) {
+IPCREF__PRIVATE void ipcref__map_evict(ipcref_ctx *ctx, ipcref__map *m) {
   IPCREF__LIST_REMOVE(ctx->maps, m, next, prev);
   if (m->kind == IPCREF__KIND_LEDGER)
     ctx->st.counter_files--;
@@ -4518,7 +4524,7 @@ IPCREF_PRIVATE void ipcref__map_evict(ipcref_ctx *ctx, ipcref__map *m) {
  * once that adds up to `min_bytes`. Unmapping the last mapping of a
  * segment frees its pages, which takes time in proportion to its size: a
  * receive only does it past a large threshold, ipcref_collect always. */
-IPCREF_PRIVATE void ipcref__maps_trim(ipcref_ctx *ctx, size_t min_bytes) {
+IPCREF__PRIVATE void ipcref__maps_trim(ipcref_ctx *ctx, size_t min_bytes) {
   ipcref__map *m, *next;
   size_t idle = 0, count = 0;
   for (m = ctx->maps; m; m = m->next)
@@ -4534,7 +4540,7 @@ IPCREF_PRIVATE void ipcref__maps_trim(ipcref_ctx *ctx, size_t min_bytes) {
 }
 
 /* The teardown, when the last reference to the context goes. */
-IPCREF_PRIVATE void ipcref__ctx_destroy(ipcref_ctx *ctx) {
+IPCREF__PRIVATE void ipcref__ctx_destroy(ipcref_ctx *ctx) {
   ipcref__block *b;
   ipcref__pool *pool;
   IPCREF__LOCK(ctx);
@@ -4584,7 +4590,7 @@ IPCREF_PRIVATE void ipcref__ctx_destroy(ipcref_ctx *ctx) {
 
 /* Drops one reference to the context (release ordering, then acquire
  * before the teardown, as for buffers). */
-IPCREF_PRIVATE void ipcref__ctx_unref(ipcref_ctx *ctx) {
+IPCREF__PRIVATE void ipcref__ctx_unref(ipcref_ctx *ctx) {
   if (__atomic_fetch_sub(&ctx->refs, 1, __ATOMIC_RELEASE) != 1) return;
   IPCREF__ACQUIRE_FENCE(&ctx->refs);
   ipcref__ctx_destroy(ctx);
@@ -4592,7 +4598,7 @@ IPCREF_PRIVATE void ipcref__ctx_unref(ipcref_ctx *ctx) {
 
 /* Device releases whose fence is done move to ctx->finished, returned
  * after the unlock (under the lock). */
-IPCREF_PRIVATE void ipcref__deferred_poll(ipcref_ctx *ctx) {
+IPCREF__PRIVATE void ipcref__deferred_poll(ipcref_ctx *ctx) {
   struct ipcref__import **pp = &ctx->deferred;
   while (*pp) {
     struct ipcref__import *imp = *pp;
@@ -4627,7 +4633,7 @@ IPCREF_API void ipcref_ctx_free(ipcref_ctx *ctx) {
 
 /* 1 when the process has exited: its pidfd is readable or, without one,
  * its pid no longer exists. */
-IPCREF_PRIVATE int ipcref__process_gone(int pidfd, int pid) {
+IPCREF__PRIVATE int ipcref__process_gone(int pidfd, int pid) {
   struct pollfd pfd;
   if (pidfd < 0) return pid > 0 && ipcref__pid_gone(pid);
   pfd.fd = pidfd;
@@ -4641,7 +4647,7 @@ IPCREF_PRIVATE int ipcref__process_gone(int pidfd, int pid) {
  * here are retired, to go once nothing uses them; else its memory would
  * live as long as this context. (Not before the peer is freed: messages
  * it sent may still be queued.) 1 if it did. */
-IPCREF_PRIVATE int ipcref__retire_origin(ipcref_ctx *ctx, ipcref_peer *p) {
+IPCREF__PRIVATE int ipcref__retire_origin(ipcref_ctx *ctx, ipcref_peer *p) {
   ipcref__map *m;
   if (p->origin_retired || !p->watch) return 0;
   if (!p->watch->dead && ipcref__process_gone(p->watch->pidfd, p->pid))
@@ -4658,7 +4664,7 @@ IPCREF_PRIVATE int ipcref__retire_origin(ipcref_ctx *ctx, ipcref_peer *p) {
  * A forwarded hold whose holder lives stays, whatever became of the
  * middleman. Then the sweep frees the blocks only they kept, and the
  * ledgers nobody can use any more. Returns the bytes freed. */
-IPCREF_PRIVATE size_t ipcref__reap(ipcref_ctx *ctx) {
+IPCREF__PRIVATE size_t ipcref__reap(ipcref_ctx *ctx) {
   ipcref__ledger *l;
   size_t freed = 0;
   int deaths = ctx->reaped != ctx->st.peer_deaths;
@@ -4695,7 +4701,7 @@ IPCREF_PRIVATE size_t ipcref__reap(ipcref_ctx *ctx) {
 /* Notices deaths and reclaims what the dead held (under the lock). Every
  * call on the context pumps this, at most once per clock tick (`force`:
  * now), so that a process that never polls still gets its memory back. */
-IPCREF_PRIVATE size_t ipcref__pump(ipcref_ctx *ctx, int force) {
+IPCREF__PRIVATE size_t ipcref__pump(ipcref_ctx *ctx, int force) {
   if (ctx->deferred) ipcref__deferred_poll(ctx);
   if (!ctx->watches) return 0;
   if (!force) {
@@ -4781,12 +4787,12 @@ IPCREF_API ipcref_result ipcref_ctx_stats(ipcref_ctx *ctx, ipcref_stats *out) {
  * until it is handed out again: a late read through a stale pointer is
  * caught at the read. (Poisoning is this process's view only: consumers
  * holding leases read on.) */
-IPCREF_PRIVATE void ipcref__block_poison(ipcref__block *b) {
+IPCREF__PRIVATE void ipcref__block_poison(ipcref__block *b) {
   if (!b->seg->pool->be && b->seg->cls != IPCREF__FOREIGN)
     IPCREF__POISON(b->seg->base + b->offset, b->size);
 }
 
-IPCREF_PRIVATE void ipcref__block_unpoison(ipcref__block *b) {
+IPCREF__PRIVATE void ipcref__block_unpoison(ipcref__block *b) {
   if (!b->seg->pool->be && b->seg->cls != IPCREF__FOREIGN)
     IPCREF__UNPOISON(b->seg->base + b->offset, b->size);
 }
@@ -4794,7 +4800,7 @@ IPCREF_PRIVATE void ipcref__block_unpoison(ipcref__block *b) {
 /* The release callback of a local shared buffer: the producer's own last
  * reference went. The block goes back, or to the limbo while leased; and
  * since leases may have come back meanwhile, the ledgers are swept. */
-IPCREF_PRIVATE void ipcref__block_release(void *user, void *data) {
+IPCREF__PRIVATE void ipcref__block_release(void *user, void *data) {
   ipcref__block *b = (ipcref__block *)user;
   ipcref_ctx *ctx = b->seg->ctx;
   (void)data;
@@ -4819,7 +4825,7 @@ IPCREF_PRIVATE void ipcref__block_release(void *user, void *data) {
 }
 
 /* The release callback of an alias's own buffer. */
-IPCREF_PRIVATE void ipcref__alias_release(void *user, void *data) {
+IPCREF__PRIVATE void ipcref__alias_release(void *user, void *data) {
   ipcref__alias *a = (ipcref__alias *)user;
   ipcref_ctx *ctx = a->block->seg->ctx;
   (void)data;
@@ -4836,7 +4842,7 @@ IPCREF_API int ipcref_buf_is_shared(const ipcref_buf *b) {
 
 /* The block behind a shared buffer made here (itself or an alias), or
  * NULL. */
-IPCREF_PRIVATE ipcref__block *ipcref__local_block(const ipcref_buf *b) {
+IPCREF__PRIVATE ipcref__block *ipcref__local_block(const ipcref_buf *b) {
   if (!b) return NULL;
   if (b->release == ipcref__block_release)
     return (ipcref__block *)b->release_user;
@@ -4848,8 +4854,8 @@ IPCREF_PRIVATE ipcref__block *ipcref__local_block(const ipcref_buf *b) {
 /* An alias of `src` (see ipcref__alias) into *out, read-only when `src`
  * is: 1 when made, 0 when `src` is not a shared buffer made here, -1 when
  * out of memory. */
-IPCREF_PRIVATE int ipcref__shared_alias(ipcref_buf *src, void (*fn)(void *),
-                                        void *user, ipcref_buf **out) {
+IPCREF__PRIVATE int ipcref__shared_alias(ipcref_buf *src, void (*fn)(void *),
+                                         void *user, ipcref_buf **out) {
   ipcref__block *blk = ipcref__local_block(src);
   ipcref__alias *a;
   if (!blk) return 0;
@@ -4885,7 +4891,7 @@ IPCREF_PRIVATE int ipcref__shared_alias(ipcref_buf *src, void (*fn)(void *),
 #endif
 
 /* The header allocator's free: the last reference, strong or weak, went. */
-IPCREF_PRIVATE void ipcref__hdr_put(void *user, void *ptr, size_t size) {
+IPCREF__PRIVATE void ipcref__hdr_put(void *user, void *ptr, size_t size) {
   ipcref_ctx *ctx = (ipcref_ctx *)user;
   ipcref__hdr *h = (ipcref__hdr *)ptr;
   (void)size;
@@ -4903,7 +4909,7 @@ IPCREF_PRIVATE void ipcref__hdr_put(void *user, void *ptr, size_t size) {
 
 /* A header for a new shared buffer, or NULL (out of memory). New headers
  * go to the front of the queue, so released ones keep aging at its back. */
-IPCREF_PRIVATE ipcref__hdr *ipcref__hdr_get(ipcref_ctx *ctx) {
+IPCREF__PRIVATE ipcref__hdr *ipcref__hdr_get(ipcref_ctx *ctx) {
   ipcref__hdr *h;
   pthread_mutex_lock(&ctx->hdr_lock);
   if (ctx->hdr_free <= IPCREF__HDR_DELAY) {
@@ -4933,8 +4939,8 @@ IPCREF_PRIVATE ipcref__hdr *ipcref__hdr_get(ipcref_ctx *ctx) {
 /* The buffer of a new block (its first local reference, and one reference
  * to the context, held by its header); on error the block goes back (a
  * wrap without calling its owner's release). */
-IPCREF_PRIVATE ipcref_result ipcref__block_buf(ipcref__block *b, size_t size,
-                                               ipcref_buf **out) {
+IPCREF__PRIVATE ipcref_result ipcref__block_buf(ipcref__block *b, size_t size,
+                                                ipcref_buf **out) {
   ipcref_ctx *ctx = b->seg->ctx;
   ipcref__pool *pool = b->seg->pool;
   ipcref__hdr *h = ipcref__hdr_get(ctx);
@@ -4963,7 +4969,7 @@ IPCREF_PRIVATE ipcref_result ipcref__block_buf(ipcref__block *b, size_t size,
 }
 
 /* Counts a new block as live (under the lock). */
-IPCREF_PRIVATE void ipcref__block_live(ipcref_ctx *ctx, ipcref__block *b) {
+IPCREF__PRIVATE void ipcref__block_live(ipcref_ctx *ctx, ipcref__block *b) {
   ctx->st.live_bufs++;
   ctx->st.live_bytes += b->size;
   __atomic_fetch_add(&ctx->refs, 1, __ATOMIC_RELAXED);
@@ -4972,10 +4978,10 @@ IPCREF_PRIVATE void ipcref__block_live(ipcref_ctx *ctx, ipcref__block *b) {
 /* A new shared buffer of `size` bytes in `pool` (host memory or one
  * device's), in a segment of its own with `own`: what ipcref_shared_new,
  * ipcref_shared_new_isolated and ipcref_device_new make. */
-IPCREF_PRIVATE ipcref_result ipcref__shared_new_in(ipcref_ctx *ctx,
-                                                   ipcref__pool *pool,
-                                                   size_t size, int own,
-                                                   ipcref_buf **out) {
+IPCREF__PRIVATE ipcref_result ipcref__shared_new_in(ipcref_ctx *ctx,
+                                                    ipcref__pool *pool,
+                                                    size_t size, int own,
+                                                    ipcref_buf **out) {
   ipcref__block *b;
   ipcref_result r;
   if (size > (size_t)PTRDIFF_MAX / 2) return IPCREF_ERANGE;
@@ -5023,8 +5029,8 @@ IPCREF_API ipcref_result ipcref_shared_new_isolated(ipcref_ctx *ctx,
 #ifdef IPCREF__SHARING_IMPL
 
 /* The backend added for device type `type`, or NULL (under the lock). */
-IPCREF_PRIVATE ipcref_backend *ipcref__backend_of(ipcref_ctx *ctx,
-                                                  int32_t type) {
+IPCREF__PRIVATE ipcref_backend *ipcref__backend_of(ipcref_ctx *ctx,
+                                                   int32_t type) {
   int i;
   for (i = 0; i < IPCREF__MAX_BACKENDS; i++)
     if (ctx->backends[i] && ctx->backends[i]->device_type == type)
@@ -5055,8 +5061,8 @@ IPCREF_API ipcref_result ipcref_ctx_add_backend(ipcref_ctx *ctx,
 }
 
 /* The pool of device `dev` (under the lock); NULL with *r set. */
-IPCREF_PRIVATE ipcref__pool *ipcref__pool_of(ipcref_ctx *ctx, ipcref_device dev,
-                                             ipcref_result *r) {
+IPCREF__PRIVATE ipcref__pool *
+ipcref__pool_of(ipcref_ctx *ctx, ipcref_device dev, ipcref_result *r) {
   ipcref_backend *be = ipcref__backend_of(ctx, dev.type);
   ipcref__pool *pool;
   if (!be) {
@@ -5201,15 +5207,15 @@ typedef struct ipcref__wire {
 
 /* A cursor over `len` bytes at `p`; the puts and gets of `bytes` bytes
  * (little endian) set `bad` instead of overrunning. */
-IPCREF_PRIVATE void ipcref__wire_init(ipcref__wire *w, unsigned char *p,
-                                      size_t len) {
+IPCREF__PRIVATE void ipcref__wire_init(ipcref__wire *w, unsigned char *p,
+                                       size_t len) {
   w->p = p;
   w->len = len;
   w->pos = 0;
   w->bad = 0;
 }
 
-IPCREF_PRIVATE void ipcref__wire_put(ipcref__wire *w, uint64_t v, int bytes) {
+IPCREF__PRIVATE void ipcref__wire_put(ipcref__wire *w, uint64_t v, int bytes) {
   int i;
   if (w->pos + (size_t)bytes > w->len) {
     w->bad = 1;
@@ -5218,7 +5224,7 @@ IPCREF_PRIVATE void ipcref__wire_put(ipcref__wire *w, uint64_t v, int bytes) {
   for (i = 0; i < bytes; i++) w->p[w->pos++] = (unsigned char)(v >> (8 * i));
 }
 
-IPCREF_PRIVATE uint64_t ipcref__wire_get(ipcref__wire *w, int bytes) {
+IPCREF__PRIVATE uint64_t ipcref__wire_get(ipcref__wire *w, int bytes) {
   uint64_t v = 0;
   int i;
   if (w->pos + (size_t)bytes > w->len) {
@@ -5252,8 +5258,8 @@ typedef struct ipcref__fd_rec {
 } ipcref__fd_rec;
 
 /* Writes / reads `n` bytes as they are. */
-IPCREF_PRIVATE void ipcref__put_bytes(ipcref__wire *w, const unsigned char *b,
-                                      size_t n) {
+IPCREF__PRIVATE void ipcref__put_bytes(ipcref__wire *w, const unsigned char *b,
+                                       size_t n) {
   if (w->pos + n > w->len) {
     w->bad = 1;
     return;
@@ -5262,8 +5268,8 @@ IPCREF_PRIVATE void ipcref__put_bytes(ipcref__wire *w, const unsigned char *b,
   w->pos += n;
 }
 
-IPCREF_PRIVATE void ipcref__get_bytes(ipcref__wire *w, unsigned char *b,
-                                      size_t n) {
+IPCREF__PRIVATE void ipcref__get_bytes(ipcref__wire *w, unsigned char *b,
+                                       size_t n) {
   if (w->pos + n > w->len) {
     w->bad = 1;
     memset(b, 0, n);
@@ -5274,8 +5280,8 @@ IPCREF_PRIVATE void ipcref__get_bytes(ipcref__wire *w, unsigned char *b,
 }
 
 /* Writes / reads a segment or ledger record (0 when malformed). */
-IPCREF_PRIVATE void ipcref__put_fd_rec(ipcref__wire *w,
-                                       const ipcref__fd_rec *f) {
+IPCREF__PRIVATE void ipcref__put_fd_rec(ipcref__wire *w,
+                                        const ipcref__fd_rec *f) {
   ipcref__wire_put(w, (uint64_t)f->kind, 1);
   ipcref__wire_put(w, (uint64_t)f->writable, 1);
   ipcref__wire_put(w, f->origin_pid, 4);
@@ -5288,7 +5294,7 @@ IPCREF_PRIVATE void ipcref__put_fd_rec(ipcref__wire *w,
   ipcref__put_bytes(w, f->handle, IPCREF_HANDLE_BYTES);
 }
 
-IPCREF_PRIVATE int ipcref__get_fd_rec(ipcref__wire *w, ipcref__fd_rec *f) {
+IPCREF__PRIVATE int ipcref__get_fd_rec(ipcref__wire *w, ipcref__fd_rec *f) {
   memset(f, 0, sizeof *f);
   f->kind = (int)ipcref__wire_get(w, 1);
   f->writable = (int)ipcref__wire_get(w, 1);
@@ -5307,8 +5313,8 @@ IPCREF_PRIVATE int ipcref__get_fd_rec(ipcref__wire *w, ipcref__fd_rec *f) {
 }
 
 /* Writes / reads a view record (0 when malformed). */
-IPCREF_PRIVATE void ipcref__put_view(ipcref__wire *w,
-                                     const ipcref__view_rec *r) {
+IPCREF__PRIVATE void ipcref__put_view(ipcref__wire *w,
+                                      const ipcref__view_rec *r) {
   int d;
   ipcref__wire_put(w, r->origin_pid, 4);
   ipcref__wire_put(w, r->origin_nonce, 8);
@@ -5331,7 +5337,7 @@ IPCREF_PRIVATE void ipcref__put_view(ipcref__wire *w,
   if (r->has_event) ipcref__put_bytes(w, r->event, IPCREF_HANDLE_BYTES);
 }
 
-IPCREF_PRIVATE int ipcref__get_view(ipcref__wire *w, ipcref__view_rec *r) {
+IPCREF__PRIVATE int ipcref__get_view(ipcref__wire *w, ipcref__view_rec *r) {
   uint64_t dt, nd, flags;
   int d;
   memset(r, 0, sizeof *r);
@@ -5369,8 +5375,8 @@ typedef struct ipcref__msg_head {
   uint64_t sender_nonce;
 } ipcref__msg_head;
 
-IPCREF_PRIVATE void ipcref__put_msg_head(ipcref__wire *w,
-                                         const ipcref__msg_head *h) {
+IPCREF__PRIVATE void ipcref__put_msg_head(ipcref__wire *w,
+                                          const ipcref__msg_head *h) {
   ipcref__wire_put(w, IPCREF__MSG_MAGIC, 4);
   ipcref__wire_put(w, IPCREF__MSG_VERSION, 2);
   ipcref__wire_put(w, (uint64_t)h->nviews, 2);
@@ -5381,7 +5387,7 @@ IPCREF_PRIVATE void ipcref__put_msg_head(ipcref__wire *w,
 }
 
 /* 0 when malformed: not ours, another version, or counts out of range. */
-IPCREF_PRIVATE int ipcref__get_msg_head(ipcref__wire *w, ipcref__msg_head *h) {
+IPCREF__PRIVATE int ipcref__get_msg_head(ipcref__wire *w, ipcref__msg_head *h) {
   if (ipcref__wire_get(w, 4) != IPCREF__MSG_MAGIC ||
       ipcref__wire_get(w, 2) != IPCREF__MSG_VERSION)
     return 0;
@@ -5409,8 +5415,8 @@ typedef struct ipcref__msg_in {
 
 /* Decodes `len` bytes into *m: 0 when they are not exactly one well-formed
  * message. Nothing else is read or changed. */
-IPCREF_PRIVATE int ipcref__msg_decode(const unsigned char *bytes, size_t len,
-                                      ipcref__msg_in *m) {
+IPCREF__PRIVATE int ipcref__msg_decode(const unsigned char *bytes, size_t len,
+                                       ipcref__msg_in *m) {
   ipcref__wire w;
   int i;
   ipcref__wire_init(&w, (unsigned char *)(uintptr_t)bytes, len);
@@ -5441,7 +5447,7 @@ IPCREF_PRIVATE int ipcref__msg_decode(const unsigned char *bytes, size_t len,
 
 /* Waits until fd is readable: timeout_ms -1 means no wait at all here (the
  * blocking read that follows waits), 0 polls. */
-IPCREF_PRIVATE ipcref_result ipcref__wait_readable(int fd, int timeout_ms) {
+IPCREF__PRIVATE ipcref_result ipcref__wait_readable(int fd, int timeout_ms) {
   struct pollfd pfd;
   pfd.fd = fd;
   pfd.events = POLLIN;
@@ -5457,8 +5463,8 @@ IPCREF_PRIVATE ipcref_result ipcref__wait_readable(int fd, int timeout_ms) {
 
 /* Appends the fds an SCM_RIGHTS header carries to fds[*n] (up to max);
  * closes the ones past max, so that no received fd ever leaks. */
-IPCREF_PRIVATE void ipcref__take_fds(const struct cmsghdr *c, int *fds, int *n,
-                                     int max) {
+IPCREF__PRIVATE void ipcref__take_fds(const struct cmsghdr *c, int *fds, int *n,
+                                      int max) {
   int cnt = (int)((c->cmsg_len - CMSG_LEN(0)) / sizeof(int)), j, fd;
   for (j = 0; j < cnt; j++) {
     memcpy(&fd, CMSG_DATA(c) + (size_t)j * sizeof(int), sizeof fd);
@@ -5472,7 +5478,7 @@ IPCREF_PRIVATE void ipcref__take_fds(const struct cmsghdr *c, int *fds, int *n,
 /* recvmsg, retried on EINTR and once on ECONNRESET: a peer that closed its
  * end with our data unread resets the connection, but what it sent before
  * is still queued here, and the retry reads it. */
-IPCREF_PRIVATE ssize_t ipcref__recvmsg(int fd, struct msghdr *mh, int stream) {
+IPCREF__PRIVATE ssize_t ipcref__recvmsg(int fd, struct msghdr *mh, int stream) {
   int resets = 0;
   ssize_t k;
   for (;;) {
@@ -5491,7 +5497,7 @@ IPCREF_PRIVATE ssize_t ipcref__recvmsg(int fd, struct msghdr *mh, int stream) {
 #define IPCREF__HELLO_BYTES 20
 
 /* Sends this side's hello, with its credentials (SCM_CREDENTIALS). */
-IPCREF_PRIVATE ipcref_result ipcref__hello_send(ipcref_peer *p) {
+IPCREF__PRIVATE ipcref_result ipcref__hello_send(ipcref_peer *p) {
   union {
     char buf[CMSG_SPACE(sizeof(struct ucred))];
     struct cmsghdr align;
@@ -5534,7 +5540,7 @@ IPCREF_PRIVATE ipcref_result ipcref__hello_send(ipcref_peer *p) {
 }
 
 /* 1 when a peer of `uid` may connect: our own uid, or one allowed. */
-IPCREF_PRIVATE int ipcref__uid_allowed(const ipcref_ctx *ctx, uint32_t uid) {
+IPCREF__PRIVATE int ipcref__uid_allowed(const ipcref_ctx *ctx, uint32_t uid) {
   size_t i;
   if (uid == (uint32_t)ctx->uid) return 1;
   for (i = 0; i < ctx->opt.allow_uids_count; i++)
@@ -5544,7 +5550,7 @@ IPCREF_PRIVATE int ipcref__uid_allowed(const ipcref_ctx *ctx, uint32_t uid) {
 
 /* A peer refused (its uid): counted and reported, and nothing goes to it
  * or comes from it. */
-IPCREF_PRIVATE ipcref_result ipcref__peer_refuse(ipcref_peer *p) {
+IPCREF__PRIVATE ipcref_result ipcref__peer_refuse(ipcref_peer *p) {
   ipcref_ctx *ctx = p->ctx;
   p->hello = -2;
   __atomic_fetch_add(&ctx->refused, 1, __ATOMIC_RELAXED);
@@ -5556,15 +5562,15 @@ IPCREF_PRIVATE ipcref_result ipcref__peer_refuse(ipcref_peer *p) {
 
 /* What the hello read says: OK, EPEER for a uid not allowed, EPROTO for
  * a malformed one. */
-IPCREF_PRIVATE ipcref_result ipcref__hello_result(const ipcref_peer *p) {
+IPCREF__PRIVATE ipcref_result ipcref__hello_result(const ipcref_peer *p) {
   if (p->hello > 0) return IPCREF_OK;
   return p->hello == -2 ? IPCREF_EPEER : IPCREF_EPROTO;
 }
 
 /* Reads the other side's hello (the first thing it sends), waiting up to
  * timeout_ms (-1: forever). */
-IPCREF_PRIVATE ipcref_result ipcref__hello_read(ipcref_peer *p,
-                                                int timeout_ms) {
+IPCREF__PRIVATE ipcref_result ipcref__hello_read(ipcref_peer *p,
+                                                 int timeout_ms) {
   union {
     char buf[CMSG_SPACE(sizeof(struct ucred)) +
              CMSG_SPACE(sizeof(int) * IPCREF_MSG_MAX_FDS)];
@@ -5631,7 +5637,7 @@ IPCREF_PRIVATE ipcref_result ipcref__hello_read(ipcref_peer *p,
  * last IPCREF__DEAD_PEERS (freed with the context), or with
  * IPCREF_CHECKED in the process-wide quarantine (see checked). */
 #define IPCREF__DEAD_PEERS 8
-IPCREF_PRIVATE void ipcref__peer_bury(ipcref_ctx *ctx, ipcref_peer *p) {
+IPCREF__PRIVATE void ipcref__peer_bury(ipcref_ctx *ctx, ipcref_peer *p) {
   p->magic = IPCREF__DEAD;
 #ifdef IPCREF_CHECKED
   (void)ctx;
@@ -5770,8 +5776,8 @@ IPCREF_API void ipcref_peer_free(ipcref_peer *p) {
 
 /* A cached mapping of (origin nonce, id), or NULL (under the lock). A
  * segment is found whether it is host or device memory. */
-IPCREF_PRIVATE ipcref__map *ipcref__map_find(ipcref_ctx *ctx, int kind,
-                                             uint64_t nonce, uint64_t id) {
+IPCREF__PRIVATE ipcref__map *ipcref__map_find(ipcref_ctx *ctx, int kind,
+                                              uint64_t nonce, uint64_t id) {
   ipcref__map *m;
   for (m = ctx->maps; m; m = m->next)
     if ((m->kind == kind ||
@@ -5782,8 +5788,8 @@ IPCREF_PRIVATE ipcref__map *ipcref__map_find(ipcref_ctx *ctx, int kind,
 }
 
 /* A ledger of this context by its id, or NULL (under the lock). */
-IPCREF_PRIVATE ipcref__ledger *ipcref__ledger_find(ipcref_ctx *ctx,
-                                                   uint64_t id) {
+IPCREF__PRIVATE ipcref__ledger *ipcref__ledger_find(ipcref_ctx *ctx,
+                                                    uint64_t id) {
   ipcref__ledger *l;
   for (l = ctx->ledgers; l; l = l->next)
     if (l->id == id) return l;
@@ -5791,8 +5797,8 @@ IPCREF_PRIVATE ipcref__ledger *ipcref__ledger_find(ipcref_ctx *ctx,
 }
 
 /* Ends a lease that was exported but never imported (under the lock). */
-IPCREF_PRIVATE void ipcref__lease_cancel(ipcref_ctx *ctx,
-                                         const ipcref__view_rec *r) {
+IPCREF__PRIVATE void ipcref__lease_cancel(ipcref_ctx *ctx,
+                                          const ipcref__view_rec *r) {
   if (r->origin_nonce == ctx->nonce) {
     ipcref__ledger *l = ipcref__ledger_find(ctx, r->ledger_id);
     size_t freed = 0;
@@ -5817,7 +5823,7 @@ typedef struct ipcref__view_event {
 } ipcref__view_event;
 
 /* Frees the events no lease took (not under the lock). */
-IPCREF_PRIVATE void ipcref__events_free(ipcref__view_event *ev, int n) {
+IPCREF__PRIVATE void ipcref__events_free(ipcref__view_event *ev, int n) {
   int i;
   for (i = 0; i < n; i++)
     if (ev[i].event) ev[i].be->event_free(ev[i].be, ev[i].event);
@@ -5825,9 +5831,9 @@ IPCREF_PRIVATE void ipcref__events_free(ipcref__view_event *ev, int n) {
 
 /* Records an event on `stream` for each device view made here (not under
  * the lock). */
-IPCREF_PRIVATE ipcref_result ipcref__events_record(const ipcref_view *views,
-                                                   int n, void *stream,
-                                                   ipcref__view_event *ev) {
+IPCREF__PRIVATE ipcref_result ipcref__events_record(const ipcref_view *views,
+                                                    int n, void *stream,
+                                                    ipcref__view_event *ev) {
   int i;
   memset(ev, 0, (size_t)n * sizeof *ev);
   for (i = 0; i < n; i++) {
@@ -5865,8 +5871,8 @@ typedef struct ipcref__lease_src {
 /* A ledger of peer `p` with a free slot (under the lock): its current one,
  * else an older one with room once returned leases are swept, else a new
  * one. */
-IPCREF_PRIVATE ipcref_result ipcref__ledger_with_room(ipcref_peer *p,
-                                                      ipcref__ledger **out) {
+IPCREF__PRIVATE ipcref_result ipcref__ledger_with_room(ipcref_peer *p,
+                                                       ipcref__ledger **out) {
   ipcref_ctx *ctx = p->ctx;
   ipcref__ledger *l = p->ledger;
   if (!l || l->nfree == 0) {
@@ -5886,11 +5892,11 @@ IPCREF_PRIVATE ipcref_result ipcref__ledger_with_room(ipcref_peer *p,
 /* The device half of leasing block `b` (lease `ls`): the segment's IPC
  * handle, made once, and the event recorded for this hand-off, which the
  * lease keeps until it ends. */
-IPCREF_PRIVATE ipcref_result ipcref__lease_device(ipcref__block *b,
-                                                  ipcref__lease *ls,
-                                                  ipcref__view_event *ev,
-                                                  ipcref__view_rec *r,
-                                                  ipcref__lease_src *src) {
+IPCREF__PRIVATE ipcref_result ipcref__lease_device(ipcref__block *b,
+                                                   ipcref__lease *ls,
+                                                   ipcref__view_event *ev,
+                                                   ipcref__view_rec *r,
+                                                   ipcref__lease_src *src) {
   ipcref__pool *pool = b->seg->pool;
   if (!b->seg->exported) {
     ipcref_result res = pool->be->seg_export(pool->be, pool->dev, b->seg->daddr,
@@ -5914,7 +5920,7 @@ IPCREF_PRIVATE ipcref_result ipcref__lease_device(ipcref__block *b,
 /* A lease on block `b`, made here, in a ledger of `p` (under the lock).
  * The slot is published live before anything can fail; a failure after
  * that cancels it. */
-IPCREF_PRIVATE ipcref_result ipcref__lease_take_own(
+IPCREF__PRIVATE ipcref_result ipcref__lease_take_own(
     ipcref_peer *p, ipcref__block *b, ipcref_buf *buf, ipcref__view_event *ev,
     ipcref__view_rec *r, ipcref__lease_src *src) {
   ipcref_ctx *ctx = p->ctx;
@@ -5974,7 +5980,7 @@ IPCREF_PRIVATE ipcref_result ipcref__lease_take_own(
 /* A lease for a peer on a buffer imported here (view `v`): a slot claimed
  * in the producer's ledger, linked to ours through its ring, so that the
  * producer counts the peer's hold and ours apart. */
-IPCREF_PRIVATE ipcref_result
+IPCREF__PRIVATE ipcref_result
 ipcref__lease_take_forward(ipcref_peer *p, const ipcref_view *v,
                            ipcref__view_rec *r, ipcref__lease_src *src) {
   ipcref__import *imp = (ipcref__import *)v->buf->release_user;
@@ -6029,10 +6035,10 @@ ipcref__lease_take_forward(ipcref_peer *p, const ipcref_view *v,
 /* The records (and fds) of what peer `p` lacks to map a lease from
  * `src`: its segment (an fd, or a device's handle) and its ledger's fd.
  * 0 when out of memory. */
-IPCREF_PRIVATE int ipcref__fd_recs_add(ipcref_peer *p,
-                                       const ipcref__lease_src *src,
-                                       ipcref__fd_rec *fdr, int *nrec, int *fds,
-                                       int *nfd, int dup_fds) {
+IPCREF__PRIVATE int ipcref__fd_recs_add(ipcref_peer *p,
+                                        const ipcref__lease_src *src,
+                                        ipcref__fd_rec *fdr, int *nrec,
+                                        int *fds, int *nfd, int dup_fds) {
   int fail = 0;
   if (!ipcref__sent_mark(p, src->origin_nonce, ipcref__sent_key(src->seg_id, 0),
                          &fail) &&
@@ -6075,7 +6081,7 @@ IPCREF_PRIVATE int ipcref__fd_recs_add(ipcref_peer *p,
 /* Takes a lease for view `v` for peer `p` and fills its record `r`, and
  * the records and fds of what the peer lacks to map it (under the lock).
  * On error nothing stays taken. */
-IPCREF_PRIVATE ipcref_result
+IPCREF__PRIVATE ipcref_result
 ipcref__lease_take(ipcref_peer *p, const ipcref_view *v, ipcref__view_event *ev,
                    ipcref__view_rec *r, ipcref__fd_rec *fdr, int *nrec,
                    int *fds, int *nfd, int dup_fds) {
@@ -6105,8 +6111,8 @@ ipcref__lease_take(ipcref_peer *p, const ipcref_view *v, ipcref__view_event *ev,
 
 /* Forgets that the peer was sent the fds of these records (the message
  * carrying them never left). */
-IPCREF_PRIVATE void ipcref__sent_forget_recs(ipcref_peer *p,
-                                             const ipcref__fd_rec *fdr, int n) {
+IPCREF__PRIVATE void
+ipcref__sent_forget_recs(ipcref_peer *p, const ipcref__fd_rec *fdr, int n) {
   int i;
   for (i = 0; i < n; i++)
     (void)ipcref__sent_forget(
@@ -6117,8 +6123,8 @@ IPCREF_PRIVATE void ipcref__sent_forget_recs(ipcref_peer *p,
 /* EDEAD, reported naming `fn`, when a view's buffer is a shared buffer
  * made here that was already released (its header is its context's, so
  * this check is safe in every build: see ipcref__hdr_get); else OK. */
-IPCREF_PRIVATE ipcref_result ipcref__views_live(const ipcref_view *views, int n,
-                                                const char *fn) {
+IPCREF__PRIVATE ipcref_result ipcref__views_live(const ipcref_view *views,
+                                                 int n, const char *fn) {
   int i;
   for (i = 0; i < n; i++) {
     const ipcref_buf *b = views[i].buf;
@@ -6133,10 +6139,10 @@ IPCREF_PRIVATE ipcref_result ipcref__views_live(const ipcref_view *views, int n,
 }
 
 /* Builds a message for `n` views (under the lock). */
-IPCREF_PRIVATE ipcref_result ipcref__export_msg(ipcref_peer *p,
-                                                const ipcref_view *views, int n,
-                                                ipcref__view_event *ev,
-                                                ipcref_msg *msg, int dup_fds) {
+IPCREF__PRIVATE ipcref_result ipcref__export_msg(ipcref_peer *p,
+                                                 const ipcref_view *views,
+                                                 int n, ipcref__view_event *ev,
+                                                 ipcref_msg *msg, int dup_fds) {
   ipcref_ctx *ctx = p->ctx;
   ipcref__view_rec recs[IPCREF_MSG_MAX_VIEWS];
   ipcref__fd_rec fdr[IPCREF_MSG_MAX_FDS];
@@ -6211,7 +6217,7 @@ IPCREF_PRIVATE ipcref_result ipcref__export_msg(ipcref_peer *p,
 /* The release callback of an imported buffer: this process's last
  * reference went, so the lease goes back to its producer. One fetch_add
  * and stores into shared memory, a free: no system call, no lock. */
-IPCREF_PRIVATE void ipcref__import_end(ipcref__import *imp) {
+IPCREF__PRIVATE void ipcref__import_end(ipcref__import *imp) {
   ipcref_ctx *ctx;
   uint64_t e = ipcref__ring_entry(IPCREF__RING_RELEASE, imp->slot, imp->gen);
   ipcref__ring_push(imp->ledger->base, imp->ledger->nslots, &e, 1, "release");
@@ -6228,7 +6234,7 @@ IPCREF_PRIVATE void ipcref__import_end(ipcref__import *imp) {
  * a fence, and the calls on the context return it when the fence is done
  * (ipcref__deferred_poll). After ipcref_ctx_free nothing would poll, so a
  * release then waits for its fence here. */
-IPCREF_PRIVATE void ipcref__import_release(void *user, void *data) {
+IPCREF__PRIVATE void ipcref__import_release(void *user, void *data) {
   ipcref__import *imp = (ipcref__import *)user;
   (void)data;
   if (imp->seg->kind == IPCREF__KIND_DEVICE) {
@@ -6256,8 +6262,8 @@ IPCREF_PRIVATE void ipcref__import_release(void *user, void *data) {
  * memfd sealed against shrinking and growing (so the mapping can never
  * SIGBUS), of exactly the announced size, opened with the access the
  * mapping needs. A ledger's header must agree with the record. */
-IPCREF_PRIVATE ipcref_result ipcref__map_fd(int fd, const ipcref__fd_rec *r,
-                                            ipcref__map **out) {
+IPCREF__PRIVATE ipcref_result ipcref__map_fd(int fd, const ipcref__fd_rec *r,
+                                             ipcref__map **out) {
   struct stat st;
   int seals, fl, prot;
   ipcref__map *m;
@@ -6326,9 +6332,9 @@ IPCREF_PRIVATE ipcref_result ipcref__map_fd(int fd, const ipcref__fd_rec *r,
  * Without a backend for its device here, the map is a placeholder (be
  * NULL): the views in it are refused with ENODEV and their leases given
  * back, and the peer, which counts the segment as sent, stays usable. */
-IPCREF_PRIVATE ipcref_result ipcref__map_device(ipcref_ctx *ctx,
-                                                const ipcref__fd_rec *r,
-                                                ipcref__map **out) {
+IPCREF__PRIVATE ipcref_result ipcref__map_device(ipcref_ctx *ctx,
+                                                 const ipcref__fd_rec *r,
+                                                 ipcref__map **out) {
   ipcref_backend *be = ipcref__backend_of(ctx, r->dev_type);
   ipcref__map *m;
   uint64_t addr, base;
@@ -6370,14 +6376,14 @@ fill:
 }
 
 /* The address of `offset` in a mapped segment, host or device. */
-IPCREF_PRIVATE void *ipcref__map_addr(const ipcref__map *m, uint64_t offset) {
+IPCREF__PRIVATE void *ipcref__map_addr(const ipcref__map *m, uint64_t offset) {
   return m->kind == IPCREF__KIND_DEVICE ? (void *)(uintptr_t)(m->daddr + offset)
                                         : (void *)(m->base + offset);
 }
 
 /* Fresh mappings join the cache (under the lock). */
-IPCREF_PRIVATE void ipcref__maps_commit(ipcref_ctx *ctx, ipcref__map **fresh,
-                                        int n) {
+IPCREF__PRIVATE void ipcref__maps_commit(ipcref_ctx *ctx, ipcref__map **fresh,
+                                         int n) {
   int k;
   for (k = 0; k < n; k++) {
     IPCREF__LIST_PUSH(ctx->maps, fresh[k], next, prev);
@@ -6390,9 +6396,9 @@ IPCREF_PRIVATE void ipcref__maps_commit(ipcref_ctx *ctx, ipcref__map **fresh,
 
 /* Gives back the leases of records [from, n) that will not be used: each
  * is marked imported (a replay is refused) and returned to its ledger. */
-IPCREF_PRIVATE void ipcref__leases_give_back(const ipcref__view_rec *recs,
-                                             ipcref__map **ledm, int from,
-                                             int n) {
+IPCREF__PRIVATE void ipcref__leases_give_back(const ipcref__view_rec *recs,
+                                              ipcref__map **ledm, int from,
+                                              int n) {
   int k;
   for (k = from; k < n; k++) {
     uint64_t e =
@@ -6413,9 +6419,9 @@ typedef struct ipcref__msg_maps {
 
 /* A mapping this message brings, or NULL; as ipcref__map_find, a segment
  * is host or device memory. */
-IPCREF_PRIVATE ipcref__map *ipcref__fresh_find(const ipcref__msg_maps *mm,
-                                               int kind, uint64_t nonce,
-                                               uint64_t id) {
+IPCREF__PRIVATE ipcref__map *ipcref__fresh_find(const ipcref__msg_maps *mm,
+                                                int kind, uint64_t nonce,
+                                                uint64_t id) {
   int k;
   for (k = 0; k < mm->nfresh; k++)
     if ((mm->fresh[k]->kind == IPCREF__KIND_LEDGER) ==
@@ -6427,8 +6433,8 @@ IPCREF_PRIVATE ipcref__map *ipcref__fresh_find(const ipcref__msg_maps *mm,
 
 /* Import, step 1 (under the lock): the segments the sender destroyed are
  * unmapped here once nothing uses them. */
-IPCREF_PRIVATE void ipcref__import_retire(ipcref_ctx *ctx,
-                                          const ipcref__msg_in *m) {
+IPCREF__PRIVATE void ipcref__import_retire(ipcref_ctx *ctx,
+                                           const ipcref__msg_in *m) {
   int i;
   for (i = 0; i < m->head.nretired; i++) {
     ipcref__map *s = ipcref__map_find(ctx, IPCREF__KIND_SEGMENT,
@@ -6441,10 +6447,10 @@ IPCREF_PRIVATE void ipcref__import_retire(ipcref_ctx *ctx,
 /* Import, step 2: maps what is new, each fd checked against its record
  * first; an fd for something already mapped is redundant. A mapped fd is
  * the map's (set to -1 in `fds`). */
-IPCREF_PRIVATE ipcref_result ipcref__import_map(ipcref_ctx *ctx,
-                                                const ipcref__msg_in *m,
-                                                int *fds,
-                                                ipcref__msg_maps *mm) {
+IPCREF__PRIVATE ipcref_result ipcref__import_map(ipcref_ctx *ctx,
+                                                 const ipcref__msg_in *m,
+                                                 int *fds,
+                                                 ipcref__msg_maps *mm) {
   int i;
   for (i = 0; i < m->head.nrecs; i++) {
     const ipcref__fd_rec *f = &m->recs[i];
@@ -6473,9 +6479,9 @@ IPCREF_PRIVATE ipcref_result ipcref__import_map(ipcref_ctx *ctx,
  * reused) and was not imported already, by an earlier message or an
  * earlier record of this one (one export, one import); every element it
  * reaches lies inside its block. */
-IPCREF_PRIVATE int ipcref__import_rec_ok(ipcref_ctx *ctx,
-                                         const ipcref__msg_in *m,
-                                         ipcref__msg_maps *mm, int i) {
+IPCREF__PRIVATE int ipcref__import_rec_ok(ipcref_ctx *ctx,
+                                          const ipcref__msg_in *m,
+                                          ipcref__msg_maps *mm, int i) {
   const ipcref__view_rec *v = &m->views[i];
   ipcref__map *seg, *led;
   uint64_t word, end;
@@ -6515,10 +6521,10 @@ IPCREF_PRIVATE int ipcref__import_rec_ok(ipcref_ctx *ctx,
  * genuine, given back at once and its mappings kept (the peer counts them
  * sent); device data makes `stream` wait for the producer's writes (also
  * when the segment was mapped before). */
-IPCREF_PRIVATE ipcref_result ipcref__import_ready(ipcref_ctx *ctx,
-                                                  const ipcref__msg_in *m,
-                                                  ipcref__msg_maps *mm,
-                                                  void *stream) {
+IPCREF__PRIVATE ipcref_result ipcref__import_ready(ipcref_ctx *ctx,
+                                                   const ipcref__msg_in *m,
+                                                   ipcref__msg_maps *mm,
+                                                   void *stream) {
   int i, n = m->head.nviews;
   for (i = 0; i < n; i++)
     if (mm->seg[i]->kind == IPCREF__KIND_DEVICE && !mm->seg[i]->be) {
@@ -6539,10 +6545,10 @@ IPCREF_PRIVATE ipcref_result ipcref__import_ready(ipcref_ctx *ctx,
 
 /* Import, step 5, for one view: a buffer over its block whose death
  * returns its lease (see ipcref__import_release). 0 when out of memory. */
-IPCREF_PRIVATE int ipcref__import_view(ipcref_ctx *ctx,
-                                       const ipcref__view_rec *v,
-                                       ipcref__map *seg, ipcref__map *led,
-                                       void *stream, ipcref_view *out) {
+IPCREF__PRIVATE int ipcref__import_view(ipcref_ctx *ctx,
+                                        const ipcref__view_rec *v,
+                                        ipcref__map *seg, ipcref__map *led,
+                                        void *stream, ipcref_view *out) {
   ipcref__import *imp = (ipcref__import *)ipcref__zalloc(sizeof *imp);
   ipcref_buf *b = NULL;
   ipcref_device dev;
@@ -6580,7 +6586,7 @@ IPCREF_PRIVATE int ipcref__import_view(ipcref_ctx *ctx,
 /* Import, step 5: the fresh mappings join the cache and each view gets
  * its buffer. Out of memory partway, the leases not used are given back
  * (the views made are released by the caller, after the unlock). */
-IPCREF_PRIVATE ipcref_result ipcref__import_commit(
+IPCREF__PRIVATE ipcref_result ipcref__import_commit(
     ipcref_ctx *ctx, const ipcref__msg_in *m, ipcref__msg_maps *mm,
     void *stream, ipcref_view *views, int *nviews) {
   int i, n = m->head.nviews;
@@ -6604,7 +6610,7 @@ IPCREF_PRIVATE ipcref_result ipcref__import_commit(
  * (no side effect), then under the lock: retire, map, check every record,
  * get ready, commit. A refused message changes nothing but the cache of
  * what the sender retired, and the refusal count. */
-IPCREF_PRIVATE ipcref_result ipcref__import_bytes(
+IPCREF__PRIVATE ipcref_result ipcref__import_bytes(
     ipcref_peer *p, const unsigned char *bytes, size_t len, int *fds, int nfds,
     void *stream, ipcref_view *views, int *nviews) {
   ipcref_ctx *ctx = p->ctx;
@@ -6644,7 +6650,7 @@ IPCREF_PRIVATE ipcref_result ipcref__import_bytes(
  * its uid decides whether it may connect, and its pid is what is watched
  * for its death (and what a forwarded hold names). Reading it also leaves
  * nothing unread on a producer that only sends (see ipcref__recvmsg). */
-IPCREF_PRIVATE ipcref_result ipcref__hello_need(ipcref_peer *p) {
+IPCREF__PRIVATE ipcref_result ipcref__hello_need(ipcref_peer *p) {
   if (!p->hello) {
     ipcref_result r = ipcref__hello_read(p, 5000);
     if (r != IPCREF_OK) return r;
@@ -6749,8 +6755,8 @@ IPCREF_API void ipcref_msg_free(ipcref_msg *msg) {
 
 /* Sends a record with fds: one datagram on SOCK_SEQPACKET; on SOCK_STREAM a
  * 4-byte length first (the fds travel with it). */
-IPCREF_PRIVATE ipcref_result ipcref__send_raw(ipcref_peer *p,
-                                              const ipcref_msg *msg) {
+IPCREF__PRIVATE ipcref_result ipcref__send_raw(ipcref_peer *p,
+                                               const ipcref_msg *msg) {
   union {
     char buf[CMSG_SPACE(sizeof(int) * IPCREF_MSG_MAX_FDS)];
     struct cmsghdr align;
@@ -6808,9 +6814,10 @@ IPCREF_PRIVATE ipcref_result ipcref__send_raw(ipcref_peer *p,
  * the leases taken and the message built under the lock, then sent
  * outside it; a message that could not be sent gives its leases back.
  * `fn` names the public call in reports. */
-IPCREF_PRIVATE ipcref_result ipcref__send_views(ipcref_peer *p,
-                                                const ipcref_view *views, int n,
-                                                void *stream, const char *fn) {
+IPCREF__PRIVATE ipcref_result ipcref__send_views(ipcref_peer *p,
+                                                 const ipcref_view *views,
+                                                 int n, void *stream,
+                                                 const char *fn) {
   ipcref__view_event ev[IPCREF_MSG_MAX_VIEWS];
   ipcref_msg msg;
   ipcref_result r;
@@ -6853,8 +6860,8 @@ IPCREF_API ipcref_result ipcref_send_on(ipcref_peer *p, const ipcref_view *v,
 }
 
 /* Reads exactly n bytes from a stream socket. */
-IPCREF_PRIVATE ipcref_result ipcref__read_all(int fd, unsigned char *b,
-                                              size_t n) {
+IPCREF__PRIVATE ipcref_result ipcref__read_all(int fd, unsigned char *b,
+                                               size_t n) {
   while (n) {
     ssize_t k = read(fd, b, n);
     if (k < 0 && errno == EINTR) continue;
@@ -6873,8 +6880,8 @@ IPCREF_API ipcref_result ipcref_recv(ipcref_peer *p, ipcref_view *out,
 
 /* The other side's hello, when it has not come yet, read within
  * *timeout_ms, which is left with what remains of the caller's wait. */
-IPCREF_PRIVATE ipcref_result ipcref__hello_within(ipcref_peer *p,
-                                                  int *timeout_ms) {
+IPCREF__PRIVATE ipcref_result ipcref__hello_within(ipcref_peer *p,
+                                                   int *timeout_ms) {
   struct timespec t0, t1;
   ipcref_result r;
   long spent;
@@ -6892,9 +6899,10 @@ IPCREF_PRIVATE ipcref_result ipcref__hello_within(ipcref_peer *p,
 /* Receives one record and its fds into `bytes` (IPCREF_MSG_MAX_BYTES) and
  * `fds` (IPCREF_MSG_MAX_FDS): the mirror of ipcref__send_raw. On error
  * the fds that came are closed. */
-IPCREF_PRIVATE ipcref_result ipcref__recv_raw(ipcref_peer *p,
-                                              unsigned char *bytes, size_t *len,
-                                              int *fds, int *nfds) {
+IPCREF__PRIVATE ipcref_result ipcref__recv_raw(ipcref_peer *p,
+                                               unsigned char *bytes,
+                                               size_t *len, int *fds,
+                                               int *nfds) {
   union {
     char buf[CMSG_SPACE(sizeof(int) * IPCREF_MSG_MAX_FDS)];
     struct cmsghdr align;
@@ -7019,8 +7027,8 @@ IPCREF_API ipcref_result ipcref_dtype_from_dlpack(DLDataType dt,
 /* The devices: host memory (kDLCPU, id 0), and the device memory the
  * backends share (kDLCUDA and kDLROCM, any ordinal); a buffer carries its
  * device, so what is exported reports where it lives. */
-IPCREF_PRIVATE ipcref_result ipcref__dlpack_device_in(DLDevice d,
-                                                      ipcref_device *out) {
+IPCREF__PRIVATE ipcref_result ipcref__dlpack_device_in(DLDevice d,
+                                                       ipcref_device *out) {
   if ((d.device_type == kDLCPU && d.device_id == 0) ||
       ((d.device_type == kDLCUDA || d.device_type == kDLROCM) &&
        d.device_id >= 0)) {
@@ -7031,8 +7039,8 @@ IPCREF_PRIVATE ipcref_result ipcref__dlpack_device_in(DLDevice d,
   return IPCREF_ENODEV;
 }
 
-IPCREF_PRIVATE void ipcref__dlpack_device_out(DLDevice *d,
-                                              const ipcref_buf *b) {
+IPCREF__PRIVATE void ipcref__dlpack_device_out(DLDevice *d,
+                                               const ipcref_buf *b) {
   ipcref_device dev = ipcref_buf_device(b);
   d->device_type = (DLDeviceType)dev.type;
   d->device_id = dev.id;
@@ -7049,7 +7057,7 @@ typedef struct ipcref__dlpack_keep {
 } ipcref__dlpack_keep;
 
 /* Fills `t` from keep->view (already checked and retained). */
-IPCREF_PRIVATE void ipcref__dlpack_fill(ipcref__dlpack_keep *k, DLTensor *t) {
+IPCREF__PRIVATE void ipcref__dlpack_fill(ipcref__dlpack_keep *k, DLTensor *t) {
   const ipcref_view *v = &k->view;
   char *base = (char *)ipcref_buf_data(v->buf);
   int i;
@@ -7077,7 +7085,7 @@ typedef struct ipcref__dlpack_export {
   ipcref__dlpack_keep keep;
 } ipcref__dlpack_export;
 
-IPCREF_PRIVATE void ipcref__dlpack_export_deleter(DLManagedTensor *self) {
+IPCREF__PRIVATE void ipcref__dlpack_export_deleter(DLManagedTensor *self) {
   ipcref__dlpack_export *e;
   if (!self) return;
   e = (ipcref__dlpack_export *)self->manager_ctx;
@@ -7087,7 +7095,7 @@ IPCREF_PRIVATE void ipcref__dlpack_export_deleter(DLManagedTensor *self) {
 
 /* 1 when this process may store into the buffer's memory at all: not a
  * read-only mapping of another process's segment. */
-IPCREF_PRIVATE int ipcref__dlpack_writable_here(const ipcref_buf *b) {
+IPCREF__PRIVATE int ipcref__dlpack_writable_here(const ipcref_buf *b) {
   return !ipcref__buf_read_only(b);
 }
 
@@ -7143,7 +7151,7 @@ typedef struct ipcref__dlpack_adopt {
   ipcref_weak *read_only;
 } ipcref__dlpack_adopt;
 
-IPCREF_PRIVATE void ipcref__dlpack_import_release(void *user, void *data) {
+IPCREF__PRIVATE void ipcref__dlpack_import_release(void *user, void *data) {
   ipcref__dlpack_adopt *im = (ipcref__dlpack_adopt *)user;
   (void)data;
   if (!im->versioned) {
@@ -7165,9 +7173,9 @@ IPCREF_PRIVATE void ipcref__dlpack_import_release(void *user, void *data) {
 
 /* The import's first checks, in the documented order: the device, the
  * rank, the element type, and a shape wherever there are dimensions. */
-IPCREF_PRIVATE ipcref_result ipcref__dlpack_check(const DLTensor *t,
-                                                  ipcref_device *dev,
-                                                  ipcref_dtype *dt) {
+IPCREF__PRIVATE ipcref_result ipcref__dlpack_check(const DLTensor *t,
+                                                   ipcref_device *dev,
+                                                   ipcref_dtype *dt) {
   if (ipcref__dlpack_device_in(t->device, dev) != IPCREF_OK)
     return IPCREF_ENODEV;
   if (t->ndim < 0 || t->ndim > IPCREF_MAX_DIMS) return IPCREF_ERANGE;
@@ -7180,8 +7188,8 @@ IPCREF_PRIVATE ipcref_result ipcref__dlpack_check(const DLTensor *t,
  * (0,...,0) (byte offset 0). Strides: given, or compact row-major (for an
  * empty tensor whose compact strides would overflow, any strides do: those
  * are 0). A negative size is left for ipcref__view_span to refuse. */
-IPCREF_PRIVATE void ipcref__dlpack_geometry(const DLTensor *t, ipcref_dtype dt,
-                                            ipcref_view *v) {
+IPCREF__PRIVATE void ipcref__dlpack_geometry(const DLTensor *t, ipcref_dtype dt,
+                                             ipcref_view *v) {
   int64_t compact = 1;
   int i;
   memset(v, 0, sizeof *v);
@@ -7205,9 +7213,10 @@ IPCREF_PRIVATE void ipcref__dlpack_geometry(const DLTensor *t, ipcref_dtype dt,
  * not fit in ptrdiff_t (hi - lo itself cannot overflow) or the memory
  * would wrap around the address space. 0 for an empty tensor without
  * data. */
-IPCREF_PRIVATE ipcref_result ipcref__dlpack_start(const DLTensor *t, int64_t lo,
-                                                  int64_t hi, int64_t numel,
-                                                  uintptr_t *start) {
+IPCREF__PRIVATE ipcref_result ipcref__dlpack_start(const DLTensor *t,
+                                                   int64_t lo, int64_t hi,
+                                                   int64_t numel,
+                                                   uintptr_t *start) {
   uintptr_t addr = (uintptr_t)t->data;
   if (hi > PTRDIFF_MAX + lo) return IPCREF_ERANGE;
   if (t->byte_offset > (uint64_t)PTRDIFF_MAX) return IPCREF_ERANGE;
@@ -7222,7 +7231,7 @@ IPCREF_PRIVATE ipcref_result ipcref__dlpack_start(const DLTensor *t, int64_t lo,
 /* A buffer over the `size` bytes at `start` on `dev` whose release deletes
  * the managed tensor; a read-only import's buffer keeps a weak reference
  * to itself, so it is never unique. Nothing is adopted on error. */
-IPCREF_PRIVATE ipcref_result ipcref__dlpack_adopt_buf(
+IPCREF__PRIVATE ipcref_result ipcref__dlpack_adopt_buf(
     uintptr_t start, size_t size, ipcref_device dev, void *managed,
     int versioned, int read_only, ipcref_buf **out) {
   ipcref__dlpack_adopt *im;
@@ -7244,10 +7253,11 @@ IPCREF_PRIVATE ipcref_result ipcref__dlpack_adopt_buf(
 
 /* The common import: checks `t`, wraps the memory its elements reach and
  * fills *out. Nothing is adopted unless it returns OK. */
-IPCREF_PRIVATE ipcref_result ipcref__dlpack_import(const DLTensor *t,
-                                                   void *managed, int versioned,
-                                                   int read_only,
-                                                   ipcref_view *out) {
+IPCREF__PRIVATE ipcref_result ipcref__dlpack_import(const DLTensor *t,
+                                                    void *managed,
+                                                    int versioned,
+                                                    int read_only,
+                                                    ipcref_view *out) {
   ipcref_dtype dt;
   ipcref_device dev;
   ipcref_view v;
@@ -7282,7 +7292,7 @@ typedef struct ipcref__dlpack_export_v {
   ipcref__dlpack_keep keep;
 } ipcref__dlpack_export_v;
 
-IPCREF_PRIVATE void
+IPCREF__PRIVATE void
 ipcref__dlpack_export_v_deleter(struct DLManagedTensorVersioned *self) {
   ipcref__dlpack_export_v *e;
   if (!self) return;
@@ -7408,7 +7418,7 @@ struct ipcref_table {
 };
 
 /* Takes the table's spinlock; ipcref__table_unlock lets it go. */
-IPCREF_PRIVATE void ipcref__table_lock(ipcref_table *t) {
+IPCREF__PRIVATE void ipcref__table_lock(ipcref_table *t) {
   while (__atomic_test_and_set(&t->lock, __ATOMIC_ACQUIRE))
     while (__atomic_load_n(&t->lock, __ATOMIC_RELAXED)) {
     }
@@ -7423,16 +7433,16 @@ IPCREF_PRIVATE void ipcref__table_lock(ipcref_table *t) {
 
 /* Key `k`'s home slot. Ids and tokens are sequential: they are mixed
  * first, so that neighbours spread. */
-IPCREF_PRIVATE size_t ipcref__table_hash_slot(const ipcref__table_hash *h,
-                                              uint64_t k) {
+IPCREF__PRIVATE size_t ipcref__table_hash_slot(const ipcref__table_hash *h,
+                                               uint64_t k) {
   k ^= k >> 33;
   k *= IPCREF__TABLE_HASH_MIX;
   k ^= k >> 33;
   return (size_t)k & (h->cap - 1);
 }
 
-IPCREF_PRIVATE void *ipcref__table_hash_get(const ipcref__table_hash *h,
-                                            uint64_t k) {
+IPCREF__PRIVATE void *ipcref__table_hash_get(const ipcref__table_hash *h,
+                                             uint64_t k) {
   size_t i;
   if (!h->cap) return NULL;
   for (i = ipcref__table_hash_slot(h, k); h->keys[i];
@@ -7442,7 +7452,7 @@ IPCREF_PRIVATE void *ipcref__table_hash_get(const ipcref__table_hash *h,
 }
 
 /* Makes room for one more key (load at most 1/2). 0 on ENOMEM. */
-IPCREF_PRIVATE int ipcref__table_hash_reserve(ipcref__table_hash *h) {
+IPCREF__PRIVATE int ipcref__table_hash_reserve(ipcref__table_hash *h) {
   ipcref__table_hash g;
   size_t i, j;
   if ((h->n + 1) * 2 <= h->cap) return 1;
@@ -7471,8 +7481,8 @@ IPCREF_PRIVATE int ipcref__table_hash_reserve(ipcref__table_hash *h) {
 }
 
 /* After ipcref__table_hash_reserve. */
-IPCREF_PRIVATE void ipcref__table_hash_put(ipcref__table_hash *h, uint64_t k,
-                                           void *v) {
+IPCREF__PRIVATE void ipcref__table_hash_put(ipcref__table_hash *h, uint64_t k,
+                                            void *v) {
   size_t i;
   for (i = ipcref__table_hash_slot(h, k); h->keys[i];
        i = (i + 1) & (h->cap - 1)) {
@@ -7482,7 +7492,7 @@ IPCREF_PRIVATE void ipcref__table_hash_put(ipcref__table_hash *h, uint64_t k,
   h->n++;
 }
 
-IPCREF_PRIVATE void ipcref__table_hash_del(ipcref__table_hash *h, uint64_t k) {
+IPCREF__PRIVATE void ipcref__table_hash_del(ipcref__table_hash *h, uint64_t k) {
   size_t i, j, home;
   if (!h->cap) return;
   for (i = ipcref__table_hash_slot(h, k); h->keys[i] != k;
@@ -7506,11 +7516,11 @@ IPCREF_PRIVATE void ipcref__table_hash_del(ipcref__table_hash *h, uint64_t k) {
 /* A breach naming `id`: counted, and told to the violation hook after the
  * unlock through `note`, the caller's (it must live until the unlock;
  * one note per breach). Never allocates. */
-IPCREF_PRIVATE ipcref_result ipcref__table_breach(ipcref_table *t,
-                                                  ipcref__table_note *note,
-                                                  ipcref_id id,
-                                                  ipcref_result code,
-                                                  const char *what) {
+IPCREF__PRIVATE ipcref_result ipcref__table_breach(ipcref_table *t,
+                                                   ipcref__table_note *note,
+                                                   ipcref_id id,
+                                                   ipcref_result code,
+                                                   const char *what) {
   memset(note, 0, sizeof *note);
   note->id = id;
   note->code = code;
@@ -7525,7 +7535,7 @@ IPCREF_PRIVATE ipcref_result ipcref__table_breach(ipcref_table *t,
 
 /* Unlocks, then tells the hooks (they may call into the table), then frees
  * what was told. */
-IPCREF_PRIVATE void ipcref__table_unlock(ipcref_table *t) {
+IPCREF__PRIVATE void ipcref__table_unlock(ipcref_table *t) {
   ipcref__table_note *n = t->notes;
   ipcref_table_hooks h = t->hooks;
   size_t k;
@@ -7563,7 +7573,7 @@ IPCREF_PRIVATE void ipcref__table_unlock(ipcref_table *t) {
 /* ---- ids and objects ----------------------------------------------------- */
 
 /* The live id `id`, or NULL with *r: EINVAL (never handed out), EDEAD. */
-IPCREF_PRIVATE ipcref__table_id *
+IPCREF__PRIVATE ipcref__table_id *
 ipcref__table_find(ipcref_table *t, ipcref_id id, ipcref_result *r) {
   ipcref__table_id *x;
   if (id == 0 || id >= t->next_id) {
@@ -7582,8 +7592,8 @@ ipcref__table_find(ipcref_table *t, ipcref_id id, ipcref_result *r) {
  * taken by someone else): it changes nothing and the rest goes on. The
  * breaches are kept in the dead id's contained list, which stays (with
  * the id) on its object until told: freeing never allocates. */
-IPCREF_PRIVATE void ipcref__table_dealloc(ipcref_table *t,
-                                          ipcref__table_obj *o) {
+IPCREF__PRIVATE void ipcref__table_dealloc(ipcref_table *t,
+                                           ipcref__table_obj *o) {
   ipcref__table_obj *work = o;
   o->next_free = NULL;
   while (work) {
@@ -7637,7 +7647,7 @@ IPCREF_PRIVATE void ipcref__table_dealloc(ipcref_table *t,
 
 /* Makes room in `o`'s dealloc note for `need` stores (under the lock). 0
  * on ENOMEM, with nothing changed. */
-IPCREF_PRIVATE int ipcref__table_room(ipcref__table_obj *o, size_t need) {
+IPCREF__PRIVATE int ipcref__table_room(ipcref__table_obj *o, size_t need) {
   size_t room = o->room ? o->room * 2 : 4;
   uint32_t *s;
   if (need <= o->room) return 1;
@@ -7650,13 +7660,13 @@ IPCREF_PRIVATE int ipcref__table_room(ipcref__table_obj *o, size_t need) {
 }
 
 /* One reference less on `x` (under the lock; its count is above zero). */
-IPCREF_PRIVATE void ipcref__table_drop(ipcref_table *t, ipcref__table_id *x) {
+IPCREF__PRIVATE void ipcref__table_drop(ipcref_table *t, ipcref__table_id *x) {
   x->count--;
   if (--x->obj->total == 0) ipcref__table_dealloc(t, x->obj);
 }
 
 /* One reference more on `x` (under the lock). */
-IPCREF_PRIVATE void ipcref__table_gain(ipcref__table_id *x) {
+IPCREF__PRIVATE void ipcref__table_gain(ipcref__table_id *x) {
   x->count++;
   x->obj->total++;
 }
@@ -7686,7 +7696,7 @@ IPCREF_API ipcref_result ipcref_table_new(const ipcref_table_hooks *hooks,
   return IPCREF_OK;
 }
 
-IPCREF_PRIVATE void ipcref__table_unref(ipcref_table *t) {
+IPCREF__PRIVATE void ipcref__table_unref(ipcref_table *t) {
   size_t i;
   if (__atomic_fetch_sub(&t->refs, 1, __ATOMIC_RELEASE) != 1) return;
   IPCREF__ACQUIRE_FENCE(&t->refs);
@@ -7793,8 +7803,8 @@ IPCREF_API ipcref_result ipcref_table_decref(ipcref_table *t, ipcref_id id) {
 /* Records that `x` is stored in `store` (once: a store already listed is
  * not listed again), with room for it in its object's dealloc note (under
  * the lock). ENOMEM with nothing changed. */
-IPCREF_PRIVATE ipcref_result ipcref__table_add_store(ipcref__table_id *x,
-                                                     uint32_t store) {
+IPCREF__PRIVATE ipcref_result ipcref__table_add_store(ipcref__table_id *x,
+                                                      uint32_t store) {
   uint32_t i;
   for (i = 0; i < x->nstores; i++)
     if (x->stores[i] == store) return IPCREF_OK;
@@ -7909,8 +7919,8 @@ out:
  * message finds at zero or gone is a breach (its reference was taken by
  * someone else); those ids are kept at the start of the message's list,
  * which is freed after they are told. */
-IPCREF_PRIVATE ipcref_result ipcref__table_msg_end(ipcref_table *t,
-                                                   uint64_t token) {
+IPCREF__PRIVATE ipcref_result ipcref__table_msg_end(ipcref_table *t,
+                                                    uint64_t token) {
   ipcref__table_msg *m;
   ipcref__table_note note;
   size_t i, nb = 0;
@@ -8030,7 +8040,7 @@ typedef struct ipcref__table_pin {
 
 /* The pin's end: the table reference goes, and the source buffer (unless
  * a shared alias releases it itself: src NULL). */
-IPCREF_PRIVATE void ipcref__table_pin_end(void *user) {
+IPCREF__PRIVATE void ipcref__table_pin_end(void *user) {
   ipcref__table_pin *pin = (ipcref__table_pin *)user;
   ipcref__table_id *x = NULL;
   ipcref__table_note note;
@@ -8049,7 +8059,7 @@ IPCREF_PRIVATE void ipcref__table_pin_end(void *user) {
   IPCREF_FREE(pin);
 }
 
-IPCREF_PRIVATE void ipcref__table_pin_release(void *user, void *data) {
+IPCREF__PRIVATE void ipcref__table_pin_release(void *user, void *data) {
   (void)data;
   ipcref__table_pin_end(user);
 }

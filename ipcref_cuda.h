@@ -109,7 +109,8 @@ IPCREF_API ipcref_result ipcref_cuda_wrap(
 /* Why the last failure on this thread happened, for ipcref_cuda_error(). */
 static __thread char ipcref__cu_why[IPCREF__CU_WHY_BYTES];
 
-IPCREF_PRIVATE ipcref_result ipcref__cu_say(ipcref_result r, const char *what) {
+IPCREF__PRIVATE ipcref_result ipcref__cu_say(ipcref_result r,
+                                             const char *what) {
   snprintf(ipcref__cu_why, sizeof ipcref__cu_why, "%s", what);
   return r;
 }
@@ -132,8 +133,8 @@ typedef int (*ipcref__cu_lookup)(void *user, const char *name, void **fn);
 /* Symbol `name` of `lib` into the function pointer at `slot` (NULL when
  * absent). dlsym gives objects; POSIX makes them functions (memcpy: ISO C
  * has no cast between the two). */
-IPCREF_PRIVATE void ipcref__cu_load_symbol(void *lib, const char *name,
-                                           void *slot) {
+IPCREF__PRIVATE void ipcref__cu_load_symbol(void *lib, const char *name,
+                                            void *slot) {
   void *sym = dlsym(lib, name);
   memcpy(slot, &sym, sizeof sym);
 }
@@ -142,11 +143,11 @@ IPCREF_PRIVATE void ipcref__cu_load_symbol(void *lib, const char *name,
  * that loads; *opened is the name tried last (the one loaded, on success).
  * On failure says why, naming the library as `what` ("CUDA driver") and,
  * without a path, what was looked for as `wanted`, and returns NULL. */
-IPCREF_PRIVATE void *ipcref__cu_load_library(const char *path,
-                                             const char *const *names, size_t n,
-                                             const char *what,
-                                             const char *wanted,
-                                             const char **opened) {
+IPCREF__PRIVATE void *ipcref__cu_load_library(const char *path,
+                                              const char *const *names,
+                                              size_t n, const char *what,
+                                              const char *wanted,
+                                              const char **opened) {
   const char *const *candidates = path ? &path : names;
   size_t count = path ? 1 : n, i;
   const char *e;
@@ -165,7 +166,7 @@ IPCREF_PRIVATE void *ipcref__cu_load_library(const char *path,
  * `lookup`. Returns the first entry that failed, *code saying how (the
  * lookup's error, or 0 for a required entry point missing), or NULL when
  * every one is in. Pointers are stored as ipcref__cu_load_symbol does. */
-IPCREF_PRIVATE const ipcref__cu_entry *
+IPCREF__PRIVATE const ipcref__cu_entry *
 ipcref__cu_load_entries(void *api, const ipcref__cu_entry *entries, size_t n,
                         ipcref__cu_lookup lookup, void *user, int *code) {
   size_t i;
@@ -179,7 +180,7 @@ ipcref__cu_load_entries(void *api, const ipcref__cu_entry *entries, size_t n,
 }
 
 /* The end of a load that failed (it said why): nothing stays loaded. */
-IPCREF_PRIVATE ipcref_result ipcref__cu_load_failed(void **lib) {
+IPCREF__PRIVATE ipcref_result ipcref__cu_load_failed(void **lib) {
   dlclose(*lib);
   *lib = NULL;
   return IPCREF_ENODEV;
@@ -286,7 +287,7 @@ typedef struct ipcref__cu_api {
  * diagnostic (distinct pointer types), and sizeof keeps it from linking. */
 #define IPCREF__CU_CHECK(field, fn)                                            \
   (void)sizeof(((ipcref__cu_api *)0)->field == &fn)
-IPCREF_PRIVATE void ipcref__cu_check_prototypes(void) {
+IPCREF__PRIVATE void ipcref__cu_check_prototypes(void) {
   IPCREF__CU_CHECK(Init, cuInit);
   IPCREF__CU_CHECK(DriverGetVersion, cuDriverGetVersion);
   IPCREF__CU_CHECK(GetErrorName, cuGetErrorName);
@@ -323,7 +324,8 @@ typedef struct ipcref__cu_state {
   ipcref__cu_device devs[IPCREF__CU_DEVICES];
 } ipcref__cu_state;
 
-IPCREF_PRIVATE const char *ipcref__cu_d_errname(ipcref__cu_state *d, int code) {
+IPCREF__PRIVATE const char *ipcref__cu_d_errname(ipcref__cu_state *d,
+                                                 int code) {
   const char *name = NULL;
   if (d->api.GetErrorName)
     (void)d->api.GetErrorName((ipcref__cu_result)code, &name);
@@ -331,7 +333,7 @@ IPCREF_PRIVATE const char *ipcref__cu_d_errname(ipcref__cu_state *d, int code) {
 }
 
 /* Makes device `dev`'s primary context current on this thread. */
-IPCREF_PRIVATE int ipcref__cu_d_use(ipcref__cu_state *d, int dev) {
+IPCREF__PRIVATE int ipcref__cu_d_use(ipcref__cu_state *d, int dev) {
   ipcref__cu_context c;
   int code = 0;
   pthread_mutex_lock(&d->lock);
@@ -350,33 +352,33 @@ IPCREF_PRIVATE int ipcref__cu_d_use(ipcref__cu_state *d, int dev) {
 }
 
 /* One function per driver call the shared part makes. */
-IPCREF_PRIVATE int ipcref__cu_d_alloc(ipcref__cu_state *d, size_t size,
-                                      uint64_t *addr) {
+IPCREF__PRIVATE int ipcref__cu_d_alloc(ipcref__cu_state *d, size_t size,
+                                       uint64_t *addr) {
   ipcref__cu_ptr p = 0;
   int code = (int)d->api.MemAlloc(&p, size);
   *addr = (uint64_t)p;
   return code;
 }
-IPCREF_PRIVATE int ipcref__cu_d_free(ipcref__cu_state *d, uint64_t addr) {
+IPCREF__PRIVATE int ipcref__cu_d_free(ipcref__cu_state *d, uint64_t addr) {
   return (int)d->api.MemFree((ipcref__cu_ptr)addr);
 }
-IPCREF_PRIVATE int ipcref__cu_d_range(ipcref__cu_state *d, uint64_t addr,
-                                      uint64_t *base, size_t *size) {
+IPCREF__PRIVATE int ipcref__cu_d_range(ipcref__cu_state *d, uint64_t addr,
+                                       uint64_t *base, size_t *size) {
   ipcref__cu_ptr b = 0;
   int code = (int)d->api.MemGetAddressRange(&b, size, (ipcref__cu_ptr)addr);
   *base = (uint64_t)b;
   return code;
 }
-IPCREF_PRIVATE int ipcref__cu_d_ipc_capable(ipcref__cu_state *d,
-                                            uint64_t addr) {
+IPCREF__PRIVATE int ipcref__cu_d_ipc_capable(ipcref__cu_state *d,
+                                             uint64_t addr) {
   int capable = 1;
   (void)d->api.PointerGetAttribute(&capable,
                                    (ipcref__cu_attr)IPCREF__CU_ATTR_IPC_CAPABLE,
                                    (ipcref__cu_ptr)addr);
   return capable != 0;
 }
-IPCREF_PRIVATE int ipcref__cu_d_ipc_get(ipcref__cu_state *d, uint64_t addr,
-                                        unsigned char *handle) {
+IPCREF__PRIVATE int ipcref__cu_d_ipc_get(ipcref__cu_state *d, uint64_t addr,
+                                         unsigned char *handle) {
   ipcref__cu_mem_handle h;
   int code;
   memset(&h, 0, sizeof h);
@@ -384,9 +386,9 @@ IPCREF_PRIVATE int ipcref__cu_d_ipc_get(ipcref__cu_state *d, uint64_t addr,
   memcpy(handle, &h, IPCREF_HANDLE_BYTES);
   return code;
 }
-IPCREF_PRIVATE int ipcref__cu_d_ipc_open(ipcref__cu_state *d,
-                                         const unsigned char *handle,
-                                         uint64_t *addr) {
+IPCREF__PRIVATE int ipcref__cu_d_ipc_open(ipcref__cu_state *d,
+                                          const unsigned char *handle,
+                                          uint64_t *addr) {
   ipcref__cu_mem_handle h;
   ipcref__cu_ptr p = 0;
   int code;
@@ -395,19 +397,19 @@ IPCREF_PRIVATE int ipcref__cu_d_ipc_open(ipcref__cu_state *d,
   *addr = (uint64_t)p;
   return code;
 }
-IPCREF_PRIVATE int ipcref__cu_d_ipc_close(ipcref__cu_state *d, uint64_t addr) {
+IPCREF__PRIVATE int ipcref__cu_d_ipc_close(ipcref__cu_state *d, uint64_t addr) {
   return (int)d->api.IpcCloseMemHandle((ipcref__cu_ptr)addr);
 }
-IPCREF_PRIVATE int ipcref__cu_d_event_new(ipcref__cu_state *d, int ipc,
-                                          void **ev) {
+IPCREF__PRIVATE int ipcref__cu_d_event_new(ipcref__cu_state *d, int ipc,
+                                           void **ev) {
   ipcref__cu_event e = NULL;
   int code = (int)d->api.EventCreate(&e, IPCREF__CU_EVENT_NO_TIMING |
                                              (ipc ? IPCREF__CU_EVENT_IPC : 0));
   *ev = (void *)e;
   return code;
 }
-IPCREF_PRIVATE int ipcref__cu_d_event_handle(ipcref__cu_state *d, void *ev,
-                                             unsigned char *handle) {
+IPCREF__PRIVATE int ipcref__cu_d_event_handle(ipcref__cu_state *d, void *ev,
+                                              unsigned char *handle) {
   ipcref__cu_event_handle h;
   int code;
   memset(&h, 0, sizeof h);
@@ -415,9 +417,9 @@ IPCREF_PRIVATE int ipcref__cu_d_event_handle(ipcref__cu_state *d, void *ev,
   memcpy(handle, &h, IPCREF_HANDLE_BYTES);
   return code;
 }
-IPCREF_PRIVATE int ipcref__cu_d_event_open(ipcref__cu_state *d,
-                                           const unsigned char *handle,
-                                           void **ev) {
+IPCREF__PRIVATE int ipcref__cu_d_event_open(ipcref__cu_state *d,
+                                            const unsigned char *handle,
+                                            void **ev) {
   ipcref__cu_event_handle h;
   ipcref__cu_event e = NULL;
   int code;
@@ -426,28 +428,29 @@ IPCREF_PRIVATE int ipcref__cu_d_event_open(ipcref__cu_state *d,
   *ev = (void *)e;
   return code;
 }
-IPCREF_PRIVATE int ipcref__cu_d_event_record(ipcref__cu_state *d, void *ev,
-                                             void *stream) {
+IPCREF__PRIVATE int ipcref__cu_d_event_record(ipcref__cu_state *d, void *ev,
+                                              void *stream) {
   return (int)d->api.EventRecord((ipcref__cu_event)ev,
                                  (ipcref__cu_stream)stream);
 }
-IPCREF_PRIVATE int ipcref__cu_d_event_query(ipcref__cu_state *d, void *ev) {
+IPCREF__PRIVATE int ipcref__cu_d_event_query(ipcref__cu_state *d, void *ev) {
   return (int)d->api.EventQuery((ipcref__cu_event)ev);
 }
-IPCREF_PRIVATE int ipcref__cu_d_event_destroy(ipcref__cu_state *d, void *ev) {
+IPCREF__PRIVATE int ipcref__cu_d_event_destroy(ipcref__cu_state *d, void *ev) {
   return (int)d->api.EventDestroy((ipcref__cu_event)ev);
 }
-IPCREF_PRIVATE int ipcref__cu_d_stream_wait(ipcref__cu_state *d, void *stream,
-                                            void *ev) {
+IPCREF__PRIVATE int ipcref__cu_d_stream_wait(ipcref__cu_state *d, void *stream,
+                                             void *ev) {
   return (int)d->api.StreamWaitEvent((ipcref__cu_stream)stream,
                                      (ipcref__cu_event)ev, 0);
 }
-IPCREF_PRIVATE int ipcref__cu_d_stream_sync(ipcref__cu_state *d, void *stream) {
+IPCREF__PRIVATE int ipcref__cu_d_stream_sync(ipcref__cu_state *d,
+                                             void *stream) {
   return (int)d->api.StreamSynchronize((ipcref__cu_stream)stream);
 }
 
 /* The stub library's message (cuda's own text says too little). */
-IPCREF_PRIVATE ipcref_result ipcref__cu_stub(const char *path) {
+IPCREF__PRIVATE ipcref_result ipcref__cu_stub(const char *path) {
   snprintf(ipcref__cu_why, sizeof ipcref__cu_why,
            "%s is the CUDA toolkit's stub library, not a driver "
            "(CUDA_ERROR_STUB_LIBRARY, 34)",
@@ -494,8 +497,8 @@ typedef struct ipcref__cu_proc {
 } ipcref__cu_proc;
 
 /* An ipcref__cu_lookup: one entry point by cuGetProcAddress. */
-IPCREF_PRIVATE int ipcref__cu_d_lookup(void *user, const char *name,
-                                       void **fn) {
+IPCREF__PRIVATE int ipcref__cu_d_lookup(void *user, const char *name,
+                                        void **fn) {
   ipcref__cu_proc *p = (ipcref__cu_proc *)user;
   ipcref__cu_query q = (ipcref__cu_query)0;
   return p->get2 ? (int)p->get2(name, fn, p->version, 0, &q)
@@ -506,8 +509,8 @@ IPCREF_PRIVATE int ipcref__cu_d_lookup(void *user, const char *name,
  * pinned one). Symbols go by their base names at that version: cuda.h's
  * macros do not apply to strings (dlsym "cuMemAlloc" is the 32-bit v1
  * ABI). 0 when it failed, having said why. */
-IPCREF_PRIVATE int ipcref__cu_d_proc(ipcref__cu_state *d, const char *path,
-                                     ipcref__cu_proc *p) {
+IPCREF__PRIVATE int ipcref__cu_d_proc(ipcref__cu_state *d, const char *path,
+                                      ipcref__cu_proc *p) {
   int code;
   p->version = 0;
   ipcref__cu_load_symbol(d->lib, "cuGetProcAddress_v2", &p->get2);
@@ -535,7 +538,7 @@ IPCREF_PRIVATE int ipcref__cu_d_proc(ipcref__cu_state *d, const char *path,
 }
 
 /* cuInit. 0 when it failed, having said why. */
-IPCREF_PRIVATE int ipcref__cu_d_init(ipcref__cu_state *d, const char *path) {
+IPCREF__PRIVATE int ipcref__cu_d_init(ipcref__cu_state *d, const char *path) {
   int code = (int)d->api.Init(0);
   if (code == IPCREF__CU_STUB) {
     ipcref__cu_stub(path);
@@ -552,8 +555,8 @@ IPCREF_PRIVATE int ipcref__cu_d_init(ipcref__cu_state *d, const char *path) {
 
 /* Loads the driver and every entry point (each one checked), then cuInit.
  * On failure, says why and leaves nothing loaded. */
-IPCREF_PRIVATE ipcref_result ipcref__cu_d_load(ipcref__cu_state *d,
-                                               const char *driver_path) {
+IPCREF__PRIVATE ipcref_result ipcref__cu_d_load(ipcref__cu_state *d,
+                                                const char *driver_path) {
   static const char *const names[] = {"libcuda.so.1"};
   const ipcref__cu_entry *lacking;
   const char *path = driver_path;
@@ -586,7 +589,7 @@ IPCREF_PRIVATE ipcref_result ipcref__cu_d_load(ipcref__cu_state *d,
   return IPCREF_OK;
 }
 
-IPCREF_PRIVATE void ipcref__cu_d_unload(ipcref__cu_state *d) {
+IPCREF__PRIVATE void ipcref__cu_d_unload(ipcref__cu_state *d) {
   int i;
   for (i = 0; i < IPCREF__CU_DEVICES; i++)
     if (d->ctx[i]) (void)d->api.DevicePrimaryCtxRelease(d->devs[i]);
@@ -636,11 +639,11 @@ struct ipcref_cuda {
 
 #define IPCREF__CU_OF(be) ((ipcref_cuda *)(void *)(be))
 
-IPCREF_PRIVATE void ipcref__cu_event_free(ipcref_backend *be, void *event);
+IPCREF__PRIVATE void ipcref__cu_event_free(ipcref_backend *be, void *event);
 
 /* Records a failed driver call for ipcref_cuda_error(); returns `r`. */
-IPCREF_PRIVATE ipcref_result ipcref__cu_fail(ipcref_result r, const char *what,
-                                             ipcref_cuda *g, int code) {
+IPCREF__PRIVATE ipcref_result ipcref__cu_fail(ipcref_result r, const char *what,
+                                              ipcref_cuda *g, int code) {
   snprintf(ipcref__cu_why, sizeof ipcref__cu_why, "%s: %s (%d)", what,
            ipcref__cu_d_errname(&g->drv, code), code);
   return r;
@@ -651,7 +654,7 @@ IPCREF_API const char *ipcref_cuda_error(void) {
 }
 
 /* A driver error as an ipcref code. */
-IPCREF_PRIVATE ipcref_result ipcref__cu_code(int code) {
+IPCREF__PRIVATE ipcref_result ipcref__cu_code(int code) {
   if (code == 0) return IPCREF_OK;
   if (code == IPCREF__CU_OOM) return IPCREF_ENOMEM;
   if (code == IPCREF__CU_NO_DEVICE) return IPCREF_ENODEV;
@@ -659,7 +662,7 @@ IPCREF_PRIVATE ipcref_result ipcref__cu_code(int code) {
 }
 
 /* Makes device `dev` current on this thread. */
-IPCREF_PRIVATE ipcref_result ipcref__cu_on(ipcref_cuda *g, int dev) {
+IPCREF__PRIVATE ipcref_result ipcref__cu_on(ipcref_cuda *g, int dev) {
   int code;
   if (dev < 0 || dev >= IPCREF__CU_DEVICES)
     return ipcref__cu_say(IPCREF_ENODEV, "device ordinal out of range");
@@ -670,9 +673,9 @@ IPCREF_PRIVATE ipcref_result ipcref__cu_on(ipcref_cuda *g, int dev) {
 
 /* ---- segments ------------------------------------------------------------ */
 
-IPCREF_PRIVATE ipcref_result ipcref__cu_seg_alloc(ipcref_backend *be,
-                                                  int32_t dev, size_t size,
-                                                  uint64_t *addr) {
+IPCREF__PRIVATE ipcref_result ipcref__cu_seg_alloc(ipcref_backend *be,
+                                                   int32_t dev, size_t size,
+                                                   uint64_t *addr) {
   ipcref_cuda *g = IPCREF__CU_OF(be);
   ipcref_result r = ipcref__cu_on(g, dev);
   int code;
@@ -682,8 +685,8 @@ IPCREF_PRIVATE ipcref_result ipcref__cu_seg_alloc(ipcref_backend *be,
               : IPCREF_OK;
 }
 
-IPCREF_PRIVATE void ipcref__cu_seg_free(ipcref_backend *be, int32_t dev,
-                                        uint64_t addr) {
+IPCREF__PRIVATE void ipcref__cu_seg_free(ipcref_backend *be, int32_t dev,
+                                         uint64_t addr) {
   ipcref_cuda *g = IPCREF__CU_OF(be);
   ipcref__cu_export **pp;
   if (ipcref__cu_on(g, dev) == IPCREF_OK)
@@ -699,10 +702,10 @@ IPCREF_PRIVATE void ipcref__cu_seg_free(ipcref_backend *be, int32_t dev,
   pthread_mutex_unlock(&g->lock);
 }
 
-IPCREF_PRIVATE ipcref_result ipcref__cu_seg_range(ipcref_backend *be,
-                                                  int32_t dev, uint64_t addr,
-                                                  uint64_t *base,
-                                                  size_t *size) {
+IPCREF__PRIVATE ipcref_result ipcref__cu_seg_range(ipcref_backend *be,
+                                                   int32_t dev, uint64_t addr,
+                                                   uint64_t *base,
+                                                   size_t *size) {
   ipcref_cuda *g = IPCREF__CU_OF(be);
   ipcref_result r = ipcref__cu_on(g, dev);
   int code;
@@ -715,9 +718,9 @@ IPCREF_PRIVATE ipcref_result ipcref__cu_seg_range(ipcref_backend *be,
               : IPCREF_OK;
 }
 
-IPCREF_PRIVATE ipcref_result ipcref__cu_seg_export(ipcref_backend *be,
-                                                   int32_t dev, uint64_t base,
-                                                   unsigned char *handle) {
+IPCREF__PRIVATE ipcref_result ipcref__cu_seg_export(ipcref_backend *be,
+                                                    int32_t dev, uint64_t base,
+                                                    unsigned char *handle) {
   ipcref_cuda *g = IPCREF__CU_OF(be);
   ipcref__cu_export *x;
   ipcref_result r = ipcref__cu_on(g, dev);
@@ -743,10 +746,10 @@ IPCREF_PRIVATE ipcref_result ipcref__cu_seg_export(ipcref_backend *be,
   return IPCREF_OK;
 }
 
-IPCREF_PRIVATE ipcref_result ipcref__cu_seg_import(ipcref_backend *be,
-                                                   int32_t dev,
-                                                   const unsigned char *handle,
-                                                   uint64_t *addr) {
+IPCREF__PRIVATE ipcref_result ipcref__cu_seg_import(ipcref_backend *be,
+                                                    int32_t dev,
+                                                    const unsigned char *handle,
+                                                    uint64_t *addr) {
   ipcref_cuda *g = IPCREF__CU_OF(be);
   ipcref__cu_export *x;
   ipcref__cu_open *o;
@@ -794,8 +797,8 @@ IPCREF_PRIVATE ipcref_result ipcref__cu_seg_import(ipcref_backend *be,
   return IPCREF_OK;
 }
 
-IPCREF_PRIVATE void ipcref__cu_seg_close(ipcref_backend *be, int32_t dev,
-                                         uint64_t addr) {
+IPCREF__PRIVATE void ipcref__cu_seg_close(ipcref_backend *be, int32_t dev,
+                                          uint64_t addr) {
   ipcref_cuda *g = IPCREF__CU_OF(be);
   ipcref__cu_open **pp, *o = NULL;
   pthread_mutex_lock(&g->lock);
@@ -816,10 +819,10 @@ IPCREF_PRIVATE void ipcref__cu_seg_close(ipcref_backend *be, int32_t dev,
 
 /* ---- ordering ------------------------------------------------------------ */
 
-IPCREF_PRIVATE ipcref_result ipcref__cu_event_record(ipcref_backend *be,
-                                                     int32_t dev, void *stream,
-                                                     unsigned char *handle,
-                                                     void **event) {
+IPCREF__PRIVATE ipcref_result ipcref__cu_event_record(ipcref_backend *be,
+                                                      int32_t dev, void *stream,
+                                                      unsigned char *handle,
+                                                      void **event) {
   ipcref_cuda *g = IPCREF__CU_OF(be);
   ipcref__cu_ipc_event *e, **pp;
   ipcref_result r = ipcref__cu_on(g, dev);
@@ -868,7 +871,7 @@ IPCREF_PRIVATE ipcref_result ipcref__cu_event_record(ipcref_backend *be,
 /* Back to the pool, never destroyed before ipcref_cuda_close: a consumer
  * that opens the handle late finds the event recorded again later, which
  * only makes it wait longer. */
-IPCREF_PRIVATE void ipcref__cu_event_free(ipcref_backend *be, void *event) {
+IPCREF__PRIVATE void ipcref__cu_event_free(ipcref_backend *be, void *event) {
   ipcref_cuda *g = IPCREF__CU_OF(be);
   ipcref__cu_ipc_event *e = (ipcref__cu_ipc_event *)event;
   pthread_mutex_lock(&g->lock);
@@ -877,7 +880,7 @@ IPCREF_PRIVATE void ipcref__cu_event_free(ipcref_backend *be, void *event) {
   pthread_mutex_unlock(&g->lock);
 }
 
-IPCREF_PRIVATE ipcref_result
+IPCREF__PRIVATE ipcref_result
 ipcref__cu_event_wait(ipcref_backend *be, int32_t dev, void *stream,
                       const unsigned char *handle) {
   static const unsigned char zero[IPCREF_HANDLE_BYTES] = {0};
@@ -915,8 +918,8 @@ ipcref__cu_event_wait(ipcref_backend *be, int32_t dev, void *stream,
 
 /* A fence: a plain event after the work queued on `stream`; NULL when
  * that work has completed already. */
-IPCREF_PRIVATE ipcref_result ipcref__cu_fence(ipcref_backend *be, int32_t dev,
-                                              void *stream, void **fence) {
+IPCREF__PRIVATE ipcref_result ipcref__cu_fence(ipcref_backend *be, int32_t dev,
+                                               void *stream, void **fence) {
   ipcref_cuda *g = IPCREF__CU_OF(be);
   void *ev = NULL;
   ipcref_result r = ipcref__cu_on(g, dev);
@@ -937,7 +940,7 @@ IPCREF_PRIVATE ipcref_result ipcref__cu_fence(ipcref_backend *be, int32_t dev,
   return IPCREF_OK;
 }
 
-IPCREF_PRIVATE int ipcref__cu_fence_done(ipcref_backend *be, void *fence) {
+IPCREF__PRIVATE int ipcref__cu_fence_done(ipcref_backend *be, void *fence) {
   ipcref_cuda *g = IPCREF__CU_OF(be);
   if (ipcref__cu_d_event_query(&g->drv, fence) == IPCREF__CU_NOT_READY)
     return 0;

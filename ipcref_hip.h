@@ -96,8 +96,8 @@ IPCREF_API ipcref_result ipcref_hip_wrap(ipcref_ctx *ctx, int device, void *ptr,
 /* Why the last failure on this thread happened, for ipcref_hip_error(). */
 static __thread char ipcref__hip_why[IPCREF__HIP_WHY_BYTES];
 
-IPCREF_PRIVATE ipcref_result ipcref__hip_say(ipcref_result r,
-                                             const char *what) {
+IPCREF__PRIVATE ipcref_result ipcref__hip_say(ipcref_result r,
+                                              const char *what) {
   snprintf(ipcref__hip_why, sizeof ipcref__hip_why, "%s", what);
   return r;
 }
@@ -120,8 +120,8 @@ typedef int (*ipcref__hip_lookup)(void *user, const char *name, void **fn);
 /* Symbol `name` of `lib` into the function pointer at `slot` (NULL when
  * absent). dlsym gives objects; POSIX makes them functions (memcpy: ISO C
  * has no cast between the two). */
-IPCREF_PRIVATE void ipcref__hip_load_symbol(void *lib, const char *name,
-                                            void *slot) {
+IPCREF__PRIVATE void ipcref__hip_load_symbol(void *lib, const char *name,
+                                             void *slot) {
   void *sym = dlsym(lib, name);
   memcpy(slot, &sym, sizeof sym);
 }
@@ -130,11 +130,11 @@ IPCREF_PRIVATE void ipcref__hip_load_symbol(void *lib, const char *name,
  * that loads; *opened is the name tried last (the one loaded, on success).
  * On failure says why, naming the library as `what` ("CUDA driver") and,
  * without a path, what was looked for as `wanted`, and returns NULL. */
-IPCREF_PRIVATE void *ipcref__hip_load_library(const char *path,
-                                              const char *const *names,
-                                              size_t n, const char *what,
-                                              const char *wanted,
-                                              const char **opened) {
+IPCREF__PRIVATE void *ipcref__hip_load_library(const char *path,
+                                               const char *const *names,
+                                               size_t n, const char *what,
+                                               const char *wanted,
+                                               const char **opened) {
   const char *const *candidates = path ? &path : names;
   size_t count = path ? 1 : n, i;
   const char *e;
@@ -153,7 +153,7 @@ IPCREF_PRIVATE void *ipcref__hip_load_library(const char *path,
  * `lookup`. Returns the first entry that failed, *code saying how (the
  * lookup's error, or 0 for a required entry point missing), or NULL when
  * every one is in. Pointers are stored as ipcref__hip_load_symbol does. */
-IPCREF_PRIVATE const ipcref__hip_entry *
+IPCREF__PRIVATE const ipcref__hip_entry *
 ipcref__hip_load_entries(void *api, const ipcref__hip_entry *entries, size_t n,
                          ipcref__hip_lookup lookup, void *user, int *code) {
   size_t i;
@@ -167,7 +167,7 @@ ipcref__hip_load_entries(void *api, const ipcref__hip_entry *entries, size_t n,
 }
 
 /* The end of a load that failed (it said why): nothing stays loaded. */
-IPCREF_PRIVATE ipcref_result ipcref__hip_load_failed(void **lib) {
+IPCREF__PRIVATE ipcref_result ipcref__hip_load_failed(void **lib) {
   dlclose(*lib);
   *lib = NULL;
   return IPCREF_ENODEV;
@@ -246,7 +246,7 @@ typedef struct ipcref__hip_api {
  * (In C, where the header's functions are not overloaded.) */
 #define IPCREF__HIP_CHECK(field, fn)                                           \
   (void)sizeof(((ipcref__hip_api *)0)->field == &fn)
-IPCREF_PRIVATE void ipcref__hip_check_prototypes(void) {
+IPCREF__PRIVATE void ipcref__hip_check_prototypes(void) {
   IPCREF__HIP_CHECK(Init, hipInit);
   IPCREF__HIP_CHECK(GetDeviceCount, hipGetDeviceCount);
   IPCREF__HIP_CHECK(RuntimeGetVersion, hipRuntimeGetVersion);
@@ -276,36 +276,36 @@ typedef struct ipcref__hip_state {
                              1 from HIP 6 on, which insists on it */
 } ipcref__hip_state;
 
-IPCREF_PRIVATE const char *ipcref__hip_d_errname(ipcref__hip_state *d,
-                                                 int code) {
+IPCREF__PRIVATE const char *ipcref__hip_d_errname(ipcref__hip_state *d,
+                                                  int code) {
   const char *name =
       d->api.GetErrorName ? d->api.GetErrorName((ipcref__hip_result)code) : 0;
   return name ? name : "HIP error";
 }
 
 /* One function per runtime call the shared part makes. */
-IPCREF_PRIVATE int ipcref__hip_d_use(ipcref__hip_state *d, int dev) {
+IPCREF__PRIVATE int ipcref__hip_d_use(ipcref__hip_state *d, int dev) {
   return (int)d->api.SetDevice(dev);
 }
-IPCREF_PRIVATE int ipcref__hip_d_alloc(ipcref__hip_state *d, size_t size,
-                                       uint64_t *addr) {
+IPCREF__PRIVATE int ipcref__hip_d_alloc(ipcref__hip_state *d, size_t size,
+                                        uint64_t *addr) {
   void *p = NULL;
   int code = (int)d->api.Malloc(&p, size);
   *addr = (uint64_t)(uintptr_t)p;
   return code;
 }
-IPCREF_PRIVATE int ipcref__hip_d_free(ipcref__hip_state *d, uint64_t addr) {
+IPCREF__PRIVATE int ipcref__hip_d_free(ipcref__hip_state *d, uint64_t addr) {
   return (int)d->api.Free((void *)(uintptr_t)addr);
 }
-IPCREF_PRIVATE int ipcref__hip_d_range(ipcref__hip_state *d, uint64_t addr,
-                                       uint64_t *base, size_t *size) {
+IPCREF__PRIVATE int ipcref__hip_d_range(ipcref__hip_state *d, uint64_t addr,
+                                        uint64_t *base, size_t *size) {
   void *b = NULL;
   int code = (int)d->api.MemGetAddressRange(&b, size, (void *)(uintptr_t)addr);
   *base = (uint64_t)(uintptr_t)b;
   return code;
 }
-IPCREF_PRIVATE int ipcref__hip_d_ipc_capable(ipcref__hip_state *d,
-                                             uint64_t addr) {
+IPCREF__PRIVATE int ipcref__hip_d_ipc_capable(ipcref__hip_state *d,
+                                              uint64_t addr) {
   int capable = 1; /* HIP 5 does not answer: assume it can */
   if (d->api.PointerGetAttribute)
     (void)d->api.PointerGetAttribute(
@@ -313,8 +313,8 @@ IPCREF_PRIVATE int ipcref__hip_d_ipc_capable(ipcref__hip_state *d,
         (void *)(uintptr_t)addr);
   return capable != 0;
 }
-IPCREF_PRIVATE int ipcref__hip_d_ipc_get(ipcref__hip_state *d, uint64_t addr,
-                                         unsigned char *handle) {
+IPCREF__PRIVATE int ipcref__hip_d_ipc_get(ipcref__hip_state *d, uint64_t addr,
+                                          unsigned char *handle) {
   ipcref__hip_mem_handle h;
   int code;
   memset(&h, 0, sizeof h);
@@ -322,9 +322,9 @@ IPCREF_PRIVATE int ipcref__hip_d_ipc_get(ipcref__hip_state *d, uint64_t addr,
   memcpy(handle, &h, IPCREF_HANDLE_BYTES);
   return code;
 }
-IPCREF_PRIVATE int ipcref__hip_d_ipc_open(ipcref__hip_state *d,
-                                          const unsigned char *handle,
-                                          uint64_t *addr) {
+IPCREF__PRIVATE int ipcref__hip_d_ipc_open(ipcref__hip_state *d,
+                                           const unsigned char *handle,
+                                           uint64_t *addr) {
   ipcref__hip_mem_handle h;
   void *p = NULL;
   int code;
@@ -333,51 +333,52 @@ IPCREF_PRIVATE int ipcref__hip_d_ipc_open(ipcref__hip_state *d,
   *addr = (uint64_t)(uintptr_t)p;
   return code;
 }
-IPCREF_PRIVATE int ipcref__hip_d_ipc_close(ipcref__hip_state *d,
-                                           uint64_t addr) {
+IPCREF__PRIVATE int ipcref__hip_d_ipc_close(ipcref__hip_state *d,
+                                            uint64_t addr) {
   return (int)d->api.IpcCloseMemHandle((void *)(uintptr_t)addr);
 }
-IPCREF_PRIVATE int ipcref__hip_d_event_new(ipcref__hip_state *d, int ipc,
-                                           void **ev) {
+IPCREF__PRIVATE int ipcref__hip_d_event_new(ipcref__hip_state *d, int ipc,
+                                            void **ev) {
   ipcref__hip_event e = NULL;
   int code = (int)d->api.EventCreateWithFlags(&e, IPCREF__HIP_EVENT_NO_TIMING);
   (void)ipc; /* never asked for: IPCREF__HIP_IPC_EVENTS is 0 */
   *ev = (void *)e;
   return code;
 }
-IPCREF_PRIVATE int ipcref__hip_d_event_handle(ipcref__hip_state *d, void *ev,
-                                              unsigned char *handle) {
+IPCREF__PRIVATE int ipcref__hip_d_event_handle(ipcref__hip_state *d, void *ev,
+                                               unsigned char *handle) {
   (void)d;
   (void)ev;
   memset(handle, 0, IPCREF_HANDLE_BYTES);
   return 0;
 }
-IPCREF_PRIVATE int ipcref__hip_d_event_open(ipcref__hip_state *d,
-                                            const unsigned char *handle,
-                                            void **ev) {
+IPCREF__PRIVATE int ipcref__hip_d_event_open(ipcref__hip_state *d,
+                                             const unsigned char *handle,
+                                             void **ev) {
   (void)d;
   (void)handle;
   *ev = NULL;
   return IPCREF__HIP_INVALID_CONTEXT; /* none are sent: never asked */
 }
-IPCREF_PRIVATE int ipcref__hip_d_event_record(ipcref__hip_state *d, void *ev,
-                                              void *stream) {
+IPCREF__PRIVATE int ipcref__hip_d_event_record(ipcref__hip_state *d, void *ev,
+                                               void *stream) {
   return (int)d->api.EventRecord((ipcref__hip_event)ev,
                                  (ipcref__hip_stream)stream);
 }
-IPCREF_PRIVATE int ipcref__hip_d_event_query(ipcref__hip_state *d, void *ev) {
+IPCREF__PRIVATE int ipcref__hip_d_event_query(ipcref__hip_state *d, void *ev) {
   return (int)d->api.EventQuery((ipcref__hip_event)ev);
 }
-IPCREF_PRIVATE int ipcref__hip_d_event_destroy(ipcref__hip_state *d, void *ev) {
+IPCREF__PRIVATE int ipcref__hip_d_event_destroy(ipcref__hip_state *d,
+                                                void *ev) {
   return (int)d->api.EventDestroy((ipcref__hip_event)ev);
 }
-IPCREF_PRIVATE int ipcref__hip_d_stream_wait(ipcref__hip_state *d, void *stream,
-                                             void *ev) {
+IPCREF__PRIVATE int ipcref__hip_d_stream_wait(ipcref__hip_state *d,
+                                              void *stream, void *ev) {
   return (int)d->api.StreamWaitEvent((ipcref__hip_stream)stream,
                                      (ipcref__hip_event)ev, 0);
 }
-IPCREF_PRIVATE int ipcref__hip_d_stream_sync(ipcref__hip_state *d,
-                                             void *stream) {
+IPCREF__PRIVATE int ipcref__hip_d_stream_sync(ipcref__hip_state *d,
+                                              void *stream) {
   return (int)d->api.StreamSynchronize((ipcref__hip_stream)stream);
 }
 
@@ -408,15 +409,15 @@ static const ipcref__hip_entry ipcref__hip_entries[] = {
 #undef IPCREF__HIP_ENTRY
 
 /* An ipcref__hip_lookup: one entry point of library `lib` by dlsym. */
-IPCREF_PRIVATE int ipcref__hip_d_lookup(void *lib, const char *name,
-                                        void **fn) {
+IPCREF__PRIVATE int ipcref__hip_d_lookup(void *lib, const char *name,
+                                         void **fn) {
   *fn = dlsym(lib, name);
   return 0;
 }
 
 /* hipInit and a device count, then the version's choice of flags. 0 when
  * it failed, having said why. */
-IPCREF_PRIVATE int ipcref__hip_d_init(ipcref__hip_state *d) {
+IPCREF__PRIVATE int ipcref__hip_d_init(ipcref__hip_state *d) {
   int code, count = 0, version = 0;
   code = (int)d->api.Init(0);
   if (!code) code = (int)d->api.GetDeviceCount(&count);
@@ -437,8 +438,8 @@ IPCREF_PRIVATE int ipcref__hip_d_init(ipcref__hip_state *d) {
 /* Loads the runtime and every entry point (each one checked), then
  * hipInit and a device count. On failure, says why and leaves nothing
  * loaded. */
-IPCREF_PRIVATE ipcref_result ipcref__hip_d_load(ipcref__hip_state *d,
-                                                const char *runtime_path) {
+IPCREF__PRIVATE ipcref_result ipcref__hip_d_load(ipcref__hip_state *d,
+                                                 const char *runtime_path) {
   static const char *const names[] = {"libamdhip64.so.7", "libamdhip64.so.6",
                                       "libamdhip64.so.5", "libamdhip64.so"};
   const ipcref__hip_entry *lacking;
@@ -461,7 +462,7 @@ IPCREF_PRIVATE ipcref_result ipcref__hip_d_load(ipcref__hip_state *d,
   return IPCREF_OK;
 }
 
-IPCREF_PRIVATE void ipcref__hip_d_unload(ipcref__hip_state *d) {
+IPCREF__PRIVATE void ipcref__hip_d_unload(ipcref__hip_state *d) {
   dlclose(d->lib);
 }
 
@@ -507,11 +508,12 @@ struct ipcref_hip {
 
 #define IPCREF__HIP_OF(be) ((ipcref_hip *)(void *)(be))
 
-IPCREF_PRIVATE void ipcref__hip_event_free(ipcref_backend *be, void *event);
+IPCREF__PRIVATE void ipcref__hip_event_free(ipcref_backend *be, void *event);
 
 /* Records a failed driver call for ipcref_hip_error(); returns `r`. */
-IPCREF_PRIVATE ipcref_result ipcref__hip_fail(ipcref_result r, const char *what,
-                                              ipcref_hip *g, int code) {
+IPCREF__PRIVATE ipcref_result ipcref__hip_fail(ipcref_result r,
+                                               const char *what, ipcref_hip *g,
+                                               int code) {
   snprintf(ipcref__hip_why, sizeof ipcref__hip_why, "%s: %s (%d)", what,
            ipcref__hip_d_errname(&g->drv, code), code);
   return r;
@@ -522,7 +524,7 @@ IPCREF_API const char *ipcref_hip_error(void) {
 }
 
 /* A driver error as an ipcref code. */
-IPCREF_PRIVATE ipcref_result ipcref__hip_code(int code) {
+IPCREF__PRIVATE ipcref_result ipcref__hip_code(int code) {
   if (code == 0) return IPCREF_OK;
   if (code == IPCREF__HIP_OOM) return IPCREF_ENOMEM;
   if (code == IPCREF__HIP_NO_DEVICE) return IPCREF_ENODEV;
@@ -530,7 +532,7 @@ IPCREF_PRIVATE ipcref_result ipcref__hip_code(int code) {
 }
 
 /* Makes device `dev` current on this thread. */
-IPCREF_PRIVATE ipcref_result ipcref__hip_on(ipcref_hip *g, int dev) {
+IPCREF__PRIVATE ipcref_result ipcref__hip_on(ipcref_hip *g, int dev) {
   int code;
   if (dev < 0 || dev >= IPCREF__HIP_DEVICES)
     return ipcref__hip_say(IPCREF_ENODEV, "device ordinal out of range");
@@ -541,9 +543,9 @@ IPCREF_PRIVATE ipcref_result ipcref__hip_on(ipcref_hip *g, int dev) {
 
 /* ---- segments ------------------------------------------------------------ */
 
-IPCREF_PRIVATE ipcref_result ipcref__hip_seg_alloc(ipcref_backend *be,
-                                                   int32_t dev, size_t size,
-                                                   uint64_t *addr) {
+IPCREF__PRIVATE ipcref_result ipcref__hip_seg_alloc(ipcref_backend *be,
+                                                    int32_t dev, size_t size,
+                                                    uint64_t *addr) {
   ipcref_hip *g = IPCREF__HIP_OF(be);
   ipcref_result r = ipcref__hip_on(g, dev);
   int code;
@@ -553,8 +555,8 @@ IPCREF_PRIVATE ipcref_result ipcref__hip_seg_alloc(ipcref_backend *be,
               : IPCREF_OK;
 }
 
-IPCREF_PRIVATE void ipcref__hip_seg_free(ipcref_backend *be, int32_t dev,
-                                         uint64_t addr) {
+IPCREF__PRIVATE void ipcref__hip_seg_free(ipcref_backend *be, int32_t dev,
+                                          uint64_t addr) {
   ipcref_hip *g = IPCREF__HIP_OF(be);
   ipcref__hip_export **pp;
   if (ipcref__hip_on(g, dev) == IPCREF_OK)
@@ -570,10 +572,10 @@ IPCREF_PRIVATE void ipcref__hip_seg_free(ipcref_backend *be, int32_t dev,
   pthread_mutex_unlock(&g->lock);
 }
 
-IPCREF_PRIVATE ipcref_result ipcref__hip_seg_range(ipcref_backend *be,
-                                                   int32_t dev, uint64_t addr,
-                                                   uint64_t *base,
-                                                   size_t *size) {
+IPCREF__PRIVATE ipcref_result ipcref__hip_seg_range(ipcref_backend *be,
+                                                    int32_t dev, uint64_t addr,
+                                                    uint64_t *base,
+                                                    size_t *size) {
   ipcref_hip *g = IPCREF__HIP_OF(be);
   ipcref_result r = ipcref__hip_on(g, dev);
   int code;
@@ -586,9 +588,9 @@ IPCREF_PRIVATE ipcref_result ipcref__hip_seg_range(ipcref_backend *be,
               : IPCREF_OK;
 }
 
-IPCREF_PRIVATE ipcref_result ipcref__hip_seg_export(ipcref_backend *be,
-                                                    int32_t dev, uint64_t base,
-                                                    unsigned char *handle) {
+IPCREF__PRIVATE ipcref_result ipcref__hip_seg_export(ipcref_backend *be,
+                                                     int32_t dev, uint64_t base,
+                                                     unsigned char *handle) {
   ipcref_hip *g = IPCREF__HIP_OF(be);
   ipcref__hip_export *x;
   ipcref_result r = ipcref__hip_on(g, dev);
@@ -614,10 +616,9 @@ IPCREF_PRIVATE ipcref_result ipcref__hip_seg_export(ipcref_backend *be,
   return IPCREF_OK;
 }
 
-IPCREF_PRIVATE ipcref_result ipcref__hip_seg_import(ipcref_backend *be,
-                                                    int32_t dev,
-                                                    const unsigned char *handle,
-                                                    uint64_t *addr) {
+IPCREF__PRIVATE ipcref_result
+ipcref__hip_seg_import(ipcref_backend *be, int32_t dev,
+                       const unsigned char *handle, uint64_t *addr) {
   ipcref_hip *g = IPCREF__HIP_OF(be);
   ipcref__hip_export *x;
   ipcref__hip_open *o;
@@ -665,8 +666,8 @@ IPCREF_PRIVATE ipcref_result ipcref__hip_seg_import(ipcref_backend *be,
   return IPCREF_OK;
 }
 
-IPCREF_PRIVATE void ipcref__hip_seg_close(ipcref_backend *be, int32_t dev,
-                                          uint64_t addr) {
+IPCREF__PRIVATE void ipcref__hip_seg_close(ipcref_backend *be, int32_t dev,
+                                           uint64_t addr) {
   ipcref_hip *g = IPCREF__HIP_OF(be);
   ipcref__hip_open **pp, *o = NULL;
   pthread_mutex_lock(&g->lock);
@@ -687,10 +688,11 @@ IPCREF_PRIVATE void ipcref__hip_seg_close(ipcref_backend *be, int32_t dev,
 
 /* ---- ordering ------------------------------------------------------------ */
 
-IPCREF_PRIVATE ipcref_result ipcref__hip_event_record(ipcref_backend *be,
-                                                      int32_t dev, void *stream,
-                                                      unsigned char *handle,
-                                                      void **event) {
+IPCREF__PRIVATE ipcref_result ipcref__hip_event_record(ipcref_backend *be,
+                                                       int32_t dev,
+                                                       void *stream,
+                                                       unsigned char *handle,
+                                                       void **event) {
   ipcref_hip *g = IPCREF__HIP_OF(be);
   ipcref__hip_ipc_event *e, **pp;
   ipcref_result r = ipcref__hip_on(g, dev);
@@ -739,7 +741,7 @@ IPCREF_PRIVATE ipcref_result ipcref__hip_event_record(ipcref_backend *be,
 /* Back to the pool, never destroyed before ipcref_hip_close: a consumer
  * that opens the handle late finds the event recorded again later, which
  * only makes it wait longer. */
-IPCREF_PRIVATE void ipcref__hip_event_free(ipcref_backend *be, void *event) {
+IPCREF__PRIVATE void ipcref__hip_event_free(ipcref_backend *be, void *event) {
   ipcref_hip *g = IPCREF__HIP_OF(be);
   ipcref__hip_ipc_event *e = (ipcref__hip_ipc_event *)event;
   pthread_mutex_lock(&g->lock);
@@ -748,7 +750,7 @@ IPCREF_PRIVATE void ipcref__hip_event_free(ipcref_backend *be, void *event) {
   pthread_mutex_unlock(&g->lock);
 }
 
-IPCREF_PRIVATE ipcref_result
+IPCREF__PRIVATE ipcref_result
 ipcref__hip_event_wait(ipcref_backend *be, int32_t dev, void *stream,
                        const unsigned char *handle) {
   static const unsigned char zero[IPCREF_HANDLE_BYTES] = {0};
@@ -787,8 +789,8 @@ ipcref__hip_event_wait(ipcref_backend *be, int32_t dev, void *stream,
 
 /* A fence: a plain event after the work queued on `stream`; NULL when
  * that work has completed already. */
-IPCREF_PRIVATE ipcref_result ipcref__hip_fence(ipcref_backend *be, int32_t dev,
-                                               void *stream, void **fence) {
+IPCREF__PRIVATE ipcref_result ipcref__hip_fence(ipcref_backend *be, int32_t dev,
+                                                void *stream, void **fence) {
   ipcref_hip *g = IPCREF__HIP_OF(be);
   void *ev = NULL;
   ipcref_result r = ipcref__hip_on(g, dev);
@@ -809,7 +811,7 @@ IPCREF_PRIVATE ipcref_result ipcref__hip_fence(ipcref_backend *be, int32_t dev,
   return IPCREF_OK;
 }
 
-IPCREF_PRIVATE int ipcref__hip_fence_done(ipcref_backend *be, void *fence) {
+IPCREF__PRIVATE int ipcref__hip_fence_done(ipcref_backend *be, void *fence) {
   ipcref_hip *g = IPCREF__HIP_OF(be);
   if (ipcref__hip_d_event_query(&g->drv, fence) == IPCREF__HIP_NOT_READY)
     return 0;

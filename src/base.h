@@ -122,7 +122,7 @@ typedef struct ipcref_allocator {
 #endif
 
 #if defined(__GNUC__) || defined(__clang__)
-#define IPCREF_PRIVATE      static __attribute__((unused))
+#define IPCREF__PRIVATE     static __attribute__((unused))
 #define IPCREF__LIKELY(x)   __builtin_expect(!!(x), 1)
 #define IPCREF__UNLIKELY(x) __builtin_expect(!!(x), 0)
 #define IPCREF__NOINLINE    __attribute__((noinline))
@@ -181,8 +181,8 @@ ipcref_set_error_hook(const ipcref_error_hook *hook) {
   return __atomic_exchange_n(&ipcref__error_hook, hook, __ATOMIC_ACQ_REL);
 }
 
-IPCREF_PRIVATE IPCREF__NOINLINE void ipcref__report(ipcref_result code,
-                                                    const char *message) {
+IPCREF__PRIVATE IPCREF__NOINLINE void ipcref__report(ipcref_result code,
+                                                     const char *message) {
   const ipcref_error_hook *h =
       __atomic_load_n(&ipcref__error_hook, __ATOMIC_ACQUIRE);
   if (h && h->fn) {
@@ -195,7 +195,7 @@ IPCREF_PRIVATE IPCREF__NOINLINE void ipcref__report(ipcref_result code,
 }
 
 /* A misuse met by public function `fn`, to the hook as "fn: what". */
-IPCREF_PRIVATE IPCREF__NOINLINE void
+IPCREF__PRIVATE IPCREF__NOINLINE void
 ipcref__report_in(ipcref_result code, const char *fn, const char *what) {
   char m[192];
   size_t a = strlen(fn), b = strlen(what);
@@ -209,12 +209,12 @@ ipcref__report_in(ipcref_result code, const char *fn, const char *what) {
   ipcref__report(code, m);
 }
 
-IPCREF_PRIVATE void *ipcref__default_alloc(void *user, size_t size) {
+IPCREF__PRIVATE void *ipcref__default_alloc(void *user, size_t size) {
   (void)user;
   return IPCREF_MALLOC(size);
 }
 
-IPCREF_PRIVATE void ipcref__default_free(void *user, void *ptr, size_t size) {
+IPCREF__PRIVATE void ipcref__default_free(void *user, void *ptr, size_t size) {
   (void)user;
   (void)size;
   IPCREF_FREE(ptr);
@@ -224,7 +224,7 @@ static const ipcref_allocator ipcref__default_allocator = {
     ipcref__default_alloc, ipcref__default_free, NULL};
 
 /* a + b into *out; 0 on overflow. */
-IPCREF_PRIVATE int ipcref__add_size(size_t a, size_t b, size_t *out) {
+IPCREF__PRIVATE int ipcref__add_size(size_t a, size_t b, size_t *out) {
   if (a > SIZE_MAX - b) return 0;
   *out = a + b;
   return 1;

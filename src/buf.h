@@ -184,7 +184,7 @@ struct ipcref_buf {
  * be. A dead object (old == 0) stays dead: the count goes back to zero, so
  * that no later release can free it again and no upgrade can revive it.
  * An overflow pins the count at IPCREF__SATURATED for good. */
-IPCREF_PRIVATE IPCREF__NOINLINE void
+IPCREF__PRIVATE IPCREF__NOINLINE void
 ipcref__saturate(int32_t *counter, int32_t old, const char *what) {
   if (old == 0) {
     __atomic_store_n(counter, 0, __ATOMIC_RELAXED);
@@ -199,8 +199,8 @@ ipcref__saturate(int32_t *counter, int32_t old, const char *what) {
 /* IPCREF_CHECKED: 1 (and a report naming `fn`) when `b` was released,
  * its data gone. Its header is still readable: it waits in the
  * quarantine, or in its context. */
-IPCREF_PRIVATE IPCREF__NOINLINE int ipcref__buf_dead(const ipcref_buf *b,
-                                                     const char *fn) {
+IPCREF__PRIVATE IPCREF__NOINLINE int ipcref__buf_dead(const ipcref_buf *b,
+                                                      const char *fn) {
   if (__atomic_load_n(&b->strong, __ATOMIC_ACQUIRE) != 0) return 0;
   ipcref__report_in(IPCREF_EDEAD, fn, "the buffer was already released");
   return 1;
@@ -214,9 +214,9 @@ IPCREF_PRIVATE IPCREF__NOINLINE int ipcref__buf_dead(const ipcref_buf *b,
 #define IPCREF__BUF_CHECK(b, ret) ((void)0)
 #endif
 
-IPCREF_PRIVATE ipcref_result ipcref__buf_alloc(const ipcref_allocator *a,
-                                               size_t size, size_t align,
-                                               ipcref_buf **out) {
+IPCREF__PRIVATE ipcref_result ipcref__buf_alloc(const ipcref_allocator *a,
+                                                size_t size, size_t align,
+                                                ipcref_buf **out) {
   size_t total, addr;
   unsigned char *raw;
   ipcref_buf *b;
@@ -295,10 +295,10 @@ IPCREF_API ipcref_result ipcref_buf_wrap_device(
 /* Makes `b`, a header its caller keeps (a context's), a buffer over
  * `data` as ipcref_buf_wrap_device would, returned through `a` (which
  * owns the header) when its last reference goes. */
-IPCREF_PRIVATE void ipcref__buf_adopt(ipcref_buf *b, void *data, size_t size,
-                                      ipcref_device device,
-                                      void (*release)(void *, void *),
-                                      void *user, const ipcref_allocator *a) {
+IPCREF__PRIVATE void ipcref__buf_adopt(ipcref_buf *b, void *data, size_t size,
+                                       ipcref_device device,
+                                       void (*release)(void *, void *),
+                                       void *user, const ipcref_allocator *a) {
   b->strong = 1;
   b->weak = 1;
   b->flags = 0;
@@ -320,7 +320,7 @@ IPCREF_API ipcref_device ipcref_buf_device(const ipcref_buf *b) {
 }
 
 /* 1 when the host can read and write the buffer's memory. */
-IPCREF_PRIVATE int ipcref__buf_on_host(const ipcref_buf *b) {
+IPCREF__PRIVATE int ipcref__buf_on_host(const ipcref_buf *b) {
   return b->device.type == IPCREF_DEVICE_CPU;
 }
 
@@ -339,7 +339,7 @@ IPCREF_API ipcref_buf *ipcref_buf_retain(ipcref_buf *b) {
   return b;
 }
 
-IPCREF_PRIVATE void ipcref__weak_drop(ipcref_buf *b) {
+IPCREF__PRIVATE void ipcref__weak_drop(ipcref_buf *b) {
   int32_t old = __atomic_fetch_sub(&b->weak, 1, __ATOMIC_RELEASE);
   if (IPCREF__LIKELY(old != 1)) {
     if (IPCREF__UNLIKELY(old <= 0))
@@ -361,7 +361,7 @@ IPCREF_PRIVATE void ipcref__weak_drop(ipcref_buf *b) {
   b->allocator.free(b->allocator.user, b, b->alloc_size);
 }
 
-IPCREF_PRIVATE IPCREF__NOINLINE void ipcref__buf_drop_slow(ipcref_buf *b) {
+IPCREF__PRIVATE IPCREF__NOINLINE void ipcref__buf_drop_slow(ipcref_buf *b) {
   if (b->release) b->release(b->release_user, b->data);
   /* The implicit weak reference the strong ones shared goes last. */
   ipcref__weak_drop(b);
@@ -369,8 +369,8 @@ IPCREF_PRIVATE IPCREF__NOINLINE void ipcref__buf_drop_slow(ipcref_buf *b) {
 
 /* The rare ends of a release, kept out of line so that the fast path is
  * one atomic and one compare, small enough for compilers to inline. */
-IPCREF_PRIVATE IPCREF__NOINLINE void ipcref__buf_release_slow(ipcref_buf *b,
-                                                              int32_t old) {
+IPCREF__PRIVATE IPCREF__NOINLINE void ipcref__buf_release_slow(ipcref_buf *b,
+                                                               int32_t old) {
   if (old <= 0) {
     ipcref__saturate(&b->strong, old,
                      "ipcref_buf_release: the buffer was already released");
@@ -436,11 +436,11 @@ IPCREF_API int ipcref_buf_is_unique(ipcref_buf *b) {
 }
 
 /* Marks memory that must never be written (a read-only mapping). */
-IPCREF_PRIVATE void ipcref__buf_set_read_only(ipcref_buf *b) {
+IPCREF__PRIVATE void ipcref__buf_set_read_only(ipcref_buf *b) {
   __atomic_fetch_or(&b->flags, IPCREF__BUF_READ_ONLY, __ATOMIC_RELEASE);
 }
 
-IPCREF_PRIVATE int ipcref__buf_read_only(const ipcref_buf *b) {
+IPCREF__PRIVATE int ipcref__buf_read_only(const ipcref_buf *b) {
   return (__atomic_load_n(&b->flags, __ATOMIC_ACQUIRE) &
           IPCREF__BUF_READ_ONLY) != 0;
 }

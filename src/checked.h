@@ -105,19 +105,19 @@ static struct {
   ipcref__grave g[IPCREF_QUARANTINE_OBJECTS];
 } ipcref__quarantine;
 
-IPCREF_PRIVATE void ipcref__quarantine_lock(void) {
+IPCREF__PRIVATE void ipcref__quarantine_lock(void) {
   while (__atomic_exchange_n(&ipcref__quarantine.lock, 1, __ATOMIC_ACQUIRE))
     while (__atomic_load_n(&ipcref__quarantine.lock, __ATOMIC_RELAXED)) {
     }
 }
 
-IPCREF_PRIVATE void ipcref__quarantine_unlock(void) {
+IPCREF__PRIVATE void ipcref__quarantine_unlock(void) {
   __atomic_store_n(&ipcref__quarantine.lock, 0, __ATOMIC_RELEASE);
 }
 
 /* Takes the oldest grave out (under the lock) into *out: 1 if there was
  * one. */
-IPCREF_PRIVATE int ipcref__grave_pop(ipcref__grave *out) {
+IPCREF__PRIVATE int ipcref__grave_pop(ipcref__grave *out) {
   if (ipcref__quarantine.count == 0) return 0;
   *out = ipcref__quarantine.g[ipcref__quarantine.first];
   ipcref__quarantine.first =
@@ -129,14 +129,14 @@ IPCREF_PRIVATE int ipcref__grave_pop(ipcref__grave *out) {
 
 /* As ipcref__grave_pop, when `size` more bytes, or one more object, would
  * not fit. */
-IPCREF_PRIVATE int ipcref__grave_evict(size_t size, ipcref__grave *out) {
+IPCREF__PRIVATE int ipcref__grave_evict(size_t size, ipcref__grave *out) {
   if (ipcref__quarantine.count < IPCREF_QUARANTINE_OBJECTS &&
       ipcref__quarantine.bytes + size <= IPCREF_QUARANTINE_BYTES)
     return 0;
   return ipcref__grave_pop(out);
 }
 
-IPCREF_PRIVATE void ipcref__grave_free(const ipcref__grave *g) {
+IPCREF__PRIVATE void ipcref__grave_free(const ipcref__grave *g) {
   IPCREF__UNPOISON(g->ptr, g->size);
   g->free_fn(g->user, g->ptr, g->size);
 }
@@ -144,9 +144,9 @@ IPCREF_PRIVATE void ipcref__grave_free(const ipcref__grave *g) {
 /* Keeps the freed object `ptr` (`size` bytes, whose first `keep` hold its
  * dead mark) in the quarantine; the oldest ones leave it through their
  * free_fn. An object larger than the whole quarantine goes back at once. */
-IPCREF_PRIVATE void ipcref__bury(void *ptr, size_t size, size_t keep,
-                                 void (*free_fn)(void *, void *, size_t),
-                                 void *user) {
+IPCREF__PRIVATE void ipcref__bury(void *ptr, size_t size, size_t keep,
+                                  void (*free_fn)(void *, void *, size_t),
+                                  void *user) {
   ipcref__grave g, old;
   if (size > IPCREF_QUARANTINE_BYTES) {
     free_fn(user, ptr, size);
@@ -177,7 +177,7 @@ IPCREF_PRIVATE void ipcref__bury(void *ptr, size_t size, size_t keep,
 }
 
 /* A library's free for objects taken with IPCREF_MALLOC. */
-IPCREF_PRIVATE void ipcref__free_plain(void *user, void *ptr, size_t size) {
+IPCREF__PRIVATE void ipcref__free_plain(void *user, void *ptr, size_t size) {
   (void)user;
   (void)size;
   IPCREF_FREE(ptr);

@@ -191,7 +191,7 @@ typedef struct ipcref__cu_api {
  * diagnostic (distinct pointer types), and sizeof keeps it from linking. */
 #define IPCREF__CU_CHECK(field, fn)                                            \
   (void)sizeof(((ipcref__cu_api *)0)->field == &fn)
-IPCREF_PRIVATE void ipcref__cu_check_prototypes(void) {
+IPCREF__PRIVATE void ipcref__cu_check_prototypes(void) {
   IPCREF__CU_CHECK(Init, cuInit);
   IPCREF__CU_CHECK(DriverGetVersion, cuDriverGetVersion);
   IPCREF__CU_CHECK(GetErrorName, cuGetErrorName);
@@ -228,7 +228,8 @@ typedef struct ipcref__cu_state {
   ipcref__cu_device devs[IPCREF__CU_DEVICES];
 } ipcref__cu_state;
 
-IPCREF_PRIVATE const char *ipcref__cu_d_errname(ipcref__cu_state *d, int code) {
+IPCREF__PRIVATE const char *ipcref__cu_d_errname(ipcref__cu_state *d,
+                                                 int code) {
   const char *name = NULL;
   if (d->api.GetErrorName)
     (void)d->api.GetErrorName((ipcref__cu_result)code, &name);
@@ -236,7 +237,7 @@ IPCREF_PRIVATE const char *ipcref__cu_d_errname(ipcref__cu_state *d, int code) {
 }
 
 /* Makes device `dev`'s primary context current on this thread. */
-IPCREF_PRIVATE int ipcref__cu_d_use(ipcref__cu_state *d, int dev) {
+IPCREF__PRIVATE int ipcref__cu_d_use(ipcref__cu_state *d, int dev) {
   ipcref__cu_context c;
   int code = 0;
   pthread_mutex_lock(&d->lock);
@@ -255,33 +256,33 @@ IPCREF_PRIVATE int ipcref__cu_d_use(ipcref__cu_state *d, int dev) {
 }
 
 /* One function per driver call the shared part makes. */
-IPCREF_PRIVATE int ipcref__cu_d_alloc(ipcref__cu_state *d, size_t size,
-                                      uint64_t *addr) {
+IPCREF__PRIVATE int ipcref__cu_d_alloc(ipcref__cu_state *d, size_t size,
+                                       uint64_t *addr) {
   ipcref__cu_ptr p = 0;
   int code = (int)d->api.MemAlloc(&p, size);
   *addr = (uint64_t)p;
   return code;
 }
-IPCREF_PRIVATE int ipcref__cu_d_free(ipcref__cu_state *d, uint64_t addr) {
+IPCREF__PRIVATE int ipcref__cu_d_free(ipcref__cu_state *d, uint64_t addr) {
   return (int)d->api.MemFree((ipcref__cu_ptr)addr);
 }
-IPCREF_PRIVATE int ipcref__cu_d_range(ipcref__cu_state *d, uint64_t addr,
-                                      uint64_t *base, size_t *size) {
+IPCREF__PRIVATE int ipcref__cu_d_range(ipcref__cu_state *d, uint64_t addr,
+                                       uint64_t *base, size_t *size) {
   ipcref__cu_ptr b = 0;
   int code = (int)d->api.MemGetAddressRange(&b, size, (ipcref__cu_ptr)addr);
   *base = (uint64_t)b;
   return code;
 }
-IPCREF_PRIVATE int ipcref__cu_d_ipc_capable(ipcref__cu_state *d,
-                                            uint64_t addr) {
+IPCREF__PRIVATE int ipcref__cu_d_ipc_capable(ipcref__cu_state *d,
+                                             uint64_t addr) {
   int capable = 1;
   (void)d->api.PointerGetAttribute(&capable,
                                    (ipcref__cu_attr)IPCREF__CU_ATTR_IPC_CAPABLE,
                                    (ipcref__cu_ptr)addr);
   return capable != 0;
 }
-IPCREF_PRIVATE int ipcref__cu_d_ipc_get(ipcref__cu_state *d, uint64_t addr,
-                                        unsigned char *handle) {
+IPCREF__PRIVATE int ipcref__cu_d_ipc_get(ipcref__cu_state *d, uint64_t addr,
+                                         unsigned char *handle) {
   ipcref__cu_mem_handle h;
   int code;
   memset(&h, 0, sizeof h);
@@ -289,9 +290,9 @@ IPCREF_PRIVATE int ipcref__cu_d_ipc_get(ipcref__cu_state *d, uint64_t addr,
   memcpy(handle, &h, IPCREF_HANDLE_BYTES);
   return code;
 }
-IPCREF_PRIVATE int ipcref__cu_d_ipc_open(ipcref__cu_state *d,
-                                         const unsigned char *handle,
-                                         uint64_t *addr) {
+IPCREF__PRIVATE int ipcref__cu_d_ipc_open(ipcref__cu_state *d,
+                                          const unsigned char *handle,
+                                          uint64_t *addr) {
   ipcref__cu_mem_handle h;
   ipcref__cu_ptr p = 0;
   int code;
@@ -300,19 +301,19 @@ IPCREF_PRIVATE int ipcref__cu_d_ipc_open(ipcref__cu_state *d,
   *addr = (uint64_t)p;
   return code;
 }
-IPCREF_PRIVATE int ipcref__cu_d_ipc_close(ipcref__cu_state *d, uint64_t addr) {
+IPCREF__PRIVATE int ipcref__cu_d_ipc_close(ipcref__cu_state *d, uint64_t addr) {
   return (int)d->api.IpcCloseMemHandle((ipcref__cu_ptr)addr);
 }
-IPCREF_PRIVATE int ipcref__cu_d_event_new(ipcref__cu_state *d, int ipc,
-                                          void **ev) {
+IPCREF__PRIVATE int ipcref__cu_d_event_new(ipcref__cu_state *d, int ipc,
+                                           void **ev) {
   ipcref__cu_event e = NULL;
   int code = (int)d->api.EventCreate(&e, IPCREF__CU_EVENT_NO_TIMING |
                                              (ipc ? IPCREF__CU_EVENT_IPC : 0));
   *ev = (void *)e;
   return code;
 }
-IPCREF_PRIVATE int ipcref__cu_d_event_handle(ipcref__cu_state *d, void *ev,
-                                             unsigned char *handle) {
+IPCREF__PRIVATE int ipcref__cu_d_event_handle(ipcref__cu_state *d, void *ev,
+                                              unsigned char *handle) {
   ipcref__cu_event_handle h;
   int code;
   memset(&h, 0, sizeof h);
@@ -320,9 +321,9 @@ IPCREF_PRIVATE int ipcref__cu_d_event_handle(ipcref__cu_state *d, void *ev,
   memcpy(handle, &h, IPCREF_HANDLE_BYTES);
   return code;
 }
-IPCREF_PRIVATE int ipcref__cu_d_event_open(ipcref__cu_state *d,
-                                           const unsigned char *handle,
-                                           void **ev) {
+IPCREF__PRIVATE int ipcref__cu_d_event_open(ipcref__cu_state *d,
+                                            const unsigned char *handle,
+                                            void **ev) {
   ipcref__cu_event_handle h;
   ipcref__cu_event e = NULL;
   int code;
@@ -331,28 +332,29 @@ IPCREF_PRIVATE int ipcref__cu_d_event_open(ipcref__cu_state *d,
   *ev = (void *)e;
   return code;
 }
-IPCREF_PRIVATE int ipcref__cu_d_event_record(ipcref__cu_state *d, void *ev,
-                                             void *stream) {
+IPCREF__PRIVATE int ipcref__cu_d_event_record(ipcref__cu_state *d, void *ev,
+                                              void *stream) {
   return (int)d->api.EventRecord((ipcref__cu_event)ev,
                                  (ipcref__cu_stream)stream);
 }
-IPCREF_PRIVATE int ipcref__cu_d_event_query(ipcref__cu_state *d, void *ev) {
+IPCREF__PRIVATE int ipcref__cu_d_event_query(ipcref__cu_state *d, void *ev) {
   return (int)d->api.EventQuery((ipcref__cu_event)ev);
 }
-IPCREF_PRIVATE int ipcref__cu_d_event_destroy(ipcref__cu_state *d, void *ev) {
+IPCREF__PRIVATE int ipcref__cu_d_event_destroy(ipcref__cu_state *d, void *ev) {
   return (int)d->api.EventDestroy((ipcref__cu_event)ev);
 }
-IPCREF_PRIVATE int ipcref__cu_d_stream_wait(ipcref__cu_state *d, void *stream,
-                                            void *ev) {
+IPCREF__PRIVATE int ipcref__cu_d_stream_wait(ipcref__cu_state *d, void *stream,
+                                             void *ev) {
   return (int)d->api.StreamWaitEvent((ipcref__cu_stream)stream,
                                      (ipcref__cu_event)ev, 0);
 }
-IPCREF_PRIVATE int ipcref__cu_d_stream_sync(ipcref__cu_state *d, void *stream) {
+IPCREF__PRIVATE int ipcref__cu_d_stream_sync(ipcref__cu_state *d,
+                                             void *stream) {
   return (int)d->api.StreamSynchronize((ipcref__cu_stream)stream);
 }
 
 /* The stub library's message (cuda's own text says too little). */
-IPCREF_PRIVATE ipcref_result ipcref__cu_stub(const char *path) {
+IPCREF__PRIVATE ipcref_result ipcref__cu_stub(const char *path) {
   snprintf(ipcref__cu_why, sizeof ipcref__cu_why,
            "%s is the CUDA toolkit's stub library, not a driver "
            "(CUDA_ERROR_STUB_LIBRARY, 34)",
@@ -399,8 +401,8 @@ typedef struct ipcref__cu_proc {
 } ipcref__cu_proc;
 
 /* An ipcref__cu_lookup: one entry point by cuGetProcAddress. */
-IPCREF_PRIVATE int ipcref__cu_d_lookup(void *user, const char *name,
-                                       void **fn) {
+IPCREF__PRIVATE int ipcref__cu_d_lookup(void *user, const char *name,
+                                        void **fn) {
   ipcref__cu_proc *p = (ipcref__cu_proc *)user;
   ipcref__cu_query q = (ipcref__cu_query)0;
   return p->get2 ? (int)p->get2(name, fn, p->version, 0, &q)
@@ -411,8 +413,8 @@ IPCREF_PRIVATE int ipcref__cu_d_lookup(void *user, const char *name,
  * pinned one). Symbols go by their base names at that version: cuda.h's
  * macros do not apply to strings (dlsym "cuMemAlloc" is the 32-bit v1
  * ABI). 0 when it failed, having said why. */
-IPCREF_PRIVATE int ipcref__cu_d_proc(ipcref__cu_state *d, const char *path,
-                                     ipcref__cu_proc *p) {
+IPCREF__PRIVATE int ipcref__cu_d_proc(ipcref__cu_state *d, const char *path,
+                                      ipcref__cu_proc *p) {
   int code;
   p->version = 0;
   ipcref__cu_load_symbol(d->lib, "cuGetProcAddress_v2", &p->get2);
@@ -440,7 +442,7 @@ IPCREF_PRIVATE int ipcref__cu_d_proc(ipcref__cu_state *d, const char *path,
 }
 
 /* cuInit. 0 when it failed, having said why. */
-IPCREF_PRIVATE int ipcref__cu_d_init(ipcref__cu_state *d, const char *path) {
+IPCREF__PRIVATE int ipcref__cu_d_init(ipcref__cu_state *d, const char *path) {
   int code = (int)d->api.Init(0);
   if (code == IPCREF__CU_STUB) {
     ipcref__cu_stub(path);
@@ -457,8 +459,8 @@ IPCREF_PRIVATE int ipcref__cu_d_init(ipcref__cu_state *d, const char *path) {
 
 /* Loads the driver and every entry point (each one checked), then cuInit.
  * On failure, says why and leaves nothing loaded. */
-IPCREF_PRIVATE ipcref_result ipcref__cu_d_load(ipcref__cu_state *d,
-                                               const char *driver_path) {
+IPCREF__PRIVATE ipcref_result ipcref__cu_d_load(ipcref__cu_state *d,
+                                                const char *driver_path) {
   static const char *const names[] = {"libcuda.so.1"};
   const ipcref__cu_entry *lacking;
   const char *path = driver_path;
@@ -491,7 +493,7 @@ IPCREF_PRIVATE ipcref_result ipcref__cu_d_load(ipcref__cu_state *d,
   return IPCREF_OK;
 }
 
-IPCREF_PRIVATE void ipcref__cu_d_unload(ipcref__cu_state *d) {
+IPCREF__PRIVATE void ipcref__cu_d_unload(ipcref__cu_state *d) {
   int i;
   for (i = 0; i < IPCREF__CU_DEVICES; i++)
     if (d->ctx[i]) (void)d->api.DevicePrimaryCtxRelease(d->devs[i]);

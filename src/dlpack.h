@@ -177,8 +177,8 @@ IPCREF_API ipcref_result ipcref_dtype_from_dlpack(DLDataType dt,
 /* The devices: host memory (kDLCPU, id 0), and the device memory the
  * backends share (kDLCUDA and kDLROCM, any ordinal); a buffer carries its
  * device, so what is exported reports where it lives. */
-IPCREF_PRIVATE ipcref_result ipcref__dlpack_device_in(DLDevice d,
-                                                      ipcref_device *out) {
+IPCREF__PRIVATE ipcref_result ipcref__dlpack_device_in(DLDevice d,
+                                                       ipcref_device *out) {
   if ((d.device_type == kDLCPU && d.device_id == 0) ||
       ((d.device_type == kDLCUDA || d.device_type == kDLROCM) &&
        d.device_id >= 0)) {
@@ -189,8 +189,8 @@ IPCREF_PRIVATE ipcref_result ipcref__dlpack_device_in(DLDevice d,
   return IPCREF_ENODEV;
 }
 
-IPCREF_PRIVATE void ipcref__dlpack_device_out(DLDevice *d,
-                                              const ipcref_buf *b) {
+IPCREF__PRIVATE void ipcref__dlpack_device_out(DLDevice *d,
+                                               const ipcref_buf *b) {
   ipcref_device dev = ipcref_buf_device(b);
   d->device_type = (DLDeviceType)dev.type;
   d->device_id = dev.id;
@@ -207,7 +207,7 @@ typedef struct ipcref__dlpack_keep {
 } ipcref__dlpack_keep;
 
 /* Fills `t` from keep->view (already checked and retained). */
-IPCREF_PRIVATE void ipcref__dlpack_fill(ipcref__dlpack_keep *k, DLTensor *t) {
+IPCREF__PRIVATE void ipcref__dlpack_fill(ipcref__dlpack_keep *k, DLTensor *t) {
   const ipcref_view *v = &k->view;
   char *base = (char *)ipcref_buf_data(v->buf);
   int i;
@@ -235,7 +235,7 @@ typedef struct ipcref__dlpack_export {
   ipcref__dlpack_keep keep;
 } ipcref__dlpack_export;
 
-IPCREF_PRIVATE void ipcref__dlpack_export_deleter(DLManagedTensor *self) {
+IPCREF__PRIVATE void ipcref__dlpack_export_deleter(DLManagedTensor *self) {
   ipcref__dlpack_export *e;
   if (!self) return;
   e = (ipcref__dlpack_export *)self->manager_ctx;
@@ -245,7 +245,7 @@ IPCREF_PRIVATE void ipcref__dlpack_export_deleter(DLManagedTensor *self) {
 
 /* 1 when this process may store into the buffer's memory at all: not a
  * read-only mapping of another process's segment. */
-IPCREF_PRIVATE int ipcref__dlpack_writable_here(const ipcref_buf *b) {
+IPCREF__PRIVATE int ipcref__dlpack_writable_here(const ipcref_buf *b) {
   return !ipcref__buf_read_only(b);
 }
 
@@ -301,7 +301,7 @@ typedef struct ipcref__dlpack_adopt {
   ipcref_weak *read_only;
 } ipcref__dlpack_adopt;
 
-IPCREF_PRIVATE void ipcref__dlpack_import_release(void *user, void *data) {
+IPCREF__PRIVATE void ipcref__dlpack_import_release(void *user, void *data) {
   ipcref__dlpack_adopt *im = (ipcref__dlpack_adopt *)user;
   (void)data;
   if (!im->versioned) {
@@ -323,9 +323,9 @@ IPCREF_PRIVATE void ipcref__dlpack_import_release(void *user, void *data) {
 
 /* The import's first checks, in the documented order: the device, the
  * rank, the element type, and a shape wherever there are dimensions. */
-IPCREF_PRIVATE ipcref_result ipcref__dlpack_check(const DLTensor *t,
-                                                  ipcref_device *dev,
-                                                  ipcref_dtype *dt) {
+IPCREF__PRIVATE ipcref_result ipcref__dlpack_check(const DLTensor *t,
+                                                   ipcref_device *dev,
+                                                   ipcref_dtype *dt) {
   if (ipcref__dlpack_device_in(t->device, dev) != IPCREF_OK)
     return IPCREF_ENODEV;
   if (t->ndim < 0 || t->ndim > IPCREF_MAX_DIMS) return IPCREF_ERANGE;
@@ -338,8 +338,8 @@ IPCREF_PRIVATE ipcref_result ipcref__dlpack_check(const DLTensor *t,
  * (0,...,0) (byte offset 0). Strides: given, or compact row-major (for an
  * empty tensor whose compact strides would overflow, any strides do: those
  * are 0). A negative size is left for ipcref__view_span to refuse. */
-IPCREF_PRIVATE void ipcref__dlpack_geometry(const DLTensor *t, ipcref_dtype dt,
-                                            ipcref_view *v) {
+IPCREF__PRIVATE void ipcref__dlpack_geometry(const DLTensor *t, ipcref_dtype dt,
+                                             ipcref_view *v) {
   int64_t compact = 1;
   int i;
   memset(v, 0, sizeof *v);
@@ -363,9 +363,10 @@ IPCREF_PRIVATE void ipcref__dlpack_geometry(const DLTensor *t, ipcref_dtype dt,
  * not fit in ptrdiff_t (hi - lo itself cannot overflow) or the memory
  * would wrap around the address space. 0 for an empty tensor without
  * data. */
-IPCREF_PRIVATE ipcref_result ipcref__dlpack_start(const DLTensor *t, int64_t lo,
-                                                  int64_t hi, int64_t numel,
-                                                  uintptr_t *start) {
+IPCREF__PRIVATE ipcref_result ipcref__dlpack_start(const DLTensor *t,
+                                                   int64_t lo, int64_t hi,
+                                                   int64_t numel,
+                                                   uintptr_t *start) {
   uintptr_t addr = (uintptr_t)t->data;
   if (hi > PTRDIFF_MAX + lo) return IPCREF_ERANGE;
   if (t->byte_offset > (uint64_t)PTRDIFF_MAX) return IPCREF_ERANGE;
@@ -380,7 +381,7 @@ IPCREF_PRIVATE ipcref_result ipcref__dlpack_start(const DLTensor *t, int64_t lo,
 /* A buffer over the `size` bytes at `start` on `dev` whose release deletes
  * the managed tensor; a read-only import's buffer keeps a weak reference
  * to itself, so it is never unique. Nothing is adopted on error. */
-IPCREF_PRIVATE ipcref_result ipcref__dlpack_adopt_buf(
+IPCREF__PRIVATE ipcref_result ipcref__dlpack_adopt_buf(
     uintptr_t start, size_t size, ipcref_device dev, void *managed,
     int versioned, int read_only, ipcref_buf **out) {
   ipcref__dlpack_adopt *im;
@@ -402,10 +403,11 @@ IPCREF_PRIVATE ipcref_result ipcref__dlpack_adopt_buf(
 
 /* The common import: checks `t`, wraps the memory its elements reach and
  * fills *out. Nothing is adopted unless it returns OK. */
-IPCREF_PRIVATE ipcref_result ipcref__dlpack_import(const DLTensor *t,
-                                                   void *managed, int versioned,
-                                                   int read_only,
-                                                   ipcref_view *out) {
+IPCREF__PRIVATE ipcref_result ipcref__dlpack_import(const DLTensor *t,
+                                                    void *managed,
+                                                    int versioned,
+                                                    int read_only,
+                                                    ipcref_view *out) {
   ipcref_dtype dt;
   ipcref_device dev;
   ipcref_view v;
@@ -440,7 +442,7 @@ typedef struct ipcref__dlpack_export_v {
   ipcref__dlpack_keep keep;
 } ipcref__dlpack_export_v;
 
-IPCREF_PRIVATE void
+IPCREF__PRIVATE void
 ipcref__dlpack_export_v_deleter(struct DLManagedTensorVersioned *self) {
   ipcref__dlpack_export_v *e;
   if (!self) return;

@@ -23,8 +23,8 @@
 /* Why the last failure on this thread happened, for ipcref_gpu_error(). */
 static __thread char ipcref__gpu_why[IPCREF__GPU_WHY_BYTES];
 
-IPCREF_PRIVATE ipcref_result ipcref__gpu_say(ipcref_result r,
-                                             const char *what) {
+IPCREF__PRIVATE ipcref_result ipcref__gpu_say(ipcref_result r,
+                                              const char *what) {
   snprintf(ipcref__gpu_why, sizeof ipcref__gpu_why, "%s", what);
   return r;
 }
@@ -47,8 +47,8 @@ typedef int (*ipcref__gpu_lookup)(void *user, const char *name, void **fn);
 /* Symbol `name` of `lib` into the function pointer at `slot` (NULL when
  * absent). dlsym gives objects; POSIX makes them functions (memcpy: ISO C
  * has no cast between the two). */
-IPCREF_PRIVATE void ipcref__gpu_load_symbol(void *lib, const char *name,
-                                            void *slot) {
+IPCREF__PRIVATE void ipcref__gpu_load_symbol(void *lib, const char *name,
+                                             void *slot) {
   void *sym = dlsym(lib, name);
   memcpy(slot, &sym, sizeof sym);
 }
@@ -57,11 +57,11 @@ IPCREF_PRIVATE void ipcref__gpu_load_symbol(void *lib, const char *name,
  * that loads; *opened is the name tried last (the one loaded, on success).
  * On failure says why, naming the library as `what` ("CUDA driver") and,
  * without a path, what was looked for as `wanted`, and returns NULL. */
-IPCREF_PRIVATE void *ipcref__gpu_load_library(const char *path,
-                                              const char *const *names,
-                                              size_t n, const char *what,
-                                              const char *wanted,
-                                              const char **opened) {
+IPCREF__PRIVATE void *ipcref__gpu_load_library(const char *path,
+                                               const char *const *names,
+                                               size_t n, const char *what,
+                                               const char *wanted,
+                                               const char **opened) {
   const char *const *candidates = path ? &path : names;
   size_t count = path ? 1 : n, i;
   const char *e;
@@ -80,7 +80,7 @@ IPCREF_PRIVATE void *ipcref__gpu_load_library(const char *path,
  * `lookup`. Returns the first entry that failed, *code saying how (the
  * lookup's error, or 0 for a required entry point missing), or NULL when
  * every one is in. Pointers are stored as ipcref__gpu_load_symbol does. */
-IPCREF_PRIVATE const ipcref__gpu_entry *
+IPCREF__PRIVATE const ipcref__gpu_entry *
 ipcref__gpu_load_entries(void *api, const ipcref__gpu_entry *entries, size_t n,
                          ipcref__gpu_lookup lookup, void *user, int *code) {
   size_t i;
@@ -94,7 +94,7 @@ ipcref__gpu_load_entries(void *api, const ipcref__gpu_entry *entries, size_t n,
 }
 
 /* The end of a load that failed (it said why): nothing stays loaded. */
-IPCREF_PRIVATE ipcref_result ipcref__gpu_load_failed(void **lib) {
+IPCREF__PRIVATE ipcref_result ipcref__gpu_load_failed(void **lib) {
   dlclose(*lib);
   *lib = NULL;
   return IPCREF_ENODEV;
@@ -142,11 +142,12 @@ struct ipcref_gpu {
 
 #define IPCREF__GPU_OF(be) ((ipcref_gpu *)(void *)(be))
 
-IPCREF_PRIVATE void ipcref__gpu_event_free(ipcref_backend *be, void *event);
+IPCREF__PRIVATE void ipcref__gpu_event_free(ipcref_backend *be, void *event);
 
 /* Records a failed driver call for ipcref_gpu_error(); returns `r`. */
-IPCREF_PRIVATE ipcref_result ipcref__gpu_fail(ipcref_result r, const char *what,
-                                              ipcref_gpu *g, int code) {
+IPCREF__PRIVATE ipcref_result ipcref__gpu_fail(ipcref_result r,
+                                               const char *what, ipcref_gpu *g,
+                                               int code) {
   snprintf(ipcref__gpu_why, sizeof ipcref__gpu_why, "%s: %s (%d)", what,
            ipcref__gpu_d_errname(&g->drv, code), code);
   return r;
@@ -157,7 +158,7 @@ IPCREF_API const char *ipcref_gpu_error(void) {
 }
 
 /* A driver error as an ipcref code. */
-IPCREF_PRIVATE ipcref_result ipcref__gpu_code(int code) {
+IPCREF__PRIVATE ipcref_result ipcref__gpu_code(int code) {
   if (code == 0) return IPCREF_OK;
   if (code == IPCREF__GPU_OOM) return IPCREF_ENOMEM;
   if (code == IPCREF__GPU_NO_DEVICE) return IPCREF_ENODEV;
@@ -165,7 +166,7 @@ IPCREF_PRIVATE ipcref_result ipcref__gpu_code(int code) {
 }
 
 /* Makes device `dev` current on this thread. */
-IPCREF_PRIVATE ipcref_result ipcref__gpu_on(ipcref_gpu *g, int dev) {
+IPCREF__PRIVATE ipcref_result ipcref__gpu_on(ipcref_gpu *g, int dev) {
   int code;
   if (dev < 0 || dev >= IPCREF__GPU_DEVICES)
     return ipcref__gpu_say(IPCREF_ENODEV, "device ordinal out of range");
@@ -176,9 +177,9 @@ IPCREF_PRIVATE ipcref_result ipcref__gpu_on(ipcref_gpu *g, int dev) {
 
 /* ---- segments ------------------------------------------------------------ */
 
-IPCREF_PRIVATE ipcref_result ipcref__gpu_seg_alloc(ipcref_backend *be,
-                                                   int32_t dev, size_t size,
-                                                   uint64_t *addr) {
+IPCREF__PRIVATE ipcref_result ipcref__gpu_seg_alloc(ipcref_backend *be,
+                                                    int32_t dev, size_t size,
+                                                    uint64_t *addr) {
   ipcref_gpu *g = IPCREF__GPU_OF(be);
   ipcref_result r = ipcref__gpu_on(g, dev);
   int code;
@@ -188,8 +189,8 @@ IPCREF_PRIVATE ipcref_result ipcref__gpu_seg_alloc(ipcref_backend *be,
               : IPCREF_OK;
 }
 
-IPCREF_PRIVATE void ipcref__gpu_seg_free(ipcref_backend *be, int32_t dev,
-                                         uint64_t addr) {
+IPCREF__PRIVATE void ipcref__gpu_seg_free(ipcref_backend *be, int32_t dev,
+                                          uint64_t addr) {
   ipcref_gpu *g = IPCREF__GPU_OF(be);
   ipcref__gpu_export **pp;
   if (ipcref__gpu_on(g, dev) == IPCREF_OK)
@@ -205,10 +206,10 @@ IPCREF_PRIVATE void ipcref__gpu_seg_free(ipcref_backend *be, int32_t dev,
   pthread_mutex_unlock(&g->lock);
 }
 
-IPCREF_PRIVATE ipcref_result ipcref__gpu_seg_range(ipcref_backend *be,
-                                                   int32_t dev, uint64_t addr,
-                                                   uint64_t *base,
-                                                   size_t *size) {
+IPCREF__PRIVATE ipcref_result ipcref__gpu_seg_range(ipcref_backend *be,
+                                                    int32_t dev, uint64_t addr,
+                                                    uint64_t *base,
+                                                    size_t *size) {
   ipcref_gpu *g = IPCREF__GPU_OF(be);
   ipcref_result r = ipcref__gpu_on(g, dev);
   int code;
@@ -221,9 +222,9 @@ IPCREF_PRIVATE ipcref_result ipcref__gpu_seg_range(ipcref_backend *be,
               : IPCREF_OK;
 }
 
-IPCREF_PRIVATE ipcref_result ipcref__gpu_seg_export(ipcref_backend *be,
-                                                    int32_t dev, uint64_t base,
-                                                    unsigned char *handle) {
+IPCREF__PRIVATE ipcref_result ipcref__gpu_seg_export(ipcref_backend *be,
+                                                     int32_t dev, uint64_t base,
+                                                     unsigned char *handle) {
   ipcref_gpu *g = IPCREF__GPU_OF(be);
   ipcref__gpu_export *x;
   ipcref_result r = ipcref__gpu_on(g, dev);
@@ -249,10 +250,9 @@ IPCREF_PRIVATE ipcref_result ipcref__gpu_seg_export(ipcref_backend *be,
   return IPCREF_OK;
 }
 
-IPCREF_PRIVATE ipcref_result ipcref__gpu_seg_import(ipcref_backend *be,
-                                                    int32_t dev,
-                                                    const unsigned char *handle,
-                                                    uint64_t *addr) {
+IPCREF__PRIVATE ipcref_result
+ipcref__gpu_seg_import(ipcref_backend *be, int32_t dev,
+                       const unsigned char *handle, uint64_t *addr) {
   ipcref_gpu *g = IPCREF__GPU_OF(be);
   ipcref__gpu_export *x;
   ipcref__gpu_open *o;
@@ -300,8 +300,8 @@ IPCREF_PRIVATE ipcref_result ipcref__gpu_seg_import(ipcref_backend *be,
   return IPCREF_OK;
 }
 
-IPCREF_PRIVATE void ipcref__gpu_seg_close(ipcref_backend *be, int32_t dev,
-                                          uint64_t addr) {
+IPCREF__PRIVATE void ipcref__gpu_seg_close(ipcref_backend *be, int32_t dev,
+                                           uint64_t addr) {
   ipcref_gpu *g = IPCREF__GPU_OF(be);
   ipcref__gpu_open **pp, *o = NULL;
   pthread_mutex_lock(&g->lock);
@@ -322,10 +322,11 @@ IPCREF_PRIVATE void ipcref__gpu_seg_close(ipcref_backend *be, int32_t dev,
 
 /* ---- ordering ------------------------------------------------------------ */
 
-IPCREF_PRIVATE ipcref_result ipcref__gpu_event_record(ipcref_backend *be,
-                                                      int32_t dev, void *stream,
-                                                      unsigned char *handle,
-                                                      void **event) {
+IPCREF__PRIVATE ipcref_result ipcref__gpu_event_record(ipcref_backend *be,
+                                                       int32_t dev,
+                                                       void *stream,
+                                                       unsigned char *handle,
+                                                       void **event) {
   ipcref_gpu *g = IPCREF__GPU_OF(be);
   ipcref__gpu_ipc_event *e, **pp;
   ipcref_result r = ipcref__gpu_on(g, dev);
@@ -374,7 +375,7 @@ IPCREF_PRIVATE ipcref_result ipcref__gpu_event_record(ipcref_backend *be,
 /* Back to the pool, never destroyed before ipcref_gpu_close: a consumer
  * that opens the handle late finds the event recorded again later, which
  * only makes it wait longer. */
-IPCREF_PRIVATE void ipcref__gpu_event_free(ipcref_backend *be, void *event) {
+IPCREF__PRIVATE void ipcref__gpu_event_free(ipcref_backend *be, void *event) {
   ipcref_gpu *g = IPCREF__GPU_OF(be);
   ipcref__gpu_ipc_event *e = (ipcref__gpu_ipc_event *)event;
   pthread_mutex_lock(&g->lock);
@@ -383,7 +384,7 @@ IPCREF_PRIVATE void ipcref__gpu_event_free(ipcref_backend *be, void *event) {
   pthread_mutex_unlock(&g->lock);
 }
 
-IPCREF_PRIVATE ipcref_result
+IPCREF__PRIVATE ipcref_result
 ipcref__gpu_event_wait(ipcref_backend *be, int32_t dev, void *stream,
                        const unsigned char *handle) {
   static const unsigned char zero[IPCREF_HANDLE_BYTES] = {0};
@@ -422,8 +423,8 @@ ipcref__gpu_event_wait(ipcref_backend *be, int32_t dev, void *stream,
 
 /* A fence: a plain event after the work queued on `stream`; NULL when
  * that work has completed already. */
-IPCREF_PRIVATE ipcref_result ipcref__gpu_fence(ipcref_backend *be, int32_t dev,
-                                               void *stream, void **fence) {
+IPCREF__PRIVATE ipcref_result ipcref__gpu_fence(ipcref_backend *be, int32_t dev,
+                                                void *stream, void **fence) {
   ipcref_gpu *g = IPCREF__GPU_OF(be);
   void *ev = NULL;
   ipcref_result r = ipcref__gpu_on(g, dev);
@@ -444,7 +445,7 @@ IPCREF_PRIVATE ipcref_result ipcref__gpu_fence(ipcref_backend *be, int32_t dev,
   return IPCREF_OK;
 }
 
-IPCREF_PRIVATE int ipcref__gpu_fence_done(ipcref_backend *be, void *fence) {
+IPCREF__PRIVATE int ipcref__gpu_fence_done(ipcref_backend *be, void *fence) {
   ipcref_gpu *g = IPCREF__GPU_OF(be);
   if (ipcref__gpu_d_event_query(&g->drv, fence) == IPCREF__GPU_NOT_READY)
     return 0;

@@ -150,7 +150,7 @@ typedef struct ipcref__hip_api {
  * (In C, where the header's functions are not overloaded.) */
 #define IPCREF__HIP_CHECK(field, fn)                                           \
   (void)sizeof(((ipcref__hip_api *)0)->field == &fn)
-IPCREF_PRIVATE void ipcref__hip_check_prototypes(void) {
+IPCREF__PRIVATE void ipcref__hip_check_prototypes(void) {
   IPCREF__HIP_CHECK(Init, hipInit);
   IPCREF__HIP_CHECK(GetDeviceCount, hipGetDeviceCount);
   IPCREF__HIP_CHECK(RuntimeGetVersion, hipRuntimeGetVersion);
@@ -180,36 +180,36 @@ typedef struct ipcref__hip_state {
                              1 from HIP 6 on, which insists on it */
 } ipcref__hip_state;
 
-IPCREF_PRIVATE const char *ipcref__hip_d_errname(ipcref__hip_state *d,
-                                                 int code) {
+IPCREF__PRIVATE const char *ipcref__hip_d_errname(ipcref__hip_state *d,
+                                                  int code) {
   const char *name =
       d->api.GetErrorName ? d->api.GetErrorName((ipcref__hip_result)code) : 0;
   return name ? name : "HIP error";
 }
 
 /* One function per runtime call the shared part makes. */
-IPCREF_PRIVATE int ipcref__hip_d_use(ipcref__hip_state *d, int dev) {
+IPCREF__PRIVATE int ipcref__hip_d_use(ipcref__hip_state *d, int dev) {
   return (int)d->api.SetDevice(dev);
 }
-IPCREF_PRIVATE int ipcref__hip_d_alloc(ipcref__hip_state *d, size_t size,
-                                       uint64_t *addr) {
+IPCREF__PRIVATE int ipcref__hip_d_alloc(ipcref__hip_state *d, size_t size,
+                                        uint64_t *addr) {
   void *p = NULL;
   int code = (int)d->api.Malloc(&p, size);
   *addr = (uint64_t)(uintptr_t)p;
   return code;
 }
-IPCREF_PRIVATE int ipcref__hip_d_free(ipcref__hip_state *d, uint64_t addr) {
+IPCREF__PRIVATE int ipcref__hip_d_free(ipcref__hip_state *d, uint64_t addr) {
   return (int)d->api.Free((void *)(uintptr_t)addr);
 }
-IPCREF_PRIVATE int ipcref__hip_d_range(ipcref__hip_state *d, uint64_t addr,
-                                       uint64_t *base, size_t *size) {
+IPCREF__PRIVATE int ipcref__hip_d_range(ipcref__hip_state *d, uint64_t addr,
+                                        uint64_t *base, size_t *size) {
   void *b = NULL;
   int code = (int)d->api.MemGetAddressRange(&b, size, (void *)(uintptr_t)addr);
   *base = (uint64_t)(uintptr_t)b;
   return code;
 }
-IPCREF_PRIVATE int ipcref__hip_d_ipc_capable(ipcref__hip_state *d,
-                                             uint64_t addr) {
+IPCREF__PRIVATE int ipcref__hip_d_ipc_capable(ipcref__hip_state *d,
+                                              uint64_t addr) {
   int capable = 1; /* HIP 5 does not answer: assume it can */
   if (d->api.PointerGetAttribute)
     (void)d->api.PointerGetAttribute(
@@ -217,8 +217,8 @@ IPCREF_PRIVATE int ipcref__hip_d_ipc_capable(ipcref__hip_state *d,
         (void *)(uintptr_t)addr);
   return capable != 0;
 }
-IPCREF_PRIVATE int ipcref__hip_d_ipc_get(ipcref__hip_state *d, uint64_t addr,
-                                         unsigned char *handle) {
+IPCREF__PRIVATE int ipcref__hip_d_ipc_get(ipcref__hip_state *d, uint64_t addr,
+                                          unsigned char *handle) {
   ipcref__hip_mem_handle h;
   int code;
   memset(&h, 0, sizeof h);
@@ -226,9 +226,9 @@ IPCREF_PRIVATE int ipcref__hip_d_ipc_get(ipcref__hip_state *d, uint64_t addr,
   memcpy(handle, &h, IPCREF_HANDLE_BYTES);
   return code;
 }
-IPCREF_PRIVATE int ipcref__hip_d_ipc_open(ipcref__hip_state *d,
-                                          const unsigned char *handle,
-                                          uint64_t *addr) {
+IPCREF__PRIVATE int ipcref__hip_d_ipc_open(ipcref__hip_state *d,
+                                           const unsigned char *handle,
+                                           uint64_t *addr) {
   ipcref__hip_mem_handle h;
   void *p = NULL;
   int code;
@@ -237,51 +237,52 @@ IPCREF_PRIVATE int ipcref__hip_d_ipc_open(ipcref__hip_state *d,
   *addr = (uint64_t)(uintptr_t)p;
   return code;
 }
-IPCREF_PRIVATE int ipcref__hip_d_ipc_close(ipcref__hip_state *d,
-                                           uint64_t addr) {
+IPCREF__PRIVATE int ipcref__hip_d_ipc_close(ipcref__hip_state *d,
+                                            uint64_t addr) {
   return (int)d->api.IpcCloseMemHandle((void *)(uintptr_t)addr);
 }
-IPCREF_PRIVATE int ipcref__hip_d_event_new(ipcref__hip_state *d, int ipc,
-                                           void **ev) {
+IPCREF__PRIVATE int ipcref__hip_d_event_new(ipcref__hip_state *d, int ipc,
+                                            void **ev) {
   ipcref__hip_event e = NULL;
   int code = (int)d->api.EventCreateWithFlags(&e, IPCREF__HIP_EVENT_NO_TIMING);
   (void)ipc; /* never asked for: IPCREF__HIP_IPC_EVENTS is 0 */
   *ev = (void *)e;
   return code;
 }
-IPCREF_PRIVATE int ipcref__hip_d_event_handle(ipcref__hip_state *d, void *ev,
-                                              unsigned char *handle) {
+IPCREF__PRIVATE int ipcref__hip_d_event_handle(ipcref__hip_state *d, void *ev,
+                                               unsigned char *handle) {
   (void)d;
   (void)ev;
   memset(handle, 0, IPCREF_HANDLE_BYTES);
   return 0;
 }
-IPCREF_PRIVATE int ipcref__hip_d_event_open(ipcref__hip_state *d,
-                                            const unsigned char *handle,
-                                            void **ev) {
+IPCREF__PRIVATE int ipcref__hip_d_event_open(ipcref__hip_state *d,
+                                             const unsigned char *handle,
+                                             void **ev) {
   (void)d;
   (void)handle;
   *ev = NULL;
   return IPCREF__HIP_INVALID_CONTEXT; /* none are sent: never asked */
 }
-IPCREF_PRIVATE int ipcref__hip_d_event_record(ipcref__hip_state *d, void *ev,
-                                              void *stream) {
+IPCREF__PRIVATE int ipcref__hip_d_event_record(ipcref__hip_state *d, void *ev,
+                                               void *stream) {
   return (int)d->api.EventRecord((ipcref__hip_event)ev,
                                  (ipcref__hip_stream)stream);
 }
-IPCREF_PRIVATE int ipcref__hip_d_event_query(ipcref__hip_state *d, void *ev) {
+IPCREF__PRIVATE int ipcref__hip_d_event_query(ipcref__hip_state *d, void *ev) {
   return (int)d->api.EventQuery((ipcref__hip_event)ev);
 }
-IPCREF_PRIVATE int ipcref__hip_d_event_destroy(ipcref__hip_state *d, void *ev) {
+IPCREF__PRIVATE int ipcref__hip_d_event_destroy(ipcref__hip_state *d,
+                                                void *ev) {
   return (int)d->api.EventDestroy((ipcref__hip_event)ev);
 }
-IPCREF_PRIVATE int ipcref__hip_d_stream_wait(ipcref__hip_state *d, void *stream,
-                                             void *ev) {
+IPCREF__PRIVATE int ipcref__hip_d_stream_wait(ipcref__hip_state *d,
+                                              void *stream, void *ev) {
   return (int)d->api.StreamWaitEvent((ipcref__hip_stream)stream,
                                      (ipcref__hip_event)ev, 0);
 }
-IPCREF_PRIVATE int ipcref__hip_d_stream_sync(ipcref__hip_state *d,
-                                             void *stream) {
+IPCREF__PRIVATE int ipcref__hip_d_stream_sync(ipcref__hip_state *d,
+                                              void *stream) {
   return (int)d->api.StreamSynchronize((ipcref__hip_stream)stream);
 }
 
@@ -312,15 +313,15 @@ static const ipcref__hip_entry ipcref__hip_entries[] = {
 #undef IPCREF__HIP_ENTRY
 
 /* An ipcref__hip_lookup: one entry point of library `lib` by dlsym. */
-IPCREF_PRIVATE int ipcref__hip_d_lookup(void *lib, const char *name,
-                                        void **fn) {
+IPCREF__PRIVATE int ipcref__hip_d_lookup(void *lib, const char *name,
+                                         void **fn) {
   *fn = dlsym(lib, name);
   return 0;
 }
 
 /* hipInit and a device count, then the version's choice of flags. 0 when
  * it failed, having said why. */
-IPCREF_PRIVATE int ipcref__hip_d_init(ipcref__hip_state *d) {
+IPCREF__PRIVATE int ipcref__hip_d_init(ipcref__hip_state *d) {
   int code, count = 0, version = 0;
   code = (int)d->api.Init(0);
   if (!code) code = (int)d->api.GetDeviceCount(&count);
@@ -341,8 +342,8 @@ IPCREF_PRIVATE int ipcref__hip_d_init(ipcref__hip_state *d) {
 /* Loads the runtime and every entry point (each one checked), then
  * hipInit and a device count. On failure, says why and leaves nothing
  * loaded. */
-IPCREF_PRIVATE ipcref_result ipcref__hip_d_load(ipcref__hip_state *d,
-                                                const char *runtime_path) {
+IPCREF__PRIVATE ipcref_result ipcref__hip_d_load(ipcref__hip_state *d,
+                                                 const char *runtime_path) {
   static const char *const names[] = {"libamdhip64.so.7", "libamdhip64.so.6",
                                       "libamdhip64.so.5", "libamdhip64.so"};
   const ipcref__hip_entry *lacking;
@@ -365,6 +366,6 @@ IPCREF_PRIVATE ipcref_result ipcref__hip_d_load(ipcref__hip_state *d,
   return IPCREF_OK;
 }
 
-IPCREF_PRIVATE void ipcref__hip_d_unload(ipcref__hip_state *d) {
+IPCREF__PRIVATE void ipcref__hip_d_unload(ipcref__hip_state *d) {
   dlclose(d->lib);
 }

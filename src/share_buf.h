@@ -11,12 +11,12 @@
  * until it is handed out again: a late read through a stale pointer is
  * caught at the read. (Poisoning is this process's view only: consumers
  * holding leases read on.) */
-IPCREF_PRIVATE void ipcref__block_poison(ipcref__block *b) {
+IPCREF__PRIVATE void ipcref__block_poison(ipcref__block *b) {
   if (!b->seg->pool->be && b->seg->cls != IPCREF__FOREIGN)
     IPCREF__POISON(b->seg->base + b->offset, b->size);
 }
 
-IPCREF_PRIVATE void ipcref__block_unpoison(ipcref__block *b) {
+IPCREF__PRIVATE void ipcref__block_unpoison(ipcref__block *b) {
   if (!b->seg->pool->be && b->seg->cls != IPCREF__FOREIGN)
     IPCREF__UNPOISON(b->seg->base + b->offset, b->size);
 }
@@ -24,7 +24,7 @@ IPCREF_PRIVATE void ipcref__block_unpoison(ipcref__block *b) {
 /* The release callback of a local shared buffer: the producer's own last
  * reference went. The block goes back, or to the limbo while leased; and
  * since leases may have come back meanwhile, the ledgers are swept. */
-IPCREF_PRIVATE void ipcref__block_release(void *user, void *data) {
+IPCREF__PRIVATE void ipcref__block_release(void *user, void *data) {
   ipcref__block *b = (ipcref__block *)user;
   ipcref_ctx *ctx = b->seg->ctx;
   (void)data;
@@ -49,7 +49,7 @@ IPCREF_PRIVATE void ipcref__block_release(void *user, void *data) {
 }
 
 /* The release callback of an alias's own buffer. */
-IPCREF_PRIVATE void ipcref__alias_release(void *user, void *data) {
+IPCREF__PRIVATE void ipcref__alias_release(void *user, void *data) {
   ipcref__alias *a = (ipcref__alias *)user;
   ipcref_ctx *ctx = a->block->seg->ctx;
   (void)data;
@@ -66,7 +66,7 @@ IPCREF_API int ipcref_buf_is_shared(const ipcref_buf *b) {
 
 /* The block behind a shared buffer made here (itself or an alias), or
  * NULL. */
-IPCREF_PRIVATE ipcref__block *ipcref__local_block(const ipcref_buf *b) {
+IPCREF__PRIVATE ipcref__block *ipcref__local_block(const ipcref_buf *b) {
   if (!b) return NULL;
   if (b->release == ipcref__block_release)
     return (ipcref__block *)b->release_user;
@@ -78,8 +78,8 @@ IPCREF_PRIVATE ipcref__block *ipcref__local_block(const ipcref_buf *b) {
 /* An alias of `src` (see ipcref__alias) into *out, read-only when `src`
  * is: 1 when made, 0 when `src` is not a shared buffer made here, -1 when
  * out of memory. */
-IPCREF_PRIVATE int ipcref__shared_alias(ipcref_buf *src, void (*fn)(void *),
-                                        void *user, ipcref_buf **out) {
+IPCREF__PRIVATE int ipcref__shared_alias(ipcref_buf *src, void (*fn)(void *),
+                                         void *user, ipcref_buf **out) {
   ipcref__block *blk = ipcref__local_block(src);
   ipcref__alias *a;
   if (!blk) return 0;
@@ -115,7 +115,7 @@ IPCREF_PRIVATE int ipcref__shared_alias(ipcref_buf *src, void (*fn)(void *),
 #endif
 
 /* The header allocator's free: the last reference, strong or weak, went. */
-IPCREF_PRIVATE void ipcref__hdr_put(void *user, void *ptr, size_t size) {
+IPCREF__PRIVATE void ipcref__hdr_put(void *user, void *ptr, size_t size) {
   ipcref_ctx *ctx = (ipcref_ctx *)user;
   ipcref__hdr *h = (ipcref__hdr *)ptr;
   (void)size;
@@ -133,7 +133,7 @@ IPCREF_PRIVATE void ipcref__hdr_put(void *user, void *ptr, size_t size) {
 
 /* A header for a new shared buffer, or NULL (out of memory). New headers
  * go to the front of the queue, so released ones keep aging at its back. */
-IPCREF_PRIVATE ipcref__hdr *ipcref__hdr_get(ipcref_ctx *ctx) {
+IPCREF__PRIVATE ipcref__hdr *ipcref__hdr_get(ipcref_ctx *ctx) {
   ipcref__hdr *h;
   pthread_mutex_lock(&ctx->hdr_lock);
   if (ctx->hdr_free <= IPCREF__HDR_DELAY) {
@@ -163,8 +163,8 @@ IPCREF_PRIVATE ipcref__hdr *ipcref__hdr_get(ipcref_ctx *ctx) {
 /* The buffer of a new block (its first local reference, and one reference
  * to the context, held by its header); on error the block goes back (a
  * wrap without calling its owner's release). */
-IPCREF_PRIVATE ipcref_result ipcref__block_buf(ipcref__block *b, size_t size,
-                                               ipcref_buf **out) {
+IPCREF__PRIVATE ipcref_result ipcref__block_buf(ipcref__block *b, size_t size,
+                                                ipcref_buf **out) {
   ipcref_ctx *ctx = b->seg->ctx;
   ipcref__pool *pool = b->seg->pool;
   ipcref__hdr *h = ipcref__hdr_get(ctx);
@@ -193,7 +193,7 @@ IPCREF_PRIVATE ipcref_result ipcref__block_buf(ipcref__block *b, size_t size,
 }
 
 /* Counts a new block as live (under the lock). */
-IPCREF_PRIVATE void ipcref__block_live(ipcref_ctx *ctx, ipcref__block *b) {
+IPCREF__PRIVATE void ipcref__block_live(ipcref_ctx *ctx, ipcref__block *b) {
   ctx->st.live_bufs++;
   ctx->st.live_bytes += b->size;
   __atomic_fetch_add(&ctx->refs, 1, __ATOMIC_RELAXED);
@@ -202,10 +202,10 @@ IPCREF_PRIVATE void ipcref__block_live(ipcref_ctx *ctx, ipcref__block *b) {
 /* A new shared buffer of `size` bytes in `pool` (host memory or one
  * device's), in a segment of its own with `own`: what ipcref_shared_new,
  * ipcref_shared_new_isolated and ipcref_device_new make. */
-IPCREF_PRIVATE ipcref_result ipcref__shared_new_in(ipcref_ctx *ctx,
-                                                   ipcref__pool *pool,
-                                                   size_t size, int own,
-                                                   ipcref_buf **out) {
+IPCREF__PRIVATE ipcref_result ipcref__shared_new_in(ipcref_ctx *ctx,
+                                                    ipcref__pool *pool,
+                                                    size_t size, int own,
+                                                    ipcref_buf **out) {
   ipcref__block *b;
   ipcref_result r;
   if (size > (size_t)PTRDIFF_MAX / 2) return IPCREF_ERANGE;

@@ -14,17 +14,17 @@
 #ifdef IPCREF_CHECKED
 static pthread_once_t ipcref__fork_once = PTHREAD_ONCE_INIT;
 /* pthread_atfork's three handlers, registered once. */
-IPCREF_PRIVATE void ipcref__fork_prepare(void) {
+IPCREF__PRIVATE void ipcref__fork_prepare(void) {
   ipcref__quarantine_lock();
 }
-IPCREF_PRIVATE void ipcref__fork_parent(void) {
+IPCREF__PRIVATE void ipcref__fork_parent(void) {
   ipcref__quarantine_unlock();
 }
-IPCREF_PRIVATE void ipcref__fork_child(void) {
+IPCREF__PRIVATE void ipcref__fork_child(void) {
   ipcref__quarantine_unlock();
   ipcref_quarantine_flush();
 }
-IPCREF_PRIVATE void ipcref__fork_handlers(void) {
+IPCREF__PRIVATE void ipcref__fork_handlers(void) {
   (void)pthread_atfork(ipcref__fork_prepare, ipcref__fork_parent,
                        ipcref__fork_child);
 }
@@ -93,7 +93,7 @@ IPCREF_API ipcref_result ipcref_ctx_new(const ipcref_ctx_options *opt,
 }
 
 /* Lets go of a mapping (not in the cache, or just taken out of it). */
-IPCREF_PRIVATE void ipcref__map_drop(ipcref__map *m) {
+IPCREF__PRIVATE void ipcref__map_drop(ipcref__map *m) {
   if (m->kind == IPCREF__KIND_DEVICE) {
     if (m->be) m->be->seg_close(m->be, m->dev_id, m->daddr);
   } else {
@@ -105,7 +105,7 @@ IPCREF_PRIVATE void ipcref__map_drop(ipcref__map *m) {
 }
 
 /* Takes a mapping out of the cache and lets go of it (under the lock). */
-IPCREF_PRIVATE void ipcref__map_evict(ipcref_ctx *ctx, ipcref__map *m) {
+IPCREF__PRIVATE void ipcref__map_evict(ipcref_ctx *ctx, ipcref__map *m) {
   IPCREF__LIST_REMOVE(ctx->maps, m, next, prev);
   if (m->kind == IPCREF__KIND_LEDGER)
     ctx->st.counter_files--;
@@ -118,7 +118,7 @@ IPCREF_PRIVATE void ipcref__map_evict(ipcref_ctx *ctx, ipcref__map *m) {
  * once that adds up to `min_bytes`. Unmapping the last mapping of a
  * segment frees its pages, which takes time in proportion to its size: a
  * receive only does it past a large threshold, ipcref_collect always. */
-IPCREF_PRIVATE void ipcref__maps_trim(ipcref_ctx *ctx, size_t min_bytes) {
+IPCREF__PRIVATE void ipcref__maps_trim(ipcref_ctx *ctx, size_t min_bytes) {
   ipcref__map *m, *next;
   size_t idle = 0, count = 0;
   for (m = ctx->maps; m; m = m->next)
@@ -134,7 +134,7 @@ IPCREF_PRIVATE void ipcref__maps_trim(ipcref_ctx *ctx, size_t min_bytes) {
 }
 
 /* The teardown, when the last reference to the context goes. */
-IPCREF_PRIVATE void ipcref__ctx_destroy(ipcref_ctx *ctx) {
+IPCREF__PRIVATE void ipcref__ctx_destroy(ipcref_ctx *ctx) {
   ipcref__block *b;
   ipcref__pool *pool;
   IPCREF__LOCK(ctx);
@@ -184,7 +184,7 @@ IPCREF_PRIVATE void ipcref__ctx_destroy(ipcref_ctx *ctx) {
 
 /* Drops one reference to the context (release ordering, then acquire
  * before the teardown, as for buffers). */
-IPCREF_PRIVATE void ipcref__ctx_unref(ipcref_ctx *ctx) {
+IPCREF__PRIVATE void ipcref__ctx_unref(ipcref_ctx *ctx) {
   if (__atomic_fetch_sub(&ctx->refs, 1, __ATOMIC_RELEASE) != 1) return;
   IPCREF__ACQUIRE_FENCE(&ctx->refs);
   ipcref__ctx_destroy(ctx);
@@ -192,7 +192,7 @@ IPCREF_PRIVATE void ipcref__ctx_unref(ipcref_ctx *ctx) {
 
 /* Device releases whose fence is done move to ctx->finished, returned
  * after the unlock (under the lock). */
-IPCREF_PRIVATE void ipcref__deferred_poll(ipcref_ctx *ctx) {
+IPCREF__PRIVATE void ipcref__deferred_poll(ipcref_ctx *ctx) {
   struct ipcref__import **pp = &ctx->deferred;
   while (*pp) {
     struct ipcref__import *imp = *pp;
@@ -227,7 +227,7 @@ IPCREF_API void ipcref_ctx_free(ipcref_ctx *ctx) {
 
 /* 1 when the process has exited: its pidfd is readable or, without one,
  * its pid no longer exists. */
-IPCREF_PRIVATE int ipcref__process_gone(int pidfd, int pid) {
+IPCREF__PRIVATE int ipcref__process_gone(int pidfd, int pid) {
   struct pollfd pfd;
   if (pidfd < 0) return pid > 0 && ipcref__pid_gone(pid);
   pfd.fd = pidfd;
@@ -241,7 +241,7 @@ IPCREF_PRIVATE int ipcref__process_gone(int pidfd, int pid) {
  * here are retired, to go once nothing uses them; else its memory would
  * live as long as this context. (Not before the peer is freed: messages
  * it sent may still be queued.) 1 if it did. */
-IPCREF_PRIVATE int ipcref__retire_origin(ipcref_ctx *ctx, ipcref_peer *p) {
+IPCREF__PRIVATE int ipcref__retire_origin(ipcref_ctx *ctx, ipcref_peer *p) {
   ipcref__map *m;
   if (p->origin_retired || !p->watch) return 0;
   if (!p->watch->dead && ipcref__process_gone(p->watch->pidfd, p->pid))
@@ -258,7 +258,7 @@ IPCREF_PRIVATE int ipcref__retire_origin(ipcref_ctx *ctx, ipcref_peer *p) {
  * A forwarded hold whose holder lives stays, whatever became of the
  * middleman. Then the sweep frees the blocks only they kept, and the
  * ledgers nobody can use any more. Returns the bytes freed. */
-IPCREF_PRIVATE size_t ipcref__reap(ipcref_ctx *ctx) {
+IPCREF__PRIVATE size_t ipcref__reap(ipcref_ctx *ctx) {
   ipcref__ledger *l;
   size_t freed = 0;
   int deaths = ctx->reaped != ctx->st.peer_deaths;
@@ -295,7 +295,7 @@ IPCREF_PRIVATE size_t ipcref__reap(ipcref_ctx *ctx) {
 /* Notices deaths and reclaims what the dead held (under the lock). Every
  * call on the context pumps this, at most once per clock tick (`force`:
  * now), so that a process that never polls still gets its memory back. */
-IPCREF_PRIVATE size_t ipcref__pump(ipcref_ctx *ctx, int force) {
+IPCREF__PRIVATE size_t ipcref__pump(ipcref_ctx *ctx, int force) {
   if (ctx->deferred) ipcref__deferred_poll(ctx);
   if (!ctx->watches) return 0;
   if (!force) {

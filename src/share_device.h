@@ -6,8 +6,8 @@
 #ifdef IPCREF__SHARING_IMPL
 
 /* The backend added for device type `type`, or NULL (under the lock). */
-IPCREF_PRIVATE ipcref_backend *ipcref__backend_of(ipcref_ctx *ctx,
-                                                  int32_t type) {
+IPCREF__PRIVATE ipcref_backend *ipcref__backend_of(ipcref_ctx *ctx,
+                                                   int32_t type) {
   int i;
   for (i = 0; i < IPCREF__MAX_BACKENDS; i++)
     if (ctx->backends[i] && ctx->backends[i]->device_type == type)
@@ -38,8 +38,8 @@ IPCREF_API ipcref_result ipcref_ctx_add_backend(ipcref_ctx *ctx,
 }
 
 /* The pool of device `dev` (under the lock); NULL with *r set. */
-IPCREF_PRIVATE ipcref__pool *ipcref__pool_of(ipcref_ctx *ctx, ipcref_device dev,
-                                             ipcref_result *r) {
+IPCREF__PRIVATE ipcref__pool *
+ipcref__pool_of(ipcref_ctx *ctx, ipcref_device dev, ipcref_result *r) {
   ipcref_backend *be = ipcref__backend_of(ctx, dev.type);
   ipcref__pool *pool;
   if (!be) {

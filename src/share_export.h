@@ -8,8 +8,8 @@
 
 /* A cached mapping of (origin nonce, id), or NULL (under the lock). A
  * segment is found whether it is host or device memory. */
-IPCREF_PRIVATE ipcref__map *ipcref__map_find(ipcref_ctx *ctx, int kind,
-                                             uint64_t nonce, uint64_t id) {
+IPCREF__PRIVATE ipcref__map *ipcref__map_find(ipcref_ctx *ctx, int kind,
+                                              uint64_t nonce, uint64_t id) {
   ipcref__map *m;
   for (m = ctx->maps; m; m = m->next)
     if ((m->kind == kind ||
@@ -20,8 +20,8 @@ IPCREF_PRIVATE ipcref__map *ipcref__map_find(ipcref_ctx *ctx, int kind,
 }
 
 /* A ledger of this context by its id, or NULL (under the lock). */
-IPCREF_PRIVATE ipcref__ledger *ipcref__ledger_find(ipcref_ctx *ctx,
-                                                   uint64_t id) {
+IPCREF__PRIVATE ipcref__ledger *ipcref__ledger_find(ipcref_ctx *ctx,
+                                                    uint64_t id) {
   ipcref__ledger *l;
   for (l = ctx->ledgers; l; l = l->next)
     if (l->id == id) return l;
@@ -29,8 +29,8 @@ IPCREF_PRIVATE ipcref__ledger *ipcref__ledger_find(ipcref_ctx *ctx,
 }
 
 /* Ends a lease that was exported but never imported (under the lock). */
-IPCREF_PRIVATE void ipcref__lease_cancel(ipcref_ctx *ctx,
-                                         const ipcref__view_rec *r) {
+IPCREF__PRIVATE void ipcref__lease_cancel(ipcref_ctx *ctx,
+                                          const ipcref__view_rec *r) {
   if (r->origin_nonce == ctx->nonce) {
     ipcref__ledger *l = ipcref__ledger_find(ctx, r->ledger_id);
     size_t freed = 0;
@@ -55,7 +55,7 @@ typedef struct ipcref__view_event {
 } ipcref__view_event;
 
 /* Frees the events no lease took (not under the lock). */
-IPCREF_PRIVATE void ipcref__events_free(ipcref__view_event *ev, int n) {
+IPCREF__PRIVATE void ipcref__events_free(ipcref__view_event *ev, int n) {
   int i;
   for (i = 0; i < n; i++)
     if (ev[i].event) ev[i].be->event_free(ev[i].be, ev[i].event);
@@ -63,9 +63,9 @@ IPCREF_PRIVATE void ipcref__events_free(ipcref__view_event *ev, int n) {
 
 /* Records an event on `stream` for each device view made here (not under
  * the lock). */
-IPCREF_PRIVATE ipcref_result ipcref__events_record(const ipcref_view *views,
-                                                   int n, void *stream,
-                                                   ipcref__view_event *ev) {
+IPCREF__PRIVATE ipcref_result ipcref__events_record(const ipcref_view *views,
+                                                    int n, void *stream,
+                                                    ipcref__view_event *ev) {
   int i;
   memset(ev, 0, (size_t)n * sizeof *ev);
   for (i = 0; i < n; i++) {
@@ -103,8 +103,8 @@ typedef struct ipcref__lease_src {
 /* A ledger of peer `p` with a free slot (under the lock): its current one,
  * else an older one with room once returned leases are swept, else a new
  * one. */
-IPCREF_PRIVATE ipcref_result ipcref__ledger_with_room(ipcref_peer *p,
-                                                      ipcref__ledger **out) {
+IPCREF__PRIVATE ipcref_result ipcref__ledger_with_room(ipcref_peer *p,
+                                                       ipcref__ledger **out) {
   ipcref_ctx *ctx = p->ctx;
   ipcref__ledger *l = p->ledger;
   if (!l || l->nfree == 0) {
@@ -124,11 +124,11 @@ IPCREF_PRIVATE ipcref_result ipcref__ledger_with_room(ipcref_peer *p,
 /* The device half of leasing block `b` (lease `ls`): the segment's IPC
  * handle, made once, and the event recorded for this hand-off, which the
  * lease keeps until it ends. */
-IPCREF_PRIVATE ipcref_result ipcref__lease_device(ipcref__block *b,
-                                                  ipcref__lease *ls,
-                                                  ipcref__view_event *ev,
-                                                  ipcref__view_rec *r,
-                                                  ipcref__lease_src *src) {
+IPCREF__PRIVATE ipcref_result ipcref__lease_device(ipcref__block *b,
+                                                   ipcref__lease *ls,
+                                                   ipcref__view_event *ev,
+                                                   ipcref__view_rec *r,
+                                                   ipcref__lease_src *src) {
   ipcref__pool *pool = b->seg->pool;
   if (!b->seg->exported) {
     ipcref_result res = pool->be->seg_export(pool->be, pool->dev, b->seg->daddr,
@@ -152,7 +152,7 @@ IPCREF_PRIVATE ipcref_result ipcref__lease_device(ipcref__block *b,
 /* A lease on block `b`, made here, in a ledger of `p` (under the lock).
  * The slot is published live before anything can fail; a failure after
  * that cancels it. */
-IPCREF_PRIVATE ipcref_result ipcref__lease_take_own(
+IPCREF__PRIVATE ipcref_result ipcref__lease_take_own(
     ipcref_peer *p, ipcref__block *b, ipcref_buf *buf, ipcref__view_event *ev,
     ipcref__view_rec *r, ipcref__lease_src *src) {
   ipcref_ctx *ctx = p->ctx;
@@ -212,7 +212,7 @@ IPCREF_PRIVATE ipcref_result ipcref__lease_take_own(
 /* A lease for a peer on a buffer imported here (view `v`): a slot claimed
  * in the producer's ledger, linked to ours through its ring, so that the
  * producer counts the peer's hold and ours apart. */
-IPCREF_PRIVATE ipcref_result
+IPCREF__PRIVATE ipcref_result
 ipcref__lease_take_forward(ipcref_peer *p, const ipcref_view *v,
                            ipcref__view_rec *r, ipcref__lease_src *src) {
   ipcref__import *imp = (ipcref__import *)v->buf->release_user;
@@ -267,10 +267,10 @@ ipcref__lease_take_forward(ipcref_peer *p, const ipcref_view *v,
 /* The records (and fds) of what peer `p` lacks to map a lease from
  * `src`: its segment (an fd, or a device's handle) and its ledger's fd.
  * 0 when out of memory. */
-IPCREF_PRIVATE int ipcref__fd_recs_add(ipcref_peer *p,
-                                       const ipcref__lease_src *src,
-                                       ipcref__fd_rec *fdr, int *nrec, int *fds,
-                                       int *nfd, int dup_fds) {
+IPCREF__PRIVATE int ipcref__fd_recs_add(ipcref_peer *p,
+                                        const ipcref__lease_src *src,
+                                        ipcref__fd_rec *fdr, int *nrec,
+                                        int *fds, int *nfd, int dup_fds) {
   int fail = 0;
   if (!ipcref__sent_mark(p, src->origin_nonce, ipcref__sent_key(src->seg_id, 0),
                          &fail) &&
@@ -313,7 +313,7 @@ IPCREF_PRIVATE int ipcref__fd_recs_add(ipcref_peer *p,
 /* Takes a lease for view `v` for peer `p` and fills its record `r`, and
  * the records and fds of what the peer lacks to map it (under the lock).
  * On error nothing stays taken. */
-IPCREF_PRIVATE ipcref_result
+IPCREF__PRIVATE ipcref_result
 ipcref__lease_take(ipcref_peer *p, const ipcref_view *v, ipcref__view_event *ev,
                    ipcref__view_rec *r, ipcref__fd_rec *fdr, int *nrec,
                    int *fds, int *nfd, int dup_fds) {
@@ -343,8 +343,8 @@ ipcref__lease_take(ipcref_peer *p, const ipcref_view *v, ipcref__view_event *ev,
 
 /* Forgets that the peer was sent the fds of these records (the message
  * carrying them never left). */
-IPCREF_PRIVATE void ipcref__sent_forget_recs(ipcref_peer *p,
-                                             const ipcref__fd_rec *fdr, int n) {
+IPCREF__PRIVATE void
+ipcref__sent_forget_recs(ipcref_peer *p, const ipcref__fd_rec *fdr, int n) {
   int i;
   for (i = 0; i < n; i++)
     (void)ipcref__sent_forget(
@@ -355,8 +355,8 @@ IPCREF_PRIVATE void ipcref__sent_forget_recs(ipcref_peer *p,
 /* EDEAD, reported naming `fn`, when a view's buffer is a shared buffer
  * made here that was already released (its header is its context's, so
  * this check is safe in every build: see ipcref__hdr_get); else OK. */
-IPCREF_PRIVATE ipcref_result ipcref__views_live(const ipcref_view *views, int n,
-                                                const char *fn) {
+IPCREF__PRIVATE ipcref_result ipcref__views_live(const ipcref_view *views,
+                                                 int n, const char *fn) {
   int i;
   for (i = 0; i < n; i++) {
     const ipcref_buf *b = views[i].buf;
@@ -371,10 +371,10 @@ IPCREF_PRIVATE ipcref_result ipcref__views_live(const ipcref_view *views, int n,
 }
 
 /* Builds a message for `n` views (under the lock). */
-IPCREF_PRIVATE ipcref_result ipcref__export_msg(ipcref_peer *p,
-                                                const ipcref_view *views, int n,
-                                                ipcref__view_event *ev,
-                                                ipcref_msg *msg, int dup_fds) {
+IPCREF__PRIVATE ipcref_result ipcref__export_msg(ipcref_peer *p,
+                                                 const ipcref_view *views,
+                                                 int n, ipcref__view_event *ev,
+                                                 ipcref_msg *msg, int dup_fds) {
   ipcref_ctx *ctx = p->ctx;
   ipcref__view_rec recs[IPCREF_MSG_MAX_VIEWS];
   ipcref__fd_rec fdr[IPCREF_MSG_MAX_FDS];

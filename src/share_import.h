@@ -10,7 +10,7 @@
 /* The release callback of an imported buffer: this process's last
  * reference went, so the lease goes back to its producer. One fetch_add
  * and stores into shared memory, a free: no system call, no lock. */
-IPCREF_PRIVATE void ipcref__import_end(ipcref__import *imp) {
+IPCREF__PRIVATE void ipcref__import_end(ipcref__import *imp) {
   ipcref_ctx *ctx;
   uint64_t e = ipcref__ring_entry(IPCREF__RING_RELEASE, imp->slot, imp->gen);
   ipcref__ring_push(imp->ledger->base, imp->ledger->nslots, &e, 1, "release");
@@ -27,7 +27,7 @@ IPCREF_PRIVATE void ipcref__import_end(ipcref__import *imp) {
  * a fence, and the calls on the context return it when the fence is done
  * (ipcref__deferred_poll). After ipcref_ctx_free nothing would poll, so a
  * release then waits for its fence here. */
-IPCREF_PRIVATE void ipcref__import_release(void *user, void *data) {
+IPCREF__PRIVATE void ipcref__import_release(void *user, void *data) {
   ipcref__import *imp = (ipcref__import *)user;
   (void)data;
   if (imp->seg->kind == IPCREF__KIND_DEVICE) {
@@ -55,8 +55,8 @@ IPCREF_PRIVATE void ipcref__import_release(void *user, void *data) {
  * memfd sealed against shrinking and growing (so the mapping can never
  * SIGBUS), of exactly the announced size, opened with the access the
  * mapping needs. A ledger's header must agree with the record. */
-IPCREF_PRIVATE ipcref_result ipcref__map_fd(int fd, const ipcref__fd_rec *r,
-                                            ipcref__map **out) {
+IPCREF__PRIVATE ipcref_result ipcref__map_fd(int fd, const ipcref__fd_rec *r,
+                                             ipcref__map **out) {
   struct stat st;
   int seals, fl, prot;
   ipcref__map *m;
@@ -125,9 +125,9 @@ IPCREF_PRIVATE ipcref_result ipcref__map_fd(int fd, const ipcref__fd_rec *r,
  * Without a backend for its device here, the map is a placeholder (be
  * NULL): the views in it are refused with ENODEV and their leases given
  * back, and the peer, which counts the segment as sent, stays usable. */
-IPCREF_PRIVATE ipcref_result ipcref__map_device(ipcref_ctx *ctx,
-                                                const ipcref__fd_rec *r,
-                                                ipcref__map **out) {
+IPCREF__PRIVATE ipcref_result ipcref__map_device(ipcref_ctx *ctx,
+                                                 const ipcref__fd_rec *r,
+                                                 ipcref__map **out) {
   ipcref_backend *be = ipcref__backend_of(ctx, r->dev_type);
   ipcref__map *m;
   uint64_t addr, base;
@@ -169,14 +169,14 @@ fill:
 }
 
 /* The address of `offset` in a mapped segment, host or device. */
-IPCREF_PRIVATE void *ipcref__map_addr(const ipcref__map *m, uint64_t offset) {
+IPCREF__PRIVATE void *ipcref__map_addr(const ipcref__map *m, uint64_t offset) {
   return m->kind == IPCREF__KIND_DEVICE ? (void *)(uintptr_t)(m->daddr + offset)
                                         : (void *)(m->base + offset);
 }
 
 /* Fresh mappings join the cache (under the lock). */
-IPCREF_PRIVATE void ipcref__maps_commit(ipcref_ctx *ctx, ipcref__map **fresh,
-                                        int n) {
+IPCREF__PRIVATE void ipcref__maps_commit(ipcref_ctx *ctx, ipcref__map **fresh,
+                                         int n) {
   int k;
   for (k = 0; k < n; k++) {
     IPCREF__LIST_PUSH(ctx->maps, fresh[k], next, prev);
@@ -189,9 +189,9 @@ IPCREF_PRIVATE void ipcref__maps_commit(ipcref_ctx *ctx, ipcref__map **fresh,
 
 /* Gives back the leases of records [from, n) that will not be used: each
  * is marked imported (a replay is refused) and returned to its ledger. */
-IPCREF_PRIVATE void ipcref__leases_give_back(const ipcref__view_rec *recs,
-                                             ipcref__map **ledm, int from,
-                                             int n) {
+IPCREF__PRIVATE void ipcref__leases_give_back(const ipcref__view_rec *recs,
+                                              ipcref__map **ledm, int from,
+                                              int n) {
   int k;
   for (k = from; k < n; k++) {
     uint64_t e =
@@ -212,9 +212,9 @@ typedef struct ipcref__msg_maps {
 
 /* A mapping this message brings, or NULL; as ipcref__map_find, a segment
  * is host or device memory. */
-IPCREF_PRIVATE ipcref__map *ipcref__fresh_find(const ipcref__msg_maps *mm,
-                                               int kind, uint64_t nonce,
-                                               uint64_t id) {
+IPCREF__PRIVATE ipcref__map *ipcref__fresh_find(const ipcref__msg_maps *mm,
+                                                int kind, uint64_t nonce,
+                                                uint64_t id) {
   int k;
   for (k = 0; k < mm->nfresh; k++)
     if ((mm->fresh[k]->kind == IPCREF__KIND_LEDGER) ==
@@ -226,8 +226,8 @@ IPCREF_PRIVATE ipcref__map *ipcref__fresh_find(const ipcref__msg_maps *mm,
 
 /* Import, step 1 (under the lock): the segments the sender destroyed are
  * unmapped here once nothing uses them. */
-IPCREF_PRIVATE void ipcref__import_retire(ipcref_ctx *ctx,
-                                          const ipcref__msg_in *m) {
+IPCREF__PRIVATE void ipcref__import_retire(ipcref_ctx *ctx,
+                                           const ipcref__msg_in *m) {
   int i;
   for (i = 0; i < m->head.nretired; i++) {
     ipcref__map *s = ipcref__map_find(ctx, IPCREF__KIND_SEGMENT,
@@ -240,10 +240,10 @@ IPCREF_PRIVATE void ipcref__import_retire(ipcref_ctx *ctx,
 /* Import, step 2: maps what is new, each fd checked against its record
  * first; an fd for something already mapped is redundant. A mapped fd is
  * the map's (set to -1 in `fds`). */
-IPCREF_PRIVATE ipcref_result ipcref__import_map(ipcref_ctx *ctx,
-                                                const ipcref__msg_in *m,
-                                                int *fds,
-                                                ipcref__msg_maps *mm) {
+IPCREF__PRIVATE ipcref_result ipcref__import_map(ipcref_ctx *ctx,
+                                                 const ipcref__msg_in *m,
+                                                 int *fds,
+                                                 ipcref__msg_maps *mm) {
   int i;
   for (i = 0; i < m->head.nrecs; i++) {
     const ipcref__fd_rec *f = &m->recs[i];
@@ -272,9 +272,9 @@ IPCREF_PRIVATE ipcref_result ipcref__import_map(ipcref_ctx *ctx,
  * reused) and was not imported already, by an earlier message or an
  * earlier record of this one (one export, one import); every element it
  * reaches lies inside its block. */
-IPCREF_PRIVATE int ipcref__import_rec_ok(ipcref_ctx *ctx,
-                                         const ipcref__msg_in *m,
-                                         ipcref__msg_maps *mm, int i) {
+IPCREF__PRIVATE int ipcref__import_rec_ok(ipcref_ctx *ctx,
+                                          const ipcref__msg_in *m,
+                                          ipcref__msg_maps *mm, int i) {
   const ipcref__view_rec *v = &m->views[i];
   ipcref__map *seg, *led;
   uint64_t word, end;
@@ -314,10 +314,10 @@ IPCREF_PRIVATE int ipcref__import_rec_ok(ipcref_ctx *ctx,
  * genuine, given back at once and its mappings kept (the peer counts them
  * sent); device data makes `stream` wait for the producer's writes (also
  * when the segment was mapped before). */
-IPCREF_PRIVATE ipcref_result ipcref__import_ready(ipcref_ctx *ctx,
-                                                  const ipcref__msg_in *m,
-                                                  ipcref__msg_maps *mm,
-                                                  void *stream) {
+IPCREF__PRIVATE ipcref_result ipcref__import_ready(ipcref_ctx *ctx,
+                                                   const ipcref__msg_in *m,
+                                                   ipcref__msg_maps *mm,
+                                                   void *stream) {
   int i, n = m->head.nviews;
   for (i = 0; i < n; i++)
     if (mm->seg[i]->kind == IPCREF__KIND_DEVICE && !mm->seg[i]->be) {
@@ -338,10 +338,10 @@ IPCREF_PRIVATE ipcref_result ipcref__import_ready(ipcref_ctx *ctx,
 
 /* Import, step 5, for one view: a buffer over its block whose death
  * returns its lease (see ipcref__import_release). 0 when out of memory. */
-IPCREF_PRIVATE int ipcref__import_view(ipcref_ctx *ctx,
-                                       const ipcref__view_rec *v,
-                                       ipcref__map *seg, ipcref__map *led,
-                                       void *stream, ipcref_view *out) {
+IPCREF__PRIVATE int ipcref__import_view(ipcref_ctx *ctx,
+                                        const ipcref__view_rec *v,
+                                        ipcref__map *seg, ipcref__map *led,
+                                        void *stream, ipcref_view *out) {
   ipcref__import *imp = (ipcref__import *)ipcref__zalloc(sizeof *imp);
   ipcref_buf *b = NULL;
   ipcref_device dev;
@@ -379,7 +379,7 @@ IPCREF_PRIVATE int ipcref__import_view(ipcref_ctx *ctx,
 /* Import, step 5: the fresh mappings join the cache and each view gets
  * its buffer. Out of memory partway, the leases not used are given back
  * (the views made are released by the caller, after the unlock). */
-IPCREF_PRIVATE ipcref_result ipcref__import_commit(
+IPCREF__PRIVATE ipcref_result ipcref__import_commit(
     ipcref_ctx *ctx, const ipcref__msg_in *m, ipcref__msg_maps *mm,
     void *stream, ipcref_view *views, int *nviews) {
   int i, n = m->head.nviews;
@@ -403,7 +403,7 @@ IPCREF_PRIVATE ipcref_result ipcref__import_commit(
  * (no side effect), then under the lock: retire, map, check every record,
  * get ready, commit. A refused message changes nothing but the cache of
  * what the sender retired, and the refusal count. */
-IPCREF_PRIVATE ipcref_result ipcref__import_bytes(
+IPCREF__PRIVATE ipcref_result ipcref__import_bytes(
     ipcref_peer *p, const unsigned char *bytes, size_t len, int *fds, int nfds,
     void *stream, ipcref_view *views, int *nviews) {
   ipcref_ctx *ctx = p->ctx;
@@ -443,7 +443,7 @@ IPCREF_PRIVATE ipcref_result ipcref__import_bytes(
  * its uid decides whether it may connect, and its pid is what is watched
  * for its death (and what a forwarded hold names). Reading it also leaves
  * nothing unread on a producer that only sends (see ipcref__recvmsg). */
-IPCREF_PRIVATE ipcref_result ipcref__hello_need(ipcref_peer *p) {
+IPCREF__PRIVATE ipcref_result ipcref__hello_need(ipcref_peer *p) {
   if (!p->hello) {
     ipcref_result r = ipcref__hello_read(p, 5000);
     if (r != IPCREF_OK) return r;

@@ -8,7 +8,8 @@
 
 /* Destroys a ledger nobody can use any more: its watches go, its counter
  * file is unmapped and closed (under the lock). */
-IPCREF_PRIVATE void ipcref__ledger_destroy(ipcref_ctx *ctx, ipcref__ledger *l) {
+IPCREF__PRIVATE void ipcref__ledger_destroy(ipcref_ctx *ctx,
+                                            ipcref__ledger *l) {
   uint32_t s;
   IPCREF__LIST_REMOVE(ctx->ledgers, l, next, prev);
   for (s = l->n / 2; s < l->n; s++) ipcref__watch_put(ctx, l->leases[s].watch);
@@ -24,8 +25,9 @@ IPCREF_PRIVATE void ipcref__ledger_destroy(ipcref_ctx *ctx, ipcref__ledger *l) {
 /* A new ledger for peer p. Each one a peer gets is twice the size of its
  * last (up to 2^22 slots), so a peer holding n leases needs O(log n)
  * ledgers, and a sweep, which looks at every ledger, stays cheap. */
-IPCREF_PRIVATE ipcref_result ipcref__ledger_new(ipcref_ctx *ctx, ipcref_peer *p,
-                                                ipcref__ledger **out) {
+IPCREF__PRIVATE ipcref_result ipcref__ledger_new(ipcref_ctx *ctx,
+                                                 ipcref_peer *p,
+                                                 ipcref__ledger **out) {
   uint32_t n = ctx->opt.ledger_slots, i;
   size_t bytes;
   ipcref__ledger *l;
@@ -77,9 +79,9 @@ nomem:
  * again at the same generation (the next lease on it takes the next one,
  * so a replay of this one is refused), and the block goes when nothing
  * else holds it. 0 when there is no such live lease. */
-IPCREF_PRIVATE int ipcref__lease_end(ipcref_ctx *ctx, ipcref__ledger *l,
-                                     uint32_t slot, uint32_t gen,
-                                     size_t *freed) {
+IPCREF__PRIVATE int ipcref__lease_end(ipcref_ctx *ctx, ipcref__ledger *l,
+                                      uint32_t slot, uint32_t gen,
+                                      size_t *freed) {
   uint64_t *slots = ipcref__ledger_slots(l->base);
   ipcref__block *b;
   if (slot >= l->n || !l->leases[slot].block || l->leases[slot].gen != gen)
@@ -104,8 +106,8 @@ IPCREF_PRIVATE int ipcref__lease_end(ipcref_ctx *ctx, ipcref__ledger *l,
 /* Ends lease `slot` of ledger `l` because its holder died (under the
  * lock). Its generation is remembered: a return of it that comes later
  * (a forwarder cancelling a send to the dead one) is late, not forged. */
-IPCREF_PRIVATE void ipcref__lease_reclaim(ipcref_ctx *ctx, ipcref__ledger *l,
-                                          uint32_t slot, size_t *freed) {
+IPCREF__PRIVATE void ipcref__lease_reclaim(ipcref_ctx *ctx, ipcref__ledger *l,
+                                           uint32_t slot, size_t *freed) {
   uint32_t gen = l->leases[slot].gen;
   if (!l->leases[slot].block || !ipcref__lease_end(ctx, l, slot, gen, freed))
     return;
@@ -115,16 +117,16 @@ IPCREF_PRIVATE void ipcref__lease_reclaim(ipcref_ctx *ctx, ipcref__ledger *l,
 
 /* A ring entry refused (under the lock): counted, and reported to the
  * context's hook. Never a free: the private lease table decides. */
-IPCREF_PRIVATE void ipcref__bad_return(ipcref_ctx *ctx, const char *what) {
+IPCREF__PRIVATE void ipcref__bad_return(ipcref_ctx *ctx, const char *what) {
   ctx->st.bad_returns++;
   ipcref__ctx_report(ctx, IPCREF_EPROTO, what);
 }
 
 /* Records a forwarded lease (slot, gen) on block `b`, held by `holder`
  * (under the lock). */
-IPCREF_PRIVATE void ipcref__lease_link(ipcref_ctx *ctx, ipcref__ledger *l,
-                                       uint32_t slot, uint32_t gen,
-                                       ipcref__block *b, int holder) {
+IPCREF__PRIVATE void ipcref__lease_link(ipcref_ctx *ctx, ipcref__ledger *l,
+                                        uint32_t slot, uint32_t gen,
+                                        ipcref__block *b, int holder) {
   l->leases[slot].block = b;
   l->leases[slot].gen = gen;
   l->leases[slot].holder = holder;
@@ -141,7 +143,8 @@ IPCREF_PRIVATE void ipcref__lease_link(ipcref_ctx *ctx, ipcref__ledger *l,
  * so when a hole is stepped over its link is found here, before any later
  * entry (the parent's own return comes later) is read. A link that
  * arrives after all is then taken as already known. */
-IPCREF_PRIVATE void ipcref__adopt_forwards(ipcref_ctx *ctx, ipcref__ledger *l) {
+IPCREF__PRIVATE void ipcref__adopt_forwards(ipcref_ctx *ctx,
+                                            ipcref__ledger *l) {
   uint64_t *slots = ipcref__ledger_slots(l->base);
   uint32_t s;
   for (s = l->n / 2; s < l->n; s++) {
@@ -168,7 +171,7 @@ IPCREF_PRIVATE void ipcref__adopt_forwards(ipcref_ctx *ctx, ipcref__ledger *l) {
  * position is remembered, so an entry written late is still read (unless
  * the ring has come round to that cell again by then, when a return is
  * lost and its block stays until its holder dies). */
-IPCREF_PRIVATE int ipcref__hole_stale(ipcref__ledger *l) {
+IPCREF__PRIVATE int ipcref__hole_stale(ipcref__ledger *l) {
   long now = ipcref__now_ms();
   if (l->tail < l->death_head) return 1;
   if (l->hole_pos != l->tail + 1) {
@@ -180,8 +183,8 @@ IPCREF_PRIVATE int ipcref__hole_stale(ipcref__ledger *l) {
 }
 
 /* Steps over the hole at ring position `pos` (under the lock). */
-IPCREF_PRIVATE void ipcref__hole_skip(ipcref_ctx *ctx, ipcref__ledger *l,
-                                      uint64_t pos) {
+IPCREF__PRIVATE void ipcref__hole_skip(ipcref_ctx *ctx, ipcref__ledger *l,
+                                       uint64_t pos) {
   if (l->nlate == IPCREF__LATE) { /* forget the oldest */
     memmove(l->late, l->late + 1, (IPCREF__LATE - 1) * sizeof l->late[0]);
     l->nlate--;
@@ -191,8 +194,8 @@ IPCREF_PRIVATE void ipcref__hole_skip(ipcref_ctx *ctx, ipcref__ledger *l,
 }
 
 /* One ring entry that is not a link (under the lock). */
-IPCREF_PRIVATE void ipcref__ring_release(ipcref_ctx *ctx, ipcref__ledger *l,
-                                         uint64_t e, size_t *freed) {
+IPCREF__PRIVATE void ipcref__ring_release(ipcref_ctx *ctx, ipcref__ledger *l,
+                                          uint64_t e, size_t *freed) {
   uint32_t slot = (uint32_t)(e & 0x3fffffffu) - 1u, gen = (uint32_t)(e >> 32);
   if (((e >> 30) & 3u) != IPCREF__RING_RELEASE) {
     ipcref__bad_return(ctx, "invalid lease return in a ledger");
@@ -209,8 +212,8 @@ IPCREF_PRIVATE void ipcref__ring_release(ipcref_ctx *ctx, ipcref__ledger *l,
 /* Entries written late into holes stepped over (under the lock): a return
  * is taken as any other; half a link is known already (adopted). A cell
  * is watched until the ring's head reaches its next lap. */
-IPCREF_PRIVATE void ipcref__late_entries(ipcref_ctx *ctx, ipcref__ledger *l,
-                                         uint64_t head, size_t *freed) {
+IPCREF__PRIVATE void ipcref__late_entries(ipcref_ctx *ctx, ipcref__ledger *l,
+                                          uint64_t head, size_t *freed) {
   uint64_t *ring = ipcref__ledger_ring(l->base, l->n);
   uint64_t cap = 2u * (uint64_t)l->n;
   uint32_t i = 0;
@@ -234,8 +237,8 @@ IPCREF_PRIVATE void ipcref__late_entries(ipcref_ctx *ctx, ipcref__ledger *l,
  * a forwarded lease, `p` its parent. Checked against the lease table as a
  * return is; a valid one counts the forwarded lease on its parent's block
  * (one that was adopted while its link was a hole is already counted). */
-IPCREF_PRIVATE void ipcref__ring_link(ipcref_ctx *ctx, ipcref__ledger *l,
-                                      uint64_t e, uint64_t p) {
+IPCREF__PRIVATE void ipcref__ring_link(ipcref_ctx *ctx, ipcref__ledger *l,
+                                       uint64_t e, uint64_t p) {
   uint64_t *slots = ipcref__ledger_slots(l->base);
   uint32_t slot = (uint32_t)(e & 0x3fffffffu) - 1u, gen = (uint32_t)(e >> 32);
   uint32_t ps = (uint32_t)(p & 0x3fffffffu) - 1u;
@@ -264,7 +267,8 @@ IPCREF_PRIVATE void ipcref__ring_link(ipcref_ctx *ctx, ipcref__ledger *l,
  * forged entry (a second return of one lease, a return from a process
  * that died and was reclaimed) is reported and ignored: a count can never
  * go below zero. Returns the bytes freed. */
-IPCREF_PRIVATE size_t ipcref__ledger_drain(ipcref_ctx *ctx, ipcref__ledger *l) {
+IPCREF__PRIVATE size_t ipcref__ledger_drain(ipcref_ctx *ctx,
+                                            ipcref__ledger *l) {
   ipcref__ledger_hdr *h = (ipcref__ledger_hdr *)(void *)l->base;
   uint64_t *ring = ipcref__ledger_ring(l->base, l->n);
   uint64_t cap = 2u * (uint64_t)l->n;
@@ -317,7 +321,7 @@ IPCREF_PRIVATE size_t ipcref__ledger_drain(ipcref_ctx *ctx, ipcref__ledger *l) {
 
 /* The sweep (under the lock): every ledger's returns, then the ledgers
  * that nobody can use any more. */
-IPCREF_PRIVATE size_t ipcref__sweep(ipcref_ctx *ctx) {
+IPCREF__PRIVATE size_t ipcref__sweep(ipcref_ctx *ctx) {
   ipcref__ledger *l, *next;
   size_t freed = 0;
   ctx->st.sweeps++;

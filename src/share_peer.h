@@ -8,7 +8,7 @@
 
 /* Waits until fd is readable: timeout_ms -1 means no wait at all here (the
  * blocking read that follows waits), 0 polls. */
-IPCREF_PRIVATE ipcref_result ipcref__wait_readable(int fd, int timeout_ms) {
+IPCREF__PRIVATE ipcref_result ipcref__wait_readable(int fd, int timeout_ms) {
   struct pollfd pfd;
   pfd.fd = fd;
   pfd.events = POLLIN;
@@ -24,8 +24,8 @@ IPCREF_PRIVATE ipcref_result ipcref__wait_readable(int fd, int timeout_ms) {
 
 /* Appends the fds an SCM_RIGHTS header carries to fds[*n] (up to max);
  * closes the ones past max, so that no received fd ever leaks. */
-IPCREF_PRIVATE void ipcref__take_fds(const struct cmsghdr *c, int *fds, int *n,
-                                     int max) {
+IPCREF__PRIVATE void ipcref__take_fds(const struct cmsghdr *c, int *fds, int *n,
+                                      int max) {
   int cnt = (int)((c->cmsg_len - CMSG_LEN(0)) / sizeof(int)), j, fd;
   for (j = 0; j < cnt; j++) {
     memcpy(&fd, CMSG_DATA(c) + (size_t)j * sizeof(int), sizeof fd);
@@ -39,7 +39,7 @@ IPCREF_PRIVATE void ipcref__take_fds(const struct cmsghdr *c, int *fds, int *n,
 /* recvmsg, retried on EINTR and once on ECONNRESET: a peer that closed its
  * end with our data unread resets the connection, but what it sent before
  * is still queued here, and the retry reads it. */
-IPCREF_PRIVATE ssize_t ipcref__recvmsg(int fd, struct msghdr *mh, int stream) {
+IPCREF__PRIVATE ssize_t ipcref__recvmsg(int fd, struct msghdr *mh, int stream) {
   int resets = 0;
   ssize_t k;
   for (;;) {
@@ -58,7 +58,7 @@ IPCREF_PRIVATE ssize_t ipcref__recvmsg(int fd, struct msghdr *mh, int stream) {
 #define IPCREF__HELLO_BYTES 20
 
 /* Sends this side's hello, with its credentials (SCM_CREDENTIALS). */
-IPCREF_PRIVATE ipcref_result ipcref__hello_send(ipcref_peer *p) {
+IPCREF__PRIVATE ipcref_result ipcref__hello_send(ipcref_peer *p) {
   union {
     char buf[CMSG_SPACE(sizeof(struct ucred))];
     struct cmsghdr align;
@@ -101,7 +101,7 @@ IPCREF_PRIVATE ipcref_result ipcref__hello_send(ipcref_peer *p) {
 }
 
 /* 1 when a peer of `uid` may connect: our own uid, or one allowed. */
-IPCREF_PRIVATE int ipcref__uid_allowed(const ipcref_ctx *ctx, uint32_t uid) {
+IPCREF__PRIVATE int ipcref__uid_allowed(const ipcref_ctx *ctx, uint32_t uid) {
   size_t i;
   if (uid == (uint32_t)ctx->uid) return 1;
   for (i = 0; i < ctx->opt.allow_uids_count; i++)
@@ -111,7 +111,7 @@ IPCREF_PRIVATE int ipcref__uid_allowed(const ipcref_ctx *ctx, uint32_t uid) {
 
 /* A peer refused (its uid): counted and reported, and nothing goes to it
  * or comes from it. */
-IPCREF_PRIVATE ipcref_result ipcref__peer_refuse(ipcref_peer *p) {
+IPCREF__PRIVATE ipcref_result ipcref__peer_refuse(ipcref_peer *p) {
   ipcref_ctx *ctx = p->ctx;
   p->hello = -2;
   __atomic_fetch_add(&ctx->refused, 1, __ATOMIC_RELAXED);
@@ -123,15 +123,15 @@ IPCREF_PRIVATE ipcref_result ipcref__peer_refuse(ipcref_peer *p) {
 
 /* What the hello read says: OK, EPEER for a uid not allowed, EPROTO for
  * a malformed one. */
-IPCREF_PRIVATE ipcref_result ipcref__hello_result(const ipcref_peer *p) {
+IPCREF__PRIVATE ipcref_result ipcref__hello_result(const ipcref_peer *p) {
   if (p->hello > 0) return IPCREF_OK;
   return p->hello == -2 ? IPCREF_EPEER : IPCREF_EPROTO;
 }
 
 /* Reads the other side's hello (the first thing it sends), waiting up to
  * timeout_ms (-1: forever). */
-IPCREF_PRIVATE ipcref_result ipcref__hello_read(ipcref_peer *p,
-                                                int timeout_ms) {
+IPCREF__PRIVATE ipcref_result ipcref__hello_read(ipcref_peer *p,
+                                                 int timeout_ms) {
   union {
     char buf[CMSG_SPACE(sizeof(struct ucred)) +
              CMSG_SPACE(sizeof(int) * IPCREF_MSG_MAX_FDS)];
@@ -198,7 +198,7 @@ IPCREF_PRIVATE ipcref_result ipcref__hello_read(ipcref_peer *p,
  * last IPCREF__DEAD_PEERS (freed with the context), or with
  * IPCREF_CHECKED in the process-wide quarantine (see checked). */
 #define IPCREF__DEAD_PEERS 8
-IPCREF_PRIVATE void ipcref__peer_bury(ipcref_ctx *ctx, ipcref_peer *p) {
+IPCREF__PRIVATE void ipcref__peer_bury(ipcref_ctx *ctx, ipcref_peer *p) {
   p->magic = IPCREF__DEAD;
 #ifdef IPCREF_CHECKED
   (void)ctx;

@@ -8,7 +8,7 @@
 
 /* The size class of a block of `size` bytes, and the class's block size
  * (a power of two, at least IPCREF__MIN_BLOCK). */
-IPCREF_PRIVATE uint32_t ipcref__class_of(size_t size, size_t *block) {
+IPCREF__PRIVATE uint32_t ipcref__class_of(size_t size, size_t *block) {
   size_t b = IPCREF__MIN_BLOCK;
   uint32_t c = 0;
   while (b < size) b <<= 1, c++;
@@ -18,13 +18,13 @@ IPCREF_PRIVATE uint32_t ipcref__class_of(size_t size, size_t *block) {
 
 /* A segment with free blocks joins, or leaves, the list of its class
  * (under the lock, as everything here). */
-IPCREF_PRIVATE void ipcref__class_add(ipcref__segment *s) {
+IPCREF__PRIVATE void ipcref__class_add(ipcref__segment *s) {
   if (s->in_class || s->cls >= IPCREF__CLASSES) return;
   IPCREF__LIST_PUSH(s->pool->classes[s->cls], s, class_next, class_prev);
   s->in_class = 1;
 }
 
-IPCREF_PRIVATE void ipcref__class_remove(ipcref__segment *s) {
+IPCREF__PRIVATE void ipcref__class_remove(ipcref__segment *s) {
   if (!s->in_class) return;
   IPCREF__LIST_REMOVE(s->pool->classes[s->cls], s, class_next, class_prev);
   s->in_class = 0;
@@ -32,7 +32,7 @@ IPCREF_PRIVATE void ipcref__class_remove(ipcref__segment *s) {
 
 /* Segment `id` is going: each peer that was sent it is told in its next
  * message, so that it unmaps it once unused. */
-IPCREF_PRIVATE void ipcref__retire_announce(ipcref_ctx *ctx, uint64_t id) {
+IPCREF__PRIVATE void ipcref__retire_announce(ipcref_ctx *ctx, uint64_t id) {
   ipcref_peer *p;
   for (p = ctx->peers; p; p = p->next)
     if (ipcref__sent_forget(p, ctx->nonce, ipcref__sent_key(id, 0)) &&
@@ -44,8 +44,8 @@ IPCREF_PRIVATE void ipcref__retire_announce(ipcref_ctx *ctx, uint64_t id) {
 /* Destroys a segment no block of which is used: announced retired to the
  * peers that map it, its memory freed (a wrapped allocation stays its
  * owner's). */
-IPCREF_PRIVATE void ipcref__segment_destroy(ipcref_ctx *ctx,
-                                            ipcref__segment *s) {
+IPCREF__PRIVATE void ipcref__segment_destroy(ipcref_ctx *ctx,
+                                             ipcref__segment *s) {
   ipcref__class_remove(s);
   if (s->cached) ctx->empty_bytes -= s->size;
   IPCREF__LIST_REMOVE(ctx->segments, s, next, prev);
@@ -70,11 +70,11 @@ IPCREF_PRIVATE void ipcref__segment_destroy(ipcref_ctx *ctx,
 /* A new segment of `size` bytes in `pool`, cut into blocks of `block`
  * bytes (none for IPCREF__FOREIGN: the caller adds its wraps); device
  * memory comes from the pool's backend (daddr: given for a foreign one). */
-IPCREF_PRIVATE ipcref_result ipcref__segment_new(ipcref_ctx *ctx,
-                                                 ipcref__pool *pool,
-                                                 size_t size, size_t block,
-                                                 uint32_t cls, uint64_t daddr,
-                                                 ipcref__segment **out) {
+IPCREF__PRIVATE ipcref_result ipcref__segment_new(ipcref_ctx *ctx,
+                                                  ipcref__pool *pool,
+                                                  size_t size, size_t block,
+                                                  uint32_t cls, uint64_t daddr,
+                                                  ipcref__segment **out) {
   ipcref__segment *s;
   ipcref_result r;
   uint32_t i;
@@ -141,10 +141,10 @@ nomem:
 
 /* A free block of at least `size` bytes in `pool` (under the lock); `own`:
  * in a segment of its own. */
-IPCREF_PRIVATE ipcref_result ipcref__block_alloc(ipcref_ctx *ctx,
-                                                 ipcref__pool *pool,
-                                                 size_t size, int own,
-                                                 ipcref__block **out) {
+IPCREF__PRIVATE ipcref_result ipcref__block_alloc(ipcref_ctx *ctx,
+                                                  ipcref__pool *pool,
+                                                  size_t size, int own,
+                                                  ipcref__block **out) {
   ipcref__segment *s;
   ipcref__block *b;
   size_t block;
@@ -179,7 +179,7 @@ IPCREF_PRIVATE ipcref_result ipcref__block_alloc(ipcref_ctx *ctx,
 
 /* One hold of an alias less (under the lock); the last ends it after the
  * unlock. */
-IPCREF_PRIVATE void ipcref__alias_drop(ipcref_ctx *ctx, ipcref__alias *a) {
+IPCREF__PRIVATE void ipcref__alias_drop(ipcref_ctx *ctx, ipcref__alias *a) {
   if (--a->holds) return;
   a->next = ctx->unpinned;
   ctx->unpinned = a;
@@ -187,7 +187,7 @@ IPCREF_PRIVATE void ipcref__alias_drop(ipcref_ctx *ctx, ipcref__alias *a) {
 
 /* A block nothing holds goes back: a wrap to its owner (after the unlock),
  * else to its segment, which is cached or destroyed once empty. */
-IPCREF_PRIVATE void ipcref__block_free(ipcref_ctx *ctx, ipcref__block *b) {
+IPCREF__PRIVATE void ipcref__block_free(ipcref_ctx *ctx, ipcref__block *b) {
   ipcref__segment *s = b->seg;
   if (s->cls == IPCREF__FOREIGN) { /* back to its owner, after the unlock */
     b->limbo_next = ctx->released;
@@ -212,7 +212,7 @@ IPCREF_PRIVATE void ipcref__block_free(ipcref_ctx *ctx, ipcref__block *b) {
 }
 
 /* Takes a block out of the limbo. */
-IPCREF_PRIVATE void ipcref__limbo_remove(ipcref_ctx *ctx, ipcref__block *b) {
+IPCREF__PRIVATE void ipcref__limbo_remove(ipcref_ctx *ctx, ipcref__block *b) {
   IPCREF__LIST_REMOVE(ctx->limbo, b, limbo_next, limbo_prev);
   b->in_limbo = 0;
   ctx->st.limbo_blocks--;
@@ -221,7 +221,8 @@ IPCREF_PRIVATE void ipcref__limbo_remove(ipcref_ctx *ctx, ipcref__block *b) {
 
 /* One lease less on `b` (under the lock): frees the block when nothing
  * holds it any more. Returns the bytes freed. */
-IPCREF_PRIVATE size_t ipcref__block_unlease(ipcref_ctx *ctx, ipcref__block *b) {
+IPCREF__PRIVATE size_t ipcref__block_unlease(ipcref_ctx *ctx,
+                                             ipcref__block *b) {
   size_t bytes;
   b->leases--;
   ctx->st.live_slots--;

@@ -7,8 +7,8 @@
 
 /* Sends a record with fds: one datagram on SOCK_SEQPACKET; on SOCK_STREAM a
  * 4-byte length first (the fds travel with it). */
-IPCREF_PRIVATE ipcref_result ipcref__send_raw(ipcref_peer *p,
-                                              const ipcref_msg *msg) {
+IPCREF__PRIVATE ipcref_result ipcref__send_raw(ipcref_peer *p,
+                                               const ipcref_msg *msg) {
   union {
     char buf[CMSG_SPACE(sizeof(int) * IPCREF_MSG_MAX_FDS)];
     struct cmsghdr align;
@@ -66,9 +66,10 @@ IPCREF_PRIVATE ipcref_result ipcref__send_raw(ipcref_peer *p,
  * the leases taken and the message built under the lock, then sent
  * outside it; a message that could not be sent gives its leases back.
  * `fn` names the public call in reports. */
-IPCREF_PRIVATE ipcref_result ipcref__send_views(ipcref_peer *p,
-                                                const ipcref_view *views, int n,
-                                                void *stream, const char *fn) {
+IPCREF__PRIVATE ipcref_result ipcref__send_views(ipcref_peer *p,
+                                                 const ipcref_view *views,
+                                                 int n, void *stream,
+                                                 const char *fn) {
   ipcref__view_event ev[IPCREF_MSG_MAX_VIEWS];
   ipcref_msg msg;
   ipcref_result r;
@@ -111,8 +112,8 @@ IPCREF_API ipcref_result ipcref_send_on(ipcref_peer *p, const ipcref_view *v,
 }
 
 /* Reads exactly n bytes from a stream socket. */
-IPCREF_PRIVATE ipcref_result ipcref__read_all(int fd, unsigned char *b,
-                                              size_t n) {
+IPCREF__PRIVATE ipcref_result ipcref__read_all(int fd, unsigned char *b,
+                                               size_t n) {
   while (n) {
     ssize_t k = read(fd, b, n);
     if (k < 0 && errno == EINTR) continue;
@@ -131,8 +132,8 @@ IPCREF_API ipcref_result ipcref_recv(ipcref_peer *p, ipcref_view *out,
 
 /* The other side's hello, when it has not come yet, read within
  * *timeout_ms, which is left with what remains of the caller's wait. */
-IPCREF_PRIVATE ipcref_result ipcref__hello_within(ipcref_peer *p,
-                                                  int *timeout_ms) {
+IPCREF__PRIVATE ipcref_result ipcref__hello_within(ipcref_peer *p,
+                                                   int *timeout_ms) {
   struct timespec t0, t1;
   ipcref_result r;
   long spent;
@@ -150,9 +151,10 @@ IPCREF_PRIVATE ipcref_result ipcref__hello_within(ipcref_peer *p,
 /* Receives one record and its fds into `bytes` (IPCREF_MSG_MAX_BYTES) and
  * `fds` (IPCREF_MSG_MAX_FDS): the mirror of ipcref__send_raw. On error
  * the fds that came are closed. */
-IPCREF_PRIVATE ipcref_result ipcref__recv_raw(ipcref_peer *p,
-                                              unsigned char *bytes, size_t *len,
-                                              int *fds, int *nfds) {
+IPCREF__PRIVATE ipcref_result ipcref__recv_raw(ipcref_peer *p,
+                                               unsigned char *bytes,
+                                               size_t *len, int *fds,
+                                               int *nfds) {
   union {
     char buf[CMSG_SPACE(sizeof(int) * IPCREF_MSG_MAX_FDS)];
     struct cmsghdr align;

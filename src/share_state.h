@@ -68,20 +68,20 @@ typedef struct ipcref__ledger_hdr {
 
 /* A ring entry: slot + 1 in bits 0..29 (0 marks "not written yet"), the
  * kind in bits 30..31, the generation in bits 32..63. */
-IPCREF_PRIVATE uint64_t ipcref__ring_entry(uint32_t kind, uint32_t slot,
-                                           uint32_t gen) {
+IPCREF__PRIVATE uint64_t ipcref__ring_entry(uint32_t kind, uint32_t slot,
+                                            uint32_t gen) {
   return ((uint64_t)gen << 32) | ((uint64_t)kind << 30) | (slot + 1u);
 }
 
 /* A ledger's slots and ring in its mapping at `base`, and its size for n
  * slots. */
-IPCREF_PRIVATE uint64_t *ipcref__ledger_slots(unsigned char *base) {
+IPCREF__PRIVATE uint64_t *ipcref__ledger_slots(unsigned char *base) {
   return (uint64_t *)(void *)(base + IPCREF__LEDGER_HDR);
 }
-IPCREF_PRIVATE uint64_t *ipcref__ledger_ring(unsigned char *base, uint32_t n) {
+IPCREF__PRIVATE uint64_t *ipcref__ledger_ring(unsigned char *base, uint32_t n) {
   return (uint64_t *)(void *)(base + IPCREF__LEDGER_HDR + (size_t)n * 16);
 }
-IPCREF_PRIVATE size_t ipcref__ledger_bytes(uint32_t n) {
+IPCREF__PRIVATE size_t ipcref__ledger_bytes(uint32_t n) {
   return IPCREF__LEDGER_HDR + (size_t)n * 16 + (size_t)n * 16;
 }
 
@@ -90,9 +90,9 @@ IPCREF_PRIVATE size_t ipcref__ledger_bytes(uint32_t n) {
  * process that dies between taking its positions and writing them leaves
  * a hole, which the producer's sweep steps over once it is stale (see
  * ipcref__hole_stale). `step` labels the moment for the test hook. */
-IPCREF_PRIVATE void ipcref__ring_push(unsigned char *base, uint32_t n,
-                                      const uint64_t *e, int count,
-                                      const char *step) {
+IPCREF__PRIVATE void ipcref__ring_push(unsigned char *base, uint32_t n,
+                                       const uint64_t *e, int count,
+                                       const char *step) {
   ipcref__ledger_hdr *h = (ipcref__ledger_hdr *)(void *)base;
   uint64_t *ring = ipcref__ledger_ring(base, n);
   /* Release: a forwarder's slot, written before, is seen by the producer
@@ -272,7 +272,7 @@ typedef struct ipcref__import {
 typedef struct ipcref__sent {
   uint64_t nonce, key;
 } ipcref__sent;
-IPCREF_PRIVATE uint64_t ipcref__sent_key(uint64_t id, int is_ledger) {
+IPCREF__PRIVATE uint64_t ipcref__sent_key(uint64_t id, int is_ledger) {
   return (id << 1) | (uint64_t)(is_ledger ? 1 : 0);
 }
 
@@ -381,15 +381,15 @@ struct ipcref_ctx {
  * share_import) are called from earlier rooms: the unlock returns the
  * device imports whose fence is done, and ipcref_buf_is_shared knows an
  * imported buffer by its release callback. */
-IPCREF_PRIVATE void ipcref__import_end(struct ipcref__import *imp);
-IPCREF_PRIVATE void ipcref__import_release(void *user, void *data);
+IPCREF__PRIVATE void ipcref__import_end(struct ipcref__import *imp);
+IPCREF__PRIVATE void ipcref__import_release(void *user, void *data);
 
 /* Unlocks the context, then does what must not run under it, since each
  * may call back into ipcref: the aliases whose last hold went end (their
  * callback runs, their source is released), the wrapped allocations whose
  * last hold went go back to their owners, and the device imports whose
  * fence is done return their leases. */
-IPCREF_PRIVATE void ipcref__unlock(ipcref_ctx *ctx) {
+IPCREF__PRIVATE void ipcref__unlock(ipcref_ctx *ctx) {
   ipcref__block *b = ctx->released;
   struct ipcref__import *imp = ctx->finished;
   ipcref__alias *a = ctx->unpinned;
@@ -417,15 +417,15 @@ IPCREF_PRIVATE void ipcref__unlock(ipcref_ctx *ctx) {
   }
 }
 
-IPCREF_PRIVATE void *ipcref__zalloc(size_t n) {
+IPCREF__PRIVATE void *ipcref__zalloc(size_t n) {
   void *p = IPCREF_MALLOC(n ? n : 1);
   if (p) memset(p, 0, n ? n : 1);
   return p;
 }
 
 /* Grows *arr (elements of `size` bytes) to hold `need`. 0 on ENOMEM. */
-IPCREF_PRIVATE int ipcref__grow(void **arr, size_t *cap, size_t need,
-                                size_t size) {
+IPCREF__PRIVATE int ipcref__grow(void **arr, size_t *cap, size_t need,
+                                 size_t size) {
   size_t ncap;
   void *p;
   if (need <= *cap) return 1;
@@ -447,9 +447,9 @@ IPCREF_PRIVATE int ipcref__grow(void **arr, size_t *cap, size_t need,
  * against further seals; with `read_only_elsewhere`, also against any new
  * writable mapping or write(): the producer's mapping, made before, is the
  * only way to change it, whoever else gets hold of the file. */
-IPCREF_PRIVATE int ipcref__memfd(const char *name, size_t size,
-                                 int read_only_elsewhere,
-                                 unsigned char **base) {
+IPCREF__PRIVATE int ipcref__memfd(const char *name, size_t size,
+                                  int read_only_elsewhere,
+                                  unsigned char **base) {
   int fd = memfd_create(name, MFD_CLOEXEC | MFD_ALLOW_SEALING);
   int seals = F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL;
   void *p;
@@ -472,8 +472,8 @@ fail:
 /* 1 when peer `p` was sent the segment or ledger (nonce, key) already;
  * else notes it and gives 0 (with *fail set when out of memory). Under the
  * lock, as the next. */
-IPCREF_PRIVATE int ipcref__sent_mark(ipcref_peer *p, uint64_t nonce,
-                                     uint64_t key, int *fail) {
+IPCREF__PRIVATE int ipcref__sent_mark(ipcref_peer *p, uint64_t nonce,
+                                      uint64_t key, int *fail) {
   size_t i;
   for (i = 0; i < p->nsent; i++)
     if (p->sent[i].nonce == nonce && p->sent[i].key == key) return 1;
@@ -489,8 +489,8 @@ IPCREF_PRIVATE int ipcref__sent_mark(ipcref_peer *p, uint64_t nonce,
 }
 
 /* Forgets that peer `p` was sent (nonce, key): 1 when it had been. */
-IPCREF_PRIVATE int ipcref__sent_forget(ipcref_peer *p, uint64_t nonce,
-                                       uint64_t key) {
+IPCREF__PRIVATE int ipcref__sent_forget(ipcref_peer *p, uint64_t nonce,
+                                        uint64_t key) {
   size_t i;
   for (i = 0; i < p->nsent; i++)
     if (p->sent[i].nonce == nonce && p->sent[i].key == key) {
@@ -501,8 +501,8 @@ IPCREF_PRIVATE int ipcref__sent_forget(ipcref_peer *p, uint64_t nonce,
 }
 
 /* What a peer did wrong, to the context's hook (or the process-wide one). */
-IPCREF_PRIVATE void ipcref__ctx_report(ipcref_ctx *ctx, ipcref_result code,
-                                       const char *message) {
+IPCREF__PRIVATE void ipcref__ctx_report(ipcref_ctx *ctx, ipcref_result code,
+                                        const char *message) {
   if (ctx->opt.error_hook.fn)
     ctx->opt.error_hook.fn(ctx->opt.error_hook.user, code, message);
   else
@@ -514,8 +514,8 @@ IPCREF_PRIVATE void ipcref__ctx_report(ipcref_ctx *ctx, ipcref_result code,
  * quarantine) and, for a context, not given up by its owner (*owner_gone;
  * read only past the mark). Else the call is reported, naming the public
  * function `fn`. */
-IPCREF_PRIVATE int ipcref__usable(const uint32_t *magic, const int *owner_gone,
-                                  const char *fn, const char *what) {
+IPCREF__PRIVATE int ipcref__usable(const uint32_t *magic, const int *owner_gone,
+                                   const char *fn, const char *what) {
   if (__atomic_load_n(magic, __ATOMIC_RELAXED) == IPCREF__ALIVE &&
       !(owner_gone && __atomic_load_n(owner_gone, __ATOMIC_RELAXED)))
     return 1;
@@ -530,7 +530,7 @@ IPCREF_PRIVATE int ipcref__usable(const uint32_t *magic, const int *owner_gone,
 
 /* Milliseconds of the coarse monotonic clock (a vDSO read, no system
  * call; it moves once per clock tick). */
-IPCREF_PRIVATE long ipcref__now_ms(void) {
+IPCREF__PRIVATE long ipcref__now_ms(void) {
   struct timespec ts;
   clock_gettime(CLOCK_MONOTONIC_COARSE, &ts);
   return (long)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;

@@ -13,7 +13,7 @@
 
 /* Marks a watched process dead (once), counted in st.peer_deaths; its
  * pidfd leaves the epoll set. */
-IPCREF_PRIVATE void ipcref__watch_dead(ipcref_ctx *ctx, ipcref__watch *w) {
+IPCREF__PRIVATE void ipcref__watch_dead(ipcref_ctx *ctx, ipcref__watch *w) {
   if (w->dead) return;
   w->dead = 1;
   ctx->st.peer_deaths++;
@@ -27,7 +27,7 @@ IPCREF_PRIVATE void ipcref__watch_dead(ipcref_ctx *ctx, ipcref__watch *w) {
 /* The watch on process `pid` (a new one, or one more use of the live
  * one); NULL for pid <= 0 or out of memory (then the caller falls back on
  * the pid). A process already gone is dead from the start. */
-IPCREF_PRIVATE ipcref__watch *ipcref__watch_get(ipcref_ctx *ctx, int pid) {
+IPCREF__PRIVATE ipcref__watch *ipcref__watch_get(ipcref_ctx *ctx, int pid) {
   ipcref__watch *w;
   if (pid <= 0) return NULL;
   for (w = ctx->watches; w; w = w->next)
@@ -62,7 +62,7 @@ IPCREF_PRIVATE ipcref__watch *ipcref__watch_get(ipcref_ctx *ctx, int pid) {
 }
 
 /* One use of a watch less; the last one removes it. */
-IPCREF_PRIVATE void ipcref__watch_put(ipcref_ctx *ctx, ipcref__watch *w) {
+IPCREF__PRIVATE void ipcref__watch_put(ipcref_ctx *ctx, ipcref__watch *w) {
   if (!w || --w->refs > 0) return;
   if (w->pidfd >= 0) {
     (void)epoll_ctl(ctx->epfd, EPOLL_CTL_DEL, w->pidfd, NULL);
@@ -73,13 +73,13 @@ IPCREF_PRIVATE void ipcref__watch_put(ipcref_ctx *ctx, ipcref__watch *w) {
 }
 
 /* 1 when process `pid` is known to be gone: kill(pid, 0) finds none. */
-IPCREF_PRIVATE int ipcref__pid_gone(int pid) {
+IPCREF__PRIVATE int ipcref__pid_gone(int pid) {
   return pid <= 0 || (kill((pid_t)pid, 0) != 0 && errno == ESRCH);
 }
 
 /* Marks the watches whose pidfd turned readable (the process exited, or
  * is a zombie). Returns how many. */
-IPCREF_PRIVATE int ipcref__watch_events(ipcref_ctx *ctx) {
+IPCREF__PRIVATE int ipcref__watch_events(ipcref_ctx *ctx) {
   struct epoll_event ev[16];
   int n, i, got = 0;
   do {
@@ -93,7 +93,7 @@ IPCREF_PRIVATE int ipcref__watch_events(ipcref_ctx *ctx) {
 
 /* Every check there is: the epoll set, then kill(pid, 0) for the watches
  * without a pidfd. */
-IPCREF_PRIVATE void ipcref__watch_refresh(ipcref_ctx *ctx) {
+IPCREF__PRIVATE void ipcref__watch_refresh(ipcref_ctx *ctx) {
   ipcref__watch *w;
   (void)ipcref__watch_events(ctx);
   for (w = ctx->watches; w; w = w->next)

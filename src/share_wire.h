@@ -36,15 +36,15 @@ typedef struct ipcref__wire {
 
 /* A cursor over `len` bytes at `p`; the puts and gets of `bytes` bytes
  * (little endian) set `bad` instead of overrunning. */
-IPCREF_PRIVATE void ipcref__wire_init(ipcref__wire *w, unsigned char *p,
-                                      size_t len) {
+IPCREF__PRIVATE void ipcref__wire_init(ipcref__wire *w, unsigned char *p,
+                                       size_t len) {
   w->p = p;
   w->len = len;
   w->pos = 0;
   w->bad = 0;
 }
 
-IPCREF_PRIVATE void ipcref__wire_put(ipcref__wire *w, uint64_t v, int bytes) {
+IPCREF__PRIVATE void ipcref__wire_put(ipcref__wire *w, uint64_t v, int bytes) {
   int i;
   if (w->pos + (size_t)bytes > w->len) {
     w->bad = 1;
@@ -53,7 +53,7 @@ IPCREF_PRIVATE void ipcref__wire_put(ipcref__wire *w, uint64_t v, int bytes) {
   for (i = 0; i < bytes; i++) w->p[w->pos++] = (unsigned char)(v >> (8 * i));
 }
 
-IPCREF_PRIVATE uint64_t ipcref__wire_get(ipcref__wire *w, int bytes) {
+IPCREF__PRIVATE uint64_t ipcref__wire_get(ipcref__wire *w, int bytes) {
   uint64_t v = 0;
   int i;
   if (w->pos + (size_t)bytes > w->len) {
@@ -87,8 +87,8 @@ typedef struct ipcref__fd_rec {
 } ipcref__fd_rec;
 
 /* Writes / reads `n` bytes as they are. */
-IPCREF_PRIVATE void ipcref__put_bytes(ipcref__wire *w, const unsigned char *b,
-                                      size_t n) {
+IPCREF__PRIVATE void ipcref__put_bytes(ipcref__wire *w, const unsigned char *b,
+                                       size_t n) {
   if (w->pos + n > w->len) {
     w->bad = 1;
     return;
@@ -97,8 +97,8 @@ IPCREF_PRIVATE void ipcref__put_bytes(ipcref__wire *w, const unsigned char *b,
   w->pos += n;
 }
 
-IPCREF_PRIVATE void ipcref__get_bytes(ipcref__wire *w, unsigned char *b,
-                                      size_t n) {
+IPCREF__PRIVATE void ipcref__get_bytes(ipcref__wire *w, unsigned char *b,
+                                       size_t n) {
   if (w->pos + n > w->len) {
     w->bad = 1;
     memset(b, 0, n);
@@ -109,8 +109,8 @@ IPCREF_PRIVATE void ipcref__get_bytes(ipcref__wire *w, unsigned char *b,
 }
 
 /* Writes / reads a segment or ledger record (0 when malformed). */
-IPCREF_PRIVATE void ipcref__put_fd_rec(ipcref__wire *w,
-                                       const ipcref__fd_rec *f) {
+IPCREF__PRIVATE void ipcref__put_fd_rec(ipcref__wire *w,
+                                        const ipcref__fd_rec *f) {
   ipcref__wire_put(w, (uint64_t)f->kind, 1);
   ipcref__wire_put(w, (uint64_t)f->writable, 1);
   ipcref__wire_put(w, f->origin_pid, 4);
@@ -123,7 +123,7 @@ IPCREF_PRIVATE void ipcref__put_fd_rec(ipcref__wire *w,
   ipcref__put_bytes(w, f->handle, IPCREF_HANDLE_BYTES);
 }
 
-IPCREF_PRIVATE int ipcref__get_fd_rec(ipcref__wire *w, ipcref__fd_rec *f) {
+IPCREF__PRIVATE int ipcref__get_fd_rec(ipcref__wire *w, ipcref__fd_rec *f) {
   memset(f, 0, sizeof *f);
   f->kind = (int)ipcref__wire_get(w, 1);
   f->writable = (int)ipcref__wire_get(w, 1);
@@ -142,8 +142,8 @@ IPCREF_PRIVATE int ipcref__get_fd_rec(ipcref__wire *w, ipcref__fd_rec *f) {
 }
 
 /* Writes / reads a view record (0 when malformed). */
-IPCREF_PRIVATE void ipcref__put_view(ipcref__wire *w,
-                                     const ipcref__view_rec *r) {
+IPCREF__PRIVATE void ipcref__put_view(ipcref__wire *w,
+                                      const ipcref__view_rec *r) {
   int d;
   ipcref__wire_put(w, r->origin_pid, 4);
   ipcref__wire_put(w, r->origin_nonce, 8);
@@ -166,7 +166,7 @@ IPCREF_PRIVATE void ipcref__put_view(ipcref__wire *w,
   if (r->has_event) ipcref__put_bytes(w, r->event, IPCREF_HANDLE_BYTES);
 }
 
-IPCREF_PRIVATE int ipcref__get_view(ipcref__wire *w, ipcref__view_rec *r) {
+IPCREF__PRIVATE int ipcref__get_view(ipcref__wire *w, ipcref__view_rec *r) {
   uint64_t dt, nd, flags;
   int d;
   memset(r, 0, sizeof *r);
@@ -204,8 +204,8 @@ typedef struct ipcref__msg_head {
   uint64_t sender_nonce;
 } ipcref__msg_head;
 
-IPCREF_PRIVATE void ipcref__put_msg_head(ipcref__wire *w,
-                                         const ipcref__msg_head *h) {
+IPCREF__PRIVATE void ipcref__put_msg_head(ipcref__wire *w,
+                                          const ipcref__msg_head *h) {
   ipcref__wire_put(w, IPCREF__MSG_MAGIC, 4);
   ipcref__wire_put(w, IPCREF__MSG_VERSION, 2);
   ipcref__wire_put(w, (uint64_t)h->nviews, 2);
@@ -216,7 +216,7 @@ IPCREF_PRIVATE void ipcref__put_msg_head(ipcref__wire *w,
 }
 
 /* 0 when malformed: not ours, another version, or counts out of range. */
-IPCREF_PRIVATE int ipcref__get_msg_head(ipcref__wire *w, ipcref__msg_head *h) {
+IPCREF__PRIVATE int ipcref__get_msg_head(ipcref__wire *w, ipcref__msg_head *h) {
   if (ipcref__wire_get(w, 4) != IPCREF__MSG_MAGIC ||
       ipcref__wire_get(w, 2) != IPCREF__MSG_VERSION)
     return 0;
@@ -244,8 +244,8 @@ typedef struct ipcref__msg_in {
 
 /* Decodes `len` bytes into *m: 0 when they are not exactly one well-formed
  * message. Nothing else is read or changed. */
-IPCREF_PRIVATE int ipcref__msg_decode(const unsigned char *bytes, size_t len,
-                                      ipcref__msg_in *m) {
+IPCREF__PRIVATE int ipcref__msg_decode(const unsigned char *bytes, size_t len,
+                                       ipcref__msg_in *m) {
   ipcref__wire w;
   int i;
   ipcref__wire_init(&w, (unsigned char *)(uintptr_t)bytes, len);

@@ -226,7 +226,7 @@ struct ipcref_table {
 };
 
 /* Takes the table's spinlock; ipcref__table_unlock lets it go. */
-IPCREF_PRIVATE void ipcref__table_lock(ipcref_table *t) {
+IPCREF__PRIVATE void ipcref__table_lock(ipcref_table *t) {
   while (__atomic_test_and_set(&t->lock, __ATOMIC_ACQUIRE))
     while (__atomic_load_n(&t->lock, __ATOMIC_RELAXED)) {
     }
@@ -241,16 +241,16 @@ IPCREF_PRIVATE void ipcref__table_lock(ipcref_table *t) {
 
 /* Key `k`'s home slot. Ids and tokens are sequential: they are mixed
  * first, so that neighbours spread. */
-IPCREF_PRIVATE size_t ipcref__table_hash_slot(const ipcref__table_hash *h,
-                                              uint64_t k) {
+IPCREF__PRIVATE size_t ipcref__table_hash_slot(const ipcref__table_hash *h,
+                                               uint64_t k) {
   k ^= k >> 33;
   k *= IPCREF__TABLE_HASH_MIX;
   k ^= k >> 33;
   return (size_t)k & (h->cap - 1);
 }
 
-IPCREF_PRIVATE void *ipcref__table_hash_get(const ipcref__table_hash *h,
-                                            uint64_t k) {
+IPCREF__PRIVATE void *ipcref__table_hash_get(const ipcref__table_hash *h,
+                                             uint64_t k) {
   size_t i;
   if (!h->cap) return NULL;
   for (i = ipcref__table_hash_slot(h, k); h->keys[i];
@@ -260,7 +260,7 @@ IPCREF_PRIVATE void *ipcref__table_hash_get(const ipcref__table_hash *h,
 }
 
 /* Makes room for one more key (load at most 1/2). 0 on ENOMEM. */
-IPCREF_PRIVATE int ipcref__table_hash_reserve(ipcref__table_hash *h) {
+IPCREF__PRIVATE int ipcref__table_hash_reserve(ipcref__table_hash *h) {
   ipcref__table_hash g;
   size_t i, j;
   if ((h->n + 1) * 2 <= h->cap) return 1;
@@ -289,8 +289,8 @@ IPCREF_PRIVATE int ipcref__table_hash_reserve(ipcref__table_hash *h) {
 }
 
 /* After ipcref__table_hash_reserve. */
-IPCREF_PRIVATE void ipcref__table_hash_put(ipcref__table_hash *h, uint64_t k,
-                                           void *v) {
+IPCREF__PRIVATE void ipcref__table_hash_put(ipcref__table_hash *h, uint64_t k,
+                                            void *v) {
   size_t i;
   for (i = ipcref__table_hash_slot(h, k); h->keys[i];
        i = (i + 1) & (h->cap - 1)) {
@@ -300,7 +300,7 @@ IPCREF_PRIVATE void ipcref__table_hash_put(ipcref__table_hash *h, uint64_t k,
   h->n++;
 }
 
-IPCREF_PRIVATE void ipcref__table_hash_del(ipcref__table_hash *h, uint64_t k) {
+IPCREF__PRIVATE void ipcref__table_hash_del(ipcref__table_hash *h, uint64_t k) {
   size_t i, j, home;
   if (!h->cap) return;
   for (i = ipcref__table_hash_slot(h, k); h->keys[i] != k;
@@ -324,11 +324,11 @@ IPCREF_PRIVATE void ipcref__table_hash_del(ipcref__table_hash *h, uint64_t k) {
 /* A breach naming `id`: counted, and told to the violation hook after the
  * unlock through `note`, the caller's (it must live until the unlock;
  * one note per breach). Never allocates. */
-IPCREF_PRIVATE ipcref_result ipcref__table_breach(ipcref_table *t,
-                                                  ipcref__table_note *note,
-                                                  ipcref_id id,
-                                                  ipcref_result code,
-                                                  const char *what) {
+IPCREF__PRIVATE ipcref_result ipcref__table_breach(ipcref_table *t,
+                                                   ipcref__table_note *note,
+                                                   ipcref_id id,
+                                                   ipcref_result code,
+                                                   const char *what) {
   memset(note, 0, sizeof *note);
   note->id = id;
   note->code = code;
@@ -343,7 +343,7 @@ IPCREF_PRIVATE ipcref_result ipcref__table_breach(ipcref_table *t,
 
 /* Unlocks, then tells the hooks (they may call into the table), then frees
  * what was told. */
-IPCREF_PRIVATE void ipcref__table_unlock(ipcref_table *t) {
+IPCREF__PRIVATE void ipcref__table_unlock(ipcref_table *t) {
   ipcref__table_note *n = t->notes;
   ipcref_table_hooks h = t->hooks;
   size_t k;
@@ -381,7 +381,7 @@ IPCREF_PRIVATE void ipcref__table_unlock(ipcref_table *t) {
 /* ---- ids and objects ----------------------------------------------------- */
 
 /* The live id `id`, or NULL with *r: EINVAL (never handed out), EDEAD. */
-IPCREF_PRIVATE ipcref__table_id *
+IPCREF__PRIVATE ipcref__table_id *
 ipcref__table_find(ipcref_table *t, ipcref_id id, ipcref_result *r) {
   ipcref__table_id *x;
   if (id == 0 || id >= t->next_id) {
@@ -400,8 +400,8 @@ ipcref__table_find(ipcref_table *t, ipcref_id id, ipcref_result *r) {
  * taken by someone else): it changes nothing and the rest goes on. The
  * breaches are kept in the dead id's contained list, which stays (with
  * the id) on its object until told: freeing never allocates. */
-IPCREF_PRIVATE void ipcref__table_dealloc(ipcref_table *t,
-                                          ipcref__table_obj *o) {
+IPCREF__PRIVATE void ipcref__table_dealloc(ipcref_table *t,
+                                           ipcref__table_obj *o) {
   ipcref__table_obj *work = o;
   o->next_free = NULL;
   while (work) {
@@ -455,7 +455,7 @@ IPCREF_PRIVATE void ipcref__table_dealloc(ipcref_table *t,
 
 /* Makes room in `o`'s dealloc note for `need` stores (under the lock). 0
  * on ENOMEM, with nothing changed. */
-IPCREF_PRIVATE int ipcref__table_room(ipcref__table_obj *o, size_t need) {
+IPCREF__PRIVATE int ipcref__table_room(ipcref__table_obj *o, size_t need) {
   size_t room = o->room ? o->room * 2 : 4;
   uint32_t *s;
   if (need <= o->room) return 1;
@@ -468,13 +468,13 @@ IPCREF_PRIVATE int ipcref__table_room(ipcref__table_obj *o, size_t need) {
 }
 
 /* One reference less on `x` (under the lock; its count is above zero). */
-IPCREF_PRIVATE void ipcref__table_drop(ipcref_table *t, ipcref__table_id *x) {
+IPCREF__PRIVATE void ipcref__table_drop(ipcref_table *t, ipcref__table_id *x) {
   x->count--;
   if (--x->obj->total == 0) ipcref__table_dealloc(t, x->obj);
 }
 
 /* One reference more on `x` (under the lock). */
-IPCREF_PRIVATE void ipcref__table_gain(ipcref__table_id *x) {
+IPCREF__PRIVATE void ipcref__table_gain(ipcref__table_id *x) {
   x->count++;
   x->obj->total++;
 }

@@ -21,7 +21,7 @@ IPCREF_API ipcref_result ipcref_table_new(const ipcref_table_hooks *hooks,
   return IPCREF_OK;
 }
 
-IPCREF_PRIVATE void ipcref__table_unref(ipcref_table *t) {
+IPCREF__PRIVATE void ipcref__table_unref(ipcref_table *t) {
   size_t i;
   if (__atomic_fetch_sub(&t->refs, 1, __ATOMIC_RELEASE) != 1) return;
   IPCREF__ACQUIRE_FENCE(&t->refs);
@@ -128,8 +128,8 @@ IPCREF_API ipcref_result ipcref_table_decref(ipcref_table *t, ipcref_id id) {
 /* Records that `x` is stored in `store` (once: a store already listed is
  * not listed again), with room for it in its object's dealloc note (under
  * the lock). ENOMEM with nothing changed. */
-IPCREF_PRIVATE ipcref_result ipcref__table_add_store(ipcref__table_id *x,
-                                                     uint32_t store) {
+IPCREF__PRIVATE ipcref_result ipcref__table_add_store(ipcref__table_id *x,
+                                                      uint32_t store) {
   uint32_t i;
   for (i = 0; i < x->nstores; i++)
     if (x->stores[i] == store) return IPCREF_OK;
@@ -244,8 +244,8 @@ out:
  * message finds at zero or gone is a breach (its reference was taken by
  * someone else); those ids are kept at the start of the message's list,
  * which is freed after they are told. */
-IPCREF_PRIVATE ipcref_result ipcref__table_msg_end(ipcref_table *t,
-                                                   uint64_t token) {
+IPCREF__PRIVATE ipcref_result ipcref__table_msg_end(ipcref_table *t,
+                                                    uint64_t token) {
   ipcref__table_msg *m;
   ipcref__table_note note;
   size_t i, nb = 0;
@@ -365,7 +365,7 @@ typedef struct ipcref__table_pin {
 
 /* The pin's end: the table reference goes, and the source buffer (unless
  * a shared alias releases it itself: src NULL). */
-IPCREF_PRIVATE void ipcref__table_pin_end(void *user) {
+IPCREF__PRIVATE void ipcref__table_pin_end(void *user) {
   ipcref__table_pin *pin = (ipcref__table_pin *)user;
   ipcref__table_id *x = NULL;
   ipcref__table_note note;
@@ -384,7 +384,7 @@ IPCREF_PRIVATE void ipcref__table_pin_end(void *user) {
   IPCREF_FREE(pin);
 }
 
-IPCREF_PRIVATE void ipcref__table_pin_release(void *user, void *data) {
+IPCREF__PRIVATE void ipcref__table_pin_release(void *user, void *data) {
   (void)data;
   ipcref__table_pin_end(user);
 }

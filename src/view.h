@@ -263,9 +263,9 @@ IPCREF_API const char *ipcref_dtype_name(ipcref_dtype dt) {
 
 /* [lo, hi): the bytes of the buffer a view can reach, relative to its data.
  * 0 when some product overflows. `numel` receives the element count. */
-IPCREF_PRIVATE IPCREF__INLINE int ipcref__view_span(const ipcref_view *v,
-                                                    int64_t *lo, int64_t *hi,
-                                                    int64_t *numel) {
+IPCREF__PRIVATE IPCREF__INLINE int ipcref__view_span(const ipcref_view *v,
+                                                     int64_t *lo, int64_t *hi,
+                                                     int64_t *numel) {
   int64_t item = (int64_t)ipcref__dtype_sizes[v->dtype], n = 1, neg = 0,
           pos = 0, reach;
   int d;
@@ -304,8 +304,8 @@ IPCREF_PRIVATE IPCREF__INLINE int ipcref__view_span(const ipcref_view *v,
 
 /* 1 when every element of `v` (its buf not read) lies in bytes [0, size)
  * of its buffer: the geometry a buffer of `size` bytes can back. */
-IPCREF_PRIVATE IPCREF__INLINE int ipcref__view_fits(const ipcref_view *v,
-                                                    uint64_t size) {
+IPCREF__PRIVATE IPCREF__INLINE int ipcref__view_fits(const ipcref_view *v,
+                                                     uint64_t size) {
   int64_t lo, hi, n;
   if (!ipcref__view_span(v, &lo, &hi, &n)) return 0;
   if (v->byte_offset < 0 || (uint64_t)v->byte_offset > size) return 0;
@@ -314,8 +314,8 @@ IPCREF_PRIVATE IPCREF__INLINE int ipcref__view_fits(const ipcref_view *v,
 
 /* 1 when `v` is a view its buffer can back. Under IPCREF_CHECKED a view
  * of a released buffer is reported, naming the public function `fn`. */
-IPCREF_PRIVATE IPCREF__INLINE int ipcref__view_valid_in(const ipcref_view *v,
-                                                        const char *fn) {
+IPCREF__PRIVATE IPCREF__INLINE int ipcref__view_valid_in(const ipcref_view *v,
+                                                         const char *fn) {
   (void)fn;
   if (!v || !v->buf || (unsigned)v->dtype >= IPCREF_DTYPE_COUNT ||
       v->ndim < 0 || v->ndim > IPCREF_MAX_DIMS)
@@ -328,7 +328,7 @@ IPCREF_PRIVATE IPCREF__INLINE int ipcref__view_valid_in(const ipcref_view *v,
 #define ipcref__view_valid(v) ipcref__view_valid_in((v), __func__)
 
 /* The element count of a view already known to be valid. */
-IPCREF_PRIVATE int64_t ipcref__numel(const ipcref_view *v) {
+IPCREF__PRIVATE int64_t ipcref__numel(const ipcref_view *v) {
   int64_t n = 1;
   int d;
   for (d = 0; d < v->ndim; d++)
@@ -339,12 +339,12 @@ IPCREF_PRIVATE int64_t ipcref__numel(const ipcref_view *v) {
 
 /* The check of a result whose geometry came from the caller: EINVAL for
  * bad fields, ERANGE for elements outside the buffer or overflow. */
-IPCREF_PRIVATE ipcref_result ipcref__view_check_new(const ipcref_view *v) {
+IPCREF__PRIVATE ipcref_result ipcref__view_check_new(const ipcref_view *v) {
   return ipcref__view_fits(v, v->buf->size) ? IPCREF_OK : IPCREF_ERANGE;
 }
 
 /* Python's dim rule: -ndim <= dim < ndim. */
-IPCREF_PRIVATE IPCREF__INLINE int ipcref__dim(int dim, int ndim, int *out) {
+IPCREF__PRIVATE IPCREF__INLINE int ipcref__dim(int dim, int ndim, int *out) {
   if (dim < -ndim || dim >= ndim) return 0;
   *out = dim < 0 ? dim + ndim : dim;
   return 1;
@@ -352,8 +352,9 @@ IPCREF_PRIVATE IPCREF__INLINE int ipcref__dim(int dim, int ndim, int *out) {
 
 /* The element count of a shape given by the caller: ERANGE for ndim out of
  * range, a negative size, or an overflow of int64 or of size_t bytes. */
-IPCREF_PRIVATE ipcref_result ipcref__shape_numel(int ndim, const int64_t *shape,
-                                                 size_t item, int64_t *numel) {
+IPCREF__PRIVATE ipcref_result ipcref__shape_numel(int ndim,
+                                                  const int64_t *shape,
+                                                  size_t item, int64_t *numel) {
   int64_t n = 1, bytes;
   int d;
   if (ndim < 0 || ndim > IPCREF_MAX_DIMS) return IPCREF_ERANGE;
@@ -371,8 +372,8 @@ IPCREF_PRIVATE ipcref_result ipcref__shape_numel(int ndim, const int64_t *shape,
   return IPCREF_OK;
 }
 
-IPCREF_PRIVATE void ipcref__contiguous_strides(int ndim, const int64_t *shape,
-                                               int64_t *strides) {
+IPCREF__PRIVATE void ipcref__contiguous_strides(int ndim, const int64_t *shape,
+                                                int64_t *strides) {
   int64_t s = 1;
   int d;
   for (d = ndim - 1; d >= 0; d--) {
@@ -384,7 +385,7 @@ IPCREF_PRIVATE void ipcref__contiguous_strides(int ndim, const int64_t *shape,
 
 /* Stores a finished result. When `out` is the input, the input's reference
  * moves to the result; otherwise the result takes a reference of its own. */
-IPCREF_PRIVATE IPCREF__INLINE ipcref_result ipcref__view_finish(
+IPCREF__PRIVATE IPCREF__INLINE ipcref_result ipcref__view_finish(
     const ipcref_view *in, const ipcref_view *r, ipcref_view *out) {
   if (out != in) ipcref_buf_retain(r->buf);
   *out = *r;
@@ -395,7 +396,7 @@ IPCREF_PRIVATE IPCREF__INLINE ipcref_result ipcref__view_finish(
  * the input, keeping the input's), ready to be changed in place. Called
  * only after every check passed, with everything read from `v` already
  * in locals (`out` may be `v`). */
-IPCREF_PRIVATE IPCREF__INLINE ipcref_view *
+IPCREF__PRIVATE IPCREF__INLINE ipcref_view *
 ipcref__view_out(const ipcref_view *v, ipcref_view *out) {
   if (out != v) {
     *out = *v;
@@ -419,7 +420,7 @@ ipcref__view_out(const ipcref_view *v, ipcref_view *out) {
 #include <sys/mman.h>
 #endif
 
-IPCREF_PRIVATE ipcref_result ipcref__buf_for(size_t bytes, ipcref_buf **out) {
+IPCREF__PRIVATE ipcref_result ipcref__buf_for(size_t bytes, ipcref_buf **out) {
   ipcref_result r;
 #if defined(__linux__) && !defined(IPCREF_NO_SHARING) && defined(MADV_HUGEPAGE)
   if (bytes >= IPCREF__HUGE_MIN) {

@@ -31,8 +31,8 @@ typedef struct ipcref__copy_plan {
 /* Plans the copy of `src` into `dst` (same shape and dtype): byte
  * strides, dims of size 1 dropped, neighbours contiguous on both sides
  * merged. */
-IPCREF_PRIVATE void ipcref__plan(ipcref__copy_plan *p, const ipcref_view *dst,
-                                 const ipcref_view *src) {
+IPCREF__PRIVATE void ipcref__plan(ipcref__copy_plan *p, const ipcref_view *dst,
+                                  const ipcref_view *src) {
   int d, n = 0;
   int64_t item = ipcref__item(dst);
   p->item = (size_t)item;
@@ -66,8 +66,8 @@ IPCREF_PRIVATE void ipcref__plan(ipcref__copy_plan *p, const ipcref_view *dst,
 
 /* Every other element of a run of 4-byte elements, four at a time; returns
  * how many it did (the caller finishes the tail). */
-IPCREF_PRIVATE int64_t ipcref__gather2_4(char *d, const char *s, int64_t n,
-                                         int stream) {
+IPCREF__PRIVATE int64_t ipcref__gather2_4(char *d, const char *s, int64_t n,
+                                          int stream) {
   int64_t i = 0;
 #ifdef IPCREF__SSE2
   if (stream && ((uintptr_t)d & 15) == 0) {
@@ -104,9 +104,9 @@ IPCREF_PRIVATE int64_t ipcref__gather2_4(char *d, const char *s, int64_t n,
 
 /* Copies `n` elements of `item` bytes along one dim: one memcpy when both
  * sides are contiguous, else element by element with a fixed size. */
-IPCREF_PRIVATE void ipcref__copy_run(char *d, int64_t ds, const char *s,
-                                     int64_t ss, int64_t n, size_t item,
-                                     int stream) {
+IPCREF__PRIVATE void ipcref__copy_run(char *d, int64_t ds, const char *s,
+                                      int64_t ss, int64_t n, size_t item,
+                                      int stream) {
   int64_t i;
   if (ds == (int64_t)item && ss == (int64_t)item) {
     memcpy(d, s, (size_t)n * item);
@@ -136,9 +136,9 @@ IPCREF_PRIVATE void ipcref__copy_run(char *d, int64_t ds, const char *s,
  * 4x4 register transposes write whole output lines, around the cache when
  * the output is large. Returns 0 (and does nothing) without scratch. */
 #define IPCREF__TT 64
-IPCREF_PRIVATE int ipcref__transpose4(char *d, int64_t drs, const char *s,
-                                      int64_t scs, int64_t rows, int64_t cols,
-                                      int stream) {
+IPCREF__PRIVATE int ipcref__transpose4(char *d, int64_t drs, const char *s,
+                                       int64_t scs, int64_t rows, int64_t cols,
+                                       int stream) {
   float *tile;
   int64_t r0, c0, r, c;
   if (rows < IPCREF__TT || cols < IPCREF__TT) return 0;
@@ -205,10 +205,10 @@ IPCREF_PRIVATE int ipcref__transpose4(char *d, int64_t drs, const char *s,
 
 /* A 2-d copy in square tiles, for a side contiguous along rows and the
  * other along columns: each tile stays in cache on both sides. */
-IPCREF_PRIVATE void ipcref__copy_tiled(char *d, int64_t drs, int64_t dcs,
-                                       const char *s, int64_t srs, int64_t scs,
-                                       int64_t rows, int64_t cols,
-                                       size_t item) {
+IPCREF__PRIVATE void ipcref__copy_tiled(char *d, int64_t drs, int64_t dcs,
+                                        const char *s, int64_t srs, int64_t scs,
+                                        int64_t rows, int64_t cols,
+                                        size_t item) {
   int64_t r0, c0, r, c;
   for (r0 = 0; r0 < rows; r0 += IPCREF__TILE) {
     int64_t r1 = r0 + IPCREF__TILE < rows ? r0 + IPCREF__TILE : rows;
@@ -226,10 +226,10 @@ IPCREF_PRIVATE void ipcref__copy_tiled(char *d, int64_t drs, int64_t dcs,
 }
 
 /* One 2-d copy: the f32 register transpose, tiles, or row by row. */
-IPCREF_PRIVATE void ipcref__copy_2d(char *d, int64_t drs, int64_t dcs,
-                                    const char *s, int64_t srs, int64_t scs,
-                                    int64_t rows, int64_t cols, size_t item,
-                                    int stream) {
+IPCREF__PRIVATE void ipcref__copy_2d(char *d, int64_t drs, int64_t dcs,
+                                     const char *s, int64_t srs, int64_t scs,
+                                     int64_t rows, int64_t cols, size_t item,
+                                     int stream) {
   int64_t r, it = (int64_t)item;
 #ifdef IPCREF__SSE2
   if (item == 4 && dcs == 4 && srs == 4 &&
@@ -248,7 +248,7 @@ IPCREF_PRIVATE void ipcref__copy_2d(char *d, int64_t drs, int64_t dcs,
 
 /* Streaming stores are weakly ordered: fence them before anyone (another
  * thread handed the buffer next) can read the result. */
-IPCREF_PRIVATE void ipcref__copy_fence(const ipcref__copy_plan *p) {
+IPCREF__PRIVATE void ipcref__copy_fence(const ipcref__copy_plan *p) {
 #ifdef IPCREF__SSE2
   if (p->stream) _mm_sfence();
 #else
@@ -258,8 +258,8 @@ IPCREF_PRIVATE void ipcref__copy_fence(const ipcref__copy_plan *p) {
 
 /* Runs a plan: its two innermost dims as one 2-d copy (or one run), the
  * outer dims counted like an odometer. */
-IPCREF_PRIVATE void ipcref__copy_plan_run(const ipcref__copy_plan *p, char *d,
-                                          const char *s) {
+IPCREF__PRIVATE void ipcref__copy_plan_run(const ipcref__copy_plan *p, char *d,
+                                           const char *s) {
   int64_t idx[IPCREF_MAX_DIMS];
   int outer = p->ndim - 2, k;
   if (p->ndim == 0) {
@@ -292,8 +292,8 @@ IPCREF_PRIVATE void ipcref__copy_plan_run(const ipcref__copy_plan *p, char *d,
 
 /* Copies src into dst: same dtype and ndim, shapes equal, both valid, no
  * overlap. */
-IPCREF_PRIVATE void ipcref__copy_elements(const ipcref_view *dst,
-                                          const ipcref_view *src) {
+IPCREF__PRIVATE void ipcref__copy_elements(const ipcref_view *dst,
+                                           const ipcref_view *src) {
   ipcref__copy_plan p;
   if (ipcref__numel(dst) == 0) return;
   ipcref__plan(&p, dst, src);
@@ -316,14 +316,14 @@ IPCREF_API ipcref_result ipcref_view_contiguous(const ipcref_view *v,
   return IPCREF_OK;
 }
 
-IPCREF_PRIVATE int ipcref__view_writable(const ipcref_view *v) {
+IPCREF__PRIVATE int ipcref__view_writable(const ipcref_view *v) {
   if (ipcref__buf_read_only(v->buf)) return 0;
   return ipcref_buf_is_shared_mut(v->buf) || ipcref_buf_is_unique(v->buf);
 }
 
 /* The absolute address range [lo, hi) a non-empty valid view touches. */
-IPCREF_PRIVATE void ipcref__view_range(const ipcref_view *v, uintptr_t *lo,
-                                       uintptr_t *hi) {
+IPCREF__PRIVATE void ipcref__view_range(const ipcref_view *v, uintptr_t *lo,
+                                        uintptr_t *hi) {
   int64_t l = 0, h = 0, n;
   (void)ipcref__view_span(v, &l, &h, &n);
   *lo = (uintptr_t)v->buf->data + (uintptr_t)l;

@@ -5,7 +5,7 @@
  * count is atomic). */
 
 /* Removes dim d of r (its offset already accounted for). */
-IPCREF_PRIVATE void ipcref__drop_dim(ipcref_view *r, int d) {
+IPCREF__PRIVATE void ipcref__drop_dim(ipcref_view *r, int d) {
   int i;
   for (i = d; i + 1 < r->ndim; i++) {
     r->shape[i] = r->shape[i + 1];
@@ -16,7 +16,7 @@ IPCREF_PRIVATE void ipcref__drop_dim(ipcref_view *r, int d) {
   r->strides[r->ndim] = 0;
 }
 
-IPCREF_PRIVATE int64_t ipcref__item(const ipcref_view *v) {
+IPCREF__PRIVATE int64_t ipcref__item(const ipcref_view *v) {
   return (int64_t)ipcref__dtype_sizes[v->dtype];
 }
 
@@ -145,9 +145,9 @@ IPCREF_API ipcref_result ipcref_view_transpose(const ipcref_view *v, int d0,
  * without a copy, or 0 when there are none. Dims are merged into chunks of
  * memory-contiguous runs; each chunk must split exactly into new dims (the
  * rule of PyTorch's computeStride). */
-IPCREF_PRIVATE int ipcref__reshape_strides(const ipcref_view *v, int ndim,
-                                           const int64_t *shape,
-                                           int64_t *strides) {
+IPCREF__PRIVATE int ipcref__reshape_strides(const ipcref_view *v, int ndim,
+                                            const int64_t *shape,
+                                            int64_t *strides) {
   int64_t chunk_stride, tensor_n = 1, view_n = 1;
   int td, vd = ndim - 1;
   if (v->ndim == 0) {
@@ -181,9 +181,9 @@ IPCREF_PRIVATE int ipcref__reshape_strides(const ipcref_view *v, int ndim,
 }
 
 /* Resolves a requested shape (one -1 may be inferred) against `numel`. */
-IPCREF_PRIVATE ipcref_result ipcref__infer_shape(int ndim, const int64_t *in,
-                                                 int64_t numel,
-                                                 int64_t *shape) {
+IPCREF__PRIVATE ipcref_result ipcref__infer_shape(int ndim, const int64_t *in,
+                                                  int64_t numel,
+                                                  int64_t *shape) {
   int64_t known = 1;
   int d, infer = -1;
   if (ndim < 0 || ndim > IPCREF_MAX_DIMS) return IPCREF_ERANGE;
