@@ -3914,7 +3914,8 @@ IPCREF__PRIVATE ipcref_result ipcref__segment_new(ipcref_ctx *ctx,
   s->nblocks = cls == IPCREF__FOREIGN ? 0 : (uint32_t)(size / block);
   s->free_stack = (uint32_t *)ipcref__zalloc(s->nblocks * sizeof(uint32_t));
   s->blocks = (ipcref__block *)ipcref__zalloc(s->nblocks * sizeof *s->blocks);
-  if (!s->free_stack || !s->blocks) goto nomem;
+  r = IPCREF_ENOMEM;
+  if (!s->free_stack || !s->blocks) goto fail;
   s->pool = pool;
   s->fd = s->ro_fd = -1;
   s->daddr = daddr;
@@ -3960,11 +3961,6 @@ fail:
   IPCREF_FREE(s->blocks);
   IPCREF_FREE(s);
   return r;
-nomem:
-  IPCREF_FREE(s->free_stack);
-  IPCREF_FREE(s->blocks);
-  IPCREF_FREE(s);
-  return IPCREF_ENOMEM;
 }
 
 /* A free block of at least `size` bytes in `pool` (under the lock); `own`:
@@ -4098,17 +4094,19 @@ IPCREF__PRIVATE ipcref_result ipcref__ledger_new(ipcref_ctx *ctx,
   uint32_t n = ctx->opt.ledger_slots, i;
   size_t bytes;
   ipcref__ledger *l;
+  ipcref__ledger_hdr *h;
+  ipcref_result r = IPCREF_ENOMEM;
   if (p && p->ledger && p->ledger->n < (1u << 22)) n = p->ledger->n * 2;
   bytes = ipcref__ledger_bytes(n);
   l = (ipcref__ledger *)ipcref__zalloc(sizeof *l);
-  ipcref__ledger_hdr *h;
   if (!l) return IPCREF_ENOMEM;
   l->leases = (ipcref__lease *)ipcref__zalloc(n * sizeof *l->leases);
   l->free_stack = (uint32_t *)ipcref__zalloc(n / 2 * sizeof(uint32_t));
-  if (!l->leases || !l->free_stack) goto nomem;
+  if (!l->leases || !l->free_stack) goto fail;
   /* Consumers write their returns into it: no write seal. */
   l->fd = ipcref__memfd("ipcref-ledger", bytes, 0, &l->base);
-  if (l->fd < 0) goto sys;
+  r = IPCREF_ESYS;
+  if (l->fd < 0) goto fail;
   l->n = n;
   l->id = ++ctx->next_id;
   l->peer = p;
@@ -4130,16 +4128,11 @@ IPCREF__PRIVATE ipcref_result ipcref__ledger_new(ipcref_ctx *ctx,
   ctx->st.counter_files++;
   *out = l;
   return IPCREF_OK;
-sys:
+fail:
   IPCREF_FREE(l->leases);
   IPCREF_FREE(l->free_stack);
   IPCREF_FREE(l);
-  return IPCREF_ESYS;
-nomem:
-  IPCREF_FREE(l->leases);
-  IPCREF_FREE(l->free_stack);
-  IPCREF_FREE(l);
-  return IPCREF_ENOMEM;
+  return r;
 }
 
 /* Ends lease (slot, gen) of ledger `l` (under the lock): the slot is free

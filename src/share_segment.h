@@ -86,7 +86,8 @@ IPCREF__PRIVATE ipcref_result ipcref__segment_new(ipcref_ctx *ctx,
   s->nblocks = cls == IPCREF__FOREIGN ? 0 : (uint32_t)(size / block);
   s->free_stack = (uint32_t *)ipcref__zalloc(s->nblocks * sizeof(uint32_t));
   s->blocks = (ipcref__block *)ipcref__zalloc(s->nblocks * sizeof *s->blocks);
-  if (!s->free_stack || !s->blocks) goto nomem;
+  r = IPCREF_ENOMEM;
+  if (!s->free_stack || !s->blocks) goto fail;
   s->pool = pool;
   s->fd = s->ro_fd = -1;
   s->daddr = daddr;
@@ -132,11 +133,6 @@ fail:
   IPCREF_FREE(s->blocks);
   IPCREF_FREE(s);
   return r;
-nomem:
-  IPCREF_FREE(s->free_stack);
-  IPCREF_FREE(s->blocks);
-  IPCREF_FREE(s);
-  return IPCREF_ENOMEM;
 }
 
 /* A free block of at least `size` bytes in `pool` (under the lock); `own`:
