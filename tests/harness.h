@@ -7,6 +7,18 @@
 #include <stdio.h>
 #include <stdlib.h>
 
+/* UNDER_ASAN: 1 in a build with AddressSanitizer (gcc or clang). */
+#if defined(__SANITIZE_ADDRESS__)
+#define UNDER_ASAN 1
+#elif defined(__has_feature)
+#if __has_feature(address_sanitizer)
+#define UNDER_ASAN 1
+#endif
+#endif
+#ifndef UNDER_ASAN
+#define UNDER_ASAN 0
+#endif
+
 static int harness_failures_in_test;
 static int harness_passed, harness_failed;
 

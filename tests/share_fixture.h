@@ -82,17 +82,6 @@
 
 /* ------------------------------------------------------------ the run */
 
-#if defined(__SANITIZE_ADDRESS__)
-#define UNDER_ASAN 1
-#elif defined(__has_feature)
-#if __has_feature(address_sanitizer)
-#define UNDER_ASAN 1
-#endif
-#endif
-#ifndef UNDER_ASAN
-#define UNDER_ASAN 0
-#endif
-
 static int under_valgrind;
 static int slow = 1; /* timeouts that scale are multiplied by this */
 
@@ -402,69 +391,7 @@ FIXTURE_FN int ctl_get(int fd, int timeout_ms) {
 }
 #define CTL_EXPECT(fd, v) CHECK_EQ(ctl_get((fd), CTL_MS), (v))
 
-/* An own transport for ipcref_export/ipcref_import: bytes and fds in one
- * SOCK_SEQPACKET packet. */
-FIXTURE_FN int xfer_send(int fd, const ipcref_msg *m) {
-  struct msghdr mh;
-  struct iovec iov;
-  union {
-    char buf[CMSG_SPACE(sizeof(int) * IPCREF_MSG_MAX_FDS)];
-    struct cmsghdr align;
-  } u;
-  memset(&mh, 0, sizeof mh);
-  memset(&u, 0, sizeof u);
-  iov.iov_base = (void *)(uintptr_t)m->bytes;
-  iov.iov_len = m->len;
-  mh.msg_iov = &iov;
-  mh.msg_iovlen = 1;
-  if (m->nfds > 0) {
-    struct cmsghdr *c;
-    mh.msg_control = u.buf;
-    mh.msg_controllen = CMSG_SPACE(sizeof(int) * (size_t)m->nfds);
-    c = CMSG_FIRSTHDR(&mh);
-    c->cmsg_level = SOL_SOCKET;
-    c->cmsg_type = SCM_RIGHTS;
-    c->cmsg_len = CMSG_LEN(sizeof(int) * (size_t)m->nfds);
-    memcpy(CMSG_DATA(c), m->fds, sizeof(int) * (size_t)m->nfds);
-  }
-  return sendmsg(fd, &mh, MSG_NOSIGNAL) == (ssize_t)m->len ? 0 : -1;
-}
-
-/* The next message into m (its fds are the caller's); -1 on EOF or after
- * timeout_ms. */
-FIXTURE_FN int xfer_recv(int fd, ipcref_msg *m, int timeout_ms) {
-  struct msghdr mh;
-  struct iovec iov;
-  struct cmsghdr *c;
-  struct pollfd pf;
-  ssize_t r;
-  union {
-    char buf[CMSG_SPACE(sizeof(int) * IPCREF_MSG_MAX_FDS)];
-    struct cmsghdr align;
-  } u;
-  memset(m, 0, sizeof *m);
-  memset(&mh, 0, sizeof mh);
-  pf.fd = fd;
-  pf.events = POLLIN;
-  pf.revents = 0;
-  if (poll(&pf, 1, timeout_ms) != 1) return -1;
-  iov.iov_base = m->bytes;
-  iov.iov_len = sizeof m->bytes;
-  mh.msg_iov = &iov;
-  mh.msg_iovlen = 1;
-  mh.msg_control = u.buf;
-  mh.msg_controllen = sizeof u.buf;
-  r = recvmsg(fd, &mh, MSG_CMSG_CLOEXEC);
-  if (r <= 0) return -1;
-  m->len = (size_t)r;
-  for (c = CMSG_FIRSTHDR(&mh); c; c = CMSG_NXTHDR(&mh, c))
-    if (c->cmsg_level == SOL_SOCKET && c->cmsg_type == SCM_RIGHTS) {
-      int n = (int)((c->cmsg_len - CMSG_LEN(0)) / sizeof(int));
-      memcpy(m->fds + m->nfds, CMSG_DATA(c), sizeof(int) * (size_t)n);
-      m->nfds += n;
-    }
-  return 0;
-}
+#include "xfer.h" /* xfer_send, xfer_recv: an own transport */
 
 /* A copy of a message that owns duplicates of its fds. */
 FIXTURE_FN void msg_dup(const ipcref_msg *src, ipcref_msg *dst) {
