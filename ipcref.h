@@ -3313,6 +3313,7 @@ typedef struct ipcref__block {
   uint32_t leases; /* live leases on it, in any ledger */
   int local;       /* a local buffer still holds it */
   int in_limbo;
+  uint32_t index;                                /* in its segment */
   struct ipcref__block *limbo_prev, *limbo_next; /* also: to release */
   void (*release)(void *user, void *ptr);        /* a wrap's owner */
   void *user;
@@ -3335,10 +3336,11 @@ typedef struct ipcref__alias {
 
 /* The segments of one kind of memory, by size class: host memory, or one
  * device of one backend. */
-#define IPCREF__CLASSES   40
-#define IPCREF__MIN_BLOCK 64u
-#define IPCREF__OWN       UINT32_MAX       /* cls: a block of its own */
-#define IPCREF__FOREIGN   (UINT32_MAX - 1) /* cls: wrapped allocation */
+#define IPCREF__CLASSES     40
+#define IPCREF__BLOCK_CHUNK 256 /* block descriptors made at once */
+#define IPCREF__MIN_BLOCK   64u
+#define IPCREF__OWN         UINT32_MAX       /* cls: a block of its own */
+#define IPCREF__FOREIGN     (UINT32_MAX - 1) /* cls: wrapped allocation */
 typedef struct ipcref__pool {
   ipcref_backend *be; /* NULL: host memory */
   int32_t dev;
@@ -3359,10 +3361,17 @@ struct ipcref__segment {
                       freed (a consumer may have it open) */
   uint32_t nwraps; /* foreign: blocks in it */
   size_t size, block_size;
-  uint32_t nblocks, nfree, cls; /* cls: size class, IPCREF__OWN, or
+  uint32_t nblocks, nfree, cls; /* nfree: blocks not in use, made or not;
+                                   cls: size class, IPCREF__OWN, or
                                    IPCREF__FOREIGN */
-  uint32_t *free_stack;
-  ipcref__block *blocks;
+  /* Block descriptors are made a chunk at a time, as blocks are first
+   * handed out: a segment costs private memory in proportion to what it
+   * handed out, not to its size (see ipcref__segment_take). */
+  ipcref__block **chunks; /* [nblocks / IPCREF__BLOCK_CHUNK], made lazily */
+  uint32_t nmade;         /* blocks [0, nmade) have descriptors */
+  uint32_t *free_stack;   /* made blocks that are free; room for nmade */
+  uint32_t nstack;
+  size_t capstack;
   ipcref__segment *next, *prev;             /* all segments */
   ipcref__segment *class_next, *class_prev; /* with free blocks */
   int in_class;
@@ -3874,6 +3883,7 @@ IPCREF__PRIVATE void ipcref__retire_announce(ipcref_ctx *ctx, uint64_t id) {
  * owner's). */
 IPCREF__PRIVATE void ipcref__segment_destroy(ipcref_ctx *ctx,
                                              ipcref__segment *s) {
+  uint32_t i;
   ipcref__class_remove(s);
   if (s->cached) ctx->empty_bytes -= s->size;
   IPCREF__LIST_REMOVE(ctx->segments, s, next, prev);
@@ -3890,8 +3900,10 @@ IPCREF__PRIVATE void ipcref__segment_destroy(ipcref_ctx *ctx,
   }
   ctx->st.segment_bytes -= s->size;
   ctx->st.mapped_segments--;
+  for (i = 0; i < s->nmade; i += IPCREF__BLOCK_CHUNK)
+    IPCREF_FREE(s->chunks[i / IPCREF__BLOCK_CHUNK]);
+  IPCREF_FREE(s->chunks);
   IPCREF_FREE(s->free_stack);
-  IPCREF_FREE(s->blocks);
   IPCREF_FREE(s);
 }
 
@@ -3905,17 +3917,17 @@ IPCREF__PRIVATE ipcref_result ipcref__segment_new(ipcref_ctx *ctx,
                                                   ipcref__segment **out) {
   ipcref__segment *s;
   ipcref_result r;
-  uint32_t i;
   if (ctx->opt.max_bytes && cls != IPCREF__FOREIGN &&
       ctx->st.segment_bytes + size > ctx->opt.max_bytes)
     return IPCREF_ENOMEM;
   s = (ipcref__segment *)ipcref__zalloc(sizeof *s);
   if (!s) return IPCREF_ENOMEM;
   s->nblocks = cls == IPCREF__FOREIGN ? 0 : (uint32_t)(size / block);
-  s->free_stack = (uint32_t *)ipcref__zalloc(s->nblocks * sizeof(uint32_t));
-  s->blocks = (ipcref__block *)ipcref__zalloc(s->nblocks * sizeof *s->blocks);
+  s->chunks =
+      (ipcref__block **)ipcref__zalloc((s->nblocks + IPCREF__BLOCK_CHUNK - 1) /
+                                       IPCREF__BLOCK_CHUNK * sizeof *s->chunks);
   r = IPCREF_ENOMEM;
-  if (!s->free_stack || !s->blocks) goto fail;
+  if (!s->chunks) goto fail;
   s->pool = pool;
   s->fd = s->ro_fd = -1;
   s->daddr = daddr;
@@ -3942,12 +3954,6 @@ IPCREF__PRIVATE ipcref_result ipcref__segment_new(ipcref_ctx *ctx,
   s->size = size;
   s->block_size = block;
   s->cls = cls;
-  for (i = 0; i < s->nblocks; i++) {
-    s->free_stack[i] = s->nblocks - 1 - i; /* hand out low offsets first */
-    s->blocks[i].seg = s;
-    s->blocks[i].offset = (size_t)i * block;
-    s->blocks[i].size = block;
-  }
   s->nfree = s->nblocks;
   IPCREF__LIST_PUSH(ctx->segments, s, next, prev);
   ctx->st.segment_bytes += size;
@@ -3957,10 +3963,40 @@ IPCREF__PRIVATE ipcref_result ipcref__segment_new(ipcref_ctx *ctx,
 sys:
   r = errno == ENOMEM ? IPCREF_ENOMEM : IPCREF_ESYS;
 fail:
-  IPCREF_FREE(s->free_stack);
-  IPCREF_FREE(s->blocks);
+  IPCREF_FREE(s->chunks);
   IPCREF_FREE(s);
   return r;
+}
+
+/* A free block of segment `s` (under the lock): the last one freed, else
+ * the next never handed out (low offsets first), its chunk of descriptors
+ * made when it is the chunk's first, with room on the free stack for every
+ * block made, so that a free never allocates. NULL when out of memory. */
+IPCREF__PRIVATE ipcref__block *ipcref__segment_take(ipcref__segment *s) {
+  uint32_t i = s->nstack ? s->free_stack[--s->nstack] : s->nmade;
+  if (i == s->nmade) { /* a block never handed out */
+    if (i % IPCREF__BLOCK_CHUNK == 0) {
+      uint32_t n = s->nblocks - i < IPCREF__BLOCK_CHUNK ? s->nblocks - i
+                                                        : IPCREF__BLOCK_CHUNK;
+      uint32_t k;
+      ipcref__block *c;
+      if (!ipcref__grow((void **)&s->free_stack, &s->capstack, (size_t)i + n,
+                        sizeof(uint32_t)))
+        return NULL;
+      c = (ipcref__block *)ipcref__zalloc(n * sizeof *c);
+      if (!c) return NULL;
+      for (k = 0; k < n; k++) {
+        c[k].seg = s;
+        c[k].index = i + k;
+        c[k].offset = (size_t)(i + k) * s->block_size;
+        c[k].size = s->block_size;
+      }
+      s->chunks[i / IPCREF__BLOCK_CHUNK] = c;
+    }
+    s->nmade++;
+  }
+  s->nfree--;
+  return &s->chunks[i / IPCREF__BLOCK_CHUNK][i % IPCREF__BLOCK_CHUNK];
 }
 
 /* A free block of at least `size` bytes in `pool` (under the lock); `own`:
@@ -3992,7 +4028,11 @@ IPCREF__PRIVATE ipcref_result ipcref__block_alloc(ipcref_ctx *ctx,
     ctx->empty_bytes -= s->size;
     s->cached = 0;
   }
-  b = &s->blocks[s->free_stack[--s->nfree]];
+  b = ipcref__segment_take(s);
+  if (!b) { /* out of memory: a segment made for this block goes again */
+    if (s->nfree == s->nblocks) ipcref__segment_destroy(ctx, s);
+    return IPCREF_ENOMEM;
+  }
   if (s->nfree == 0) ipcref__class_remove(s);
   b->leases = 0;
   b->local = 1;
@@ -4019,7 +4059,8 @@ IPCREF__PRIVATE void ipcref__block_free(ipcref_ctx *ctx, ipcref__block *b) {
     if (--s->nwraps == 0) ipcref__segment_destroy(ctx, s);
     return;
   }
-  s->free_stack[s->nfree++] = (uint32_t)(b - s->blocks);
+  s->free_stack[s->nstack++] = b->index;
+  s->nfree++;
   if (s->nfree < s->nblocks) {
     ipcref__class_add(s);
     return;

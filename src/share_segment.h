@@ -46,6 +46,7 @@ IPCREF__PRIVATE void ipcref__retire_announce(ipcref_ctx *ctx, uint64_t id) {
  * owner's). */
 IPCREF__PRIVATE void ipcref__segment_destroy(ipcref_ctx *ctx,
                                              ipcref__segment *s) {
+  uint32_t i;
   ipcref__class_remove(s);
   if (s->cached) ctx->empty_bytes -= s->size;
   IPCREF__LIST_REMOVE(ctx->segments, s, next, prev);
@@ -62,8 +63,10 @@ IPCREF__PRIVATE void ipcref__segment_destroy(ipcref_ctx *ctx,
   }
   ctx->st.segment_bytes -= s->size;
   ctx->st.mapped_segments--;
+  for (i = 0; i < s->nmade; i += IPCREF__BLOCK_CHUNK)
+    IPCREF_FREE(s->chunks[i / IPCREF__BLOCK_CHUNK]);
+  IPCREF_FREE(s->chunks);
   IPCREF_FREE(s->free_stack);
-  IPCREF_FREE(s->blocks);
   IPCREF_FREE(s);
 }
 
@@ -77,17 +80,17 @@ IPCREF__PRIVATE ipcref_result ipcref__segment_new(ipcref_ctx *ctx,
                                                   ipcref__segment **out) {
   ipcref__segment *s;
   ipcref_result r;
-  uint32_t i;
   if (ctx->opt.max_bytes && cls != IPCREF__FOREIGN &&
       ctx->st.segment_bytes + size > ctx->opt.max_bytes)
     return IPCREF_ENOMEM;
   s = (ipcref__segment *)ipcref__zalloc(sizeof *s);
   if (!s) return IPCREF_ENOMEM;
   s->nblocks = cls == IPCREF__FOREIGN ? 0 : (uint32_t)(size / block);
-  s->free_stack = (uint32_t *)ipcref__zalloc(s->nblocks * sizeof(uint32_t));
-  s->blocks = (ipcref__block *)ipcref__zalloc(s->nblocks * sizeof *s->blocks);
+  s->chunks =
+      (ipcref__block **)ipcref__zalloc((s->nblocks + IPCREF__BLOCK_CHUNK - 1) /
+                                       IPCREF__BLOCK_CHUNK * sizeof *s->chunks);
   r = IPCREF_ENOMEM;
-  if (!s->free_stack || !s->blocks) goto fail;
+  if (!s->chunks) goto fail;
   s->pool = pool;
   s->fd = s->ro_fd = -1;
   s->daddr = daddr;
@@ -114,12 +117,6 @@ IPCREF__PRIVATE ipcref_result ipcref__segment_new(ipcref_ctx *ctx,
   s->size = size;
   s->block_size = block;
   s->cls = cls;
-  for (i = 0; i < s->nblocks; i++) {
-    s->free_stack[i] = s->nblocks - 1 - i; /* hand out low offsets first */
-    s->blocks[i].seg = s;
-    s->blocks[i].offset = (size_t)i * block;
-    s->blocks[i].size = block;
-  }
   s->nfree = s->nblocks;
   IPCREF__LIST_PUSH(ctx->segments, s, next, prev);
   ctx->st.segment_bytes += size;
@@ -129,10 +126,40 @@ IPCREF__PRIVATE ipcref_result ipcref__segment_new(ipcref_ctx *ctx,
 sys:
   r = errno == ENOMEM ? IPCREF_ENOMEM : IPCREF_ESYS;
 fail:
-  IPCREF_FREE(s->free_stack);
-  IPCREF_FREE(s->blocks);
+  IPCREF_FREE(s->chunks);
   IPCREF_FREE(s);
   return r;
+}
+
+/* A free block of segment `s` (under the lock): the last one freed, else
+ * the next never handed out (low offsets first), its chunk of descriptors
+ * made when it is the chunk's first, with room on the free stack for every
+ * block made, so that a free never allocates. NULL when out of memory. */
+IPCREF__PRIVATE ipcref__block *ipcref__segment_take(ipcref__segment *s) {
+  uint32_t i = s->nstack ? s->free_stack[--s->nstack] : s->nmade;
+  if (i == s->nmade) { /* a block never handed out */
+    if (i % IPCREF__BLOCK_CHUNK == 0) {
+      uint32_t n = s->nblocks - i < IPCREF__BLOCK_CHUNK ? s->nblocks - i
+                                                        : IPCREF__BLOCK_CHUNK;
+      uint32_t k;
+      ipcref__block *c;
+      if (!ipcref__grow((void **)&s->free_stack, &s->capstack, (size_t)i + n,
+                        sizeof(uint32_t)))
+        return NULL;
+      c = (ipcref__block *)ipcref__zalloc(n * sizeof *c);
+      if (!c) return NULL;
+      for (k = 0; k < n; k++) {
+        c[k].seg = s;
+        c[k].index = i + k;
+        c[k].offset = (size_t)(i + k) * s->block_size;
+        c[k].size = s->block_size;
+      }
+      s->chunks[i / IPCREF__BLOCK_CHUNK] = c;
+    }
+    s->nmade++;
+  }
+  s->nfree--;
+  return &s->chunks[i / IPCREF__BLOCK_CHUNK][i % IPCREF__BLOCK_CHUNK];
 }
 
 /* A free block of at least `size` bytes in `pool` (under the lock); `own`:
@@ -164,7 +191,11 @@ IPCREF__PRIVATE ipcref_result ipcref__block_alloc(ipcref_ctx *ctx,
     ctx->empty_bytes -= s->size;
     s->cached = 0;
   }
-  b = &s->blocks[s->free_stack[--s->nfree]];
+  b = ipcref__segment_take(s);
+  if (!b) { /* out of memory: a segment made for this block goes again */
+    if (s->nfree == s->nblocks) ipcref__segment_destroy(ctx, s);
+    return IPCREF_ENOMEM;
+  }
   if (s->nfree == 0) ipcref__class_remove(s);
   b->leases = 0;
   b->local = 1;
@@ -191,7 +222,8 @@ IPCREF__PRIVATE void ipcref__block_free(ipcref_ctx *ctx, ipcref__block *b) {
     if (--s->nwraps == 0) ipcref__segment_destroy(ctx, s);
     return;
   }
-  s->free_stack[s->nfree++] = (uint32_t)(b - s->blocks);
+  s->free_stack[s->nstack++] = b->index;
+  s->nfree++;
   if (s->nfree < s->nblocks) {
     ipcref__class_add(s);
     return;

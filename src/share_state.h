@@ -134,6 +134,7 @@ typedef struct ipcref__block {
   uint32_t leases; /* live leases on it, in any ledger */
   int local;       /* a local buffer still holds it */
   int in_limbo;
+  uint32_t index;                                /* in its segment */
   struct ipcref__block *limbo_prev, *limbo_next; /* also: to release */
   void (*release)(void *user, void *ptr);        /* a wrap's owner */
   void *user;
@@ -156,10 +157,11 @@ typedef struct ipcref__alias {
 
 /* The segments of one kind of memory, by size class: host memory, or one
  * device of one backend. */
-#define IPCREF__CLASSES   40
-#define IPCREF__MIN_BLOCK 64u
-#define IPCREF__OWN       UINT32_MAX       /* cls: a block of its own */
-#define IPCREF__FOREIGN   (UINT32_MAX - 1) /* cls: wrapped allocation */
+#define IPCREF__CLASSES     40
+#define IPCREF__BLOCK_CHUNK 256 /* block descriptors made at once */
+#define IPCREF__MIN_BLOCK   64u
+#define IPCREF__OWN         UINT32_MAX       /* cls: a block of its own */
+#define IPCREF__FOREIGN     (UINT32_MAX - 1) /* cls: wrapped allocation */
 typedef struct ipcref__pool {
   ipcref_backend *be; /* NULL: host memory */
   int32_t dev;
@@ -180,10 +182,17 @@ struct ipcref__segment {
                       freed (a consumer may have it open) */
   uint32_t nwraps; /* foreign: blocks in it */
   size_t size, block_size;
-  uint32_t nblocks, nfree, cls; /* cls: size class, IPCREF__OWN, or
+  uint32_t nblocks, nfree, cls; /* nfree: blocks not in use, made or not;
+                                   cls: size class, IPCREF__OWN, or
                                    IPCREF__FOREIGN */
-  uint32_t *free_stack;
-  ipcref__block *blocks;
+  /* Block descriptors are made a chunk at a time, as blocks are first
+   * handed out: a segment costs private memory in proportion to what it
+   * handed out, not to its size (see ipcref__segment_take). */
+  ipcref__block **chunks; /* [nblocks / IPCREF__BLOCK_CHUNK], made lazily */
+  uint32_t nmade;         /* blocks [0, nmade) have descriptors */
+  uint32_t *free_stack;   /* made blocks that are free; room for nmade */
+  uint32_t nstack;
+  size_t capstack;
   ipcref__segment *next, *prev;             /* all segments */
   ipcref__segment *class_next, *class_prev; /* with free blocks */
   int in_class;
