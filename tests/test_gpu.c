@@ -133,9 +133,9 @@ static void knob_num(const kind *k, const char *name, long long v) {
 }
 
 static void knobs_reset(void) {
-  static const char *const names[] = {"MODE",   "DEVICES",    "MEM_LIMIT",
-                                      "REOPEN", "WORK_US",    "HOSTPTR",
-                                      "LOG",    "IPC_EVENTS", "DRIVER_VERSION"};
+  static const char *const names[] = {
+      "MODE",    "DEVICES", "MEM_LIMIT",  "REOPEN",         "WORK_US",
+      "HOSTPTR", "LOG",     "IPC_EVENTS", "DRIVER_VERSION", "HIDE"};
   size_t i;
   for (i = 0; i < sizeof names / sizeof *names; i++) {
     knob(&K_CUDA, names[i], NULL);
@@ -1595,6 +1595,13 @@ static void test_open_errors(const kind *k) {
     knob(k, "DEVICES", "0");
     expect_open_fails(k, k->path, "no CUDA-capable device");
     knob(k, "DEVICES", NULL);
+    /* A driver without an entry point the backend needs (the last looked
+     * up, and one in the middle of the table). */
+    knob(k, "HIDE", "cuDriverGetVersion");
+    expect_open_fails(k, k->path, "lacks cuDriverGetVersion");
+    knob(k, "HIDE", "cuIpcGetEventHandle");
+    expect_open_fails(k, k->path, "lacks cuIpcGetEventHandle");
+    knob(k, "HIDE", NULL);
   } else {
     knob(k, "MODE", "nodevice");
     expect_open_fails(k, k->path, "no ROCm-capable device");

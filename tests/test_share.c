@@ -30,6 +30,7 @@
 #include <unistd.h>
 
 #define IPCREF_IMPLEMENTATION
+#include "counting_alloc.h" /* allocations that can be made to fail */
 #include "../ipcref.h"
 
 #define CTL_MS        30000 /* longest wait for a command or a reply */
@@ -2065,6 +2066,40 @@ static void test_middleman_killed(void) {
   RES_END(&m);
 }
 
+/* Out of memory at each allocation a new buffer makes in turn (the
+ * segment, its descriptors made lazily, the header): the call fails with
+ * ENOMEM or succeeds on its retry, and a failure leaves nothing behind: no
+ * segment, no buffer, no fd, no mapping, no allocation. */
+static void test_allocation_fails_at_each_step(void) {
+  res_mark m;
+  ipcref_ctx *ctx;
+  long base = live_allocs;
+  int k, reached = 1, failed = 0;
+  res_begin(&m);
+  ctx = make_ctx(NULL);
+  for (k = 1; reached && k < 100; k++) {
+    ipcref_buf *b = NULL;
+    ipcref_result r;
+    ipcref_stats st;
+    fail_alloc_in = k;
+    r = ipcref_shared_new_isolated(ctx, 100, &b); /* a segment each time */
+    reached = fail_alloc_in == 0;
+    fail_alloc_in = 0;
+    CHECK(r == IPCREF_OK || r == IPCREF_ENOMEM);
+    failed += r == IPCREF_ENOMEM;
+    if (r == IPCREF_OK) ipcref_buf_release(b);
+    st = stats_of(ctx);
+    CHECK_EQ(st.segment_bytes, 0);
+    CHECK_EQ(st.live_bufs, 0);
+  }
+  CHECK(!reached); /* every allocation was made to fail once */
+  printf("    %d allocations failed in turn, %d calls said ENOMEM\n", k - 2,
+         failed);
+  ipcref_ctx_free(ctx);
+  CHECK_EQ(live_allocs, base);
+  RES_END(&m);
+}
+
 /* What this process has resident and private, in kB (smaps_rollup). */
 static void memory_kb(long *rss, long *priv) {
   char line[256];
@@ -2149,6 +2184,7 @@ int main(void) {
   RUN(test_release_without_syscalls);
   RUN(test_read_only_mapping);
   RUN(test_allocation_pressure);
+  RUN(test_allocation_fails_at_each_step);
   RUN(test_replay_and_malformed);
   RUN(test_timeouts_and_hangup_seqpacket);
   RUN(test_timeouts_and_hangup_stream);

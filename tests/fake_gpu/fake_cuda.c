@@ -9,9 +9,11 @@
  * (32-bit device pointers) are refused with CUDA_ERROR_NOT_SUPPORTED and
  * logged with abi=v1, which catches a dlsym(h, "cuMemAlloc") by mistake.
  *
- * CUDA-only knob (besides those in fake_core.h):
+ * CUDA-only knobs (besides those in fake_core.h):
  *   FAKE_CUDA_DRIVER_VERSION  what cuDriverGetVersion reports and the highest
  *                             cudaVersion cuGetProcAddress accepts (13000)
+ *   FAKE_CUDA_HIDE            an entry point cuGetProcAddress does not find,
+ *                             as from an older or a partial driver
  */
 #define _GNU_SOURCE
 #define __CUDA_API_VERSION_INTERNAL 1
@@ -675,6 +677,10 @@ static CUresult proc_address(const char *call, const char *symbol, void **pfn,
     /* entries are oldest first: the last match wins */
     memcpy(pfn, &procs[i].fn, sizeof *pfn);
     status = CU_GET_PROC_ADDRESS_SUCCESS;
+  }
+  if (!e && fk_knob("HIDE") && !strcmp(fk_knob("HIDE"), symbol)) {
+    *pfn = NULL;
+    status = CU_GET_PROC_ADDRESS_SYMBOL_NOT_FOUND;
   }
   if (!e && symbolStatus) *symbolStatus = status;
   return fk_ret(call, e, "symbol=%s version=%d flags=%llu status=%d pfn=0x%llx",
