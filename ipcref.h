@@ -739,13 +739,24 @@ struct ipcref_backend {
   int (*fence_done)(ipcref_backend *be, void *fence);
 };
 
-/* Options for ipcref_ctx_new; zero fields take the defaults. */
+/* Options for ipcref_ctx_new; zero fields take the defaults. A byte cap
+ * of IPCREF_KEEP_NONE keeps nothing. */
+#define IPCREF_KEEP_NONE ((size_t)1)
 typedef struct ipcref_ctx_options {
   size_t segment_size;   /* bytes per shared segment (default 16 MiB);
-                            larger blocks get a segment of their own */
-  size_t segment_cache;  /* bytes of empty segments kept for reuse
-                            (default one segment) */
-  size_t max_bytes;      /* cap on all segment bytes (default: none) */
+                            a block over half of it gets a segment of its
+                            own */
+  size_t segment_cache;  /* bytes of empty segments kept for reuse, pooled
+                            or a block's own, host and device alike
+                            (default 256 MiB; IPCREF_KEEP_NONE: none), 64
+                            segments at most; see ipcref_ctx_trim */
+  size_t max_bytes;      /* cap on all segment bytes, the cached ones too
+                            (default: none); an allocation that would pass
+                            it gives back cached segments first */
+  size_t retired_maps;   /* consumer: bytes of idle mappings of segments
+                            their producer gave back to the system that a
+                            receive may leave mapped (default 64 MiB;
+                            IPCREF_KEEP_NONE: unmapped at the next one) */
   uint32_t ledger_slots; /* slots per counter file (default 4096) */
   int writable_shares;   /* nonzero: consumers map segments writable */
   int isolate;           /* nonzero: every block in a segment of its own (see
@@ -789,6 +800,10 @@ typedef struct ipcref_stats {
   size_t device_bytes;    /* bytes of own device segments (in
                              segment_bytes too) */
   size_t deferred;        /* device releases waiting for their stream */
+  size_t cached_bytes;    /* bytes of empty segments kept for reuse (in
+                             segment_bytes too) */
+  uint64_t cache_hits;    /* allocations served from a cached segment, ever */
+  uint64_t cache_misses;  /* allocations that made a new segment, ever */
 } ipcref_stats;
 
 /* A message: a small byte record plus the fds the peer does not have yet.
@@ -823,18 +838,28 @@ IPCREF_API ipcref_result ipcref_ctx_new(const ipcref_ctx_options *opt,
  * waits, marked dead, in the quarantine (see checked). */
 IPCREF_API void ipcref_ctx_free(ipcref_ctx *ctx);
 
-/* A buffer of `size` bytes in shared memory (64-byte aligned), exportable
- * to peers. Errors: EINVAL, ERANGE, ENOMEM (after a sweep and a retry),
- * ESYS. */
+/* A buffer of `size` bytes in shared memory (64-byte aligned; page
+ * aligned over 64 KiB), exportable to peers; its bytes are uninitialized.
+ * Blocks come in size classes: powers of two up to 64 KiB, eight per
+ * doubling above (a block over 64 KiB is at most 12.5% larger than asked).
+ * A block over half a segment gets a segment of its own. Freed blocks go
+ * back to their segment, and empty segments are cached for the next
+ * allocation of their class (see segment_cache): a consumer still maps
+ * them, so a recycled block crosses with no fd, no mapping and no page
+ * fault; and a consumer that was sent a segment can read what later
+ * blocks in it hold (never write it, unless writable_shares): see
+ * ipcref_shared_new_isolated. Errors: EINVAL, ERANGE, ENOMEM (after a
+ * sweep and a retry, then after giving back the cache), ESYS. */
 IPCREF_API ipcref_result ipcref_shared_new(ipcref_ctx *ctx, size_t size,
                                            ipcref_buf **out);
 
-/* As ipcref_shared_new, but the block gets a memfd segment of its own
- * (its size rounded up to whole pages), so a consumer that maps it can
- * reach nothing else. A consumer of a pooled block maps the whole 16 MiB
- * segment and can read the other blocks in it (never write them, unless
- * writable_shares). The price of isolation: one memfd, one mmap on each
- * side and one fd hand-off per block, and at least a page per block. */
+/* As ipcref_shared_new, but the block gets a new memfd segment of its own
+ * (its size rounded up to whole pages, then to its class), so a consumer
+ * that maps it can reach nothing else, now or later: the segment is given
+ * back to the system when the block is freed, never recycled. A consumer
+ * of a pooled block maps the whole 16 MiB segment and can read the other
+ * blocks in it. The price of isolation: one memfd, one mmap on each side
+ * and one fd hand-off per block, and at least a page per block. */
 IPCREF_API ipcref_result ipcref_shared_new_isolated(ipcref_ctx *ctx,
                                                     size_t size,
                                                     ipcref_buf **out);
@@ -971,10 +996,18 @@ IPCREF_API ipcref_result ipcref_recv_on(ipcref_peer *p, ipcref_view *out,
  * the leases of processes that died holding them (checking every watched
  * process now; a forwarded hold stays while its own holder lives, whatever
  * became of the middleman); and (on a consumer) unmaps segments their
- * producer destroyed that nothing here uses any more; a receive does the
- * latter only past 1 GiB of them, since freeing the last mapping of a
- * segment takes time in proportion to its size. Returns the bytes freed. */
+ * producer destroyed that nothing here uses any more (a receive does the
+ * latter past opt.retired_maps of them, since freeing the last mapping of
+ * a segment takes time in proportion to its size). Empty segments stay
+ * cached (see ipcref_ctx_trim). Returns the bytes freed. */
 IPCREF_API size_t ipcref_collect(ipcref_ctx *ctx);
+
+/* Gives back to the system the cached segments (see segment_cache),
+ * oldest first, until at most `keep_bytes` of them remain, after a sweep;
+ * and (on a consumer) unmaps every segment its producer gave back that
+ * nothing here uses. ipcref_ctx_trim(ctx, 0) leaves only the memory in
+ * use. Returns the bytes given back; 0 for NULL or a freed context. */
+IPCREF_API size_t ipcref_ctx_trim(ipcref_ctx *ctx, size_t keep_bytes);
 
 /* Fills *out. Errors: EINVAL. */
 IPCREF_API ipcref_result ipcref_ctx_stats(ipcref_ctx *ctx, ipcref_stats *out);
@@ -3196,6 +3229,8 @@ IPCREF_API void ipcref_test_set_step_hook(void (*fn)(const char *step)) {
  * ledger    the counter file of the leases of one peer (producer side)
  * ring      a ledger's queue of returned and linked leases
  * limbo     the blocks the producer released that leases still hold
+ * cache     the empty segments the producer keeps for reuse, under one
+ *           byte cap (opt.segment_cache), oldest given back first
  * map       a consumer's mapping of a segment or a ledger, cached
  * import    a consumer's buffer over a leased block
  * watch     a process whose death the context waits for
@@ -3212,6 +3247,8 @@ IPCREF_API void ipcref_test_set_step_hook(void (*fn)(const char *step)) {
  *             (block_free), a segment, ledger or context (_destroy)
  *   retire    a segment its origin destroyed: its consumers unmap it once
  *             unused (retire_announce, import_retire, maps_trim)
+ *   trim      give back memory kept for reuse: the oldest cached segments
+ *             (cache_trim), a consumer's idle retired mappings (maps_trim)
  *   bury      a freed context or peer, kept marked dead a while
  *   forget    a peer was not sent what it was counted as sent */
 
@@ -3335,16 +3372,19 @@ typedef struct ipcref__alias {
 } ipcref__alias;
 
 /* The segments of one kind of memory, by size class: host memory, or one
- * device of one backend. */
-#define IPCREF__CLASSES     40
+ * device of one backend. Classes 0..10 are the powers of two from 64 bytes
+ * to 64 KiB; above, eight classes per doubling (see ipcref__class_of), up
+ * to the largest size a block may have (PTRDIFF_MAX / 2). */
+#define IPCREF__CLASSES     379
 #define IPCREF__BLOCK_CHUNK 256 /* block descriptors made at once */
 #define IPCREF__MIN_BLOCK   64u
-#define IPCREF__OWN         UINT32_MAX       /* cls: a block of its own */
-#define IPCREF__FOREIGN     (UINT32_MAX - 1) /* cls: wrapped allocation */
+#define IPCREF__FINE_FROM   65536u     /* classes are fine above this size */
+#define IPCREF__FOREIGN     UINT32_MAX /* cls: a wrapped allocation */
+#define IPCREF__CACHE_MAX   64 /* cached segments at most (fds: 2 each) */
 typedef struct ipcref__pool {
   ipcref_backend *be; /* NULL: host memory */
   int32_t dev;
-  ipcref__segment *classes[IPCREF__CLASSES];
+  ipcref__segment *classes[IPCREF__CLASSES]; /* segments with free blocks */
   struct ipcref__pool *next;
 } ipcref__pool;
 
@@ -3362,8 +3402,8 @@ struct ipcref__segment {
   uint32_t nwraps; /* foreign: blocks in it */
   size_t size, block_size;
   uint32_t nblocks, nfree, cls; /* nfree: blocks not in use, made or not;
-                                   cls: size class, IPCREF__OWN, or
-                                   IPCREF__FOREIGN */
+                                   cls: size class, or IPCREF__FOREIGN */
+  int isolated; /* made for one isolated block: never recycled */
   /* Block descriptors are made a chunk at a time, as blocks are first
    * handed out: a segment costs private memory in proportion to what it
    * handed out, not to its size (see ipcref__segment_take). */
@@ -3375,7 +3415,8 @@ struct ipcref__segment {
   ipcref__segment *next, *prev;             /* all segments */
   ipcref__segment *class_next, *class_prev; /* with free blocks */
   int in_class;
-  int cached; /* empty, and counted in ctx->empty_bytes */
+  int cached; /* empty and kept for reuse: on the context's cache list */
+  ipcref__segment *cache_next, *cache_prev; /* newest first */
 };
 
 #define IPCREF__LATE 16 /* holes stepped over that a ledger remembers */
@@ -3518,7 +3559,9 @@ struct ipcref_ctx {
   ipcref__map *maps;
   ipcref_peer *peers;
   ipcref__block *limbo;
-  size_t empty_bytes;
+  ipcref__segment *cache, *cache_oldest; /* empty segments kept, newest
+                                            first (bytes: st.cached_bytes) */
+  int ncached;
   ipcref_stats st;
   int imported_bufs; /* atomic */
   int no_pidfd;      /* pidfd_open is missing here: deaths seen by pid */
@@ -3836,21 +3879,33 @@ IPCREF__PRIVATE void ipcref__watch_refresh(ipcref_ctx *ctx) {
 /* ---- share_segment: implementation (src/share_segment.h) ---------------- */
 
 /* share_segment: where shared blocks live. Segments (sealed memfds, or a
- * backend's device allocations) cut into power-of-two blocks by size
- * class, a block of its own for large or isolated ones, the cache of empty
- * segments, and the end of a lease on a block (freed once nothing holds
- * it). Under ctx->lock. */
+ * backend's device allocations) cut into blocks by size class, a segment of
+ * its own for a large or isolated block, the cache of empty segments kept
+ * for reuse (one byte cap over every pool: how a segment is made does not
+ * matter to it), and the end of a lease on a block (freed once nothing
+ * holds it). Under ctx->lock. */
 
 #ifdef IPCREF__SHARING_IMPL
 
-/* The size class of a block of `size` bytes, and the class's block size
- * (a power of two, at least IPCREF__MIN_BLOCK). */
+/* The size class of a block of `size` bytes, and the class's block size.
+ * Up to 64 KiB: the powers of two from IPCREF__MIN_BLOCK (classes 0..10).
+ * Above: eight classes per doubling, 2^k * 9/8, 10/8, .. 16/8 for
+ * 2^k < size <= 2^(k+1), so a block is at most 1/8 larger than asked (a
+ * power of two would waste up to half), and a multiple of 2^(k-3), at
+ * least 8 KiB: page aligned in its segment. */
 IPCREF__PRIVATE uint32_t ipcref__class_of(size_t size, size_t *block) {
-  size_t b = IPCREF__MIN_BLOCK;
-  uint32_t c = 0;
-  while (b < size) b <<= 1, c++;
-  *block = b;
-  return c;
+  size_t b = IPCREF__MIN_BLOCK, step, m;
+  uint32_t c = 0, k = 16;
+  if (size <= IPCREF__FINE_FROM) {
+    while (b < size) b <<= 1, c++;
+    *block = b;
+    return c;
+  }
+  while ((size - 1) >> (k + 1)) k++; /* 2^k < size <= 2^(k+1) */
+  step = (size_t)1 << (k - 3);
+  m = (size + step - 1) / step; /* 9 .. 16 */
+  *block = m * step;
+  return 11u + (k - 16) * 8u + (uint32_t)(m - 9);
 }
 
 /* A segment with free blocks joins, or leaves, the list of its class
@@ -3878,6 +3933,23 @@ IPCREF__PRIVATE void ipcref__retire_announce(ipcref_ctx *ctx, uint64_t id) {
       p->retired[p->nretired++] = id;
 }
 
+/* Takes an empty segment out of the cache: it is about to be used, or
+ * destroyed. */
+IPCREF__PRIVATE void ipcref__cache_unlink(ipcref_ctx *ctx, ipcref__segment *s) {
+  if (!s->cached) return;
+  if (s->cache_prev)
+    s->cache_prev->cache_next = s->cache_next;
+  else
+    ctx->cache = s->cache_next;
+  if (s->cache_next)
+    s->cache_next->cache_prev = s->cache_prev;
+  else
+    ctx->cache_oldest = s->cache_prev;
+  s->cached = 0;
+  ctx->ncached--;
+  ctx->st.cached_bytes -= s->size;
+}
+
 /* Destroys a segment no block of which is used: announced retired to the
  * peers that map it, its memory freed (a wrapped allocation stays its
  * owner's). */
@@ -3885,7 +3957,7 @@ IPCREF__PRIVATE void ipcref__segment_destroy(ipcref_ctx *ctx,
                                              ipcref__segment *s) {
   uint32_t i;
   ipcref__class_remove(s);
-  if (s->cached) ctx->empty_bytes -= s->size;
+  ipcref__cache_unlink(ctx, s);
   IPCREF__LIST_REMOVE(ctx->segments, s, next, prev);
   ipcref__retire_announce(ctx, s->id);
   if (s->pool->be) { /* a wrapped allocation stays its owner's */
@@ -3907,6 +3979,60 @@ IPCREF__PRIVATE void ipcref__segment_destroy(ipcref_ctx *ctx,
   IPCREF_FREE(s);
 }
 
+/* Gives back the oldest cached segments until at most `keep` bytes are
+ * cached. Returns the bytes given back. Unmapping populated memory takes
+ * time in proportion to its size: a stream whose sizes fit in the cache
+ * never comes here. */
+IPCREF__PRIVATE size_t ipcref__cache_trim(ipcref_ctx *ctx, size_t keep) {
+  size_t freed = 0;
+  while (ctx->cache_oldest && ctx->st.cached_bytes > keep) {
+    freed += ctx->cache_oldest->size;
+    ipcref__segment_destroy(ctx, ctx->cache_oldest);
+  }
+  return freed;
+}
+
+/* A segment that just became empty is kept for reuse, newest first, the
+ * oldest ones given back to make room under the cap (of bytes, and of
+ * IPCREF__CACHE_MAX segments: each holds fds). One larger than the cap is
+ * given back, and so is an isolated one: the peer it was sent to still
+ * maps it. */
+IPCREF__PRIVATE void ipcref__cache_put(ipcref_ctx *ctx, ipcref__segment *s) {
+  size_t cap = ctx->opt.segment_cache;
+  if (s->isolated || s->size > cap) {
+    ipcref__segment_destroy(ctx, s);
+    return;
+  }
+  (void)ipcref__cache_trim(ctx, cap - s->size);
+  if (ctx->ncached == IPCREF__CACHE_MAX)
+    ipcref__segment_destroy(ctx, ctx->cache_oldest);
+  ctx->ncached++;
+  s->cached = 1;
+  s->cache_prev = NULL;
+  s->cache_next = ctx->cache;
+  if (ctx->cache)
+    ctx->cache->cache_prev = s;
+  else
+    ctx->cache_oldest = s;
+  ctx->cache = s;
+  ctx->st.cached_bytes += s->size;
+  ipcref__class_add(s);
+}
+
+/* 1 when `size` more segment bytes fit under opt.max_bytes, after giving
+ * back as many cached segments as that takes (none, if all of them would
+ * not be enough). */
+IPCREF__PRIVATE int ipcref__room_for(ipcref_ctx *ctx, size_t size) {
+  size_t max = ctx->opt.max_bytes, over;
+  if (!max) return 1;
+  if (size > max) return 0;
+  if (ctx->st.segment_bytes <= max - size) return 1;
+  over = ctx->st.segment_bytes - (max - size);
+  if (over > ctx->st.cached_bytes) return 0;
+  (void)ipcref__cache_trim(ctx, ctx->st.cached_bytes - over);
+  return 1;
+}
+
 /* A new segment of `size` bytes in `pool`, cut into blocks of `block`
  * bytes (none for IPCREF__FOREIGN: the caller adds its wraps); device
  * memory comes from the pool's backend (daddr: given for a foreign one). */
@@ -3917,8 +4043,7 @@ IPCREF__PRIVATE ipcref_result ipcref__segment_new(ipcref_ctx *ctx,
                                                   ipcref__segment **out) {
   ipcref__segment *s;
   ipcref_result r;
-  if (ctx->opt.max_bytes && cls != IPCREF__FOREIGN &&
-      ctx->st.segment_bytes + size > ctx->opt.max_bytes)
+  if (cls != IPCREF__FOREIGN && !ipcref__room_for(ctx, size))
     return IPCREF_ENOMEM;
   s = (ipcref__segment *)ipcref__zalloc(sizeof *s);
   if (!s) return IPCREF_ENOMEM;
@@ -3999,34 +4124,78 @@ IPCREF__PRIVATE ipcref__block *ipcref__segment_take(ipcref__segment *s) {
   return &s->chunks[i / IPCREF__BLOCK_CHUNK][i % IPCREF__BLOCK_CHUNK];
 }
 
+/* The page size, for segments of one block. */
+IPCREF__PRIVATE size_t ipcref__page(void) {
+  long pg = sysconf(_SC_PAGESIZE);
+  return pg > 0 ? (size_t)pg : 4096;
+}
+
+#ifndef MADV_POPULATE_WRITE
+#define MADV_POPULATE_WRITE 23 /* Linux 5.14 */
+#endif
+
+/* The pages of a new segment of one block, which its owner is about to
+ * fill, are made at once: one call instead of a page fault per page (half
+ * the time of the faults for 4-24 MiB, a fifth for 256 MiB, on the
+ * machines we measured; MAP_POPULATE maps shared pages read-only, and the
+ * fill faults again). Huge pages where the system gives them to shared
+ * memory that asks (transparent_hugepage/shmem_enabled: advise). An older
+ * kernel says EINVAL: the pages then come as faults, as before. */
+IPCREF__PRIVATE void ipcref__populate(unsigned char *base, size_t bytes) {
+#ifdef MADV_HUGEPAGE
+  if (bytes >= ((size_t)2 << 20)) (void)madvise(base, bytes, MADV_HUGEPAGE);
+#endif
+  (void)madvise(base, bytes, MADV_POPULATE_WRITE);
+}
+
+/* A new segment for a block of class `cls` (`block` bytes): pooled, cut
+ * into blocks of that size; or, for a block larger than half a segment or
+ * an isolated one, a segment of that one block, rounded to pages. */
+IPCREF__PRIVATE ipcref_result ipcref__segment_for(ipcref_ctx *ctx,
+                                                  ipcref__pool *pool,
+                                                  uint32_t cls, size_t block,
+                                                  int own,
+                                                  ipcref__segment **out) {
+  size_t page = ipcref__page(), bytes;
+  ipcref_result r;
+  if (!own && block <= ctx->opt.segment_size / 2)
+    return ipcref__segment_new(ctx, pool, ctx->opt.segment_size, block, cls, 0,
+                               out);
+  bytes = (block + page - 1) & ~(page - 1);
+  r = ipcref__segment_new(ctx, pool, bytes, bytes, cls, 0, out);
+  if (r != IPCREF_OK) return r;
+  (*out)->isolated = own;
+  if (!pool->be) ipcref__populate((*out)->base, bytes);
+  return IPCREF_OK;
+}
+
 /* A free block of at least `size` bytes in `pool` (under the lock); `own`:
- * in a segment of its own. */
+ * in a new segment of its own (isolated). A block of a segment that has
+ * one free comes first, a cached one's counting as a hit; else, with
+ * `make`, a new segment (a miss); without, *out is NULL. */
 IPCREF__PRIVATE ipcref_result ipcref__block_alloc(ipcref_ctx *ctx,
                                                   ipcref__pool *pool,
                                                   size_t size, int own,
+                                                  int make,
                                                   ipcref__block **out) {
   ipcref__segment *s;
   ipcref__block *b;
-  size_t block;
-  uint32_t cls = ipcref__class_of(size, &block);
+  size_t block, page = ipcref__page();
+  /* An isolated block is at least a page: classes round pages up to
+   * pages. */
+  uint32_t cls = ipcref__class_of(own && size < page ? page : size, &block);
   ipcref_result r;
-  if (own || block > ctx->opt.segment_size / 2 || cls >= IPCREF__CLASSES) {
-    /* Isolated or large: a segment of its own, rounded to pages. */
-    long pg = sysconf(_SC_PAGESIZE);
-    size_t page = pg > 0 ? (size_t)pg : 4096;
-    size_t bytes = (size + page - 1) & ~(page - 1);
-    if (bytes == 0) bytes = page;
-    r = ipcref__segment_new(ctx, pool, bytes, bytes, IPCREF__OWN, 0, &s);
+  *out = NULL;
+  s = own ? NULL : pool->classes[cls];
+  if (!s) {
+    if (!make) return IPCREF_OK;
+    r = ipcref__segment_for(ctx, pool, cls, block, own, &s);
     if (r != IPCREF_OK) return r;
-  } else if ((s = pool->classes[cls]) == NULL) {
-    r = ipcref__segment_new(ctx, pool, ctx->opt.segment_size, block, cls, 0,
-                            &s);
-    if (r != IPCREF_OK) return r;
+    ctx->st.cache_misses++;
     ipcref__class_add(s);
-  }
-  if (s->cached) { /* an empty cached segment comes back into use */
-    ctx->empty_bytes -= s->size;
-    s->cached = 0;
+  } else if (s->cached) { /* an empty cached segment comes back into use */
+    ipcref__cache_unlink(ctx, s);
+    ctx->st.cache_hits++;
   }
   b = ipcref__segment_take(s);
   if (!b) { /* out of memory: a segment made for this block goes again */
@@ -4050,7 +4219,7 @@ IPCREF__PRIVATE void ipcref__alias_drop(ipcref_ctx *ctx, ipcref__alias *a) {
 }
 
 /* A block nothing holds goes back: a wrap to its owner (after the unlock),
- * else to its segment, which is cached or destroyed once empty. */
+ * else to its segment, which is cached or given back once empty. */
 IPCREF__PRIVATE void ipcref__block_free(ipcref_ctx *ctx, ipcref__block *b) {
   ipcref__segment *s = b->seg;
   if (s->cls == IPCREF__FOREIGN) { /* back to its owner, after the unlock */
@@ -4061,19 +4230,10 @@ IPCREF__PRIVATE void ipcref__block_free(ipcref_ctx *ctx, ipcref__block *b) {
   }
   s->free_stack[s->nstack++] = b->index;
   s->nfree++;
-  if (s->nfree < s->nblocks) {
+  if (s->nfree < s->nblocks)
     ipcref__class_add(s);
-    return;
-  }
-  /* Empty: keep it while the cache has room, else return it to the OS. */
-  if (s->cls < IPCREF__CLASSES &&
-      ctx->empty_bytes + s->size <= ctx->opt.segment_cache) {
-    ctx->empty_bytes += s->size;
-    s->cached = 1;
-    ipcref__class_add(s);
-    return;
-  }
-  ipcref__segment_destroy(ctx, s);
+  else
+    ipcref__cache_put(ctx, s); /* empty: kept for reuse, or given back */
 }
 
 /* Takes a block out of the limbo. */
@@ -4479,7 +4639,8 @@ IPCREF_API ipcref_result ipcref_ctx_new(const ipcref_ctx_options *opt,
   if (!ctx) return IPCREF_ENOMEM;
   if (opt) ctx->opt = *opt;
   if (!ctx->opt.segment_size) ctx->opt.segment_size = (size_t)16 << 20;
-  if (!ctx->opt.segment_cache) ctx->opt.segment_cache = ctx->opt.segment_size;
+  if (!ctx->opt.segment_cache) ctx->opt.segment_cache = (size_t)256 << 20;
+  if (!ctx->opt.retired_maps) ctx->opt.retired_maps = (size_t)64 << 20;
   if (!ctx->opt.ledger_slots) ctx->opt.ledger_slots = 4096;
   if (ctx->opt.segment_size < 4096 || (ctx->opt.segment_size & 4095) ||
       ctx->opt.ledger_slots < 8 || ctx->opt.ledger_slots > (1u << 24) ||
@@ -4557,7 +4718,8 @@ IPCREF__PRIVATE void ipcref__map_evict(ipcref_ctx *ctx, ipcref__map *m) {
 /* Unmaps what its origin retired and nobody here uses (under the lock),
  * once that adds up to `min_bytes`. Unmapping the last mapping of a
  * segment frees its pages, which takes time in proportion to its size: a
- * receive only does it past a large threshold, ipcref_collect always. */
+ * receive does it past opt.retired_maps, ipcref_collect and ipcref_ctx_trim
+ * always. */
 IPCREF__PRIVATE void ipcref__maps_trim(ipcref_ctx *ctx, size_t min_bytes) {
   ipcref__map *m, *next;
   size_t idle = 0, count = 0;
@@ -4759,6 +4921,17 @@ IPCREF_API size_t ipcref_collect(ipcref_ctx *ctx) {
   ipcref__watch_refresh(ctx);
   freed += ipcref__reap(ctx);
   ipcref__maps_trim(ctx, 0); /* a consumer's retired mappings */
+  IPCREF__UNLOCK(ctx);
+  return freed;
+}
+
+IPCREF_API size_t ipcref_ctx_trim(ipcref_ctx *ctx, size_t keep_bytes) {
+  size_t freed;
+  if (!ctx || !IPCREF__CTX_USABLE(ctx)) return 0;
+  IPCREF__LOCK(ctx);
+  ipcref__sweep(ctx); /* what came back empties more segments */
+  freed = ipcref__cache_trim(ctx, keep_bytes);
+  ipcref__maps_trim(ctx, 0);
   IPCREF__UNLOCK(ctx);
   return freed;
 }
@@ -5021,11 +5194,22 @@ IPCREF__PRIVATE ipcref_result ipcref__shared_new_in(ipcref_ctx *ctx,
   if (size > (size_t)PTRDIFF_MAX / 2) return IPCREF_ERANGE;
   IPCREF__LOCK(ctx);
   (void)ipcref__pump(ctx, 0);
-  r = ipcref__block_alloc(ctx, pool, size, own, &b);
+  /* A free block first; if none, leases that came back since the last
+   * sweep may free one (a stream's previous tensor, mostly): a sweep costs
+   * far less than a new segment. */
+  r = ipcref__block_alloc(ctx, pool, size, own, own, &b);
+  if (r == IPCREF_OK && !b) {
+    ipcref__sweep(ctx);
+    r = ipcref__block_alloc(ctx, pool, size, own, 1, &b);
+  }
   if (r == IPCREF_ENOMEM) { /* the limbo, or the dead, may hold it */
     ipcref__sweep(ctx);
     (void)ipcref__pump(ctx, 1);
-    r = ipcref__block_alloc(ctx, pool, size, own, &b);
+    r = ipcref__block_alloc(ctx, pool, size, own, 1, &b);
+  }
+  if (r == IPCREF_ENOMEM && ctx->cache) { /* then what the cache keeps */
+    (void)ipcref__cache_trim(ctx, 0);
+    r = ipcref__block_alloc(ctx, pool, size, own, 1, &b);
   }
   if (r == IPCREF_OK) {
     IPCREF__STEP("allocate");
@@ -6475,7 +6659,7 @@ IPCREF__PRIVATE void ipcref__import_retire(ipcref_ctx *ctx,
                                       m->head.sender_nonce, m->retired[i]);
     if (s) s->retired = 1;
   }
-  ipcref__maps_trim(ctx, (size_t)1 << 30);
+  ipcref__maps_trim(ctx, ctx->opt.retired_maps);
 }
 
 /* Import, step 2: maps what is new, each fd checked against its record

@@ -15,6 +15,9 @@
  *     ack, and one way from the shared monotonic clock), the median of a few
  *     hand-offs per size. No byte is copied, so it should be flat across
  *     sizes; the verdict (slowest / fastest round trip within 5x) is printed.
+ *     Each hand-off starts once the consumer says it is awake and about to
+ *     receive (done checking the last one), so neither its own work nor its
+ *     wake-up from sleeping through the fill is timed;
  *     Freeing the tensors the consumer let go of (ipcref_collect before each
  *     hand-off) is timed on its own: the "sweep" column;
  *   - fds: a segment's fd crosses once; small tensors share segments, large
@@ -133,7 +136,7 @@ static int full_check(const ipcref_view *v, uint32_t s) {
 
 /* ---- the control channel: acks and reports (a 2nd socketpair) ---- */
 
-enum { MSG_ACK, MSG_REPORT, MSG_RELEASE_ALL, MSG_QUIT };
+enum { MSG_ACK, MSG_REPORT, MSG_RELEASE_ALL, MSG_QUIT, MSG_GO, MSG_READY };
 
 typedef struct ctl_msg {
   int kind;
@@ -195,6 +198,10 @@ static int consumer(int data_fd, int ctl_fd) {
       ipcref_view v;
       uint32_t s = seed_of(step, rep);
       memset(&v, 0, sizeof v);
+      if (ctl_recv(ctl_fd, &m) || m.kind != MSG_GO) return 1;
+      memset(&m, 0, sizeof m);
+      m.kind = MSG_READY; /* awake, and about to wait in a receive */
+      if (ctl_send(ctl_fd, &m)) return 1;
       r = ipcref_recv(peer, &v, TIMEOUT_MS);
       if (r != IPCREF_OK) {
         fprintf(stderr, "consumer: ipcref_recv: %s\n", ipcref_strerror(r));
@@ -341,6 +348,16 @@ static int producer(ipcref_ctx *ctx, ipcref_peer *peer, int ctl_fd,
       t0 = now_ns();
       ipcref_collect(ctx);
       sweep[rep] = (now_ns() - t0) / 1e3;
+      /* The consumer is done with the last one and awake: the hand-off is
+       * timed alone, not behind the consumer's own work nor its wake-up
+       * from a long sleep (the fill's; a virtual CPU halted that long can
+       * take 100 us and more to wake, so that would follow the size). */
+      memset(&m, 0, sizeof m);
+      m.kind = MSG_GO;
+      if (ctl_send(ctl_fd, &m) || ctl_recv(ctl_fd, &m) || m.kind != MSG_READY) {
+        printf("the consumer is not ready\n");
+        return 1;
+      }
       t0 = now_ns();
       r = ipcref_send(peer, &v);
       ipcref_view_release(&v); /* dropped at once: the consumer keeps it */

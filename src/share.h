@@ -87,13 +87,24 @@ struct ipcref_backend {
   int (*fence_done)(ipcref_backend *be, void *fence);
 };
 
-/* Options for ipcref_ctx_new; zero fields take the defaults. */
+/* Options for ipcref_ctx_new; zero fields take the defaults. A byte cap
+ * of IPCREF_KEEP_NONE keeps nothing. */
+#define IPCREF_KEEP_NONE ((size_t)1)
 typedef struct ipcref_ctx_options {
   size_t segment_size;   /* bytes per shared segment (default 16 MiB);
-                            larger blocks get a segment of their own */
-  size_t segment_cache;  /* bytes of empty segments kept for reuse
-                            (default one segment) */
-  size_t max_bytes;      /* cap on all segment bytes (default: none) */
+                            a block over half of it gets a segment of its
+                            own */
+  size_t segment_cache;  /* bytes of empty segments kept for reuse, pooled
+                            or a block's own, host and device alike
+                            (default 256 MiB; IPCREF_KEEP_NONE: none), 64
+                            segments at most; see ipcref_ctx_trim */
+  size_t max_bytes;      /* cap on all segment bytes, the cached ones too
+                            (default: none); an allocation that would pass
+                            it gives back cached segments first */
+  size_t retired_maps;   /* consumer: bytes of idle mappings of segments
+                            their producer gave back to the system that a
+                            receive may leave mapped (default 64 MiB;
+                            IPCREF_KEEP_NONE: unmapped at the next one) */
   uint32_t ledger_slots; /* slots per counter file (default 4096) */
   int writable_shares;   /* nonzero: consumers map segments writable */
   int isolate;           /* nonzero: every block in a segment of its own (see
@@ -137,6 +148,10 @@ typedef struct ipcref_stats {
   size_t device_bytes;    /* bytes of own device segments (in
                              segment_bytes too) */
   size_t deferred;        /* device releases waiting for their stream */
+  size_t cached_bytes;    /* bytes of empty segments kept for reuse (in
+                             segment_bytes too) */
+  uint64_t cache_hits;    /* allocations served from a cached segment, ever */
+  uint64_t cache_misses;  /* allocations that made a new segment, ever */
 } ipcref_stats;
 
 /* A message: a small byte record plus the fds the peer does not have yet.
@@ -171,18 +186,28 @@ IPCREF_API ipcref_result ipcref_ctx_new(const ipcref_ctx_options *opt,
  * waits, marked dead, in the quarantine (see checked). */
 IPCREF_API void ipcref_ctx_free(ipcref_ctx *ctx);
 
-/* A buffer of `size` bytes in shared memory (64-byte aligned), exportable
- * to peers. Errors: EINVAL, ERANGE, ENOMEM (after a sweep and a retry),
- * ESYS. */
+/* A buffer of `size` bytes in shared memory (64-byte aligned; page
+ * aligned over 64 KiB), exportable to peers; its bytes are uninitialized.
+ * Blocks come in size classes: powers of two up to 64 KiB, eight per
+ * doubling above (a block over 64 KiB is at most 12.5% larger than asked).
+ * A block over half a segment gets a segment of its own. Freed blocks go
+ * back to their segment, and empty segments are cached for the next
+ * allocation of their class (see segment_cache): a consumer still maps
+ * them, so a recycled block crosses with no fd, no mapping and no page
+ * fault; and a consumer that was sent a segment can read what later
+ * blocks in it hold (never write it, unless writable_shares): see
+ * ipcref_shared_new_isolated. Errors: EINVAL, ERANGE, ENOMEM (after a
+ * sweep and a retry, then after giving back the cache), ESYS. */
 IPCREF_API ipcref_result ipcref_shared_new(ipcref_ctx *ctx, size_t size,
                                            ipcref_buf **out);
 
-/* As ipcref_shared_new, but the block gets a memfd segment of its own
- * (its size rounded up to whole pages), so a consumer that maps it can
- * reach nothing else. A consumer of a pooled block maps the whole 16 MiB
- * segment and can read the other blocks in it (never write them, unless
- * writable_shares). The price of isolation: one memfd, one mmap on each
- * side and one fd hand-off per block, and at least a page per block. */
+/* As ipcref_shared_new, but the block gets a new memfd segment of its own
+ * (its size rounded up to whole pages, then to its class), so a consumer
+ * that maps it can reach nothing else, now or later: the segment is given
+ * back to the system when the block is freed, never recycled. A consumer
+ * of a pooled block maps the whole 16 MiB segment and can read the other
+ * blocks in it. The price of isolation: one memfd, one mmap on each side
+ * and one fd hand-off per block, and at least a page per block. */
 IPCREF_API ipcref_result ipcref_shared_new_isolated(ipcref_ctx *ctx,
                                                     size_t size,
                                                     ipcref_buf **out);
@@ -319,10 +344,18 @@ IPCREF_API ipcref_result ipcref_recv_on(ipcref_peer *p, ipcref_view *out,
  * the leases of processes that died holding them (checking every watched
  * process now; a forwarded hold stays while its own holder lives, whatever
  * became of the middleman); and (on a consumer) unmaps segments their
- * producer destroyed that nothing here uses any more; a receive does the
- * latter only past 1 GiB of them, since freeing the last mapping of a
- * segment takes time in proportion to its size. Returns the bytes freed. */
+ * producer destroyed that nothing here uses any more (a receive does the
+ * latter past opt.retired_maps of them, since freeing the last mapping of
+ * a segment takes time in proportion to its size). Empty segments stay
+ * cached (see ipcref_ctx_trim). Returns the bytes freed. */
 IPCREF_API size_t ipcref_collect(ipcref_ctx *ctx);
+
+/* Gives back to the system the cached segments (see segment_cache),
+ * oldest first, until at most `keep_bytes` of them remain, after a sweep;
+ * and (on a consumer) unmaps every segment its producer gave back that
+ * nothing here uses. ipcref_ctx_trim(ctx, 0) leaves only the memory in
+ * use. Returns the bytes given back; 0 for NULL or a freed context. */
+IPCREF_API size_t ipcref_ctx_trim(ipcref_ctx *ctx, size_t keep_bytes);
 
 /* Fills *out. Errors: EINVAL. */
 IPCREF_API ipcref_result ipcref_ctx_stats(ipcref_ctx *ctx, ipcref_stats *out);

@@ -211,11 +211,22 @@ IPCREF__PRIVATE ipcref_result ipcref__shared_new_in(ipcref_ctx *ctx,
   if (size > (size_t)PTRDIFF_MAX / 2) return IPCREF_ERANGE;
   IPCREF__LOCK(ctx);
   (void)ipcref__pump(ctx, 0);
-  r = ipcref__block_alloc(ctx, pool, size, own, &b);
+  /* A free block first; if none, leases that came back since the last
+   * sweep may free one (a stream's previous tensor, mostly): a sweep costs
+   * far less than a new segment. */
+  r = ipcref__block_alloc(ctx, pool, size, own, own, &b);
+  if (r == IPCREF_OK && !b) {
+    ipcref__sweep(ctx);
+    r = ipcref__block_alloc(ctx, pool, size, own, 1, &b);
+  }
   if (r == IPCREF_ENOMEM) { /* the limbo, or the dead, may hold it */
     ipcref__sweep(ctx);
     (void)ipcref__pump(ctx, 1);
-    r = ipcref__block_alloc(ctx, pool, size, own, &b);
+    r = ipcref__block_alloc(ctx, pool, size, own, 1, &b);
+  }
+  if (r == IPCREF_ENOMEM && ctx->cache) { /* then what the cache keeps */
+    (void)ipcref__cache_trim(ctx, 0);
+    r = ipcref__block_alloc(ctx, pool, size, own, 1, &b);
   }
   if (r == IPCREF_OK) {
     IPCREF__STEP("allocate");

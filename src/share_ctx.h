@@ -39,7 +39,8 @@ IPCREF_API ipcref_result ipcref_ctx_new(const ipcref_ctx_options *opt,
   if (!ctx) return IPCREF_ENOMEM;
   if (opt) ctx->opt = *opt;
   if (!ctx->opt.segment_size) ctx->opt.segment_size = (size_t)16 << 20;
-  if (!ctx->opt.segment_cache) ctx->opt.segment_cache = ctx->opt.segment_size;
+  if (!ctx->opt.segment_cache) ctx->opt.segment_cache = (size_t)256 << 20;
+  if (!ctx->opt.retired_maps) ctx->opt.retired_maps = (size_t)64 << 20;
   if (!ctx->opt.ledger_slots) ctx->opt.ledger_slots = 4096;
   if (ctx->opt.segment_size < 4096 || (ctx->opt.segment_size & 4095) ||
       ctx->opt.ledger_slots < 8 || ctx->opt.ledger_slots > (1u << 24) ||
@@ -117,7 +118,8 @@ IPCREF__PRIVATE void ipcref__map_evict(ipcref_ctx *ctx, ipcref__map *m) {
 /* Unmaps what its origin retired and nobody here uses (under the lock),
  * once that adds up to `min_bytes`. Unmapping the last mapping of a
  * segment frees its pages, which takes time in proportion to its size: a
- * receive only does it past a large threshold, ipcref_collect always. */
+ * receive does it past opt.retired_maps, ipcref_collect and ipcref_ctx_trim
+ * always. */
 IPCREF__PRIVATE void ipcref__maps_trim(ipcref_ctx *ctx, size_t min_bytes) {
   ipcref__map *m, *next;
   size_t idle = 0, count = 0;
@@ -319,6 +321,17 @@ IPCREF_API size_t ipcref_collect(ipcref_ctx *ctx) {
   ipcref__watch_refresh(ctx);
   freed += ipcref__reap(ctx);
   ipcref__maps_trim(ctx, 0); /* a consumer's retired mappings */
+  IPCREF__UNLOCK(ctx);
+  return freed;
+}
+
+IPCREF_API size_t ipcref_ctx_trim(ipcref_ctx *ctx, size_t keep_bytes) {
+  size_t freed;
+  if (!ctx || !IPCREF__CTX_USABLE(ctx)) return 0;
+  IPCREF__LOCK(ctx);
+  ipcref__sweep(ctx); /* what came back empties more segments */
+  freed = ipcref__cache_trim(ctx, keep_bytes);
+  ipcref__maps_trim(ctx, 0);
   IPCREF__UNLOCK(ctx);
   return freed;
 }

@@ -234,7 +234,7 @@ IPCREF__PRIVATE void ipcref__import_retire(ipcref_ctx *ctx,
                                       m->head.sender_nonce, m->retired[i]);
     if (s) s->retired = 1;
   }
-  ipcref__maps_trim(ctx, (size_t)1 << 30);
+  ipcref__maps_trim(ctx, ctx->opt.retired_maps);
 }
 
 /* Import, step 2: maps what is new, each fd checked against its record

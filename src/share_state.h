@@ -17,6 +17,8 @@
  * ledger    the counter file of the leases of one peer (producer side)
  * ring      a ledger's queue of returned and linked leases
  * limbo     the blocks the producer released that leases still hold
+ * cache     the empty segments the producer keeps for reuse, under one
+ *           byte cap (opt.segment_cache), oldest given back first
  * map       a consumer's mapping of a segment or a ledger, cached
  * import    a consumer's buffer over a leased block
  * watch     a process whose death the context waits for
@@ -33,6 +35,8 @@
  *             (block_free), a segment, ledger or context (_destroy)
  *   retire    a segment its origin destroyed: its consumers unmap it once
  *             unused (retire_announce, import_retire, maps_trim)
+ *   trim      give back memory kept for reuse: the oldest cached segments
+ *             (cache_trim), a consumer's idle retired mappings (maps_trim)
  *   bury      a freed context or peer, kept marked dead a while
  *   forget    a peer was not sent what it was counted as sent */
 
@@ -156,16 +160,19 @@ typedef struct ipcref__alias {
 } ipcref__alias;
 
 /* The segments of one kind of memory, by size class: host memory, or one
- * device of one backend. */
-#define IPCREF__CLASSES     40
+ * device of one backend. Classes 0..10 are the powers of two from 64 bytes
+ * to 64 KiB; above, eight classes per doubling (see ipcref__class_of), up
+ * to the largest size a block may have (PTRDIFF_MAX / 2). */
+#define IPCREF__CLASSES     379
 #define IPCREF__BLOCK_CHUNK 256 /* block descriptors made at once */
 #define IPCREF__MIN_BLOCK   64u
-#define IPCREF__OWN         UINT32_MAX       /* cls: a block of its own */
-#define IPCREF__FOREIGN     (UINT32_MAX - 1) /* cls: wrapped allocation */
+#define IPCREF__FINE_FROM   65536u     /* classes are fine above this size */
+#define IPCREF__FOREIGN     UINT32_MAX /* cls: a wrapped allocation */
+#define IPCREF__CACHE_MAX   64 /* cached segments at most (fds: 2 each) */
 typedef struct ipcref__pool {
   ipcref_backend *be; /* NULL: host memory */
   int32_t dev;
-  ipcref__segment *classes[IPCREF__CLASSES];
+  ipcref__segment *classes[IPCREF__CLASSES]; /* segments with free blocks */
   struct ipcref__pool *next;
 } ipcref__pool;
 
@@ -183,8 +190,8 @@ struct ipcref__segment {
   uint32_t nwraps; /* foreign: blocks in it */
   size_t size, block_size;
   uint32_t nblocks, nfree, cls; /* nfree: blocks not in use, made or not;
-                                   cls: size class, IPCREF__OWN, or
-                                   IPCREF__FOREIGN */
+                                   cls: size class, or IPCREF__FOREIGN */
+  int isolated; /* made for one isolated block: never recycled */
   /* Block descriptors are made a chunk at a time, as blocks are first
    * handed out: a segment costs private memory in proportion to what it
    * handed out, not to its size (see ipcref__segment_take). */
@@ -196,7 +203,8 @@ struct ipcref__segment {
   ipcref__segment *next, *prev;             /* all segments */
   ipcref__segment *class_next, *class_prev; /* with free blocks */
   int in_class;
-  int cached; /* empty, and counted in ctx->empty_bytes */
+  int cached; /* empty and kept for reuse: on the context's cache list */
+  ipcref__segment *cache_next, *cache_prev; /* newest first */
 };
 
 #define IPCREF__LATE 16 /* holes stepped over that a ledger remembers */
@@ -339,7 +347,9 @@ struct ipcref_ctx {
   ipcref__map *maps;
   ipcref_peer *peers;
   ipcref__block *limbo;
-  size_t empty_bytes;
+  ipcref__segment *cache, *cache_oldest; /* empty segments kept, newest
+                                            first (bytes: st.cached_bytes) */
+  int ncached;
   ipcref_stats st;
   int imported_bufs; /* atomic */
   int no_pidfd;      /* pidfd_open is missing here: deaths seen by pid */

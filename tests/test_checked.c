@@ -246,6 +246,9 @@ static void test_freed_ctx(void) {
   hear_nothing_yet();
   CHECK_EQ(ipcref_collect(ctx), 0);
   CHECK_HEARD("ipcref_collect");
+  hear_nothing_yet();
+  CHECK_EQ(ipcref_ctx_trim(ctx, 0), 0);
+  CHECK_HEARD("ipcref_ctx_trim");
   CHECK_EQ(((unsigned char *)ipcref_buf_data(b))[127], 5);
   ipcref_buf_release(b); /* the context goes now */
 #ifdef IPCREF_CHECKED

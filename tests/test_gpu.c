@@ -1405,7 +1405,8 @@ static void test_oom_sweep(const kind *k) {
   gdrv d;
   ipcref_ctx *ctx;
   ipcref_peer *p;
-  ipcref_buf *b[2] = {NULL, NULL}, *c = NULL, *big = NULL, *e = NULL;
+  ipcref_buf *b[2] = {NULL, NULL}, *c = NULL, *other = NULL, *big = NULL,
+             *e = NULL;
   ipcref_stats st;
   uint64_t sweeps;
   ipcref_result r;
@@ -1449,14 +1450,30 @@ static void test_oom_sweep(const kind *k) {
   CTL_EXPECT(ch.ctl, 3);
   {
     int fails = log_count(getpid(), k->c_alloc, k->oom);
+    int made = log_count(getpid(), k->c_alloc, k->ok);
+    uint64_t hits = st.cache_hits;
     CHECK_EQ(g_alloc(ctx, k, 0, OOM_SEG, &c), IPCREF_OK);
-    /* It failed at the driver first (the limbo still held the memory). */
-    CHECK_EQ(log_count(getpid(), k->c_alloc, k->oom), fails + 1);
+    /* With no free block, it swept before asking the driver for more: a
+     * segment the consumer let go of is reused, the driver is not asked. */
+    CHECK_EQ(log_count(getpid(), k->c_alloc, k->oom), fails);
+    CHECK_EQ(log_count(getpid(), k->c_alloc, k->ok), made);
+    CHECK_EQ(stats_of(ctx).cache_hits, hits + 1);
   }
   st = stats_of(ctx);
   CHECK(st.sweeps > sweeps);
   CHECK_EQ(st.limbo_blocks, 0);
   CHECK_EQ(st.live_slots, 0);
+  /* The device is full: c, and the other segment, cached. A block of
+   * another class fits only once the cache is given back, which the
+   * allocation does before it says ENOMEM. */
+  CHECK_EQ(st.cached_bytes, OOM_SEG);
+  {
+    int fails = log_count(getpid(), k->c_alloc, k->oom);
+    CHECK_EQ(g_alloc(ctx, k, 0, 16384, &other), IPCREF_OK);
+    CHECK(log_count(getpid(), k->c_alloc, k->oom) > fails);
+    CHECK_EQ(stats_of(ctx).cached_bytes, 0);
+  }
+  ipcref_buf_release(other); /* its pooled segment is cached */
   /* What can never fit. */
   r = g_alloc(ctx, k, 0, 3 * OOM_SEG, &big);
   CHECK_EQ(r, IPCREF_ENOMEM);
@@ -1546,7 +1563,16 @@ static void test_consumer_killed(const kind *k) {
   CHECK_EQ(st.live_bufs, 0);
   CHECK(st.reclaimed >= (uint64_t)n);
   CHECK(st.peer_deaths >= 1);
-  CHECK(st.device_bytes <= OOM_SEG); /* at most one empty segment cached */
+  /* Both emptied segments are kept for reuse; a trim gives back the
+   * oldest to the driver, then the other. */
+  CHECK_EQ(st.cached_bytes, 2 * OOM_SEG);
+  CHECK_EQ(st.device_bytes, 2 * OOM_SEG);
+  CHECK_EQ(ipcref_ctx_trim(ctx, OOM_SEG), OOM_SEG);
+  CHECK_EQ(log_count(getpid(), k->c_free, k->ok), 1);
+  CHECK_EQ(ipcref_ctx_trim(ctx, 0), OOM_SEG);
+  st = stats_of(ctx);
+  CHECK_EQ(st.device_bytes, 0);
+  CHECK_EQ(st.cached_bytes, 0);
   ipcref_peer_free(p);
   ipcref_ctx_free(ctx);
   g_close(&d);
