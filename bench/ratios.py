@@ -15,9 +15,20 @@ compared with peer=ipcref (the iceoryx peers too: their chunks live in segments 
 mapped at start). Rows are only ever compared within one workload id (w4, w4_1cpu and
 w4_2cpu are separate setups).
 
-Then a W4 table (us per hand-off, one column per peer), and the goals below, PASS or MISS, with
-the margin. A goal whose peer (or ipcref row) is missing prints n/a. Always exits 0: benchmarks
-report, they do not fail. Stdlib only."""
+W5 (a stream of fresh tensors): the workload id is <setup>_<stream> (w5_1cpu_seq,
+w5_2cpu_inflight4, ...), so that only like is compared with like: one setup, one stream, one
+size; the mixed stream (4, 24, 64 MiB in turn) has size 0. w5_frames is the two-program frame
+stream. Every W5 peer is compared with peer=ipcref (a fresh tensor per item); ipcref_reused (one
+tensor made once, re-sent) is the bound its goals measure ipcref against.
+
+Then a W4 table (us per hand-off, one column per peer), W5 tables (us per tensor, and the
+consumer's peak memory, one column per peer), and the goals below, PASS or MISS, with the
+margin. The W5 goals, in each setup and stream: ipcref / ipcref_reused <= 1.15 at every size
+(us_median); ipcref's us_p99 <= 3x its us_median (in the mixed stream the items' sizes differ,
+so ipcref_reused's own figure is shown beside it); seq at 24 MiB: ipcref at least 10x faster
+than torch_mp_fd and torch_mp_fs; w5_frames: ipcref's frames_per_s within 1.2x of
+ipcref_reused's. A goal whose peer (or ipcref row) is missing prints n/a. Always exits 0:
+benchmarks report, they do not fail. Stdlib only."""
 import statistics
 import sys
 
@@ -69,6 +80,18 @@ W4_GOALS = [
 W4_COLUMNS = ["ipcref", "ipcref_first", "c_msg64", "c_memfd_scm", "c_shm_spin", "c_pipe_copy",
               "c_socket_copy", "iceoryx", "iceoryx_waitset", "py_pipe_msg64", "py_shm_pipe",
               "torch_mp_fd", "torch_mp_fs"]
+# W5: the same goals in each setup and stream, never across them.
+W5_SETUPS = ("w5_1cpu", "w5_2cpu")
+W5_STREAMS = ("seq", "inflight4", "mixed")
+W5_FRAMES = "w5_frames"
+W5_IDS = tuple(f"{s}_{t}" for s in W5_SETUPS for t in W5_STREAMS) + (W5_FRAMES,)
+W5_FRESH = 1.15  # ipcref (a fresh tensor per item) / ipcref_reused, us_median, every row
+W5_TORCH_SIZE = 25165824  # seq, each setup: ipcref at least 10x faster than torch there
+W5_TORCH_PEERS = ("torch_mp_fd", "torch_mp_fs")
+W5_P99 = 3.0  # ipcref's us_p99 / its own us_median, every row
+W5_FRAMES_BOUND = 1.2  # w5_frames: ipcref_reused's frames_per_s / ipcref's
+# Columns of the W5 table, in this order; other peers follow.
+W5_COLUMNS = ["ipcref", "ipcref_reused", "c_memfd_fresh", "py_shm", "torch_mp_fd", "torch_mp_fs"]
 UNITS = {"ns_per_op": "ns", "us_per_handoff": "us", "GBps": "GB/s"}
 # reclaim.c: everything a SIGKILLed consumer held, up to RECLAIM_BLOCKS blocks, is back within
 # RECLAIM_US of its death (median over the rounds), the producer waiting in poll().
@@ -184,6 +207,118 @@ def w4_table(vals):
         print(f"| {wl} | {size} | " + " | ".join(cells) + " |")
 
 
+def w5_order(row):
+    """Sort key of a W5 (workload, size) row: setups, then streams, in W5_IDS order."""
+    wl, size = row
+    return (W5_IDS.index(wl) if wl in W5_IDS else len(W5_IDS), wl, size)
+
+
+def w5_cells(vals, metric, fmt="{:g}", scale=1.0):
+    """The rows of a W5 table of `metric`: (workload, size, columns, cells)."""
+    keys = {(wl, size) for (wl, size, m, _) in vals if wl.startswith("w5") and m == metric}
+    seen = {peer for (wl, _, m, peer) in vals if wl.startswith("w5") and m == metric}
+    cols = [c for c in W5_COLUMNS if c in seen] + sorted(seen - set(W5_COLUMNS))
+    rows = []
+    for wl, size in sorted(keys, key=w5_order):
+        cells = [vals.get((wl, size, metric, c)) for c in cols]
+        rows.append((wl, size, cols, ["" if v is None else fmt.format(v * scale) for v in cells]))
+    return rows
+
+
+def w5_table(vals):
+    """us per tensor (the median) of every W5 peer, one row per (workload, size); then the
+    consumer's peak memory."""
+    rows = w5_cells(vals, "us_median")
+    if not rows:
+        return
+    cols = rows[0][2]
+    print("\n### W5 stream of fresh tensors: us per tensor (median), per setup and stream\n")
+    print("size 0: the mixed stream (4, 24, 64 MiB in turn); w5_frames: one 3x1080x1920 "
+          "float32 frame and its 4096-byte header per item, between two programs.\n")
+    print("| workload | size (B) | " + " | ".join(cols) + " |")
+    print("|---|---|" + "---|" * len(cols))
+    for wl, size, _, cells in rows:
+        print(f"| {wl} | {size} | " + " | ".join(cells) + " |")
+    rows = w5_cells(vals, "consumer_peak_kb", "{:.1f}", 1 / 1024)
+    if not rows:
+        return
+    cols = rows[0][2]
+    print("\n### W5 consumer: peak resident MiB (VmRSS; a forked Python consumer starts with its "
+          "producer's interpreter)\n")
+    print("| workload | size (B) | held (MiB) | " + " | ".join(cols) + " |")
+    print("|---|---|---|" + "---|" * len(cols))
+    for wl, size, _, cells in rows:
+        held = [v for (w, z, m, _), v in vals.items() if (w, z, m) == (wl, size, "held_kb")]
+        held_mib = f"{max(held) / 1024:.1f}" if held else ""
+        print(f"| {wl} | {size} | {held_mib} | " + " | ".join(cells) + " |")
+
+
+def w5_ratio_goal(vals, wl, size, metric, ours_name, peer, bound, note=""):
+    """One goal ours / peer <= bound (a time metric) as a goal row."""
+    label = size if size else "0 (mixed)"
+    name = f"{wl} {metric} @ {label}: {ours_name} <= {bound:.3g}x {peer}{note}"
+    ours = vals.get((wl, size, metric, ours_name))
+    theirs = vals.get((wl, size, metric, peer))
+    c = None if ours is None or theirs is None else compare(metric, ours, theirs)
+    if c is None:
+        missing = [n for n, v in ((ours_name, ours), (peer, theirs)) if v is None]
+        return (name, f"not measured: {', '.join(missing) or 'a zero'}")
+    return (name, f"{c[0]:.3g}x", c[0] <= bound, margin(c[0], bound, True))
+
+
+def w5_p99_goal(vals, wl, size):
+    label = size if size else "0 (mixed)"
+    name = f"{wl} @ {label}: ipcref us_p99 <= {W5_P99:g}x its us_median"
+    med = vals.get((wl, size, "us_median", "ipcref"))
+    p99 = vals.get((wl, size, "us_p99", "ipcref"))
+    if not med or p99 is None:
+        return (name, "not measured: ipcref us_median and us_p99")
+    r = p99 / med
+    text = f"{r:.3g}x ({p99:g} / {med:g} us)"
+    bound_med = vals.get((wl, size, "us_median", "ipcref_reused"))
+    bound_p99 = vals.get((wl, size, "us_p99", "ipcref_reused"))
+    if not size and bound_med and bound_p99 is not None:  # mixed: the items' sizes differ
+        text += f"; ipcref_reused {bound_p99 / bound_med:.3g}x"
+    return (name, text, r <= W5_P99, margin(r, W5_P99, True))
+
+
+def w5_frames_goal(vals):
+    name = (f"{W5_FRAMES} frames_per_s: ipcref within {W5_FRAMES_BOUND:g}x of ipcref_reused "
+            f"(ipcref_reused / ipcref <= {W5_FRAMES_BOUND:g})")
+    sizes = sorted({k[1] for k in vals if k[0] == W5_FRAMES and k[2] == "frames_per_s"})
+    ours = [vals.get((W5_FRAMES, z, "frames_per_s", "ipcref")) for z in sizes]
+    best = [vals.get((W5_FRAMES, z, "frames_per_s", "ipcref_reused")) for z in sizes]
+    if not sizes or not ours[0] or not best[0]:
+        return (name, "not measured: ipcref and ipcref_reused frames_per_s")
+    r = best[0] / ours[0]
+    return (name, f"{r:.3g}x ({ours[0]:g} vs {best[0]:g} frames/s)", r <= W5_FRAMES_BOUND,
+            margin(r, W5_FRAMES_BOUND, True))
+
+
+def w5_goal_rows(vals):
+    """The W5 goals of every setup and stream present, as W4's rows."""
+    out = []
+    workloads = {k[0] for k in vals}
+    metric = "us_median"
+    for wl in W5_IDS:
+        if wl not in workloads:
+            continue
+        sizes = sorted({k[1] for k in vals if k[0] == wl and k[2] == metric})
+        if wl != W5_FRAMES:
+            for sz in sizes:
+                out.append(w5_ratio_goal(vals, wl, sz, metric, "ipcref", "ipcref_reused",
+                                         W5_FRESH))
+        if wl.endswith("_seq"):
+            for peer in W5_TORCH_PEERS:
+                out.append(w5_ratio_goal(vals, wl, W5_TORCH_SIZE, metric, "ipcref", peer,
+                                         1 / 10, " (>= 10x faster)"))
+        if wl == W5_FRAMES:
+            out.append(w5_frames_goal(vals))
+        for sz in sizes:
+            out.append(w5_p99_goal(vals, wl, sz))
+    return out
+
+
 def w4_goal_rows(vals):
     """The W4 goals of every setup present, as (name, measured, ok, margin) or (name, why)."""
     out = []
@@ -239,7 +374,8 @@ def goal_table(vals, notes=()):
     reclaim = reclaim_goal_row(vals, notes)
     goals = [g for g in GOALS if g[0] in workloads]
     w4 = w4_goal_rows(vals)
-    if not goals and not w4 and "limbo_release" not in workloads and reclaim is None:
+    w5 = w5_goal_rows(vals)
+    if not goals and not w4 and not w5 and "limbo_release" not in workloads and reclaim is None:
         return
     print("\n### Goals\n")
     print("margin: how far the figure is from its bound, in % of the bound (+ better, - short).\n")
@@ -279,7 +415,7 @@ def goal_table(vals, notes=()):
               f"{r:.2f}x | {'PASS' if r <= 2.0 else 'MISS'} | {margin(r, 2.0, True)} |")
     if reclaim is not None:
         print(reclaim)
-    for row in w4:
+    for row in w4 + w5:
         if len(row) == 2:
             print(f"| {row[0]} | n/a | n/a ({row[1]}) | |")
         else:
@@ -293,6 +429,7 @@ def main():
     ratio_table(vals)
     w2_note(vals)
     w4_table(vals)
+    w5_table(vals)
     goal_table(vals, notes)
     if notes:
         print("\nNot measured:\n")

@@ -4,30 +4,46 @@
 # bench/peers/README.md) restricted to the same workloads; prints every result line on stdout,
 # then the ratio table of bench/ratios.py.
 # Usage: bash bench/run.sh
-# Knobs (env): WORKLOADS (default "w1 w2 w3 w4 limbo reclaim"; also the peers' ONLY), PEERS (the
-#              peers' folder, default bench/peers; it holds run_peers.sh, or a run_all.sh that
+# Knobs (env): WORKLOADS (default "w1 w2 w3 w4 w5 limbo reclaim"; also the peers' ONLY), PEERS
+#              (the peers' folder, default bench/peers; it holds run_peers.sh, or a run_all.sh that
 #              takes the same knobs), W1_N, W1_REPS, W23_REPS (W2 and W3 repetitions, ours and
 #              the peers'), W4_SECONDS (timed seconds per peer and size), W4_SIZES (comma
 #              separated), W4_VARIANTS (scheduler setups: w4 w4_1cpu w4_2cpu; all W4 knobs are
 #              the peers' too), RECLAIM_ROUNDS (rounds per block count, default 30), RECLAIM_BLOCK
-#              (bytes per block, default 256), STEP_TIMEOUT, CC, OUT (also keep the raw result lines
-#              in this file). The peers take more: PY, CXX, RUSTC, W4_IOX (run_peers.sh).
+#              (bytes per block, default 256), W5_SECONDS (timed seconds per row, default 1.0),
+#              W5_SIZES (comma separated, default 4, 24, 64 and 256 MiB), W5_VARIANTS (setups:
+#              w5_1cpu w5_2cpu w5_frames), W5_STREAMS (seq inflight4 mixed), W5_MIN_ITEMS (timed
+#              items at least, default 8), W5_MAX_BYTES (a row ends once it streamed this much,
+#              past W5_MIN_ITEMS; default 2 GiB), W5_FRAMES (frames per w5_frames row, default
+#              300; all W5 knobs but W5_FRAMES are the peers' too), STEP_TIMEOUT, CC, OUT (also
+#              keep the raw result lines in this file). The peers take more: PY, CXX, RUSTC,
+#              W4_IOX (run_peers.sh).
 # W4 runs as bench/peers/run_peers.sh runs its W4 peers: for each variant, each mode of
 # bench/w4_handoff.c (ipcref, first) and each size, one process: w4 as is, w4_1cpu under
 # `taskset -c 0`, w4_2cpu with W4_PIN=split (producer and consumer on two CPUs); W4_ID names the
 # variant.
+# W5 runs the same way: for each setup, each mode of bench/w5_stream.c (ipcref: a fresh tensor per
+# item, reused: the bound), each stream (seq, inflight4, mixed) and each size, one process:
+# w5_1cpu under `taskset -c 0`, w5_2cpu with W5_PIN=split; W5_ID names the setup and the
+# workload id printed is <setup>_<stream>. w5_frames starts two programs per mode, unpinned:
+# `w5_stream frames-recv SOCK` in the background, then `w5_stream frames-send MODE SOCK FRAMES`,
+# which connects to it (SOCK: an AF_UNIX socket path in the build folder).
 # To add a workload: add bench/<wl>.c or bench/<wl>_*.c printing `peer=ipcref workload=<id> ...`
 # lines, give its arguments in args_for below, and add it to WORKLOADS.
 set -u
 HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 REPO="$(dirname "$HERE")"
 PEERS="${PEERS:-$HERE/peers}"
-WORKLOADS="${WORKLOADS:-w1 w2 w3 w4 limbo reclaim}"
+WORKLOADS="${WORKLOADS:-w1 w2 w3 w4 w5 limbo reclaim}"
 CC="${CC:-gcc}"
 STEP_TIMEOUT="${STEP_TIMEOUT:-120}"
 export W1_N="${W1_N:-10000000}" W1_REPS="${W1_REPS:-5}" W23_REPS="${W23_REPS:-7}"
 export W4_SECONDS="${W4_SECONDS:-1.0}" W4_SIZES="${W4_SIZES:-4096,1048576,67108864}"
 export W4_VARIANTS="${W4_VARIANTS:-w4 w4_1cpu w4_2cpu}"
+export W5_SECONDS="${W5_SECONDS:-1.0}" W5_SIZES="${W5_SIZES:-4194304,25165824,67108864,268435456}"
+export W5_VARIANTS="${W5_VARIANTS:-w5_1cpu w5_2cpu w5_frames}"
+export W5_STREAMS="${W5_STREAMS:-seq inflight4 mixed}" W5_MIN_ITEMS="${W5_MIN_ITEMS:-8}"
+export W5_MAX_BYTES="${W5_MAX_BYTES:-2147483648}" W5_FRAMES="${W5_FRAMES:-300}"
 RECLAIM_ROUNDS="${RECLAIM_ROUNDS:-30}" RECLAIM_BLOCK="${RECLAIM_BLOCK:-256}"
 
 BUILD="$(mktemp -d "${TMPDIR:-/tmp}/ipcref-bench.XXXXXX")"
@@ -72,8 +88,59 @@ run_w4() { # run_w4 EXE: every W4 variant x mode x size, one time-limited proces
     done
 }
 
+run_w5() { # run_w5 EXE: every W5 setup x mode x stream x size, one time-limited process each
+    local exe=$1 setup mode stream size sizes peer rc
+    local -a pinning
+    for setup in $W5_VARIANTS; do
+        case $setup in
+            w5_frames) run_w5_frames "$exe"; continue ;;
+            w5_1cpu)
+                if ! command -v taskset >/dev/null 2>&1; then
+                    echo "peer=ipcref workload=w5_1cpu status=skipped reason=apt-get-install-util-linux"
+                    continue
+                fi
+                pinning=(env -u W5_PIN taskset -c 0) ;;
+            w5_2cpu) pinning=(env W5_PIN=split) ;;
+            *) echo "# unknown W5 variant $setup"; continue ;;
+        esac
+        for mode in ipcref reused; do
+            peer=ipcref; [ $mode = reused ] && peer=ipcref_reused
+            for stream in $W5_STREAMS; do
+                sizes=$W5_SIZES; [ "$stream" = mixed ] && sizes=0
+                for size in ${sizes//,/ }; do
+                    W5_ID=$setup timeout -k 5 "$STEP_TIMEOUT" "${pinning[@]}" \
+                        "$exe" "$mode" "$stream" "$size" "$W5_SECONDS"
+                    rc=$?
+                    [ $rc -eq 0 ] ||
+                        echo "peer=$peer workload=${setup}_$stream size=$size status=failed reason=exit-$rc"
+                done
+            done
+        done
+    done
+}
+
+run_w5_frames() { # run_w5_frames EXE: per mode, the consumer program, then the producer program
+    local exe=$1 mode peer rc crc cpid sock="$BUILD/w5_frames.sock"
+    for mode in ipcref reused; do
+        peer=ipcref; [ $mode = reused ] && peer=ipcref_reused
+        rm -f "$sock"
+        timeout -k 5 "$STEP_TIMEOUT" "$exe" frames-recv "$sock" &
+        cpid=$!
+        timeout -k 5 "$STEP_TIMEOUT" "$exe" frames-send "$mode" "$sock" "$W5_FRAMES"
+        rc=$?
+        wait $cpid
+        crc=$?
+        if [ $rc -ne 0 ]; then
+            echo "peer=$peer workload=w5_frames status=failed reason=exit-$rc"
+        elif [ $crc -ne 0 ]; then
+            echo "peer=$peer workload=w5_frames status=failed reason=consumer-exit-$crc"
+        fi
+    done
+    rm -f "$sock"
+}
+
 {
-    echo "# ipcref bench: WORKLOADS=\"$WORKLOADS\" W1_N=$W1_N W1_REPS=$W1_REPS W23_REPS=$W23_REPS W4_SECONDS=$W4_SECONDS W4_SIZES=$W4_SIZES W4_VARIANTS=\"$W4_VARIANTS\" RECLAIM_ROUNDS=$RECLAIM_ROUNDS RECLAIM_BLOCK=$RECLAIM_BLOCK cc=$($CC -dumpfullversion 2>/dev/null || echo none)"
+    echo "# ipcref bench: WORKLOADS=\"$WORKLOADS\" W1_N=$W1_N W1_REPS=$W1_REPS W23_REPS=$W23_REPS W4_SECONDS=$W4_SECONDS W4_SIZES=$W4_SIZES W4_VARIANTS=\"$W4_VARIANTS\" W5_SECONDS=$W5_SECONDS W5_SIZES=$W5_SIZES W5_VARIANTS=\"$W5_VARIANTS\" W5_STREAMS=\"$W5_STREAMS\" W5_MIN_ITEMS=$W5_MIN_ITEMS W5_MAX_BYTES=$W5_MAX_BYTES W5_FRAMES=$W5_FRAMES RECLAIM_ROUNDS=$RECLAIM_ROUNDS RECLAIM_BLOCK=$RECLAIM_BLOCK cc=$($CC -dumpfullversion 2>/dev/null || echo none)"
     # ---- ours
     for wl in $WORKLOADS; do
         found=0
@@ -89,6 +156,10 @@ run_w4() { # run_w4 EXE: every W4 variant x mode x size, one time-limited proces
             fi
             if [ "$wl" = w4 ]; then
                 run_w4 "$exe"
+                continue
+            fi
+            if [ "$wl" = w5 ]; then
+                run_w5 "$exe"
                 continue
             fi
             # shellcheck disable=SC2046  # the arguments are meant to split

@@ -8,9 +8,12 @@
 #   peer=<name> workload=<id> status=skipped reason=apt-get-install-<package>
 # and the others run; a crash or a time-out prints `status=failed`.
 # Usage: bash bench/peers/run_peers.sh   (bench/run.sh runs it after ipcref's own)
-# Knobs (env): ONLY (workloads, default "w1 w2 w3 w4"), W1_N, W1_REPS, W23_REPS,
+# Knobs (env): ONLY (workloads, default "w1 w2 w3 w4 w5"), W1_N, W1_REPS, W23_REPS,
 #   W4_SECONDS, W4_SIZES (comma separated), W4_VARIANTS ("w4 w4_1cpu w4_2cpu"),
-#   W4_IOX (0: leave the iceoryx peers out), STEP_TIMEOUT (seconds per step),
+#   W4_IOX (0: leave the iceoryx peers out), W5_SECONDS, W5_SIZES (comma
+#   separated), W5_VARIANTS ("w5_1cpu w5_2cpu w5_frames"; w5_frames has no
+#   peers), W5_STREAMS ("seq inflight4 mixed"), W5_MIN_ITEMS, W5_MAX_BYTES
+#   (bench/run.sh has their defaults too), STEP_TIMEOUT (seconds per step),
 #   PY (default /usr/bin/python3, the interpreter Debian's numpy and torch
 #   install for), CC, CXX, RUSTC; iceoryx/run.sh lists its own.
 set -u
@@ -21,11 +24,15 @@ if [ -z "${PY:-}" ]; then
     [ -x "$PY" ] || PY="$(command -v python3 || echo /nonexistent/python3)"
 fi
 CC="${CC:-gcc}" CXX="${CXX:-g++}" RUSTC="${RUSTC:-rustc}"
-ONLY="${ONLY:-w1 w2 w3 w4}"
+ONLY="${ONLY:-w1 w2 w3 w4 w5}"
 STEP_TIMEOUT="${STEP_TIMEOUT:-120}"
 W1_N="${W1_N:-10000000}" W1_REPS="${W1_REPS:-5}" W23_REPS="${W23_REPS:-7}"
 export W4_SECONDS="${W4_SECONDS:-1.0}" W4_SIZES="${W4_SIZES:-4096,1048576,67108864}"
 export W4_VARIANTS="${W4_VARIANTS:-w4 w4_1cpu w4_2cpu}" STEP_TIMEOUT CC
+export W5_SECONDS="${W5_SECONDS:-1.0}" W5_SIZES="${W5_SIZES:-4194304,25165824,67108864,268435456}"
+export W5_VARIANTS="${W5_VARIANTS:-w5_1cpu w5_2cpu w5_frames}"
+export W5_STREAMS="${W5_STREAMS:-seq inflight4 mixed}" W5_MIN_ITEMS="${W5_MIN_ITEMS:-8}"
+export W5_MAX_BYTES="${W5_MAX_BYTES:-2147483648}"
 
 BUILD="$(mktemp -d "${TMPDIR:-/tmp}/ipcref-peers.XXXXXX")"
 trap 'rm -rf "$BUILD"' EXIT
@@ -181,5 +188,64 @@ if wants w4; then
     if [ "${W4_IOX:-1}" != 0 ]; then
         bash "$HERE/iceoryx/run.sh"
     fi
+fi
+# ---- W5: a stream of fresh tensors, in each scheduler setup (w5_frames is
+# ipcref's own two programs: no peer). One process per peer, stream and size
+# for the C peer; one per peer for the Python ones (torch imported once).
+w5_ids() { # the workload ids of setup $1: <setup>_<stream>
+    local s
+    for s in $W5_STREAMS; do printf '%s_%s ' "$1" "$s"; done
+}
+if wants w5; then
+    C_W5=0
+    if ! have "$CC"; then
+        echo "# W5 C peer: no C compiler"
+    elif build w5_memfd "$CC" -O2 -std=gnu11 -I"$HERE/.." "$HERE/w5_memfd.c" \
+        -o "$BUILD/w5_memfd"; then
+        C_W5=1
+    fi
+    PY_W5=py_shm
+    if [ -x "$PY" ] && py_finds torch; then PY_W5="py_shm torch_mp_fd torch_mp_fs"; fi
+    for variant in $W5_VARIANTS; do
+        pin=()
+        case "$variant" in
+            w5_frames) continue ;;
+            w5_1cpu)
+                if ! have taskset; then
+                    skipped all "$(w5_ids "$variant")" apt-get-install-util-linux
+                    continue
+                fi
+                as=(env -u W5_PIN "W5_ID=$variant")
+                pin=(taskset -c 0) ;;
+            w5_2cpu) as=(env W5_PIN=split "W5_ID=$variant") ;;
+            *) echo "# unknown W5 variant $variant"; continue ;;
+        esac
+        for stream in $W5_STREAMS; do
+            if [ $C_W5 = 0 ]; then
+                skipped c_memfd_fresh "${variant}_$stream" apt-get-install-gcc
+                continue
+            fi
+            sizes=$W5_SIZES
+            [ "$stream" = mixed ] && sizes=0
+            for size in ${sizes//,/ }; do
+                step c_memfd_fresh "${variant}_$stream" "${as[@]}" "${pin[@]}" \
+                    "$BUILD/w5_memfd" "$stream" "$size" "$W5_SECONDS"
+            done
+        done
+        if [ ! -x "$PY" ]; then
+            skipped py_shm "$(w5_ids "$variant")" apt-get-install-python3
+        else
+            for p in $PY_W5; do
+                step "$p" "$variant" "${as[@]}" "${pin[@]}" "$PY" "$HERE/w5_stream.py" \
+                    "$p" "${W5_STREAMS// /,}" "$W5_SIZES" "$W5_SECONDS"
+            done
+        fi
+        case $PY_W5 in
+            *torch*) ;;
+            *) for p in torch_mp_fd torch_mp_fs; do
+                   skipped $p "$(w5_ids "$variant")" apt-get-install-python3-torch
+               done ;;
+        esac
+    done
 fi
 echo "# peers: done in ${SECONDS}s"
