@@ -207,9 +207,9 @@ static void test_stream_of_fresh_tensors(void) {
   ipcref_peer *p;
   ipcref_stats st;
   g_consumer.retired_maps = 0;
+  kid_start(&k, 1, SOCK_SEQPACKET, stream_consumer); /* before the ctx */
   ctx = ctx_with(1 * MIB, cap, 0);
   res_begin(&m); /* what the process had before it shared anything */
-  kid_start(&k, 1, SOCK_SEQPACKET, stream_consumer);
   p = kid_peer(&k, 0, ctx);
   fds0 = stats_of(ctx).fds_sent;
   for (i = 0; i < count; i++) {
@@ -245,7 +245,7 @@ static void test_stream_of_fresh_tensors(void) {
   CHECK_EQ(st.segment_bytes, 0);
   CHECK_EQ(st.cached_bytes, 0);
   CHECK_EQ(st.mapped_segments, 0);
-  RES_END(&m);
+  RES_END_CHILD(&m, 2); /* the peer's socket and the control socket */
   ipcref_ctx_free(ctx);
 }
 
