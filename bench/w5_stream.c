@@ -317,9 +317,14 @@ static int done(const limits *l, size_t n, double t0, double bytes) {
          (now_ns() - t0 >= l->secs * 1e9 || bytes >= l->max_bytes);
 }
 
+/* The first timed item: after the warm-ups, or the window's fill. */
+static uint64_t first_timed(void) {
+  return g_window > WARMUPS ? (uint64_t)g_window : WARMUPS;
+}
+
 /* Runs the stream; returns the timed items' ns (malloc'd), *n of them. */
 static double *run(producer *p, const limits *l, size_t *n) {
-  uint64_t i = 0, untimed = g_window > WARMUPS ? g_window : WARMUPS;
+  uint64_t i = 0, untimed = first_timed();
   size_t cap = 1024;
   double *v = (double *)malloc(cap * sizeof *v), t0, bytes = 0;
   if (!v) die("malloc", IPCREF_OK);
@@ -345,9 +350,30 @@ static void line(const char *metric, double value, const char *extra) {
          size, metric, value, extra);
 }
 
+/* The mixed stream: its items' times follow their sizes, so its spread is
+ * read per size: the largest p99 / median among the sizes (timed item k is
+ * item `first` + k). */
+static double worst_size_spread(const double *v, size_t n, uint64_t first) {
+  double worst = 0, *w = (double *)malloc((n + 1) * sizeof *w);
+  if (!w) die("malloc", IPCREF_OK);
+  for (int s = 0; s < g_nsizes; s++) {
+    size_t m = 0;
+    for (size_t k = 0; k < n; k++)
+      if ((first + k) % (uint64_t)g_nsizes == (uint64_t)s) w[m++] = v[k];
+    if (m == 0) continue;
+    double med = median(w, (int)m); /* sorts w */
+    double r = w[(size_t)(0.99 * (double)(m - 1))] / med;
+    if (r > worst) worst = r;
+  }
+  free(w);
+  return worst;
+}
+
 static void report(double *v, size_t n, const consumer_report *c) {
   double sum = 0, med, p99;
   char extra[160];
+  if (g_nsizes > 1) /* before median() sorts v */
+    line("p99_per_size", worst_size_spread(v, n, first_timed()), "");
   for (size_t k = 0; k < n; k++) sum += v[k];
   med = median(v, (int)n); /* sorts v */
   p99 = v[(size_t)(0.99 * (double)(n - 1))];

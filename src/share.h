@@ -96,7 +96,7 @@ typedef struct ipcref_ctx_options {
                             own */
   size_t segment_cache;  /* bytes of empty segments kept for reuse, pooled
                             or a block's own, host and device alike
-                            (default 256 MiB; IPCREF_KEEP_NONE: none), 64
+                            (default 512 MiB; IPCREF_KEEP_NONE: none), 64
                             segments at most; see ipcref_ctx_trim */
   size_t max_bytes;      /* cap on all segment bytes, the cached ones too
                             (default: none); an allocation that would pass

@@ -39,7 +39,7 @@ IPCREF_API ipcref_result ipcref_ctx_new(const ipcref_ctx_options *opt,
   if (!ctx) return IPCREF_ENOMEM;
   if (opt) ctx->opt = *opt;
   if (!ctx->opt.segment_size) ctx->opt.segment_size = (size_t)16 << 20;
-  if (!ctx->opt.segment_cache) ctx->opt.segment_cache = (size_t)256 << 20;
+  if (!ctx->opt.segment_cache) ctx->opt.segment_cache = (size_t)512 << 20;
   if (!ctx->opt.retired_maps) ctx->opt.retired_maps = (size_t)64 << 20;
   if (!ctx->opt.ledger_slots) ctx->opt.ledger_slots = 4096;
   if (ctx->opt.segment_size < 4096 || (ctx->opt.segment_size & 4095) ||
