@@ -923,6 +923,19 @@ IPCREF_API ipcref_result ipcref_peer_new(ipcref_ctx *ctx, int sockfd,
  * peer waits, marked dead, in the quarantine (see checked). */
 IPCREF_API void ipcref_peer_free(ipcref_peer *p);
 
+/* An fd for an event loop (epoll, poll, select) that never misses work:
+ * readable whenever ipcref_recv(p, .., 0) would return a view or an error,
+ * which the peer's socket alone is not once a batch was received (its
+ * other views wait in the peer, and the socket has nothing more to say). A
+ * wake-up with nothing to receive (the other side's hello, say) makes
+ * ipcref_recv(p, .., 0) return IPCREF_ETIMEDOUT: call it until it does, or
+ * once per wake-up (level-triggered, the fd stays readable while views
+ * wait). Made on the first call (an epoll fd over the socket and an
+ * eventfd, both closed by ipcref_peer_free); the same fd every call. -1
+ * for NULL or a freed peer (reported), or when it cannot be made (errno
+ * says why). */
+IPCREF_API int ipcref_peer_poll_fd(ipcref_peer *p);
+
 /* The pid of the process on the other side, from its hello: waits for it
  * up to 5 s if it has not arrived (then the SO_PEERCRED pid is returned);
  * 0 for NULL. */
@@ -3169,6 +3182,7 @@ IPCREF_API ipcref_result ipcref_view_make_mut(ipcref_view *v) {
 #include <signal.h>
 #include <stdio.h>
 #include <sys/epoll.h>
+#include <sys/eventfd.h>
 #include <sys/mman.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
@@ -3522,6 +3536,9 @@ struct ipcref_peer {
   size_t nretired, capretired;
   ipcref_view pending[64]; /* received views not handed out yet */
   int npending, pending_pos;
+  int poll_fd;  /* ipcref_peer_poll_fd: an epoll fd over the socket and */
+  int batch_fd; /* an eventfd, set while a batch has views left; both made
+                   on its first call (-1 before) */
   ipcref_peer *next, *prev;
 };
 
@@ -5901,6 +5918,7 @@ IPCREF_API ipcref_result ipcref_peer_new(ipcref_ctx *ctx, int sockfd,
   p->pid = (int)cred.pid;
   p->uid = (int)cred.uid;
   p->sock_type = type;
+  p->poll_fd = p->batch_fd = -1;
   {
     int on = 1;
     ipcref_result r = IPCREF_ESYS;
@@ -5949,6 +5967,51 @@ IPCREF_API int ipcref_peer_alive(ipcref_peer *p) {
            (pfd.revents & (POLLHUP | POLLRDHUP | POLLERR)) != 0);
 }
 
+/* The poll fd's batch flag (an eventfd): set while views of a received
+ * batch wait in the peer, cleared when the last is handed out, so that an
+ * event loop is woken for each of them (the socket has nothing more to
+ * say). No-op before ipcref_peer_poll_fd made it. */
+IPCREF__PRIVATE void ipcref__batch_signal(ipcref_peer *p) {
+  uint64_t v = 1;
+  ssize_t n;
+  if (p->batch_fd < 0) return;
+  if (p->pending_pos < p->npending)
+    n = write(p->batch_fd, &v, sizeof v); /* EAGAIN: set already */
+  else
+    n = read(p->batch_fd, &v, sizeof v); /* EAGAIN: clear already */
+  (void)n;
+}
+
+/* Adds `fd` to the epoll set `ep`, readable-level. 0 on success. */
+IPCREF__PRIVATE int ipcref__epoll_add(int ep, int fd) {
+  struct epoll_event ev;
+  memset(&ev, 0, sizeof ev);
+  ev.events = EPOLLIN;
+  ev.data.fd = fd;
+  return epoll_ctl(ep, EPOLL_CTL_ADD, fd, &ev);
+}
+
+IPCREF_API int ipcref_peer_poll_fd(ipcref_peer *p) {
+  int ep, bf;
+  if (!p || !IPCREF__PEER_USABLE(p, "ipcref_peer_poll_fd")) return -1;
+  if (p->poll_fd >= 0) return p->poll_fd;
+  ep = epoll_create1(EPOLL_CLOEXEC);
+  bf = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
+  if (ep < 0 || bf < 0 || ipcref__epoll_add(ep, p->fd) != 0 ||
+      ipcref__epoll_add(ep, bf) != 0) {
+    int e = errno;
+    if (ep >= 0) close(ep);
+    if (bf >= 0) close(bf);
+    errno = e;
+    return -1;
+  }
+  p->poll_fd = ep;
+  p->batch_fd = bf;
+  /* A batch received before the first call has views left too. */
+  ipcref__batch_signal(p);
+  return ep;
+}
+
 IPCREF_API void ipcref_peer_free(ipcref_peer *p) {
   ipcref_ctx *ctx;
   ipcref__ledger *l;
@@ -5974,6 +6037,8 @@ IPCREF_API void ipcref_peer_free(ipcref_peer *p) {
   ipcref__sweep(ctx);
   (void)ipcref__pump(ctx, 0);
   close(p->fd);
+  if (p->poll_fd >= 0) close(p->poll_fd);
+  if (p->batch_fd >= 0) close(p->batch_fd);
   IPCREF_FREE(p->sent);
   IPCREF_FREE(p->retired);
   ipcref__peer_bury(ctx, p);
@@ -7175,6 +7240,7 @@ IPCREF_API ipcref_result ipcref_recv_on(ipcref_peer *p, ipcref_view *out,
   if (!IPCREF__PEER_USABLE(p, "ipcref_recv")) return IPCREF_EDEAD;
   if (p->pending_pos < p->npending) { /* the rest of a batch */
     *out = p->pending[p->pending_pos++];
+    if (p->pending_pos == p->npending) ipcref__batch_signal(p);
     return IPCREF_OK;
   }
   r = ipcref__hello_within(p, &timeout_ms);
@@ -7194,6 +7260,7 @@ IPCREF_API ipcref_result ipcref_recv_on(ipcref_peer *p, ipcref_view *out,
   *out = p->pending[0];
   p->npending = n;
   p->pending_pos = 1;
+  if (n > 1) ipcref__batch_signal(p);
   return IPCREF_OK;
 }
 

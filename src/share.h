@@ -271,6 +271,19 @@ IPCREF_API ipcref_result ipcref_peer_new(ipcref_ctx *ctx, int sockfd,
  * peer waits, marked dead, in the quarantine (see checked). */
 IPCREF_API void ipcref_peer_free(ipcref_peer *p);
 
+/* An fd for an event loop (epoll, poll, select) that never misses work:
+ * readable whenever ipcref_recv(p, .., 0) would return a view or an error,
+ * which the peer's socket alone is not once a batch was received (its
+ * other views wait in the peer, and the socket has nothing more to say). A
+ * wake-up with nothing to receive (the other side's hello, say) makes
+ * ipcref_recv(p, .., 0) return IPCREF_ETIMEDOUT: call it until it does, or
+ * once per wake-up (level-triggered, the fd stays readable while views
+ * wait). Made on the first call (an epoll fd over the socket and an
+ * eventfd, both closed by ipcref_peer_free); the same fd every call. -1
+ * for NULL or a freed peer (reported), or when it cannot be made (errno
+ * says why). */
+IPCREF_API int ipcref_peer_poll_fd(ipcref_peer *p);
+
 /* The pid of the process on the other side, from its hello: waits for it
  * up to 5 s if it has not arrived (then the SO_PEERCRED pid is returned);
  * 0 for NULL. */
@@ -414,6 +427,7 @@ IPCREF_API void ipcref_test_set_step_hook(void (*fn)(const char *step));
 #include <signal.h>
 #include <stdio.h>
 #include <sys/epoll.h>
+#include <sys/eventfd.h>
 #include <sys/mman.h>
 #include <sys/socket.h>
 #include <sys/stat.h>

@@ -244,6 +244,7 @@ IPCREF_API ipcref_result ipcref_peer_new(ipcref_ctx *ctx, int sockfd,
   p->pid = (int)cred.pid;
   p->uid = (int)cred.uid;
   p->sock_type = type;
+  p->poll_fd = p->batch_fd = -1;
   {
     int on = 1;
     ipcref_result r = IPCREF_ESYS;
@@ -292,6 +293,51 @@ IPCREF_API int ipcref_peer_alive(ipcref_peer *p) {
            (pfd.revents & (POLLHUP | POLLRDHUP | POLLERR)) != 0);
 }
 
+/* The poll fd's batch flag (an eventfd): set while views of a received
+ * batch wait in the peer, cleared when the last is handed out, so that an
+ * event loop is woken for each of them (the socket has nothing more to
+ * say). No-op before ipcref_peer_poll_fd made it. */
+IPCREF__PRIVATE void ipcref__batch_signal(ipcref_peer *p) {
+  uint64_t v = 1;
+  ssize_t n;
+  if (p->batch_fd < 0) return;
+  if (p->pending_pos < p->npending)
+    n = write(p->batch_fd, &v, sizeof v); /* EAGAIN: set already */
+  else
+    n = read(p->batch_fd, &v, sizeof v); /* EAGAIN: clear already */
+  (void)n;
+}
+
+/* Adds `fd` to the epoll set `ep`, readable-level. 0 on success. */
+IPCREF__PRIVATE int ipcref__epoll_add(int ep, int fd) {
+  struct epoll_event ev;
+  memset(&ev, 0, sizeof ev);
+  ev.events = EPOLLIN;
+  ev.data.fd = fd;
+  return epoll_ctl(ep, EPOLL_CTL_ADD, fd, &ev);
+}
+
+IPCREF_API int ipcref_peer_poll_fd(ipcref_peer *p) {
+  int ep, bf;
+  if (!p || !IPCREF__PEER_USABLE(p, "ipcref_peer_poll_fd")) return -1;
+  if (p->poll_fd >= 0) return p->poll_fd;
+  ep = epoll_create1(EPOLL_CLOEXEC);
+  bf = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
+  if (ep < 0 || bf < 0 || ipcref__epoll_add(ep, p->fd) != 0 ||
+      ipcref__epoll_add(ep, bf) != 0) {
+    int e = errno;
+    if (ep >= 0) close(ep);
+    if (bf >= 0) close(bf);
+    errno = e;
+    return -1;
+  }
+  p->poll_fd = ep;
+  p->batch_fd = bf;
+  /* A batch received before the first call has views left too. */
+  ipcref__batch_signal(p);
+  return ep;
+}
+
 IPCREF_API void ipcref_peer_free(ipcref_peer *p) {
   ipcref_ctx *ctx;
   ipcref__ledger *l;
@@ -317,6 +363,8 @@ IPCREF_API void ipcref_peer_free(ipcref_peer *p) {
   ipcref__sweep(ctx);
   (void)ipcref__pump(ctx, 0);
   close(p->fd);
+  if (p->poll_fd >= 0) close(p->poll_fd);
+  if (p->batch_fd >= 0) close(p->batch_fd);
   IPCREF_FREE(p->sent);
   IPCREF_FREE(p->retired);
   ipcref__peer_bury(ctx, p);

@@ -209,6 +209,7 @@ IPCREF_API ipcref_result ipcref_recv_on(ipcref_peer *p, ipcref_view *out,
   if (!IPCREF__PEER_USABLE(p, "ipcref_recv")) return IPCREF_EDEAD;
   if (p->pending_pos < p->npending) { /* the rest of a batch */
     *out = p->pending[p->pending_pos++];
+    if (p->pending_pos == p->npending) ipcref__batch_signal(p);
     return IPCREF_OK;
   }
   r = ipcref__hello_within(p, &timeout_ms);
@@ -228,6 +229,7 @@ IPCREF_API ipcref_result ipcref_recv_on(ipcref_peer *p, ipcref_view *out,
   *out = p->pending[0];
   p->npending = n;
   p->pending_pos = 1;
+  if (n > 1) ipcref__batch_signal(p);
   return IPCREF_OK;
 }
 

@@ -310,6 +310,9 @@ struct ipcref_peer {
   size_t nretired, capretired;
   ipcref_view pending[64]; /* received views not handed out yet */
   int npending, pending_pos;
+  int poll_fd;  /* ipcref_peer_poll_fd: an epoll fd over the socket and */
+  int batch_fd; /* an eventfd, set while a batch has views left; both made
+                   on its first call (-1 before) */
   ipcref_peer *next, *prev;
 };
 

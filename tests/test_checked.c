@@ -208,6 +208,9 @@ static void test_freed_peer(void) {
   CHECK_EQ(ipcref_peer_pid(gone), 0);
   CHECK_HEARD("ipcref_peer_pid");
   hear_nothing_yet();
+  CHECK_EQ(ipcref_peer_poll_fd(gone), -1);
+  CHECK_HEARD("ipcref_peer_poll_fd");
+  hear_nothing_yet();
   CHECK_EQ(ipcref_send(gone, &v), IPCREF_EDEAD);
   CHECK_HEARD("ipcref_send");
   hear_nothing_yet();

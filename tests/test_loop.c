@@ -1,0 +1,131 @@
+/* Peers in event loops: what an epoll loop sees of a peer. A consumer
+ * forked from this process waits only on ipcref_peer_poll_fd and receives
+ * once per wake-up, as the simplest loop does; every view sent must reach
+ * it with no further message. (Over the socket alone, the views of a
+ * batch after its first wait inside the peer and the loop never wakes.) */
+#define _GNU_SOURCE
+#include <stdint.h>
+#include <stdio.h>
+#include <string.h>
+#include <sys/epoll.h>
+
+#define IPCREF_IMPLEMENTATION
+#include "../ipcref.h"
+#include "share_fixture.h"
+
+#define CTL_MS  30000 /* longest wait for a command or a reply */
+#define BATCH   IPCREF_MSG_MAX_VIEWS
+#define LOOP_MS 5000 /* the loop gives up after this long without a view */
+
+/* The consumer's loop: waits on the peer's poll fd (epoll), receives once
+ * per wake-up with a zero timeout, until `want` views came or LOOP_MS pass
+ * without one. Replies with the views received, then the wake-ups that
+ * found nothing (its hello, say). */
+static int loop_consumer(void *arg) {
+  kid *k = (kid *)arg;
+  ipcref_ctx *ctx = make_ctx(NULL);
+  ipcref_peer *p = make_peer(ctx, k->their_sock[0]);
+  ipcref_view held[BATCH];
+  int ep, pfd, got = 0, idle = 0, want = ctl_get(k->their_ctl, CTL_MS), i;
+  struct epoll_event ev;
+  if (!p || want <= 0 || want > BATCH) return 2;
+  pfd = ipcref_peer_poll_fd(p);
+  CHECK(pfd >= 0);
+  CHECK_EQ(ipcref_peer_poll_fd(p), pfd); /* the same fd every call */
+  ep = epoll_create1(EPOLL_CLOEXEC);
+  memset(&ev, 0, sizeof ev);
+  ev.events = EPOLLIN;
+  CHECK_EQ(epoll_ctl(ep, EPOLL_CTL_ADD, pfd, &ev), 0);
+  ctl_put(k->their_ctl, 'l'); /* in the loop */
+  while (got < want && epoll_wait(ep, &ev, 1, LOOP_MS) == 1) {
+    ipcref_result r = ipcref_recv(p, &held[got], 0);
+    if (r == IPCREF_OK)
+      got++;
+    else if (r == IPCREF_ETIMEDOUT)
+      idle++;
+    else
+      break;
+  }
+  ctl_put(k->their_ctl, got);
+  ctl_put(k->their_ctl, idle);
+  for (i = 0; i < got; i++) ipcref_view_release(&held[i]);
+  close(ep);
+  ipcref_peer_free(p);
+  ipcref_ctx_free(ctx);
+  return 0;
+}
+
+/* Sends `n` views of one block each, in one message. */
+static void send_batch(ipcref_ctx *ctx, ipcref_peer *p, int n) {
+  ipcref_view v[BATCH];
+  int i;
+  const int64_t len = 256;
+  for (i = 0; i < n; i++)
+    CHECK_EQ(ipcref_view_new_shared(ctx, IPCREF_U8, 1, &len, &v[i]), IPCREF_OK);
+  CHECK_EQ(ipcref_send_batch(p, v, n), IPCREF_OK);
+  for (i = 0; i < n; i++) ipcref_view_release(&v[i]);
+}
+
+/* A batch of 16 received by an epoll loop: all 16 come, one per wake-up,
+ * though the socket is readable only for the first. */
+static void test_batch_wakes_the_loop(void) {
+  kid k;
+  ipcref_ctx *ctx;
+  ipcref_peer *p;
+  int got, idle;
+  kid_start(&k, 1, SOCK_SEQPACKET, loop_consumer);
+  ctx = make_ctx(NULL);
+  p = kid_peer(&k, 0, ctx);
+  ctl_put(k.ctl, BATCH);
+  CTL_EXPECT(k.ctl, 'l');
+  send_batch(ctx, p, BATCH);
+  got = ctl_get(k.ctl, CTL_MS);
+  idle = ctl_get(k.ctl, CTL_MS);
+  printf("    %d of %d views, %d wake-ups with nothing\n", got, BATCH, idle);
+  CHECK_EQ(got, BATCH);
+  CHECK(idle <= 2); /* the hello; a spurious one is allowed */
+  KID_END(&k, "consumer");
+  ipcref_peer_free(p);
+  ipcref_ctx_free(ctx);
+}
+
+/* A batch received before the poll fd was made: the fd is readable at
+ * once, and stays so until its last view is taken. */
+static void test_batch_before_the_fd(void) {
+  local_pair l;
+  ipcref_view v[3], extra;
+  struct pollfd pf;
+  res_mark m;
+  int i;
+  res_begin(&m);
+  local_pair_open(&l, NULL, NULL);
+  if (!l.pp || !l.cp) return;
+  send_batch(l.prod, l.pp, 3);
+  CHECK_EQ(ipcref_recv(l.cp, &v[0], 1000), IPCREF_OK);
+  pf.fd = ipcref_peer_poll_fd(l.cp);
+  pf.events = POLLIN;
+  for (i = 1; i < 3; i++) {
+    pf.revents = 0;
+    CHECK_EQ(poll(&pf, 1, 0), 1); /* views wait */
+    CHECK_EQ(ipcref_recv(l.cp, &v[i], 0), IPCREF_OK);
+  }
+  pf.revents = 0;
+  CHECK_EQ(poll(&pf, 1, 0), 0); /* nothing left, nothing on the socket */
+  CHECK_EQ(ipcref_recv(l.cp, &extra, 0), IPCREF_ETIMEDOUT);
+  for (i = 0; i < 3; i++) ipcref_view_release(&v[i]);
+  local_pair_close(&l);
+  RES_END(&m); /* the poll fd and its eventfd went with the peer */
+}
+
+/* Wrong arguments. */
+static void test_poll_fd_arguments(void) {
+  CHECK_EQ(ipcref_peer_poll_fd(NULL), -1);
+}
+
+int main(void) {
+  fixture_start();
+  RUN(test_poll_fd_arguments);
+  RUN(test_batch_wakes_the_loop);
+  RUN(test_batch_before_the_fd);
+  return harness_finish();
+}
