@@ -159,7 +159,8 @@ typedef enum ipcref_result {
   IPCREF_EPEER = -8,       /* the peer is gone or not allowed */
   IPCREF_ETIMEDOUT = -9,   /* the wait ran out */
   IPCREF_ESATURATED = -10, /* a reference count saturated: the object leaks */
-  IPCREF_EDEAD = -11,      /* the object was already released or freed */
+  IPCREF_EDEAD = -11,      /* the object was already released or freed (or
+                              is its parent's, in a forked child) */
   IPCREF_ENEEDCOPY = -12,  /* not possible without copying the data */
   IPCREF_EDEVICE = -13     /* device memory: the host cannot touch it */
 } ipcref_result;
@@ -823,8 +824,10 @@ typedef struct ipcref_msg {
   ipcref_peer *origin; /* exporting peer; cancels the lease on free */
 } ipcref_msg;
 
-/* A new context. NULL options mean the defaults. Errors: EINVAL (out
- * NULL, a nonsensical option), ENOMEM. */
+/* A new context. NULL options mean the defaults. It is this process's:
+ * in a child forked later, calls on it and its peers are refused (EDEAD)
+ * and releases of its buffers there touch nothing shared; the child makes
+ * its own. Errors: EINVAL (out NULL, a nonsensical option), ENOMEM. */
 IPCREF_API ipcref_result ipcref_ctx_new(const ipcref_ctx_options *opt,
                                         ipcref_ctx **out);
 
@@ -3562,6 +3565,7 @@ struct ipcref_ctx {
   ipcref_ctx_options opt;
   uint64_t nonce;
   int pid;
+  unsigned fork_gen; /* the fork generation it was made in (see fork) */
   uint64_t next_id;
   ipcref__segment *segments;
   ipcref__pool host;   /* host memory's size classes */
@@ -3770,11 +3774,50 @@ IPCREF__PRIVATE int ipcref__usable(const uint32_t *magic, const int *owner_gone,
   ipcref__report_in(IPCREF_EDEAD, fn, what);
   return 0;
 }
+
+/* ---- fork ----------------------------------------------------------------
+ * A child made by fork() gets a copy of its parent's contexts, peers and
+ * buffers, but their shared parts (ledgers, segments, sockets) are still
+ * the parent's: a child that used them would take the ledger slots the
+ * parent takes, return leases the parent holds and write into the
+ * parent's sockets. So a context remembers the fork generation it was made
+ * in, a pthread_atfork handler moves the generation on in each child, and
+ * there calls on the parent's contexts and peers are refused, and the
+ * release of a buffer made or received through them touches nothing
+ * shared (the child's copy is simply left). */
+static unsigned ipcref__fork_gen; /* atomic */
+static pthread_once_t ipcref__fork_once_gen = PTHREAD_ONCE_INIT;
+IPCREF__PRIVATE void ipcref__fork_gen_next(void) {
+  __atomic_add_fetch(&ipcref__fork_gen, 1u, __ATOMIC_RELAXED);
+}
+IPCREF__PRIVATE void ipcref__fork_gen_watch(void) {
+  (void)pthread_atfork(NULL, NULL, ipcref__fork_gen_next);
+}
+/* The generation a new context is made in (the handler set up first). */
+IPCREF__PRIVATE unsigned ipcref__fork_gen_now(void) {
+  (void)pthread_once(&ipcref__fork_once_gen, ipcref__fork_gen_watch);
+  return __atomic_load_n(&ipcref__fork_gen, __ATOMIC_RELAXED);
+}
+/* 1 in a child forked after `ctx` was made. */
+IPCREF__PRIVATE int ipcref__forked(const ipcref_ctx *ctx) {
+  return ctx->fork_gen != __atomic_load_n(&ipcref__fork_gen, __ATOMIC_RELAXED);
+}
+/* 1 when `ctx` is this process's own; else the call is reported. */
+IPCREF__PRIVATE int ipcref__own(const ipcref_ctx *ctx, const char *fn) {
+  if (!ipcref__forked(ctx)) return 1;
+  ipcref__report_in(IPCREF_EDEAD, fn,
+                    "the context is the parent's: a child made by fork() "
+                    "makes a context of its own");
+  return 0;
+}
+
 #define IPCREF__CTX_USABLE(c)                                                  \
-  ipcref__usable(&(c)->magic, &(c)->owner_gone, __func__,                      \
-                 "the context was already freed")
+  (ipcref__usable(&(c)->magic, &(c)->owner_gone, __func__,                     \
+                  "the context was already freed") &&                          \
+   ipcref__own((c), __func__))
 #define IPCREF__PEER_USABLE(p, fn)                                             \
-  ipcref__usable(&(p)->magic, NULL, (fn), "the peer was already freed")
+  (ipcref__usable(&(p)->magic, NULL, (fn), "the peer was already freed") &&    \
+   ipcref__own((p)->ctx, (fn)))
 
 /* Milliseconds of the coarse monotonic clock (a vDSO read, no system
  * call; it moves once per clock tick). */
@@ -4699,6 +4742,7 @@ IPCREF_API ipcref_result ipcref_ctx_new(const ipcref_ctx_options *opt,
 #endif
   ctx->magic = IPCREF__ALIVE;
   ctx->pid = (int)getpid();
+  ctx->fork_gen = ipcref__fork_gen_now();
   ctx->uid = (int)getuid();
   ctx->host.dev = 0; /* host memory: no backend */
   ctx->refs = 1;
@@ -5028,6 +5072,7 @@ IPCREF__PRIVATE void ipcref__block_release(void *user, void *data) {
   ipcref__block *b = (ipcref__block *)user;
   ipcref_ctx *ctx = b->seg->ctx;
   (void)data;
+  if (ipcref__forked(ctx)) return; /* a forked child's copy: left alone */
   IPCREF__LOCK(ctx);
   ctx->st.live_bufs--;
   ctx->st.live_bytes -= b->size;
@@ -5053,6 +5098,7 @@ IPCREF__PRIVATE void ipcref__alias_release(void *user, void *data) {
   ipcref__alias *a = (ipcref__alias *)user;
   ipcref_ctx *ctx = a->block->seg->ctx;
   (void)data;
+  if (ipcref__forked(ctx)) return; /* a forked child's copy: left alone */
   IPCREF__LOCK(ctx);
   ipcref__alias_drop(ctx, a);
   IPCREF__UNLOCK(ctx);
@@ -5119,6 +5165,7 @@ IPCREF__PRIVATE void ipcref__hdr_put(void *user, void *ptr, size_t size) {
   ipcref_ctx *ctx = (ipcref_ctx *)user;
   ipcref__hdr *h = (ipcref__hdr *)ptr;
   (void)size;
+  if (ipcref__forked(ctx)) return; /* a forked child's copy: left alone */
   h->next = NULL;
   pthread_mutex_lock(&ctx->hdr_lock);
   if (ctx->hdr_last)
@@ -6520,6 +6567,8 @@ IPCREF__PRIVATE void ipcref__import_end(ipcref__import *imp) {
 IPCREF__PRIVATE void ipcref__import_release(void *user, void *data) {
   ipcref__import *imp = (ipcref__import *)user;
   (void)data;
+  /* A forked child's copy: the lease is the parent's to return. */
+  if (ipcref__forked(imp->ctx)) return;
   if (imp->seg->kind == IPCREF__KIND_DEVICE) {
     ipcref_backend *be = imp->seg->be;
     ipcref_ctx *ctx = imp->ctx;

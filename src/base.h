@@ -49,7 +49,8 @@ typedef enum ipcref_result {
   IPCREF_EPEER = -8,       /* the peer is gone or not allowed */
   IPCREF_ETIMEDOUT = -9,   /* the wait ran out */
   IPCREF_ESATURATED = -10, /* a reference count saturated: the object leaks */
-  IPCREF_EDEAD = -11,      /* the object was already released or freed */
+  IPCREF_EDEAD = -11,      /* the object was already released or freed (or
+                              is its parent's, in a forked child) */
   IPCREF_ENEEDCOPY = -12,  /* not possible without copying the data */
   IPCREF_EDEVICE = -13     /* device memory: the host cannot touch it */
 } ipcref_result;

@@ -171,8 +171,10 @@ typedef struct ipcref_msg {
   ipcref_peer *origin; /* exporting peer; cancels the lease on free */
 } ipcref_msg;
 
-/* A new context. NULL options mean the defaults. Errors: EINVAL (out
- * NULL, a nonsensical option), ENOMEM. */
+/* A new context. NULL options mean the defaults. It is this process's:
+ * in a child forked later, calls on it and its peers are refused (EDEAD)
+ * and releases of its buffers there touch nothing shared; the child makes
+ * its own. Errors: EINVAL (out NULL, a nonsensical option), ENOMEM. */
 IPCREF_API ipcref_result ipcref_ctx_new(const ipcref_ctx_options *opt,
                                         ipcref_ctx **out);
 

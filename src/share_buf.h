@@ -28,6 +28,7 @@ IPCREF__PRIVATE void ipcref__block_release(void *user, void *data) {
   ipcref__block *b = (ipcref__block *)user;
   ipcref_ctx *ctx = b->seg->ctx;
   (void)data;
+  if (ipcref__forked(ctx)) return; /* a forked child's copy: left alone */
   IPCREF__LOCK(ctx);
   ctx->st.live_bufs--;
   ctx->st.live_bytes -= b->size;
@@ -53,6 +54,7 @@ IPCREF__PRIVATE void ipcref__alias_release(void *user, void *data) {
   ipcref__alias *a = (ipcref__alias *)user;
   ipcref_ctx *ctx = a->block->seg->ctx;
   (void)data;
+  if (ipcref__forked(ctx)) return; /* a forked child's copy: left alone */
   IPCREF__LOCK(ctx);
   ipcref__alias_drop(ctx, a);
   IPCREF__UNLOCK(ctx);
@@ -119,6 +121,7 @@ IPCREF__PRIVATE void ipcref__hdr_put(void *user, void *ptr, size_t size) {
   ipcref_ctx *ctx = (ipcref_ctx *)user;
   ipcref__hdr *h = (ipcref__hdr *)ptr;
   (void)size;
+  if (ipcref__forked(ctx)) return; /* a forked child's copy: left alone */
   h->next = NULL;
   pthread_mutex_lock(&ctx->hdr_lock);
   if (ctx->hdr_last)

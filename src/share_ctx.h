@@ -82,6 +82,7 @@ IPCREF_API ipcref_result ipcref_ctx_new(const ipcref_ctx_options *opt,
 #endif
   ctx->magic = IPCREF__ALIVE;
   ctx->pid = (int)getpid();
+  ctx->fork_gen = ipcref__fork_gen_now();
   ctx->uid = (int)getuid();
   ctx->host.dev = 0; /* host memory: no backend */
   ctx->refs = 1;

@@ -30,6 +30,8 @@ IPCREF__PRIVATE void ipcref__import_end(ipcref__import *imp) {
 IPCREF__PRIVATE void ipcref__import_release(void *user, void *data) {
   ipcref__import *imp = (ipcref__import *)user;
   (void)data;
+  /* A forked child's copy: the lease is the parent's to return. */
+  if (ipcref__forked(imp->ctx)) return;
   if (imp->seg->kind == IPCREF__KIND_DEVICE) {
     ipcref_backend *be = imp->seg->be;
     ipcref_ctx *ctx = imp->ctx;

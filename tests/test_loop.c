@@ -1,8 +1,14 @@
-/* Peers in event loops: what an epoll loop sees of a peer. A consumer
- * forked from this process waits only on ipcref_peer_poll_fd and receives
- * once per wake-up, as the simplest loop does; every view sent must reach
- * it with no further message. (Over the socket alone, the views of a
- * batch after its first wait inside the peer and the loop never wakes.) */
+/* Peers in real programs: event loops and forks.
+ *
+ * What an epoll loop sees of a peer: a consumer forked from this process
+ * waits only on ipcref_peer_poll_fd and receives once per wake-up, as the
+ * simplest loop does; every view sent must reach it with no further
+ * message. (Over the socket alone, the views of a batch after its first
+ * wait inside the peer, and the loop never wakes.)
+ *
+ * A child forked after the contexts were made (a data loader's worker)
+ * must not use them: its calls are refused and named, and letting go of
+ * its copies of buffers changes nothing in the parent. */
 #define _GNU_SOURCE
 #include <stdint.h>
 #include <stdio.h>
@@ -117,6 +123,85 @@ static void test_batch_before_the_fd(void) {
   RES_END(&m); /* the poll fd and its eventfd went with the peer */
 }
 
+/* ---- fork ---------------------------------------------------------------
+ */
+
+static int heard_dead;
+static void hear(void *user, ipcref_result code, const char *msg) {
+  (void)user;
+  (void)msg;
+  heard_dead += code == IPCREF_EDEAD;
+}
+
+/* What the forked child does with its parent's contexts, peer and
+ * buffers: every call is refused (and heard), every release is a no-op. */
+typedef struct fork_arg {
+  local_pair *l;
+  ipcref_view got;  /* received by the parent's consumer */
+  ipcref_buf *mine; /* made by the parent's producer */
+} fork_arg;
+
+static int forked_child(void *arg) {
+  fork_arg *a = (fork_arg *)arg;
+  ipcref_buf *b = NULL;
+  ipcref_view v;
+  ipcref_stats st;
+  ipcref_error_hook h;
+  h.fn = hear;
+  h.user = NULL;
+  ipcref_set_error_hook(&h);
+  CHECK_EQ(ipcref_shared_new(a->l->prod, 64, &b), IPCREF_EDEAD);
+  CHECK(b == NULL);
+  CHECK_EQ(ipcref_send(a->l->pp, &a->got), IPCREF_EDEAD);
+  CHECK_EQ(ipcref_recv(a->l->cp, &v, 0), IPCREF_EDEAD);
+  CHECK_EQ(ipcref_ctx_stats(a->l->prod, &st), IPCREF_EDEAD);
+  CHECK_EQ(ipcref_collect(a->l->cons), 0);
+  CHECK_EQ(ipcref_peer_poll_fd(a->l->cp), -1);
+  ipcref_view_release(&a->got); /* the parent's lease stays the parent's */
+  ipcref_buf_release(a->mine);
+  ipcref_peer_free(a->l->cp);
+  ipcref_ctx_free(a->l->prod);
+  CHECK_EQ(heard_dead, 8);
+  return 0;
+}
+
+/* A child forked after the contexts were made: refused by name, and the
+ * parent's producer sees nothing of it: the lease its consumer holds is
+ * still live (the child's release of its copy returned nothing), no
+ * return is bad, and the pair goes on working. */
+static void test_forked_child_refused(void) {
+  local_pair l;
+  fork_arg a;
+  ipcref_view v;
+  ipcref_stats st;
+  const int64_t len = 4096;
+  local_pair_open(&l, NULL, NULL);
+  if (!l.pp || !l.cp) return;
+  a.l = &l;
+  CHECK_EQ(ipcref_view_new_shared(l.prod, IPCREF_U8, 1, &len, &v), IPCREF_OK);
+  CHECK_EQ(ipcref_send(l.pp, &v), IPCREF_OK);
+  CHECK_EQ(ipcref_recv(l.cp, &a.got, 1000), IPCREF_OK);
+  a.mine = ipcref_buf_retain(v.buf);
+  EXPECT_EXIT0(fork_child(forked_child, &a, -1), "forked child");
+  st = stats_of(l.prod);
+  CHECK_EQ(st.live_slots, 1); /* the parent's consumer still holds it */
+  CHECK_EQ(st.live_bufs, 1);
+  ipcref_view_release(&a.got);
+  ipcref_buf_release(a.mine);
+  ipcref_view_release(&v);
+  ipcref_collect(l.prod);
+  st = stats_of(l.prod);
+  CHECK_EQ(st.live_slots, 0);
+  CHECK_EQ(st.limbo_blocks, 0);
+  CHECK_EQ(st.bad_returns, 0);
+  CHECK_EQ(ipcref_view_new_shared(l.prod, IPCREF_U8, 1, &len, &v), IPCREF_OK);
+  CHECK_EQ(ipcref_send(l.pp, &v), IPCREF_OK); /* still works */
+  ipcref_view_release(&v);
+  CHECK_EQ(ipcref_recv(l.cp, &v, 1000), IPCREF_OK);
+  ipcref_view_release(&v);
+  local_pair_close(&l);
+}
+
 /* Wrong arguments. */
 static void test_poll_fd_arguments(void) {
   CHECK_EQ(ipcref_peer_poll_fd(NULL), -1);
@@ -127,5 +212,6 @@ int main(void) {
   RUN(test_poll_fd_arguments);
   RUN(test_batch_wakes_the_loop);
   RUN(test_batch_before_the_fd);
+  RUN(test_forked_child_refused);
   return harness_finish();
 }
