@@ -993,8 +993,12 @@ IPCREF_API ipcref_result ipcref_send_on(ipcref_peer *p, const ipcref_view *v,
                                         void *stream);
 
 /* Receives one message (one view) from the peer's socket and imports it.
- * timeout_ms: -1 waits, 0 polls. Errors: ETIMEDOUT, EPEER (hung up),
- * EPROTO, ENOMEM, ESYS. A batch is received one view per call. */
+ * timeout_ms: -1 waits, 0 polls (and never waits). On a SOCK_STREAM
+ * socket a record may come in pieces: what came waits in the peer, with
+ * its fds, and a later call completes it, so a sender that stops halfway
+ * never holds a receive past its timeout. Errors: ETIMEDOUT, EPEER (hung
+ * up), EPROTO, ENOMEM, ESYS. A batch is received one view per call (see
+ * ipcref_peer_poll_fd for event loops). */
 IPCREF_API ipcref_result ipcref_recv(ipcref_peer *p, ipcref_view *out,
                                      int timeout_ms);
 
@@ -3539,6 +3543,11 @@ struct ipcref_peer {
   size_t nretired, capretired;
   ipcref_view pending[64]; /* received views not handed out yet */
   int npending, pending_pos;
+  unsigned char *in; /* a stream's record so far, its length first (see
+                        ipcref__stream_fill; made on first use) */
+  size_t in_len;
+  int in_fds[IPCREF_MSG_MAX_FDS], in_nfds; /* the fds that came with it */
+  int in_pid, in_uid;                      /* and its sender's credentials */
   int poll_fd;  /* ipcref_peer_poll_fd: an epoll fd over the socket and */
   int batch_fd; /* an eventfd, set while a batch has views left; both made
                    on its first call (-1 before) */
@@ -5760,14 +5769,125 @@ IPCREF__PRIVATE void ipcref__take_fds(const struct cmsghdr *c, int *fds, int *n,
 /* recvmsg, retried on EINTR and once on ECONNRESET: a peer that closed its
  * end with our data unread resets the connection, but what it sent before
  * is still queued here, and the retry reads it. */
-IPCREF__PRIVATE ssize_t ipcref__recvmsg(int fd, struct msghdr *mh, int stream) {
+IPCREF__PRIVATE ssize_t ipcref__recvmsg(int fd, struct msghdr *mh) {
   int resets = 0;
   ssize_t k;
   for (;;) {
-    k = recvmsg(fd, mh, MSG_CMSG_CLOEXEC | (stream ? MSG_WAITALL : 0));
+    k = recvmsg(fd, mh, MSG_CMSG_CLOEXEC);
     if (k >= 0 || (errno != EINTR && (errno != ECONNRESET || resets++)))
       return k;
   }
+}
+
+/* ---- records on a stream socket -------------------------------------------
+ * A record is its 4-byte length and that many bytes, and may come in
+ * pieces (a sender that stops halfway, a large record). The pieces so far
+ * wait in the peer with the fds and credentials that came with them, so a
+ * receive waits no longer than its timeout for the rest (0: not at all),
+ * and the next call goes on where it stopped. */
+
+/* Milliseconds left until `end` (CLOCK_MONOTONIC); -1 waits forever. */
+IPCREF__PRIVATE int ipcref__ms_left(int timeout_ms,
+                                    const struct timespec *end) {
+  struct timespec now;
+  long left;
+  if (timeout_ms <= 0) return timeout_ms;
+  clock_gettime(CLOCK_MONOTONIC, &now);
+  left = (long)(end->tv_sec - now.tv_sec) * 1000 +
+         (long)(end->tv_nsec - now.tv_nsec) / 1000000;
+  return left > 0 ? (int)left : 0;
+}
+
+/* One piece (without waiting): the bytes up to `need`, their fds and
+ * credentials. >0: bytes read; 0: hung up; -1: errno. */
+IPCREF__PRIVATE ssize_t ipcref__stream_piece(ipcref_peer *p, size_t need) {
+  union {
+    char buf[CMSG_SPACE(sizeof(struct ucred)) +
+             CMSG_SPACE(sizeof(int) * IPCREF_MSG_MAX_FDS)];
+    struct cmsghdr align;
+  } u;
+  struct msghdr mh;
+  struct iovec iov;
+  struct cmsghdr *c;
+  ssize_t k;
+  memset(&mh, 0, sizeof mh);
+  iov.iov_base = p->in + p->in_len;
+  iov.iov_len = need - p->in_len;
+  mh.msg_iov = &iov;
+  mh.msg_iovlen = 1;
+  mh.msg_control = u.buf;
+  mh.msg_controllen = sizeof u.buf;
+  k = recvmsg(p->fd, &mh, MSG_DONTWAIT | MSG_CMSG_CLOEXEC);
+  for (c = k >= 0 ? CMSG_FIRSTHDR(&mh) : NULL; c; c = CMSG_NXTHDR(&mh, c)) {
+    if (c->cmsg_level != SOL_SOCKET) continue;
+    if (c->cmsg_type == SCM_RIGHTS) {
+      ipcref__take_fds(c, p->in_fds, &p->in_nfds, IPCREF_MSG_MAX_FDS);
+    } else if (c->cmsg_type == SCM_CREDENTIALS &&
+               c->cmsg_len == CMSG_LEN(sizeof(struct ucred))) {
+      struct ucred cred;
+      memcpy(&cred, CMSG_DATA(c), sizeof cred);
+      p->in_pid = (int)cred.pid;
+      p->in_uid = (int)cred.uid;
+    }
+  }
+  return k;
+}
+
+/* Reads on until p->in holds a whole record of at most `max` bytes, within
+ * timeout_ms (-1: forever). ETIMEDOUT keeps what came for the next call;
+ * EPROTO (too long) and EPEER leave the stream unusable. */
+IPCREF__PRIVATE ipcref_result ipcref__stream_fill(ipcref_peer *p, size_t max,
+                                                  int timeout_ms) {
+  struct timespec end;
+  int resets = 0;
+  clock_gettime(CLOCK_MONOTONIC, &end);
+  end.tv_sec += timeout_ms / 1000;
+  end.tv_nsec += (long)(timeout_ms % 1000) * 1000000;
+  if (end.tv_nsec >= 1000000000) end.tv_sec++, end.tv_nsec -= 1000000000;
+  if (!p->in && !(p->in = (unsigned char *)IPCREF_MALLOC(
+                      4 + (size_t)IPCREF_MSG_MAX_BYTES)))
+    return IPCREF_ENOMEM;
+  for (;;) {
+    size_t need = 4;
+    ssize_t k;
+    if (p->in_len >= 4) {
+      ipcref__wire w;
+      ipcref__wire_init(&w, p->in, 4);
+      need = (size_t)ipcref__wire_get(&w, 4);
+      if (need > max) return IPCREF_EPROTO;
+      need += 4;
+      if (p->in_len == need) return IPCREF_OK;
+    }
+    k = ipcref__stream_piece(p, need);
+    if (k > 0) {
+      p->in_len += (size_t)k;
+    } else if (errno == ECONNRESET && !resets++) {
+      continue; /* what it sent before it reset is still queued here */
+    } else if (k == 0 || errno == ECONNRESET) {
+      return IPCREF_EPEER;
+    } else if (errno == EAGAIN || errno == EWOULDBLOCK) {
+      struct pollfd pfd;
+      int pr;
+      pfd.fd = p->fd;
+      pfd.events = POLLIN;
+      pfd.revents = 0;
+      pr = poll(&pfd, 1, ipcref__ms_left(timeout_ms, &end));
+      if (pr == 0) return IPCREF_ETIMEDOUT;
+      if (pr < 0 && errno != EINTR) return IPCREF_ESYS;
+    } else if (errno != EINTR) {
+      return IPCREF_ESYS;
+    }
+  }
+}
+
+/* The record p->in held is taken (its fds by the caller, or closed with
+ * `close_fds`): the next one starts. */
+IPCREF__PRIVATE void ipcref__stream_next(ipcref_peer *p, int close_fds) {
+  int i;
+  if (close_fds)
+    for (i = 0; i < p->in_nfds; i++) close(p->in_fds[i]);
+  p->in_nfds = 0;
+  p->in_len = 0;
 }
 
 /* ---- the hello ----------------------------------------------------------
@@ -5849,60 +5969,76 @@ IPCREF__PRIVATE ipcref_result ipcref__hello_result(const ipcref_peer *p) {
   return p->hello == -2 ? IPCREF_EPEER : IPCREF_EPROTO;
 }
 
+/* The other side's hello as it came: into b (4 + IPCREF__HELLO_BYTES; its
+ * length first on a stream), *k bytes, with the sender's credentials into
+ * p->in_pid / in_uid (0: none came), waiting up to timeout_ms (-1:
+ * forever). A stream's hello may come in pieces (see stream_fill). */
+IPCREF__PRIVATE ipcref_result ipcref__hello_bytes(ipcref_peer *p,
+                                                  int timeout_ms,
+                                                  unsigned char *b,
+                                                  ssize_t *k) {
+  unsigned char *in = p->in;
+  size_t in_len = p->in_len;
+  int resets = 0;
+  ipcref_result r;
+  if (p->sock_type == SOCK_STREAM) {
+    r = ipcref__stream_fill(p, IPCREF__HELLO_BYTES, timeout_ms);
+    if (r != IPCREF_OK) return r;
+    memcpy(b, p->in, p->in_len);
+    *k = (ssize_t)p->in_len;
+    ipcref__stream_next(p, 1); /* fds have no place in a hello */
+    return IPCREF_OK;
+  }
+  /* A seqpacket record comes whole: one piece, read into b. */
+  r = timeout_ms < 0 ? IPCREF_OK : ipcref__wait_readable(p->fd, timeout_ms);
+  if (r != IPCREF_OK) return r;
+  for (;;) {
+    struct pollfd pfd;
+    p->in = b;
+    p->in_len = 0;
+    *k = ipcref__stream_piece(p, IPCREF__HELLO_BYTES);
+    p->in = in;
+    p->in_len = in_len;
+    ipcref__stream_next(p, 1); /* fds have no place in a hello */
+    if (*k < 0 && (errno == EINTR || (errno == ECONNRESET && !resets++)))
+      continue; /* a reset: what it sent before is still queued here */
+    if (*k >= 0 || errno != EAGAIN || timeout_ms >= 0) break;
+    pfd.fd = p->fd; /* no timeout: wait for it */
+    pfd.events = POLLIN;
+    pfd.revents = 0;
+    if (poll(&pfd, 1, -1) < 0 && errno != EINTR) return IPCREF_ESYS;
+  }
+  if (*k < 0 && errno == EAGAIN) return IPCREF_ETIMEDOUT;
+  if (*k == 0 || (*k < 0 && errno == ECONNRESET)) return IPCREF_EPEER;
+  return *k < 0 ? IPCREF_ESYS : IPCREF_OK;
+}
+
 /* Reads the other side's hello (the first thing it sends), waiting up to
- * timeout_ms (-1: forever). */
+ * timeout_ms (-1: forever), and checks it: magic, version, credentials. */
 IPCREF__PRIVATE ipcref_result ipcref__hello_read(ipcref_peer *p,
                                                  int timeout_ms) {
-  union {
-    char buf[CMSG_SPACE(sizeof(struct ucred)) +
-             CMSG_SPACE(sizeof(int) * IPCREF_MSG_MAX_FDS)];
-    struct cmsghdr align;
-  } u;
   unsigned char b[4 + IPCREF__HELLO_BYTES];
-  struct msghdr mh;
-  struct iovec iov;
-  struct cmsghdr *c;
   ipcref__wire w;
-  int stream = p->sock_type == SOCK_STREAM, got_cred = 0;
+  int stream = p->sock_type == SOCK_STREAM;
   size_t want = IPCREF__HELLO_BYTES + (stream ? 4u : 0u);
-  ssize_t k;
+  ssize_t k = 0;
   ipcref_result r;
   if (p->hello) return ipcref__hello_result(p);
-  r = ipcref__wait_readable(p->fd, timeout_ms);
+  p->in_pid = p->in_uid = 0;
+  r = ipcref__hello_bytes(p, timeout_ms, b, &k);
+  if (r == IPCREF_EPROTO) p->hello = -1;
   if (r != IPCREF_OK) return r;
-  memset(&mh, 0, sizeof mh);
-  iov.iov_base = b;
-  iov.iov_len = want;
-  mh.msg_iov = &iov;
-  mh.msg_iovlen = 1;
-  mh.msg_control = u.buf;
-  mh.msg_controllen = sizeof u.buf;
-  k = ipcref__recvmsg(p->fd, &mh, stream);
-  if (k == 0 || (k < 0 && errno == ECONNRESET)) return IPCREF_EPEER;
-  if (k < 0) return IPCREF_ESYS;
-  for (c = CMSG_FIRSTHDR(&mh); c; c = CMSG_NXTHDR(&mh, c)) {
-    if (c->cmsg_level != SOL_SOCKET) continue;
-    if (c->cmsg_type == SCM_CREDENTIALS &&
-        c->cmsg_len == CMSG_LEN(sizeof(struct ucred))) {
-      struct ucred cred;
-      memcpy(&cred, CMSG_DATA(c), sizeof cred);
-      p->pid = (int)cred.pid;
-      p->uid = (int)cred.uid;
-      got_cred = 1;
-    } else if (c->cmsg_type == SCM_RIGHTS) { /* not in a hello: drop */
-      int none = 0;
-      ipcref__take_fds(c, NULL, &none, 0);
-    }
-  }
   ipcref__wire_init(&w, b, (size_t)k);
   if ((stream && ipcref__wire_get(&w, 4) != IPCREF__HELLO_BYTES) ||
       ipcref__wire_get(&w, 4) != IPCREF__HELLO_MAGIC ||
       ipcref__wire_get(&w, 4) != IPCREF__MSG_VERSION || w.bad ||
-      (size_t)k != want || !got_cred) {
+      (size_t)k != want || p->in_pid <= 0) {
     p->hello = -1;
     return IPCREF_EPROTO;
   }
-  (void)ipcref__wire_get(&w, 4); /* its pid: the credentials' is the one */
+  p->pid = p->in_pid; /* the kernel's word, not the record's */
+  p->uid = p->in_uid;
+  (void)ipcref__wire_get(&w, 4); /* its pid */
   p->nonce = ipcref__wire_get(&w, 8);
   if (!ipcref__uid_allowed(p->ctx, (uint32_t)p->uid))
     return ipcref__peer_refuse(p);
@@ -6084,6 +6220,8 @@ IPCREF_API void ipcref_peer_free(ipcref_peer *p) {
   ipcref__sweep(ctx);
   (void)ipcref__pump(ctx, 0);
   close(p->fd);
+  ipcref__stream_next(p, 1); /* a record cut short: its fds */
+  IPCREF_FREE(p->in);
   if (p->poll_fd >= 0) close(p->poll_fd);
   if (p->batch_fd >= 0) close(p->batch_fd);
   IPCREF_FREE(p->sent);
@@ -7191,20 +7329,6 @@ IPCREF_API ipcref_result ipcref_send_on(ipcref_peer *p, const ipcref_view *v,
   return ipcref__send_views(p, v, 1, stream, "ipcref_send_on");
 }
 
-/* Reads exactly n bytes from a stream socket. */
-IPCREF__PRIVATE ipcref_result ipcref__read_all(int fd, unsigned char *b,
-                                               size_t n) {
-  while (n) {
-    ssize_t k = read(fd, b, n);
-    if (k < 0 && errno == EINTR) continue;
-    if (k < 0) return errno == ECONNRESET ? IPCREF_EPEER : IPCREF_ESYS;
-    if (k == 0) return IPCREF_EPEER;
-    b += k;
-    n -= (size_t)k;
-  }
-  return IPCREF_OK;
-}
-
 IPCREF_API ipcref_result ipcref_recv(ipcref_peer *p, ipcref_view *out,
                                      int timeout_ms) {
   return ipcref_recv_on(p, out, timeout_ms, NULL);
@@ -7228,9 +7352,10 @@ IPCREF__PRIVATE ipcref_result ipcref__hello_within(ipcref_peer *p,
   return IPCREF_OK;
 }
 
-/* Receives one record and its fds into `bytes` (IPCREF_MSG_MAX_BYTES) and
- * `fds` (IPCREF_MSG_MAX_FDS): the mirror of ipcref__send_raw. On error
- * the fds that came are closed. */
+/* Receives one seqpacket record and its fds into `bytes`
+ * (IPCREF_MSG_MAX_BYTES) and `fds` (IPCREF_MSG_MAX_FDS): the mirror of
+ * ipcref__send_raw. On error the fds that came are closed. (A stream's
+ * records come through ipcref__stream_fill.) */
 IPCREF__PRIVATE ipcref_result ipcref__recv_raw(ipcref_peer *p,
                                                unsigned char *bytes,
                                                size_t *len, int *fds,
@@ -7239,43 +7364,53 @@ IPCREF__PRIVATE ipcref_result ipcref__recv_raw(ipcref_peer *p,
     char buf[CMSG_SPACE(sizeof(int) * IPCREF_MSG_MAX_FDS)];
     struct cmsghdr align;
   } u;
-  unsigned char head[4];
   struct msghdr mh;
   struct iovec iov;
   struct cmsghdr *c;
-  int is_stream = p->sock_type == SOCK_STREAM, i;
   ssize_t k;
-  ipcref_result r = IPCREF_EPROTO;
+  int i;
+  ipcref_result r;
   memset(&mh, 0, sizeof mh);
-  iov.iov_base = is_stream ? (void *)head : (void *)bytes;
-  iov.iov_len = is_stream ? 4 : IPCREF_MSG_MAX_BYTES;
+  iov.iov_base = bytes;
+  iov.iov_len = IPCREF_MSG_MAX_BYTES;
   mh.msg_iov = &iov;
   mh.msg_iovlen = 1;
   mh.msg_control = u.buf;
   mh.msg_controllen = sizeof u.buf;
   *nfds = 0;
-  k = ipcref__recvmsg(p->fd, &mh, is_stream);
+  k = ipcref__recvmsg(p->fd, &mh);
   for (c = k >= 0 ? CMSG_FIRSTHDR(&mh) : NULL; c; c = CMSG_NXTHDR(&mh, c)) {
     if (c->cmsg_level == SOL_SOCKET && c->cmsg_type == SCM_RIGHTS)
       ipcref__take_fds(c, fds, nfds, IPCREF_MSG_MAX_FDS);
   }
-  if (k <= 0) {
-    r = k == 0 || errno == ECONNRESET ? IPCREF_EPEER : IPCREF_ESYS;
-  } else if (mh.msg_flags & (MSG_CTRUNC | MSG_TRUNC)) {
-    r = IPCREF_EPROTO;
-  } else if (!is_stream) {
+  if (k > 0 && !(mh.msg_flags & (MSG_CTRUNC | MSG_TRUNC))) {
     *len = (size_t)k;
     return IPCREF_OK;
-  } else if (k == 4) { /* a stream: the length, then the record */
-    ipcref__wire w;
-    ipcref__wire_init(&w, head, 4);
-    *len = (size_t)ipcref__wire_get(&w, 4);
-    r = *len > IPCREF_MSG_MAX_BYTES ? IPCREF_EPROTO
-                                    : ipcref__read_all(p->fd, bytes, *len);
-    if (r == IPCREF_OK) return r;
   }
+  if (k <= 0)
+    r = k == 0 || errno == ECONNRESET ? IPCREF_EPEER : IPCREF_ESYS;
+  else
+    r = IPCREF_EPROTO;
   for (i = 0; i < *nfds; i++) close(fds[i]);
   *nfds = 0;
+  return r;
+}
+
+/* One message off a stream, within timeout_ms: its pieces gather in the
+ * peer (ipcref__stream_fill), and a whole record is imported. */
+IPCREF__PRIVATE ipcref_result ipcref__recv_stream(ipcref_peer *p,
+                                                  int timeout_ms, void *stream,
+                                                  int *n) {
+  ipcref_result r = ipcref__stream_fill(p, IPCREF_MSG_MAX_BYTES, timeout_ms);
+  if (r == IPCREF_ETIMEDOUT) return r; /* what came waits for the next call */
+  if (r != IPCREF_OK) {
+    ipcref__stream_next(p, 1);
+    return r;
+  }
+  IPCREF__STEP("receive");
+  r = ipcref__import_bytes(p, p->in + 4, p->in_len - 4, p->in_fds, p->in_nfds,
+                           stream, p->pending, n);
+  ipcref__stream_next(p, 0); /* the import took the fds */
   return r;
 }
 
@@ -7295,17 +7430,23 @@ IPCREF_API ipcref_result ipcref_recv_on(ipcref_peer *p, ipcref_view *out,
   r = ipcref__hello_within(p, &timeout_ms);
   if (r != IPCREF_OK) return r;
   if (p->hello < 0) return ipcref__hello_result(p);
-  r = ipcref__wait_readable(p->fd, timeout_ms);
-  if (r != IPCREF_OK) return r;
-  bytes = (unsigned char *)IPCREF_MALLOC(IPCREF_MSG_MAX_BYTES);
-  if (!bytes) return IPCREF_ENOMEM;
-  r = ipcref__recv_raw(p, bytes, &len, fds, &nfds);
-  if (r == IPCREF_OK) {
-    IPCREF__STEP("receive");
-    r = ipcref__import_bytes(p, bytes, len, fds, nfds, stream, p->pending, &n);
+  if (p->sock_type == SOCK_STREAM) {
+    r = ipcref__recv_stream(p, timeout_ms, stream, &n);
+    if (r != IPCREF_OK) return r;
+  } else {
+    r = ipcref__wait_readable(p->fd, timeout_ms);
+    if (r != IPCREF_OK) return r;
+    bytes = (unsigned char *)IPCREF_MALLOC(IPCREF_MSG_MAX_BYTES);
+    if (!bytes) return IPCREF_ENOMEM;
+    r = ipcref__recv_raw(p, bytes, &len, fds, &nfds);
+    if (r == IPCREF_OK) {
+      IPCREF__STEP("receive");
+      r = ipcref__import_bytes(p, bytes, len, fds, nfds, stream, p->pending,
+                               &n);
+    }
+    IPCREF_FREE(bytes);
+    if (r != IPCREF_OK) return r;
   }
-  IPCREF_FREE(bytes);
-  if (r != IPCREF_OK) return r;
   *out = p->pending[0];
   p->npending = n;
   p->pending_pos = 1;

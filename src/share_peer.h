@@ -39,14 +39,125 @@ IPCREF__PRIVATE void ipcref__take_fds(const struct cmsghdr *c, int *fds, int *n,
 /* recvmsg, retried on EINTR and once on ECONNRESET: a peer that closed its
  * end with our data unread resets the connection, but what it sent before
  * is still queued here, and the retry reads it. */
-IPCREF__PRIVATE ssize_t ipcref__recvmsg(int fd, struct msghdr *mh, int stream) {
+IPCREF__PRIVATE ssize_t ipcref__recvmsg(int fd, struct msghdr *mh) {
   int resets = 0;
   ssize_t k;
   for (;;) {
-    k = recvmsg(fd, mh, MSG_CMSG_CLOEXEC | (stream ? MSG_WAITALL : 0));
+    k = recvmsg(fd, mh, MSG_CMSG_CLOEXEC);
     if (k >= 0 || (errno != EINTR && (errno != ECONNRESET || resets++)))
       return k;
   }
+}
+
+/* ---- records on a stream socket -------------------------------------------
+ * A record is its 4-byte length and that many bytes, and may come in
+ * pieces (a sender that stops halfway, a large record). The pieces so far
+ * wait in the peer with the fds and credentials that came with them, so a
+ * receive waits no longer than its timeout for the rest (0: not at all),
+ * and the next call goes on where it stopped. */
+
+/* Milliseconds left until `end` (CLOCK_MONOTONIC); -1 waits forever. */
+IPCREF__PRIVATE int ipcref__ms_left(int timeout_ms,
+                                    const struct timespec *end) {
+  struct timespec now;
+  long left;
+  if (timeout_ms <= 0) return timeout_ms;
+  clock_gettime(CLOCK_MONOTONIC, &now);
+  left = (long)(end->tv_sec - now.tv_sec) * 1000 +
+         (long)(end->tv_nsec - now.tv_nsec) / 1000000;
+  return left > 0 ? (int)left : 0;
+}
+
+/* One piece (without waiting): the bytes up to `need`, their fds and
+ * credentials. >0: bytes read; 0: hung up; -1: errno. */
+IPCREF__PRIVATE ssize_t ipcref__stream_piece(ipcref_peer *p, size_t need) {
+  union {
+    char buf[CMSG_SPACE(sizeof(struct ucred)) +
+             CMSG_SPACE(sizeof(int) * IPCREF_MSG_MAX_FDS)];
+    struct cmsghdr align;
+  } u;
+  struct msghdr mh;
+  struct iovec iov;
+  struct cmsghdr *c;
+  ssize_t k;
+  memset(&mh, 0, sizeof mh);
+  iov.iov_base = p->in + p->in_len;
+  iov.iov_len = need - p->in_len;
+  mh.msg_iov = &iov;
+  mh.msg_iovlen = 1;
+  mh.msg_control = u.buf;
+  mh.msg_controllen = sizeof u.buf;
+  k = recvmsg(p->fd, &mh, MSG_DONTWAIT | MSG_CMSG_CLOEXEC);
+  for (c = k >= 0 ? CMSG_FIRSTHDR(&mh) : NULL; c; c = CMSG_NXTHDR(&mh, c)) {
+    if (c->cmsg_level != SOL_SOCKET) continue;
+    if (c->cmsg_type == SCM_RIGHTS) {
+      ipcref__take_fds(c, p->in_fds, &p->in_nfds, IPCREF_MSG_MAX_FDS);
+    } else if (c->cmsg_type == SCM_CREDENTIALS &&
+               c->cmsg_len == CMSG_LEN(sizeof(struct ucred))) {
+      struct ucred cred;
+      memcpy(&cred, CMSG_DATA(c), sizeof cred);
+      p->in_pid = (int)cred.pid;
+      p->in_uid = (int)cred.uid;
+    }
+  }
+  return k;
+}
+
+/* Reads on until p->in holds a whole record of at most `max` bytes, within
+ * timeout_ms (-1: forever). ETIMEDOUT keeps what came for the next call;
+ * EPROTO (too long) and EPEER leave the stream unusable. */
+IPCREF__PRIVATE ipcref_result ipcref__stream_fill(ipcref_peer *p, size_t max,
+                                                  int timeout_ms) {
+  struct timespec end;
+  int resets = 0;
+  clock_gettime(CLOCK_MONOTONIC, &end);
+  end.tv_sec += timeout_ms / 1000;
+  end.tv_nsec += (long)(timeout_ms % 1000) * 1000000;
+  if (end.tv_nsec >= 1000000000) end.tv_sec++, end.tv_nsec -= 1000000000;
+  if (!p->in && !(p->in = (unsigned char *)IPCREF_MALLOC(
+                      4 + (size_t)IPCREF_MSG_MAX_BYTES)))
+    return IPCREF_ENOMEM;
+  for (;;) {
+    size_t need = 4;
+    ssize_t k;
+    if (p->in_len >= 4) {
+      ipcref__wire w;
+      ipcref__wire_init(&w, p->in, 4);
+      need = (size_t)ipcref__wire_get(&w, 4);
+      if (need > max) return IPCREF_EPROTO;
+      need += 4;
+      if (p->in_len == need) return IPCREF_OK;
+    }
+    k = ipcref__stream_piece(p, need);
+    if (k > 0) {
+      p->in_len += (size_t)k;
+    } else if (errno == ECONNRESET && !resets++) {
+      continue; /* what it sent before it reset is still queued here */
+    } else if (k == 0 || errno == ECONNRESET) {
+      return IPCREF_EPEER;
+    } else if (errno == EAGAIN || errno == EWOULDBLOCK) {
+      struct pollfd pfd;
+      int pr;
+      pfd.fd = p->fd;
+      pfd.events = POLLIN;
+      pfd.revents = 0;
+      pr = poll(&pfd, 1, ipcref__ms_left(timeout_ms, &end));
+      if (pr == 0) return IPCREF_ETIMEDOUT;
+      if (pr < 0 && errno != EINTR) return IPCREF_ESYS;
+    } else if (errno != EINTR) {
+      return IPCREF_ESYS;
+    }
+  }
+}
+
+/* The record p->in held is taken (its fds by the caller, or closed with
+ * `close_fds`): the next one starts. */
+IPCREF__PRIVATE void ipcref__stream_next(ipcref_peer *p, int close_fds) {
+  int i;
+  if (close_fds)
+    for (i = 0; i < p->in_nfds; i++) close(p->in_fds[i]);
+  p->in_nfds = 0;
+  p->in_len = 0;
 }
 
 /* ---- the hello ----------------------------------------------------------
@@ -128,60 +239,76 @@ IPCREF__PRIVATE ipcref_result ipcref__hello_result(const ipcref_peer *p) {
   return p->hello == -2 ? IPCREF_EPEER : IPCREF_EPROTO;
 }
 
+/* The other side's hello as it came: into b (4 + IPCREF__HELLO_BYTES; its
+ * length first on a stream), *k bytes, with the sender's credentials into
+ * p->in_pid / in_uid (0: none came), waiting up to timeout_ms (-1:
+ * forever). A stream's hello may come in pieces (see stream_fill). */
+IPCREF__PRIVATE ipcref_result ipcref__hello_bytes(ipcref_peer *p,
+                                                  int timeout_ms,
+                                                  unsigned char *b,
+                                                  ssize_t *k) {
+  unsigned char *in = p->in;
+  size_t in_len = p->in_len;
+  int resets = 0;
+  ipcref_result r;
+  if (p->sock_type == SOCK_STREAM) {
+    r = ipcref__stream_fill(p, IPCREF__HELLO_BYTES, timeout_ms);
+    if (r != IPCREF_OK) return r;
+    memcpy(b, p->in, p->in_len);
+    *k = (ssize_t)p->in_len;
+    ipcref__stream_next(p, 1); /* fds have no place in a hello */
+    return IPCREF_OK;
+  }
+  /* A seqpacket record comes whole: one piece, read into b. */
+  r = timeout_ms < 0 ? IPCREF_OK : ipcref__wait_readable(p->fd, timeout_ms);
+  if (r != IPCREF_OK) return r;
+  for (;;) {
+    struct pollfd pfd;
+    p->in = b;
+    p->in_len = 0;
+    *k = ipcref__stream_piece(p, IPCREF__HELLO_BYTES);
+    p->in = in;
+    p->in_len = in_len;
+    ipcref__stream_next(p, 1); /* fds have no place in a hello */
+    if (*k < 0 && (errno == EINTR || (errno == ECONNRESET && !resets++)))
+      continue; /* a reset: what it sent before is still queued here */
+    if (*k >= 0 || errno != EAGAIN || timeout_ms >= 0) break;
+    pfd.fd = p->fd; /* no timeout: wait for it */
+    pfd.events = POLLIN;
+    pfd.revents = 0;
+    if (poll(&pfd, 1, -1) < 0 && errno != EINTR) return IPCREF_ESYS;
+  }
+  if (*k < 0 && errno == EAGAIN) return IPCREF_ETIMEDOUT;
+  if (*k == 0 || (*k < 0 && errno == ECONNRESET)) return IPCREF_EPEER;
+  return *k < 0 ? IPCREF_ESYS : IPCREF_OK;
+}
+
 /* Reads the other side's hello (the first thing it sends), waiting up to
- * timeout_ms (-1: forever). */
+ * timeout_ms (-1: forever), and checks it: magic, version, credentials. */
 IPCREF__PRIVATE ipcref_result ipcref__hello_read(ipcref_peer *p,
                                                  int timeout_ms) {
-  union {
-    char buf[CMSG_SPACE(sizeof(struct ucred)) +
-             CMSG_SPACE(sizeof(int) * IPCREF_MSG_MAX_FDS)];
-    struct cmsghdr align;
-  } u;
   unsigned char b[4 + IPCREF__HELLO_BYTES];
-  struct msghdr mh;
-  struct iovec iov;
-  struct cmsghdr *c;
   ipcref__wire w;
-  int stream = p->sock_type == SOCK_STREAM, got_cred = 0;
+  int stream = p->sock_type == SOCK_STREAM;
   size_t want = IPCREF__HELLO_BYTES + (stream ? 4u : 0u);
-  ssize_t k;
+  ssize_t k = 0;
   ipcref_result r;
   if (p->hello) return ipcref__hello_result(p);
-  r = ipcref__wait_readable(p->fd, timeout_ms);
+  p->in_pid = p->in_uid = 0;
+  r = ipcref__hello_bytes(p, timeout_ms, b, &k);
+  if (r == IPCREF_EPROTO) p->hello = -1;
   if (r != IPCREF_OK) return r;
-  memset(&mh, 0, sizeof mh);
-  iov.iov_base = b;
-  iov.iov_len = want;
-  mh.msg_iov = &iov;
-  mh.msg_iovlen = 1;
-  mh.msg_control = u.buf;
-  mh.msg_controllen = sizeof u.buf;
-  k = ipcref__recvmsg(p->fd, &mh, stream);
-  if (k == 0 || (k < 0 && errno == ECONNRESET)) return IPCREF_EPEER;
-  if (k < 0) return IPCREF_ESYS;
-  for (c = CMSG_FIRSTHDR(&mh); c; c = CMSG_NXTHDR(&mh, c)) {
-    if (c->cmsg_level != SOL_SOCKET) continue;
-    if (c->cmsg_type == SCM_CREDENTIALS &&
-        c->cmsg_len == CMSG_LEN(sizeof(struct ucred))) {
-      struct ucred cred;
-      memcpy(&cred, CMSG_DATA(c), sizeof cred);
-      p->pid = (int)cred.pid;
-      p->uid = (int)cred.uid;
-      got_cred = 1;
-    } else if (c->cmsg_type == SCM_RIGHTS) { /* not in a hello: drop */
-      int none = 0;
-      ipcref__take_fds(c, NULL, &none, 0);
-    }
-  }
   ipcref__wire_init(&w, b, (size_t)k);
   if ((stream && ipcref__wire_get(&w, 4) != IPCREF__HELLO_BYTES) ||
       ipcref__wire_get(&w, 4) != IPCREF__HELLO_MAGIC ||
       ipcref__wire_get(&w, 4) != IPCREF__MSG_VERSION || w.bad ||
-      (size_t)k != want || !got_cred) {
+      (size_t)k != want || p->in_pid <= 0) {
     p->hello = -1;
     return IPCREF_EPROTO;
   }
-  (void)ipcref__wire_get(&w, 4); /* its pid: the credentials' is the one */
+  p->pid = p->in_pid; /* the kernel's word, not the record's */
+  p->uid = p->in_uid;
+  (void)ipcref__wire_get(&w, 4); /* its pid */
   p->nonce = ipcref__wire_get(&w, 8);
   if (!ipcref__uid_allowed(p->ctx, (uint32_t)p->uid))
     return ipcref__peer_refuse(p);
@@ -363,6 +490,8 @@ IPCREF_API void ipcref_peer_free(ipcref_peer *p) {
   ipcref__sweep(ctx);
   (void)ipcref__pump(ctx, 0);
   close(p->fd);
+  ipcref__stream_next(p, 1); /* a record cut short: its fds */
+  IPCREF_FREE(p->in);
   if (p->poll_fd >= 0) close(p->poll_fd);
   if (p->batch_fd >= 0) close(p->batch_fd);
   IPCREF_FREE(p->sent);

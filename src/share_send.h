@@ -111,20 +111,6 @@ IPCREF_API ipcref_result ipcref_send_on(ipcref_peer *p, const ipcref_view *v,
   return ipcref__send_views(p, v, 1, stream, "ipcref_send_on");
 }
 
-/* Reads exactly n bytes from a stream socket. */
-IPCREF__PRIVATE ipcref_result ipcref__read_all(int fd, unsigned char *b,
-                                               size_t n) {
-  while (n) {
-    ssize_t k = read(fd, b, n);
-    if (k < 0 && errno == EINTR) continue;
-    if (k < 0) return errno == ECONNRESET ? IPCREF_EPEER : IPCREF_ESYS;
-    if (k == 0) return IPCREF_EPEER;
-    b += k;
-    n -= (size_t)k;
-  }
-  return IPCREF_OK;
-}
-
 IPCREF_API ipcref_result ipcref_recv(ipcref_peer *p, ipcref_view *out,
                                      int timeout_ms) {
   return ipcref_recv_on(p, out, timeout_ms, NULL);
@@ -148,9 +134,10 @@ IPCREF__PRIVATE ipcref_result ipcref__hello_within(ipcref_peer *p,
   return IPCREF_OK;
 }
 
-/* Receives one record and its fds into `bytes` (IPCREF_MSG_MAX_BYTES) and
- * `fds` (IPCREF_MSG_MAX_FDS): the mirror of ipcref__send_raw. On error
- * the fds that came are closed. */
+/* Receives one seqpacket record and its fds into `bytes`
+ * (IPCREF_MSG_MAX_BYTES) and `fds` (IPCREF_MSG_MAX_FDS): the mirror of
+ * ipcref__send_raw. On error the fds that came are closed. (A stream's
+ * records come through ipcref__stream_fill.) */
 IPCREF__PRIVATE ipcref_result ipcref__recv_raw(ipcref_peer *p,
                                                unsigned char *bytes,
                                                size_t *len, int *fds,
@@ -159,43 +146,53 @@ IPCREF__PRIVATE ipcref_result ipcref__recv_raw(ipcref_peer *p,
     char buf[CMSG_SPACE(sizeof(int) * IPCREF_MSG_MAX_FDS)];
     struct cmsghdr align;
   } u;
-  unsigned char head[4];
   struct msghdr mh;
   struct iovec iov;
   struct cmsghdr *c;
-  int is_stream = p->sock_type == SOCK_STREAM, i;
   ssize_t k;
-  ipcref_result r = IPCREF_EPROTO;
+  int i;
+  ipcref_result r;
   memset(&mh, 0, sizeof mh);
-  iov.iov_base = is_stream ? (void *)head : (void *)bytes;
-  iov.iov_len = is_stream ? 4 : IPCREF_MSG_MAX_BYTES;
+  iov.iov_base = bytes;
+  iov.iov_len = IPCREF_MSG_MAX_BYTES;
   mh.msg_iov = &iov;
   mh.msg_iovlen = 1;
   mh.msg_control = u.buf;
   mh.msg_controllen = sizeof u.buf;
   *nfds = 0;
-  k = ipcref__recvmsg(p->fd, &mh, is_stream);
+  k = ipcref__recvmsg(p->fd, &mh);
   for (c = k >= 0 ? CMSG_FIRSTHDR(&mh) : NULL; c; c = CMSG_NXTHDR(&mh, c)) {
     if (c->cmsg_level == SOL_SOCKET && c->cmsg_type == SCM_RIGHTS)
       ipcref__take_fds(c, fds, nfds, IPCREF_MSG_MAX_FDS);
   }
-  if (k <= 0) {
-    r = k == 0 || errno == ECONNRESET ? IPCREF_EPEER : IPCREF_ESYS;
-  } else if (mh.msg_flags & (MSG_CTRUNC | MSG_TRUNC)) {
-    r = IPCREF_EPROTO;
-  } else if (!is_stream) {
+  if (k > 0 && !(mh.msg_flags & (MSG_CTRUNC | MSG_TRUNC))) {
     *len = (size_t)k;
     return IPCREF_OK;
-  } else if (k == 4) { /* a stream: the length, then the record */
-    ipcref__wire w;
-    ipcref__wire_init(&w, head, 4);
-    *len = (size_t)ipcref__wire_get(&w, 4);
-    r = *len > IPCREF_MSG_MAX_BYTES ? IPCREF_EPROTO
-                                    : ipcref__read_all(p->fd, bytes, *len);
-    if (r == IPCREF_OK) return r;
   }
+  if (k <= 0)
+    r = k == 0 || errno == ECONNRESET ? IPCREF_EPEER : IPCREF_ESYS;
+  else
+    r = IPCREF_EPROTO;
   for (i = 0; i < *nfds; i++) close(fds[i]);
   *nfds = 0;
+  return r;
+}
+
+/* One message off a stream, within timeout_ms: its pieces gather in the
+ * peer (ipcref__stream_fill), and a whole record is imported. */
+IPCREF__PRIVATE ipcref_result ipcref__recv_stream(ipcref_peer *p,
+                                                  int timeout_ms, void *stream,
+                                                  int *n) {
+  ipcref_result r = ipcref__stream_fill(p, IPCREF_MSG_MAX_BYTES, timeout_ms);
+  if (r == IPCREF_ETIMEDOUT) return r; /* what came waits for the next call */
+  if (r != IPCREF_OK) {
+    ipcref__stream_next(p, 1);
+    return r;
+  }
+  IPCREF__STEP("receive");
+  r = ipcref__import_bytes(p, p->in + 4, p->in_len - 4, p->in_fds, p->in_nfds,
+                           stream, p->pending, n);
+  ipcref__stream_next(p, 0); /* the import took the fds */
   return r;
 }
 
@@ -215,17 +212,23 @@ IPCREF_API ipcref_result ipcref_recv_on(ipcref_peer *p, ipcref_view *out,
   r = ipcref__hello_within(p, &timeout_ms);
   if (r != IPCREF_OK) return r;
   if (p->hello < 0) return ipcref__hello_result(p);
-  r = ipcref__wait_readable(p->fd, timeout_ms);
-  if (r != IPCREF_OK) return r;
-  bytes = (unsigned char *)IPCREF_MALLOC(IPCREF_MSG_MAX_BYTES);
-  if (!bytes) return IPCREF_ENOMEM;
-  r = ipcref__recv_raw(p, bytes, &len, fds, &nfds);
-  if (r == IPCREF_OK) {
-    IPCREF__STEP("receive");
-    r = ipcref__import_bytes(p, bytes, len, fds, nfds, stream, p->pending, &n);
+  if (p->sock_type == SOCK_STREAM) {
+    r = ipcref__recv_stream(p, timeout_ms, stream, &n);
+    if (r != IPCREF_OK) return r;
+  } else {
+    r = ipcref__wait_readable(p->fd, timeout_ms);
+    if (r != IPCREF_OK) return r;
+    bytes = (unsigned char *)IPCREF_MALLOC(IPCREF_MSG_MAX_BYTES);
+    if (!bytes) return IPCREF_ENOMEM;
+    r = ipcref__recv_raw(p, bytes, &len, fds, &nfds);
+    if (r == IPCREF_OK) {
+      IPCREF__STEP("receive");
+      r = ipcref__import_bytes(p, bytes, len, fds, nfds, stream, p->pending,
+                               &n);
+    }
+    IPCREF_FREE(bytes);
+    if (r != IPCREF_OK) return r;
   }
-  IPCREF_FREE(bytes);
-  if (r != IPCREF_OK) return r;
   *out = p->pending[0];
   p->npending = n;
   p->pending_pos = 1;

@@ -310,6 +310,11 @@ struct ipcref_peer {
   size_t nretired, capretired;
   ipcref_view pending[64]; /* received views not handed out yet */
   int npending, pending_pos;
+  unsigned char *in; /* a stream's record so far, its length first (see
+                        ipcref__stream_fill; made on first use) */
+  size_t in_len;
+  int in_fds[IPCREF_MSG_MAX_FDS], in_nfds; /* the fds that came with it */
+  int in_pid, in_uid;                      /* and its sender's credentials */
   int poll_fd;  /* ipcref_peer_poll_fd: an epoll fd over the socket and */
   int batch_fd; /* an eventfd, set while a batch has views left; both made
                    on its first call (-1 before) */

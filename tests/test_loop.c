@@ -123,6 +123,108 @@ static void test_batch_before_the_fd(void) {
   RES_END(&m); /* the poll fd and its eventfd went with the peer */
 }
 
+/* ---- records cut short on a stream -----------------------------------------
+ */
+
+/* Writes bytes [from, to) of a framed record (4-byte length, then `rec`)
+ * to `fd`, with `fds` attached. */
+static void write_part(int fd, const unsigned char *rec, size_t len,
+                       size_t from, size_t to, const int *fds, int nfds) {
+  unsigned char framed[4 + IPCREF_MSG_MAX_BYTES];
+  union {
+    char buf[CMSG_SPACE(sizeof(int) * IPCREF_MSG_MAX_FDS)];
+    struct cmsghdr align;
+  } u;
+  struct msghdr mh;
+  struct iovec iov;
+  framed[0] = (unsigned char)len, framed[1] = (unsigned char)(len >> 8);
+  framed[2] = (unsigned char)(len >> 16),
+  framed[3] = (unsigned char)(len >> 24);
+  memcpy(framed + 4, rec, len);
+  memset(&mh, 0, sizeof mh);
+  iov.iov_base = framed + from;
+  iov.iov_len = to - from;
+  mh.msg_iov = &iov;
+  mh.msg_iovlen = 1;
+  if (nfds > 0) {
+    struct cmsghdr *c;
+    mh.msg_control = u.buf;
+    mh.msg_controllen = CMSG_SPACE(sizeof(int) * (size_t)nfds);
+    c = CMSG_FIRSTHDR(&mh);
+    c->cmsg_level = SOL_SOCKET;
+    c->cmsg_type = SCM_RIGHTS;
+    c->cmsg_len = CMSG_LEN(sizeof(int) * (size_t)nfds);
+    memcpy(CMSG_DATA(c), fds, sizeof(int) * (size_t)nfds);
+  }
+  CHECK_EQ(sendmsg(fd, &mh, 0), (ssize_t)(to - from));
+}
+
+/* A stream peer that sends a record's length (or a little more) and stops:
+ * a zero-timeout receive returns at once, and keeps what came; the rest
+ * completes the record at a later call, whose view is whole. Cut after 4
+ * bytes (the length), after 10, and one byte before the end. */
+static void test_record_cut_short(void) {
+  static const size_t cuts[3] = {4, 10, 0};
+  int t, sv[2];
+  for (t = 0; t < 3; t++) {
+    ipcref_ctx *prod = make_ctx(NULL), *cons = make_ctx(NULL);
+    ipcref_peer *pp, *cp;
+    ipcref_msg msg;
+    ipcref_view v, got;
+    const int64_t n = 4096;
+    size_t cut;
+    long t0;
+    if (xsocketpair(SOCK_STREAM, sv) != 0) return;
+    pp = make_peer(prod, sv[0]);
+    cp = make_peer(cons, sv[1]);
+    CHECK_EQ(ipcref_view_new_shared(prod, IPCREF_U8, 1, &n, &v), IPCREF_OK);
+    memset(ipcref_buf_data(v.buf), 0x5a, 4096);
+    CHECK_EQ(ipcref_export(pp, &v, &msg), IPCREF_OK);
+    cut = cuts[t] ? cuts[t] : 4 + msg.len - 1;
+    write_part(sv[0], msg.bytes, msg.len, 0, cut, msg.fds, msg.nfds);
+    t0 = now_ms();
+    CHECK_EQ(ipcref_recv(cp, &got, 0), IPCREF_ETIMEDOUT);
+    CHECK_EQ(ipcref_recv(cp, &got, 50), IPCREF_ETIMEDOUT);
+    CHECK(now_ms() - t0 < 2000); /* it never hung */
+    write_part(sv[0], msg.bytes, msg.len, cut, 4 + msg.len, NULL, 0);
+    ipcref_msg_sent(&msg);
+    CHECK_EQ(ipcref_recv(cp, &got, 0), IPCREF_OK);
+    CHECK_EQ(((unsigned char *)ipcref_buf_data(got.buf))[got.byte_offset],
+             0x5a);
+    CHECK_EQ(ipcref_view_numel(&got), 4096);
+    ipcref_view_release(&got);
+    ipcref_view_release(&v);
+    ipcref_peer_free(cp);
+    ipcref_peer_free(pp);
+    CHECK_EQ(stats_of(prod).live_slots, 0);
+    ipcref_ctx_free(cons);
+    ipcref_ctx_free(prod);
+  }
+}
+
+/* A hello cut short on a stream: a receive with a zero timeout does not
+ * wait for the rest, and a peer that never finishes its hello is freed
+ * without a hang. */
+static void test_hello_cut_short(void) {
+  ipcref_ctx *cons = make_ctx(NULL);
+  ipcref_peer *cp;
+  ipcref_view got;
+  int sv[2];
+  long t0;
+  const unsigned char part[2] = {20, 0};
+  if (xsocketpair(SOCK_STREAM, sv) != 0) return;
+  cp = make_peer(cons, sv[1]);
+  CHECK_EQ(write(sv[0], part, sizeof part), (ssize_t)sizeof part);
+  t0 = now_ms();
+  CHECK_EQ(ipcref_recv(cp, &got, 0), IPCREF_ETIMEDOUT);
+  CHECK_EQ(ipcref_recv(cp, &got, 0), IPCREF_ETIMEDOUT);
+  CHECK_EQ(ipcref_peer_alive(cp), 1);
+  CHECK(now_ms() - t0 < 2000);
+  ipcref_peer_free(cp);
+  tclose(sv[0]);
+  ipcref_ctx_free(cons);
+}
+
 /* ---- fork ---------------------------------------------------------------
  */
 
@@ -212,6 +314,8 @@ int main(void) {
   RUN(test_poll_fd_arguments);
   RUN(test_batch_wakes_the_loop);
   RUN(test_batch_before_the_fd);
+  RUN(test_record_cut_short);
+  RUN(test_hello_cut_short);
   RUN(test_forked_child_refused);
   return harness_finish();
 }
