@@ -594,6 +594,12 @@ IPCREF_API int64_t ipcref_view_numel(const ipcref_view *v);
  * writable (see ipcref_view_data_mut). */
 IPCREF_API void *ipcref_view_ptr(const ipcref_view *v, const int64_t *index);
 
+/* The address of element (0, ..., 0), for reading: what the view's
+ * strides start from (a device address for device memory, see
+ * ipcref_buf_device). NULL for NULL or an invalid view. Writing through
+ * it is allowed only as ipcref_view_data_mut says. */
+IPCREF_API const void *ipcref_view_data(const ipcref_view *v);
+
 /* Materializes: when v is contiguous, `out` is another view of the same
  * storage (retained, no copy); otherwise a new contiguous buffer holding a
  * copy of the elements (EDEVICE for device memory: the host cannot copy
@@ -2746,6 +2752,11 @@ IPCREF_API void *ipcref_view_ptr(const ipcref_view *v, const int64_t *index) {
     off += index[d] * v->strides[d] * ipcref__item(v);
   }
   return (char *)v->buf->data + off;
+}
+
+IPCREF_API const void *ipcref_view_data(const ipcref_view *v) {
+  if (!ipcref__view_valid(v)) return NULL;
+  return (const char *)v->buf->data + v->byte_offset;
 }
 
 /* ---- iteration ------------------------------------------------------- */
@@ -6022,6 +6033,7 @@ IPCREF__PRIVATE ipcref_result ipcref__hello_read(ipcref_peer *p,
   int stream = p->sock_type == SOCK_STREAM;
   size_t want = IPCREF__HELLO_BYTES + (stream ? 4u : 0u);
   ssize_t k = 0;
+  uint32_t version;
   ipcref_result r;
   if (p->hello) return ipcref__hello_result(p);
   p->in_pid = p->in_uid = 0;
@@ -6030,9 +6042,22 @@ IPCREF__PRIVATE ipcref_result ipcref__hello_read(ipcref_peer *p,
   if (r != IPCREF_OK) return r;
   ipcref__wire_init(&w, b, (size_t)k);
   if ((stream && ipcref__wire_get(&w, 4) != IPCREF__HELLO_BYTES) ||
-      ipcref__wire_get(&w, 4) != IPCREF__HELLO_MAGIC ||
-      ipcref__wire_get(&w, 4) != IPCREF__MSG_VERSION || w.bad ||
-      (size_t)k != want || p->in_pid <= 0) {
+      ipcref__wire_get(&w, 4) != IPCREF__HELLO_MAGIC || w.bad) {
+    p->hello = -1;
+    return IPCREF_EPROTO;
+  }
+  version = (uint32_t)ipcref__wire_get(&w, 4);
+  if (version != IPCREF__MSG_VERSION && !w.bad) { /* another build */
+    char why[128];
+    snprintf(why, sizeof why,
+             "peer refused: it speaks wire version %u, this process %u "
+             "(two builds of ipcref.h that cannot talk)",
+             (unsigned)version, (unsigned)IPCREF__MSG_VERSION);
+    ipcref__ctx_report(p->ctx, IPCREF_EPROTO, why);
+    p->hello = -1;
+    return IPCREF_EPROTO;
+  }
+  if (w.bad || (size_t)k != want || p->in_pid <= 0) {
     p->hello = -1;
     return IPCREF_EPROTO;
   }

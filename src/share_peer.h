@@ -292,6 +292,7 @@ IPCREF__PRIVATE ipcref_result ipcref__hello_read(ipcref_peer *p,
   int stream = p->sock_type == SOCK_STREAM;
   size_t want = IPCREF__HELLO_BYTES + (stream ? 4u : 0u);
   ssize_t k = 0;
+  uint32_t version;
   ipcref_result r;
   if (p->hello) return ipcref__hello_result(p);
   p->in_pid = p->in_uid = 0;
@@ -300,9 +301,22 @@ IPCREF__PRIVATE ipcref_result ipcref__hello_read(ipcref_peer *p,
   if (r != IPCREF_OK) return r;
   ipcref__wire_init(&w, b, (size_t)k);
   if ((stream && ipcref__wire_get(&w, 4) != IPCREF__HELLO_BYTES) ||
-      ipcref__wire_get(&w, 4) != IPCREF__HELLO_MAGIC ||
-      ipcref__wire_get(&w, 4) != IPCREF__MSG_VERSION || w.bad ||
-      (size_t)k != want || p->in_pid <= 0) {
+      ipcref__wire_get(&w, 4) != IPCREF__HELLO_MAGIC || w.bad) {
+    p->hello = -1;
+    return IPCREF_EPROTO;
+  }
+  version = (uint32_t)ipcref__wire_get(&w, 4);
+  if (version != IPCREF__MSG_VERSION && !w.bad) { /* another build */
+    char why[128];
+    snprintf(why, sizeof why,
+             "peer refused: it speaks wire version %u, this process %u "
+             "(two builds of ipcref.h that cannot talk)",
+             (unsigned)version, (unsigned)IPCREF__MSG_VERSION);
+    ipcref__ctx_report(p->ctx, IPCREF_EPROTO, why);
+    p->hello = -1;
+    return IPCREF_EPROTO;
+  }
+  if (w.bad || (size_t)k != want || p->in_pid <= 0) {
     p->hello = -1;
     return IPCREF_EPROTO;
   }

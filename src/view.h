@@ -180,6 +180,12 @@ IPCREF_API int64_t ipcref_view_numel(const ipcref_view *v);
  * writable (see ipcref_view_data_mut). */
 IPCREF_API void *ipcref_view_ptr(const ipcref_view *v, const int64_t *index);
 
+/* The address of element (0, ..., 0), for reading: what the view's
+ * strides start from (a device address for device memory, see
+ * ipcref_buf_device). NULL for NULL or an invalid view. Writing through
+ * it is allowed only as ipcref_view_data_mut says. */
+IPCREF_API const void *ipcref_view_data(const ipcref_view *v);
+
 /* Materializes: when v is contiguous, `out` is another view of the same
  * storage (retained, no copy); otherwise a new contiguous buffer holding a
  * copy of the elements (EDEVICE for device memory: the host cannot copy

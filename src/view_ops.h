@@ -436,6 +436,11 @@ IPCREF_API void *ipcref_view_ptr(const ipcref_view *v, const int64_t *index) {
   return (char *)v->buf->data + off;
 }
 
+IPCREF_API const void *ipcref_view_data(const ipcref_view *v) {
+  if (!ipcref__view_valid(v)) return NULL;
+  return (const char *)v->buf->data + v->byte_offset;
+}
+
 /* ---- iteration ------------------------------------------------------- */
 
 IPCREF_API ipcref_result ipcref_view_iter_init(const ipcref_view *v,

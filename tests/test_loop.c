@@ -225,6 +225,77 @@ static void test_hello_cut_short(void) {
   ipcref_ctx_free(cons);
 }
 
+/* ---- the wire version -----------------------------------------------------
+ */
+
+static char heard_msg[256];
+static int heard_eproto;
+static void hear_eproto(void *user, ipcref_result code, const char *msg) {
+  (void)user;
+  if (code != IPCREF_EPROTO) return;
+  heard_eproto++;
+  snprintf(heard_msg, sizeof heard_msg, "%s", msg ? msg : "");
+}
+
+/* Sends a hello of wire version `version` on a SOCK_SEQPACKET socket, with
+ * this process's credentials, as another build of ipcref.h would. */
+static void send_hello(int fd, uint32_t version) {
+  unsigned char b[20];
+  uint32_t magic = 0x48435049u, pid = (uint32_t)getpid();
+  uint64_t nonce = 12345;
+  union {
+    char buf[CMSG_SPACE(sizeof(struct ucred))];
+    struct cmsghdr align;
+  } u;
+  struct ucred cred;
+  struct msghdr mh;
+  struct iovec iov;
+  struct cmsghdr *c;
+  memcpy(b, &magic, 4), memcpy(b + 4, &version, 4), memcpy(b + 8, &pid, 4);
+  memcpy(b + 12, &nonce, 8);
+  cred.pid = getpid(), cred.uid = getuid(), cred.gid = getgid();
+  memset(&mh, 0, sizeof mh);
+  iov.iov_base = b;
+  iov.iov_len = sizeof b;
+  mh.msg_iov = &iov;
+  mh.msg_iovlen = 1;
+  mh.msg_control = u.buf;
+  mh.msg_controllen = sizeof u.buf;
+  c = CMSG_FIRSTHDR(&mh);
+  c->cmsg_level = SOL_SOCKET;
+  c->cmsg_type = SCM_CREDENTIALS;
+  c->cmsg_len = CMSG_LEN(sizeof cred);
+  memcpy(CMSG_DATA(c), &cred, sizeof cred);
+  CHECK_EQ(sendmsg(fd, &mh, 0), (ssize_t)sizeof b);
+}
+
+/* A peer that speaks another wire version (a program built with another
+ * ipcref.h) is refused with EPROTO, and the error hook names both
+ * versions; it is never read as if it spoke ours. */
+static void test_other_wire_version(void) {
+  ipcref_ctx_options o;
+  ipcref_ctx *ctx;
+  ipcref_peer *p;
+  ipcref_view got;
+  int sv[2];
+  memset(&o, 0, sizeof o);
+  o.error_hook.fn = hear_eproto;
+  ctx = make_ctx(&o);
+  if (xsocketpair(SOCK_SEQPACKET, sv) != 0) return;
+  p = make_peer(ctx, sv[1]);
+  send_hello(sv[0], 99);
+  heard_eproto = 0;
+  CHECK_EQ(ipcref_recv(p, &got, 1000), IPCREF_EPROTO);
+  CHECK_EQ(heard_eproto, 1);
+  printf("    heard: %s\n", heard_msg);
+  CHECK(strstr(heard_msg, "version 99") != NULL);
+  CHECK(strstr(heard_msg, "this process 1") != NULL);
+  CHECK_EQ(ipcref_recv(p, &got, 0), IPCREF_EPROTO); /* and stays refused */
+  ipcref_peer_free(p);
+  tclose(sv[0]);
+  ipcref_ctx_free(ctx);
+}
+
 /* ---- fork ---------------------------------------------------------------
  */
 
@@ -316,6 +387,7 @@ int main(void) {
   RUN(test_batch_before_the_fd);
   RUN(test_record_cut_short);
   RUN(test_hello_cut_short);
+  RUN(test_other_wire_version);
   RUN(test_forked_child_refused);
   return harness_finish();
 }

@@ -276,6 +276,7 @@ static void test_nulls(void) {
   CHECK_EQ(ipcref_view_copy(NULL, NULL), IPCREF_EINVAL);
   CHECK_EQ(ipcref_view_make_mut(NULL), IPCREF_EINVAL);
   CHECK(ipcref_view_data_mut(NULL) == NULL);
+  CHECK(ipcref_view_data(NULL) == NULL);
   CHECK(ipcref_view_ptr(NULL, idx) == NULL);
   CHECK_EQ(ipcref_view_numel(NULL), 0);
   CHECK_EQ(ipcref_view_is_contiguous(NULL), 0);
@@ -933,10 +934,13 @@ static void test_data_mut_make_mut(void) {
   CHECK_EQ(ipcref_view_slice(&v, 0, 1, IPCREF_SLICE_MAX, 1, &v), IPCREF_OK);
   CHECK(ipcref_view_data_mut(&v) == (char *)ipcref_buf_data(v.buf) + 16);
 
-  /* Shared: not writable; make_mut copies the viewed elements. */
+  /* Shared: not writable; make_mut copies the viewed elements. The data
+   * stays readable (ipcref_view_data: element (0,...,0)). */
   CHECK_EQ(ipcref_view_transpose(&v, 0, 1, &t), IPCREF_OK); /* (4, 2) */
   CHECK(ipcref_view_data_mut(&v) == NULL);
   CHECK(ipcref_view_data_mut(&t) == NULL);
+  CHECK(ipcref_view_data(&v) == (char *)ipcref_buf_data(v.buf) + 16);
+  CHECK(ipcref_view_data(&t) == ipcref_view_data(&v));
   old = t.buf;
   CHECK_EQ(ipcref_view_make_mut(&t), IPCREF_OK);
   CHECK(t.buf != old);
@@ -1035,6 +1039,7 @@ static void all_ops_refuse(ipcref_view *t, const ipcref_view *good) {
   FAILS_V(IPCREF_EINVAL, ipcref_view_copy(&g, t), &g);
   CHECK(ipcref_view_ptr(t, idx) == NULL);
   CHECK(ipcref_view_data_mut(t) == NULL);
+  CHECK(ipcref_view_data(t) == NULL);
   CHECK_EQ(ipcref_view_numel(t), 0);
   CHECK_EQ(ipcref_view_is_contiguous(t), 0);
 }
