@@ -813,6 +813,21 @@ typedef struct ipcref_stats {
   uint64_t cache_misses;  /* allocations that made a new segment, ever */
 } ipcref_stats;
 
+/* What one peer holds: to find the consumer that pins memory. Exact at the
+ * moment of the call (returned leases swept first). */
+typedef struct ipcref_peer_info {
+  int pid;                /* the process on the other side (its hello's; before
+                             it, the socket's) */
+  int alive;              /* as ipcref_peer_alive */
+  size_t leases;          /* leases it holds on blocks made here */
+  size_t bytes_held;      /* the bytes of those blocks */
+  size_t forwarded;       /* leases others hold on blocks made here, taken
+                             through what it forwarded to them */
+  size_t forwarded_bytes; /* their bytes */
+  size_t pending;         /* views received from it and not handed out
+                             yet (the rest of a batch) */
+} ipcref_peer_info;
+
 /* A message: a small byte record plus the fds the peer does not have yet.
  * Produced by ipcref_export, consumed by ipcref_import (which takes the
  * fds); ipcref_msg_free releases what an unused message holds (a message
@@ -1062,6 +1077,11 @@ IPCREF_API ipcref_result ipcref_ctx_poll(ipcref_ctx *ctx, int timeout_ms,
  * for NULL. A consumer whose producer died keeps its imported views: they
  * stay mapped and readable, and releasing them still succeeds. */
 IPCREF_API int ipcref_peer_alive(ipcref_peer *p);
+
+/* Fills *out with what peer `p` holds from this context (see
+ * ipcref_peer_info). Errors: EINVAL (NULL), EDEAD (a freed peer). */
+IPCREF_API ipcref_result ipcref_peer_stats(ipcref_peer *p,
+                                           ipcref_peer_info *out);
 
 #ifdef IPCREF_TEST_HOOKS
 /* Tests only: `fn` is called at each labelled step of the protocol:
@@ -6188,6 +6208,38 @@ IPCREF__PRIVATE void ipcref__batch_signal(ipcref_peer *p) {
   else
     n = read(p->batch_fd, &v, sizeof v); /* EAGAIN: clear already */
   (void)n;
+}
+
+IPCREF_API ipcref_result ipcref_peer_stats(ipcref_peer *p,
+                                           ipcref_peer_info *out) {
+  ipcref_ctx *ctx;
+  ipcref__ledger *l;
+  uint32_t s;
+  if (!p || !out) return IPCREF_EINVAL;
+  if (!IPCREF__PEER_USABLE(p, "ipcref_peer_stats")) return IPCREF_EDEAD;
+  memset(out, 0, sizeof *out);
+  out->alive = ipcref_peer_alive(p);
+  out->pid = p->pid;
+  out->pending = (size_t)(p->npending - p->pending_pos);
+  ctx = p->ctx;
+  IPCREF__LOCK(ctx);
+  ipcref__sweep(ctx); /* what came back is not held */
+  for (l = ctx->ledgers; l; l = l->next) {
+    if (l->peer != p || l->live == 0) continue;
+    for (s = 0; s < l->n; s++) {
+      const ipcref__block *b = l->leases[s].block;
+      if (!b) continue;
+      if (s < l->n / 2) {
+        out->leases++;
+        out->bytes_held += b->size;
+      } else {
+        out->forwarded++;
+        out->forwarded_bytes += b->size;
+      }
+    }
+  }
+  IPCREF__UNLOCK(ctx);
+  return IPCREF_OK;
 }
 
 /* Adds `fd` to the epoll set `ep`, readable-level. 0 on success. */

@@ -154,6 +154,21 @@ typedef struct ipcref_stats {
   uint64_t cache_misses;  /* allocations that made a new segment, ever */
 } ipcref_stats;
 
+/* What one peer holds: to find the consumer that pins memory. Exact at the
+ * moment of the call (returned leases swept first). */
+typedef struct ipcref_peer_info {
+  int pid;                /* the process on the other side (its hello's; before
+                             it, the socket's) */
+  int alive;              /* as ipcref_peer_alive */
+  size_t leases;          /* leases it holds on blocks made here */
+  size_t bytes_held;      /* the bytes of those blocks */
+  size_t forwarded;       /* leases others hold on blocks made here, taken
+                             through what it forwarded to them */
+  size_t forwarded_bytes; /* their bytes */
+  size_t pending;         /* views received from it and not handed out
+                             yet (the rest of a batch) */
+} ipcref_peer_info;
+
 /* A message: a small byte record plus the fds the peer does not have yet.
  * Produced by ipcref_export, consumed by ipcref_import (which takes the
  * fds); ipcref_msg_free releases what an unused message holds (a message
@@ -403,6 +418,11 @@ IPCREF_API ipcref_result ipcref_ctx_poll(ipcref_ctx *ctx, int timeout_ms,
  * for NULL. A consumer whose producer died keeps its imported views: they
  * stay mapped and readable, and releasing them still succeeds. */
 IPCREF_API int ipcref_peer_alive(ipcref_peer *p);
+
+/* Fills *out with what peer `p` holds from this context (see
+ * ipcref_peer_info). Errors: EINVAL (NULL), EDEAD (a freed peer). */
+IPCREF_API ipcref_result ipcref_peer_stats(ipcref_peer *p,
+                                           ipcref_peer_info *out);
 
 #ifdef IPCREF_TEST_HOOKS
 /* Tests only: `fn` is called at each labelled step of the protocol:

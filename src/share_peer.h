@@ -449,6 +449,38 @@ IPCREF__PRIVATE void ipcref__batch_signal(ipcref_peer *p) {
   (void)n;
 }
 
+IPCREF_API ipcref_result ipcref_peer_stats(ipcref_peer *p,
+                                           ipcref_peer_info *out) {
+  ipcref_ctx *ctx;
+  ipcref__ledger *l;
+  uint32_t s;
+  if (!p || !out) return IPCREF_EINVAL;
+  if (!IPCREF__PEER_USABLE(p, "ipcref_peer_stats")) return IPCREF_EDEAD;
+  memset(out, 0, sizeof *out);
+  out->alive = ipcref_peer_alive(p);
+  out->pid = p->pid;
+  out->pending = (size_t)(p->npending - p->pending_pos);
+  ctx = p->ctx;
+  IPCREF__LOCK(ctx);
+  ipcref__sweep(ctx); /* what came back is not held */
+  for (l = ctx->ledgers; l; l = l->next) {
+    if (l->peer != p || l->live == 0) continue;
+    for (s = 0; s < l->n; s++) {
+      const ipcref__block *b = l->leases[s].block;
+      if (!b) continue;
+      if (s < l->n / 2) {
+        out->leases++;
+        out->bytes_held += b->size;
+      } else {
+        out->forwarded++;
+        out->forwarded_bytes += b->size;
+      }
+    }
+  }
+  IPCREF__UNLOCK(ctx);
+  return IPCREF_OK;
+}
+
 /* Adds `fd` to the epoll set `ep`, readable-level. 0 on success. */
 IPCREF__PRIVATE int ipcref__epoll_add(int ep, int fd) {
   struct epoll_event ev;

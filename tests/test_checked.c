@@ -211,6 +211,12 @@ static void test_freed_peer(void) {
   CHECK_EQ(ipcref_peer_poll_fd(gone), -1);
   CHECK_HEARD("ipcref_peer_poll_fd");
   hear_nothing_yet();
+  {
+    ipcref_peer_info in;
+    CHECK_EQ(ipcref_peer_stats(gone, &in), IPCREF_EDEAD);
+    CHECK_HEARD("ipcref_peer_stats");
+  }
+  hear_nothing_yet();
   CHECK_EQ(ipcref_send(gone, &v), IPCREF_EDEAD);
   CHECK_HEARD("ipcref_send");
   hear_nothing_yet();

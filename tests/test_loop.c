@@ -375,9 +375,102 @@ static void test_forked_child_refused(void) {
   local_pair_close(&l);
 }
 
+/* ---- who holds what -------------------------------------------------------
+ */
+
+/* A forked consumer that holds what it receives until told: replies with
+ * the count after each receive ('r'), lets go of all ('d'). */
+static int holding_consumer(void *arg) {
+  kid *k = (kid *)arg;
+  ipcref_ctx *ctx = make_ctx(NULL);
+  ipcref_peer *p = make_peer(ctx, k->their_sock[0]);
+  ipcref_view held[BATCH];
+  int n = 0, cmd, i;
+  if (!p) return 2;
+  while ((cmd = ctl_get(k->their_ctl, CTL_MS)) == 'r' || cmd == 'd') {
+    if (cmd == 'r') {
+      n += n < BATCH && ipcref_recv(p, &held[n], CTL_MS) == IPCREF_OK;
+      ctl_put(k->their_ctl, n);
+    } else {
+      for (i = 0; i < n; i++) ipcref_view_release(&held[i]);
+      n = 0;
+      ctl_put(k->their_ctl, 0);
+    }
+  }
+  for (i = 0; i < n; i++) ipcref_view_release(&held[i]);
+  ipcref_peer_free(p);
+  ipcref_ctx_free(ctx);
+  return 0;
+}
+
+/* ipcref_peer_stats says which consumer pins what: the leases a live
+ * consumer holds and their bytes, none once it lets go; its pid. */
+static void test_peer_stats(void) {
+  kid k;
+  ipcref_ctx *ctx;
+  ipcref_peer *p;
+  ipcref_peer_info in;
+  ipcref_view v;
+  const int64_t sizes[3] = {100, 5000, 70000};
+  size_t bytes = 0;
+  int i;
+  kid_start(&k, 1, SOCK_SEQPACKET, holding_consumer);
+  ctx = make_ctx(NULL);
+  p = kid_peer(&k, 0, ctx);
+  for (i = 0; i < 3; i++) {
+    ipcref_stats st0 = stats_of(ctx);
+    CHECK_EQ(ipcref_view_new_shared(ctx, IPCREF_U8, 1, &sizes[i], &v),
+             IPCREF_OK);
+    bytes += stats_of(ctx).live_bytes - st0.live_bytes; /* its block */
+    CHECK_EQ(ipcref_send(p, &v), IPCREF_OK);
+    ipcref_view_release(&v);
+    ctl_put(k.ctl, 'r');
+    CTL_EXPECT(k.ctl, i + 1);
+  }
+  CHECK_EQ(ipcref_peer_stats(p, &in), IPCREF_OK);
+  CHECK_EQ(in.pid, k.pid);
+  CHECK_EQ(in.alive, 1);
+  CHECK_EQ(in.leases, 3);
+  CHECK_EQ(in.bytes_held, bytes);
+  CHECK_EQ(in.forwarded, 0);
+  CHECK_EQ(in.pending, 0);
+  ctl_put(k.ctl, 'd');
+  CTL_EXPECT(k.ctl, 0);
+  CHECK_EQ(ipcref_peer_stats(p, &in), IPCREF_OK);
+  CHECK_EQ(in.leases, 0);
+  CHECK_EQ(in.bytes_held, 0);
+  ctl_put(k.ctl, 'x');
+  KID_END(&k, "consumer");
+  ipcref_peer_free(p);
+  ipcref_ctx_free(ctx);
+}
+
+/* The rest of a batch waiting in the consumer's peer counts as pending. */
+static void test_peer_stats_pending(void) {
+  local_pair l;
+  ipcref_view v;
+  ipcref_peer_info in;
+  local_pair_open(&l, NULL, NULL);
+  if (!l.pp || !l.cp) return;
+  send_batch(l.prod, l.pp, 4);
+  CHECK_EQ(ipcref_recv(l.cp, &v, 1000), IPCREF_OK);
+  CHECK_EQ(ipcref_peer_stats(l.cp, &in), IPCREF_OK);
+  CHECK_EQ(in.pending, 3);
+  CHECK_EQ(ipcref_peer_stats(l.pp, &in), IPCREF_OK);
+  CHECK_EQ(in.leases, 4);
+  ipcref_view_release(&v);
+  local_pair_close(&l);
+}
+
 /* Wrong arguments. */
 static void test_poll_fd_arguments(void) {
+  ipcref_peer_info in;
+  local_pair l;
   CHECK_EQ(ipcref_peer_poll_fd(NULL), -1);
+  CHECK_EQ(ipcref_peer_stats(NULL, &in), IPCREF_EINVAL);
+  local_pair_open(&l, NULL, NULL);
+  if (l.pp) CHECK_EQ(ipcref_peer_stats(l.pp, NULL), IPCREF_EINVAL);
+  local_pair_close(&l);
 }
 
 int main(void) {
@@ -389,5 +482,7 @@ int main(void) {
   RUN(test_hello_cut_short);
   RUN(test_other_wire_version);
   RUN(test_forked_child_refused);
+  RUN(test_peer_stats);
+  RUN(test_peer_stats_pending);
   return harness_finish();
 }
