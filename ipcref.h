@@ -940,6 +940,29 @@ IPCREF_API int ipcref_buf_is_shared(const ipcref_buf *b);
 IPCREF_API ipcref_result ipcref_peer_new(ipcref_ctx *ctx, int sockfd,
                                          ipcref_peer **out);
 
+/* Peers by path. ipcref_listen makes a listening AF_UNIX SOCK_SEQPACKET
+ * socket at `path` into *listen_fd (the caller's: poll it for readable,
+ * close it, and unlink a filesystem path when done): a filesystem path,
+ * whose directory's permissions say who may connect, or "@name" in the
+ * abstract namespace. A socket file left by a listener that died is
+ * replaced: to tell, ipcref_listen connects to it once (a listener that
+ * lives there sees a connection that hangs up at once). ipcref_accept
+ * takes one connection on it within timeout_ms (-1: waits, 0: polls) as a
+ * new peer (EPEER: it hung up already, or its uid is not allowed; accept
+ * the next); ipcref_connect connects to `path` and makes the peer. Each
+ * checks the other side as ipcref_peer_new does (its uid against
+ * allow_uids, its hello on first use). Errors: EINVAL (NULL, an
+ * empty path or one too long for an AF_UNIX address, not a listening
+ * socket), EPEER (nobody listens at `path`; a uid not allowed), ETIMEDOUT
+ * (accept: nobody connected), ESYS (errno says why: EADDRINUSE when a
+ * listener lives at `path`), ENOMEM, EDEAD. */
+IPCREF_API ipcref_result ipcref_listen(ipcref_ctx *ctx, const char *path,
+                                       int *listen_fd);
+IPCREF_API ipcref_result ipcref_accept(ipcref_ctx *ctx, int listen_fd,
+                                       int timeout_ms, ipcref_peer **out);
+IPCREF_API ipcref_result ipcref_connect(ipcref_ctx *ctx, const char *path,
+                                        ipcref_peer **out);
+
 /* Closes the socket and frees the peer. Leases it holds from us stay until
  * they are returned or that process dies; buffers imported through it stay
  * valid. NULL is a no-op. A second free, or any call on the peer after
@@ -3216,6 +3239,7 @@ IPCREF_API ipcref_result ipcref_view_make_mut(ipcref_view *v) {
 #include <errno.h>
 #include <fcntl.h>
 #include <poll.h>
+#include <stddef.h>
 #include <pthread.h>
 #include <signal.h>
 #include <stdio.h>
@@ -3226,6 +3250,7 @@ IPCREF_API ipcref_result ipcref_view_make_mut(ipcref_view *v) {
 #include <sys/stat.h>
 #include <sys/syscall.h>
 #include <sys/uio.h>
+#include <sys/un.h>
 #include <time.h>
 #include <unistd.h>
 #if defined(__GLIBC__) && !defined(__USE_GNU)
@@ -7529,6 +7554,120 @@ IPCREF_API ipcref_result ipcref_recv_on(ipcref_peer *p, ipcref_view *out,
   p->pending_pos = 1;
   if (n > 1) ipcref__batch_signal(p);
   return IPCREF_OK;
+}
+
+#endif /* IPCREF__SHARING_IMPL */
+
+/* ---- share_path: implementation (src/share_path.h) ---------------------- */
+
+/* share_path: peers by socket path. A producer listens on an AF_UNIX
+ * SOCK_SEQPACKET socket at a filesystem path (whose directory's
+ * permissions say who may connect) or in the abstract namespace ("@name"),
+ * and accepts peers; a consumer connects by the same path. What a peer
+ * checks (the uid policy, the hello) is ipcref_peer_new's. No lock: the
+ * sockets are the caller's until a peer owns one. */
+
+#ifdef IPCREF__SHARING_IMPL
+
+/* The address of `path`: "@name" is name in the abstract namespace (a
+ * leading NUL), anything else a filesystem path. 0 when it does not fit
+ * (or is empty). */
+IPCREF__PRIVATE int ipcref__unix_addr(const char *path, struct sockaddr_un *a,
+                                      socklen_t *len) {
+  size_t n = path ? strlen(path) : 0;
+  memset(a, 0, sizeof *a);
+  a->sun_family = AF_UNIX;
+  if (n == 0 || (path[0] == '@' && n == 1) || n >= sizeof a->sun_path) return 0;
+  memcpy(a->sun_path, path, n);
+  if (path[0] == '@') a->sun_path[0] = '\0';
+  *len = (socklen_t)(offsetof(struct sockaddr_un, sun_path) + n);
+  return 1;
+}
+
+/* A filesystem socket nobody listens on any more (its listener died): 1
+ * when connecting to it is refused, so it may be replaced. */
+IPCREF__PRIVATE int ipcref__socket_stale(const struct sockaddr_un *a,
+                                         socklen_t len) {
+  int fd = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0), stale;
+  if (fd < 0) return 0;
+  stale = connect(fd, (const struct sockaddr *)a, len) != 0 &&
+          errno == ECONNREFUSED;
+  close(fd);
+  return stale;
+}
+
+IPCREF_API ipcref_result ipcref_listen(ipcref_ctx *ctx, const char *path,
+                                       int *listen_fd) {
+  struct sockaddr_un a;
+  socklen_t len = 0;
+  int fd, tries;
+  if (!ctx || !listen_fd || !ipcref__unix_addr(path, &a, &len))
+    return IPCREF_EINVAL;
+  if (!IPCREF__CTX_USABLE(ctx)) return IPCREF_EDEAD;
+  fd = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0);
+  if (fd < 0) return errno == ENOMEM ? IPCREF_ENOMEM : IPCREF_ESYS;
+  for (tries = 0;; tries++) {
+    if (bind(fd, (const struct sockaddr *)&a, len) == 0) break;
+    /* A socket file its dead listener left: replaced, once. */
+    if (errno != EADDRINUSE || tries > 0 || path[0] == '@' ||
+        !ipcref__socket_stale(&a, len) || unlink(path) != 0) {
+      int e = errno;
+      close(fd);
+      errno = e;
+      return IPCREF_ESYS;
+    }
+  }
+  if (listen(fd, 64) != 0) {
+    int e = errno;
+    close(fd);
+    if (path[0] != '@') (void)unlink(path);
+    errno = e;
+    return IPCREF_ESYS;
+  }
+  *listen_fd = fd;
+  return IPCREF_OK;
+}
+
+IPCREF_API ipcref_result ipcref_accept(ipcref_ctx *ctx, int listen_fd,
+                                       int timeout_ms, ipcref_peer **out) {
+  ipcref_result r;
+  int fd;
+  if (!ctx || !out || listen_fd < 0) return IPCREF_EINVAL;
+  if (!IPCREF__CTX_USABLE(ctx)) return IPCREF_EDEAD;
+  r = timeout_ms < 0 ? IPCREF_OK : ipcref__wait_readable(listen_fd, timeout_ms);
+  if (r != IPCREF_OK) return r;
+  do fd = accept4(listen_fd, NULL, NULL, SOCK_CLOEXEC);
+  while (fd < 0 && errno == EINTR);
+  if (fd < 0)
+    return errno == EAGAIN || errno == EWOULDBLOCK ? IPCREF_ETIMEDOUT
+           : errno == EBADF || errno == ENOTSOCK || errno == EINVAL
+               ? IPCREF_EINVAL
+               : IPCREF_ESYS;
+  r = ipcref_peer_new(ctx, fd, out);
+  if (r != IPCREF_OK) close(fd); /* refused (a uid not allowed), say */
+  return r;
+}
+
+IPCREF_API ipcref_result ipcref_connect(ipcref_ctx *ctx, const char *path,
+                                        ipcref_peer **out) {
+  struct sockaddr_un a;
+  socklen_t len = 0;
+  ipcref_result r;
+  int fd, rc;
+  if (!ctx || !out || !ipcref__unix_addr(path, &a, &len)) return IPCREF_EINVAL;
+  if (!IPCREF__CTX_USABLE(ctx)) return IPCREF_EDEAD;
+  fd = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0);
+  if (fd < 0) return errno == ENOMEM ? IPCREF_ENOMEM : IPCREF_ESYS;
+  rc = connect(fd, (const struct sockaddr *)&a, len);
+  if (rc != 0) {
+    int e = errno;
+    close(fd);
+    errno = e;
+    return e == ENOENT || e == ECONNREFUSED ? IPCREF_EPEER : IPCREF_ESYS;
+  }
+  r = ipcref_peer_new(ctx, fd, out);
+  if (r != IPCREF_OK) close(fd);
+  return r;
 }
 
 #endif /* IPCREF__SHARING_IMPL */

@@ -281,6 +281,29 @@ IPCREF_API int ipcref_buf_is_shared(const ipcref_buf *b);
 IPCREF_API ipcref_result ipcref_peer_new(ipcref_ctx *ctx, int sockfd,
                                          ipcref_peer **out);
 
+/* Peers by path. ipcref_listen makes a listening AF_UNIX SOCK_SEQPACKET
+ * socket at `path` into *listen_fd (the caller's: poll it for readable,
+ * close it, and unlink a filesystem path when done): a filesystem path,
+ * whose directory's permissions say who may connect, or "@name" in the
+ * abstract namespace. A socket file left by a listener that died is
+ * replaced: to tell, ipcref_listen connects to it once (a listener that
+ * lives there sees a connection that hangs up at once). ipcref_accept
+ * takes one connection on it within timeout_ms (-1: waits, 0: polls) as a
+ * new peer (EPEER: it hung up already, or its uid is not allowed; accept
+ * the next); ipcref_connect connects to `path` and makes the peer. Each
+ * checks the other side as ipcref_peer_new does (its uid against
+ * allow_uids, its hello on first use). Errors: EINVAL (NULL, an
+ * empty path or one too long for an AF_UNIX address, not a listening
+ * socket), EPEER (nobody listens at `path`; a uid not allowed), ETIMEDOUT
+ * (accept: nobody connected), ESYS (errno says why: EADDRINUSE when a
+ * listener lives at `path`), ENOMEM, EDEAD. */
+IPCREF_API ipcref_result ipcref_listen(ipcref_ctx *ctx, const char *path,
+                                       int *listen_fd);
+IPCREF_API ipcref_result ipcref_accept(ipcref_ctx *ctx, int listen_fd,
+                                       int timeout_ms, ipcref_peer **out);
+IPCREF_API ipcref_result ipcref_connect(ipcref_ctx *ctx, const char *path,
+                                        ipcref_peer **out);
+
 /* Closes the socket and frees the peer. Leases it holds from us stay until
  * they are returned or that process dies; buffers imported through it stay
  * valid. NULL is a no-op. A second free, or any call on the peer after
@@ -449,6 +472,7 @@ IPCREF_API void ipcref_test_set_step_hook(void (*fn)(const char *step));
 #include <errno.h>
 #include <fcntl.h>
 #include <poll.h>
+#include <stddef.h>
 #include <pthread.h>
 #include <signal.h>
 #include <stdio.h>
@@ -459,6 +483,7 @@ IPCREF_API void ipcref_test_set_step_hook(void (*fn)(const char *step));
 #include <sys/stat.h>
 #include <sys/syscall.h>
 #include <sys/uio.h>
+#include <sys/un.h>
 #include <time.h>
 #include <unistd.h>
 #if defined(__GLIBC__) && !defined(__USE_GNU)

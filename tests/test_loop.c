@@ -14,6 +14,8 @@
 #include <stdio.h>
 #include <string.h>
 #include <sys/epoll.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
 #define IPCREF_IMPLEMENTATION
 #include "../ipcref.h"
@@ -375,6 +377,117 @@ static void test_forked_child_refused(void) {
   local_pair_close(&l);
 }
 
+/* ---- peers by path ----------------------------------------------------------
+ */
+
+static char g_path[108];
+
+/* A consumer started on its own: connects by path, takes one view, checks
+ * its bytes, acks. */
+static int path_consumer(void *arg) {
+  kid *k = (kid *)arg;
+  ipcref_ctx *ctx = make_ctx(NULL);
+  ipcref_peer *p = NULL;
+  ipcref_view v;
+  int ok;
+  CHECK_EQ(ipcref_connect(ctx, g_path, &p), IPCREF_OK);
+  if (!p) return 2;
+  ok = ipcref_recv(p, &v, CTL_MS) == IPCREF_OK;
+  ok = ok && ((const unsigned char *)ipcref_view_data(&v))[4095] == 0x33;
+  if (ok) ipcref_view_release(&v);
+  ctl_put(k->their_ctl, ok ? 'y' : 'n');
+  ipcref_peer_free(p);
+  ipcref_ctx_free(ctx);
+  return 0;
+}
+
+/* A producer listens at a path, a consumer process connects by it; a view
+ * crosses. Filesystem paths and the abstract namespace. */
+static void test_listen_and_connect(void) {
+  char dir[] = "/tmp/ipcref-path-XXXXXX";
+  int t;
+  if (!mkdtemp(dir)) {
+    CHECK(!"mkdtemp");
+    return;
+  }
+  for (t = 0; t < 2; t++) {
+    ipcref_ctx *ctx = make_ctx(NULL);
+    ipcref_peer *p = NULL;
+    ipcref_view v;
+    int lfd = -1;
+    const int64_t n = 4096;
+    kid k;
+    if (t == 0)
+      snprintf(g_path, sizeof g_path, "%s/sock", dir);
+    else
+      snprintf(g_path, sizeof g_path, "@ipcref-test-%d", (int)getpid());
+    CHECK_EQ(ipcref_listen(ctx, g_path, &lfd), IPCREF_OK);
+    kid_start(&k, 0, SOCK_SEQPACKET, path_consumer);
+    CHECK_EQ(ipcref_accept(ctx, lfd, CTL_MS, &p), IPCREF_OK);
+    if (p) {
+      CHECK_EQ(ipcref_peer_pid(p), k.pid);
+      CHECK_EQ(ipcref_view_new_shared(ctx, IPCREF_U8, 1, &n, &v), IPCREF_OK);
+      memset(ipcref_buf_data(v.buf), 0x33, 4096);
+      CHECK_EQ(ipcref_send(p, &v), IPCREF_OK);
+      ipcref_view_release(&v);
+      CTL_EXPECT(k.ctl, 'y');
+    }
+    KID_END(&k, "consumer");
+    ipcref_peer_free(p);
+    close(lfd);
+    if (t == 0) unlink(g_path);
+    ipcref_ctx_free(ctx);
+  }
+  rmdir(dir);
+}
+
+/* A socket file left by a listener that died is replaced; one a listener
+ * lives at is not (ESYS, EADDRINUSE). Wrong paths and a silent listener. */
+static void test_listen_errors(void) {
+  char dir[] = "/tmp/ipcref-path-XXXXXX", path[108], longp[200];
+  ipcref_ctx *ctx = make_ctx(NULL);
+  ipcref_peer *p = NULL;
+  int a = -1, b = -1;
+  if (!mkdtemp(dir)) {
+    CHECK(!"mkdtemp");
+    return;
+  }
+  snprintf(path, sizeof path, "%s/sock", dir);
+  CHECK_EQ(ipcref_listen(ctx, path, &a), IPCREF_OK);
+  CHECK_EQ(ipcref_listen(ctx, path, &b), IPCREF_ESYS); /* a lives */
+  CHECK_EQ(errno, EADDRINUSE);
+  /* Its probe connected and left: a hang-up to accept, then nothing. */
+  CHECK_EQ(ipcref_accept(ctx, a, 0, &p), IPCREF_EPEER);
+  CHECK_EQ(ipcref_accept(ctx, a, 0, &p), IPCREF_ETIMEDOUT);
+  CHECK(p == NULL);
+  close(a); /* its listener gone, the file stays */
+  CHECK_EQ(ipcref_listen(ctx, path, &b), IPCREF_OK); /* replaced */
+  close(b);
+  unlink(path);
+  CHECK_EQ(ipcref_connect(ctx, path, &p), IPCREF_EPEER); /* nobody */
+  memset(longp, 'x', sizeof longp - 1);
+  longp[sizeof longp - 1] = '\0';
+  CHECK_EQ(ipcref_listen(ctx, longp, &b), IPCREF_EINVAL);
+  CHECK_EQ(ipcref_listen(ctx, "", &b), IPCREF_EINVAL);
+  CHECK_EQ(ipcref_listen(ctx, "@", &b), IPCREF_EINVAL);
+  CHECK_EQ(ipcref_listen(ctx, NULL, &b), IPCREF_EINVAL);
+  CHECK_EQ(ipcref_listen(ctx, path, NULL), IPCREF_EINVAL);
+  CHECK_EQ(ipcref_listen(NULL, path, &b), IPCREF_EINVAL);
+  CHECK_EQ(ipcref_connect(ctx, longp, &p), IPCREF_EINVAL);
+  CHECK_EQ(ipcref_connect(ctx, path, NULL), IPCREF_EINVAL);
+  CHECK_EQ(ipcref_accept(ctx, -1, 0, &p), IPCREF_EINVAL);
+  CHECK_EQ(ipcref_accept(ctx, 0, 0, NULL), IPCREF_EINVAL);
+  {
+    int sv[2]; /* not a listening socket */
+    CHECK_EQ(xsocketpair(SOCK_SEQPACKET, sv), 0);
+    CHECK_EQ(ipcref_accept(ctx, sv[0], -1, &p), IPCREF_EINVAL);
+    tclose(sv[0]);
+    tclose(sv[1]);
+  }
+  ipcref_ctx_free(ctx);
+  rmdir(dir);
+}
+
 /* ---- who holds what -------------------------------------------------------
  */
 
@@ -484,5 +597,7 @@ int main(void) {
   RUN(test_forked_child_refused);
   RUN(test_peer_stats);
   RUN(test_peer_stats_pending);
+  RUN(test_listen_and_connect);
+  RUN(test_listen_errors);
   return harness_finish();
 }
