@@ -162,7 +162,9 @@ typedef enum ipcref_result {
   IPCREF_EDEAD = -11,      /* the object was already released or freed (or
                               is its parent's, in a forked child) */
   IPCREF_ENEEDCOPY = -12,  /* not possible without copying the data */
-  IPCREF_EDEVICE = -13     /* device memory: the host cannot touch it */
+  IPCREF_EDEVICE = -13,    /* device memory: the host cannot touch it */
+  IPCREF_EAGAIN = -14      /* not now: nothing was done; call again once the
+                              peer can go on (see ipcref_peer_wants) */
 } ipcref_result;
 
 /* A short English description of `r`. Unknown values give "unknown error".
@@ -936,9 +938,44 @@ IPCREF_API int ipcref_buf_is_shared(const ipcref_buf *b);
  * then: those calls return EPEER. Errors: EINVAL (not a connected AF_UNIX
  * stream/seqpacket socket), EPEER (the other end is closed, or whoever
  * connected is of a uid not allowed), ESYS, ENOMEM; on error the socket is
- * not closed. */
+ * not closed. The socket may be non-blocking (O_NONBLOCK): then a send
+ * whose peer's hello has not come, or whose socket is full, says
+ * IPCREF_EAGAIN and takes nothing (see ipcref_peer_options). */
 IPCREF_API ipcref_result ipcref_peer_new(ipcref_ctx *ctx, int sockfd,
                                          ipcref_peer **out);
+
+/* Options for ipcref_peer_new_with; zero fields take the defaults. */
+typedef struct ipcref_peer_options {
+  int send_timeout_ms;  /* a send on a blocking socket waits at most this
+                           long for room in it, then fails with ETIMEDOUT
+                           and takes nothing (default: as long as it
+                           takes). On a non-blocking socket (O_NONBLOCK) a
+                           send never waits: EAGAIN */
+  int hello_timeout_ms; /* the other side's hello must come within this
+                           long of the first call that needs it (a send,
+                           an export), or the peer is refused: EPEER, for
+                           good (default 5000) */
+} ipcref_peer_options;
+
+/* As ipcref_peer_new, with options (NULL: the defaults). Errors: as
+ * ipcref_peer_new; EINVAL for a negative option. */
+IPCREF_API ipcref_result ipcref_peer_new_with(ipcref_ctx *ctx, int sockfd,
+                                              const ipcref_peer_options *opt,
+                                              ipcref_peer **out);
+
+/* What peer `p` waits for after a call on it said IPCREF_EAGAIN: POLLIN
+ * (the other side's hello, on the peer's poll fd or socket), POLLOUT (room
+ * in its socket: then call ipcref_peer_flush, or send again), 0 for
+ * nothing (or NULL). */
+IPCREF_API int ipcref_peer_wants(ipcref_peer *p);
+
+/* Sends what is left of a record that a non-blocking SOCK_STREAM socket
+ * took only in part (the rest of a message always goes before anything
+ * else, so the stream stays whole; a send does this first itself).
+ * IPCREF_OK: nothing is left. Errors: EAGAIN (the socket is full: wait for
+ * it to be writable), ETIMEDOUT (a blocking socket, past send_timeout_ms),
+ * EPEER, ESYS, EINVAL, EDEAD. */
+IPCREF_API ipcref_result ipcref_peer_flush(ipcref_peer *p);
 
 /* Peers by path. ipcref_listen makes a listening AF_UNIX SOCK_SEQPACKET
  * socket at `path` into *listen_fd (the caller's: poll it for readable,
@@ -995,7 +1032,8 @@ IPCREF_API int ipcref_peer_pid(ipcref_peer *p);
  * ipcref_msg_free). Waits for the peer's hello first (see
  * ipcref_peer_new): nothing is leased to a process not identified.
  * Errors: EINVAL (not a shared buffer, bad view), EPEER (refused, or hung
- * up before its hello), ETIMEDOUT (no hello within 5 s), ENOMEM, ESYS,
+ * up before its hello, or no hello within its hello_timeout_ms), EAGAIN
+ * (a non-blocking socket: no hello yet; nothing leased), ENOMEM, ESYS,
  * EBUSY (a forwarded view: every forwarding slot of its ledger is in
  * use), EDEAD (the view's buffer was already released, or the peer freed:
  * also reported to the error hook; nothing is leased). */
@@ -1021,8 +1059,11 @@ IPCREF_API void ipcref_msg_free(ipcref_msg *msg);
 IPCREF_API void ipcref_msg_sent(ipcref_msg *msg);
 
 /* Exports `n` views and sends them in one message over the peer's socket.
- * Blocks only while the socket is full. Errors: as ipcref_export, EPEER
- * (the peer hung up). */
+ * A blocking socket waits while it is full (up to the peer's
+ * send_timeout_ms: ETIMEDOUT); a non-blocking one says EAGAIN (wanting
+ * POLLOUT, see ipcref_peer_wants). Either way a send that fails took
+ * nothing: no lease is left behind. Errors: as ipcref_export, EPEER (the
+ * peer hung up), EAGAIN, ETIMEDOUT. */
 IPCREF_API ipcref_result ipcref_send_batch(ipcref_peer *p,
                                            const ipcref_view *views, int n);
 IPCREF_API ipcref_result ipcref_send(ipcref_peer *p, const ipcref_view *v);
@@ -1496,6 +1537,8 @@ IPCREF_API const char *ipcref_strerror(ipcref_result r) {
            "read-only, do not allow it)";
   case IPCREF_EDEVICE:
     return "the memory is on a device, where the host cannot touch it";
+  case IPCREF_EAGAIN:
+    return "not now: the peer's socket is full, or its hello has not come";
   }
   return "unknown error";
 }
@@ -3591,9 +3634,14 @@ struct ipcref_peer {
   uint64_t nonce;       /* its context (from its hello) */
   int origin_retired;   /* it died: its mappings here were retired */
   int hello; /* 0: the other side's hello not read yet; 1: read; -1: bad;
-                -2: refused (a uid not allowed) */
-  ipcref__ledger *ledger; /* the current one for exports to this peer */
-  ipcref__sent *sent;     /* what the other side has been sent */
+                -2: refused (a uid not allowed, or no hello in time) */
+  ipcref_peer_options opt;
+  long hello_since;   /* when a call first needed the hello (0: none yet) */
+  int wants;          /* POLLIN / POLLOUT: what the last EAGAIN waits for */
+  unsigned char *out; /* a stream's record the socket took only in part: */
+  size_t out_len, out_pos; /* the rest, sent before anything else */
+  ipcref__ledger *ledger;  /* the current one for exports to this peer */
+  ipcref__sent *sent;      /* what the other side has been sent */
   size_t nsent, capsent;
   uint64_t *retired; /* own segments destroyed since, to announce */
   size_t nretired, capretired;
@@ -5808,6 +5856,13 @@ IPCREF__PRIVATE ipcref_result ipcref__wait_readable(int fd, int timeout_ms) {
   return IPCREF_OK;
 }
 
+/* 1 when `fd` is non-blocking (O_NONBLOCK): a call that would wait says
+ * EAGAIN instead. */
+IPCREF__PRIVATE int ipcref__nonblocking(int fd) {
+  int fl = fcntl(fd, F_GETFL);
+  return fl >= 0 && (fl & O_NONBLOCK) != 0;
+}
+
 /* Appends the fds an SCM_RIGHTS header carries to fds[*n] (up to max);
  * closes the ones past max, so that no received fd ever leaks. */
 IPCREF__PRIVATE void ipcref__take_fds(const struct cmsghdr *c, int *fds, int *n,
@@ -6145,12 +6200,20 @@ IPCREF__PRIVATE void ipcref__peer_bury(ipcref_ctx *ctx, ipcref_peer *p) {
 
 IPCREF_API ipcref_result ipcref_peer_new(ipcref_ctx *ctx, int sockfd,
                                          ipcref_peer **out) {
+  return ipcref_peer_new_with(ctx, sockfd, NULL, out);
+}
+
+IPCREF_API ipcref_result ipcref_peer_new_with(ipcref_ctx *ctx, int sockfd,
+                                              const ipcref_peer_options *opt,
+                                              ipcref_peer **out) {
   ipcref_peer *p;
   struct ucred cred;
   socklen_t len = sizeof cred;
   int type = 0;
   socklen_t tlen = sizeof type;
-  if (!ctx || !out || sockfd < 0) return IPCREF_EINVAL;
+  if (!ctx || !out || sockfd < 0 ||
+      (opt && (opt->send_timeout_ms < 0 || opt->hello_timeout_ms < 0)))
+    return IPCREF_EINVAL;
   if (!IPCREF__CTX_USABLE(ctx)) return IPCREF_EDEAD;
   if (getsockopt(sockfd, SOL_SOCKET, SO_TYPE, &type, &tlen) != 0)
     return errno == ENOTSOCK || errno == EBADF ? IPCREF_EINVAL : IPCREF_ESYS;
@@ -6172,6 +6235,8 @@ IPCREF_API ipcref_result ipcref_peer_new(ipcref_ctx *ctx, int sockfd,
   p->uid = (int)cred.uid;
   p->sock_type = type;
   p->poll_fd = p->batch_fd = -1;
+  if (opt) p->opt = *opt;
+  if (!p->opt.hello_timeout_ms) p->opt.hello_timeout_ms = 5000;
   {
     int on = 1;
     ipcref_result r = IPCREF_ESYS;
@@ -6267,11 +6332,24 @@ IPCREF_API ipcref_result ipcref_peer_stats(ipcref_peer *p,
   return IPCREF_OK;
 }
 
-/* Adds `fd` to the epoll set `ep`, readable-level. 0 on success. */
-IPCREF__PRIVATE int ipcref__epoll_add(int ep, int fd) {
+/* The poll fd also wakes for room in the socket while the peer wants it. */
+IPCREF__PRIVATE void ipcref__want(ipcref_peer *p, int events) {
+  struct epoll_event ev;
+  if (p->poll_fd >= 0 && (p->wants & POLLOUT) != (events & POLLOUT)) {
+    memset(&ev, 0, sizeof ev);
+    ev.events = EPOLLIN | ((events & POLLOUT) ? EPOLLOUT : 0);
+    ev.data.fd = p->fd;
+    (void)epoll_ctl(p->poll_fd, EPOLL_CTL_MOD, p->fd, &ev);
+  }
+  p->wants = events;
+}
+
+/* Adds `fd` to the epoll set `ep`, readable-level (and writable, when
+ * `wants` says POLLOUT). 0 on success. */
+IPCREF__PRIVATE int ipcref__epoll_add(int ep, int fd, int wants) {
   struct epoll_event ev;
   memset(&ev, 0, sizeof ev);
-  ev.events = EPOLLIN;
+  ev.events = EPOLLIN | ((wants & POLLOUT) ? EPOLLOUT : 0);
   ev.data.fd = fd;
   return epoll_ctl(ep, EPOLL_CTL_ADD, fd, &ev);
 }
@@ -6282,8 +6360,8 @@ IPCREF_API int ipcref_peer_poll_fd(ipcref_peer *p) {
   if (p->poll_fd >= 0) return p->poll_fd;
   ep = epoll_create1(EPOLL_CLOEXEC);
   bf = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
-  if (ep < 0 || bf < 0 || ipcref__epoll_add(ep, p->fd) != 0 ||
-      ipcref__epoll_add(ep, bf) != 0) {
+  if (ep < 0 || bf < 0 || ipcref__epoll_add(ep, p->fd, p->wants) != 0 ||
+      ipcref__epoll_add(ep, bf, 0) != 0) {
     int e = errno;
     if (ep >= 0) close(ep);
     if (bf >= 0) close(bf);
@@ -6324,6 +6402,7 @@ IPCREF_API void ipcref_peer_free(ipcref_peer *p) {
   close(p->fd);
   ipcref__stream_next(p, 1); /* a record cut short: its fds */
   IPCREF_FREE(p->in);
+  IPCREF_FREE(p->out);
   if (p->poll_fd >= 0) close(p->poll_fd);
   if (p->batch_fd >= 0) close(p->batch_fd);
   IPCREF_FREE(p->sent);
@@ -7217,17 +7296,34 @@ IPCREF__PRIVATE ipcref_result ipcref__import_bytes(
 }
 
 /* Before anything goes to a peer or is taken from it (not under the
- * lock): its hello, waited for up to 5 s (the other side sends it from
- * ipcref_peer_new). Nothing is leased to a process we have not identified:
- * its uid decides whether it may connect, and its pid is what is watched
- * for its death (and what a forwarded hold names). Reading it also leaves
- * nothing unread on a producer that only sends (see ipcref__recvmsg). */
+ * lock): its hello (the other side sends it from ipcref_peer_new), within
+ * opt.hello_timeout_ms of the first call that needed it. Nothing is leased
+ * to a process we have not identified: its uid decides whether it may
+ * connect, and its pid is what is watched for its death (and what a
+ * forwarded hold names). Reading it also leaves nothing unread on a
+ * producer that only sends (see ipcref__recvmsg). A blocking socket waits
+ * for it; a non-blocking one says EAGAIN (wanting POLLIN) until then, so a
+ * silent client never holds up an event loop. */
 IPCREF__PRIVATE ipcref_result ipcref__hello_need(ipcref_peer *p) {
-  if (!p->hello) {
-    ipcref_result r = ipcref__hello_read(p, 5000);
-    if (r != IPCREF_OK) return r;
+  long now, left;
+  ipcref_result r;
+  if (p->hello) return ipcref__hello_result(p);
+  now = ipcref__now_ms();
+  if (!p->hello_since) p->hello_since = now;
+  left = p->hello_since + p->opt.hello_timeout_ms - now;
+  r = ipcref__hello_read(p, left > 0 && !ipcref__nonblocking(p->fd) ? (int)left
+                                                                    : 0);
+  if (r != IPCREF_ETIMEDOUT)
+    return r == IPCREF_OK ? ipcref__hello_result(p) : r;
+  if (left > 0 && ipcref__nonblocking(p->fd)) {
+    ipcref__want(p, POLLIN);
+    return IPCREF_EAGAIN;
   }
-  return ipcref__hello_result(p);
+  p->hello = -2; /* too late: refused for good */
+  ipcref__ctx_report(p->ctx, IPCREF_EPEER,
+                     "peer refused: its hello did not come in time "
+                     "(hello_timeout_ms)");
+  return IPCREF_EPEER;
 }
 
 IPCREF_API ipcref_result ipcref_export(ipcref_peer *p, const ipcref_view *v,
@@ -7325,8 +7421,88 @@ IPCREF_API void ipcref_msg_free(ipcref_msg *msg) {
 
 #ifdef IPCREF__SHARING_IMPL
 
+/* ---- room in the socket ---------------------------------------------------
+ * Every write is MSG_DONTWAIT. When the socket is full: a non-blocking one
+ * (O_NONBLOCK) says EAGAIN at once, wanting POLLOUT; a blocking one waits,
+ * up to opt.send_timeout_ms (ETIMEDOUT). A message the socket has not
+ * begun to take is not sent at all (its leases go back); the rest of one a
+ * stream took in part waits in the peer (p->out) and goes before anything
+ * else, so the stream stays whole. */
+
+/* Waits for room in the socket until `end` (see above). */
+IPCREF__PRIVATE ipcref_result ipcref__room(ipcref_peer *p,
+                                           const struct timespec *end) {
+  struct pollfd pfd;
+  int pr;
+  if (ipcref__nonblocking(p->fd)) {
+    ipcref__want(p, POLLOUT);
+    return IPCREF_EAGAIN;
+  }
+  pfd.fd = p->fd;
+  pfd.events = POLLOUT;
+  pfd.revents = 0;
+  pr = poll(&pfd, 1,
+            ipcref__ms_left(
+                p->opt.send_timeout_ms ? p->opt.send_timeout_ms : -1, end));
+  if (pr == 0) return IPCREF_ETIMEDOUT;
+  return pr < 0 && errno != EINTR ? IPCREF_ESYS : IPCREF_OK;
+}
+
+/* The send's deadline: now + opt.send_timeout_ms. */
+IPCREF__PRIVATE void ipcref__send_deadline(const ipcref_peer *p,
+                                           struct timespec *end) {
+  clock_gettime(CLOCK_MONOTONIC, end);
+  end->tv_sec += p->opt.send_timeout_ms / 1000;
+  end->tv_nsec += (long)(p->opt.send_timeout_ms % 1000) * 1000000;
+  if (end->tv_nsec >= 1000000000) end->tv_sec++, end->tv_nsec -= 1000000000;
+}
+
+/* Sends the rest of a record a stream took in part (p->out), until `end`. */
+IPCREF__PRIVATE ipcref_result ipcref__flush_out(ipcref_peer *p,
+                                                const struct timespec *end) {
+  while (p->out_pos < p->out_len) {
+    ssize_t k = send(p->fd, p->out + p->out_pos, p->out_len - p->out_pos,
+                     MSG_NOSIGNAL | MSG_DONTWAIT);
+    if (k > 0) {
+      p->out_pos += (size_t)k;
+    } else if (k < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) {
+      ipcref_result r = ipcref__room(p, end);
+      if (r != IPCREF_OK) return r;
+    } else if (k < 0 && errno != EINTR) {
+      return errno == EPIPE || errno == ECONNRESET ? IPCREF_EPEER : IPCREF_ESYS;
+    }
+  }
+  p->out_len = p->out_pos = 0;
+  ipcref__want(p, 0);
+  return IPCREF_OK;
+}
+
+/* A stream took `sent` bytes of the record `iov` (two parts, `total` in
+ * all): the rest waits in p->out, and goes now as far as it can. The
+ * record is on its way whatever happens to the rest (OK), unless the peer
+ * hung up. */
+IPCREF__PRIVATE ipcref_result ipcref__keep_rest(ipcref_peer *p,
+                                                const struct iovec *iov,
+                                                size_t sent, size_t total,
+                                                const struct timespec *end) {
+  size_t at = 0, i;
+  ipcref_result r;
+  if (!p->out && !(p->out = (unsigned char *)IPCREF_MALLOC(
+                       4 + (size_t)IPCREF_MSG_MAX_BYTES)))
+    return IPCREF_ENOMEM;   /* the stream is cut: treat the peer as gone */
+  for (i = 0; i < 2; i++) { /* the whole record, then skip what went */
+    memcpy(p->out + at, iov[i].iov_base, iov[i].iov_len);
+    at += iov[i].iov_len;
+  }
+  p->out_len = total;
+  p->out_pos = sent;
+  r = ipcref__flush_out(p, end);
+  return r == IPCREF_EPEER || r == IPCREF_ESYS ? r : IPCREF_OK;
+}
+
 /* Sends a record with fds: one datagram on SOCK_SEQPACKET; on SOCK_STREAM a
- * 4-byte length first (the fds travel with it). */
+ * 4-byte length first (the fds travel with it). What an earlier record
+ * left goes first. EAGAIN and ETIMEDOUT: nothing of this one was sent. */
 IPCREF__PRIVATE ipcref_result ipcref__send_raw(ipcref_peer *p,
                                                const ipcref_msg *msg) {
   union {
@@ -7337,8 +7513,12 @@ IPCREF__PRIVATE ipcref_result ipcref__send_raw(ipcref_peer *p,
   ipcref__wire w;
   struct iovec iov[2];
   struct msghdr mh;
-  size_t total, sent = 0;
-  int stream = p->sock_type == SOCK_STREAM, i;
+  struct timespec end;
+  int stream = p->sock_type == SOCK_STREAM;
+  ipcref_result r;
+  ipcref__send_deadline(p, &end);
+  r = ipcref__flush_out(p, &end);
+  if (r != IPCREF_OK) return r;
   memset(&mh, 0, sizeof mh);
   ipcref__wire_init(&w, lenbuf, 4);
   ipcref__wire_put(&w, msg->len, 4);
@@ -7348,7 +7528,6 @@ IPCREF__PRIVATE ipcref_result ipcref__send_raw(ipcref_peer *p,
   iov[1].iov_len = msg->len;
   mh.msg_iov = stream ? iov : iov + 1;
   mh.msg_iovlen = stream ? 2 : 1;
-  total = msg->len + (stream ? 4 : 0);
   if (msg->nfds > 0) {
     struct cmsghdr *c;
     memset(&u, 0, sizeof u);
@@ -7360,26 +7539,22 @@ IPCREF__PRIVATE ipcref_result ipcref__send_raw(ipcref_peer *p,
     c->cmsg_len = CMSG_LEN(sizeof(int) * (size_t)msg->nfds);
     memcpy(CMSG_DATA(c), msg->fds, sizeof(int) * (size_t)msg->nfds);
   }
-  while (sent < total) {
-    ssize_t k = sendmsg(p->fd, &mh, MSG_NOSIGNAL);
-    if (k < 0) {
-      if (errno == EINTR) continue;
+  for (;;) {
+    ssize_t k = sendmsg(p->fd, &mh, MSG_NOSIGNAL | MSG_DONTWAIT);
+    if (k >= 0) {
+      size_t total = msg->len + (stream ? 4 : 0);
+      ipcref__want(p, 0);
+      return (size_t)k == total
+                 ? IPCREF_OK
+                 : ipcref__keep_rest(p, iov, (size_t)k, total, &end);
+    }
+    if (errno == EAGAIN || errno == EWOULDBLOCK) {
+      r = ipcref__room(p, &end); /* nothing of it sent yet */
+      if (r != IPCREF_OK) return r;
+    } else if (errno != EINTR) {
       return errno == EPIPE || errno == ECONNRESET ? IPCREF_EPEER : IPCREF_ESYS;
     }
-    sent += (size_t)k;
-    if (sent >= total) break;
-    /* A stream took part of it: send the rest, without the fds. */
-    mh.msg_control = NULL;
-    mh.msg_controllen = 0;
-    for (i = 0; i < (int)mh.msg_iovlen && k > 0; i++) {
-      size_t take =
-          (size_t)k < mh.msg_iov[i].iov_len ? (size_t)k : mh.msg_iov[i].iov_len;
-      mh.msg_iov[i].iov_base = (char *)mh.msg_iov[i].iov_base + take;
-      mh.msg_iov[i].iov_len -= take;
-      k -= (ssize_t)take;
-    }
   }
-  return IPCREF_OK;
 }
 
 /* ipcref_send, ipcref_send_batch and ipcref_send_on: the events recorded,
@@ -7415,6 +7590,19 @@ IPCREF__PRIVATE ipcref_result ipcref__send_views(ipcref_peer *p,
     ipcref_msg_free(&msg);
   }
   return r;
+}
+
+IPCREF_API ipcref_result ipcref_peer_flush(ipcref_peer *p) {
+  struct timespec end;
+  if (!p) return IPCREF_EINVAL;
+  if (!IPCREF__PEER_USABLE(p, "ipcref_peer_flush")) return IPCREF_EDEAD;
+  ipcref__send_deadline(p, &end);
+  return ipcref__flush_out(p, &end);
+}
+
+IPCREF_API int ipcref_peer_wants(ipcref_peer *p) {
+  if (!p || !IPCREF__PEER_USABLE(p, "ipcref_peer_wants")) return 0;
+  return p->wants;
 }
 
 IPCREF_API ipcref_result ipcref_send_batch(ipcref_peer *p,

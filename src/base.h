@@ -52,7 +52,9 @@ typedef enum ipcref_result {
   IPCREF_EDEAD = -11,      /* the object was already released or freed (or
                               is its parent's, in a forked child) */
   IPCREF_ENEEDCOPY = -12,  /* not possible without copying the data */
-  IPCREF_EDEVICE = -13     /* device memory: the host cannot touch it */
+  IPCREF_EDEVICE = -13,    /* device memory: the host cannot touch it */
+  IPCREF_EAGAIN = -14      /* not now: nothing was done; call again once the
+                              peer can go on (see ipcref_peer_wants) */
 } ipcref_result;
 
 /* A short English description of `r`. Unknown values give "unknown error".
@@ -169,6 +171,8 @@ IPCREF_API const char *ipcref_strerror(ipcref_result r) {
            "read-only, do not allow it)";
   case IPCREF_EDEVICE:
     return "the memory is on a device, where the host cannot touch it";
+  case IPCREF_EAGAIN:
+    return "not now: the peer's socket is full, or its hello has not come";
   }
   return "unknown error";
 }

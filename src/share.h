@@ -277,9 +277,44 @@ IPCREF_API int ipcref_buf_is_shared(const ipcref_buf *b);
  * then: those calls return EPEER. Errors: EINVAL (not a connected AF_UNIX
  * stream/seqpacket socket), EPEER (the other end is closed, or whoever
  * connected is of a uid not allowed), ESYS, ENOMEM; on error the socket is
- * not closed. */
+ * not closed. The socket may be non-blocking (O_NONBLOCK): then a send
+ * whose peer's hello has not come, or whose socket is full, says
+ * IPCREF_EAGAIN and takes nothing (see ipcref_peer_options). */
 IPCREF_API ipcref_result ipcref_peer_new(ipcref_ctx *ctx, int sockfd,
                                          ipcref_peer **out);
+
+/* Options for ipcref_peer_new_with; zero fields take the defaults. */
+typedef struct ipcref_peer_options {
+  int send_timeout_ms;  /* a send on a blocking socket waits at most this
+                           long for room in it, then fails with ETIMEDOUT
+                           and takes nothing (default: as long as it
+                           takes). On a non-blocking socket (O_NONBLOCK) a
+                           send never waits: EAGAIN */
+  int hello_timeout_ms; /* the other side's hello must come within this
+                           long of the first call that needs it (a send,
+                           an export), or the peer is refused: EPEER, for
+                           good (default 5000) */
+} ipcref_peer_options;
+
+/* As ipcref_peer_new, with options (NULL: the defaults). Errors: as
+ * ipcref_peer_new; EINVAL for a negative option. */
+IPCREF_API ipcref_result ipcref_peer_new_with(ipcref_ctx *ctx, int sockfd,
+                                              const ipcref_peer_options *opt,
+                                              ipcref_peer **out);
+
+/* What peer `p` waits for after a call on it said IPCREF_EAGAIN: POLLIN
+ * (the other side's hello, on the peer's poll fd or socket), POLLOUT (room
+ * in its socket: then call ipcref_peer_flush, or send again), 0 for
+ * nothing (or NULL). */
+IPCREF_API int ipcref_peer_wants(ipcref_peer *p);
+
+/* Sends what is left of a record that a non-blocking SOCK_STREAM socket
+ * took only in part (the rest of a message always goes before anything
+ * else, so the stream stays whole; a send does this first itself).
+ * IPCREF_OK: nothing is left. Errors: EAGAIN (the socket is full: wait for
+ * it to be writable), ETIMEDOUT (a blocking socket, past send_timeout_ms),
+ * EPEER, ESYS, EINVAL, EDEAD. */
+IPCREF_API ipcref_result ipcref_peer_flush(ipcref_peer *p);
 
 /* Peers by path. ipcref_listen makes a listening AF_UNIX SOCK_SEQPACKET
  * socket at `path` into *listen_fd (the caller's: poll it for readable,
@@ -336,7 +371,8 @@ IPCREF_API int ipcref_peer_pid(ipcref_peer *p);
  * ipcref_msg_free). Waits for the peer's hello first (see
  * ipcref_peer_new): nothing is leased to a process not identified.
  * Errors: EINVAL (not a shared buffer, bad view), EPEER (refused, or hung
- * up before its hello), ETIMEDOUT (no hello within 5 s), ENOMEM, ESYS,
+ * up before its hello, or no hello within its hello_timeout_ms), EAGAIN
+ * (a non-blocking socket: no hello yet; nothing leased), ENOMEM, ESYS,
  * EBUSY (a forwarded view: every forwarding slot of its ledger is in
  * use), EDEAD (the view's buffer was already released, or the peer freed:
  * also reported to the error hook; nothing is leased). */
@@ -362,8 +398,11 @@ IPCREF_API void ipcref_msg_free(ipcref_msg *msg);
 IPCREF_API void ipcref_msg_sent(ipcref_msg *msg);
 
 /* Exports `n` views and sends them in one message over the peer's socket.
- * Blocks only while the socket is full. Errors: as ipcref_export, EPEER
- * (the peer hung up). */
+ * A blocking socket waits while it is full (up to the peer's
+ * send_timeout_ms: ETIMEDOUT); a non-blocking one says EAGAIN (wanting
+ * POLLOUT, see ipcref_peer_wants). Either way a send that fails took
+ * nothing: no lease is left behind. Errors: as ipcref_export, EPEER (the
+ * peer hung up), EAGAIN, ETIMEDOUT. */
 IPCREF_API ipcref_result ipcref_send_batch(ipcref_peer *p,
                                            const ipcref_view *views, int n);
 IPCREF_API ipcref_result ipcref_send(ipcref_peer *p, const ipcref_view *v);

@@ -440,17 +440,34 @@ IPCREF__PRIVATE ipcref_result ipcref__import_bytes(
 }
 
 /* Before anything goes to a peer or is taken from it (not under the
- * lock): its hello, waited for up to 5 s (the other side sends it from
- * ipcref_peer_new). Nothing is leased to a process we have not identified:
- * its uid decides whether it may connect, and its pid is what is watched
- * for its death (and what a forwarded hold names). Reading it also leaves
- * nothing unread on a producer that only sends (see ipcref__recvmsg). */
+ * lock): its hello (the other side sends it from ipcref_peer_new), within
+ * opt.hello_timeout_ms of the first call that needed it. Nothing is leased
+ * to a process we have not identified: its uid decides whether it may
+ * connect, and its pid is what is watched for its death (and what a
+ * forwarded hold names). Reading it also leaves nothing unread on a
+ * producer that only sends (see ipcref__recvmsg). A blocking socket waits
+ * for it; a non-blocking one says EAGAIN (wanting POLLIN) until then, so a
+ * silent client never holds up an event loop. */
 IPCREF__PRIVATE ipcref_result ipcref__hello_need(ipcref_peer *p) {
-  if (!p->hello) {
-    ipcref_result r = ipcref__hello_read(p, 5000);
-    if (r != IPCREF_OK) return r;
+  long now, left;
+  ipcref_result r;
+  if (p->hello) return ipcref__hello_result(p);
+  now = ipcref__now_ms();
+  if (!p->hello_since) p->hello_since = now;
+  left = p->hello_since + p->opt.hello_timeout_ms - now;
+  r = ipcref__hello_read(p, left > 0 && !ipcref__nonblocking(p->fd) ? (int)left
+                                                                    : 0);
+  if (r != IPCREF_ETIMEDOUT)
+    return r == IPCREF_OK ? ipcref__hello_result(p) : r;
+  if (left > 0 && ipcref__nonblocking(p->fd)) {
+    ipcref__want(p, POLLIN);
+    return IPCREF_EAGAIN;
   }
-  return ipcref__hello_result(p);
+  p->hello = -2; /* too late: refused for good */
+  ipcref__ctx_report(p->ctx, IPCREF_EPEER,
+                     "peer refused: its hello did not come in time "
+                     "(hello_timeout_ms)");
+  return IPCREF_EPEER;
 }
 
 IPCREF_API ipcref_result ipcref_export(ipcref_peer *p, const ipcref_view *v,

@@ -22,6 +22,13 @@ IPCREF__PRIVATE ipcref_result ipcref__wait_readable(int fd, int timeout_ms) {
   return IPCREF_OK;
 }
 
+/* 1 when `fd` is non-blocking (O_NONBLOCK): a call that would wait says
+ * EAGAIN instead. */
+IPCREF__PRIVATE int ipcref__nonblocking(int fd) {
+  int fl = fcntl(fd, F_GETFL);
+  return fl >= 0 && (fl & O_NONBLOCK) != 0;
+}
+
 /* Appends the fds an SCM_RIGHTS header carries to fds[*n] (up to max);
  * closes the ones past max, so that no received fd ever leaks. */
 IPCREF__PRIVATE void ipcref__take_fds(const struct cmsghdr *c, int *fds, int *n,
@@ -359,12 +366,20 @@ IPCREF__PRIVATE void ipcref__peer_bury(ipcref_ctx *ctx, ipcref_peer *p) {
 
 IPCREF_API ipcref_result ipcref_peer_new(ipcref_ctx *ctx, int sockfd,
                                          ipcref_peer **out) {
+  return ipcref_peer_new_with(ctx, sockfd, NULL, out);
+}
+
+IPCREF_API ipcref_result ipcref_peer_new_with(ipcref_ctx *ctx, int sockfd,
+                                              const ipcref_peer_options *opt,
+                                              ipcref_peer **out) {
   ipcref_peer *p;
   struct ucred cred;
   socklen_t len = sizeof cred;
   int type = 0;
   socklen_t tlen = sizeof type;
-  if (!ctx || !out || sockfd < 0) return IPCREF_EINVAL;
+  if (!ctx || !out || sockfd < 0 ||
+      (opt && (opt->send_timeout_ms < 0 || opt->hello_timeout_ms < 0)))
+    return IPCREF_EINVAL;
   if (!IPCREF__CTX_USABLE(ctx)) return IPCREF_EDEAD;
   if (getsockopt(sockfd, SOL_SOCKET, SO_TYPE, &type, &tlen) != 0)
     return errno == ENOTSOCK || errno == EBADF ? IPCREF_EINVAL : IPCREF_ESYS;
@@ -386,6 +401,8 @@ IPCREF_API ipcref_result ipcref_peer_new(ipcref_ctx *ctx, int sockfd,
   p->uid = (int)cred.uid;
   p->sock_type = type;
   p->poll_fd = p->batch_fd = -1;
+  if (opt) p->opt = *opt;
+  if (!p->opt.hello_timeout_ms) p->opt.hello_timeout_ms = 5000;
   {
     int on = 1;
     ipcref_result r = IPCREF_ESYS;
@@ -481,11 +498,24 @@ IPCREF_API ipcref_result ipcref_peer_stats(ipcref_peer *p,
   return IPCREF_OK;
 }
 
-/* Adds `fd` to the epoll set `ep`, readable-level. 0 on success. */
-IPCREF__PRIVATE int ipcref__epoll_add(int ep, int fd) {
+/* The poll fd also wakes for room in the socket while the peer wants it. */
+IPCREF__PRIVATE void ipcref__want(ipcref_peer *p, int events) {
+  struct epoll_event ev;
+  if (p->poll_fd >= 0 && (p->wants & POLLOUT) != (events & POLLOUT)) {
+    memset(&ev, 0, sizeof ev);
+    ev.events = EPOLLIN | ((events & POLLOUT) ? EPOLLOUT : 0);
+    ev.data.fd = p->fd;
+    (void)epoll_ctl(p->poll_fd, EPOLL_CTL_MOD, p->fd, &ev);
+  }
+  p->wants = events;
+}
+
+/* Adds `fd` to the epoll set `ep`, readable-level (and writable, when
+ * `wants` says POLLOUT). 0 on success. */
+IPCREF__PRIVATE int ipcref__epoll_add(int ep, int fd, int wants) {
   struct epoll_event ev;
   memset(&ev, 0, sizeof ev);
-  ev.events = EPOLLIN;
+  ev.events = EPOLLIN | ((wants & POLLOUT) ? EPOLLOUT : 0);
   ev.data.fd = fd;
   return epoll_ctl(ep, EPOLL_CTL_ADD, fd, &ev);
 }
@@ -496,8 +526,8 @@ IPCREF_API int ipcref_peer_poll_fd(ipcref_peer *p) {
   if (p->poll_fd >= 0) return p->poll_fd;
   ep = epoll_create1(EPOLL_CLOEXEC);
   bf = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
-  if (ep < 0 || bf < 0 || ipcref__epoll_add(ep, p->fd) != 0 ||
-      ipcref__epoll_add(ep, bf) != 0) {
+  if (ep < 0 || bf < 0 || ipcref__epoll_add(ep, p->fd, p->wants) != 0 ||
+      ipcref__epoll_add(ep, bf, 0) != 0) {
     int e = errno;
     if (ep >= 0) close(ep);
     if (bf >= 0) close(bf);
@@ -538,6 +568,7 @@ IPCREF_API void ipcref_peer_free(ipcref_peer *p) {
   close(p->fd);
   ipcref__stream_next(p, 1); /* a record cut short: its fds */
   IPCREF_FREE(p->in);
+  IPCREF_FREE(p->out);
   if (p->poll_fd >= 0) close(p->poll_fd);
   if (p->batch_fd >= 0) close(p->batch_fd);
   IPCREF_FREE(p->sent);

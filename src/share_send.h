@@ -5,8 +5,88 @@
 
 #ifdef IPCREF__SHARING_IMPL
 
+/* ---- room in the socket ---------------------------------------------------
+ * Every write is MSG_DONTWAIT. When the socket is full: a non-blocking one
+ * (O_NONBLOCK) says EAGAIN at once, wanting POLLOUT; a blocking one waits,
+ * up to opt.send_timeout_ms (ETIMEDOUT). A message the socket has not
+ * begun to take is not sent at all (its leases go back); the rest of one a
+ * stream took in part waits in the peer (p->out) and goes before anything
+ * else, so the stream stays whole. */
+
+/* Waits for room in the socket until `end` (see above). */
+IPCREF__PRIVATE ipcref_result ipcref__room(ipcref_peer *p,
+                                           const struct timespec *end) {
+  struct pollfd pfd;
+  int pr;
+  if (ipcref__nonblocking(p->fd)) {
+    ipcref__want(p, POLLOUT);
+    return IPCREF_EAGAIN;
+  }
+  pfd.fd = p->fd;
+  pfd.events = POLLOUT;
+  pfd.revents = 0;
+  pr = poll(&pfd, 1,
+            ipcref__ms_left(
+                p->opt.send_timeout_ms ? p->opt.send_timeout_ms : -1, end));
+  if (pr == 0) return IPCREF_ETIMEDOUT;
+  return pr < 0 && errno != EINTR ? IPCREF_ESYS : IPCREF_OK;
+}
+
+/* The send's deadline: now + opt.send_timeout_ms. */
+IPCREF__PRIVATE void ipcref__send_deadline(const ipcref_peer *p,
+                                           struct timespec *end) {
+  clock_gettime(CLOCK_MONOTONIC, end);
+  end->tv_sec += p->opt.send_timeout_ms / 1000;
+  end->tv_nsec += (long)(p->opt.send_timeout_ms % 1000) * 1000000;
+  if (end->tv_nsec >= 1000000000) end->tv_sec++, end->tv_nsec -= 1000000000;
+}
+
+/* Sends the rest of a record a stream took in part (p->out), until `end`. */
+IPCREF__PRIVATE ipcref_result ipcref__flush_out(ipcref_peer *p,
+                                                const struct timespec *end) {
+  while (p->out_pos < p->out_len) {
+    ssize_t k = send(p->fd, p->out + p->out_pos, p->out_len - p->out_pos,
+                     MSG_NOSIGNAL | MSG_DONTWAIT);
+    if (k > 0) {
+      p->out_pos += (size_t)k;
+    } else if (k < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) {
+      ipcref_result r = ipcref__room(p, end);
+      if (r != IPCREF_OK) return r;
+    } else if (k < 0 && errno != EINTR) {
+      return errno == EPIPE || errno == ECONNRESET ? IPCREF_EPEER : IPCREF_ESYS;
+    }
+  }
+  p->out_len = p->out_pos = 0;
+  ipcref__want(p, 0);
+  return IPCREF_OK;
+}
+
+/* A stream took `sent` bytes of the record `iov` (two parts, `total` in
+ * all): the rest waits in p->out, and goes now as far as it can. The
+ * record is on its way whatever happens to the rest (OK), unless the peer
+ * hung up. */
+IPCREF__PRIVATE ipcref_result ipcref__keep_rest(ipcref_peer *p,
+                                                const struct iovec *iov,
+                                                size_t sent, size_t total,
+                                                const struct timespec *end) {
+  size_t at = 0, i;
+  ipcref_result r;
+  if (!p->out && !(p->out = (unsigned char *)IPCREF_MALLOC(
+                       4 + (size_t)IPCREF_MSG_MAX_BYTES)))
+    return IPCREF_ENOMEM;   /* the stream is cut: treat the peer as gone */
+  for (i = 0; i < 2; i++) { /* the whole record, then skip what went */
+    memcpy(p->out + at, iov[i].iov_base, iov[i].iov_len);
+    at += iov[i].iov_len;
+  }
+  p->out_len = total;
+  p->out_pos = sent;
+  r = ipcref__flush_out(p, end);
+  return r == IPCREF_EPEER || r == IPCREF_ESYS ? r : IPCREF_OK;
+}
+
 /* Sends a record with fds: one datagram on SOCK_SEQPACKET; on SOCK_STREAM a
- * 4-byte length first (the fds travel with it). */
+ * 4-byte length first (the fds travel with it). What an earlier record
+ * left goes first. EAGAIN and ETIMEDOUT: nothing of this one was sent. */
 IPCREF__PRIVATE ipcref_result ipcref__send_raw(ipcref_peer *p,
                                                const ipcref_msg *msg) {
   union {
@@ -17,8 +97,12 @@ IPCREF__PRIVATE ipcref_result ipcref__send_raw(ipcref_peer *p,
   ipcref__wire w;
   struct iovec iov[2];
   struct msghdr mh;
-  size_t total, sent = 0;
-  int stream = p->sock_type == SOCK_STREAM, i;
+  struct timespec end;
+  int stream = p->sock_type == SOCK_STREAM;
+  ipcref_result r;
+  ipcref__send_deadline(p, &end);
+  r = ipcref__flush_out(p, &end);
+  if (r != IPCREF_OK) return r;
   memset(&mh, 0, sizeof mh);
   ipcref__wire_init(&w, lenbuf, 4);
   ipcref__wire_put(&w, msg->len, 4);
@@ -28,7 +112,6 @@ IPCREF__PRIVATE ipcref_result ipcref__send_raw(ipcref_peer *p,
   iov[1].iov_len = msg->len;
   mh.msg_iov = stream ? iov : iov + 1;
   mh.msg_iovlen = stream ? 2 : 1;
-  total = msg->len + (stream ? 4 : 0);
   if (msg->nfds > 0) {
     struct cmsghdr *c;
     memset(&u, 0, sizeof u);
@@ -40,26 +123,22 @@ IPCREF__PRIVATE ipcref_result ipcref__send_raw(ipcref_peer *p,
     c->cmsg_len = CMSG_LEN(sizeof(int) * (size_t)msg->nfds);
     memcpy(CMSG_DATA(c), msg->fds, sizeof(int) * (size_t)msg->nfds);
   }
-  while (sent < total) {
-    ssize_t k = sendmsg(p->fd, &mh, MSG_NOSIGNAL);
-    if (k < 0) {
-      if (errno == EINTR) continue;
+  for (;;) {
+    ssize_t k = sendmsg(p->fd, &mh, MSG_NOSIGNAL | MSG_DONTWAIT);
+    if (k >= 0) {
+      size_t total = msg->len + (stream ? 4 : 0);
+      ipcref__want(p, 0);
+      return (size_t)k == total
+                 ? IPCREF_OK
+                 : ipcref__keep_rest(p, iov, (size_t)k, total, &end);
+    }
+    if (errno == EAGAIN || errno == EWOULDBLOCK) {
+      r = ipcref__room(p, &end); /* nothing of it sent yet */
+      if (r != IPCREF_OK) return r;
+    } else if (errno != EINTR) {
       return errno == EPIPE || errno == ECONNRESET ? IPCREF_EPEER : IPCREF_ESYS;
     }
-    sent += (size_t)k;
-    if (sent >= total) break;
-    /* A stream took part of it: send the rest, without the fds. */
-    mh.msg_control = NULL;
-    mh.msg_controllen = 0;
-    for (i = 0; i < (int)mh.msg_iovlen && k > 0; i++) {
-      size_t take =
-          (size_t)k < mh.msg_iov[i].iov_len ? (size_t)k : mh.msg_iov[i].iov_len;
-      mh.msg_iov[i].iov_base = (char *)mh.msg_iov[i].iov_base + take;
-      mh.msg_iov[i].iov_len -= take;
-      k -= (ssize_t)take;
-    }
   }
-  return IPCREF_OK;
 }
 
 /* ipcref_send, ipcref_send_batch and ipcref_send_on: the events recorded,
@@ -95,6 +174,19 @@ IPCREF__PRIVATE ipcref_result ipcref__send_views(ipcref_peer *p,
     ipcref_msg_free(&msg);
   }
   return r;
+}
+
+IPCREF_API ipcref_result ipcref_peer_flush(ipcref_peer *p) {
+  struct timespec end;
+  if (!p) return IPCREF_EINVAL;
+  if (!IPCREF__PEER_USABLE(p, "ipcref_peer_flush")) return IPCREF_EDEAD;
+  ipcref__send_deadline(p, &end);
+  return ipcref__flush_out(p, &end);
+}
+
+IPCREF_API int ipcref_peer_wants(ipcref_peer *p) {
+  if (!p || !IPCREF__PEER_USABLE(p, "ipcref_peer_wants")) return 0;
+  return p->wants;
 }
 
 IPCREF_API ipcref_result ipcref_send_batch(ipcref_peer *p,

@@ -302,9 +302,14 @@ struct ipcref_peer {
   uint64_t nonce;       /* its context (from its hello) */
   int origin_retired;   /* it died: its mappings here were retired */
   int hello; /* 0: the other side's hello not read yet; 1: read; -1: bad;
-                -2: refused (a uid not allowed) */
-  ipcref__ledger *ledger; /* the current one for exports to this peer */
-  ipcref__sent *sent;     /* what the other side has been sent */
+                -2: refused (a uid not allowed, or no hello in time) */
+  ipcref_peer_options opt;
+  long hello_since;   /* when a call first needed the hello (0: none yet) */
+  int wants;          /* POLLIN / POLLOUT: what the last EAGAIN waits for */
+  unsigned char *out; /* a stream's record the socket took only in part: */
+  size_t out_len, out_pos; /* the rest, sent before anything else */
+  ipcref__ledger *ledger;  /* the current one for exports to this peer */
+  ipcref__sent *sent;      /* what the other side has been sent */
   size_t nsent, capsent;
   uint64_t *retired; /* own segments destroyed since, to announce */
   size_t nretired, capretired;

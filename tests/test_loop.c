@@ -13,6 +13,7 @@
 #include <stdint.h>
 #include <stdio.h>
 #include <string.h>
+#include <fcntl.h>
 #include <sys/epoll.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -377,6 +378,171 @@ static void test_forked_child_refused(void) {
   local_pair_close(&l);
 }
 
+/* ---- a stuck consumer ------------------------------------------------------
+ */
+
+/* A consumer that reads nothing until told ('a'), then receives all there
+ * is (until nothing comes for 500 ms), each checked to carry the next
+ * sequence number in its first 8 bytes, and releases it. Replies with the
+ * count, or -1 when one was out of order. */
+static int drain_consumer(void *arg) {
+  kid *k = (kid *)arg;
+  ipcref_ctx *ctx = make_ctx(NULL);
+  ipcref_peer *p = make_peer(ctx, k->their_sock[0]);
+  uint64_t want = 0, seq;
+  ipcref_view v;
+  int bad = 0;
+  if (!p) return 2;
+  ctl_put(k->their_ctl, 'h'); /* its hello is out */
+  if (ctl_get(k->their_ctl, CTL_MS) != 'a') return 3;
+  while (ipcref_recv(p, &v, 500) == IPCREF_OK) {
+    memcpy(&seq, ipcref_view_data(&v), sizeof seq);
+    bad += seq != want++;
+    ipcref_view_release(&v);
+  }
+  ctl_put(k->their_ctl, bad ? -1 : (int)want);
+  ipcref_peer_free(p);
+  ipcref_ctx_free(ctx);
+  return 0;
+}
+
+/* Sends `n` views numbered from *seq in one message. Eight dimensions
+ * each: a batch's record is then larger than a small stream socket takes
+ * at once. */
+static ipcref_result send_numbered(ipcref_ctx *ctx, ipcref_peer *p, int n,
+                                   uint64_t *seq) {
+  ipcref_view v[BATCH];
+  const int64_t shape[8] = {1, 1, 1, 1, 1, 1, 1, 64};
+  ipcref_result r;
+  int i;
+  for (i = 0; i < n; i++) {
+    uint64_t s = *seq + (uint64_t)i;
+    CHECK_EQ(ipcref_view_new_shared(ctx, IPCREF_U8, 8, shape, &v[i]),
+             IPCREF_OK);
+    memcpy(ipcref_buf_data(v[i].buf), &s, sizeof s);
+  }
+  r = ipcref_send_batch(p, v, n);
+  if (r == IPCREF_OK) *seq += (uint64_t)n;
+  for (i = 0; i < n; i++) ipcref_view_release(&v[i]);
+  return r;
+}
+
+/* A consumer that stops reading, with a non-blocking socket (seqpacket
+ * and stream) or a blocking one with a send timeout: the producer's send
+ * says EAGAIN (wanting POLLOUT) or ETIMEDOUT, and takes nothing then: its
+ * live leases are those of what was sent, and the consumer, once it reads,
+ * gets every one of those, whole and in order, and no other. On a stream a
+ * record the socket took in part is finished by ipcref_peer_flush. */
+static void stuck_consumer(int type, int nonblocking, int per_msg) {
+  kid k;
+  ipcref_ctx *ctx;
+  ipcref_peer *p = NULL;
+  ipcref_peer_options o;
+  ipcref_result r = IPCREF_OK;
+  ipcref_stats st;
+  uint64_t seq = 0;
+  long t0 = 0;
+  int i;
+  memset(&o, 0, sizeof o);
+  o.send_timeout_ms = nonblocking ? 0 : 100;
+  kid_start(&k, 1, type, drain_consumer);
+  ctx = make_ctx(NULL);
+  if (nonblocking)
+    CHECK_EQ(fcntl(k.sock[0], F_SETFL, fcntl(k.sock[0], F_GETFL) | O_NONBLOCK),
+             0);
+  if (type == SOCK_STREAM) { /* small buffers: records taken in part */
+    int small = 1;           /* the least the kernel allows */
+    CHECK_EQ(setsockopt(k.sock[0], SOL_SOCKET, SO_SNDBUF, &small, sizeof small),
+             0);
+  }
+  CHECK_EQ(ipcref_peer_new_with(ctx, k.sock[0], &o, &p), IPCREF_OK);
+  tforget(k.sock[0]);
+  k.sock[0] = -1;
+  CTL_EXPECT(k.ctl, 'h');
+  for (i = 0; i < 100000 && r == IPCREF_OK; i++) {
+    t0 = now_ms();
+    r = send_numbered(ctx, p, per_msg, &seq);
+  }
+  CHECK_EQ(r, nonblocking ? IPCREF_EAGAIN : IPCREF_ETIMEDOUT);
+  if (nonblocking) CHECK_EQ(ipcref_peer_wants(p), POLLOUT);
+  if (!nonblocking) CHECK(now_ms() - t0 >= 90); /* it waited its timeout */
+  st = stats_of(ctx);
+  printf("    %s, %s: %llu views sent before %s\n",
+         type == SOCK_STREAM ? "stream" : "seqpacket",
+         nonblocking ? "non-blocking" : "a 100 ms send timeout",
+         (unsigned long long)seq, ipcref_strerror(r));
+  CHECK_EQ(st.live_slots, seq); /* what failed took nothing */
+  CHECK_EQ(st.limbo_blocks, seq);
+  ctl_put(k.ctl, 'a');
+  t0 = now_ms();
+  while ((r = ipcref_peer_flush(p)) != IPCREF_OK && now_ms() - t0 < CTL_MS)
+    sleep_us(1000); /* a record the stream took in part */
+  CHECK_EQ(r, IPCREF_OK);
+  CHECK_EQ(ctl_get(k.ctl, CTL_MS), (int)seq);
+  KID_END(&k, "consumer");
+  ipcref_collect(ctx);
+  st = stats_of(ctx);
+  CHECK_EQ(st.live_slots, 0);
+  CHECK_EQ(st.limbo_blocks, 0);
+  ipcref_peer_free(p);
+  ipcref_ctx_free(ctx);
+}
+
+static void test_stuck_consumer_seqpacket(void) {
+  stuck_consumer(SOCK_SEQPACKET, 1, 1);
+}
+static void test_stuck_consumer_stream(void) {
+  stuck_consumer(SOCK_STREAM, 1, BATCH);
+}
+static void test_stuck_consumer_send_timeout(void) {
+  stuck_consumer(SOCK_SEQPACKET, 0, 4);
+}
+
+/* A client that connects and never says hello: with non-blocking sockets
+ * the producer's send to it says EAGAIN (wanting POLLIN) at once, and a
+ * consumer beside it gets its views without waiting; past hello_timeout_ms
+ * the silent one is refused for good (EPEER), nothing leased to it. */
+static void test_silent_client(void) {
+  kid k;
+  ipcref_ctx *ctx;
+  ipcref_peer *silent = NULL, *p = NULL;
+  ipcref_peer_options o;
+  uint64_t seq = 0;
+  long t0, dt;
+  int sv[2];
+  memset(&o, 0, sizeof o);
+  o.hello_timeout_ms = 300;
+  kid_start(&k, 1, SOCK_SEQPACKET, drain_consumer);
+  ctx = make_ctx(NULL);
+  CHECK_EQ(xsocketpair(SOCK_SEQPACKET, sv), 0);
+  CHECK_EQ(fcntl(sv[0], F_SETFL, O_NONBLOCK), 0);
+  CHECK_EQ(fcntl(k.sock[0], F_SETFL, O_NONBLOCK), 0);
+  CHECK_EQ(ipcref_peer_new_with(ctx, sv[0], &o, &silent), IPCREF_OK);
+  CHECK_EQ(ipcref_peer_new_with(ctx, k.sock[0], &o, &p), IPCREF_OK);
+  tforget(sv[0]);
+  tforget(k.sock[0]);
+  k.sock[0] = -1;
+  CTL_EXPECT(k.ctl, 'h');
+  t0 = now_ms();
+  CHECK_EQ(send_numbered(ctx, silent, 1, &seq), IPCREF_EAGAIN);
+  CHECK_EQ(ipcref_peer_wants(silent), POLLIN);
+  CHECK_EQ(send_numbered(ctx, p, 1, &seq), IPCREF_OK);
+  dt = now_ms() - t0;
+  printf("    the consumer beside a silent client: served in %ld ms\n", dt);
+  CHECK(dt < 100);
+  sleep_us(400 * 1000L); /* past its hello_timeout_ms */
+  CHECK_EQ(send_numbered(ctx, silent, 1, &seq), IPCREF_EPEER);
+  CHECK_EQ(send_numbered(ctx, silent, 1, &seq), IPCREF_EPEER); /* for good */
+  CHECK_EQ(stats_of(ctx).live_slots, 1); /* the consumer's only */
+  ctl_put(k.ctl, 'a');
+  CHECK_EQ(ctl_get(k.ctl, CTL_MS), 1);
+  KID_END(&k, "consumer");
+  ipcref_peer_free(silent);
+  ipcref_peer_free(p);
+  tclose(sv[1]);
+  ipcref_ctx_free(ctx);
+}
+
 /* ---- peers by path ----------------------------------------------------------
  */
 
@@ -597,6 +763,10 @@ int main(void) {
   RUN(test_forked_child_refused);
   RUN(test_peer_stats);
   RUN(test_peer_stats_pending);
+  RUN(test_stuck_consumer_seqpacket);
+  RUN(test_stuck_consumer_stream);
+  RUN(test_stuck_consumer_send_timeout);
+  RUN(test_silent_client);
   RUN(test_listen_and_connect);
   RUN(test_listen_errors);
   return harness_finish();
