@@ -1012,7 +1012,7 @@ IPCREF_API void ipcref_peer_free(ipcref_peer *p);
  * which the peer's socket alone is not once a batch was received (its
  * other views wait in the peer, and the socket has nothing more to say). A
  * wake-up with nothing to receive (the other side's hello, say) makes
- * ipcref_recv(p, .., 0) return IPCREF_ETIMEDOUT: call it until it does, or
+ * ipcref_recv(p, .., 0) return IPCREF_EAGAIN: call it until it does, or
  * once per wake-up (level-triggered, the fd stays readable while views
  * wait). Made on the first call (an epoll fd over the socket and an
  * eventfd, both closed by ipcref_peer_free); the same fd every call. -1
@@ -1078,12 +1078,14 @@ IPCREF_API ipcref_result ipcref_send_on(ipcref_peer *p, const ipcref_view *v,
                                         void *stream);
 
 /* Receives one message (one view) from the peer's socket and imports it.
- * timeout_ms: -1 waits, 0 polls (and never waits). On a SOCK_STREAM
+ * timeout_ms: -1 waits; 0 polls, never waits, and says EAGAIN when
+ * nothing is there (wanting POLLIN); past a longer wait, ETIMEDOUT. On a
+ * SOCK_STREAM
  * socket a record may come in pieces: what came waits in the peer, with
  * its fds, and a later call completes it, so a sender that stops halfway
  * never holds a receive past its timeout. Errors: ETIMEDOUT, EPEER (hung
- * up), EPROTO, ENOMEM, ESYS. A batch is received one view per call (see
- * ipcref_peer_poll_fd for event loops). */
+ * up), EPROTO, ENOMEM, ESYS, EAGAIN. A batch is received one view per
+ * call (see ipcref_peer_poll_fd for event loops). */
 IPCREF_API ipcref_result ipcref_recv(ipcref_peer *p, ipcref_view *out,
                                      int timeout_ms);
 
@@ -7690,11 +7692,33 @@ IPCREF__PRIVATE ipcref_result ipcref__recv_stream(ipcref_peer *p,
   return r;
 }
 
+/* One message off the socket, imported into p->pending (*n views). */
+IPCREF__PRIVATE ipcref_result ipcref__recv_one(ipcref_peer *p, int timeout_ms,
+                                               void *stream, int *n) {
+  unsigned char *bytes;
+  int fds[IPCREF_MSG_MAX_FDS], nfds = 0;
+  size_t len = 0;
+  ipcref_result r = ipcref__hello_within(p, &timeout_ms);
+  if (r != IPCREF_OK) return r;
+  if (p->hello < 0) return ipcref__hello_result(p);
+  if (p->sock_type == SOCK_STREAM)
+    return ipcref__recv_stream(p, timeout_ms, stream, n);
+  r = ipcref__wait_readable(p->fd, timeout_ms);
+  if (r != IPCREF_OK) return r;
+  bytes = (unsigned char *)IPCREF_MALLOC(IPCREF_MSG_MAX_BYTES);
+  if (!bytes) return IPCREF_ENOMEM;
+  r = ipcref__recv_raw(p, bytes, &len, fds, &nfds);
+  if (r == IPCREF_OK) {
+    IPCREF__STEP("receive");
+    r = ipcref__import_bytes(p, bytes, len, fds, nfds, stream, p->pending, n);
+  }
+  IPCREF_FREE(bytes);
+  return r;
+}
+
 IPCREF_API ipcref_result ipcref_recv_on(ipcref_peer *p, ipcref_view *out,
                                         int timeout_ms, void *stream) {
-  unsigned char *bytes;
-  int fds[IPCREF_MSG_MAX_FDS], nfds = 0, n = 0;
-  size_t len = 0;
+  int n = 0;
   ipcref_result r;
   if (!p || !out) return IPCREF_EINVAL;
   if (!IPCREF__PEER_USABLE(p, "ipcref_recv")) return IPCREF_EDEAD;
@@ -7703,26 +7727,12 @@ IPCREF_API ipcref_result ipcref_recv_on(ipcref_peer *p, ipcref_view *out,
     if (p->pending_pos == p->npending) ipcref__batch_signal(p);
     return IPCREF_OK;
   }
-  r = ipcref__hello_within(p, &timeout_ms);
-  if (r != IPCREF_OK) return r;
-  if (p->hello < 0) return ipcref__hello_result(p);
-  if (p->sock_type == SOCK_STREAM) {
-    r = ipcref__recv_stream(p, timeout_ms, stream, &n);
-    if (r != IPCREF_OK) return r;
-  } else {
-    r = ipcref__wait_readable(p->fd, timeout_ms);
-    if (r != IPCREF_OK) return r;
-    bytes = (unsigned char *)IPCREF_MALLOC(IPCREF_MSG_MAX_BYTES);
-    if (!bytes) return IPCREF_ENOMEM;
-    r = ipcref__recv_raw(p, bytes, &len, fds, &nfds);
-    if (r == IPCREF_OK) {
-      IPCREF__STEP("receive");
-      r = ipcref__import_bytes(p, bytes, len, fds, nfds, stream, p->pending,
-                               &n);
-    }
-    IPCREF_FREE(bytes);
-    if (r != IPCREF_OK) return r;
+  r = ipcref__recv_one(p, timeout_ms, stream, &n);
+  if (r == IPCREF_ETIMEDOUT && timeout_ms == 0) { /* a poll: not now */
+    ipcref__want(p, POLLIN);
+    return IPCREF_EAGAIN;
   }
+  if (r != IPCREF_OK) return r;
   *out = p->pending[0];
   p->npending = n;
   p->pending_pos = 1;

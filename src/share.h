@@ -351,7 +351,7 @@ IPCREF_API void ipcref_peer_free(ipcref_peer *p);
  * which the peer's socket alone is not once a batch was received (its
  * other views wait in the peer, and the socket has nothing more to say). A
  * wake-up with nothing to receive (the other side's hello, say) makes
- * ipcref_recv(p, .., 0) return IPCREF_ETIMEDOUT: call it until it does, or
+ * ipcref_recv(p, .., 0) return IPCREF_EAGAIN: call it until it does, or
  * once per wake-up (level-triggered, the fd stays readable while views
  * wait). Made on the first call (an epoll fd over the socket and an
  * eventfd, both closed by ipcref_peer_free); the same fd every call. -1
@@ -417,12 +417,14 @@ IPCREF_API ipcref_result ipcref_send_on(ipcref_peer *p, const ipcref_view *v,
                                         void *stream);
 
 /* Receives one message (one view) from the peer's socket and imports it.
- * timeout_ms: -1 waits, 0 polls (and never waits). On a SOCK_STREAM
+ * timeout_ms: -1 waits; 0 polls, never waits, and says EAGAIN when
+ * nothing is there (wanting POLLIN); past a longer wait, ETIMEDOUT. On a
+ * SOCK_STREAM
  * socket a record may come in pieces: what came waits in the peer, with
  * its fds, and a later call completes it, so a sender that stops halfway
  * never holds a receive past its timeout. Errors: ETIMEDOUT, EPEER (hung
- * up), EPROTO, ENOMEM, ESYS. A batch is received one view per call (see
- * ipcref_peer_poll_fd for event loops). */
+ * up), EPROTO, ENOMEM, ESYS, EAGAIN. A batch is received one view per
+ * call (see ipcref_peer_poll_fd for event loops). */
 IPCREF_API ipcref_result ipcref_recv(ipcref_peer *p, ipcref_view *out,
                                      int timeout_ms);
 

@@ -288,11 +288,33 @@ IPCREF__PRIVATE ipcref_result ipcref__recv_stream(ipcref_peer *p,
   return r;
 }
 
+/* One message off the socket, imported into p->pending (*n views). */
+IPCREF__PRIVATE ipcref_result ipcref__recv_one(ipcref_peer *p, int timeout_ms,
+                                               void *stream, int *n) {
+  unsigned char *bytes;
+  int fds[IPCREF_MSG_MAX_FDS], nfds = 0;
+  size_t len = 0;
+  ipcref_result r = ipcref__hello_within(p, &timeout_ms);
+  if (r != IPCREF_OK) return r;
+  if (p->hello < 0) return ipcref__hello_result(p);
+  if (p->sock_type == SOCK_STREAM)
+    return ipcref__recv_stream(p, timeout_ms, stream, n);
+  r = ipcref__wait_readable(p->fd, timeout_ms);
+  if (r != IPCREF_OK) return r;
+  bytes = (unsigned char *)IPCREF_MALLOC(IPCREF_MSG_MAX_BYTES);
+  if (!bytes) return IPCREF_ENOMEM;
+  r = ipcref__recv_raw(p, bytes, &len, fds, &nfds);
+  if (r == IPCREF_OK) {
+    IPCREF__STEP("receive");
+    r = ipcref__import_bytes(p, bytes, len, fds, nfds, stream, p->pending, n);
+  }
+  IPCREF_FREE(bytes);
+  return r;
+}
+
 IPCREF_API ipcref_result ipcref_recv_on(ipcref_peer *p, ipcref_view *out,
                                         int timeout_ms, void *stream) {
-  unsigned char *bytes;
-  int fds[IPCREF_MSG_MAX_FDS], nfds = 0, n = 0;
-  size_t len = 0;
+  int n = 0;
   ipcref_result r;
   if (!p || !out) return IPCREF_EINVAL;
   if (!IPCREF__PEER_USABLE(p, "ipcref_recv")) return IPCREF_EDEAD;
@@ -301,26 +323,12 @@ IPCREF_API ipcref_result ipcref_recv_on(ipcref_peer *p, ipcref_view *out,
     if (p->pending_pos == p->npending) ipcref__batch_signal(p);
     return IPCREF_OK;
   }
-  r = ipcref__hello_within(p, &timeout_ms);
-  if (r != IPCREF_OK) return r;
-  if (p->hello < 0) return ipcref__hello_result(p);
-  if (p->sock_type == SOCK_STREAM) {
-    r = ipcref__recv_stream(p, timeout_ms, stream, &n);
-    if (r != IPCREF_OK) return r;
-  } else {
-    r = ipcref__wait_readable(p->fd, timeout_ms);
-    if (r != IPCREF_OK) return r;
-    bytes = (unsigned char *)IPCREF_MALLOC(IPCREF_MSG_MAX_BYTES);
-    if (!bytes) return IPCREF_ENOMEM;
-    r = ipcref__recv_raw(p, bytes, &len, fds, &nfds);
-    if (r == IPCREF_OK) {
-      IPCREF__STEP("receive");
-      r = ipcref__import_bytes(p, bytes, len, fds, nfds, stream, p->pending,
-                               &n);
-    }
-    IPCREF_FREE(bytes);
-    if (r != IPCREF_OK) return r;
+  r = ipcref__recv_one(p, timeout_ms, stream, &n);
+  if (r == IPCREF_ETIMEDOUT && timeout_ms == 0) { /* a poll: not now */
+    ipcref__want(p, POLLIN);
+    return IPCREF_EAGAIN;
   }
+  if (r != IPCREF_OK) return r;
   *out = p->pending[0];
   p->npending = n;
   p->pending_pos = 1;
