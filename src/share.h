@@ -324,11 +324,11 @@ IPCREF_API ipcref_result ipcref_peer_flush(ipcref_peer *p);
  * replaced: to tell, ipcref_listen connects to it once (a listener that
  * lives there sees a connection that hangs up at once). ipcref_accept
  * takes one connection on it within timeout_ms (-1: waits, 0: polls) as a
- * new peer (EPEER: it hung up already, or its uid is not allowed; accept
- * the next); ipcref_connect connects to `path` and makes the peer. Each
- * checks the other side as ipcref_peer_new does (its uid against
- * allow_uids, its hello on first use). Errors: EINVAL (NULL, an
- * empty path or one too long for an AF_UNIX address, not a listening
+ * new peer, non-blocking when the listening socket is (EPEER: it hung up
+ * already, or its uid is not allowed; accept the next); ipcref_connect connects
+ * to `path` and makes the peer. Each checks the other side as ipcref_peer_new
+ * does (its uid against allow_uids, its hello on first use). Errors: EINVAL
+ * (NULL, an empty path or one too long for an AF_UNIX address, not a listening
  * socket), EPEER (nobody listens at `path`; a uid not allowed), ETIMEDOUT
  * (accept: nobody connected), ESYS (errno says why: EADDRINUSE when a
  * listener lives at `path`), ENOMEM, EDEAD. */

@@ -74,8 +74,14 @@ IPCREF_API ipcref_result ipcref_accept(ipcref_ctx *ctx, int listen_fd,
   if (!IPCREF__CTX_USABLE(ctx)) return IPCREF_EDEAD;
   r = timeout_ms < 0 ? IPCREF_OK : ipcref__wait_readable(listen_fd, timeout_ms);
   if (r != IPCREF_OK) return r;
-  do fd = accept4(listen_fd, NULL, NULL, SOCK_CLOEXEC);
-  while (fd < 0 && errno == EINTR);
+  /* A non-blocking listener's peers are non-blocking too: an event loop's
+   * sends then never wait (see ipcref_peer_options). */
+  for (;;) {
+    fd = accept4(listen_fd, NULL, NULL,
+                 SOCK_CLOEXEC |
+                     (ipcref__nonblocking(listen_fd) ? SOCK_NONBLOCK : 0));
+    if (fd >= 0 || errno != EINTR) break;
+  }
   if (fd < 0)
     return errno == EAGAIN || errno == EWOULDBLOCK ? IPCREF_ETIMEDOUT
            : errno == EBADF || errno == ENOTSOCK || errno == EINVAL
