@@ -1129,6 +1129,16 @@ IPCREF_API ipcref_result ipcref_ctx_stats(ipcref_ctx *ctx, ipcref_stats *out);
  * deaths are seen by ipcref_collect alone. */
 IPCREF_API int ipcref_ctx_poll_fd(ipcref_ctx *ctx);
 
+/* How long an event loop may sleep on its fds before it must call into
+ * this context again (any call on it, ipcref_collect say), in ms: -1 when
+ * nothing waits on time, 0 when something is due now. What waits on time
+ * rather than on an fd: a hole in a ring of returned leases (a consumer
+ * that died halfway through a return), stepped over 100 ms after it was
+ * seen; device releases whose stream work must be checked; a peer's hello
+ * awaited until its hello_timeout_ms. Sweeps first. -1 for NULL or a
+ * freed context. */
+IPCREF_API int ipcref_ctx_timeout(ipcref_ctx *ctx);
+
 /* Waits up to timeout_ms (-1: forever, 0: not at all) for a watched
  * process to die, then reclaims what every dead one held: the leases of a
  * consumer, the forwarded holds whose holder is gone, and the blocks that
@@ -3283,6 +3293,7 @@ IPCREF_API ipcref_result ipcref_view_make_mut(ipcref_view *v) {
  * file; otherwise the file has to define it before its first include. */
 #include <errno.h>
 #include <fcntl.h>
+#include <limits.h>
 #include <poll.h>
 #include <stddef.h>
 #include <pthread.h>
@@ -3541,7 +3552,9 @@ struct ipcref__segment {
   ipcref__segment *cache_next, *cache_prev; /* newest first */
 };
 
-#define IPCREF__LATE 16 /* holes stepped over that a ledger remembers */
+#define IPCREF__LATE    16  /* holes stepped over that a ledger remembers */
+#define IPCREF__HOLE_MS 100 /* a hole at a ring's tail is waited on this long  \
+                             */
 
 typedef struct ipcref__lease {
   ipcref__block *block; /* NULL: free */
@@ -4601,7 +4614,7 @@ IPCREF__PRIVATE int ipcref__hole_stale(ipcref__ledger *l) {
     l->hole_ms = now;
     return 0;
   }
-  return now - l->hole_ms >= 100;
+  return now - l->hole_ms >= IPCREF__HOLE_MS;
 }
 
 /* Steps over the hole at ring position `pos` (under the lock). */
@@ -5096,6 +5109,37 @@ IPCREF_API size_t ipcref_ctx_trim(ipcref_ctx *ctx, size_t keep_bytes) {
   ipcref__maps_trim(ctx, 0);
   IPCREF__UNLOCK(ctx);
   return freed;
+}
+
+/* Milliseconds from `now` to `due` (0 when past), as the nearer of it
+ * and *best (-1: none yet). */
+IPCREF__PRIVATE void ipcref__sooner(int *best, long now, long due) {
+  long ms = due > now ? due - now : 0;
+  if (ms > INT_MAX) ms = INT_MAX;
+  if (*best < 0 || ms < *best) *best = (int)ms;
+}
+
+IPCREF_API int ipcref_ctx_timeout(ipcref_ctx *ctx) {
+  ipcref__ledger *l;
+  ipcref_peer *p;
+  long now = ipcref__now_ms();
+  int best = -1;
+  if (!ctx || !IPCREF__CTX_USABLE(ctx)) return -1;
+  IPCREF__LOCK(ctx);
+  ipcref__sweep(ctx); /* what is due is seen from the rings' tails */
+  for (l = ctx->ledgers; l; l = l->next) /* a hole, stepped over later */
+    if (l->hole_pos == l->tail + 1 &&
+        l->tail <
+            __atomic_load_n(&((ipcref__ledger_hdr *)(void *)l->base)->head,
+                            __ATOMIC_ACQUIRE))
+      ipcref__sooner(&best, now, l->hole_ms + IPCREF__HOLE_MS);
+  if (ctx->deferred) /* device work to check on */
+    ipcref__sooner(&best, now, now + 1);
+  for (p = ctx->peers; p; p = p->next) /* a hello awaited */
+    if (!p->hello && p->hello_since)
+      ipcref__sooner(&best, now, p->hello_since + p->opt.hello_timeout_ms);
+  IPCREF__UNLOCK(ctx);
+  return best;
 }
 
 IPCREF_API int ipcref_ctx_poll_fd(ipcref_ctx *ctx) {

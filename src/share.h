@@ -468,6 +468,16 @@ IPCREF_API ipcref_result ipcref_ctx_stats(ipcref_ctx *ctx, ipcref_stats *out);
  * deaths are seen by ipcref_collect alone. */
 IPCREF_API int ipcref_ctx_poll_fd(ipcref_ctx *ctx);
 
+/* How long an event loop may sleep on its fds before it must call into
+ * this context again (any call on it, ipcref_collect say), in ms: -1 when
+ * nothing waits on time, 0 when something is due now. What waits on time
+ * rather than on an fd: a hole in a ring of returned leases (a consumer
+ * that died halfway through a return), stepped over 100 ms after it was
+ * seen; device releases whose stream work must be checked; a peer's hello
+ * awaited until its hello_timeout_ms. Sweeps first. -1 for NULL or a
+ * freed context. */
+IPCREF_API int ipcref_ctx_timeout(ipcref_ctx *ctx);
+
 /* Waits up to timeout_ms (-1: forever, 0: not at all) for a watched
  * process to die, then reclaims what every dead one held: the leases of a
  * consumer, the forwarded holds whose holder is gone, and the blocks that
@@ -512,6 +522,7 @@ IPCREF_API void ipcref_test_set_step_hook(void (*fn)(const char *step));
  * file; otherwise the file has to define it before its first include. */
 #include <errno.h>
 #include <fcntl.h>
+#include <limits.h>
 #include <poll.h>
 #include <stddef.h>
 #include <pthread.h>

@@ -337,6 +337,37 @@ IPCREF_API size_t ipcref_ctx_trim(ipcref_ctx *ctx, size_t keep_bytes) {
   return freed;
 }
 
+/* Milliseconds from `now` to `due` (0 when past), as the nearer of it
+ * and *best (-1: none yet). */
+IPCREF__PRIVATE void ipcref__sooner(int *best, long now, long due) {
+  long ms = due > now ? due - now : 0;
+  if (ms > INT_MAX) ms = INT_MAX;
+  if (*best < 0 || ms < *best) *best = (int)ms;
+}
+
+IPCREF_API int ipcref_ctx_timeout(ipcref_ctx *ctx) {
+  ipcref__ledger *l;
+  ipcref_peer *p;
+  long now = ipcref__now_ms();
+  int best = -1;
+  if (!ctx || !IPCREF__CTX_USABLE(ctx)) return -1;
+  IPCREF__LOCK(ctx);
+  ipcref__sweep(ctx); /* what is due is seen from the rings' tails */
+  for (l = ctx->ledgers; l; l = l->next) /* a hole, stepped over later */
+    if (l->hole_pos == l->tail + 1 &&
+        l->tail <
+            __atomic_load_n(&((ipcref__ledger_hdr *)(void *)l->base)->head,
+                            __ATOMIC_ACQUIRE))
+      ipcref__sooner(&best, now, l->hole_ms + IPCREF__HOLE_MS);
+  if (ctx->deferred) /* device work to check on */
+    ipcref__sooner(&best, now, now + 1);
+  for (p = ctx->peers; p; p = p->next) /* a hello awaited */
+    if (!p->hello && p->hello_since)
+      ipcref__sooner(&best, now, p->hello_since + p->opt.hello_timeout_ms);
+  IPCREF__UNLOCK(ctx);
+  return best;
+}
+
 IPCREF_API int ipcref_ctx_poll_fd(ipcref_ctx *ctx) {
   return ctx && IPCREF__CTX_USABLE(ctx) ? ctx->epfd : -1;
 }

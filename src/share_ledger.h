@@ -176,7 +176,7 @@ IPCREF__PRIVATE int ipcref__hole_stale(ipcref__ledger *l) {
     l->hole_ms = now;
     return 0;
   }
-  return now - l->hole_ms >= 100;
+  return now - l->hole_ms >= IPCREF__HOLE_MS;
 }
 
 /* Steps over the hole at ring position `pos` (under the lock). */

@@ -565,6 +565,59 @@ static void test_silent_client(void) {
   ipcref_ctx_free(ctx);
 }
 
+/* ---- what waits on time -----------------------------------------------------
+ */
+
+/* ipcref_ctx_timeout: -1 with nothing waiting; a hello awaited counts
+ * down to its deadline; a hole in a return ring (a consumer that took a
+ * ring position and died before writing it) is due 100 ms after it was
+ * seen, and once stepped over nothing waits. */
+static void test_ctx_timeout(void) {
+  local_pair l;
+  ipcref_peer_options o;
+  ipcref_peer *silent = NULL;
+  ipcref_ctx *ctx = make_ctx(NULL);
+  ipcref_view got;
+  ipcref__ledger_hdr *h;
+  uint64_t seq = 0;
+  int sv[2], t;
+  CHECK_EQ(ipcref_ctx_timeout(ctx), -1);
+  CHECK_EQ(ipcref_ctx_timeout(NULL), -1);
+  memset(&o, 0, sizeof o);
+  o.hello_timeout_ms = 300;
+  CHECK_EQ(xsocketpair(SOCK_SEQPACKET, sv), 0);
+  CHECK_EQ(fcntl(sv[0], F_SETFL, O_NONBLOCK), 0);
+  CHECK_EQ(ipcref_peer_new_with(ctx, sv[0], &o, &silent), IPCREF_OK);
+  tforget(sv[0]);
+  CHECK_EQ(ipcref_ctx_timeout(ctx), -1); /* nothing asked for its hello */
+  CHECK_EQ(send_numbered(ctx, silent, 1, &seq), IPCREF_EAGAIN);
+  t = ipcref_ctx_timeout(ctx);
+  CHECK(t > 0 && t <= 300);
+  sleep_us((t + 20) * 1000L);
+  CHECK_EQ(ipcref_ctx_timeout(ctx), 0); /* due */
+  CHECK_EQ(send_numbered(ctx, silent, 1, &seq), IPCREF_EPEER);
+  CHECK_EQ(ipcref_ctx_timeout(ctx), -1); /* refused: nothing waits */
+  ipcref_peer_free(silent);
+  tclose(sv[1]);
+  ipcref_ctx_free(ctx);
+  /* A hole. */
+  local_pair_open(&l, NULL, NULL);
+  if (!l.pp || !l.cp) return;
+  send_batch(l.prod, l.pp, 1);
+  CHECK_EQ(ipcref_recv(l.cp, &got, 1000), IPCREF_OK);
+  h = (ipcref__ledger_hdr *)(void *)l.prod->ledgers->base;
+  (void)__atomic_fetch_add(&h->head, 1, __ATOMIC_RELEASE); /* never written */
+  t = ipcref_ctx_timeout(l.prod);
+  CHECK(t > 0 && t <= 100);
+  sleep_us((t + 20) * 1000L);
+  CHECK_EQ(ipcref_ctx_timeout(l.prod), -1); /* stepped over */
+  ipcref_view_release(&got); /* its own return comes after the hole */
+  ipcref_collect(l.prod);
+  CHECK_EQ(stats_of(l.prod).live_slots, 0);
+  CHECK_EQ(stats_of(l.prod).bad_returns, 0);
+  local_pair_close(&l);
+}
+
 /* ---- peers by path ----------------------------------------------------------
  */
 
@@ -792,6 +845,7 @@ int main(void) {
   RUN(test_stuck_consumer_stream);
   RUN(test_stuck_consumer_send_timeout);
   RUN(test_silent_client);
+  RUN(test_ctx_timeout);
   RUN(test_listen_and_connect);
   RUN(test_listen_errors);
   return harness_finish();
