@@ -1308,6 +1308,23 @@ IPCREF_API ipcref_result ipcref_view_from_dlpack_versioned(
 
 #endif /* DLPACK */
 
+#if !defined(DLPACK_VERSION) && !defined(DLPACK_MAJOR_VERSION)
+/* <dlpack/dlpack.h> was not included before this header, so the DLPack
+ * calls are not declared: a call to one is a single error that names the
+ * fix (not an implicit declaration, then a link error). Its arguments are
+ * still used (in an unevaluated sizeof), so nothing else is reported. */
+int ipcref__dlpack_args(int first, ...);
+#define IPCREF__NO_DLPACK(...)                                                 \
+  ((void)sizeof(ipcref__dlpack_args(0, __VA_ARGS__)),                          \
+   ipcref_include_dlpack_h_before_ipcref_h)
+#define ipcref_dtype_to_dlpack(...)            IPCREF__NO_DLPACK(__VA_ARGS__)
+#define ipcref_dtype_from_dlpack(...)          IPCREF__NO_DLPACK(__VA_ARGS__)
+#define ipcref_view_to_dlpack(...)             IPCREF__NO_DLPACK(__VA_ARGS__)
+#define ipcref_view_from_dlpack(...)           IPCREF__NO_DLPACK(__VA_ARGS__)
+#define ipcref_view_to_dlpack_versioned(...)   IPCREF__NO_DLPACK(__VA_ARGS__)
+#define ipcref_view_from_dlpack_versioned(...) IPCREF__NO_DLPACK(__VA_ARGS__)
+#endif
+
 /* ---- table: API (src/table.h) ------------------------------------------- */
 
 /* table: cluster-style reference counting for object ids (portable C).
@@ -3552,9 +3569,10 @@ struct ipcref__segment {
   ipcref__segment *cache_next, *cache_prev; /* newest first */
 };
 
-#define IPCREF__LATE    16  /* holes stepped over that a ledger remembers */
-#define IPCREF__HOLE_MS 100 /* a hole at a ring's tail is waited on this long  \
-                             */
+#define IPCREF__LATE 16 /* holes stepped over that a ledger remembers */
+#define IPCREF__HOLE_MS                                                        \
+  100 /* a hole at a ring's tail is waited on this long                        \
+       */
 
 typedef struct ipcref__lease {
   ipcref__block *block; /* NULL: free */
@@ -6369,7 +6387,8 @@ IPCREF__PRIVATE void ipcref__want(ipcref_peer *p, int events) {
   struct epoll_event ev;
   if (p->poll_fd >= 0 && (p->wants & POLLOUT) != (events & POLLOUT)) {
     memset(&ev, 0, sizeof ev);
-    ev.events = EPOLLIN | ((events & POLLOUT) ? EPOLLOUT : 0);
+    ev.events =
+        (uint32_t)EPOLLIN | ((events & POLLOUT) ? (uint32_t)EPOLLOUT : 0u);
     ev.data.fd = p->fd;
     (void)epoll_ctl(p->poll_fd, EPOLL_CTL_MOD, p->fd, &ev);
   }
@@ -6381,7 +6400,7 @@ IPCREF__PRIVATE void ipcref__want(ipcref_peer *p, int events) {
 IPCREF__PRIVATE int ipcref__epoll_add(int ep, int fd, int wants) {
   struct epoll_event ev;
   memset(&ev, 0, sizeof ev);
-  ev.events = EPOLLIN | ((wants & POLLOUT) ? EPOLLOUT : 0);
+  ev.events = (uint32_t)EPOLLIN | ((wants & POLLOUT) ? (uint32_t)EPOLLOUT : 0u);
   ev.data.fd = fd;
   return epoll_ctl(ep, EPOLL_CTL_ADD, fd, &ev);
 }

@@ -131,6 +131,23 @@ IPCREF_API ipcref_result ipcref_view_from_dlpack_versioned(
 
 #endif /* DLPACK */
 
+#if !defined(DLPACK_VERSION) && !defined(DLPACK_MAJOR_VERSION)
+/* <dlpack/dlpack.h> was not included before this header, so the DLPack
+ * calls are not declared: a call to one is a single error that names the
+ * fix (not an implicit declaration, then a link error). Its arguments are
+ * still used (in an unevaluated sizeof), so nothing else is reported. */
+int ipcref__dlpack_args(int first, ...);
+#define IPCREF__NO_DLPACK(...)                                                 \
+  ((void)sizeof(ipcref__dlpack_args(0, __VA_ARGS__)),                          \
+   ipcref_include_dlpack_h_before_ipcref_h)
+#define ipcref_dtype_to_dlpack(...)            IPCREF__NO_DLPACK(__VA_ARGS__)
+#define ipcref_dtype_from_dlpack(...)          IPCREF__NO_DLPACK(__VA_ARGS__)
+#define ipcref_view_to_dlpack(...)             IPCREF__NO_DLPACK(__VA_ARGS__)
+#define ipcref_view_from_dlpack(...)           IPCREF__NO_DLPACK(__VA_ARGS__)
+#define ipcref_view_to_dlpack_versioned(...)   IPCREF__NO_DLPACK(__VA_ARGS__)
+#define ipcref_view_from_dlpack_versioned(...) IPCREF__NO_DLPACK(__VA_ARGS__)
+#endif
+
 /* @implementation */
 
 #if defined(DLPACK_VERSION) || defined(DLPACK_MAJOR_VERSION)

@@ -503,7 +503,8 @@ IPCREF__PRIVATE void ipcref__want(ipcref_peer *p, int events) {
   struct epoll_event ev;
   if (p->poll_fd >= 0 && (p->wants & POLLOUT) != (events & POLLOUT)) {
     memset(&ev, 0, sizeof ev);
-    ev.events = EPOLLIN | ((events & POLLOUT) ? EPOLLOUT : 0);
+    ev.events =
+        (uint32_t)EPOLLIN | ((events & POLLOUT) ? (uint32_t)EPOLLOUT : 0u);
     ev.data.fd = p->fd;
     (void)epoll_ctl(p->poll_fd, EPOLL_CTL_MOD, p->fd, &ev);
   }
@@ -515,7 +516,7 @@ IPCREF__PRIVATE void ipcref__want(ipcref_peer *p, int events) {
 IPCREF__PRIVATE int ipcref__epoll_add(int ep, int fd, int wants) {
   struct epoll_event ev;
   memset(&ev, 0, sizeof ev);
-  ev.events = EPOLLIN | ((wants & POLLOUT) ? EPOLLOUT : 0);
+  ev.events = (uint32_t)EPOLLIN | ((wants & POLLOUT) ? (uint32_t)EPOLLOUT : 0u);
   ev.data.fd = fd;
   return epoll_ctl(ep, EPOLL_CTL_ADD, fd, &ev);
 }

@@ -207,9 +207,10 @@ struct ipcref__segment {
   ipcref__segment *cache_next, *cache_prev; /* newest first */
 };
 
-#define IPCREF__LATE    16  /* holes stepped over that a ledger remembers */
-#define IPCREF__HOLE_MS 100 /* a hole at a ring's tail is waited on this long  \
-                             */
+#define IPCREF__LATE 16 /* holes stepped over that a ledger remembers */
+#define IPCREF__HOLE_MS                                                        \
+  100 /* a hole at a ring's tail is waited on this long                        \
+       */
 
 typedef struct ipcref__lease {
   ipcref__block *block; /* NULL: free */

@@ -53,6 +53,14 @@ for cfg in "${CONFIGS[@]}"; do
       sh -c "$cfg $WARN -DIPCREF_CHECKED $HERE/two_tu_a.c $HERE/two_tu_b.c -o $OUT/$tag.checked && $OUT/$tag.checked"
     check "$cfg: partial allocator macros are refused" \
       sh -c "$cfg $WARN -c $HERE/alloc_partial.c -o $OUT/$tag.partial.o 2>&1 | grep -q 'IPCREF_FREE, or none'"
+    if echo '#include <dlpack/dlpack.h>' | $cc -E -x c - >/dev/null 2>&1; then
+      check "$cfg: <dlpack/dlpack.h> after ipcref.h: one error, naming it" \
+        sh -c "! $cfg $WARN -c $HERE/dlpack_late.c -o $OUT/$tag.late.o >$OUT/$tag.late.log 2>&1 &&
+               grep -q ipcref_include_dlpack_h_before_ipcref_h $OUT/$tag.late.log &&
+               [ \$(grep -c 'error:' $OUT/$tag.late.log) = 1 ] || { cat $OUT/$tag.late.log; exit 1; }"
+    else
+      skip "$cfg: <dlpack/dlpack.h> after ipcref.h" "apt-get install libdlpack-dev"
+    fi
     check "$cfg: ipcref_cuda.h and ipcref_hip.h with the core, run" \
       sh -c "$cfg $WARN $HERE/backends.c -o $OUT/$tag.backends -pthread -ldl && $OUT/$tag.backends"
   }
