@@ -57,7 +57,7 @@ demo: ipcref.h
 	@$(CC) $(CFLAGS) -std=c11 -I. examples/frames_producer.c -o $(BUILD_DIR)/frames_producer -pthread && \
 	  $(CC) $(CFLAGS) -std=c11 -I. examples/frames_consumer.c -o $(BUILD_DIR)/frames_consumer -pthread && \
 	  sock=@ipcref-frames-$$$$ && \
-	  { $(BUILD_DIR)/frames_producer $$sock 200 & pid=$$!; \
+	  { $(BUILD_DIR)/frames_producer $$sock 200 --stats & pid=$$!; \
 	    $(BUILD_DIR)/frames_consumer $$sock; c=$$?; wait $$pid; p=$$?; \
 	    [ $$c = 0 ] && [ $$p = 0 ]; } || exit 1
 	@# The device example needs CUDA's header; without a GPU it says why.
