@@ -551,7 +551,7 @@ static void test_silent_client(void) {
   CHECK_EQ(send_numbered(ctx, p, 1, &seq), IPCREF_OK);
   dt = now_ms() - t0;
   printf("    the consumer beside a silent client: served in %ld ms\n", dt);
-  CHECK(dt < 100);
+  CHECK(dt < 100 * slow);
   sleep_us(400 * 1000L); /* past its hello_timeout_ms */
   CHECK_EQ(send_numbered(ctx, silent, 1, &seq), IPCREF_EPEER);
   CHECK_EQ(send_numbered(ctx, silent, 1, &seq), IPCREF_EPEER); /* for good */
@@ -592,7 +592,7 @@ static void test_ctx_timeout(void) {
   CHECK_EQ(ipcref_ctx_timeout(ctx), -1); /* nothing asked for its hello */
   CHECK_EQ(send_numbered(ctx, silent, 1, &seq), IPCREF_EAGAIN);
   t = ipcref_ctx_timeout(ctx);
-  CHECK(t > 0 && t <= 300);
+  CHECK(t >= 0 && t <= 300); /* 0: a slow machine took it all already */
   sleep_us((t + 20) * 1000L);
   CHECK_EQ(ipcref_ctx_timeout(ctx), 0); /* due */
   CHECK_EQ(send_numbered(ctx, silent, 1, &seq), IPCREF_EPEER);
@@ -608,7 +608,7 @@ static void test_ctx_timeout(void) {
   h = (ipcref__ledger_hdr *)(void *)l.prod->ledgers->base;
   (void)__atomic_fetch_add(&h->head, 1, __ATOMIC_RELEASE); /* never written */
   t = ipcref_ctx_timeout(l.prod);
-  CHECK(t > 0 && t <= 100);
+  CHECK(t >= 0 && t <= 100);
   sleep_us((t + 20) * 1000L);
   CHECK_EQ(ipcref_ctx_timeout(l.prod), -1); /* stepped over */
   ipcref_view_release(&got); /* its own return comes after the hole */
