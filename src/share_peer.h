@@ -138,10 +138,11 @@ IPCREF__PRIVATE ipcref_result ipcref__stream_fill(ipcref_peer *p, size_t max,
     k = ipcref__stream_piece(p, need);
     if (k > 0) {
       p->in_len += (size_t)k;
-    } else if (errno == ECONNRESET && !resets++) {
-      continue; /* what it sent before it reset is still queued here */
-    } else if (k == 0 || errno == ECONNRESET) {
+    } else if (k == 0) {
       return IPCREF_EPEER;
+    } else if (errno == ECONNRESET) {
+      /* Read on once: what it sent before it reset is still queued here. */
+      if (resets++) return IPCREF_EPEER;
     } else if (errno == EAGAIN || errno == EWOULDBLOCK) {
       struct pollfd pfd;
       int pr;
