@@ -217,6 +217,12 @@ static void test_freed_peer(void) {
     CHECK_HEARD("ipcref_peer_stats");
   }
   hear_nothing_yet();
+  CHECK_EQ(ipcref_peer_flush(gone), IPCREF_EDEAD);
+  CHECK_HEARD("ipcref_peer_flush");
+  hear_nothing_yet();
+  CHECK_EQ(ipcref_peer_wants(gone), 0);
+  CHECK_HEARD("ipcref_peer_wants");
+  hear_nothing_yet();
   CHECK_EQ(ipcref_send(gone, &v), IPCREF_EDEAD);
   CHECK_HEARD("ipcref_send");
   hear_nothing_yet();

@@ -823,8 +823,33 @@ static void test_peer_stats_pending(void) {
 static void test_poll_fd_arguments(void) {
   ipcref_peer_info in;
   local_pair l;
+  ipcref_peer_options o;
+  ipcref_peer *p = NULL;
   CHECK_EQ(ipcref_peer_poll_fd(NULL), -1);
   CHECK_EQ(ipcref_peer_stats(NULL, &in), IPCREF_EINVAL);
+  CHECK_EQ(ipcref_peer_flush(NULL), IPCREF_EINVAL);
+  CHECK_EQ(ipcref_peer_wants(NULL), 0);
+  memset(&o, 0, sizeof o);
+  o.send_timeout_ms = -1;
+  {
+    ipcref_ctx *ctx = make_ctx(NULL);
+    int sv[2];
+    CHECK_EQ(xsocketpair(SOCK_SEQPACKET, sv), 0);
+    CHECK_EQ(ipcref_peer_new_with(ctx, sv[0], &o, &p), IPCREF_EINVAL);
+    o.send_timeout_ms = 0;
+    o.hello_timeout_ms = -5;
+    CHECK_EQ(ipcref_peer_new_with(ctx, sv[0], &o, &p), IPCREF_EINVAL);
+    CHECK(p == NULL);
+    CHECK_EQ(ipcref_peer_new_with(ctx, sv[0], NULL, &p), IPCREF_OK);
+    if (p) {
+      tforget(sv[0]);
+      CHECK_EQ(ipcref_peer_flush(p), IPCREF_OK); /* nothing left */
+      CHECK_EQ(ipcref_peer_wants(p), 0);
+      ipcref_peer_free(p);
+    }
+    tclose(sv[1]);
+    ipcref_ctx_free(ctx);
+  }
   local_pair_open(&l, NULL, NULL);
   if (l.pp) CHECK_EQ(ipcref_peer_stats(l.pp, NULL), IPCREF_EINVAL);
   local_pair_close(&l);
