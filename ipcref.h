@@ -3921,6 +3921,36 @@ IPCREF__PRIVATE int ipcref__usable(const uint32_t *magic, const int *owner_gone,
   return 0;
 }
 
+/* The context and peer checks of every public call: alive, and (see
+ * share_watch) this process's own, not a forked child's copy. */
+#define IPCREF__CTX_USABLE(c)                                                  \
+  (ipcref__usable(&(c)->magic, &(c)->owner_gone, __func__,                     \
+                  "the context was already freed") &&                          \
+   ipcref__own((c), __func__))
+#define IPCREF__PEER_USABLE(p, fn)                                             \
+  (ipcref__usable(&(p)->magic, NULL, (fn), "the peer was already freed") &&    \
+   ipcref__own((p)->ctx, (fn)))
+
+/* Milliseconds of the coarse monotonic clock (a vDSO read, no system
+ * call; it moves once per clock tick). */
+IPCREF__PRIVATE long ipcref__now_ms(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC_COARSE, &ts);
+  return (long)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+}
+
+#endif /* IPCREF__SHARING_IMPL */
+
+/* ---- share_watch: implementation (src/share_watch.h) -------------------- */
+
+/* share_watch: the processes a context deals with. Knowing when one dies:
+ * one watch per live pid, its pidfd in the context's epoll set
+ * (ipcref_ctx_poll_fd), or kill(pid, 0) where there is no pidfd_open;
+ * whatever notices a death counts it in st.peer_deaths, and share_ctx's
+ * reap acts on it (under ctx->lock). And knowing a forked child from the
+ * process that made a context (the fork generation: atomic, no lock). */
+
+#ifdef IPCREF__SHARING_IMPL
 /* ---- fork ----------------------------------------------------------------
  * A child made by fork() gets a copy of its parent's contexts, peers and
  * buffers, but their shared parts (ledgers, segments, sockets) are still
@@ -3956,33 +3986,6 @@ IPCREF__PRIVATE int ipcref__own(const ipcref_ctx *ctx, const char *fn) {
                     "makes a context of its own");
   return 0;
 }
-
-#define IPCREF__CTX_USABLE(c)                                                  \
-  (ipcref__usable(&(c)->magic, &(c)->owner_gone, __func__,                     \
-                  "the context was already freed") &&                          \
-   ipcref__own((c), __func__))
-#define IPCREF__PEER_USABLE(p, fn)                                             \
-  (ipcref__usable(&(p)->magic, NULL, (fn), "the peer was already freed") &&    \
-   ipcref__own((p)->ctx, (fn)))
-
-/* Milliseconds of the coarse monotonic clock (a vDSO read, no system
- * call; it moves once per clock tick). */
-IPCREF__PRIVATE long ipcref__now_ms(void) {
-  struct timespec ts;
-  clock_gettime(CLOCK_MONOTONIC_COARSE, &ts);
-  return (long)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
-}
-
-#endif /* IPCREF__SHARING_IMPL */
-
-/* ---- share_watch: implementation (src/share_watch.h) -------------------- */
-
-/* share_watch: knowing when a process dies. One watch per live pid, its
- * pidfd in the context's epoll set (ipcref_ctx_poll_fd), or kill(pid, 0)
- * where there is no pidfd_open. Whatever notices a death counts it in
- * st.peer_deaths; share_ctx's reap acts on it. Under ctx->lock. */
-
-#ifdef IPCREF__SHARING_IMPL
 
 /* ---- watching processes -------------------------------------------------
  * Under the lock. A death is noticed by the pidfd turning readable (the

@@ -559,42 +559,8 @@ IPCREF__PRIVATE int ipcref__usable(const uint32_t *magic, const int *owner_gone,
   return 0;
 }
 
-/* ---- fork ----------------------------------------------------------------
- * A child made by fork() gets a copy of its parent's contexts, peers and
- * buffers, but their shared parts (ledgers, segments, sockets) are still
- * the parent's: a child that used them would take the ledger slots the
- * parent takes, return leases the parent holds and write into the
- * parent's sockets. So a context remembers the fork generation it was made
- * in, a pthread_atfork handler moves the generation on in each child, and
- * there calls on the parent's contexts and peers are refused, and the
- * release of a buffer made or received through them touches nothing
- * shared (the child's copy is simply left). */
-static unsigned ipcref__fork_gen; /* atomic */
-static pthread_once_t ipcref__fork_once_gen = PTHREAD_ONCE_INIT;
-IPCREF__PRIVATE void ipcref__fork_gen_next(void) {
-  __atomic_add_fetch(&ipcref__fork_gen, 1u, __ATOMIC_RELAXED);
-}
-IPCREF__PRIVATE void ipcref__fork_gen_watch(void) {
-  (void)pthread_atfork(NULL, NULL, ipcref__fork_gen_next);
-}
-/* The generation a new context is made in (the handler set up first). */
-IPCREF__PRIVATE unsigned ipcref__fork_gen_now(void) {
-  (void)pthread_once(&ipcref__fork_once_gen, ipcref__fork_gen_watch);
-  return __atomic_load_n(&ipcref__fork_gen, __ATOMIC_RELAXED);
-}
-/* 1 in a child forked after `ctx` was made. */
-IPCREF__PRIVATE int ipcref__forked(const ipcref_ctx *ctx) {
-  return ctx->fork_gen != __atomic_load_n(&ipcref__fork_gen, __ATOMIC_RELAXED);
-}
-/* 1 when `ctx` is this process's own; else the call is reported. */
-IPCREF__PRIVATE int ipcref__own(const ipcref_ctx *ctx, const char *fn) {
-  if (!ipcref__forked(ctx)) return 1;
-  ipcref__report_in(IPCREF_EDEAD, fn,
-                    "the context is the parent's: a child made by fork() "
-                    "makes a context of its own");
-  return 0;
-}
-
+/* The context and peer checks of every public call: alive, and (see
+ * share_watch) this process's own, not a forked child's copy. */
 #define IPCREF__CTX_USABLE(c)                                                  \
   (ipcref__usable(&(c)->magic, &(c)->owner_gone, __func__,                     \
                   "the context was already freed") &&                          \

@@ -1,9 +1,46 @@
-/* share_watch: knowing when a process dies. One watch per live pid, its
- * pidfd in the context's epoll set (ipcref_ctx_poll_fd), or kill(pid, 0)
- * where there is no pidfd_open. Whatever notices a death counts it in
- * st.peer_deaths; share_ctx's reap acts on it. Under ctx->lock. */
+/* share_watch: the processes a context deals with. Knowing when one dies:
+ * one watch per live pid, its pidfd in the context's epoll set
+ * (ipcref_ctx_poll_fd), or kill(pid, 0) where there is no pidfd_open;
+ * whatever notices a death counts it in st.peer_deaths, and share_ctx's
+ * reap acts on it (under ctx->lock). And knowing a forked child from the
+ * process that made a context (the fork generation: atomic, no lock). */
 
 #ifdef IPCREF__SHARING_IMPL
+/* ---- fork ----------------------------------------------------------------
+ * A child made by fork() gets a copy of its parent's contexts, peers and
+ * buffers, but their shared parts (ledgers, segments, sockets) are still
+ * the parent's: a child that used them would take the ledger slots the
+ * parent takes, return leases the parent holds and write into the
+ * parent's sockets. So a context remembers the fork generation it was made
+ * in, a pthread_atfork handler moves the generation on in each child, and
+ * there calls on the parent's contexts and peers are refused, and the
+ * release of a buffer made or received through them touches nothing
+ * shared (the child's copy is simply left). */
+static unsigned ipcref__fork_gen; /* atomic */
+static pthread_once_t ipcref__fork_once_gen = PTHREAD_ONCE_INIT;
+IPCREF__PRIVATE void ipcref__fork_gen_next(void) {
+  __atomic_add_fetch(&ipcref__fork_gen, 1u, __ATOMIC_RELAXED);
+}
+IPCREF__PRIVATE void ipcref__fork_gen_watch(void) {
+  (void)pthread_atfork(NULL, NULL, ipcref__fork_gen_next);
+}
+/* The generation a new context is made in (the handler set up first). */
+IPCREF__PRIVATE unsigned ipcref__fork_gen_now(void) {
+  (void)pthread_once(&ipcref__fork_once_gen, ipcref__fork_gen_watch);
+  return __atomic_load_n(&ipcref__fork_gen, __ATOMIC_RELAXED);
+}
+/* 1 in a child forked after `ctx` was made. */
+IPCREF__PRIVATE int ipcref__forked(const ipcref_ctx *ctx) {
+  return ctx->fork_gen != __atomic_load_n(&ipcref__fork_gen, __ATOMIC_RELAXED);
+}
+/* 1 when `ctx` is this process's own; else the call is reported. */
+IPCREF__PRIVATE int ipcref__own(const ipcref_ctx *ctx, const char *fn) {
+  if (!ipcref__forked(ctx)) return 1;
+  ipcref__report_in(IPCREF_EDEAD, fn,
+                    "the context is the parent's: a child made by fork() "
+                    "makes a context of its own");
+  return 0;
+}
 
 /* ---- watching processes -------------------------------------------------
  * Under the lock. A death is noticed by the pidfd turning readable (the
