@@ -4146,14 +4146,8 @@ IPCREF__PRIVATE void ipcref__retire_announce(ipcref_ctx *ctx, uint64_t id) {
  * destroyed. */
 IPCREF__PRIVATE void ipcref__cache_unlink(ipcref_ctx *ctx, ipcref__segment *s) {
   if (!s->cached) return;
-  if (s->cache_prev)
-    s->cache_prev->cache_next = s->cache_next;
-  else
-    ctx->cache = s->cache_next;
-  if (s->cache_next)
-    s->cache_next->cache_prev = s->cache_prev;
-  else
-    ctx->cache_oldest = s->cache_prev;
+  if (ctx->cache_oldest == s) ctx->cache_oldest = s->cache_prev;
+  IPCREF__LIST_REMOVE(ctx->cache, s, cache_next, cache_prev);
   s->cached = 0;
   ctx->ncached--;
   ctx->st.cached_bytes -= s->size;
@@ -4217,13 +4211,8 @@ IPCREF__PRIVATE void ipcref__cache_put(ipcref_ctx *ctx, ipcref__segment *s) {
     ipcref__segment_destroy(ctx, ctx->cache_oldest);
   ctx->ncached++;
   s->cached = 1;
-  s->cache_prev = NULL;
-  s->cache_next = ctx->cache;
-  if (ctx->cache)
-    ctx->cache->cache_prev = s;
-  else
-    ctx->cache_oldest = s;
-  ctx->cache = s;
+  IPCREF__LIST_PUSH(ctx->cache, s, cache_next, cache_prev);
+  if (!ctx->cache_oldest) ctx->cache_oldest = s;
   ctx->st.cached_bytes += s->size;
   ipcref__class_add(s);
 }
@@ -4341,7 +4330,11 @@ IPCREF__PRIVATE size_t ipcref__page(void) {
 
 /* A new segment for a block of class `cls` (`block` bytes): pooled, cut
  * into blocks of that size; or, for a block larger than half a segment or
- * an isolated one, a segment of that one block, rounded to pages. */
+ * an isolated one, a segment of that one block, rounded to pages. Its
+ * pages are not made ahead (MADV_POPULATE_WRITE): that halves the cost of
+ * filling the whole block, but makes every page however little is
+ * written, and the last unmap then frees them all (a first hand-off of 64
+ * MiB went from 25 us to 6.5 ms). Recycling spares a stream its faults. */
 IPCREF__PRIVATE ipcref_result ipcref__segment_for(ipcref_ctx *ctx,
                                                   ipcref__pool *pool,
                                                   uint32_t cls, size_t block,
@@ -4354,14 +4347,8 @@ IPCREF__PRIVATE ipcref_result ipcref__segment_for(ipcref_ctx *ctx,
                                out);
   bytes = (block + page - 1) & ~(page - 1);
   r = ipcref__segment_new(ctx, pool, bytes, bytes, cls, 0, out);
-  if (r != IPCREF_OK) return r;
-  /* Its pages are not made ahead (MADV_POPULATE_WRITE): that halves the
-   * cost of a fill of the whole block, but makes every page of it however
-   * little is written, and the last unmap then frees them all (a first
-   * hand-off of 64 MiB went from 25 us to 6.5 ms). Recycling is what
-   * spares a stream its page faults. */
-  (*out)->isolated = own;
-  return IPCREF_OK;
+  if (r == IPCREF_OK) (*out)->isolated = own;
+  return r;
 }
 
 /* A free block of at least `size` bytes in `pool` (under the lock); `own`:
@@ -4375,11 +4362,13 @@ IPCREF__PRIVATE ipcref_result ipcref__block_alloc(ipcref_ctx *ctx,
                                                   ipcref__block **out) {
   ipcref__segment *s;
   ipcref__block *b;
-  size_t block, page = ipcref__page();
+  size_t block;
+  uint32_t cls;
+  ipcref_result r;
   /* An isolated block is at least a page: classes round pages up to
    * pages. */
-  uint32_t cls = ipcref__class_of(own && size < page ? page : size, &block);
-  ipcref_result r;
+  if (own && size < ipcref__page()) size = ipcref__page();
+  cls = ipcref__class_of(size, &block);
   *out = NULL;
   s = own ? NULL : pool->classes[cls];
   if (!s) {
@@ -5962,9 +5951,11 @@ IPCREF__PRIVATE int ipcref__ms_left(int timeout_ms,
   return left > 0 ? (int)left : 0;
 }
 
-/* One piece (without waiting): the bytes up to `need`, their fds and
- * credentials. >0: bytes read; 0: hung up; -1: errno. */
-IPCREF__PRIVATE ssize_t ipcref__stream_piece(ipcref_peer *p, size_t need) {
+/* One piece (without waiting): up to `n` bytes into `to`, their fds
+ * (p->in_fds) and credentials (p->in_pid, in_uid). >0: bytes read; 0: hung
+ * up; -1: errno. */
+IPCREF__PRIVATE ssize_t ipcref__stream_piece(ipcref_peer *p, unsigned char *to,
+                                             size_t n) {
   union {
     char buf[CMSG_SPACE(sizeof(struct ucred)) +
              CMSG_SPACE(sizeof(int) * IPCREF_MSG_MAX_FDS)];
@@ -5975,8 +5966,8 @@ IPCREF__PRIVATE ssize_t ipcref__stream_piece(ipcref_peer *p, size_t need) {
   struct cmsghdr *c;
   ssize_t k;
   memset(&mh, 0, sizeof mh);
-  iov.iov_base = p->in + p->in_len;
-  iov.iov_len = need - p->in_len;
+  iov.iov_base = to;
+  iov.iov_len = n;
   mh.msg_iov = &iov;
   mh.msg_iovlen = 1;
   mh.msg_control = u.buf;
@@ -6022,7 +6013,7 @@ IPCREF__PRIVATE ipcref_result ipcref__stream_fill(ipcref_peer *p, size_t max,
       need += 4;
       if (p->in_len == need) return IPCREF_OK;
     }
-    k = ipcref__stream_piece(p, need);
+    k = ipcref__stream_piece(p, p->in + p->in_len, need - p->in_len);
     if (k > 0) {
       p->in_len += (size_t)k;
     } else if (k == 0) {
@@ -6142,8 +6133,6 @@ IPCREF__PRIVATE ipcref_result ipcref__hello_bytes(ipcref_peer *p,
                                                   int timeout_ms,
                                                   unsigned char *b,
                                                   ssize_t *k) {
-  unsigned char *in = p->in;
-  size_t in_len = p->in_len;
   int resets = 0;
   ipcref_result r;
   if (p->sock_type == SOCK_STREAM) {
@@ -6159,11 +6148,7 @@ IPCREF__PRIVATE ipcref_result ipcref__hello_bytes(ipcref_peer *p,
   if (r != IPCREF_OK) return r;
   for (;;) {
     struct pollfd pfd;
-    p->in = b;
-    p->in_len = 0;
-    *k = ipcref__stream_piece(p, IPCREF__HELLO_BYTES);
-    p->in = in;
-    p->in_len = in_len;
+    *k = ipcref__stream_piece(p, b, IPCREF__HELLO_BYTES);
     ipcref__stream_next(p, 1); /* fds have no place in a hello */
     if (*k < 0 && (errno == EINTR || (errno == ECONNRESET && !resets++)))
       continue; /* a reset: what it sent before is still queued here */
@@ -7361,16 +7346,17 @@ IPCREF__PRIVATE ipcref_result ipcref__import_bytes(
  * silent client never holds up an event loop. */
 IPCREF__PRIVATE ipcref_result ipcref__hello_need(ipcref_peer *p) {
   long now, left;
+  int nonblocking;
   ipcref_result r;
   if (p->hello) return ipcref__hello_result(p);
   now = ipcref__now_ms();
   if (!p->hello_since) p->hello_since = now;
   left = p->hello_since + p->opt.hello_timeout_ms - now;
-  r = ipcref__hello_read(p, left > 0 && !ipcref__nonblocking(p->fd) ? (int)left
-                                                                    : 0);
+  nonblocking = ipcref__nonblocking(p->fd);
+  r = ipcref__hello_read(p, left > 0 && !nonblocking ? (int)left : 0);
   if (r != IPCREF_ETIMEDOUT)
     return r == IPCREF_OK ? ipcref__hello_result(p) : r;
-  if (left > 0 && ipcref__nonblocking(p->fd)) {
+  if (left > 0 && nonblocking) {
     ipcref__want(p, POLLIN);
     return IPCREF_EAGAIN;
   }
@@ -7484,15 +7470,27 @@ IPCREF_API void ipcref_msg_free(ipcref_msg *msg) {
  * stream took in part waits in the peer (p->out) and goes before anything
  * else, so the stream stays whole. */
 
-/* Waits for room in the socket until `end` (see above). */
+/* The send's deadline: now + opt.send_timeout_ms, set when it first has
+ * to wait (a send that finds room reads no clock). */
+IPCREF__PRIVATE void ipcref__send_deadline(const ipcref_peer *p,
+                                           struct timespec *end) {
+  clock_gettime(CLOCK_MONOTONIC, end);
+  end->tv_sec += p->opt.send_timeout_ms / 1000;
+  end->tv_nsec += (long)(p->opt.send_timeout_ms % 1000) * 1000000;
+  if (end->tv_nsec >= 1000000000) end->tv_sec++, end->tv_nsec -= 1000000000;
+}
+
+/* Waits for room in the socket until `end` (see above; all zero: not set
+ * yet). */
 IPCREF__PRIVATE ipcref_result ipcref__room(ipcref_peer *p,
-                                           const struct timespec *end) {
+                                           struct timespec *end) {
   struct pollfd pfd;
   int pr;
   if (ipcref__nonblocking(p->fd)) {
     ipcref__want(p, POLLOUT);
     return IPCREF_EAGAIN;
   }
+  if (!end->tv_sec && !end->tv_nsec) ipcref__send_deadline(p, end);
   pfd.fd = p->fd;
   pfd.events = POLLOUT;
   pfd.revents = 0;
@@ -7503,18 +7501,9 @@ IPCREF__PRIVATE ipcref_result ipcref__room(ipcref_peer *p,
   return pr < 0 && errno != EINTR ? IPCREF_ESYS : IPCREF_OK;
 }
 
-/* The send's deadline: now + opt.send_timeout_ms. */
-IPCREF__PRIVATE void ipcref__send_deadline(const ipcref_peer *p,
-                                           struct timespec *end) {
-  clock_gettime(CLOCK_MONOTONIC, end);
-  end->tv_sec += p->opt.send_timeout_ms / 1000;
-  end->tv_nsec += (long)(p->opt.send_timeout_ms % 1000) * 1000000;
-  if (end->tv_nsec >= 1000000000) end->tv_sec++, end->tv_nsec -= 1000000000;
-}
-
 /* Sends the rest of a record a stream took in part (p->out), until `end`. */
 IPCREF__PRIVATE ipcref_result ipcref__flush_out(ipcref_peer *p,
-                                                const struct timespec *end) {
+                                                struct timespec *end) {
   while (p->out_pos < p->out_len) {
     ssize_t k = send(p->fd, p->out + p->out_pos, p->out_len - p->out_pos,
                      MSG_NOSIGNAL | MSG_DONTWAIT);
@@ -7539,7 +7528,7 @@ IPCREF__PRIVATE ipcref_result ipcref__flush_out(ipcref_peer *p,
 IPCREF__PRIVATE ipcref_result ipcref__keep_rest(ipcref_peer *p,
                                                 const struct iovec *iov,
                                                 size_t sent, size_t total,
-                                                const struct timespec *end) {
+                                                struct timespec *end) {
   size_t at = 0, i;
   ipcref_result r;
   if (!p->out && !(p->out = (unsigned char *)IPCREF_MALLOC(
@@ -7568,11 +7557,9 @@ IPCREF__PRIVATE ipcref_result ipcref__send_raw(ipcref_peer *p,
   ipcref__wire w;
   struct iovec iov[2];
   struct msghdr mh;
-  struct timespec end;
+  struct timespec end = {0, 0};
   int stream = p->sock_type == SOCK_STREAM;
-  ipcref_result r;
-  ipcref__send_deadline(p, &end);
-  r = ipcref__flush_out(p, &end);
+  ipcref_result r = ipcref__flush_out(p, &end);
   if (r != IPCREF_OK) return r;
   memset(&mh, 0, sizeof mh);
   ipcref__wire_init(&w, lenbuf, 4);
@@ -7648,10 +7635,9 @@ IPCREF__PRIVATE ipcref_result ipcref__send_views(ipcref_peer *p,
 }
 
 IPCREF_API ipcref_result ipcref_peer_flush(ipcref_peer *p) {
-  struct timespec end;
+  struct timespec end = {0, 0};
   if (!p) return IPCREF_EINVAL;
   if (!IPCREF__PEER_USABLE(p, "ipcref_peer_flush")) return IPCREF_EDEAD;
-  ipcref__send_deadline(p, &end);
   return ipcref__flush_out(p, &end);
 }
 

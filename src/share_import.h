@@ -450,16 +450,17 @@ IPCREF__PRIVATE ipcref_result ipcref__import_bytes(
  * silent client never holds up an event loop. */
 IPCREF__PRIVATE ipcref_result ipcref__hello_need(ipcref_peer *p) {
   long now, left;
+  int nonblocking;
   ipcref_result r;
   if (p->hello) return ipcref__hello_result(p);
   now = ipcref__now_ms();
   if (!p->hello_since) p->hello_since = now;
   left = p->hello_since + p->opt.hello_timeout_ms - now;
-  r = ipcref__hello_read(p, left > 0 && !ipcref__nonblocking(p->fd) ? (int)left
-                                                                    : 0);
+  nonblocking = ipcref__nonblocking(p->fd);
+  r = ipcref__hello_read(p, left > 0 && !nonblocking ? (int)left : 0);
   if (r != IPCREF_ETIMEDOUT)
     return r == IPCREF_OK ? ipcref__hello_result(p) : r;
-  if (left > 0 && ipcref__nonblocking(p->fd)) {
+  if (left > 0 && nonblocking) {
     ipcref__want(p, POLLIN);
     return IPCREF_EAGAIN;
   }

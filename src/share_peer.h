@@ -75,9 +75,11 @@ IPCREF__PRIVATE int ipcref__ms_left(int timeout_ms,
   return left > 0 ? (int)left : 0;
 }
 
-/* One piece (without waiting): the bytes up to `need`, their fds and
- * credentials. >0: bytes read; 0: hung up; -1: errno. */
-IPCREF__PRIVATE ssize_t ipcref__stream_piece(ipcref_peer *p, size_t need) {
+/* One piece (without waiting): up to `n` bytes into `to`, their fds
+ * (p->in_fds) and credentials (p->in_pid, in_uid). >0: bytes read; 0: hung
+ * up; -1: errno. */
+IPCREF__PRIVATE ssize_t ipcref__stream_piece(ipcref_peer *p, unsigned char *to,
+                                             size_t n) {
   union {
     char buf[CMSG_SPACE(sizeof(struct ucred)) +
              CMSG_SPACE(sizeof(int) * IPCREF_MSG_MAX_FDS)];
@@ -88,8 +90,8 @@ IPCREF__PRIVATE ssize_t ipcref__stream_piece(ipcref_peer *p, size_t need) {
   struct cmsghdr *c;
   ssize_t k;
   memset(&mh, 0, sizeof mh);
-  iov.iov_base = p->in + p->in_len;
-  iov.iov_len = need - p->in_len;
+  iov.iov_base = to;
+  iov.iov_len = n;
   mh.msg_iov = &iov;
   mh.msg_iovlen = 1;
   mh.msg_control = u.buf;
@@ -135,7 +137,7 @@ IPCREF__PRIVATE ipcref_result ipcref__stream_fill(ipcref_peer *p, size_t max,
       need += 4;
       if (p->in_len == need) return IPCREF_OK;
     }
-    k = ipcref__stream_piece(p, need);
+    k = ipcref__stream_piece(p, p->in + p->in_len, need - p->in_len);
     if (k > 0) {
       p->in_len += (size_t)k;
     } else if (k == 0) {
@@ -255,8 +257,6 @@ IPCREF__PRIVATE ipcref_result ipcref__hello_bytes(ipcref_peer *p,
                                                   int timeout_ms,
                                                   unsigned char *b,
                                                   ssize_t *k) {
-  unsigned char *in = p->in;
-  size_t in_len = p->in_len;
   int resets = 0;
   ipcref_result r;
   if (p->sock_type == SOCK_STREAM) {
@@ -272,11 +272,7 @@ IPCREF__PRIVATE ipcref_result ipcref__hello_bytes(ipcref_peer *p,
   if (r != IPCREF_OK) return r;
   for (;;) {
     struct pollfd pfd;
-    p->in = b;
-    p->in_len = 0;
-    *k = ipcref__stream_piece(p, IPCREF__HELLO_BYTES);
-    p->in = in;
-    p->in_len = in_len;
+    *k = ipcref__stream_piece(p, b, IPCREF__HELLO_BYTES);
     ipcref__stream_next(p, 1); /* fds have no place in a hello */
     if (*k < 0 && (errno == EINTR || (errno == ECONNRESET && !resets++)))
       continue; /* a reset: what it sent before is still queued here */

@@ -57,14 +57,8 @@ IPCREF__PRIVATE void ipcref__retire_announce(ipcref_ctx *ctx, uint64_t id) {
  * destroyed. */
 IPCREF__PRIVATE void ipcref__cache_unlink(ipcref_ctx *ctx, ipcref__segment *s) {
   if (!s->cached) return;
-  if (s->cache_prev)
-    s->cache_prev->cache_next = s->cache_next;
-  else
-    ctx->cache = s->cache_next;
-  if (s->cache_next)
-    s->cache_next->cache_prev = s->cache_prev;
-  else
-    ctx->cache_oldest = s->cache_prev;
+  if (ctx->cache_oldest == s) ctx->cache_oldest = s->cache_prev;
+  IPCREF__LIST_REMOVE(ctx->cache, s, cache_next, cache_prev);
   s->cached = 0;
   ctx->ncached--;
   ctx->st.cached_bytes -= s->size;
@@ -128,13 +122,8 @@ IPCREF__PRIVATE void ipcref__cache_put(ipcref_ctx *ctx, ipcref__segment *s) {
     ipcref__segment_destroy(ctx, ctx->cache_oldest);
   ctx->ncached++;
   s->cached = 1;
-  s->cache_prev = NULL;
-  s->cache_next = ctx->cache;
-  if (ctx->cache)
-    ctx->cache->cache_prev = s;
-  else
-    ctx->cache_oldest = s;
-  ctx->cache = s;
+  IPCREF__LIST_PUSH(ctx->cache, s, cache_next, cache_prev);
+  if (!ctx->cache_oldest) ctx->cache_oldest = s;
   ctx->st.cached_bytes += s->size;
   ipcref__class_add(s);
 }
@@ -252,7 +241,11 @@ IPCREF__PRIVATE size_t ipcref__page(void) {
 
 /* A new segment for a block of class `cls` (`block` bytes): pooled, cut
  * into blocks of that size; or, for a block larger than half a segment or
- * an isolated one, a segment of that one block, rounded to pages. */
+ * an isolated one, a segment of that one block, rounded to pages. Its
+ * pages are not made ahead (MADV_POPULATE_WRITE): that halves the cost of
+ * filling the whole block, but makes every page however little is
+ * written, and the last unmap then frees them all (a first hand-off of 64
+ * MiB went from 25 us to 6.5 ms). Recycling spares a stream its faults. */
 IPCREF__PRIVATE ipcref_result ipcref__segment_for(ipcref_ctx *ctx,
                                                   ipcref__pool *pool,
                                                   uint32_t cls, size_t block,
@@ -265,14 +258,8 @@ IPCREF__PRIVATE ipcref_result ipcref__segment_for(ipcref_ctx *ctx,
                                out);
   bytes = (block + page - 1) & ~(page - 1);
   r = ipcref__segment_new(ctx, pool, bytes, bytes, cls, 0, out);
-  if (r != IPCREF_OK) return r;
-  /* Its pages are not made ahead (MADV_POPULATE_WRITE): that halves the
-   * cost of a fill of the whole block, but makes every page of it however
-   * little is written, and the last unmap then frees them all (a first
-   * hand-off of 64 MiB went from 25 us to 6.5 ms). Recycling is what
-   * spares a stream its page faults. */
-  (*out)->isolated = own;
-  return IPCREF_OK;
+  if (r == IPCREF_OK) (*out)->isolated = own;
+  return r;
 }
 
 /* A free block of at least `size` bytes in `pool` (under the lock); `own`:
@@ -286,11 +273,13 @@ IPCREF__PRIVATE ipcref_result ipcref__block_alloc(ipcref_ctx *ctx,
                                                   ipcref__block **out) {
   ipcref__segment *s;
   ipcref__block *b;
-  size_t block, page = ipcref__page();
+  size_t block;
+  uint32_t cls;
+  ipcref_result r;
   /* An isolated block is at least a page: classes round pages up to
    * pages. */
-  uint32_t cls = ipcref__class_of(own && size < page ? page : size, &block);
-  ipcref_result r;
+  if (own && size < ipcref__page()) size = ipcref__page();
+  cls = ipcref__class_of(size, &block);
   *out = NULL;
   s = own ? NULL : pool->classes[cls];
   if (!s) {

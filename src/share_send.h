@@ -13,15 +13,27 @@
  * stream took in part waits in the peer (p->out) and goes before anything
  * else, so the stream stays whole. */
 
-/* Waits for room in the socket until `end` (see above). */
+/* The send's deadline: now + opt.send_timeout_ms, set when it first has
+ * to wait (a send that finds room reads no clock). */
+IPCREF__PRIVATE void ipcref__send_deadline(const ipcref_peer *p,
+                                           struct timespec *end) {
+  clock_gettime(CLOCK_MONOTONIC, end);
+  end->tv_sec += p->opt.send_timeout_ms / 1000;
+  end->tv_nsec += (long)(p->opt.send_timeout_ms % 1000) * 1000000;
+  if (end->tv_nsec >= 1000000000) end->tv_sec++, end->tv_nsec -= 1000000000;
+}
+
+/* Waits for room in the socket until `end` (see above; all zero: not set
+ * yet). */
 IPCREF__PRIVATE ipcref_result ipcref__room(ipcref_peer *p,
-                                           const struct timespec *end) {
+                                           struct timespec *end) {
   struct pollfd pfd;
   int pr;
   if (ipcref__nonblocking(p->fd)) {
     ipcref__want(p, POLLOUT);
     return IPCREF_EAGAIN;
   }
+  if (!end->tv_sec && !end->tv_nsec) ipcref__send_deadline(p, end);
   pfd.fd = p->fd;
   pfd.events = POLLOUT;
   pfd.revents = 0;
@@ -32,18 +44,9 @@ IPCREF__PRIVATE ipcref_result ipcref__room(ipcref_peer *p,
   return pr < 0 && errno != EINTR ? IPCREF_ESYS : IPCREF_OK;
 }
 
-/* The send's deadline: now + opt.send_timeout_ms. */
-IPCREF__PRIVATE void ipcref__send_deadline(const ipcref_peer *p,
-                                           struct timespec *end) {
-  clock_gettime(CLOCK_MONOTONIC, end);
-  end->tv_sec += p->opt.send_timeout_ms / 1000;
-  end->tv_nsec += (long)(p->opt.send_timeout_ms % 1000) * 1000000;
-  if (end->tv_nsec >= 1000000000) end->tv_sec++, end->tv_nsec -= 1000000000;
-}
-
 /* Sends the rest of a record a stream took in part (p->out), until `end`. */
 IPCREF__PRIVATE ipcref_result ipcref__flush_out(ipcref_peer *p,
-                                                const struct timespec *end) {
+                                                struct timespec *end) {
   while (p->out_pos < p->out_len) {
     ssize_t k = send(p->fd, p->out + p->out_pos, p->out_len - p->out_pos,
                      MSG_NOSIGNAL | MSG_DONTWAIT);
@@ -68,7 +71,7 @@ IPCREF__PRIVATE ipcref_result ipcref__flush_out(ipcref_peer *p,
 IPCREF__PRIVATE ipcref_result ipcref__keep_rest(ipcref_peer *p,
                                                 const struct iovec *iov,
                                                 size_t sent, size_t total,
-                                                const struct timespec *end) {
+                                                struct timespec *end) {
   size_t at = 0, i;
   ipcref_result r;
   if (!p->out && !(p->out = (unsigned char *)IPCREF_MALLOC(
@@ -97,11 +100,9 @@ IPCREF__PRIVATE ipcref_result ipcref__send_raw(ipcref_peer *p,
   ipcref__wire w;
   struct iovec iov[2];
   struct msghdr mh;
-  struct timespec end;
+  struct timespec end = {0, 0};
   int stream = p->sock_type == SOCK_STREAM;
-  ipcref_result r;
-  ipcref__send_deadline(p, &end);
-  r = ipcref__flush_out(p, &end);
+  ipcref_result r = ipcref__flush_out(p, &end);
   if (r != IPCREF_OK) return r;
   memset(&mh, 0, sizeof mh);
   ipcref__wire_init(&w, lenbuf, 4);
@@ -177,10 +178,9 @@ IPCREF__PRIVATE ipcref_result ipcref__send_views(ipcref_peer *p,
 }
 
 IPCREF_API ipcref_result ipcref_peer_flush(ipcref_peer *p) {
-  struct timespec end;
+  struct timespec end = {0, 0};
   if (!p) return IPCREF_EINVAL;
   if (!IPCREF__PEER_USABLE(p, "ipcref_peer_flush")) return IPCREF_EDEAD;
-  ipcref__send_deadline(p, &end);
   return ipcref__flush_out(p, &end);
 }
 

@@ -83,6 +83,7 @@ static int send_fresh(ipcref_ctx *ctx, ipcref_peer *p, size_t size,
  *   'r'  receive a tensor, check it, hold it      -> its sequence number
  *   'd'  check the oldest held again, release it  -> 'D' (or 'F')
  *   'm'  its mapped segments                      -> the count
+ *   't'  ipcref_ctx_trim(ctx, 0), then            -> the same count
  *   'x'  release all and leave                    -> (exit status)
  * A check that fails answers 'F' (or -1 for 'r'). */
 #define HOLD_MAX 8
@@ -118,8 +119,10 @@ static int stream_consumer(void *arg) {
       for (i = 1; i < n; i++) held[i - 1] = held[i], seqs[i - 1] = seqs[i];
       n--;
       ctl_put(k->their_ctl, ok ? 'D' : 'F');
-    } else if (cmd == 'm') {
-      ipcref_stats st = stats_of(ctx);
+    } else if (cmd == 'm' || cmd == 't') {
+      ipcref_stats st;
+      if (cmd == 't') (void)ipcref_ctx_trim(ctx, 0);
+      st = stats_of(ctx);
       ctl_put(k->their_ctl, (int)st.mapped_segments);
     } else {
       ctl_put(k->their_ctl, 'F');
@@ -368,6 +371,18 @@ static void test_cap_and_trim(void) {
   CHECK_EQ(st.segment_bytes, 2 * MIB);
   CHECK_EQ(ipcref_ctx_trim(NULL, 0), 0);
   ipcref_ctx_free(ctx);
+  /* At most 64 segments are kept, whatever room the cap leaves: each
+   * holds fds. 70 blocks of a segment of their own each, freed. */
+  ctx = ctx_with(4096, 0, 0);
+  {
+    ipcref_buf *many[70];
+    for (i = 0; i < 70; i++) many[i] = tensor_new(ctx, 8192, (uint64_t)i);
+    for (i = 0; i < 70; i++) ipcref_buf_release(many[i]);
+  }
+  st = stats_of(ctx);
+  CHECK_EQ(st.cached_bytes, 64 * 8192);
+  CHECK_EQ(st.segment_bytes, 64 * 8192);
+  ipcref_ctx_free(ctx);
   /* IPCREF_KEEP_NONE: every emptied segment goes back at once. */
   ctx = ctx_with(1 * MIB, IPCREF_KEEP_NONE, 0);
   c = tensor_new(ctx, 2 * MIB, 3);
@@ -453,6 +468,38 @@ static void test_consumer_mappings_bounded(void) {
   ipcref_ctx_free(ctx);
 }
 
+/* With the default retired_maps (64 MiB), a consumer keeps idle mappings
+ * of segments its producer gave back, up to that bound, and
+ * ipcref_ctx_trim unmaps them. */
+static void test_consumer_trim(void) {
+  kid k;
+  ipcref_ctx *ctx;
+  ipcref_peer *p;
+  int i, kept, after;
+  g_consumer.retired_maps = 0; /* the default */
+  kid_start(&k, 1, SOCK_SEQPACKET, stream_consumer);
+  ctx = ctx_with(1 * MIB, IPCREF_KEEP_NONE, 0);
+  p = kid_peer(&k, 0, ctx);
+  for (i = 0; i < 8; i++) {
+    CHECK(send_fresh(ctx, p, 2 * MIB, (uint64_t)i));
+    consumer_takes(&k, (uint64_t)i);
+    consumer_drops(&k);
+    ipcref_collect(ctx);
+  }
+  ctl_put(k.ctl, 'm');
+  kept = ctl_get(k.ctl, CTL_MS);
+  ctl_put(k.ctl, 't');
+  after = ctl_get(k.ctl, CTL_MS);
+  printf("    the consumer mapped %d segments, %d after its trim\n", kept,
+         after);
+  CHECK(kept >= 7); /* 14 MiB retired: under the bound, kept */
+  CHECK(after <= 1);
+  ctl_put(k.ctl, 'x');
+  KID_END(&k, "consumer");
+  ipcref_peer_free(p);
+  ipcref_ctx_free(ctx);
+}
+
 int main(void) {
   long seed;
   fixture_start();
@@ -466,5 +513,6 @@ int main(void) {
   RUN(test_cap_and_trim);
   RUN(test_isolated_never_recycled);
   RUN(test_consumer_mappings_bounded);
+  RUN(test_consumer_trim);
   return harness_finish();
 }

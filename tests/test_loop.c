@@ -129,37 +129,24 @@ static void test_batch_before_the_fd(void) {
 /* ---- records cut short on a stream -----------------------------------------
  */
 
-/* Writes bytes [from, to) of a framed record (4-byte length, then `rec`)
- * to `fd`, with `fds` attached. */
-static void write_part(int fd, const unsigned char *rec, size_t len,
-                       size_t from, size_t to, const int *fds, int nfds) {
+/* Writes bytes [from, to) of `msg` framed as a stream record (its 4-byte
+ * length, then its bytes) to `fd`, with its fds when `with_fds` (through
+ * the tests' own transport, tests/xfer.h). */
+static void write_part(int fd, const ipcref_msg *msg, size_t from, size_t to,
+                       int with_fds) {
+  static ipcref_msg part; /* large: not on the stack */
   unsigned char framed[4 + IPCREF_MSG_MAX_BYTES];
-  union {
-    char buf[CMSG_SPACE(sizeof(int) * IPCREF_MSG_MAX_FDS)];
-    struct cmsghdr align;
-  } u;
-  struct msghdr mh;
-  struct iovec iov;
+  size_t len = msg->len;
   framed[0] = (unsigned char)len, framed[1] = (unsigned char)(len >> 8);
   framed[2] = (unsigned char)(len >> 16),
   framed[3] = (unsigned char)(len >> 24);
-  memcpy(framed + 4, rec, len);
-  memset(&mh, 0, sizeof mh);
-  iov.iov_base = framed + from;
-  iov.iov_len = to - from;
-  mh.msg_iov = &iov;
-  mh.msg_iovlen = 1;
-  if (nfds > 0) {
-    struct cmsghdr *c;
-    mh.msg_control = u.buf;
-    mh.msg_controllen = CMSG_SPACE(sizeof(int) * (size_t)nfds);
-    c = CMSG_FIRSTHDR(&mh);
-    c->cmsg_level = SOL_SOCKET;
-    c->cmsg_type = SCM_RIGHTS;
-    c->cmsg_len = CMSG_LEN(sizeof(int) * (size_t)nfds);
-    memcpy(CMSG_DATA(c), fds, sizeof(int) * (size_t)nfds);
-  }
-  CHECK_EQ(sendmsg(fd, &mh, 0), (ssize_t)(to - from));
+  memcpy(framed + 4, msg->bytes, len);
+  memset(&part, 0, sizeof part);
+  memcpy(part.bytes, framed + from, to - from);
+  part.len = to - from;
+  part.nfds = with_fds ? msg->nfds : 0;
+  memcpy(part.fds, msg->fds, sizeof(int) * (size_t)part.nfds);
+  CHECK_EQ(xfer_send(fd, &part), 0);
 }
 
 /* A stream peer that sends a record's length (or a little more) and stops:
@@ -184,12 +171,12 @@ static void test_record_cut_short(void) {
     memset(ipcref_buf_data(v.buf), 0x5a, 4096);
     CHECK_EQ(ipcref_export(pp, &v, &msg), IPCREF_OK);
     cut = cuts[t] ? cuts[t] : 4 + msg.len - 1;
-    write_part(sv[0], msg.bytes, msg.len, 0, cut, msg.fds, msg.nfds);
+    write_part(sv[0], &msg, 0, cut, 1);
     t0 = now_ms();
     CHECK_EQ(ipcref_recv(cp, &got, 0), IPCREF_EAGAIN);
     CHECK_EQ(ipcref_recv(cp, &got, 50), IPCREF_ETIMEDOUT);
     CHECK(now_ms() - t0 < 2000); /* it never hung */
-    write_part(sv[0], msg.bytes, msg.len, cut, 4 + msg.len, NULL, 0);
+    write_part(sv[0], &msg, cut, 4 + msg.len, 0);
     ipcref_msg_sent(&msg);
     CHECK_EQ(ipcref_recv(cp, &got, 0), IPCREF_OK);
     CHECK_EQ(((unsigned char *)ipcref_buf_data(got.buf))[got.byte_offset],
@@ -462,6 +449,7 @@ static void stuck_consumer(int type, int nonblocking, int per_msg) {
   ipcref_peer_options o;
   ipcref_result r = IPCREF_OK;
   ipcref_stats st;
+  struct pollfd pf;
   uint64_t seq = 0;
   long t0 = 0;
   int i;
@@ -486,7 +474,13 @@ static void stuck_consumer(int type, int nonblocking, int per_msg) {
     r = send_numbered(ctx, p, per_msg, &seq);
   }
   CHECK_EQ(r, nonblocking ? IPCREF_EAGAIN : IPCREF_ETIMEDOUT);
-  if (nonblocking) CHECK_EQ(ipcref_peer_wants(p), POLLOUT);
+  pf.fd = ipcref_peer_poll_fd(p);
+  pf.events = POLLIN;
+  pf.revents = 0;
+  if (nonblocking) {
+    CHECK_EQ(ipcref_peer_wants(p), POLLOUT);
+    CHECK_EQ(poll(&pf, 1, 0), 0); /* full, and nothing to read */
+  }
   if (!nonblocking) CHECK(now_ms() - t0 >= 90); /* it waited its timeout */
   st = stats_of(ctx);
   printf("    %s, %s: %llu views sent before %s\n",
@@ -496,6 +490,8 @@ static void stuck_consumer(int type, int nonblocking, int per_msg) {
   CHECK_EQ(st.live_slots, seq); /* what failed took nothing */
   CHECK_EQ(st.limbo_blocks, seq);
   ctl_put(k.ctl, 'a');
+  if (nonblocking) /* the poll fd wakes once there is room */
+    CHECK_EQ(poll(&pf, 1, CTL_MS), 1);
   t0 = now_ms();
   while ((r = ipcref_peer_flush(p)) != IPCREF_OK && now_ms() - t0 < CTL_MS)
     sleep_us(1000); /* a record the stream took in part */
@@ -666,8 +662,11 @@ static void test_listen_and_connect(void) {
     kid_start(&k, 0, SOCK_SEQPACKET, path_consumer); /* before the ctx */
     ctx = make_ctx(NULL);
     CHECK_EQ(ipcref_listen(ctx, g_path, &lfd), IPCREF_OK);
+    if (t == 1) CHECK_EQ(fcntl(lfd, F_SETFL, O_NONBLOCK), 0);
     ctl_put(k.ctl, 'g');
     CHECK_EQ(ipcref_accept(ctx, lfd, CTL_MS, &p), IPCREF_OK);
+    if (p) /* a non-blocking listener's peers are non-blocking */
+      CHECK_EQ(ipcref__nonblocking(p->fd), t == 1);
     if (p) {
       CHECK_EQ(ipcref_peer_pid(p), k.pid);
       CHECK_EQ(ipcref_view_new_shared(ctx, IPCREF_U8, 1, &n, &v), IPCREF_OK);
