@@ -52,14 +52,16 @@ demo: ipcref.h
 	  $(CC) $(CFLAGS) -std=c11 -I. examples/$$e.c -o $(BUILD_DIR)/$$e -pthread && \
 	  $(BUILD_DIR)/$$e || exit 1; \
 	done
-	@# Two programs started on their own, meeting at a socket path (in the
-	@# abstract namespace: no file is left).
+	@# Programs started on their own, meeting at a socket path (in the
+	@# abstract namespace: no file is left): a producer, a consumer that
+	@# keeps 4 frames, and a greedy one that would keep 12 (capped at 8).
 	@$(CC) $(CFLAGS) -std=c11 -I. examples/frames_producer.c -o $(BUILD_DIR)/frames_producer -pthread && \
 	  $(CC) $(CFLAGS) -std=c11 -I. examples/frames_consumer.c -o $(BUILD_DIR)/frames_consumer -pthread && \
 	  sock=@ipcref-frames-$$$$ && \
 	  { $(BUILD_DIR)/frames_producer $$sock 200 --stats & pid=$$!; \
-	    $(BUILD_DIR)/frames_consumer $$sock; c=$$?; wait $$pid; p=$$?; \
-	    [ $$c = 0 ] && [ $$p = 0 ]; } || exit 1
+	    $(BUILD_DIR)/frames_consumer $$sock 12 & greedy=$$!; \
+	    $(BUILD_DIR)/frames_consumer $$sock; c=$$?; wait $$greedy; g=$$?; \
+	    wait $$pid; p=$$?; [ $$c = 0 ] && [ $$g = 0 ] && [ $$p = 0 ]; } || exit 1
 	@# The device example needs CUDA's header; without a GPU it says why.
 	@if [ -f $(CUDA_INC)/cuda.h ]; then \
 	  $(CC) $(CFLAGS) -std=c11 -I. -I$(CUDA_INC) examples/cuda_share.c \

@@ -835,9 +835,10 @@ typedef struct ipcref_peer_info {
  * fds); ipcref_msg_free releases what an unused message holds (a message
  * that is never imported keeps its lease until it is freed). */
 #define IPCREF_MSG_MAX_VIEWS 16 /* views in one message (a batch) */
-#define IPCREF_MSG_MAX_FDS   (2 * IPCREF_MSG_MAX_VIEWS)
+#define IPCREF_MSG_MAX_FDS   (3 * IPCREF_MSG_MAX_VIEWS)
+#define IPCREF_META_MAX      1024 /* bytes of metadata in one message */
 #define IPCREF_MSG_MAX_BYTES                                                   \
-  (1024 + IPCREF_MSG_MAX_FDS * (40 + IPCREF_HANDLE_BYTES) +                    \
+  (1024 + IPCREF_META_MAX + IPCREF_MSG_MAX_FDS * (40 + IPCREF_HANDLE_BYTES) +  \
    IPCREF_MSG_MAX_VIEWS * (80 + IPCREF_HANDLE_BYTES + 16 * IPCREF_MAX_DIMS))
 typedef struct ipcref_msg {
   size_t len;
@@ -946,15 +947,23 @@ IPCREF_API ipcref_result ipcref_peer_new(ipcref_ctx *ctx, int sockfd,
 
 /* Options for ipcref_peer_new_with; zero fields take the defaults. */
 typedef struct ipcref_peer_options {
-  int send_timeout_ms;  /* a send on a blocking socket waits at most this
-                           long for room in it, then fails with ETIMEDOUT
-                           and takes nothing (default: as long as it
-                           takes). On a non-blocking socket (O_NONBLOCK) a
-                           send never waits: EAGAIN */
-  int hello_timeout_ms; /* the other side's hello must come within this
-                           long of the first call that needs it (a send,
-                           an export), or the peer is refused: EPEER, for
-                           good (default 5000) */
+  int send_timeout_ms;   /* a send on a blocking socket waits at most this
+                            long for room in it, then fails with ETIMEDOUT
+                            and takes nothing (default: as long as it
+                            takes). On a non-blocking socket (O_NONBLOCK) a
+                            send never waits: EAGAIN */
+  int hello_timeout_ms;  /* the other side's hello must come within this
+                            long of the first call that needs it (a send,
+                            an export), or the peer is refused: EPEER, for
+                            good (default 5000) */
+  size_t max_bytes_held; /* a send that would leave the other side holding
+                           more bytes of blocks made here than this (by
+                           its leases: forwarded views not counted) waits
+                           for it to return some, as for a full socket:
+                           EAGAIN (IPCREF_WANTS_ROOM) or, blocking, up to
+                           send_timeout_ms, then ETIMEDOUT; nothing taken.
+                           One message larger than the cap goes when the
+                           peer holds nothing. Default: no cap */
 } ipcref_peer_options;
 
 /* As ipcref_peer_new, with options (NULL: the defaults). Errors: as
@@ -963,9 +972,17 @@ IPCREF_API ipcref_result ipcref_peer_new_with(ipcref_ctx *ctx, int sockfd,
                                               const ipcref_peer_options *opt,
                                               ipcref_peer **out);
 
+/* Replaces the options of peer `p` (NULL: the defaults), for one made
+ * without them (ipcref_accept, ipcref_connect): from its next call on.
+ * Errors: EINVAL (NULL, a negative option), EDEAD. */
+IPCREF_API ipcref_result
+ipcref_peer_set_options(ipcref_peer *p, const ipcref_peer_options *opt);
+
 /* What peer `p` waits for after a call on it said IPCREF_EAGAIN: POLLIN
  * (the other side's hello, on the peer's poll fd or socket), POLLOUT (room
- * in its socket: then call ipcref_peer_flush, or send again), 0 for
+ * in its socket: then call ipcref_peer_flush, or send again),
+ * IPCREF_WANTS_ROOM (the other side to return leases, under
+ * max_bytes_held: the peer's poll fd wakes then; send again), 0 for
  * nothing (or NULL). */
 IPCREF_API int ipcref_peer_wants(ipcref_peer *p);
 
@@ -976,29 +993,6 @@ IPCREF_API int ipcref_peer_wants(ipcref_peer *p);
  * it to be writable), ETIMEDOUT (a blocking socket, past send_timeout_ms),
  * EPEER, ESYS, EINVAL, EDEAD. */
 IPCREF_API ipcref_result ipcref_peer_flush(ipcref_peer *p);
-
-/* Peers by path. ipcref_listen makes a listening AF_UNIX SOCK_SEQPACKET
- * socket at `path` into *listen_fd (the caller's: poll it for readable,
- * close it, and unlink a filesystem path when done): a filesystem path,
- * whose directory's permissions say who may connect, or "@name" in the
- * abstract namespace. A socket file left by a listener that died is
- * replaced: to tell, ipcref_listen connects to it once (a listener that
- * lives there sees a connection that hangs up at once). ipcref_accept
- * takes one connection on it within timeout_ms (-1: waits, 0: polls) as a
- * new peer, non-blocking when the listening socket is (EPEER: it hung up
- * already, or its uid is not allowed; accept the next); ipcref_connect connects
- * to `path` and makes the peer. Each checks the other side as ipcref_peer_new
- * does (its uid against allow_uids, its hello on first use). Errors: EINVAL
- * (NULL, an empty path or one too long for an AF_UNIX address, not a listening
- * socket), EPEER (nobody listens at `path`; a uid not allowed), ETIMEDOUT
- * (accept: nobody connected), ESYS (errno says why: EADDRINUSE when a
- * listener lives at `path`), ENOMEM, EDEAD. */
-IPCREF_API ipcref_result ipcref_listen(ipcref_ctx *ctx, const char *path,
-                                       int *listen_fd);
-IPCREF_API ipcref_result ipcref_accept(ipcref_ctx *ctx, int listen_fd,
-                                       int timeout_ms, ipcref_peer **out);
-IPCREF_API ipcref_result ipcref_connect(ipcref_ctx *ctx, const char *path,
-                                        ipcref_peer **out);
 
 /* Closes the socket and frees the peer. Leases it holds from us stay until
  * they are returned or that process dies; buffers imported through it stay
@@ -1040,6 +1034,22 @@ IPCREF_API int ipcref_peer_pid(ipcref_peer *p);
 IPCREF_API ipcref_result ipcref_export(ipcref_peer *p, const ipcref_view *v,
                                        ipcref_msg *msg);
 
+/* As ipcref_export, with `meta_len` bytes of metadata at `meta` (at most
+ * IPCREF_META_MAX; a frame number, a name, a shape as the user sees it),
+ * which travel in the message as they are: see ipcref_msg_meta. Errors:
+ * as ipcref_export; EINVAL (meta NULL with a length, a length over
+ * IPCREF_META_MAX), and then nothing is leased. */
+IPCREF_API ipcref_result ipcref_export_meta(ipcref_peer *p,
+                                            const ipcref_view *v,
+                                            const void *meta, size_t meta_len,
+                                            ipcref_msg *msg);
+
+/* The metadata message `msg` carries (exported here, or imported: the
+ * import checked its length against the message) into *len; NULL with
+ * *len 0 when it carries none, or is not a message. It lies in
+ * msg->bytes. */
+IPCREF_API const void *ipcref_msg_meta(const ipcref_msg *msg, size_t *len);
+
 /* Imports a message from peer `p`: validates every field against the real
  * fds, maps what is new (or finds it in the cache), and returns a view
  * whose buffer returns the lease when it dies. Takes the message's fds
@@ -1059,14 +1069,24 @@ IPCREF_API void ipcref_msg_free(ipcref_msg *msg);
 IPCREF_API void ipcref_msg_sent(ipcref_msg *msg);
 
 /* Exports `n` views and sends them in one message over the peer's socket.
- * A blocking socket waits while it is full (up to the peer's
- * send_timeout_ms: ETIMEDOUT); a non-blocking one says EAGAIN (wanting
- * POLLOUT, see ipcref_peer_wants). Either way a send that fails took
- * nothing: no lease is left behind. Errors: as ipcref_export, EPEER (the
+ * A blocking socket waits while it is full, or while the peer holds its
+ * max_bytes_held (up to the peer's send_timeout_ms: ETIMEDOUT); a
+ * non-blocking one says EAGAIN (wanting POLLOUT or IPCREF_WANTS_ROOM, see
+ * ipcref_peer_wants). Either way a send that fails took nothing: no lease
+ * is left behind. Errors: as ipcref_export, EPEER (the
  * peer hung up), EAGAIN, ETIMEDOUT. */
 IPCREF_API ipcref_result ipcref_send_batch(ipcref_peer *p,
                                            const ipcref_view *views, int n);
 IPCREF_API ipcref_result ipcref_send(ipcref_peer *p, const ipcref_view *v);
+
+/* As ipcref_send_batch, with `meta_len` bytes of metadata at `meta` (at
+ * most IPCREF_META_MAX) in the same message: the receiver reads them with
+ * ipcref_recv_meta beside each view of it. Errors: as ipcref_send_batch;
+ * EINVAL (meta NULL with a length, a length over IPCREF_META_MAX), and
+ * then nothing is taken. */
+IPCREF_API ipcref_result ipcref_send_meta(ipcref_peer *p,
+                                          const ipcref_view *views, int n,
+                                          const void *meta, size_t meta_len);
 
 /* As ipcref_send, for a view of device memory written by work queued on
  * `stream` (a CUstream / hipStream_t; NULL: the default stream): an event
@@ -1088,6 +1108,13 @@ IPCREF_API ipcref_result ipcref_send_on(ipcref_peer *p, const ipcref_view *v,
  * call (see ipcref_peer_poll_fd for event loops). */
 IPCREF_API ipcref_result ipcref_recv(ipcref_peer *p, ipcref_view *out,
                                      int timeout_ms);
+
+/* The metadata of the message the view last received from `p` came in
+ * (the same for every view of a batch; ipcref_peer_stats says how many of
+ * its views wait still), its length into *len: valid until the next
+ * receive on `p` or its free. NULL with *len 0 when it had none, nothing
+ * was received yet, or `p` is NULL or freed (reported). */
+IPCREF_API const void *ipcref_recv_meta(ipcref_peer *p, size_t *len);
 
 /* As ipcref_recv, for device views used by work on `stream` (NULL: the
  * default stream): the stream waits on the producer's event before it
@@ -1171,6 +1198,96 @@ IPCREF_API void ipcref_test_set_step_hook(void (*fn)(const char *step));
 }
 #endif
 
+#endif /* !IPCREF_NO_SHARING */
+
+/* ---- share_room: API (src/share_room.h) --------------------------------- */
+
+/* share_room: backpressure. A producer capped by max_bytes, or a peer
+ * capped by max_bytes_held, waits for its consumers to return leases
+ * without polling: on the context's room fd, on the peer's poll fd, or
+ * blocked with a timeout. Under ctx->lock, but for the waits. */
+
+#if !defined(IPCREF_NO_SHARING)
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* ---- waiting for room ---------------------------------------------------
+ * Returns reach a producer through shared memory, not a message, so
+ * nothing would wake it by itself. While it waits for room, its counter
+ * files say so, and a consumer that returns a lease then also sends one
+ * byte on the producer's bell (a datagram socket that travels with every
+ * counter file): one system call per return while someone waits, none
+ * otherwise. The bell's receiving end is the room fd. */
+
+/* What ipcref_peer_wants says after a send refused for room under the
+ * peer's max_bytes_held: wait for the peer's poll fd (which then watches
+ * the room fd too) to be readable, then send again. */
+#define IPCREF_WANTS_ROOM 0x10000
+
+/* An fd that becomes readable when a consumer returned a lease while this
+ * context waits for room: after an allocation refused under max_bytes
+ * (ENOMEM), or a send refused under a peer's max_bytes_held. It stays
+ * readable until the next allocation or send on the context reads it, as
+ * a socket stays writable until written: add it to your event loop, and
+ * try again when it wakes. The context's (made with it); do not close
+ * it. -1 for NULL or a freed context (reported). */
+IPCREF_API int ipcref_ctx_room_fd(ipcref_ctx *ctx);
+
+/* As ipcref_shared_new, but when the context is at its max_bytes, waits up
+ * to timeout_ms (-1: as long as it takes; 0: not at all) for consumers to
+ * return enough leases, on the room fd. Errors: as ipcref_shared_new;
+ * ETIMEDOUT (no room came in time; nothing allocated), ENOMEM (the block
+ * alone is larger than max_bytes, or the system is out of memory). */
+IPCREF_API ipcref_result ipcref_shared_new_wait(ipcref_ctx *ctx, size_t size,
+                                                int timeout_ms,
+                                                ipcref_buf **out);
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* !IPCREF_NO_SHARING */
+
+/* ---- share_path: API (src/share_path.h) --------------------------------- */
+
+/* share_path: peers by socket path. A producer listens on an AF_UNIX
+ * SOCK_SEQPACKET socket at a filesystem path (whose directory's
+ * permissions say who may connect) or in the abstract namespace ("@name"),
+ * and accepts peers; a consumer connects by the same path. What a peer
+ * checks (the uid policy, the hello) is ipcref_peer_new's. No lock: the
+ * sockets are the caller's until a peer owns one. */
+
+#if !defined(IPCREF_NO_SHARING)
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* Peers by path. ipcref_listen makes a listening AF_UNIX SOCK_SEQPACKET
+ * socket at `path` into *listen_fd (the caller's: poll it for readable,
+ * close it, and unlink a filesystem path when done): a filesystem path,
+ * whose directory's permissions say who may connect, or "@name" in the
+ * abstract namespace. A socket file left by a listener that died is
+ * replaced: to tell, ipcref_listen connects to it once (a listener that
+ * lives there sees a connection that hangs up at once). ipcref_accept
+ * takes one connection on it within timeout_ms (-1: waits, 0: polls) as a
+ * new peer, non-blocking when the listening socket is (EPEER: it hung up
+ * already, or its uid is not allowed; accept the next); ipcref_connect connects
+ * to `path` and makes the peer. Each checks the other side as ipcref_peer_new
+ * does (its uid against allow_uids, its hello on first use). Errors: EINVAL
+ * (NULL, an empty path or one too long for an AF_UNIX address, not a listening
+ * socket), EPEER (nobody listens at `path`; a uid not allowed), ETIMEDOUT
+ * (accept: nobody connected), ESYS (errno says why: EADDRINUSE when a
+ * listener lives at `path`), ENOMEM, EDEAD. */
+IPCREF_API ipcref_result ipcref_listen(ipcref_ctx *ctx, const char *path,
+                                       int *listen_fd);
+IPCREF_API ipcref_result ipcref_accept(ipcref_ctx *ctx, int listen_fd,
+                                       int timeout_ms, ipcref_peer **out);
+IPCREF_API ipcref_result ipcref_connect(ipcref_ctx *ctx, const char *path,
+                                        ipcref_peer **out);
+
+#ifdef __cplusplus
+}
+#endif
 #endif /* !IPCREF_NO_SHARING */
 
 /* ---- dlpack: API (src/dlpack.h) ----------------------------------------- */
@@ -3406,7 +3523,8 @@ IPCREF_API void ipcref_test_set_step_hook(void (*fn)(const char *step)) {
  * maps it. All fields little endian (the host's: peers share a machine).
  *
  *   header   64 bytes: magic, version, nslots, origin pid, origin nonce,
- *            ledger id, and `head`, the ring's write position
+ *            ledger id, `head`, the ring's write position, and `waiting`,
+ *            set while the producer waits for returns
  *   slots    nslots x { u64 (generation << 2) | state, u64 holder: its pid,
  *            and for a forwarded lease the parent slot + 1 << 32 }
  *   ring     2 * nslots x u64: returned and linked leases, in order
@@ -3414,10 +3532,12 @@ IPCREF_API void ipcref_test_set_step_hook(void (*fn)(const char *step)) {
  * The producer allocates slots [0, nslots/2); forwarders claim slots in
  * [nslots/2, nslots) with a compare-and-swap. A consumer returns a lease
  * by taking a ring position (one fetch_add) and storing the entry there:
- * no system call, no lock. The producer reads the ring from its private
- * tail, so a sweep costs what was returned since the last one. */
+ * no system call, no lock; only while `waiting` is set does it also send
+ * a byte on the producer's bell (its fd came with the ledger's). The
+ * producer reads the ring from its private tail, so a sweep costs what
+ * was returned since the last one. */
 #define IPCREF__LEDGER_MAGIC   0x4c465249u /* "IRFL" */
-#define IPCREF__LEDGER_VERSION 1u
+#define IPCREF__LEDGER_VERSION 2u
 #define IPCREF__LEDGER_HDR     64u
 #define IPCREF__SLOT_FREE      0u
 #define IPCREF__SLOT_LIVE      1u
@@ -3428,8 +3548,10 @@ IPCREF_API void ipcref_test_set_step_hook(void (*fn)(const char *step)) {
 typedef struct ipcref__ledger_hdr {
   uint32_t magic, version, nslots, origin_pid;
   uint64_t origin_nonce, ledger_id;
-  uint64_t head; /* atomic: next ring position */
-  uint64_t reserved[3];
+  uint64_t head;    /* atomic: next ring position */
+  uint64_t waiting; /* atomic: 1 while the producer waits for returns (a
+                       returner then rings its bell, see ring_push) */
+  uint64_t reserved[2];
 } ipcref__ledger_hdr;
 
 /* A ring entry: slot + 1 in bits 0..29 (0 marks "not written yet"), the
@@ -3457,7 +3579,7 @@ IPCREF__PRIVATE size_t ipcref__ledger_bytes(uint32_t n) {
  * a hole, which the producer's sweep steps over once it is stale (see
  * ipcref__hole_stale). `step` labels the moment for the test hook. */
 IPCREF__PRIVATE void ipcref__ring_push(unsigned char *base, uint32_t n,
-                                       const uint64_t *e, int count,
+                                       int bell, const uint64_t *e, int count,
                                        const char *step) {
   ipcref__ledger_hdr *h = (ipcref__ledger_hdr *)(void *)base;
   uint64_t *ring = ipcref__ledger_ring(base, n);
@@ -3473,6 +3595,12 @@ IPCREF__PRIVATE void ipcref__ring_push(unsigned char *base, uint32_t n,
   for (i = 0; i < count; i++)
     __atomic_store_n(&ring[(pos + (uint64_t)i) % (2u * (uint64_t)n)], e[i],
                      __ATOMIC_RELEASE);
+  /* Seq-cst, paired with the producer's in ipcref__room_arm: either this
+   * load sees it waiting, or its look at the ring after arming sees these
+   * entries. A full bell (EAGAIN) has a wake-up pending already. */
+  __atomic_thread_fence(__ATOMIC_SEQ_CST);
+  if (bell >= 0 && __atomic_load_n(&h->waiting, __ATOMIC_RELAXED))
+    (void)send(bell, "", 1, MSG_DONTWAIT | MSG_NOSIGNAL);
 }
 
 /* ---- producer-side records (private memory) ---------------------------- */
@@ -3622,7 +3750,9 @@ typedef struct ipcref__map {
   int kind; /* IPCREF__KIND_*: segment, ledger or device segment */
   uint64_t origin_nonce, id;
   int origin_pid;
-  int fd; /* kept for forwarding */
+  int fd;   /* kept for forwarding */
+  int bell; /* ledgers: the producer's bell (a datagram socket), rung on
+               a return while it waits for room; kept for forwarding */
   unsigned char *base;
   size_t size;
   int writable;
@@ -3680,6 +3810,10 @@ struct ipcref_peer {
   size_t nretired, capretired;
   ipcref_view pending[64]; /* received views not handed out yet */
   int npending, pending_pos;
+  size_t held_bytes; /* of the blocks its leases (made here) hold */
+  int room_wait;     /* a send was refused for opt.max_bytes_held */
+  unsigned char meta[IPCREF_META_MAX]; /* the last message's metadata */
+  size_t meta_len;
   unsigned char *in; /* a stream's record so far, its length first (see
                         ipcref__stream_fill; made on first use) */
   size_t in_len;
@@ -3747,6 +3881,10 @@ struct ipcref_ctx {
   ipcref__hdr *hdr_first, *hdr_last; /* released ones, oldest first */
   size_t hdr_free;
   ipcref_peer *dead_peers; /* freed, marked dead (see ipcref__peer_bury) */
+  int bell_rx, bell_tx;    /* the ledgers' bell: a datagram socketpair; the
+                              consumers get bell_tx (-1 until a ledger) */
+  int room_armed;          /* the ledgers' `waiting` is set (see room) */
+  int room_alloc;          /* an allocation was refused under max_bytes */
   int ndead_peers;
 };
 
@@ -4470,6 +4608,57 @@ IPCREF__PRIVATE void ipcref__ledger_destroy(ipcref_ctx *ctx,
   IPCREF_FREE(l);
 }
 
+/* The context's bell, made with it: a non-blocking datagram socketpair. Every
+ * ledger travels with bell_tx; a consumer that returns a lease while the ledger
+ * says `waiting` sends a byte on it, and bell_rx becomes readable: what a
+ * producer waiting for room sleeps on (see share_room). 0 when it cannot be
+ * made. */
+IPCREF__PRIVATE int ipcref__bell_make(ipcref_ctx *ctx) {
+  int sv[2];
+  if (ctx->bell_rx >= 0) return 1;
+  if (socketpair(AF_UNIX, SOCK_DGRAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0, sv) !=
+      0)
+    return 0;
+  ctx->bell_rx = sv[0];
+  ctx->bell_tx = sv[1];
+  return 1;
+}
+
+/* Sets (on 1) or clears the `waiting` word of every ledger made here
+ * (under the lock). Seq-cst, paired with the fence in ipcref__ring_push:
+ * a return pushed before this store is seen by the sweep the caller runs
+ * next; one after it rings the bell. */
+IPCREF__PRIVATE void ipcref__room_arm(ipcref_ctx *ctx, int on) {
+  ipcref__ledger *l;
+  if (ctx->room_armed == on) return;
+  __atomic_store_n(&ctx->room_armed, on, __ATOMIC_RELAXED);
+  for (l = ctx->ledgers; l; l = l->next)
+    __atomic_store_n(&((ipcref__ledger_hdr *)(void *)l->base)->waiting,
+                     (uint64_t)on, __ATOMIC_SEQ_CST);
+  __atomic_thread_fence(__ATOMIC_SEQ_CST);
+}
+
+/* Arms the ledgers while anything waits for room: an allocation refused
+ * under max_bytes, a peer's send refused under its max_bytes_held (under
+ * the lock). The caller sweeps after arming, so that no return slips
+ * between its look and the arming. */
+IPCREF__PRIVATE void ipcref__room_update(ipcref_ctx *ctx) {
+  ipcref_peer *p;
+  int need = ctx->room_alloc;
+  for (p = ctx->peers; p && !need; p = p->next) need = p->room_wait;
+  ipcref__room_arm(ctx, need);
+}
+
+#define IPCREF__ROOM_MS 100 /* longest sleep between looks while waiting */
+
+/* Reads what rang the bell (not under the lock; never waits): it stays
+ * readable until someone does. */
+IPCREF__PRIVATE void ipcref__bell_drain(ipcref_ctx *ctx) {
+  char b[16];
+  if (ctx->bell_rx >= 0)
+    while (recv(ctx->bell_rx, b, sizeof b, MSG_DONTWAIT) > 0) continue;
+}
+
 /* A new ledger for peer p. Each one a peer gets is twice the size of its
  * last (up to 2^22 slots), so a peer holding n leases needs O(log n)
  * ledgers, and a sweep, which looks at every ledger, stays cheap. */
@@ -4509,6 +4698,7 @@ IPCREF__PRIVATE ipcref_result ipcref__ledger_new(ipcref_ctx *ctx,
   h->origin_pid = (uint32_t)ctx->pid;
   h->origin_nonce = ctx->nonce;
   h->ledger_id = l->id;
+  h->waiting = (uint64_t)ctx->room_armed;
   IPCREF__LIST_PUSH(ctx->ledgers, l, next, prev);
   ctx->st.counter_files++;
   *out = l;
@@ -4541,6 +4731,7 @@ IPCREF__PRIVATE int ipcref__lease_end(ipcref_ctx *ctx, ipcref__ledger *l,
   if (l->leases[slot].alias) ipcref__alias_drop(ctx, l->leases[slot].alias);
   l->leases[slot].alias = NULL;
   l->live--;
+  if (slot < l->n / 2 && l->peer) l->peer->held_bytes -= b->size;
   __atomic_store_n(&slots[2 * (size_t)slot],
                    ((uint64_t)gen << 2) | IPCREF__SLOT_FREE, __ATOMIC_RELEASE);
   if (slot < l->n / 2) l->free_stack[l->nfree++] = slot;
@@ -4847,16 +5038,22 @@ IPCREF_API ipcref_result ipcref_ctx_new(const ipcref_ctx_options *opt,
            ctx->opt.allow_uids_count * sizeof(uint32_t));
   }
   ctx->opt.allow_uids = ctx->uids; /* ours, not the caller's */
+  ctx->bell_rx = ctx->bell_tx = -1;
   ctx->epfd = epoll_create1(EPOLL_CLOEXEC);
-  if (ctx->epfd < 0 || pthread_mutex_init(&ctx->lock, NULL) != 0) {
+  if (ctx->epfd < 0 || !ipcref__bell_make(ctx) ||
+      pthread_mutex_init(&ctx->lock, NULL) != 0) {
+    int e = errno;
     if (ctx->epfd >= 0) close(ctx->epfd);
+    if (ctx->bell_rx >= 0) close(ctx->bell_rx), close(ctx->bell_tx);
     IPCREF_FREE(ctx->uids);
     IPCREF_FREE(ctx);
-    return errno == ENOMEM ? IPCREF_ENOMEM : IPCREF_ESYS;
+    return e == ENOMEM ? IPCREF_ENOMEM : IPCREF_ESYS;
   }
   if (pthread_mutex_init(&ctx->hdr_lock, NULL) != 0) {
     pthread_mutex_destroy(&ctx->lock);
     close(ctx->epfd);
+    close(ctx->bell_rx);
+    close(ctx->bell_tx);
     IPCREF_FREE(ctx->uids);
     IPCREF_FREE(ctx);
     return IPCREF_ESYS;
@@ -4885,6 +5082,7 @@ IPCREF__PRIVATE void ipcref__map_drop(ipcref__map *m) {
   } else {
     munmap(m->base, m->size);
     close(m->fd);
+    if (m->bell >= 0) close(m->bell);
   }
   IPCREF_FREE(m->imported);
   IPCREF_FREE(m);
@@ -4955,6 +5153,8 @@ IPCREF__PRIVATE void ipcref__ctx_destroy(ipcref_ctx *ctx) {
   pthread_mutex_destroy(&ctx->hdr_lock);
   pthread_mutex_destroy(&ctx->lock);
   close(ctx->epfd);
+  if (ctx->bell_rx >= 0) close(ctx->bell_rx);
+  if (ctx->bell_tx >= 0) close(ctx->bell_tx);
   IPCREF_FREE(ctx->uids);
   while (ctx->dead_peers) {
     ipcref_peer *p = ctx->dead_peers;
@@ -5145,6 +5345,8 @@ IPCREF_API int ipcref_ctx_timeout(ipcref_ctx *ctx) {
       ipcref__sooner(&best, now, l->hole_ms + IPCREF__HOLE_MS);
   if (ctx->deferred) /* device work to check on */
     ipcref__sooner(&best, now, now + 1);
+  if (ctx->room_armed) /* waits for room: a look now and then */
+    ipcref__sooner(&best, now, now + IPCREF__ROOM_MS);
   for (p = ctx->peers; p; p = p->next) /* a hello awaited */
     if (!p->hello && p->hello_since)
       ipcref__sooner(&best, now, p->hello_since + p->opt.hello_timeout_ms);
@@ -5411,6 +5613,8 @@ IPCREF__PRIVATE ipcref_result ipcref__shared_new_in(ipcref_ctx *ctx,
   ipcref__block *b;
   ipcref_result r;
   if (size > (size_t)PTRDIFF_MAX / 2) return IPCREF_ERANGE;
+  if (__atomic_load_n(&ctx->room_armed, __ATOMIC_RELAXED))
+    ipcref__bell_drain(ctx); /* this try answers the wake-up */
   IPCREF__LOCK(ctx);
   (void)ipcref__pump(ctx, 0);
   /* A free block first; if none, leases that came back since the last
@@ -5429,6 +5633,16 @@ IPCREF__PRIVATE ipcref_result ipcref__shared_new_in(ipcref_ctx *ctx,
   if (r == IPCREF_ENOMEM && ctx->cache) { /* then what the cache keeps */
     (void)ipcref__cache_trim(ctx, 0);
     r = ipcref__block_alloc(ctx, pool, size, own, 1, &b);
+  }
+  if (r == IPCREF_ENOMEM && ctx->opt.max_bytes && !ctx->room_alloc) {
+    ctx->room_alloc = 1; /* wake the room fd on returns (see share_room) */
+    ipcref__room_update(ctx);
+    ipcref__sweep(ctx); /* what came back before the arming */
+    r = ipcref__block_alloc(ctx, pool, size, own, 1, &b);
+  }
+  if (r == IPCREF_OK && ctx->room_alloc) {
+    ctx->room_alloc = 0;
+    ipcref__room_update(ctx);
   }
   if (r == IPCREF_OK) {
     IPCREF__STEP("allocate");
@@ -5617,12 +5831,13 @@ IPCREF_API ipcref_result ipcref_view_new_shared(ipcref_ctx *ctx,
  * Little endian, field by field (no struct copies, no padding):
  *
  *   u32 magic "IPCM"  u16 version  u16 nviews  u16 nrecs  u16 nretired
- *   u32 sender pid    u64 sender nonce
+ *   u32 sender pid    u64 sender nonce  u16 meta length
  *   nrecs x     { u8 kind (1 segment, 2 ledger, 3 device segment)
  *                 u8 writable  u32 origin pid  u64 origin nonce  u64 id
  *                 u64 size
  *                 kind 3: u32 device type  u32 device id  64 B handle }
- *               (kinds 1 and 2 each come with one fd, in this order)
+ *               (kind 1 comes with one fd, kind 2 with two: the ledger
+ *               and its bell; in this order)
  *   nretired x  { u64 id }          (sender's segments it has destroyed)
  *   nviews x    { u32 origin pid  u64 origin nonce  u64 segment id
  *                 u64 segment size  u64 block offset  u64 block size
@@ -5630,10 +5845,11 @@ IPCREF_API ipcref_result ipcref_view_new_shared(ipcref_ctx *ctx,
  *                 u8 dtype  u8 ndim  u8 writable  u8 flags  i64 byte offset
  *                 ndim x i64 shape  ndim x i64 strides
  *                 flags bit 0: 64 B event handle }
+ *   meta length x u8   (the user's metadata, at most IPCREF_META_MAX)
  *
  * Caches key on (origin nonce, id), never on bytes of a handle. */
 #define IPCREF__MSG_MAGIC   0x4d435049u /* "IPCM" */
-#define IPCREF__MSG_VERSION 1u
+#define IPCREF__MSG_VERSION 2u
 #define IPCREF__MSG_RETIRED 64 /* announced per message at most */
 
 typedef struct ipcref__wire {
@@ -5805,9 +6021,35 @@ IPCREF__PRIVATE int ipcref__get_view(ipcref__wire *w, ipcref__view_rec *r) {
   return !w->bad;
 }
 
+/* The user's metadata for a message: `len` bytes (at most
+ * IPCREF_META_MAX) at `bytes`. */
+typedef struct ipcref__meta {
+  const unsigned char *bytes;
+  size_t len;
+} ipcref__meta;
+
+/* Checks the metadata a public call `fn` was given, into *m: EINVAL,
+ * reported, for a length over IPCREF_META_MAX or NULL bytes with one. */
+IPCREF__PRIVATE ipcref_result ipcref__meta_arg(const void *bytes, size_t len,
+                                               const char *fn,
+                                               ipcref__meta *m) {
+  m->bytes = (const unsigned char *)bytes;
+  m->len = len;
+  if (len > IPCREF_META_MAX) {
+    ipcref__report_in(IPCREF_EINVAL, fn, "meta_len over IPCREF_META_MAX");
+    return IPCREF_EINVAL;
+  }
+  if (len && !bytes) {
+    ipcref__report_in(IPCREF_EINVAL, fn, "meta is NULL, meta_len is not 0");
+    return IPCREF_EINVAL;
+  }
+  return IPCREF_OK;
+}
+
 /* A message's header (the counts bound the arrays of ipcref__msg_in). */
 typedef struct ipcref__msg_head {
   int nviews, nrecs, nretired;
+  size_t meta_len;
   uint32_t sender_pid;
   uint64_t sender_nonce;
 } ipcref__msg_head;
@@ -5821,6 +6063,7 @@ IPCREF__PRIVATE void ipcref__put_msg_head(ipcref__wire *w,
   ipcref__wire_put(w, (uint64_t)h->nretired, 2);
   ipcref__wire_put(w, h->sender_pid, 4);
   ipcref__wire_put(w, h->sender_nonce, 8);
+  ipcref__wire_put(w, (uint64_t)h->meta_len, 2);
 }
 
 /* 0 when malformed: not ours, another version, or counts out of range. */
@@ -5833,8 +6076,10 @@ IPCREF__PRIVATE int ipcref__get_msg_head(ipcref__wire *w, ipcref__msg_head *h) {
   h->nretired = (int)ipcref__wire_get(w, 2);
   h->sender_pid = (uint32_t)ipcref__wire_get(w, 4);
   h->sender_nonce = ipcref__wire_get(w, 8);
+  h->meta_len = (size_t)ipcref__wire_get(w, 2);
   return !w->bad && h->nviews >= 1 && h->nviews <= IPCREF_MSG_MAX_VIEWS &&
-         h->nrecs <= IPCREF_MSG_MAX_FDS && h->nretired <= IPCREF__MSG_RETIRED;
+         h->nrecs <= IPCREF_MSG_MAX_FDS && h->nretired <= IPCREF__MSG_RETIRED &&
+         h->meta_len <= IPCREF_META_MAX;
 }
 
 /* A whole message, decoded: its header, its segment and ledger records
@@ -5843,7 +6088,7 @@ IPCREF__PRIVATE int ipcref__get_msg_head(ipcref__wire *w, ipcref__msg_head *h) {
  * its views. */
 typedef struct ipcref__msg_in {
   ipcref__msg_head head;
-  int nfds; /* fds the records call for */
+  int nfds; /* fds the records call for (a ledger's bell after it) */
   ipcref__fd_rec recs[IPCREF_MSG_MAX_FDS];
   int fd_index[IPCREF_MSG_MAX_FDS];
   uint64_t retired[IPCREF__MSG_RETIRED];
@@ -5861,13 +6106,32 @@ IPCREF__PRIVATE int ipcref__msg_decode(const unsigned char *bytes, size_t len,
   m->nfds = 0;
   for (i = 0; i < m->head.nrecs; i++) { /* segments and ledgers: an fd each */
     if (!ipcref__get_fd_rec(&w, &m->recs[i])) return 0;
-    m->fd_index[i] = m->recs[i].kind == IPCREF__KIND_DEVICE ? -1 : m->nfds++;
+    m->fd_index[i] = m->recs[i].kind == IPCREF__KIND_DEVICE ? -1 : m->nfds;
+    m->nfds += m->recs[i].kind == IPCREF__KIND_LEDGER    ? 2
+               : m->recs[i].kind == IPCREF__KIND_SEGMENT ? 1
+                                                         : 0;
   }
+  if (m->nfds > IPCREF_MSG_MAX_FDS) return 0;
   for (i = 0; i < m->head.nretired; i++)
     m->retired[i] = ipcref__wire_get(&w, 8);
   for (i = 0; i < m->head.nviews; i++)
     if (!ipcref__get_view(&w, &m->views[i])) return 0;
+  w.pos += m->head.meta_len; /* the user's bytes, as they are */
   return !w.bad && w.pos == w.len;
+}
+
+/* The metadata of a message: its last meta_len bytes, the length its
+ * header gives (NULL, 0 when `len` bytes cannot hold the header and that
+ * many). Safe on any bytes; meaningful on a message that decodes. */
+IPCREF__PRIVATE const unsigned char *
+ipcref__msg_meta_at(const unsigned char *bytes, size_t len, size_t *meta_len) {
+  ipcref__wire w;
+  ipcref__msg_head h;
+  ipcref__wire_init(&w, (unsigned char *)(uintptr_t)bytes, len);
+  *meta_len = 0;
+  if (!ipcref__get_msg_head(&w, &h) || h.meta_len > len - w.pos) return NULL;
+  *meta_len = h.meta_len;
+  return bytes + len - h.meta_len;
 }
 
 #endif /* IPCREF__SHARING_IMPL */
@@ -6242,6 +6506,30 @@ IPCREF_API ipcref_result ipcref_peer_new(ipcref_ctx *ctx, int sockfd,
   return ipcref_peer_new_with(ctx, sockfd, NULL, out);
 }
 
+/* 1 when options `o` (may be NULL) make sense; else reported. */
+IPCREF__PRIVATE int ipcref__options_ok(const ipcref_peer_options *o) {
+  if (o && (o->send_timeout_ms < 0 || o->hello_timeout_ms < 0)) {
+    ipcref__report(IPCREF_EINVAL, "ipcref_peer_options: a negative timeout");
+    return 0;
+  }
+  return 1;
+}
+
+IPCREF__PRIVATE void ipcref__options_set(ipcref_peer *p,
+                                         const ipcref_peer_options *o) {
+  memset(&p->opt, 0, sizeof p->opt);
+  if (o) p->opt = *o;
+  if (!p->opt.hello_timeout_ms) p->opt.hello_timeout_ms = 5000;
+}
+
+IPCREF_API ipcref_result ipcref_peer_set_options(ipcref_peer *p,
+                                                 const ipcref_peer_options *o) {
+  if (!p || !ipcref__options_ok(o)) return IPCREF_EINVAL;
+  if (!IPCREF__PEER_USABLE(p, "ipcref_peer_set_options")) return IPCREF_EDEAD;
+  ipcref__options_set(p, o);
+  return IPCREF_OK;
+}
+
 IPCREF_API ipcref_result ipcref_peer_new_with(ipcref_ctx *ctx, int sockfd,
                                               const ipcref_peer_options *opt,
                                               ipcref_peer **out) {
@@ -6250,8 +6538,7 @@ IPCREF_API ipcref_result ipcref_peer_new_with(ipcref_ctx *ctx, int sockfd,
   socklen_t len = sizeof cred;
   int type = 0;
   socklen_t tlen = sizeof type;
-  if (!ctx || !out || sockfd < 0 ||
-      (opt && (opt->send_timeout_ms < 0 || opt->hello_timeout_ms < 0)))
+  if (!ctx || !out || sockfd < 0 || !ipcref__options_ok(opt))
     return IPCREF_EINVAL;
   if (!IPCREF__CTX_USABLE(ctx)) return IPCREF_EDEAD;
   if (getsockopt(sockfd, SOL_SOCKET, SO_TYPE, &type, &tlen) != 0)
@@ -6274,8 +6561,7 @@ IPCREF_API ipcref_result ipcref_peer_new_with(ipcref_ctx *ctx, int sockfd,
   p->uid = (int)cred.uid;
   p->sock_type = type;
   p->poll_fd = p->batch_fd = -1;
-  if (opt) p->opt = *opt;
-  if (!p->opt.hello_timeout_ms) p->opt.hello_timeout_ms = 5000;
+  ipcref__options_set(p, opt);
   {
     int on = 1;
     ipcref_result r = IPCREF_ESYS;
@@ -6410,6 +6696,8 @@ IPCREF_API int ipcref_peer_poll_fd(ipcref_peer *p) {
   }
   p->poll_fd = ep;
   p->batch_fd = bf;
+  if (p->room_wait) /* a send waits for room: returns wake it too */
+    (void)ipcref__epoll_add(ep, p->ctx->bell_rx, 0);
   /* A batch received before the first call has views left too. */
   ipcref__batch_signal(p);
   return ep;
@@ -6435,6 +6723,7 @@ IPCREF_API void ipcref_peer_free(ipcref_peer *p) {
   for (l = ctx->ledgers; l; l = l->next)
     if (l->peer == p) l->peer = NULL;
   ctx->st.peers--;
+  if (p->room_wait) ipcref__room_update(ctx); /* it waits no more */
   if (ipcref__retire_origin(ctx, p)) ipcref__maps_trim(ctx, 0);
   ipcref__watch_put(ctx, p->watch);
   ipcref__sweep(ctx);
@@ -6497,7 +6786,7 @@ IPCREF__PRIVATE void ipcref__lease_cancel(ipcref_ctx *ctx,
                                       r->ledger_id);
     uint64_t e = ipcref__ring_entry(IPCREF__RING_RELEASE, r->slot, r->gen);
     if (m && r->slot < m->nslots)
-      ipcref__ring_push(m->base, m->nslots, &e, 1, NULL);
+      ipcref__ring_push(m->base, m->nslots, m->bell, &e, 1, NULL);
   }
 }
 
@@ -6554,6 +6843,7 @@ typedef struct ipcref__lease_src {
   uint64_t origin_nonce, seg_id, seg_size;
   uint64_t ledger_id;
   int ledger_fd;
+  int bell_fd; /* the ledger's bell, sent after it */
   uint32_t ledger_n;
 } ipcref__lease_src;
 
@@ -6636,6 +6926,7 @@ IPCREF__PRIVATE ipcref_result ipcref__lease_take_own(
   l->live++;
   b->leases++;
   ctx->st.live_slots++;
+  p->held_bytes += b->size;
   r->origin_nonce = ctx->nonce; /* what a cancel needs, from here on */
   r->ledger_id = l->id;
   slots[2 * (size_t)r->slot + 1] = (uint64_t)(uint32_t)p->pid; /* holder */
@@ -6662,6 +6953,7 @@ IPCREF__PRIVATE ipcref_result ipcref__lease_take_own(
   r->block_size = b->size;
   src->ledger_id = l->id;
   src->ledger_fd = l->fd;
+  src->bell_fd = ctx->bell_tx;
   src->ledger_n = l->n;
   return IPCREF_OK;
 }
@@ -6698,7 +6990,7 @@ ipcref__lease_take_forward(ipcref_peer *p, const ipcref_view *v,
                    __ATOMIC_RELEASE);
   e[0] = ipcref__ring_entry(IPCREF__RING_LINK, s, r->gen);
   e[1] = ipcref__ring_entry(IPCREF__RING_PARENT, imp->slot, imp->gen);
-  ipcref__ring_push(lm->base, lm->nslots, e, 2, "forward");
+  ipcref__ring_push(lm->base, lm->nslots, lm->bell, e, 2, "forward");
   if (imp->seg->kind == IPCREF__KIND_DEVICE) { /* the producer's event */
     src->device = 1;
     src->dev_type = imp->seg->dev_type;
@@ -6717,12 +7009,14 @@ ipcref__lease_take_forward(ipcref_peer *p, const ipcref_view *v,
   r->block_size = imp->size;
   src->ledger_id = lm->id;
   src->ledger_fd = lm->fd;
+  src->bell_fd = lm->bell;
   src->ledger_n = lm->nslots;
   return IPCREF_OK;
 }
 
 /* The records (and fds) of what peer `p` lacks to map a lease from
- * `src`: its segment (an fd, or a device's handle) and its ledger's fd.
+ * `src`: its segment (an fd, or a device's handle) and its ledger's fd
+ * with its bell's.
  * 0 when out of memory. */
 IPCREF__PRIVATE int ipcref__fd_recs_add(ipcref_peer *p,
                                         const ipcref__lease_src *src,
@@ -6763,6 +7057,8 @@ IPCREF__PRIVATE int ipcref__fd_recs_add(ipcref_peer *p,
     f->size = ipcref__ledger_bytes(src->ledger_n);
     fds[(*nfd)++] =
         dup_fds ? fcntl(src->ledger_fd, F_DUPFD_CLOEXEC, 0) : src->ledger_fd;
+    fds[(*nfd)++] =
+        dup_fds ? fcntl(src->bell_fd, F_DUPFD_CLOEXEC, 0) : src->bell_fd;
   }
   return !fail;
 }
@@ -6827,10 +7123,12 @@ IPCREF__PRIVATE ipcref_result ipcref__views_live(const ipcref_view *views,
   return IPCREF_OK;
 }
 
-/* Builds a message for `n` views (under the lock). */
+/* Builds a message for `n` views and the user's metadata `meta` (under
+ * the lock; its length is checked by the caller). */
 IPCREF__PRIVATE ipcref_result ipcref__export_msg(ipcref_peer *p,
                                                  const ipcref_view *views,
                                                  int n, ipcref__view_event *ev,
+                                                 const ipcref__meta *meta,
                                                  ipcref_msg *msg, int dup_fds) {
   ipcref_ctx *ctx = p->ctx;
   ipcref__view_rec recs[IPCREF_MSG_MAX_VIEWS];
@@ -6873,10 +7171,12 @@ IPCREF__PRIVATE ipcref_result ipcref__export_msg(ipcref_peer *p,
   head.nretired = (int)nret;
   head.sender_pid = (uint32_t)ctx->pid;
   head.sender_nonce = ctx->nonce;
+  head.meta_len = meta->len;
   ipcref__put_msg_head(&w, &head);
   for (i = 0; i < nrec; i++) ipcref__put_fd_rec(&w, &fdr[i]);
   for (i = 0; i < (int)nret; i++) ipcref__wire_put(&w, p->retired[i], 8);
   for (i = 0; i < n; i++) ipcref__put_view(&w, &recs[i]);
+  if (meta->len) ipcref__put_bytes(&w, meta->bytes, meta->len);
   /* IPCREF_MSG_MAX_BYTES holds the largest record these limits allow. */
   IPCREF_ASSERT(!w.bad);
   if (nret) {
@@ -6898,7 +7198,7 @@ IPCREF__PRIVATE ipcref_result ipcref__export_msg(ipcref_peer *p,
  * checked against what they claim (memfd, seals, size, access, ledger
  * header, generation) before anything is mapped, mappings are cached per
  * context, and each view becomes a buffer whose release returns its lease
- * lock-free. Also ipcref_export, ipcref_import and the ipcref_msg calls.
+ * lock-free; ipcref_import for a message from the user's own transport.
  * Under ctx->lock, but for the release. */
 
 #ifdef IPCREF__SHARING_IMPL
@@ -6909,7 +7209,8 @@ IPCREF__PRIVATE ipcref_result ipcref__export_msg(ipcref_peer *p,
 IPCREF__PRIVATE void ipcref__import_end(ipcref__import *imp) {
   ipcref_ctx *ctx;
   uint64_t e = ipcref__ring_entry(IPCREF__RING_RELEASE, imp->slot, imp->gen);
-  ipcref__ring_push(imp->ledger->base, imp->ledger->nslots, &e, 1, "release");
+  ipcref__ring_push(imp->ledger->base, imp->ledger->nslots, imp->ledger->bell,
+                    &e, 1, "release");
   __atomic_fetch_sub(&imp->seg->refs, 1, __ATOMIC_RELEASE);
   __atomic_fetch_sub(&imp->ledger->refs, 1, __ATOMIC_RELEASE);
   __atomic_fetch_sub(&imp->ctx->imported_bufs, 1, __ATOMIC_RELEASE);
@@ -6949,11 +7250,25 @@ IPCREF__PRIVATE void ipcref__import_release(void *user, void *data) {
   ipcref__import_end(imp);
 }
 
+/* 1 when `fd` may be a ledger's bell: a datagram socket, to which a
+ * return sends one byte, never waiting (whatever it is connected to, the
+ * producer could send there itself). */
+IPCREF__PRIVATE int ipcref__bell_ok(int fd) {
+  struct stat st;
+  int type = 0;
+  socklen_t len = sizeof type;
+  return fstat(fd, &st) == 0 && S_ISSOCK(st.st_mode) &&
+         getsockopt(fd, SOL_SOCKET, SO_TYPE, &type, &len) == 0 &&
+         type == SOCK_DGRAM;
+}
+
 /* Checks a received fd against its record and maps it. The fd must be a
  * memfd sealed against shrinking and growing (so the mapping can never
  * SIGBUS), of exactly the announced size, opened with the access the
- * mapping needs. A ledger's header must agree with the record. */
-IPCREF__PRIVATE ipcref_result ipcref__map_fd(int fd, const ipcref__fd_rec *r,
+ * mapping needs. A ledger's header must agree with the record, and its
+ * bell (the fd after it) be one (see ipcref__bell_ok). */
+IPCREF__PRIVATE ipcref_result ipcref__map_fd(int fd, int bell,
+                                             const ipcref__fd_rec *r,
                                              ipcref__map **out) {
   struct stat st;
   int seals, fl, prot;
@@ -6969,7 +7284,8 @@ IPCREF__PRIVATE ipcref_result ipcref__map_fd(int fd, const ipcref__fd_rec *r,
     return IPCREF_EPROTO;
   fl = fcntl(fd, F_GETFL);
   if (fl < 0) return IPCREF_EPROTO;
-  if (r->kind == IPCREF__KIND_LEDGER && r->size < IPCREF__LEDGER_HDR)
+  if (r->kind == IPCREF__KIND_LEDGER &&
+      (r->size < IPCREF__LEDGER_HDR || !ipcref__bell_ok(bell)))
     return IPCREF_EPROTO;
   if (r->kind == IPCREF__KIND_LEDGER || r->writable) { /* mapped writable */
     if ((fl & O_ACCMODE) != O_RDWR ||
@@ -6992,6 +7308,7 @@ IPCREF__PRIVATE ipcref_result ipcref__map_fd(int fd, const ipcref__fd_rec *r,
   m->origin_pid = (int)r->origin_pid;
   m->id = r->id;
   m->fd = fd;
+  m->bell = r->kind == IPCREF__KIND_LEDGER ? bell : -1;
   m->base = base;
   m->size = (size_t)r->size;
   m->writable = r->kind == IPCREF__KIND_SEGMENT && r->writable;
@@ -7051,6 +7368,7 @@ IPCREF__PRIVATE ipcref_result ipcref__map_device(ipcref_ctx *ctx,
   }
 fill:
   m->kind = IPCREF__KIND_DEVICE;
+  m->bell = -1;
   m->origin_nonce = r->origin_nonce;
   m->origin_pid = (int)r->origin_pid;
   m->id = r->id;
@@ -7095,7 +7413,8 @@ IPCREF__PRIVATE void ipcref__leases_give_back(const ipcref__view_rec *recs,
     uint64_t e =
         ipcref__ring_entry(IPCREF__RING_RELEASE, recs[k].slot, recs[k].gen);
     ledm[k]->imported[recs[k].slot] = recs[k].gen + 1u;
-    ipcref__ring_push(ledm[k]->base, ledm[k]->nslots, &e, 1, NULL);
+    ipcref__ring_push(ledm[k]->base, ledm[k]->nslots, ledm[k]->bell, &e, 1,
+                      NULL);
   }
 }
 
@@ -7154,8 +7473,11 @@ IPCREF__PRIVATE ipcref_result ipcref__import_map(ipcref_ctx *ctx,
     if (f->kind == IPCREF__KIND_DEVICE) {
       r = ipcref__map_device(ctx, f, &mm->fresh[mm->nfresh]);
     } else {
-      r = ipcref__map_fd(fds[m->fd_index[i]], f, &mm->fresh[mm->nfresh]);
-      if (r == IPCREF_OK) fds[m->fd_index[i]] = -1;
+      int at = m->fd_index[i], led = f->kind == IPCREF__KIND_LEDGER;
+      r = ipcref__map_fd(fds[at], led ? fds[at + 1] : -1, f,
+                         &mm->fresh[mm->nfresh]);
+      if (r == IPCREF_OK) fds[at] = -1;
+      if (r == IPCREF_OK && led) fds[at + 1] = -1; /* the bell: the map's */
     }
     if (r != IPCREF_OK) return r;
     mm->nfresh++;
@@ -7367,27 +7689,6 @@ IPCREF__PRIVATE ipcref_result ipcref__hello_need(ipcref_peer *p) {
   return IPCREF_EPEER;
 }
 
-IPCREF_API ipcref_result ipcref_export(ipcref_peer *p, const ipcref_view *v,
-                                       ipcref_msg *msg) {
-  ipcref__view_event ev[1];
-  ipcref_result r;
-  if (!p || !v || !msg) return IPCREF_EINVAL;
-  if (!IPCREF__PEER_USABLE(p, "ipcref_export")) return IPCREF_EDEAD;
-  r = ipcref__views_live(v, 1, "ipcref_export");
-  if (r != IPCREF_OK) return r;
-  msg->len = 0;
-  msg->nfds = 0;
-  msg->origin = NULL;
-  r = ipcref__hello_need(p);
-  if (r == IPCREF_OK) r = ipcref__events_record(v, 1, NULL, ev);
-  if (r != IPCREF_OK) return r;
-  IPCREF__LOCK(p->ctx);
-  r = ipcref__export_msg(p, v, 1, ev, msg, 1);
-  IPCREF__UNLOCK(p->ctx);
-  ipcref__events_free(ev, 1); /* what no lease took */
-  return r;
-}
-
 IPCREF_API ipcref_result ipcref_import(ipcref_peer *p, ipcref_msg *msg,
                                        ipcref_view *out) {
   ipcref_view views[IPCREF_MSG_MAX_VIEWS];
@@ -7410,6 +7711,212 @@ IPCREF_API ipcref_result ipcref_import(ipcref_peer *p, ipcref_msg *msg,
   for (i = 1; i < n; i++) ipcref_view_release(&views[i]); /* one per msg */
   *out = views[0];
   return IPCREF_OK;
+}
+
+#endif /* IPCREF__SHARING_IMPL */
+
+/* ---- share_room: implementation (src/share_room.h) ---------------------- */
+
+#ifdef IPCREF__SHARING_IMPL
+
+/* Waits for the bell until `end` (set from `ms` on first use; -1 ms:
+ * forever), at most IPCREF__ROOM_MS at a time: another thread may read a
+ * ring meant for this one. ETIMEDOUT once `end` has passed. */
+IPCREF__PRIVATE ipcref_result ipcref__bell_wait(ipcref_ctx *ctx, int ms,
+                                                struct timespec *end) {
+  struct pollfd pfd;
+  int left;
+  if (!end->tv_sec && !end->tv_nsec) {
+    clock_gettime(CLOCK_MONOTONIC, end);
+    end->tv_sec += ms / 1000;
+    end->tv_nsec += (long)(ms % 1000) * 1000000;
+    if (end->tv_nsec >= 1000000000) end->tv_sec++, end->tv_nsec -= 1000000000;
+  }
+  left = ipcref__ms_left(ms, end);
+  if (left == 0) return IPCREF_ETIMEDOUT;
+  pfd.fd = ctx->bell_rx;
+  pfd.events = POLLIN;
+  pfd.revents = 0;
+  if (poll(&pfd, 1,
+           left < 0 || left > IPCREF__ROOM_MS ? IPCREF__ROOM_MS : left) < 0 &&
+      errno != EINTR)
+    return IPCREF_ESYS;
+  ipcref__bell_drain(ctx);
+  return IPCREF_OK;
+}
+
+IPCREF_API int ipcref_ctx_room_fd(ipcref_ctx *ctx) {
+  return ctx && IPCREF__CTX_USABLE(ctx) ? ctx->bell_rx : -1;
+}
+
+IPCREF_API ipcref_result ipcref_shared_new_wait(ipcref_ctx *ctx, size_t size,
+                                                int timeout_ms,
+                                                ipcref_buf **out) {
+  struct timespec end = {0, 0};
+  ipcref_result r;
+  if (!ctx || !out) return IPCREF_EINVAL;
+  if (!IPCREF__CTX_USABLE(ctx)) return IPCREF_EDEAD;
+  if (timeout_ms < -1) {
+    ipcref__report_in(IPCREF_EINVAL, "ipcref_shared_new_wait",
+                      "timeout_ms below -1");
+    return IPCREF_EINVAL;
+  }
+  for (;;) {
+    r = ipcref_shared_new(ctx, size, out);
+    if (r != IPCREF_ENOMEM || !ctx->opt.max_bytes || size > ctx->opt.max_bytes)
+      return r;
+    r = ipcref__bell_wait(ctx, timeout_ms, &end);
+    if (r != IPCREF_OK) return r;
+  }
+}
+
+/* The bytes a message of these views adds to what its peer holds: the
+ * blocks made here (a forwarded view is held in its origin's ledger). */
+IPCREF__PRIVATE size_t ipcref__views_bytes(const ipcref_view *views, int n) {
+  size_t sum = 0;
+  int i;
+  for (i = 0; i < n; i++) {
+    ipcref__block *b = ipcref__local_block(views[i].buf);
+    if (b) sum += b->size;
+  }
+  return sum;
+}
+
+/* 1 when `add` more bytes fit under the peer's max_bytes_held (a message
+ * larger than the cap goes when the peer holds nothing). */
+IPCREF__PRIVATE int ipcref__room_fits(const ipcref_peer *p, size_t add) {
+  size_t cap = p->opt.max_bytes_held;
+  return !cap || p->held_bytes == 0 ||
+         (p->held_bytes <= cap && add <= cap - p->held_bytes);
+}
+
+/* Sets or clears the peer's wait for room (under the lock), and with it
+ * the room fd in its poll fd and the ledgers' arming. */
+IPCREF__PRIVATE void ipcref__room_wait(ipcref_peer *p, int on) {
+  if (p->room_wait == on) return;
+  p->room_wait = on;
+  if (p->poll_fd >= 0 && p->ctx->bell_rx >= 0) {
+    if (on)
+      (void)ipcref__epoll_add(p->poll_fd, p->ctx->bell_rx, 0);
+    else
+      (void)epoll_ctl(p->poll_fd, EPOLL_CTL_DEL, p->ctx->bell_rx, NULL);
+  }
+  ipcref__room_update(p->ctx);
+}
+
+/* Before a send of `views` takes leases: room under the peer's
+ * max_bytes_held, after a sweep; else, armed, one more sweep (a return
+ * before the arming rang no bell). Non-blocking sockets say EAGAIN
+ * (IPCREF_WANTS_ROOM); blocking ones wait on the bell, up to
+ * opt.send_timeout_ms (ETIMEDOUT). */
+IPCREF__PRIVATE ipcref_result ipcref__room_take(ipcref_peer *p,
+                                                const ipcref_view *views,
+                                                int n) {
+  ipcref_ctx *ctx = p->ctx;
+  struct timespec end = {0, 0};
+  size_t add;
+  int fits;
+  if (!p->opt.max_bytes_held) {
+    if (p->room_wait) { /* the cap was lifted (ipcref_peer_set_options) */
+      IPCREF__LOCK(ctx);
+      ipcref__room_wait(p, 0);
+      IPCREF__UNLOCK(ctx);
+    }
+    return IPCREF_OK;
+  }
+  add = ipcref__views_bytes(views, n);
+  for (;;) {
+    if (p->room_wait) ipcref__bell_drain(ctx);
+    IPCREF__LOCK(ctx);
+    if (!(fits = ipcref__room_fits(p, add))) ipcref__sweep(ctx);
+    if (!(fits = fits || ipcref__room_fits(p, add)) && !p->room_wait) {
+      ipcref__room_wait(p, 1);
+      ipcref__sweep(ctx);
+      fits = ipcref__room_fits(p, add);
+    }
+    if (fits) ipcref__room_wait(p, 0);
+    IPCREF__UNLOCK(ctx);
+    if (fits) return IPCREF_OK;
+    if (ipcref__nonblocking(p->fd)) {
+      ipcref__want(p, IPCREF_WANTS_ROOM);
+      return IPCREF_EAGAIN;
+    }
+    if (ipcref__bell_wait(ctx,
+                          p->opt.send_timeout_ms ? p->opt.send_timeout_ms : -1,
+                          &end) != IPCREF_OK) {
+      IPCREF__LOCK(ctx);
+      ipcref__room_wait(p, 0); /* nobody waits now */
+      IPCREF__UNLOCK(ctx);
+      return IPCREF_ETIMEDOUT;
+    }
+  }
+}
+
+#endif /* IPCREF__SHARING_IMPL */
+
+/* ---- share_send: implementation (src/share_send.h) ---------------------- */
+
+/* share_send: messages. Exported for the user's own transport
+ * (ipcref_export, the ipcref_msg calls), or over the peer's socket: a
+ * datagram on SOCK_SEQPACKET, a length then the record on SOCK_STREAM,
+ * the fds with them; batches, and the views of a received batch handed
+ * out one per receive, with their metadata. Not under ctx->lock: the
+ * socket may block on the peer. */
+
+#ifdef IPCREF__SHARING_IMPL
+
+/* ---- messages for the user's own transport ------------------------------ */
+
+/* ipcref_export and ipcref_export_meta; `fn` names the call. */
+IPCREF__PRIVATE ipcref_result ipcref__export_one(ipcref_peer *p,
+                                                 const ipcref_view *v,
+                                                 const ipcref__meta *meta,
+                                                 ipcref_msg *msg,
+                                                 const char *fn) {
+  ipcref__view_event ev[1];
+  ipcref_result r;
+  if (!p || !v || !msg) return IPCREF_EINVAL;
+  if (!IPCREF__PEER_USABLE(p, fn)) return IPCREF_EDEAD;
+  r = ipcref__views_live(v, 1, fn);
+  if (r != IPCREF_OK) return r;
+  msg->len = 0;
+  msg->nfds = 0;
+  msg->origin = NULL;
+  r = ipcref__hello_need(p);
+  if (r == IPCREF_OK) r = ipcref__events_record(v, 1, NULL, ev);
+  if (r != IPCREF_OK) return r;
+  IPCREF__LOCK(p->ctx);
+  r = ipcref__export_msg(p, v, 1, ev, meta, msg, 1);
+  IPCREF__UNLOCK(p->ctx);
+  ipcref__events_free(ev, 1); /* what no lease took */
+  return r;
+}
+
+IPCREF_API ipcref_result ipcref_export(ipcref_peer *p, const ipcref_view *v,
+                                       ipcref_msg *msg) {
+  static const ipcref__meta none = {NULL, 0};
+  return ipcref__export_one(p, v, &none, msg, "ipcref_export");
+}
+
+IPCREF_API ipcref_result ipcref_export_meta(ipcref_peer *p,
+                                            const ipcref_view *v,
+                                            const void *meta, size_t meta_len,
+                                            ipcref_msg *msg) {
+  ipcref__meta m;
+  ipcref_result r = ipcref__meta_arg(meta, meta_len, "ipcref_export_meta", &m);
+  return r != IPCREF_OK
+             ? r
+             : ipcref__export_one(p, v, &m, msg, "ipcref_export_meta");
+}
+
+IPCREF_API const void *ipcref_msg_meta(const ipcref_msg *msg, size_t *len) {
+  const unsigned char *m;
+  size_t n = 0;
+  if (len) *len = 0;
+  if (!msg || !len || msg->len > sizeof msg->bytes) return NULL;
+  m = ipcref__msg_meta_at(msg->bytes, msg->len, &n);
+  *len = n;
+  return n ? m : NULL;
 }
 
 IPCREF_API void ipcref_msg_sent(ipcref_msg *msg) {
@@ -7450,17 +7957,6 @@ IPCREF_API void ipcref_msg_free(ipcref_msg *msg) {
   msg->origin = NULL;
   msg->len = 0;
 }
-
-#endif /* IPCREF__SHARING_IMPL */
-
-/* ---- share_send: implementation (src/share_send.h) ---------------------- */
-
-/* share_send: messages over the peer's socket. A datagram on
- * SOCK_SEQPACKET, a length then the record on SOCK_STREAM, the fds with
- * them; batches, and the views of a received batch handed out one per
- * receive. Not under ctx->lock: the socket may block on the peer. */
-
-#ifdef IPCREF__SHARING_IMPL
 
 /* ---- room in the socket ---------------------------------------------------
  * Every write is MSG_DONTWAIT. When the socket is full: a non-blocking one
@@ -7599,14 +8095,15 @@ IPCREF__PRIVATE ipcref_result ipcref__send_raw(ipcref_peer *p,
   }
 }
 
-/* ipcref_send, ipcref_send_batch and ipcref_send_on: the events recorded,
- * the leases taken and the message built under the lock, then sent
- * outside it; a message that could not be sent gives its leases back.
- * `fn` names the public call in reports. */
+/* ipcref_send, ipcref_send_batch, ipcref_send_meta and ipcref_send_on:
+ * the events recorded, the leases taken and the message built under the
+ * lock, then sent outside it; a message that could not be sent gives its
+ * leases back. `fn` names the public call in reports. */
 IPCREF__PRIVATE ipcref_result ipcref__send_views(ipcref_peer *p,
                                                  const ipcref_view *views,
-                                                 int n, void *stream,
-                                                 const char *fn) {
+                                                 int n,
+                                                 const ipcref__meta *meta,
+                                                 void *stream, const char *fn) {
   ipcref__view_event ev[IPCREF_MSG_MAX_VIEWS];
   ipcref_msg msg;
   ipcref_result r;
@@ -7614,13 +8111,14 @@ IPCREF__PRIVATE ipcref_result ipcref__send_views(ipcref_peer *p,
   if (!IPCREF__PEER_USABLE(p, fn)) return IPCREF_EDEAD;
   r = ipcref__views_live(views, n, fn);
   if (r == IPCREF_OK) r = ipcref__hello_need(p);
+  if (r == IPCREF_OK) r = ipcref__room_take(p, views, n);
   if (r == IPCREF_OK) r = ipcref__events_record(views, n, stream, ev);
   if (r != IPCREF_OK) return r;
   msg.len = 0;
   msg.nfds = 0;
   msg.origin = NULL;
   IPCREF__LOCK(p->ctx);
-  r = ipcref__export_msg(p, views, n, ev, &msg, 0); /* fds borrowed */
+  r = ipcref__export_msg(p, views, n, ev, meta, &msg, 0); /* fds borrowed */
   IPCREF__UNLOCK(p->ctx);
   ipcref__events_free(ev, n); /* what no lease took */
   if (r != IPCREF_OK) return r;
@@ -7646,18 +8144,32 @@ IPCREF_API int ipcref_peer_wants(ipcref_peer *p) {
   return p->wants;
 }
 
+static const ipcref__meta ipcref__no_meta = {NULL, 0};
+
 IPCREF_API ipcref_result ipcref_send_batch(ipcref_peer *p,
                                            const ipcref_view *views, int n) {
-  return ipcref__send_views(p, views, n, NULL, "ipcref_send_batch");
+  return ipcref__send_views(p, views, n, &ipcref__no_meta, NULL,
+                            "ipcref_send_batch");
 }
 
 IPCREF_API ipcref_result ipcref_send(ipcref_peer *p, const ipcref_view *v) {
-  return ipcref__send_views(p, v, 1, NULL, "ipcref_send");
+  return ipcref__send_views(p, v, 1, &ipcref__no_meta, NULL, "ipcref_send");
+}
+
+IPCREF_API ipcref_result ipcref_send_meta(ipcref_peer *p,
+                                          const ipcref_view *views, int n,
+                                          const void *meta, size_t meta_len) {
+  ipcref__meta m;
+  ipcref_result r = ipcref__meta_arg(meta, meta_len, "ipcref_send_meta", &m);
+  return r != IPCREF_OK
+             ? r
+             : ipcref__send_views(p, views, n, &m, NULL, "ipcref_send_meta");
 }
 
 IPCREF_API ipcref_result ipcref_send_on(ipcref_peer *p, const ipcref_view *v,
                                         void *stream) {
-  return ipcref__send_views(p, v, 1, stream, "ipcref_send_on");
+  return ipcref__send_views(p, v, 1, &ipcref__no_meta, stream,
+                            "ipcref_send_on");
 }
 
 IPCREF_API ipcref_result ipcref_recv(ipcref_peer *p, ipcref_view *out,
@@ -7727,6 +8239,21 @@ IPCREF__PRIVATE ipcref_result ipcref__recv_raw(ipcref_peer *p,
   return r;
 }
 
+/* Keeps the metadata of a message just imported (so valid) from `p`, for
+ * ipcref_recv_meta. */
+IPCREF__PRIVATE void ipcref__meta_keep(ipcref_peer *p,
+                                       const unsigned char *bytes, size_t len) {
+  const unsigned char *meta = ipcref__msg_meta_at(bytes, len, &p->meta_len);
+  if (p->meta_len) memcpy(p->meta, meta, p->meta_len);
+}
+
+IPCREF_API const void *ipcref_recv_meta(ipcref_peer *p, size_t *len) {
+  if (len) *len = 0;
+  if (!p || !len || !IPCREF__PEER_USABLE(p, "ipcref_recv_meta")) return NULL;
+  *len = p->meta_len;
+  return p->meta_len ? p->meta : NULL;
+}
+
 /* One message off a stream, within timeout_ms: its pieces gather in the
  * peer (ipcref__stream_fill), and a whole record is imported. */
 IPCREF__PRIVATE ipcref_result ipcref__recv_stream(ipcref_peer *p,
@@ -7741,6 +8268,7 @@ IPCREF__PRIVATE ipcref_result ipcref__recv_stream(ipcref_peer *p,
   IPCREF__STEP("receive");
   r = ipcref__import_bytes(p, p->in + 4, p->in_len - 4, p->in_fds, p->in_nfds,
                            stream, p->pending, n);
+  if (r == IPCREF_OK) ipcref__meta_keep(p, p->in + 4, p->in_len - 4);
   ipcref__stream_next(p, 0); /* the import took the fds */
   return r;
 }
@@ -7764,6 +8292,7 @@ IPCREF__PRIVATE ipcref_result ipcref__recv_one(ipcref_peer *p, int timeout_ms,
   if (r == IPCREF_OK) {
     IPCREF__STEP("receive");
     r = ipcref__import_bytes(p, bytes, len, fds, nfds, stream, p->pending, n);
+    if (r == IPCREF_OK) ipcref__meta_keep(p, bytes, len);
   }
   IPCREF_FREE(bytes);
   return r;
@@ -7796,13 +8325,6 @@ IPCREF_API ipcref_result ipcref_recv_on(ipcref_peer *p, ipcref_view *out,
 #endif /* IPCREF__SHARING_IMPL */
 
 /* ---- share_path: implementation (src/share_path.h) ---------------------- */
-
-/* share_path: peers by socket path. A producer listens on an AF_UNIX
- * SOCK_SEQPACKET socket at a filesystem path (whose directory's
- * permissions say who may connect) or in the abstract namespace ("@name"),
- * and accepts peers; a consumer connects by the same path. What a peer
- * checks (the uid policy, the hello) is ipcref_peer_new's. No lock: the
- * sockets are the caller's until a peer owns one. */
 
 #ifdef IPCREF__SHARING_IMPL
 

@@ -3,12 +3,15 @@
  * peer's poll fd is readable whenever a receive would return something,
  * so one ipcref_recv per wake-up never misses a frame, and IPCREF_EAGAIN
  * just means "nothing now". Each frame is checked (every element holds
- * its number, and the numbers only grow), kept for a while as a real
+ * its number, its metadata names it, and the numbers only grow), kept
+ * for a while as a real
  * consumer would, and released: its memory goes back to the producer with
- * no system call. It ends when the producer hangs up.
+ * no system call. It ends when the producer hangs up. A consumer that
+ * keeps more frames than the producer lets it hold (KEEP over HELD) gets
+ * none past that many: the producer skips it, and serves the others.
  *
  *   cc -O2 -I. examples/frames_consumer.c -o frames_consumer -pthread
- *   ./frames_consumer PATH */
+ *   ./frames_consumer PATH [KEEP]       (frames held at once, 4) */
 #define _GNU_SOURCE
 #include <errno.h>
 #include <stdio.h>
@@ -20,12 +23,19 @@
 #define IPCREF_IMPLEMENTATION
 #include "ipcref.h"
 
-#define KEEP 4 /* frames held at once */
+#define MAX_KEEP 64
 
-/* 1 when every element of frame v holds `n`. */
-static int frame_ok(const ipcref_view *v, float n) {
+/* 1 when every element of frame v holds `n`, and the metadata that came
+ * with it (peer p's last) is its name. */
+static int frame_ok(ipcref_peer *p, const ipcref_view *v, float n) {
   const float *px = (const float *)ipcref_view_data(v);
   int64_t i, count = ipcref_view_numel(v);
+  char name[32];
+  size_t len;
+  const char *meta = (const char *)ipcref_recv_meta(p, &len);
+  snprintf(name, sizeof name, "frame %.0f", (double)n);
+  if (!meta || len != strlen(name) + 1 || memcmp(meta, name, len) != 0)
+    return 0;
   for (i = 0; i < count; i++)
     if (px[i] != n) return 0;
   return count > 0;
@@ -45,13 +55,14 @@ static ipcref_peer *connect_to(ipcref_ctx *ctx, const char *path) {
 int main(int argc, char **argv) {
   ipcref_ctx *ctx = NULL;
   ipcref_peer *p;
-  ipcref_view held[KEEP];
+  ipcref_view held[MAX_KEEP];
   struct epoll_event ev;
   int ep, nheld = 0, got = 0, bad = 0, i;
   float last = -1;
   ipcref_result r = IPCREF_OK;
-  if (argc < 2) {
-    fprintf(stderr, "usage: %s PATH\n", argv[0]);
+  int keep = argc > 2 ? atoi(argv[2]) : 4;
+  if (argc < 2 || keep < 1 || keep > MAX_KEEP) {
+    fprintf(stderr, "usage: %s PATH [KEEP: 1 to %d]\n", argv[0], MAX_KEEP);
     return 2;
   }
   if (ipcref_ctx_new(NULL, &ctx) != IPCREF_OK) return 1;
@@ -70,20 +81,21 @@ int main(int argc, char **argv) {
     if (r != IPCREF_OK) break; /* EPEER: the producer is done */
     {
       float n = *(const float *)ipcref_view_data(&v);
-      bad += !frame_ok(&v, n) || n <= last;
+      bad += !frame_ok(p, &v, n) || n <= last;
       last = n;
     }
     got++;
-    if (nheld == KEEP) { /* the oldest goes */
+    if (nheld == keep) { /* the oldest goes */
       ipcref_view_release(&held[0]);
-      memmove(held, held + 1, sizeof held[0] * (KEEP - 1));
+      memmove(held, held + 1, sizeof held[0] * (size_t)(keep - 1));
       nheld--;
     }
     held[nheld++] = v;
   }
   for (i = 0; i < nheld; i++) ipcref_view_release(&held[i]);
-  printf("consumer: %d frames (the last %.0f), %d wrong; it ended with: %s\n",
-         got, (double)last, bad, ipcref_strerror(r));
+  printf("consumer (keeps %d): %d frames (the last %.0f), %d wrong; it ended "
+         "with: %s\n",
+         keep, got, (double)last, bad, ipcref_strerror(r));
   close(ep);
   ipcref_peer_free(p);
   ipcref_ctx_free(ctx);

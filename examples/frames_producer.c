@@ -4,17 +4,21 @@
  *
  * Each frame is a new tensor in shared memory (a 64x64 float32 image whose
  * every element is the frame number), filled and handed to each consumer
- * that can take it, then dropped: the consumers keep it alive as long as
- * they hold it, and the library recycles its memory after. The loop:
- *   - the listening socket: ipcref_accept, and the new peer's poll fd goes
- *     into the epoll set;
+ * that can take it with its name as metadata ("frame 17"), then dropped:
+ * the consumers keep it alive as long as they hold it, and the library
+ * recycles its memory after. Each consumer may hold at most HELD frames
+ * (max_bytes_held), so one that keeps everything cannot pin the
+ * producer's memory. The loop:
+ *   - the listening socket: ipcref_accept, the peer's cap set, and its
+ *     poll fd goes into the epoll set;
  *   - a peer's poll fd: a consumer said something (its hello) or hung up,
- *     or its socket has room again (ipcref_peer_flush);
+ *     its socket has room again (ipcref_peer_flush), or it returned frames
+ *     while at its cap;
  *   - a timer: the next frame. A send that says IPCREF_EAGAIN (the
- *     consumer is behind, its socket full; or its hello has not come yet)
- *     skips that consumer for this frame: nothing was taken, and the
- *     others are not held up. That is the backpressure policy here: a slow
- *     consumer gets fewer frames.
+ *     consumer is behind: its socket full, or it holds HELD frames; or its
+ *     hello has not come yet) skips that consumer for this frame: nothing
+ *     was taken, and the others are not held up. That is the backpressure
+ *     policy here: a slow consumer gets fewer frames.
  * It sends FRAMES frames, then lets each consumer know by closing. With
  * --stats it says every 50 frames who holds what (ipcref_peer_stats): the
  * consumer that pins memory is the one to drop.
@@ -38,6 +42,7 @@
 
 #define MAX_PEERS 16
 #define SIDE      64
+#define HELD      8 /* frames a consumer may hold */
 
 static ipcref_peer *g_peers[MAX_PEERS];
 
@@ -53,13 +58,14 @@ static int make_frame(ipcref_ctx *ctx, int n, ipcref_view *v) {
   return 1;
 }
 
-/* Hands frame `v` to every consumer that can take it now. */
-static void broadcast(const ipcref_view *v, int *sent, int *skipped) {
-  int i;
+/* Hands frame `v`, number n, to every consumer that can take it now. */
+static void broadcast(const ipcref_view *v, int n, int *sent, int *skipped) {
+  char name[32];
+  int i, len = snprintf(name, sizeof name, "frame %d", n) + 1;
   for (i = 0; i < MAX_PEERS; i++) {
     ipcref_result r;
     if (!g_peers[i]) continue;
-    r = ipcref_send(g_peers[i], v);
+    r = ipcref_send_meta(g_peers[i], v, 1, name, (size_t)len);
     if (r == IPCREF_OK) {
       (*sent)++;
     } else if (r == IPCREF_EAGAIN) {
@@ -86,12 +92,16 @@ static void print_holders(int frame) {
   }
 }
 
-/* A new consumer: non-blocking, its poll fd in the loop's set. */
+/* A new consumer: non-blocking, capped, its poll fd in the loop's set. */
 static void adopt(ipcref_ctx *ctx, int lfd, int ep) {
   ipcref_peer *p = NULL;
+  ipcref_peer_options o;
   struct epoll_event ev;
   int i;
   if (ipcref_accept(ctx, lfd, 0, &p) != IPCREF_OK) return;
+  memset(&o, 0, sizeof o);
+  o.max_bytes_held = HELD * SIDE * SIDE * sizeof(float);
+  (void)ipcref_peer_set_options(p, &o);
   for (i = 0; i < MAX_PEERS && g_peers[i]; i++) continue;
   if (i == MAX_PEERS) {
     ipcref_peer_free(p);
@@ -159,7 +169,7 @@ int main(int argc, char **argv) {
       for (i = 0; i < MAX_PEERS && !g_peers[i]; i++) continue;
       if (i == MAX_PEERS) continue; /* nobody yet: no frame */
       if (!make_frame(ctx, n, &v)) break;
-      broadcast(&v, &sent, &skipped);
+      broadcast(&v, n, &sent, &skipped);
       ipcref_view_release(&v); /* the consumers keep what they hold */
       n++;
       if (stats && n % 50 == 0) print_holders(n);

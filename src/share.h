@@ -174,9 +174,10 @@ typedef struct ipcref_peer_info {
  * fds); ipcref_msg_free releases what an unused message holds (a message
  * that is never imported keeps its lease until it is freed). */
 #define IPCREF_MSG_MAX_VIEWS 16 /* views in one message (a batch) */
-#define IPCREF_MSG_MAX_FDS   (2 * IPCREF_MSG_MAX_VIEWS)
+#define IPCREF_MSG_MAX_FDS   (3 * IPCREF_MSG_MAX_VIEWS)
+#define IPCREF_META_MAX      1024 /* bytes of metadata in one message */
 #define IPCREF_MSG_MAX_BYTES                                                   \
-  (1024 + IPCREF_MSG_MAX_FDS * (40 + IPCREF_HANDLE_BYTES) +                    \
+  (1024 + IPCREF_META_MAX + IPCREF_MSG_MAX_FDS * (40 + IPCREF_HANDLE_BYTES) +  \
    IPCREF_MSG_MAX_VIEWS * (80 + IPCREF_HANDLE_BYTES + 16 * IPCREF_MAX_DIMS))
 typedef struct ipcref_msg {
   size_t len;
@@ -285,15 +286,23 @@ IPCREF_API ipcref_result ipcref_peer_new(ipcref_ctx *ctx, int sockfd,
 
 /* Options for ipcref_peer_new_with; zero fields take the defaults. */
 typedef struct ipcref_peer_options {
-  int send_timeout_ms;  /* a send on a blocking socket waits at most this
-                           long for room in it, then fails with ETIMEDOUT
-                           and takes nothing (default: as long as it
-                           takes). On a non-blocking socket (O_NONBLOCK) a
-                           send never waits: EAGAIN */
-  int hello_timeout_ms; /* the other side's hello must come within this
-                           long of the first call that needs it (a send,
-                           an export), or the peer is refused: EPEER, for
-                           good (default 5000) */
+  int send_timeout_ms;   /* a send on a blocking socket waits at most this
+                            long for room in it, then fails with ETIMEDOUT
+                            and takes nothing (default: as long as it
+                            takes). On a non-blocking socket (O_NONBLOCK) a
+                            send never waits: EAGAIN */
+  int hello_timeout_ms;  /* the other side's hello must come within this
+                            long of the first call that needs it (a send,
+                            an export), or the peer is refused: EPEER, for
+                            good (default 5000) */
+  size_t max_bytes_held; /* a send that would leave the other side holding
+                           more bytes of blocks made here than this (by
+                           its leases: forwarded views not counted) waits
+                           for it to return some, as for a full socket:
+                           EAGAIN (IPCREF_WANTS_ROOM) or, blocking, up to
+                           send_timeout_ms, then ETIMEDOUT; nothing taken.
+                           One message larger than the cap goes when the
+                           peer holds nothing. Default: no cap */
 } ipcref_peer_options;
 
 /* As ipcref_peer_new, with options (NULL: the defaults). Errors: as
@@ -302,9 +311,17 @@ IPCREF_API ipcref_result ipcref_peer_new_with(ipcref_ctx *ctx, int sockfd,
                                               const ipcref_peer_options *opt,
                                               ipcref_peer **out);
 
+/* Replaces the options of peer `p` (NULL: the defaults), for one made
+ * without them (ipcref_accept, ipcref_connect): from its next call on.
+ * Errors: EINVAL (NULL, a negative option), EDEAD. */
+IPCREF_API ipcref_result
+ipcref_peer_set_options(ipcref_peer *p, const ipcref_peer_options *opt);
+
 /* What peer `p` waits for after a call on it said IPCREF_EAGAIN: POLLIN
  * (the other side's hello, on the peer's poll fd or socket), POLLOUT (room
- * in its socket: then call ipcref_peer_flush, or send again), 0 for
+ * in its socket: then call ipcref_peer_flush, or send again),
+ * IPCREF_WANTS_ROOM (the other side to return leases, under
+ * max_bytes_held: the peer's poll fd wakes then; send again), 0 for
  * nothing (or NULL). */
 IPCREF_API int ipcref_peer_wants(ipcref_peer *p);
 
@@ -315,29 +332,6 @@ IPCREF_API int ipcref_peer_wants(ipcref_peer *p);
  * it to be writable), ETIMEDOUT (a blocking socket, past send_timeout_ms),
  * EPEER, ESYS, EINVAL, EDEAD. */
 IPCREF_API ipcref_result ipcref_peer_flush(ipcref_peer *p);
-
-/* Peers by path. ipcref_listen makes a listening AF_UNIX SOCK_SEQPACKET
- * socket at `path` into *listen_fd (the caller's: poll it for readable,
- * close it, and unlink a filesystem path when done): a filesystem path,
- * whose directory's permissions say who may connect, or "@name" in the
- * abstract namespace. A socket file left by a listener that died is
- * replaced: to tell, ipcref_listen connects to it once (a listener that
- * lives there sees a connection that hangs up at once). ipcref_accept
- * takes one connection on it within timeout_ms (-1: waits, 0: polls) as a
- * new peer, non-blocking when the listening socket is (EPEER: it hung up
- * already, or its uid is not allowed; accept the next); ipcref_connect connects
- * to `path` and makes the peer. Each checks the other side as ipcref_peer_new
- * does (its uid against allow_uids, its hello on first use). Errors: EINVAL
- * (NULL, an empty path or one too long for an AF_UNIX address, not a listening
- * socket), EPEER (nobody listens at `path`; a uid not allowed), ETIMEDOUT
- * (accept: nobody connected), ESYS (errno says why: EADDRINUSE when a
- * listener lives at `path`), ENOMEM, EDEAD. */
-IPCREF_API ipcref_result ipcref_listen(ipcref_ctx *ctx, const char *path,
-                                       int *listen_fd);
-IPCREF_API ipcref_result ipcref_accept(ipcref_ctx *ctx, int listen_fd,
-                                       int timeout_ms, ipcref_peer **out);
-IPCREF_API ipcref_result ipcref_connect(ipcref_ctx *ctx, const char *path,
-                                        ipcref_peer **out);
 
 /* Closes the socket and frees the peer. Leases it holds from us stay until
  * they are returned or that process dies; buffers imported through it stay
@@ -379,6 +373,22 @@ IPCREF_API int ipcref_peer_pid(ipcref_peer *p);
 IPCREF_API ipcref_result ipcref_export(ipcref_peer *p, const ipcref_view *v,
                                        ipcref_msg *msg);
 
+/* As ipcref_export, with `meta_len` bytes of metadata at `meta` (at most
+ * IPCREF_META_MAX; a frame number, a name, a shape as the user sees it),
+ * which travel in the message as they are: see ipcref_msg_meta. Errors:
+ * as ipcref_export; EINVAL (meta NULL with a length, a length over
+ * IPCREF_META_MAX), and then nothing is leased. */
+IPCREF_API ipcref_result ipcref_export_meta(ipcref_peer *p,
+                                            const ipcref_view *v,
+                                            const void *meta, size_t meta_len,
+                                            ipcref_msg *msg);
+
+/* The metadata message `msg` carries (exported here, or imported: the
+ * import checked its length against the message) into *len; NULL with
+ * *len 0 when it carries none, or is not a message. It lies in
+ * msg->bytes. */
+IPCREF_API const void *ipcref_msg_meta(const ipcref_msg *msg, size_t *len);
+
 /* Imports a message from peer `p`: validates every field against the real
  * fds, maps what is new (or finds it in the cache), and returns a view
  * whose buffer returns the lease when it dies. Takes the message's fds
@@ -398,14 +408,24 @@ IPCREF_API void ipcref_msg_free(ipcref_msg *msg);
 IPCREF_API void ipcref_msg_sent(ipcref_msg *msg);
 
 /* Exports `n` views and sends them in one message over the peer's socket.
- * A blocking socket waits while it is full (up to the peer's
- * send_timeout_ms: ETIMEDOUT); a non-blocking one says EAGAIN (wanting
- * POLLOUT, see ipcref_peer_wants). Either way a send that fails took
- * nothing: no lease is left behind. Errors: as ipcref_export, EPEER (the
+ * A blocking socket waits while it is full, or while the peer holds its
+ * max_bytes_held (up to the peer's send_timeout_ms: ETIMEDOUT); a
+ * non-blocking one says EAGAIN (wanting POLLOUT or IPCREF_WANTS_ROOM, see
+ * ipcref_peer_wants). Either way a send that fails took nothing: no lease
+ * is left behind. Errors: as ipcref_export, EPEER (the
  * peer hung up), EAGAIN, ETIMEDOUT. */
 IPCREF_API ipcref_result ipcref_send_batch(ipcref_peer *p,
                                            const ipcref_view *views, int n);
 IPCREF_API ipcref_result ipcref_send(ipcref_peer *p, const ipcref_view *v);
+
+/* As ipcref_send_batch, with `meta_len` bytes of metadata at `meta` (at
+ * most IPCREF_META_MAX) in the same message: the receiver reads them with
+ * ipcref_recv_meta beside each view of it. Errors: as ipcref_send_batch;
+ * EINVAL (meta NULL with a length, a length over IPCREF_META_MAX), and
+ * then nothing is taken. */
+IPCREF_API ipcref_result ipcref_send_meta(ipcref_peer *p,
+                                          const ipcref_view *views, int n,
+                                          const void *meta, size_t meta_len);
 
 /* As ipcref_send, for a view of device memory written by work queued on
  * `stream` (a CUstream / hipStream_t; NULL: the default stream): an event
@@ -427,6 +447,13 @@ IPCREF_API ipcref_result ipcref_send_on(ipcref_peer *p, const ipcref_view *v,
  * call (see ipcref_peer_poll_fd for event loops). */
 IPCREF_API ipcref_result ipcref_recv(ipcref_peer *p, ipcref_view *out,
                                      int timeout_ms);
+
+/* The metadata of the message the view last received from `p` came in
+ * (the same for every view of a batch; ipcref_peer_stats says how many of
+ * its views wait still), its length into *len: valid until the next
+ * receive on `p` or its free. NULL with *len 0 when it had none, nothing
+ * was received yet, or `p` is NULL or freed (reported). */
+IPCREF_API const void *ipcref_recv_meta(ipcref_peer *p, size_t *len);
 
 /* As ipcref_recv, for device views used by work on `stream` (NULL: the
  * default stream): the stream waits on the producer's event before it

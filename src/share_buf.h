@@ -212,6 +212,8 @@ IPCREF__PRIVATE ipcref_result ipcref__shared_new_in(ipcref_ctx *ctx,
   ipcref__block *b;
   ipcref_result r;
   if (size > (size_t)PTRDIFF_MAX / 2) return IPCREF_ERANGE;
+  if (__atomic_load_n(&ctx->room_armed, __ATOMIC_RELAXED))
+    ipcref__bell_drain(ctx); /* this try answers the wake-up */
   IPCREF__LOCK(ctx);
   (void)ipcref__pump(ctx, 0);
   /* A free block first; if none, leases that came back since the last
@@ -230,6 +232,16 @@ IPCREF__PRIVATE ipcref_result ipcref__shared_new_in(ipcref_ctx *ctx,
   if (r == IPCREF_ENOMEM && ctx->cache) { /* then what the cache keeps */
     (void)ipcref__cache_trim(ctx, 0);
     r = ipcref__block_alloc(ctx, pool, size, own, 1, &b);
+  }
+  if (r == IPCREF_ENOMEM && ctx->opt.max_bytes && !ctx->room_alloc) {
+    ctx->room_alloc = 1; /* wake the room fd on returns (see share_room) */
+    ipcref__room_update(ctx);
+    ipcref__sweep(ctx); /* what came back before the arming */
+    r = ipcref__block_alloc(ctx, pool, size, own, 1, &b);
+  }
+  if (r == IPCREF_OK && ctx->room_alloc) {
+    ctx->room_alloc = 0;
+    ipcref__room_update(ctx);
   }
   if (r == IPCREF_OK) {
     IPCREF__STEP("allocate");

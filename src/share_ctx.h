@@ -63,16 +63,22 @@ IPCREF_API ipcref_result ipcref_ctx_new(const ipcref_ctx_options *opt,
            ctx->opt.allow_uids_count * sizeof(uint32_t));
   }
   ctx->opt.allow_uids = ctx->uids; /* ours, not the caller's */
+  ctx->bell_rx = ctx->bell_tx = -1;
   ctx->epfd = epoll_create1(EPOLL_CLOEXEC);
-  if (ctx->epfd < 0 || pthread_mutex_init(&ctx->lock, NULL) != 0) {
+  if (ctx->epfd < 0 || !ipcref__bell_make(ctx) ||
+      pthread_mutex_init(&ctx->lock, NULL) != 0) {
+    int e = errno;
     if (ctx->epfd >= 0) close(ctx->epfd);
+    if (ctx->bell_rx >= 0) close(ctx->bell_rx), close(ctx->bell_tx);
     IPCREF_FREE(ctx->uids);
     IPCREF_FREE(ctx);
-    return errno == ENOMEM ? IPCREF_ENOMEM : IPCREF_ESYS;
+    return e == ENOMEM ? IPCREF_ENOMEM : IPCREF_ESYS;
   }
   if (pthread_mutex_init(&ctx->hdr_lock, NULL) != 0) {
     pthread_mutex_destroy(&ctx->lock);
     close(ctx->epfd);
+    close(ctx->bell_rx);
+    close(ctx->bell_tx);
     IPCREF_FREE(ctx->uids);
     IPCREF_FREE(ctx);
     return IPCREF_ESYS;
@@ -101,6 +107,7 @@ IPCREF__PRIVATE void ipcref__map_drop(ipcref__map *m) {
   } else {
     munmap(m->base, m->size);
     close(m->fd);
+    if (m->bell >= 0) close(m->bell);
   }
   IPCREF_FREE(m->imported);
   IPCREF_FREE(m);
@@ -171,6 +178,8 @@ IPCREF__PRIVATE void ipcref__ctx_destroy(ipcref_ctx *ctx) {
   pthread_mutex_destroy(&ctx->hdr_lock);
   pthread_mutex_destroy(&ctx->lock);
   close(ctx->epfd);
+  if (ctx->bell_rx >= 0) close(ctx->bell_rx);
+  if (ctx->bell_tx >= 0) close(ctx->bell_tx);
   IPCREF_FREE(ctx->uids);
   while (ctx->dead_peers) {
     ipcref_peer *p = ctx->dead_peers;
@@ -361,6 +370,8 @@ IPCREF_API int ipcref_ctx_timeout(ipcref_ctx *ctx) {
       ipcref__sooner(&best, now, l->hole_ms + IPCREF__HOLE_MS);
   if (ctx->deferred) /* device work to check on */
     ipcref__sooner(&best, now, now + 1);
+  if (ctx->room_armed) /* waits for room: a look now and then */
+    ipcref__sooner(&best, now, now + IPCREF__ROOM_MS);
   for (p = ctx->peers; p; p = p->next) /* a hello awaited */
     if (!p->hello && p->hello_since)
       ipcref__sooner(&best, now, p->hello_since + p->opt.hello_timeout_ms);

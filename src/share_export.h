@@ -40,7 +40,7 @@ IPCREF__PRIVATE void ipcref__lease_cancel(ipcref_ctx *ctx,
                                       r->ledger_id);
     uint64_t e = ipcref__ring_entry(IPCREF__RING_RELEASE, r->slot, r->gen);
     if (m && r->slot < m->nslots)
-      ipcref__ring_push(m->base, m->nslots, &e, 1, NULL);
+      ipcref__ring_push(m->base, m->nslots, m->bell, &e, 1, NULL);
   }
 }
 
@@ -97,6 +97,7 @@ typedef struct ipcref__lease_src {
   uint64_t origin_nonce, seg_id, seg_size;
   uint64_t ledger_id;
   int ledger_fd;
+  int bell_fd; /* the ledger's bell, sent after it */
   uint32_t ledger_n;
 } ipcref__lease_src;
 
@@ -179,6 +180,7 @@ IPCREF__PRIVATE ipcref_result ipcref__lease_take_own(
   l->live++;
   b->leases++;
   ctx->st.live_slots++;
+  p->held_bytes += b->size;
   r->origin_nonce = ctx->nonce; /* what a cancel needs, from here on */
   r->ledger_id = l->id;
   slots[2 * (size_t)r->slot + 1] = (uint64_t)(uint32_t)p->pid; /* holder */
@@ -205,6 +207,7 @@ IPCREF__PRIVATE ipcref_result ipcref__lease_take_own(
   r->block_size = b->size;
   src->ledger_id = l->id;
   src->ledger_fd = l->fd;
+  src->bell_fd = ctx->bell_tx;
   src->ledger_n = l->n;
   return IPCREF_OK;
 }
@@ -241,7 +244,7 @@ ipcref__lease_take_forward(ipcref_peer *p, const ipcref_view *v,
                    __ATOMIC_RELEASE);
   e[0] = ipcref__ring_entry(IPCREF__RING_LINK, s, r->gen);
   e[1] = ipcref__ring_entry(IPCREF__RING_PARENT, imp->slot, imp->gen);
-  ipcref__ring_push(lm->base, lm->nslots, e, 2, "forward");
+  ipcref__ring_push(lm->base, lm->nslots, lm->bell, e, 2, "forward");
   if (imp->seg->kind == IPCREF__KIND_DEVICE) { /* the producer's event */
     src->device = 1;
     src->dev_type = imp->seg->dev_type;
@@ -260,12 +263,14 @@ ipcref__lease_take_forward(ipcref_peer *p, const ipcref_view *v,
   r->block_size = imp->size;
   src->ledger_id = lm->id;
   src->ledger_fd = lm->fd;
+  src->bell_fd = lm->bell;
   src->ledger_n = lm->nslots;
   return IPCREF_OK;
 }
 
 /* The records (and fds) of what peer `p` lacks to map a lease from
- * `src`: its segment (an fd, or a device's handle) and its ledger's fd.
+ * `src`: its segment (an fd, or a device's handle) and its ledger's fd
+ * with its bell's.
  * 0 when out of memory. */
 IPCREF__PRIVATE int ipcref__fd_recs_add(ipcref_peer *p,
                                         const ipcref__lease_src *src,
@@ -306,6 +311,8 @@ IPCREF__PRIVATE int ipcref__fd_recs_add(ipcref_peer *p,
     f->size = ipcref__ledger_bytes(src->ledger_n);
     fds[(*nfd)++] =
         dup_fds ? fcntl(src->ledger_fd, F_DUPFD_CLOEXEC, 0) : src->ledger_fd;
+    fds[(*nfd)++] =
+        dup_fds ? fcntl(src->bell_fd, F_DUPFD_CLOEXEC, 0) : src->bell_fd;
   }
   return !fail;
 }
@@ -370,10 +377,12 @@ IPCREF__PRIVATE ipcref_result ipcref__views_live(const ipcref_view *views,
   return IPCREF_OK;
 }
 
-/* Builds a message for `n` views (under the lock). */
+/* Builds a message for `n` views and the user's metadata `meta` (under
+ * the lock; its length is checked by the caller). */
 IPCREF__PRIVATE ipcref_result ipcref__export_msg(ipcref_peer *p,
                                                  const ipcref_view *views,
                                                  int n, ipcref__view_event *ev,
+                                                 const ipcref__meta *meta,
                                                  ipcref_msg *msg, int dup_fds) {
   ipcref_ctx *ctx = p->ctx;
   ipcref__view_rec recs[IPCREF_MSG_MAX_VIEWS];
@@ -416,10 +425,12 @@ IPCREF__PRIVATE ipcref_result ipcref__export_msg(ipcref_peer *p,
   head.nretired = (int)nret;
   head.sender_pid = (uint32_t)ctx->pid;
   head.sender_nonce = ctx->nonce;
+  head.meta_len = meta->len;
   ipcref__put_msg_head(&w, &head);
   for (i = 0; i < nrec; i++) ipcref__put_fd_rec(&w, &fdr[i]);
   for (i = 0; i < (int)nret; i++) ipcref__wire_put(&w, p->retired[i], 8);
   for (i = 0; i < n; i++) ipcref__put_view(&w, &recs[i]);
+  if (meta->len) ipcref__put_bytes(&w, meta->bytes, meta->len);
   /* IPCREF_MSG_MAX_BYTES holds the largest record these limits allow. */
   IPCREF_ASSERT(!w.bad);
   if (nret) {

@@ -2,7 +2,7 @@
  * checked against what they claim (memfd, seals, size, access, ledger
  * header, generation) before anything is mapped, mappings are cached per
  * context, and each view becomes a buffer whose release returns its lease
- * lock-free. Also ipcref_export, ipcref_import and the ipcref_msg calls.
+ * lock-free; ipcref_import for a message from the user's own transport.
  * Under ctx->lock, but for the release. */
 
 #ifdef IPCREF__SHARING_IMPL
@@ -13,7 +13,8 @@
 IPCREF__PRIVATE void ipcref__import_end(ipcref__import *imp) {
   ipcref_ctx *ctx;
   uint64_t e = ipcref__ring_entry(IPCREF__RING_RELEASE, imp->slot, imp->gen);
-  ipcref__ring_push(imp->ledger->base, imp->ledger->nslots, &e, 1, "release");
+  ipcref__ring_push(imp->ledger->base, imp->ledger->nslots, imp->ledger->bell,
+                    &e, 1, "release");
   __atomic_fetch_sub(&imp->seg->refs, 1, __ATOMIC_RELEASE);
   __atomic_fetch_sub(&imp->ledger->refs, 1, __ATOMIC_RELEASE);
   __atomic_fetch_sub(&imp->ctx->imported_bufs, 1, __ATOMIC_RELEASE);
@@ -53,11 +54,25 @@ IPCREF__PRIVATE void ipcref__import_release(void *user, void *data) {
   ipcref__import_end(imp);
 }
 
+/* 1 when `fd` may be a ledger's bell: a datagram socket, to which a
+ * return sends one byte, never waiting (whatever it is connected to, the
+ * producer could send there itself). */
+IPCREF__PRIVATE int ipcref__bell_ok(int fd) {
+  struct stat st;
+  int type = 0;
+  socklen_t len = sizeof type;
+  return fstat(fd, &st) == 0 && S_ISSOCK(st.st_mode) &&
+         getsockopt(fd, SOL_SOCKET, SO_TYPE, &type, &len) == 0 &&
+         type == SOCK_DGRAM;
+}
+
 /* Checks a received fd against its record and maps it. The fd must be a
  * memfd sealed against shrinking and growing (so the mapping can never
  * SIGBUS), of exactly the announced size, opened with the access the
- * mapping needs. A ledger's header must agree with the record. */
-IPCREF__PRIVATE ipcref_result ipcref__map_fd(int fd, const ipcref__fd_rec *r,
+ * mapping needs. A ledger's header must agree with the record, and its
+ * bell (the fd after it) be one (see ipcref__bell_ok). */
+IPCREF__PRIVATE ipcref_result ipcref__map_fd(int fd, int bell,
+                                             const ipcref__fd_rec *r,
                                              ipcref__map **out) {
   struct stat st;
   int seals, fl, prot;
@@ -73,7 +88,8 @@ IPCREF__PRIVATE ipcref_result ipcref__map_fd(int fd, const ipcref__fd_rec *r,
     return IPCREF_EPROTO;
   fl = fcntl(fd, F_GETFL);
   if (fl < 0) return IPCREF_EPROTO;
-  if (r->kind == IPCREF__KIND_LEDGER && r->size < IPCREF__LEDGER_HDR)
+  if (r->kind == IPCREF__KIND_LEDGER &&
+      (r->size < IPCREF__LEDGER_HDR || !ipcref__bell_ok(bell)))
     return IPCREF_EPROTO;
   if (r->kind == IPCREF__KIND_LEDGER || r->writable) { /* mapped writable */
     if ((fl & O_ACCMODE) != O_RDWR ||
@@ -96,6 +112,7 @@ IPCREF__PRIVATE ipcref_result ipcref__map_fd(int fd, const ipcref__fd_rec *r,
   m->origin_pid = (int)r->origin_pid;
   m->id = r->id;
   m->fd = fd;
+  m->bell = r->kind == IPCREF__KIND_LEDGER ? bell : -1;
   m->base = base;
   m->size = (size_t)r->size;
   m->writable = r->kind == IPCREF__KIND_SEGMENT && r->writable;
@@ -155,6 +172,7 @@ IPCREF__PRIVATE ipcref_result ipcref__map_device(ipcref_ctx *ctx,
   }
 fill:
   m->kind = IPCREF__KIND_DEVICE;
+  m->bell = -1;
   m->origin_nonce = r->origin_nonce;
   m->origin_pid = (int)r->origin_pid;
   m->id = r->id;
@@ -199,7 +217,8 @@ IPCREF__PRIVATE void ipcref__leases_give_back(const ipcref__view_rec *recs,
     uint64_t e =
         ipcref__ring_entry(IPCREF__RING_RELEASE, recs[k].slot, recs[k].gen);
     ledm[k]->imported[recs[k].slot] = recs[k].gen + 1u;
-    ipcref__ring_push(ledm[k]->base, ledm[k]->nslots, &e, 1, NULL);
+    ipcref__ring_push(ledm[k]->base, ledm[k]->nslots, ledm[k]->bell, &e, 1,
+                      NULL);
   }
 }
 
@@ -258,8 +277,11 @@ IPCREF__PRIVATE ipcref_result ipcref__import_map(ipcref_ctx *ctx,
     if (f->kind == IPCREF__KIND_DEVICE) {
       r = ipcref__map_device(ctx, f, &mm->fresh[mm->nfresh]);
     } else {
-      r = ipcref__map_fd(fds[m->fd_index[i]], f, &mm->fresh[mm->nfresh]);
-      if (r == IPCREF_OK) fds[m->fd_index[i]] = -1;
+      int at = m->fd_index[i], led = f->kind == IPCREF__KIND_LEDGER;
+      r = ipcref__map_fd(fds[at], led ? fds[at + 1] : -1, f,
+                         &mm->fresh[mm->nfresh]);
+      if (r == IPCREF_OK) fds[at] = -1;
+      if (r == IPCREF_OK && led) fds[at + 1] = -1; /* the bell: the map's */
     }
     if (r != IPCREF_OK) return r;
     mm->nfresh++;
@@ -471,27 +493,6 @@ IPCREF__PRIVATE ipcref_result ipcref__hello_need(ipcref_peer *p) {
   return IPCREF_EPEER;
 }
 
-IPCREF_API ipcref_result ipcref_export(ipcref_peer *p, const ipcref_view *v,
-                                       ipcref_msg *msg) {
-  ipcref__view_event ev[1];
-  ipcref_result r;
-  if (!p || !v || !msg) return IPCREF_EINVAL;
-  if (!IPCREF__PEER_USABLE(p, "ipcref_export")) return IPCREF_EDEAD;
-  r = ipcref__views_live(v, 1, "ipcref_export");
-  if (r != IPCREF_OK) return r;
-  msg->len = 0;
-  msg->nfds = 0;
-  msg->origin = NULL;
-  r = ipcref__hello_need(p);
-  if (r == IPCREF_OK) r = ipcref__events_record(v, 1, NULL, ev);
-  if (r != IPCREF_OK) return r;
-  IPCREF__LOCK(p->ctx);
-  r = ipcref__export_msg(p, v, 1, ev, msg, 1);
-  IPCREF__UNLOCK(p->ctx);
-  ipcref__events_free(ev, 1); /* what no lease took */
-  return r;
-}
-
 IPCREF_API ipcref_result ipcref_import(ipcref_peer *p, ipcref_msg *msg,
                                        ipcref_view *out) {
   ipcref_view views[IPCREF_MSG_MAX_VIEWS];
@@ -514,45 +515,6 @@ IPCREF_API ipcref_result ipcref_import(ipcref_peer *p, ipcref_msg *msg,
   for (i = 1; i < n; i++) ipcref_view_release(&views[i]); /* one per msg */
   *out = views[0];
   return IPCREF_OK;
-}
-
-IPCREF_API void ipcref_msg_sent(ipcref_msg *msg) {
-  int i;
-  if (!msg) return;
-  for (i = 0; i < msg->nfds && i < IPCREF_MSG_MAX_FDS; i++)
-    if (msg->fds[i] >= 0) close(msg->fds[i]);
-  msg->nfds = 0;
-  msg->origin = NULL;
-}
-
-IPCREF_API void ipcref_msg_free(ipcref_msg *msg) {
-  int i;
-  if (!msg) return;
-  for (i = 0; i < msg->nfds && i < IPCREF_MSG_MAX_FDS; i++)
-    if (msg->fds[i] >= 0) close(msg->fds[i]);
-  msg->nfds = 0;
-  if (msg->origin && msg->len <= sizeof msg->bytes) {
-    /* Never imported: end the leases it carries. */
-    ipcref_ctx *ctx = msg->origin->ctx;
-    ipcref__wire w;
-    ipcref__msg_head head;
-    ipcref__view_rec rec;
-    ipcref__wire_init(&w, msg->bytes, msg->len);
-    if (!ipcref__get_msg_head(&w, &head)) head.nviews = head.nrecs = 0;
-    IPCREF__LOCK(ctx);
-    /* The peer never got these segments: send them again next time. */
-    for (i = 0; i < head.nrecs && !w.bad; i++) {
-      ipcref__fd_rec f;
-      if (ipcref__get_fd_rec(&w, &f))
-        ipcref__sent_forget_recs(msg->origin, &f, 1);
-    }
-    w.pos += (size_t)head.nretired * 8;
-    for (i = 0; i < head.nviews && ipcref__get_view(&w, &rec); i++)
-      ipcref__lease_cancel(ctx, &rec);
-    IPCREF__UNLOCK(ctx);
-  }
-  msg->origin = NULL;
-  msg->len = 0;
 }
 
 #endif /* IPCREF__SHARING_IMPL */

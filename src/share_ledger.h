@@ -22,6 +22,57 @@ IPCREF__PRIVATE void ipcref__ledger_destroy(ipcref_ctx *ctx,
   IPCREF_FREE(l);
 }
 
+/* The context's bell, made with it: a non-blocking datagram socketpair. Every
+ * ledger travels with bell_tx; a consumer that returns a lease while the ledger
+ * says `waiting` sends a byte on it, and bell_rx becomes readable: what a
+ * producer waiting for room sleeps on (see share_room). 0 when it cannot be
+ * made. */
+IPCREF__PRIVATE int ipcref__bell_make(ipcref_ctx *ctx) {
+  int sv[2];
+  if (ctx->bell_rx >= 0) return 1;
+  if (socketpair(AF_UNIX, SOCK_DGRAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0, sv) !=
+      0)
+    return 0;
+  ctx->bell_rx = sv[0];
+  ctx->bell_tx = sv[1];
+  return 1;
+}
+
+/* Sets (on 1) or clears the `waiting` word of every ledger made here
+ * (under the lock). Seq-cst, paired with the fence in ipcref__ring_push:
+ * a return pushed before this store is seen by the sweep the caller runs
+ * next; one after it rings the bell. */
+IPCREF__PRIVATE void ipcref__room_arm(ipcref_ctx *ctx, int on) {
+  ipcref__ledger *l;
+  if (ctx->room_armed == on) return;
+  __atomic_store_n(&ctx->room_armed, on, __ATOMIC_RELAXED);
+  for (l = ctx->ledgers; l; l = l->next)
+    __atomic_store_n(&((ipcref__ledger_hdr *)(void *)l->base)->waiting,
+                     (uint64_t)on, __ATOMIC_SEQ_CST);
+  __atomic_thread_fence(__ATOMIC_SEQ_CST);
+}
+
+/* Arms the ledgers while anything waits for room: an allocation refused
+ * under max_bytes, a peer's send refused under its max_bytes_held (under
+ * the lock). The caller sweeps after arming, so that no return slips
+ * between its look and the arming. */
+IPCREF__PRIVATE void ipcref__room_update(ipcref_ctx *ctx) {
+  ipcref_peer *p;
+  int need = ctx->room_alloc;
+  for (p = ctx->peers; p && !need; p = p->next) need = p->room_wait;
+  ipcref__room_arm(ctx, need);
+}
+
+#define IPCREF__ROOM_MS 100 /* longest sleep between looks while waiting */
+
+/* Reads what rang the bell (not under the lock; never waits): it stays
+ * readable until someone does. */
+IPCREF__PRIVATE void ipcref__bell_drain(ipcref_ctx *ctx) {
+  char b[16];
+  if (ctx->bell_rx >= 0)
+    while (recv(ctx->bell_rx, b, sizeof b, MSG_DONTWAIT) > 0) continue;
+}
+
 /* A new ledger for peer p. Each one a peer gets is twice the size of its
  * last (up to 2^22 slots), so a peer holding n leases needs O(log n)
  * ledgers, and a sweep, which looks at every ledger, stays cheap. */
@@ -61,6 +112,7 @@ IPCREF__PRIVATE ipcref_result ipcref__ledger_new(ipcref_ctx *ctx,
   h->origin_pid = (uint32_t)ctx->pid;
   h->origin_nonce = ctx->nonce;
   h->ledger_id = l->id;
+  h->waiting = (uint64_t)ctx->room_armed;
   IPCREF__LIST_PUSH(ctx->ledgers, l, next, prev);
   ctx->st.counter_files++;
   *out = l;
@@ -93,6 +145,7 @@ IPCREF__PRIVATE int ipcref__lease_end(ipcref_ctx *ctx, ipcref__ledger *l,
   if (l->leases[slot].alias) ipcref__alias_drop(ctx, l->leases[slot].alias);
   l->leases[slot].alias = NULL;
   l->live--;
+  if (slot < l->n / 2 && l->peer) l->peer->held_bytes -= b->size;
   __atomic_store_n(&slots[2 * (size_t)slot],
                    ((uint64_t)gen << 2) | IPCREF__SLOT_FREE, __ATOMIC_RELEASE);
   if (slot < l->n / 2) l->free_stack[l->nfree++] = slot;

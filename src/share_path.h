@@ -5,6 +5,41 @@
  * checks (the uid policy, the hello) is ipcref_peer_new's. No lock: the
  * sockets are the caller's until a peer owns one. */
 
+#if !defined(IPCREF_NO_SHARING)
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* Peers by path. ipcref_listen makes a listening AF_UNIX SOCK_SEQPACKET
+ * socket at `path` into *listen_fd (the caller's: poll it for readable,
+ * close it, and unlink a filesystem path when done): a filesystem path,
+ * whose directory's permissions say who may connect, or "@name" in the
+ * abstract namespace. A socket file left by a listener that died is
+ * replaced: to tell, ipcref_listen connects to it once (a listener that
+ * lives there sees a connection that hangs up at once). ipcref_accept
+ * takes one connection on it within timeout_ms (-1: waits, 0: polls) as a
+ * new peer, non-blocking when the listening socket is (EPEER: it hung up
+ * already, or its uid is not allowed; accept the next); ipcref_connect connects
+ * to `path` and makes the peer. Each checks the other side as ipcref_peer_new
+ * does (its uid against allow_uids, its hello on first use). Errors: EINVAL
+ * (NULL, an empty path or one too long for an AF_UNIX address, not a listening
+ * socket), EPEER (nobody listens at `path`; a uid not allowed), ETIMEDOUT
+ * (accept: nobody connected), ESYS (errno says why: EADDRINUSE when a
+ * listener lives at `path`), ENOMEM, EDEAD. */
+IPCREF_API ipcref_result ipcref_listen(ipcref_ctx *ctx, const char *path,
+                                       int *listen_fd);
+IPCREF_API ipcref_result ipcref_accept(ipcref_ctx *ctx, int listen_fd,
+                                       int timeout_ms, ipcref_peer **out);
+IPCREF_API ipcref_result ipcref_connect(ipcref_ctx *ctx, const char *path,
+                                        ipcref_peer **out);
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* !IPCREF_NO_SHARING */
+
+/* @implementation */
+
 #ifdef IPCREF__SHARING_IMPL
 
 /* The address of `path`: "@name" is name in the abstract namespace (a

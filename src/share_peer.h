@@ -366,6 +366,30 @@ IPCREF_API ipcref_result ipcref_peer_new(ipcref_ctx *ctx, int sockfd,
   return ipcref_peer_new_with(ctx, sockfd, NULL, out);
 }
 
+/* 1 when options `o` (may be NULL) make sense; else reported. */
+IPCREF__PRIVATE int ipcref__options_ok(const ipcref_peer_options *o) {
+  if (o && (o->send_timeout_ms < 0 || o->hello_timeout_ms < 0)) {
+    ipcref__report(IPCREF_EINVAL, "ipcref_peer_options: a negative timeout");
+    return 0;
+  }
+  return 1;
+}
+
+IPCREF__PRIVATE void ipcref__options_set(ipcref_peer *p,
+                                         const ipcref_peer_options *o) {
+  memset(&p->opt, 0, sizeof p->opt);
+  if (o) p->opt = *o;
+  if (!p->opt.hello_timeout_ms) p->opt.hello_timeout_ms = 5000;
+}
+
+IPCREF_API ipcref_result ipcref_peer_set_options(ipcref_peer *p,
+                                                 const ipcref_peer_options *o) {
+  if (!p || !ipcref__options_ok(o)) return IPCREF_EINVAL;
+  if (!IPCREF__PEER_USABLE(p, "ipcref_peer_set_options")) return IPCREF_EDEAD;
+  ipcref__options_set(p, o);
+  return IPCREF_OK;
+}
+
 IPCREF_API ipcref_result ipcref_peer_new_with(ipcref_ctx *ctx, int sockfd,
                                               const ipcref_peer_options *opt,
                                               ipcref_peer **out) {
@@ -374,8 +398,7 @@ IPCREF_API ipcref_result ipcref_peer_new_with(ipcref_ctx *ctx, int sockfd,
   socklen_t len = sizeof cred;
   int type = 0;
   socklen_t tlen = sizeof type;
-  if (!ctx || !out || sockfd < 0 ||
-      (opt && (opt->send_timeout_ms < 0 || opt->hello_timeout_ms < 0)))
+  if (!ctx || !out || sockfd < 0 || !ipcref__options_ok(opt))
     return IPCREF_EINVAL;
   if (!IPCREF__CTX_USABLE(ctx)) return IPCREF_EDEAD;
   if (getsockopt(sockfd, SOL_SOCKET, SO_TYPE, &type, &tlen) != 0)
@@ -398,8 +421,7 @@ IPCREF_API ipcref_result ipcref_peer_new_with(ipcref_ctx *ctx, int sockfd,
   p->uid = (int)cred.uid;
   p->sock_type = type;
   p->poll_fd = p->batch_fd = -1;
-  if (opt) p->opt = *opt;
-  if (!p->opt.hello_timeout_ms) p->opt.hello_timeout_ms = 5000;
+  ipcref__options_set(p, opt);
   {
     int on = 1;
     ipcref_result r = IPCREF_ESYS;
@@ -534,6 +556,8 @@ IPCREF_API int ipcref_peer_poll_fd(ipcref_peer *p) {
   }
   p->poll_fd = ep;
   p->batch_fd = bf;
+  if (p->room_wait) /* a send waits for room: returns wake it too */
+    (void)ipcref__epoll_add(ep, p->ctx->bell_rx, 0);
   /* A batch received before the first call has views left too. */
   ipcref__batch_signal(p);
   return ep;
@@ -559,6 +583,7 @@ IPCREF_API void ipcref_peer_free(ipcref_peer *p) {
   for (l = ctx->ledgers; l; l = l->next)
     if (l->peer == p) l->peer = NULL;
   ctx->st.peers--;
+  if (p->room_wait) ipcref__room_update(ctx); /* it waits no more */
   if (ipcref__retire_origin(ctx, p)) ipcref__maps_trim(ctx, 0);
   ipcref__watch_put(ctx, p->watch);
   ipcref__sweep(ctx);

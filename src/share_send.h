@@ -1,9 +1,104 @@
-/* share_send: messages over the peer's socket. A datagram on
- * SOCK_SEQPACKET, a length then the record on SOCK_STREAM, the fds with
- * them; batches, and the views of a received batch handed out one per
- * receive. Not under ctx->lock: the socket may block on the peer. */
+/* share_send: messages. Exported for the user's own transport
+ * (ipcref_export, the ipcref_msg calls), or over the peer's socket: a
+ * datagram on SOCK_SEQPACKET, a length then the record on SOCK_STREAM,
+ * the fds with them; batches, and the views of a received batch handed
+ * out one per receive, with their metadata. Not under ctx->lock: the
+ * socket may block on the peer. */
 
 #ifdef IPCREF__SHARING_IMPL
+
+/* ---- messages for the user's own transport ------------------------------ */
+
+/* ipcref_export and ipcref_export_meta; `fn` names the call. */
+IPCREF__PRIVATE ipcref_result ipcref__export_one(ipcref_peer *p,
+                                                 const ipcref_view *v,
+                                                 const ipcref__meta *meta,
+                                                 ipcref_msg *msg,
+                                                 const char *fn) {
+  ipcref__view_event ev[1];
+  ipcref_result r;
+  if (!p || !v || !msg) return IPCREF_EINVAL;
+  if (!IPCREF__PEER_USABLE(p, fn)) return IPCREF_EDEAD;
+  r = ipcref__views_live(v, 1, fn);
+  if (r != IPCREF_OK) return r;
+  msg->len = 0;
+  msg->nfds = 0;
+  msg->origin = NULL;
+  r = ipcref__hello_need(p);
+  if (r == IPCREF_OK) r = ipcref__events_record(v, 1, NULL, ev);
+  if (r != IPCREF_OK) return r;
+  IPCREF__LOCK(p->ctx);
+  r = ipcref__export_msg(p, v, 1, ev, meta, msg, 1);
+  IPCREF__UNLOCK(p->ctx);
+  ipcref__events_free(ev, 1); /* what no lease took */
+  return r;
+}
+
+IPCREF_API ipcref_result ipcref_export(ipcref_peer *p, const ipcref_view *v,
+                                       ipcref_msg *msg) {
+  static const ipcref__meta none = {NULL, 0};
+  return ipcref__export_one(p, v, &none, msg, "ipcref_export");
+}
+
+IPCREF_API ipcref_result ipcref_export_meta(ipcref_peer *p,
+                                            const ipcref_view *v,
+                                            const void *meta, size_t meta_len,
+                                            ipcref_msg *msg) {
+  ipcref__meta m;
+  ipcref_result r = ipcref__meta_arg(meta, meta_len, "ipcref_export_meta", &m);
+  return r != IPCREF_OK
+             ? r
+             : ipcref__export_one(p, v, &m, msg, "ipcref_export_meta");
+}
+
+IPCREF_API const void *ipcref_msg_meta(const ipcref_msg *msg, size_t *len) {
+  const unsigned char *m;
+  size_t n = 0;
+  if (len) *len = 0;
+  if (!msg || !len || msg->len > sizeof msg->bytes) return NULL;
+  m = ipcref__msg_meta_at(msg->bytes, msg->len, &n);
+  *len = n;
+  return n ? m : NULL;
+}
+
+IPCREF_API void ipcref_msg_sent(ipcref_msg *msg) {
+  int i;
+  if (!msg) return;
+  for (i = 0; i < msg->nfds && i < IPCREF_MSG_MAX_FDS; i++)
+    if (msg->fds[i] >= 0) close(msg->fds[i]);
+  msg->nfds = 0;
+  msg->origin = NULL;
+}
+
+IPCREF_API void ipcref_msg_free(ipcref_msg *msg) {
+  int i;
+  if (!msg) return;
+  for (i = 0; i < msg->nfds && i < IPCREF_MSG_MAX_FDS; i++)
+    if (msg->fds[i] >= 0) close(msg->fds[i]);
+  msg->nfds = 0;
+  if (msg->origin && msg->len <= sizeof msg->bytes) {
+    /* Never imported: end the leases it carries. */
+    ipcref_ctx *ctx = msg->origin->ctx;
+    ipcref__wire w;
+    ipcref__msg_head head;
+    ipcref__view_rec rec;
+    ipcref__wire_init(&w, msg->bytes, msg->len);
+    if (!ipcref__get_msg_head(&w, &head)) head.nviews = head.nrecs = 0;
+    IPCREF__LOCK(ctx);
+    /* The peer never got these segments: send them again next time. */
+    for (i = 0; i < head.nrecs && !w.bad; i++) {
+      ipcref__fd_rec f;
+      if (ipcref__get_fd_rec(&w, &f))
+        ipcref__sent_forget_recs(msg->origin, &f, 1);
+    }
+    w.pos += (size_t)head.nretired * 8;
+    for (i = 0; i < head.nviews && ipcref__get_view(&w, &rec); i++)
+      ipcref__lease_cancel(ctx, &rec);
+    IPCREF__UNLOCK(ctx);
+  }
+  msg->origin = NULL;
+  msg->len = 0;
+}
 
 /* ---- room in the socket ---------------------------------------------------
  * Every write is MSG_DONTWAIT. When the socket is full: a non-blocking one
@@ -142,14 +237,15 @@ IPCREF__PRIVATE ipcref_result ipcref__send_raw(ipcref_peer *p,
   }
 }
 
-/* ipcref_send, ipcref_send_batch and ipcref_send_on: the events recorded,
- * the leases taken and the message built under the lock, then sent
- * outside it; a message that could not be sent gives its leases back.
- * `fn` names the public call in reports. */
+/* ipcref_send, ipcref_send_batch, ipcref_send_meta and ipcref_send_on:
+ * the events recorded, the leases taken and the message built under the
+ * lock, then sent outside it; a message that could not be sent gives its
+ * leases back. `fn` names the public call in reports. */
 IPCREF__PRIVATE ipcref_result ipcref__send_views(ipcref_peer *p,
                                                  const ipcref_view *views,
-                                                 int n, void *stream,
-                                                 const char *fn) {
+                                                 int n,
+                                                 const ipcref__meta *meta,
+                                                 void *stream, const char *fn) {
   ipcref__view_event ev[IPCREF_MSG_MAX_VIEWS];
   ipcref_msg msg;
   ipcref_result r;
@@ -157,13 +253,14 @@ IPCREF__PRIVATE ipcref_result ipcref__send_views(ipcref_peer *p,
   if (!IPCREF__PEER_USABLE(p, fn)) return IPCREF_EDEAD;
   r = ipcref__views_live(views, n, fn);
   if (r == IPCREF_OK) r = ipcref__hello_need(p);
+  if (r == IPCREF_OK) r = ipcref__room_take(p, views, n);
   if (r == IPCREF_OK) r = ipcref__events_record(views, n, stream, ev);
   if (r != IPCREF_OK) return r;
   msg.len = 0;
   msg.nfds = 0;
   msg.origin = NULL;
   IPCREF__LOCK(p->ctx);
-  r = ipcref__export_msg(p, views, n, ev, &msg, 0); /* fds borrowed */
+  r = ipcref__export_msg(p, views, n, ev, meta, &msg, 0); /* fds borrowed */
   IPCREF__UNLOCK(p->ctx);
   ipcref__events_free(ev, n); /* what no lease took */
   if (r != IPCREF_OK) return r;
@@ -189,18 +286,32 @@ IPCREF_API int ipcref_peer_wants(ipcref_peer *p) {
   return p->wants;
 }
 
+static const ipcref__meta ipcref__no_meta = {NULL, 0};
+
 IPCREF_API ipcref_result ipcref_send_batch(ipcref_peer *p,
                                            const ipcref_view *views, int n) {
-  return ipcref__send_views(p, views, n, NULL, "ipcref_send_batch");
+  return ipcref__send_views(p, views, n, &ipcref__no_meta, NULL,
+                            "ipcref_send_batch");
 }
 
 IPCREF_API ipcref_result ipcref_send(ipcref_peer *p, const ipcref_view *v) {
-  return ipcref__send_views(p, v, 1, NULL, "ipcref_send");
+  return ipcref__send_views(p, v, 1, &ipcref__no_meta, NULL, "ipcref_send");
+}
+
+IPCREF_API ipcref_result ipcref_send_meta(ipcref_peer *p,
+                                          const ipcref_view *views, int n,
+                                          const void *meta, size_t meta_len) {
+  ipcref__meta m;
+  ipcref_result r = ipcref__meta_arg(meta, meta_len, "ipcref_send_meta", &m);
+  return r != IPCREF_OK
+             ? r
+             : ipcref__send_views(p, views, n, &m, NULL, "ipcref_send_meta");
 }
 
 IPCREF_API ipcref_result ipcref_send_on(ipcref_peer *p, const ipcref_view *v,
                                         void *stream) {
-  return ipcref__send_views(p, v, 1, stream, "ipcref_send_on");
+  return ipcref__send_views(p, v, 1, &ipcref__no_meta, stream,
+                            "ipcref_send_on");
 }
 
 IPCREF_API ipcref_result ipcref_recv(ipcref_peer *p, ipcref_view *out,
@@ -270,6 +381,21 @@ IPCREF__PRIVATE ipcref_result ipcref__recv_raw(ipcref_peer *p,
   return r;
 }
 
+/* Keeps the metadata of a message just imported (so valid) from `p`, for
+ * ipcref_recv_meta. */
+IPCREF__PRIVATE void ipcref__meta_keep(ipcref_peer *p,
+                                       const unsigned char *bytes, size_t len) {
+  const unsigned char *meta = ipcref__msg_meta_at(bytes, len, &p->meta_len);
+  if (p->meta_len) memcpy(p->meta, meta, p->meta_len);
+}
+
+IPCREF_API const void *ipcref_recv_meta(ipcref_peer *p, size_t *len) {
+  if (len) *len = 0;
+  if (!p || !len || !IPCREF__PEER_USABLE(p, "ipcref_recv_meta")) return NULL;
+  *len = p->meta_len;
+  return p->meta_len ? p->meta : NULL;
+}
+
 /* One message off a stream, within timeout_ms: its pieces gather in the
  * peer (ipcref__stream_fill), and a whole record is imported. */
 IPCREF__PRIVATE ipcref_result ipcref__recv_stream(ipcref_peer *p,
@@ -284,6 +410,7 @@ IPCREF__PRIVATE ipcref_result ipcref__recv_stream(ipcref_peer *p,
   IPCREF__STEP("receive");
   r = ipcref__import_bytes(p, p->in + 4, p->in_len - 4, p->in_fds, p->in_nfds,
                            stream, p->pending, n);
+  if (r == IPCREF_OK) ipcref__meta_keep(p, p->in + 4, p->in_len - 4);
   ipcref__stream_next(p, 0); /* the import took the fds */
   return r;
 }
@@ -307,6 +434,7 @@ IPCREF__PRIVATE ipcref_result ipcref__recv_one(ipcref_peer *p, int timeout_ms,
   if (r == IPCREF_OK) {
     IPCREF__STEP("receive");
     r = ipcref__import_bytes(p, bytes, len, fds, nfds, stream, p->pending, n);
+    if (r == IPCREF_OK) ipcref__meta_keep(p, bytes, len);
   }
   IPCREF_FREE(bytes);
   return r;

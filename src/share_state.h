@@ -44,7 +44,8 @@
  * maps it. All fields little endian (the host's: peers share a machine).
  *
  *   header   64 bytes: magic, version, nslots, origin pid, origin nonce,
- *            ledger id, and `head`, the ring's write position
+ *            ledger id, `head`, the ring's write position, and `waiting`,
+ *            set while the producer waits for returns
  *   slots    nslots x { u64 (generation << 2) | state, u64 holder: its pid,
  *            and for a forwarded lease the parent slot + 1 << 32 }
  *   ring     2 * nslots x u64: returned and linked leases, in order
@@ -52,10 +53,12 @@
  * The producer allocates slots [0, nslots/2); forwarders claim slots in
  * [nslots/2, nslots) with a compare-and-swap. A consumer returns a lease
  * by taking a ring position (one fetch_add) and storing the entry there:
- * no system call, no lock. The producer reads the ring from its private
- * tail, so a sweep costs what was returned since the last one. */
+ * no system call, no lock; only while `waiting` is set does it also send
+ * a byte on the producer's bell (its fd came with the ledger's). The
+ * producer reads the ring from its private tail, so a sweep costs what
+ * was returned since the last one. */
 #define IPCREF__LEDGER_MAGIC   0x4c465249u /* "IRFL" */
-#define IPCREF__LEDGER_VERSION 1u
+#define IPCREF__LEDGER_VERSION 2u
 #define IPCREF__LEDGER_HDR     64u
 #define IPCREF__SLOT_FREE      0u
 #define IPCREF__SLOT_LIVE      1u
@@ -66,8 +69,10 @@
 typedef struct ipcref__ledger_hdr {
   uint32_t magic, version, nslots, origin_pid;
   uint64_t origin_nonce, ledger_id;
-  uint64_t head; /* atomic: next ring position */
-  uint64_t reserved[3];
+  uint64_t head;    /* atomic: next ring position */
+  uint64_t waiting; /* atomic: 1 while the producer waits for returns (a
+                       returner then rings its bell, see ring_push) */
+  uint64_t reserved[2];
 } ipcref__ledger_hdr;
 
 /* A ring entry: slot + 1 in bits 0..29 (0 marks "not written yet"), the
@@ -95,7 +100,7 @@ IPCREF__PRIVATE size_t ipcref__ledger_bytes(uint32_t n) {
  * a hole, which the producer's sweep steps over once it is stale (see
  * ipcref__hole_stale). `step` labels the moment for the test hook. */
 IPCREF__PRIVATE void ipcref__ring_push(unsigned char *base, uint32_t n,
-                                       const uint64_t *e, int count,
+                                       int bell, const uint64_t *e, int count,
                                        const char *step) {
   ipcref__ledger_hdr *h = (ipcref__ledger_hdr *)(void *)base;
   uint64_t *ring = ipcref__ledger_ring(base, n);
@@ -111,6 +116,12 @@ IPCREF__PRIVATE void ipcref__ring_push(unsigned char *base, uint32_t n,
   for (i = 0; i < count; i++)
     __atomic_store_n(&ring[(pos + (uint64_t)i) % (2u * (uint64_t)n)], e[i],
                      __ATOMIC_RELEASE);
+  /* Seq-cst, paired with the producer's in ipcref__room_arm: either this
+   * load sees it waiting, or its look at the ring after arming sees these
+   * entries. A full bell (EAGAIN) has a wake-up pending already. */
+  __atomic_thread_fence(__ATOMIC_SEQ_CST);
+  if (bell >= 0 && __atomic_load_n(&h->waiting, __ATOMIC_RELAXED))
+    (void)send(bell, "", 1, MSG_DONTWAIT | MSG_NOSIGNAL);
 }
 
 /* ---- producer-side records (private memory) ---------------------------- */
@@ -260,7 +271,9 @@ typedef struct ipcref__map {
   int kind; /* IPCREF__KIND_*: segment, ledger or device segment */
   uint64_t origin_nonce, id;
   int origin_pid;
-  int fd; /* kept for forwarding */
+  int fd;   /* kept for forwarding */
+  int bell; /* ledgers: the producer's bell (a datagram socket), rung on
+               a return while it waits for room; kept for forwarding */
   unsigned char *base;
   size_t size;
   int writable;
@@ -318,6 +331,10 @@ struct ipcref_peer {
   size_t nretired, capretired;
   ipcref_view pending[64]; /* received views not handed out yet */
   int npending, pending_pos;
+  size_t held_bytes; /* of the blocks its leases (made here) hold */
+  int room_wait;     /* a send was refused for opt.max_bytes_held */
+  unsigned char meta[IPCREF_META_MAX]; /* the last message's metadata */
+  size_t meta_len;
   unsigned char *in; /* a stream's record so far, its length first (see
                         ipcref__stream_fill; made on first use) */
   size_t in_len;
@@ -385,6 +402,10 @@ struct ipcref_ctx {
   ipcref__hdr *hdr_first, *hdr_last; /* released ones, oldest first */
   size_t hdr_free;
   ipcref_peer *dead_peers; /* freed, marked dead (see ipcref__peer_bury) */
+  int bell_rx, bell_tx;    /* the ledgers' bell: a datagram socketpair; the
+                              consumers get bell_tx (-1 until a ledger) */
+  int room_armed;          /* the ledgers' `waiting` is set (see room) */
+  int room_alloc;          /* an allocation was refused under max_bytes */
   int ndead_peers;
 };
 

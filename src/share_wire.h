@@ -9,12 +9,13 @@
  * Little endian, field by field (no struct copies, no padding):
  *
  *   u32 magic "IPCM"  u16 version  u16 nviews  u16 nrecs  u16 nretired
- *   u32 sender pid    u64 sender nonce
+ *   u32 sender pid    u64 sender nonce  u16 meta length
  *   nrecs x     { u8 kind (1 segment, 2 ledger, 3 device segment)
  *                 u8 writable  u32 origin pid  u64 origin nonce  u64 id
  *                 u64 size
  *                 kind 3: u32 device type  u32 device id  64 B handle }
- *               (kinds 1 and 2 each come with one fd, in this order)
+ *               (kind 1 comes with one fd, kind 2 with two: the ledger
+ *               and its bell; in this order)
  *   nretired x  { u64 id }          (sender's segments it has destroyed)
  *   nviews x    { u32 origin pid  u64 origin nonce  u64 segment id
  *                 u64 segment size  u64 block offset  u64 block size
@@ -22,10 +23,11 @@
  *                 u8 dtype  u8 ndim  u8 writable  u8 flags  i64 byte offset
  *                 ndim x i64 shape  ndim x i64 strides
  *                 flags bit 0: 64 B event handle }
+ *   meta length x u8   (the user's metadata, at most IPCREF_META_MAX)
  *
  * Caches key on (origin nonce, id), never on bytes of a handle. */
 #define IPCREF__MSG_MAGIC   0x4d435049u /* "IPCM" */
-#define IPCREF__MSG_VERSION 1u
+#define IPCREF__MSG_VERSION 2u
 #define IPCREF__MSG_RETIRED 64 /* announced per message at most */
 
 typedef struct ipcref__wire {
@@ -197,9 +199,35 @@ IPCREF__PRIVATE int ipcref__get_view(ipcref__wire *w, ipcref__view_rec *r) {
   return !w->bad;
 }
 
+/* The user's metadata for a message: `len` bytes (at most
+ * IPCREF_META_MAX) at `bytes`. */
+typedef struct ipcref__meta {
+  const unsigned char *bytes;
+  size_t len;
+} ipcref__meta;
+
+/* Checks the metadata a public call `fn` was given, into *m: EINVAL,
+ * reported, for a length over IPCREF_META_MAX or NULL bytes with one. */
+IPCREF__PRIVATE ipcref_result ipcref__meta_arg(const void *bytes, size_t len,
+                                               const char *fn,
+                                               ipcref__meta *m) {
+  m->bytes = (const unsigned char *)bytes;
+  m->len = len;
+  if (len > IPCREF_META_MAX) {
+    ipcref__report_in(IPCREF_EINVAL, fn, "meta_len over IPCREF_META_MAX");
+    return IPCREF_EINVAL;
+  }
+  if (len && !bytes) {
+    ipcref__report_in(IPCREF_EINVAL, fn, "meta is NULL, meta_len is not 0");
+    return IPCREF_EINVAL;
+  }
+  return IPCREF_OK;
+}
+
 /* A message's header (the counts bound the arrays of ipcref__msg_in). */
 typedef struct ipcref__msg_head {
   int nviews, nrecs, nretired;
+  size_t meta_len;
   uint32_t sender_pid;
   uint64_t sender_nonce;
 } ipcref__msg_head;
@@ -213,6 +241,7 @@ IPCREF__PRIVATE void ipcref__put_msg_head(ipcref__wire *w,
   ipcref__wire_put(w, (uint64_t)h->nretired, 2);
   ipcref__wire_put(w, h->sender_pid, 4);
   ipcref__wire_put(w, h->sender_nonce, 8);
+  ipcref__wire_put(w, (uint64_t)h->meta_len, 2);
 }
 
 /* 0 when malformed: not ours, another version, or counts out of range. */
@@ -225,8 +254,10 @@ IPCREF__PRIVATE int ipcref__get_msg_head(ipcref__wire *w, ipcref__msg_head *h) {
   h->nretired = (int)ipcref__wire_get(w, 2);
   h->sender_pid = (uint32_t)ipcref__wire_get(w, 4);
   h->sender_nonce = ipcref__wire_get(w, 8);
+  h->meta_len = (size_t)ipcref__wire_get(w, 2);
   return !w->bad && h->nviews >= 1 && h->nviews <= IPCREF_MSG_MAX_VIEWS &&
-         h->nrecs <= IPCREF_MSG_MAX_FDS && h->nretired <= IPCREF__MSG_RETIRED;
+         h->nrecs <= IPCREF_MSG_MAX_FDS && h->nretired <= IPCREF__MSG_RETIRED &&
+         h->meta_len <= IPCREF_META_MAX;
 }
 
 /* A whole message, decoded: its header, its segment and ledger records
@@ -235,7 +266,7 @@ IPCREF__PRIVATE int ipcref__get_msg_head(ipcref__wire *w, ipcref__msg_head *h) {
  * its views. */
 typedef struct ipcref__msg_in {
   ipcref__msg_head head;
-  int nfds; /* fds the records call for */
+  int nfds; /* fds the records call for (a ledger's bell after it) */
   ipcref__fd_rec recs[IPCREF_MSG_MAX_FDS];
   int fd_index[IPCREF_MSG_MAX_FDS];
   uint64_t retired[IPCREF__MSG_RETIRED];
@@ -253,13 +284,32 @@ IPCREF__PRIVATE int ipcref__msg_decode(const unsigned char *bytes, size_t len,
   m->nfds = 0;
   for (i = 0; i < m->head.nrecs; i++) { /* segments and ledgers: an fd each */
     if (!ipcref__get_fd_rec(&w, &m->recs[i])) return 0;
-    m->fd_index[i] = m->recs[i].kind == IPCREF__KIND_DEVICE ? -1 : m->nfds++;
+    m->fd_index[i] = m->recs[i].kind == IPCREF__KIND_DEVICE ? -1 : m->nfds;
+    m->nfds += m->recs[i].kind == IPCREF__KIND_LEDGER    ? 2
+               : m->recs[i].kind == IPCREF__KIND_SEGMENT ? 1
+                                                         : 0;
   }
+  if (m->nfds > IPCREF_MSG_MAX_FDS) return 0;
   for (i = 0; i < m->head.nretired; i++)
     m->retired[i] = ipcref__wire_get(&w, 8);
   for (i = 0; i < m->head.nviews; i++)
     if (!ipcref__get_view(&w, &m->views[i])) return 0;
+  w.pos += m->head.meta_len; /* the user's bytes, as they are */
   return !w.bad && w.pos == w.len;
+}
+
+/* The metadata of a message: its last meta_len bytes, the length its
+ * header gives (NULL, 0 when `len` bytes cannot hold the header and that
+ * many). Safe on any bytes; meaningful on a message that decodes. */
+IPCREF__PRIVATE const unsigned char *
+ipcref__msg_meta_at(const unsigned char *bytes, size_t len, size_t *meta_len) {
+  ipcref__wire w;
+  ipcref__msg_head h;
+  ipcref__wire_init(&w, (unsigned char *)(uintptr_t)bytes, len);
+  *meta_len = 0;
+  if (!ipcref__get_msg_head(&w, &h) || h.meta_len > len - w.pos) return NULL;
+  *meta_len = h.meta_len;
+  return bytes + len - h.meta_len;
 }
 
 #endif /* IPCREF__SHARING_IMPL */

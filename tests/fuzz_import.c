@@ -215,17 +215,20 @@ static uint64_t le(const unsigned char *b, size_t at, int bytes) {
   return v;
 }
 
+#define HEAD_BYTES 26 /* a message's header (src/share_wire.h) */
+
 static void put_le(unsigned char *b, size_t at, uint64_t v, int bytes) {
   int i;
   for (i = 0; i < bytes; i++) b[at + (size_t)i] = (unsigned char)(v >> (8 * i));
 }
 
-/* Where the first view record of an exported message starts (it has 24
+/* Where the first view record of an exported message starts (it has 26
  * header bytes, 30 per fd record, 8 per retired id); 0 if not there. */
 static size_t view_at(const ipcref_msg *m) {
   size_t at;
-  if (m->len < 24 || le(m->bytes, 0, 4) != 0x4d435049u) return 0;
-  at = 24 + (size_t)le(m->bytes, 8, 2) * 30 + (size_t)le(m->bytes, 10, 2) * 8;
+  if (m->len < HEAD_BYTES || le(m->bytes, 0, 4) != 0x4d435049u) return 0;
+  at = HEAD_BYTES + (size_t)le(m->bytes, 8, 2) * 30 +
+       (size_t)le(m->bytes, 10, 2) * 8;
   return at + VIEW_FIXED <= m->len ? at : 0;
 }
 
@@ -243,8 +246,8 @@ static void token_values(const ipcref_msg *e1, const ipcref_msg *e2,
   val[T_LEDGER_ID] = le(e1->bytes, v + 44, 8);
   val[T_LEASE1] = le(e1->bytes, v + 52, 8);
   for (i = 0; i < (size_t)le(e1->bytes, 8, 2); i++)
-    if (e1->bytes[24 + 30 * i] == 2)
-      val[T_LEDGER_SIZE] = le(e1->bytes, 24 + 30 * i + 22, 8);
+    if (e1->bytes[HEAD_BYTES + 30 * i] == 2)
+      val[T_LEDGER_SIZE] = le(e1->bytes, HEAD_BYTES + 30 * i + 22, 8);
   if (e2 && (v = view_at(e2)) != 0) val[T_LEASE2] = le(e2->bytes, v + 52, 8);
 }
 
@@ -273,7 +276,7 @@ enum {
   FD_SEALED,        /* a memfd sealed against shrink, grow and seals */
   FD_UNSEALED,      /* a memfd without sealing */
   FD_PIPE,          /* a pipe's read end */
-  FD_SOCKET,        /* a socket */
+  FD_SOCKET,        /* a socket: content bit 0, datagram (a bell's kind) */
   FD_DEVNULL,       /* /dev/null */
   FD_REGULAR,       /* a regular file (unlinked) */
   FD_SEG_RDWR,      /* the segment reopened read-write */
@@ -373,7 +376,9 @@ static int make_fd(unsigned sel, unsigned c, int seg, int ledger, int prev,
     close(pv[1]);
     return pv[0];
   case FD_SOCKET:
-    if (socketpair(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0, pv) != 0)
+    if (socketpair(AF_UNIX,
+                   (c & 1 ? SOCK_DGRAM : SOCK_SEQPACKET) | SOCK_CLOEXEC, 0,
+                   pv) != 0)
       return -1;
     close(pv[1]);
     return pv[0];
@@ -517,14 +522,14 @@ static ipcref_result run_one(const uint8_t *data, size_t size) {
     fail("peers");
   memset(&e1, 0, sizeof e1);
   memset(&e2, 0, sizeof e2);
-  if (ipcref_export(pp, &b->v, &e1) != IPCREF_OK || e1.nfds != 2)
+  if (ipcref_export(pp, &b->v, &e1) != IPCREF_OK || e1.nfds != 3)
     fail("the genuine export");
   if (flags & 4) {
     if (ipcref_export(pp, &b->v, &e2) != IPCREF_OK) fail("a second export");
     have_e2 = 1;
   }
   for (i = 0; i < (unsigned)e1.nfds; i++) {
-    size_t at = 24 + 30 * (size_t)i;
+    size_t at = HEAD_BYTES + 30 * (size_t)i;
     if (e1.bytes[at] == 1) seg = e1.fds[i];
     if (e1.bytes[at] == 2) ledger = e1.fds[i];
   }
@@ -647,7 +652,7 @@ static void templated(const ipcref_view *v, int kind, unsigned char *out,
   memcpy(t, m.bytes, m.len);
   *len = m.len;
   for (i = 0; i < (size_t)le(m.bytes, 8, 2); i++) {
-    size_t f = 24 + 30 * i;
+    size_t f = HEAD_BYTES + 30 * i;
     int led = m.bytes[f] == 2;
     put_le(t, f + 2, PID_TOKEN, 4);
     put_le(t, f + 6, TOKEN | T_NONCE, 8);
@@ -709,7 +714,8 @@ static void patch_seed(const char *name, unsigned flags, int delta,
 }
 
 int main(int argc, char **argv) {
-  static const unsigned char genuine[4] = {FD_SEG, 0, FD_LEDGER, 0};
+  static const unsigned char genuine[6] = {FD_SEG, 0,         FD_LEDGER,
+                                           0,      FD_SOCKET, 1};
   unsigned char msg[4096], two[8192];
   size_t len, len2;
   ipcref_view v, w;
@@ -730,7 +736,7 @@ int main(int argc, char **argv) {
     snprintf(name, sizeof name, "valid_block%d", k);
     raw_seed(name, (unsigned)k | 16, NULL, 0, msg, len);
   }
-  raw_seed("valid_block0_fds", 0, genuine, 2, msg, len);
+  raw_seed("valid_block0_fds", 0, genuine, 3, msg, len);
   patch_seed("patch_none", 0, 0, NULL, 0);
   /* Geometries over the pooled block (2048 bytes). */
   shape[0] = 16;
@@ -792,7 +798,7 @@ int main(int argc, char **argv) {
    * view record appended (with nviews 2). */
   templated(&blocks[0].v, 0, msg, &len);
   {
-    size_t at = 24 + 2 * 30;
+    size_t at = HEAD_BYTES + 2 * 30;
     memcpy(two, msg, len);
     memcpy(two + len, msg + at, len - at);
     put_le(two + len, 52, TOKEN | T_LEASE2, 8);
@@ -802,34 +808,76 @@ int main(int argc, char **argv) {
     put_le(two + len, 52, TOKEN | T_LEASE1, 8);
     raw_seed("batch_same_lease_twice", 4 | 16, NULL, 0, two, len2);
   }
+  /* Metadata: 16 bytes told truly, one byte more than there is, and the
+   * most a message may carry with a byte over it. */
+  templated(&blocks[0].v, 0, msg, &len);
+  {
+    static const size_t told[4] = {16, 17, IPCREF_META_MAX,
+                                   IPCREF_META_MAX + 1};
+    static const size_t given[4] = {16, 16, IPCREF_META_MAX,
+                                    IPCREF_META_MAX + 1};
+    static const char *names[4] = {"meta_16", "meta_len_lies", "meta_max",
+                                   "meta_over_max"};
+    for (k = 0; k < 4; k++) {
+      memcpy(two, msg, len);
+      memset(two + len, 0x5a, given[k]);
+      put_le(two, 24, told[k], 2);
+      raw_seed(names[k], 16, NULL, 0, two, len + given[k]);
+    }
+  }
   /* The genuine bytes with hostile fds. */
   {
     static const struct {
       const char *name;
-      unsigned char sel[4];
+      unsigned char sel[6];
       unsigned n;
     } fdseeds[] = {
-        {"fd_unsealed_segment", {FD_UNSEALED | 7 << 4, 2, FD_LEDGER, 0}, 2},
-        {"fd_sealed_small_segment", {FD_SEALED | 5 << 4, 2, FD_LEDGER, 0}, 2},
-        {"fd_sealed_copy_segment", {FD_SEALED | 7 << 4, 2, FD_LEDGER, 0}, 2},
-        {"fd_regular_segment", {FD_REGULAR | 7 << 4, 2, FD_LEDGER, 0}, 2},
-        {"fd_pipe_segment", {FD_PIPE, 0, FD_LEDGER, 0}, 2},
-        {"fd_socket_segment", {FD_SOCKET, 0, FD_LEDGER, 0}, 2},
-        {"fd_wronly_segment", {FD_SEG_WRONLY, 0, FD_LEDGER, 0}, 2},
-        {"fd_path_segment", {FD_SEG_PATH, 0, FD_LEDGER, 0}, 2},
-        {"fd_eventfd_segment", {FD_EVENTFD, 0, FD_LEDGER, 0}, 2},
-        {"fd_swapped", {FD_LEDGER, 0, FD_SEG, 0}, 2},
-        {"fd_same_twice", {FD_SEG, 0, FD_SAME, 0}, 2},
-        {"fd_missing", {FD_SEG, 0, 0, 0}, 1},
-        {"fd_ledger_copy_sealed", {FD_SEG, 0, FD_SEALED | 10 << 4, 1}, 2},
+        {"fd_unsealed_segment",
+         {FD_UNSEALED | 7 << 4, 2, FD_LEDGER, 0, FD_SOCKET, 1},
+         3},
+        {"fd_sealed_small_segment",
+         {FD_SEALED | 5 << 4, 2, FD_LEDGER, 0, FD_SOCKET, 1},
+         3},
+        {"fd_sealed_copy_segment",
+         {FD_SEALED | 7 << 4, 2, FD_LEDGER, 0, FD_SOCKET, 1},
+         3},
+        {"fd_regular_segment",
+         {FD_REGULAR | 7 << 4, 2, FD_LEDGER, 0, FD_SOCKET, 1},
+         3},
+        {"fd_pipe_segment", {FD_PIPE, 0, FD_LEDGER, 0, FD_SOCKET, 1}, 3},
+        {"fd_socket_segment", {FD_SOCKET, 0, FD_LEDGER, 0, FD_SOCKET, 1}, 3},
+        {"fd_wronly_segment",
+         {FD_SEG_WRONLY, 0, FD_LEDGER, 0, FD_SOCKET, 1},
+         3},
+        {"fd_path_segment", {FD_SEG_PATH, 0, FD_LEDGER, 0, FD_SOCKET, 1}, 3},
+        {"fd_eventfd_segment", {FD_EVENTFD, 0, FD_LEDGER, 0, FD_SOCKET, 1}, 3},
+        {"fd_swapped", {FD_LEDGER, 0, FD_SEG, 0, FD_SOCKET, 1}, 3},
+        {"fd_same_twice", {FD_SEG, 0, FD_SAME, 0, FD_SOCKET, 1}, 3},
+        {"fd_missing", {FD_SEG, 0, 0, 0, 0, 0}, 1},
+        {"fd_bell_missing", {FD_SEG, 0, FD_LEDGER, 0, 0, 0}, 2},
+        {"fd_bell_stream", {FD_SEG, 0, FD_LEDGER, 0, FD_SOCKET, 0}, 3},
+        {"fd_bell_pipe", {FD_SEG, 0, FD_LEDGER, 0, FD_PIPE, 0}, 3},
+        {"fd_bell_devnull", {FD_SEG, 0, FD_LEDGER, 0, FD_DEVNULL, 0}, 3},
+        {"fd_bell_ledger", {FD_SEG, 0, FD_LEDGER, 0, FD_SAME, 0}, 3},
+        {"fd_ledger_copy_sealed",
+         {FD_SEG, 0, FD_SEALED | 10 << 4, 1, FD_SOCKET, 1},
+         3},
         {"fd_ledger_copy_flipped",
-         {FD_SEG, 0, FD_SEALED | 10 << 4, 1 | 2 << 2},
-         2},
-        {"fd_ledger_copy_unsealed", {FD_SEG, 0, FD_UNSEALED | 10 << 4, 1}, 2},
-        {"fd_ledger_copy_short", {FD_SEG, 0, FD_SEALED | 12 << 4, 1}, 2},
-        {"fd_ledger_copy_ro_sealed", {FD_SEG, 0, FD_SEALED_RO | 10 << 4, 1}, 2},
-        {"fd_ledger_readonly", {FD_SEG, 0, FD_LEDGER_RDONLY, 0}, 2},
-        {"fd_ledger_none", {FD_SEG, 0, FD_NONE, 0}, 2},
+         {FD_SEG, 0, FD_SEALED | 10 << 4, 1 | 2 << 2, FD_SOCKET, 1},
+         3},
+        {"fd_ledger_copy_unsealed",
+         {FD_SEG, 0, FD_UNSEALED | 10 << 4, 1, FD_SOCKET, 1},
+         3},
+        {"fd_ledger_copy_short",
+         {FD_SEG, 0, FD_SEALED | 12 << 4, 1, FD_SOCKET, 1},
+         3},
+        {"fd_ledger_copy_ro_sealed",
+         {FD_SEG, 0, FD_SEALED_RO | 10 << 4, 1, FD_SOCKET, 1},
+         3},
+        {"fd_ledger_readonly",
+         {FD_SEG, 0, FD_LEDGER_RDONLY, 0, FD_SOCKET, 1},
+         3},
+        {"fd_ledger_none", {FD_SEG, 0, FD_NONE, 0, FD_SOCKET, 1}, 3},
     };
     unsigned i;
     templated(&blocks[0].v, 0, msg, &len);
@@ -837,16 +885,16 @@ int main(int argc, char **argv) {
       raw_seed(fdseeds[i].name, 0, fdseeds[i].sel, fdseeds[i].n, msg, len);
   }
   /* The genuine message with one field patched (offsets of the first view
-   * record: 24 + 2 * 30 = 84). */
+   * record: 26 + 2 * 30 = 86). */
   {
-    static const unsigned char slot_past[] = {84 + 52, 0, 4, 0xff, 0xff, 0, 0};
-    static const unsigned char gen_next[] = {84 + 56, 0, 1, 0x02};
-    static const unsigned char block_past[] = {84 + 28, 0, 3, 0, 0, 0x10};
-    static const unsigned char stride2[] = {84 + 80, 0, 1, 2};
+    static const unsigned char slot_past[] = {86 + 52, 0, 4, 0xff, 0xff, 0, 0};
+    static const unsigned char gen_next[] = {86 + 56, 0, 1, 0x02};
+    static const unsigned char block_past[] = {86 + 28, 0, 3, 0, 0, 0x10};
+    static const unsigned char stride2[] = {86 + 80, 0, 1, 2};
     static const unsigned char offset_neg[] = {
-        84 + 64, 0, 8, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff};
-    static const unsigned char dtype_f64[] = {84 + 60, 0, 1, IPCREF_F64};
-    static const unsigned char writable[] = {84 + 62, 0, 1, 1};
+        86 + 64, 0, 8, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff};
+    static const unsigned char dtype_f64[] = {86 + 60, 0, 1, IPCREF_F64};
+    static const unsigned char writable[] = {86 + 62, 0, 1, 1};
     patch_seed("patch_slot_past", 0, 0, slot_past, sizeof slot_past);
     patch_seed("patch_gen_next", 0, 0, gen_next, sizeof gen_next);
     patch_seed("patch_block_past", 0, 0, block_past, sizeof block_past);

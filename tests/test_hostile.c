@@ -116,9 +116,9 @@ static ipcref_result isolated_view(ipcref_ctx *ctx, int64_t n, uint32_t seed,
 }
 
 /* ------------------------------------------------------------ the wire
- * The IPCM v1 record of src/share_wire.h, field by field, little endian:
+ * The IPCM v2 record of src/share_wire.h, field by field, little endian:
  *   header  u32 magic  u16 version  u16 nviews  u16 nfds  u16 nretired
- *           u32 sender pid  u64 sender nonce                    (24 bytes)
+ *           u32 sender pid  u64 sender nonce  u16 meta length   (26 bytes)
  *   fd      u8 kind  u8 writable  u32 origin pid  u64 origin nonce  u64 id
  *           u64 size                                            (30 bytes)
  *   retired u64 id
@@ -126,6 +126,7 @@ static ipcref_result isolated_view(ipcref_ctx *ctx, int64_t n, uint32_t seed,
  *           size  u64 block offset  u64 block size  u64 ledger id  u32 slot
  *           u32 generation  u8 dtype  u8 ndim  u8 writable  u8 0
  *           i64 byte offset  ndim x i64 shape  ndim x i64 strides
+ *   meta    meta length x u8
  * A malicious producer writes whatever it likes in them. */
 #define W_MAXD IPCREF_MAX_DIMS
 
@@ -148,9 +149,11 @@ typedef struct wmsg {
   unsigned version, nviews, nfds, nret;
   uint32_t pid;
   uint64_t nonce;
+  unsigned meta_len;
   wfd fd[IPCREF_MSG_MAX_FDS];
   uint64_t ret[64];
   wview v[IPCREF_MSG_MAX_VIEWS];
+  unsigned char meta[IPCREF_META_MAX];
 } wmsg;
 
 typedef struct wcur {
@@ -186,9 +189,10 @@ static int wparse(const ipcref_msg *m, wmsg *w) {
   w->nret = (unsigned)wget(&c, 2);
   w->pid = (uint32_t)wget(&c, 4);
   w->nonce = wget(&c, 8);
-  if (c.bad || w->magic != 0x4d435049u || w->version != 1 ||
+  w->meta_len = (unsigned)wget(&c, 2);
+  if (c.bad || w->magic != 0x4d435049u || w->version != 2 ||
       w->nviews > IPCREF_MSG_MAX_VIEWS || w->nfds > IPCREF_MSG_MAX_FDS ||
-      w->nret > 64)
+      w->nret > 64 || w->meta_len > IPCREF_META_MAX)
     return 0;
   for (i = 0; i < w->nfds; i++) {
     w->fd[i].kind = (unsigned)wget(&c, 1);
@@ -219,6 +223,7 @@ static int wparse(const ipcref_msg *m, wmsg *w) {
     for (d = 0; d < v->ndim; d++) v->shape[d] = (int64_t)wget(&c, 8);
     for (d = 0; d < v->ndim; d++) v->strides[d] = (int64_t)wget(&c, 8);
   }
+  for (i = 0; i < w->meta_len; i++) w->meta[i] = (unsigned char)wget(&c, 1);
   return !c.bad && c.pos == c.len;
 }
 
@@ -241,6 +246,7 @@ static void wencode(const wmsg *w, ipcref_msg *m) {
   wput(m->bytes, &pos, w->nret, 2);
   wput(m->bytes, &pos, w->pid, 4);
   wput(m->bytes, &pos, w->nonce, 8);
+  wput(m->bytes, &pos, w->meta_len, 2);
   for (i = 0; i < w->nfds && i < IPCREF_MSG_MAX_FDS; i++) {
     wput(m->bytes, &pos, w->fd[i].kind, 1);
     wput(m->bytes, &pos, w->fd[i].writable, 1);
@@ -270,6 +276,8 @@ static void wencode(const wmsg *w, ipcref_msg *m) {
     for (d = 0; d < nd; d++) wput(m->bytes, &pos, (uint64_t)v->shape[d], 8);
     for (d = 0; d < nd; d++) wput(m->bytes, &pos, (uint64_t)v->strides[d], 8);
   }
+  for (i = 0; i < w->meta_len && i < IPCREF_META_MAX; i++)
+    wput(m->bytes, &pos, w->meta[i], 1);
   m->len = pos;
 }
 
@@ -679,7 +687,8 @@ static void a_byte_cases(void) {
              (w.nviews = IPCREF_MSG_MAX_VIEWS + 1));
   EVIL_BYTES("more retired ids than allowed", w.nret = 65);
   EVIL_BYTES("wrong magic", w.magic ^= 0x01000000u);
-  EVIL_BYTES("wrong version", w.version = 2);
+  EVIL_BYTES("wrong version", w.version = 1);
+  EVIL_BYTES("metadata over IPCREF_META_MAX", w.meta_len = IPCREF_META_MAX + 1);
   {
     evil_mark m;
     ipcref_msg msg;
@@ -691,6 +700,29 @@ static void a_byte_cases(void) {
     evil_msg(&A.w, -1, -1, &msg);
     close(msg.fds[--msg.nfds]);
     EVIL(&m, &msg, "an fd fewer than the records say");
+  }
+  /* The ledger's bell (the fd after it) must be a datagram socket: a
+   * return writes to it, and must never block or write into a file. */
+  {
+    static const char *what[3] = {"a bell that is a file",
+                                  "a bell that is a pipe",
+                                  "a bell that is a stream socket"};
+    int k;
+    for (k = 0; k < 3; k++) {
+      evil_mark m;
+      ipcref_msg msg;
+      int sv[2] = {-1, -1};
+      evil_begin(&m);
+      evil_msg(&A.w, -1, -1, &msg);
+      close(msg.fds[A.led_i + 1]);
+      if (k == 0) sv[0] = open("/dev/null", O_WRONLY | O_CLOEXEC);
+      if (k == 1 && pipe2(sv, O_CLOEXEC) == 0) close(sv[0]), sv[0] = sv[1];
+      if (k == 2 && socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sv) == 0)
+        close(sv[1]);
+      CHECK(sv[0] >= 0);
+      msg.fds[A.led_i + 1] = sv[0];
+      EVIL(&m, &msg, what[k]);
+    }
   }
   /* Every truncation of the record, and trailing bytes. */
   {
@@ -1283,7 +1315,7 @@ typedef struct e_arg {
 #define E_FORGED 7
 
 static void e_push(unsigned char *base, uint32_t n, uint64_t e) {
-  ipcref__ring_push(base, n, &e, 1, NULL);
+  ipcref__ring_push(base, n, -1, &e, 1, NULL);
 }
 
 static int e_child(void *argp) {
@@ -1351,7 +1383,7 @@ static int e_child(void *argp) {
     uint64_t pair2[2];
     pair2[0] = ipcref__ring_entry(IPCREF__RING_LINK, n / 2 + 3, 1);
     pair2[1] = ipcref__ring_entry(IPCREF__RING_PARENT, slot[2], gen[2]);
-    ipcref__ring_push(base, n, pair2, 2, NULL);
+    ipcref__ring_push(base, n, -1, pair2, 2, NULL);
   }
   ctl_put(a->ctl, 'k');
   CTL_EXPECT(a->ctl, 'c');

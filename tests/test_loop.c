@@ -280,7 +280,7 @@ static void test_other_wire_version(void) {
   CHECK_EQ(heard_eproto, 1);
   printf("    heard: %s\n", heard_msg);
   CHECK(strstr(heard_msg, "version 99") != NULL);
-  CHECK(strstr(heard_msg, "this process 1") != NULL);
+  CHECK(strstr(heard_msg, "this process 2") != NULL);
   CHECK_EQ(ipcref_recv(p, &got, 0), IPCREF_EPROTO); /* and stays refused */
   ipcref_peer_free(p);
   tclose(sv[0]);

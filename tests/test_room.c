@@ -1,0 +1,365 @@
+/* Backpressure: a producer at its cap waits for room without polling.
+ *
+ * A peer capped by max_bytes_held refuses a send that would pass the cap
+ * (EAGAIN wanting IPCREF_WANTS_ROOM on a non-blocking socket, ETIMEDOUT
+ * past send_timeout_ms on a blocking one) and takes nothing; its poll fd
+ * becomes readable when the consumer returns a lease, and the send then
+ * goes. A context at max_bytes refuses an allocation (ENOMEM); its room fd
+ * becomes readable on a return, and ipcref_shared_new_wait sleeps on it.
+ * Once room came nothing waits: returns ring no bell, the fds are quiet.
+ * Consumers in other processes (fork) return what they were sent. */
+#define _GNU_SOURCE
+#include <stdint.h>
+#include <stdio.h>
+#include <string.h>
+#include <fcntl.h>
+#include <poll.h>
+#include <unistd.h>
+
+#define IPCREF_IMPLEMENTATION
+#include "../ipcref.h"
+#include "share_fixture.h"
+
+#define CTL_MS 30000
+#define BLOCK  (64 * 1024) /* a size class of its own: 64 KiB exactly */
+
+/* 1 when `fd` is readable within `ms`. */
+static int readable(int fd, int ms) {
+  struct pollfd pf;
+  pf.fd = fd;
+  pf.events = POLLIN;
+  pf.revents = 0;
+  return poll(&pf, 1, ms) == 1 && (pf.revents & POLLIN);
+}
+
+static void block_view(ipcref_ctx *ctx, ipcref_view *v) {
+  const int64_t n = BLOCK;
+  CHECK_EQ(ipcref_view_new_shared(ctx, IPCREF_U8, 1, &n, v), IPCREF_OK);
+}
+
+static size_t held_by(ipcref_peer *p) {
+  ipcref_peer_info in;
+  memset(&in, 0, sizeof in);
+  CHECK_EQ(ipcref_peer_stats(p, &in), IPCREF_OK);
+  return in.bytes_held;
+}
+
+/* 1 when the producer's ledgers ask returners to ring. */
+static int armed(ipcref_ctx *ctx) {
+  const ipcref__ledger *l;
+  int any = 0;
+  for (l = ctx->ledgers; l; l = l->next)
+    any |= (int)__atomic_load_n(
+        &((ipcref__ledger_hdr *)(void *)l->base)->waiting, __ATOMIC_ACQUIRE);
+  return any;
+}
+
+/* A producer peer on a socketpair of `type` (flags: SOCK_NONBLOCK) with
+ * options `o`, and a consumer peer in context `cons`. */
+static void capped_pair(ipcref_ctx *prod, ipcref_ctx *cons, int type,
+                        const ipcref_peer_options *o, ipcref_peer **pp,
+                        ipcref_peer **cp) {
+  int sv[2];
+  *pp = *cp = NULL;
+  if (xsocketpair(type, sv) != 0) return;
+  CHECK_EQ(ipcref_peer_new_with(prod, sv[0], o, pp), IPCREF_OK);
+  if (*pp) tforget(sv[0]);
+  *cp = make_peer(cons, sv[1]);
+}
+
+/* A non-blocking peer capped at two blocks: the third send says EAGAIN
+ * wanting room and takes nothing; the poll fd wakes when the consumer
+ * lets one go, and the send goes; afterwards nothing is armed. */
+static void test_peer_cap_nonblocking(void) {
+  ipcref_ctx *prod = make_ctx(NULL), *cons = make_ctx(NULL);
+  ipcref_peer_options o;
+  ipcref_peer *pp, *cp;
+  ipcref_view v[3], got[3];
+  ipcref_stats before;
+  int i, pfd;
+  memset(&o, 0, sizeof o);
+  o.max_bytes_held = 2 * BLOCK;
+  capped_pair(prod, cons, SOCK_SEQPACKET | SOCK_NONBLOCK, &o, &pp, &cp);
+  if (!pp || !cp) return;
+  pfd = ipcref_peer_poll_fd(pp);
+  CHECK(pfd >= 0);
+  for (i = 0; i < 3; i++) block_view(prod, &v[i]);
+  (void)ipcref_peer_pid(cp); /* the producer's hello, read */
+  for (i = 0; i < 2; i++) {
+    while (ipcref_send(pp, &v[i]) == IPCREF_EAGAIN) /* its hello first */
+      CHECK(readable(pfd, 5000));
+    CHECK_EQ(ipcref_recv(cp, &got[i], 5000), IPCREF_OK);
+  }
+  CHECK_EQ(held_by(pp), 2 * BLOCK);
+  before = stats_of(prod);
+  CHECK_EQ(ipcref_send(pp, &v[2]), IPCREF_EAGAIN);
+  CHECK_EQ(ipcref_peer_wants(pp), IPCREF_WANTS_ROOM);
+  CHECK_EQ(stats_of(prod).live_slots, before.live_slots); /* nothing taken */
+  CHECK_EQ(held_by(pp), 2 * BLOCK);
+  CHECK(armed(prod));
+  CHECK(!readable(pfd, 0));                        /* nothing came back yet */
+  CHECK_EQ(ipcref_send(pp, &v[2]), IPCREF_EAGAIN); /* still not */
+  ipcref_view_release(&got[0]);
+  CHECK(readable(pfd, 5000)); /* the return woke the loop */
+  CHECK_EQ(ipcref_send(pp, &v[2]), IPCREF_OK);
+  CHECK_EQ(ipcref_recv(cp, &got[2], 5000), IPCREF_OK);
+  CHECK(!armed(prod));
+  CHECK(!readable(pfd, 0)); /* quiet again */
+  CHECK(!readable(ipcref_ctx_room_fd(prod), 0));
+  ipcref_view_release(&got[1]); /* not armed: rings nothing */
+  CHECK(!readable(ipcref_ctx_room_fd(prod), 0));
+  ipcref_view_release(&got[2]);
+  for (i = 0; i < 3; i++) ipcref_view_release(&v[i]);
+  CHECK_EQ(held_by(pp), 0);
+  ipcref_peer_free(cp);
+  ipcref_peer_free(pp);
+  ipcref_ctx_free(cons);
+  ipcref_ctx_free(prod);
+}
+
+/* A batch counts as a whole; a message larger than the cap goes when the
+ * peer holds nothing, and only then. */
+static void test_peer_cap_batch_and_oversize(void) {
+  ipcref_ctx *prod = make_ctx(NULL), *cons = make_ctx(NULL);
+  ipcref_peer_options o;
+  ipcref_peer *pp, *cp;
+  ipcref_view v[3], got;
+  int i;
+  memset(&o, 0, sizeof o);
+  o.max_bytes_held = BLOCK + BLOCK / 2;
+  o.send_timeout_ms = 1; /* blocking: refused after 1 ms */
+  capped_pair(prod, cons, SOCK_SEQPACKET, &o, &pp, &cp);
+  if (!pp || !cp) return;
+  for (i = 0; i < 3; i++) block_view(prod, &v[i]);
+  CHECK_EQ(ipcref_send_batch(pp, v, 2), IPCREF_OK); /* over, but alone */
+  CHECK_EQ(held_by(pp), 2 * BLOCK);
+  CHECK_EQ(ipcref_send(pp, &v[2]), IPCREF_ETIMEDOUT);
+  CHECK_EQ(held_by(pp), 2 * BLOCK);
+  CHECK(!armed(prod)); /* nobody waits after the timeout */
+  for (i = 0; i < 2; i++) {
+    CHECK_EQ(ipcref_recv(cp, &got, 5000), IPCREF_OK);
+    ipcref_view_release(&got);
+  }
+  CHECK_EQ(ipcref_send(pp, &v[2]), IPCREF_OK); /* room again */
+  CHECK_EQ(ipcref_recv(cp, &got, 5000), IPCREF_OK);
+  ipcref_view_release(&got);
+  for (i = 0; i < 3; i++) ipcref_view_release(&v[i]);
+  ipcref_peer_free(cp);
+  ipcref_peer_free(pp);
+  ipcref_ctx_free(cons);
+  ipcref_ctx_free(prod);
+}
+
+/* Options set on a peer made without them (as ipcref_accept makes it):
+ * a cap, then none; a negative timeout refused by name. */
+static void test_set_options(void) {
+  local_pair l;
+  ipcref_peer_options o;
+  ipcref_view v[2], got;
+  int i;
+  local_pair_open(&l, NULL, NULL);
+  if (!l.pp || !l.cp) return;
+  ipcref_set_error_hook(&error_hook);
+  errors_reset();
+  memset(&o, 0, sizeof o);
+  o.send_timeout_ms = -1;
+  CHECK_EQ(ipcref_peer_set_options(l.pp, &o), IPCREF_EINVAL);
+  CHECK(strstr(err_last, "negative") != NULL);
+  CHECK_EQ(ipcref_peer_set_options(NULL, NULL), IPCREF_EINVAL);
+  errors_reset();
+  o.send_timeout_ms = 1;
+  o.max_bytes_held = BLOCK;
+  CHECK_EQ(ipcref_peer_set_options(l.pp, &o), IPCREF_OK);
+  for (i = 0; i < 2; i++) block_view(l.prod, &v[i]);
+  CHECK_EQ(ipcref_send(l.pp, &v[0]), IPCREF_OK);
+  CHECK_EQ(ipcref_send(l.pp, &v[1]), IPCREF_ETIMEDOUT);
+  CHECK_EQ(ipcref_peer_set_options(l.pp, NULL), IPCREF_OK); /* no cap */
+  CHECK_EQ(ipcref_send(l.pp, &v[1]), IPCREF_OK);
+  CHECK(!armed(l.prod));
+  for (i = 0; i < 2; i++) {
+    CHECK_EQ(ipcref_recv(l.cp, &got, 5000), IPCREF_OK);
+    ipcref_view_release(&got);
+    ipcref_view_release(&v[i]);
+  }
+  EXPECT_ERRORS(0);
+  ipcref_set_error_hook(NULL);
+  local_pair_close(&l);
+}
+
+/* The consumer of the blocking cases: takes `want` views, holds them
+ * until told (any byte), lets them go one every 50 ms, and says 'd'. */
+static int slow_consumer(void *arg) {
+  kid *k = (kid *)arg;
+  ipcref_ctx *ctx = make_ctx(NULL);
+  ipcref_peer *p = make_peer(ctx, k->their_sock[0]);
+  ipcref_view held[8];
+  int want = ctl_get(k->their_ctl, CTL_MS), got = 0, i;
+  while (p && got < want && got < 8 &&
+         ipcref_recv(p, &held[got], 10000) == IPCREF_OK)
+    got++;
+  ctl_put(k->their_ctl, got);
+  (void)ctl_get(k->their_ctl, CTL_MS);
+  for (i = 0; i < got; i++) {
+    sleep_us(50000);
+    ipcref_view_release(&held[i]);
+  }
+  ctl_put(k->their_ctl, 'd');
+  /* Whatever else comes, taken and let go. */
+  for (;;) {
+    ipcref_view v;
+    if (!p || ipcref_recv(p, &v, 10000) != IPCREF_OK) break;
+    ipcref_view_release(&v);
+  }
+  ipcref_peer_free(p);
+  ipcref_ctx_free(ctx);
+  return 0;
+}
+
+/* A blocking send at the cap sleeps until another process returns a
+ * lease, then goes: no retry loop in the caller. */
+static void test_peer_cap_blocking_across(void) {
+  kid k;
+  ipcref_ctx *ctx;
+  ipcref_peer *p = NULL;
+  ipcref_peer_options o;
+  ipcref_view v[3];
+  int i;
+  kid_start(&k, 1, SOCK_SEQPACKET, slow_consumer);
+  ctx = make_ctx(NULL);
+  memset(&o, 0, sizeof o);
+  o.max_bytes_held = 2 * BLOCK;
+  o.send_timeout_ms = 20000;
+  CHECK_EQ(ipcref_peer_new_with(ctx, k.sock[0], &o, &p), IPCREF_OK);
+  if (p) k.sock[0] = -1;
+  ctl_put(k.ctl, 2);
+  for (i = 0; i < 3; i++) block_view(ctx, &v[i]);
+  for (i = 0; p && i < 2; i++) CHECK_EQ(ipcref_send(p, &v[i]), IPCREF_OK);
+  CTL_EXPECT(k.ctl, 2);
+  ctl_put(k.ctl, 'g');                        /* let go, slowly */
+  CHECK_EQ(ipcref_send(p, &v[2]), IPCREF_OK); /* waits for the first */
+  CHECK(held_by(p) <= 2 * BLOCK);
+  CTL_EXPECT(k.ctl, 'd');
+  for (i = 0; i < 3; i++) ipcref_view_release(&v[i]);
+  ipcref_peer_free(p);
+  KID_END(&k, "consumer");
+  ipcref_ctx_free(ctx);
+}
+
+/* A context at max_bytes: the allocation says ENOMEM and arms; the room
+ * fd wakes on a return; the next allocation succeeds and disarms; the fd
+ * is quiet again. ipcref_shared_new_wait: at once (0), ETIMEDOUT; too
+ * large for the cap, ENOMEM; with a return coming, it waits for it. */
+static void test_ctx_room(void) {
+  ipcref_ctx_options co;
+  local_pair l;
+  ipcref_view v[2], got[2];
+  ipcref_buf *b = NULL;
+  int i, rfd;
+  memset(&co, 0, sizeof co);
+  co.segment_size = 1 << 20;
+  co.max_bytes = 2 * BLOCK;
+  co.segment_cache = IPCREF_KEEP_NONE;
+  co.isolate = 1; /* a segment per block: 64 KiB each */
+  local_pair_open(&l, &co, NULL);
+  if (!l.pp || !l.cp) return;
+  rfd = ipcref_ctx_room_fd(l.prod);
+  CHECK(rfd >= 0);
+  CHECK_EQ(ipcref_ctx_room_fd(l.prod), rfd);
+  for (i = 0; i < 2; i++) {
+    block_view(l.prod, &v[i]);
+    CHECK_EQ(ipcref_send(l.pp, &v[i]), IPCREF_OK);
+    CHECK_EQ(ipcref_recv(l.cp, &got[i], 5000), IPCREF_OK);
+    ipcref_view_release(&v[i]); /* in the limbo: the consumer holds it */
+  }
+  CHECK_EQ(ipcref_shared_new(l.prod, BLOCK, &b), IPCREF_ENOMEM);
+  CHECK(armed(l.prod));
+  CHECK(!readable(rfd, 0));
+  CHECK_EQ(ipcref_shared_new_wait(l.prod, BLOCK, 0, &b), IPCREF_ETIMEDOUT);
+  CHECK_EQ(ipcref_shared_new_wait(l.prod, BLOCK, 30, &b), IPCREF_ETIMEDOUT);
+  CHECK_EQ(ipcref_shared_new_wait(l.prod, 3 * BLOCK, -1, &b), IPCREF_ENOMEM);
+  CHECK(ipcref_ctx_timeout(l.prod) >= 0); /* a look now and then */
+  ipcref_view_release(&got[0]);
+  CHECK(readable(rfd, 5000));
+  CHECK_EQ(ipcref_shared_new(l.prod, BLOCK, &b), IPCREF_OK);
+  CHECK(!armed(l.prod));
+  CHECK(!readable(rfd, 0));
+  ipcref_buf_release(b);
+  ipcref_view_release(&got[1]);
+  local_pair_close(&l);
+}
+
+/* The consumer of test_shared_new_wait_across: takes one view, holds it
+ * 100 ms, lets it go. */
+static int brief_holder(void *arg) {
+  kid *k = (kid *)arg;
+  ipcref_ctx *ctx = make_ctx(NULL);
+  ipcref_peer *p = make_peer(ctx, k->their_sock[0]);
+  ipcref_view v;
+  if (p && ipcref_recv(p, &v, 10000) == IPCREF_OK) {
+    ctl_put(k->their_ctl, 'h');
+    sleep_us(100000);
+    ipcref_view_release(&v);
+  }
+  (void)ctl_get(k->their_ctl, CTL_MS);
+  ipcref_peer_free(p);
+  ipcref_ctx_free(ctx);
+  return 0;
+}
+
+/* ipcref_shared_new_wait sleeps until another process returns a lease. */
+static void test_shared_new_wait_across(void) {
+  ipcref_ctx_options co;
+  kid k;
+  ipcref_ctx *ctx;
+  ipcref_peer *p;
+  ipcref_view v;
+  ipcref_buf *b = NULL;
+  kid_start(&k, 1, SOCK_SEQPACKET, brief_holder);
+  memset(&co, 0, sizeof co);
+  co.max_bytes = BLOCK;
+  co.segment_cache = IPCREF_KEEP_NONE;
+  co.isolate = 1;
+  ctx = make_ctx(&co);
+  p = kid_peer(&k, 0, ctx);
+  block_view(ctx, &v);
+  CHECK_EQ(ipcref_send(p, &v), IPCREF_OK);
+  ipcref_view_release(&v);
+  CTL_EXPECT(k.ctl, 'h');
+  CHECK_EQ(ipcref_shared_new_wait(ctx, BLOCK, 20000, &b), IPCREF_OK);
+  ipcref_buf_release(b);
+  ctl_put(k.ctl, 'x');
+  KID_END(&k, "consumer");
+  ipcref_peer_free(p);
+  ipcref_ctx_free(ctx);
+}
+
+/* Wrong arguments: named, nothing done. */
+static void test_room_arguments(void) {
+  ipcref_ctx *ctx = make_ctx(NULL);
+  ipcref_buf *b = NULL;
+  ipcref_set_error_hook(&error_hook);
+  errors_reset();
+  CHECK_EQ(ipcref_ctx_room_fd(NULL), -1);
+  CHECK_EQ(ipcref_shared_new_wait(NULL, 64, 0, &b), IPCREF_EINVAL);
+  CHECK_EQ(ipcref_shared_new_wait(ctx, 64, 0, NULL), IPCREF_EINVAL);
+  CHECK_EQ(ipcref_shared_new_wait(ctx, 64, -2, &b), IPCREF_EINVAL);
+  CHECK(strstr(err_last, "ipcref_shared_new_wait: timeout_ms") != NULL);
+  errors_reset();
+  CHECK_EQ(ipcref_shared_new_wait(ctx, 64, -1, &b), IPCREF_OK); /* no cap */
+  ipcref_buf_release(b);
+  EXPECT_ERRORS(0);
+  ipcref_set_error_hook(NULL);
+  ipcref_ctx_free(ctx);
+}
+
+int main(void) {
+  fixture_start();
+  RUN(test_peer_cap_nonblocking);
+  RUN(test_peer_cap_batch_and_oversize);
+  RUN(test_peer_cap_blocking_across);
+  RUN(test_set_options);
+  RUN(test_ctx_room);
+  RUN(test_shared_new_wait_across);
+  RUN(test_room_arguments);
+  return harness_finish();
+}
