@@ -77,12 +77,14 @@
  *
  *   Fallible functions return ipcref_result: IPCREF_OK (0) or a negative
  *   code; ipcref_strerror names it. Bad arguments get a code and change
- *   nothing. Misuse that has no return value to carry it (a reference count
- *   that saturates, a release on a dead buffer) goes to the error hook
- *   (ipcref_set_error_hook). Such misuse leaks; it never frees early or
- *   twice. A refusal whose remedy the code cannot name (a legacy DLPack
- *   export of memory mapped read-only: IPCREF_ENEEDCOPY) tells the hook
- *   the ways out as well.
+ *   nothing, and the error hook (ipcref_set_error_hook) hears why: every
+ *   IPCREF_EINVAL is told as "function: reason", naming the argument and
+ *   the check ("ipcref_view_slice: step is 0"). Misuse that has no return
+ *   value to carry it (a reference count that saturates, a release on a
+ *   dead buffer) goes to the hook too. Such misuse leaks; it never frees
+ *   early or twice. A refusal whose remedy the code cannot name (a legacy
+ *   DLPack export of memory mapped read-only: IPCREF_ENEEDCOPY) tells the
+ *   hook the ways out as well.
  *
  * THREADS
  *
@@ -177,7 +179,11 @@ IPCREF_API const char *ipcref_strerror(ipcref_result r);
  * dead (refused, so nothing is freed twice). It also hears why a call
  * refused where the code alone does not say what to do instead (a legacy
  * DLPack export of read-only memory: ENEEDCOPY, and the message names the
- * ways out). The hook must be reentrant; it may run on any thread. */
+ * ways out), and why an argument was refused: every IPCREF_EINVAL (and a
+ * DLPack IPCREF_EPROTO) is told as "function: reason", naming the public
+ * function called, the argument and the check that failed ("ipcref_view_slice:
+ * step is 0"). The hook runs only on such a failure, never on success. It
+ * must be reentrant; it may run on any thread. */
 typedef struct ipcref_error_hook {
   void (*fn)(void *user, ipcref_result code, const char *message);
   void *user;
@@ -475,7 +481,9 @@ typedef struct ipcref_view {
  * view whose fields are inconsistent with its buffer. ERANGE: an index out
  * of range, ndim over IPCREF_MAX_DIMS, a negative size, a shape whose
  * element count or byte size overflows int64/size_t, or a view that would
- * reach outside its buffer. */
+ * reach outside its buffer. Every EINVAL is told to the error hook
+ * (ipcref_set_error_hook) as "function: reason", naming the argument and
+ * the check: "ipcref_view_slice: dim 2 out of range for a 2-d view". */
 
 /* The size in bytes of one element; 0 for an invalid dtype. */
 IPCREF_API size_t ipcref_dtype_size(ipcref_dtype dt);
@@ -484,13 +492,15 @@ IPCREF_API size_t ipcref_dtype_size(ipcref_dtype dt);
 IPCREF_API const char *ipcref_dtype_name(ipcref_dtype dt);
 
 /* A new C-contiguous view over a new (uninitialized, 64-byte aligned)
- * buffer. Errors: EINVAL, ERANGE, ENOMEM. */
+ * buffer. Errors: EINVAL (out NULL, dt invalid, shape NULL with ndim > 0),
+ * ERANGE, ENOMEM. */
 IPCREF_API ipcref_result ipcref_view_new(ipcref_dtype dt, int ndim,
                                          const int64_t *shape,
                                          ipcref_view *out);
 
 /* A C-contiguous view of `b` from its first byte (retains b). The elements
- * must fit in the buffer. ndim 0 is a scalar (one element). */
+ * must fit in the buffer (else ERANGE). ndim 0 is a scalar (one element).
+ * EINVAL: b or out NULL, dt invalid, shape NULL with ndim > 0. */
 IPCREF_API ipcref_result ipcref_view_of(ipcref_buf *b, ipcref_dtype dt,
                                         int ndim, const int64_t *shape,
                                         ipcref_view *out);
@@ -555,7 +565,8 @@ IPCREF_API ipcref_result ipcref_view_flatten(const ipcref_view *v,
                                              ipcref_view *out);
 
 /* Broadcasts to `shape` (ndim >= v->ndim; new dims are prepended): a dim of
- * size 1 may grow to any size with stride 0; -1 keeps the size. */
+ * size 1 may grow to any size with stride 0; -1 keeps the size. EINVAL:
+ * ndim below v's, shape NULL, -1 for a new dim, another dim asked to grow. */
 IPCREF_API ipcref_result ipcref_view_expand(const ipcref_view *v, int ndim,
                                             const int64_t *shape,
                                             ipcref_view *out);
@@ -576,8 +587,8 @@ IPCREF_API ipcref_result ipcref_view_flip(const ipcref_view *v, int dim,
                                           ipcref_view *out);
 
 /* Any shape and strides over v's buffer, from `byte_offset` (absolute, a
- * multiple of the dtype size). ERANGE when an element would lie outside the
- * buffer. */
+ * multiple of the dtype size, else EINVAL). ERANGE when an element would
+ * lie outside the buffer. */
 IPCREF_API ipcref_result ipcref_view_as_strided(const ipcref_view *v, int ndim,
                                                 const int64_t *shape,
                                                 const int64_t *strides,
@@ -613,8 +624,9 @@ IPCREF_API ipcref_result ipcref_view_contiguous(const ipcref_view *v,
  * broadcast to dst's (as expand). Any strides on either side; when the two
  * overlap in memory the result is as if src was read completely first.
  * EBUSY when dst is not writable (see ipcref_view_data_mut); EINVAL when
- * dst has a broadcast (stride 0) dim of size > 1 or dtypes differ; EDEVICE
- * when either is device memory. */
+ * either view is invalid, dtypes differ, src does not broadcast to dst, or
+ * dst has a broadcast (stride 0) dim of size > 1; EDEVICE when either is
+ * device memory. */
 IPCREF_API ipcref_result ipcref_view_copy(const ipcref_view *dst,
                                           const ipcref_view *src);
 
@@ -628,8 +640,8 @@ IPCREF_API void *ipcref_view_data_mut(const ipcref_view *v);
 
 /* Makes v writable: when its buffer is shared (and not opened for shared
  * writes), copies the viewed elements into a new contiguous buffer and
- * points v there (its strides change); else does nothing. ENOMEM and
- * EDEVICE (device memory) leave v unchanged. */
+ * points v there (its strides change); else does nothing. EINVAL (an
+ * invalid view), ENOMEM and EDEVICE (device memory) leave v unchanged. */
 IPCREF_API ipcref_result ipcref_view_make_mut(ipcref_view *v);
 
 /* An iterator over a view's elements in C order, for users' own loops:
@@ -648,6 +660,7 @@ typedef struct ipcref_view_iter {
   char *cur;
 } ipcref_view_iter;
 
+/* EINVAL: it NULL, or an invalid view. */
 IPCREF_API ipcref_result ipcref_view_iter_init(const ipcref_view *v,
                                                ipcref_view_iter *it);
 /* The next element's address, or NULL once all were visited. */
@@ -1348,7 +1361,9 @@ IPCREF_API ipcref_result ipcref_connect(ipcref_ctx *ctx, const char *path,
  * a non-empty tensor: EINVAL; a negative size, or an element count, stride
  * extent or byte size that overflows, or memory that would wrap the address
  * space: ERANGE; the allocator failing: ENOMEM. NULL strides mean compact
- * row-major.
+ * row-major. Each EINVAL (and the versioned import's EPROTO) is told to the
+ * error hook, naming the call and the check ("ipcref_view_from_dlpack:
+ * shape is NULL with ndim > 0").
  *
  * Types, both ways:
  *   BOOL  kDLBool 8 (code 6; DLPack >= 0.8 names it, older headers do not;
@@ -1410,7 +1425,8 @@ IPCREF_API ipcref_result ipcref_view_to_dlpack_versioned(
     const ipcref_view *v, struct DLManagedTensorVersioned **out);
 
 /* As ipcref_view_from_dlpack, for the versioned struct. A major version
- * other than DLPACK_MAJOR_VERSION is EPROTO (nothing else is read; the
+ * other than DLPACK_MAJOR_VERSION is EPROTO (the error hook hears both
+ * numbers; nothing else is read; the
  * caller still owns `t` and, as DLPack says, should call its deleter).
  * A tensor flagged READ_ONLY gives a view that is never writable (its
  * buffer keeps one weak reference to itself until its data is released, so
@@ -1463,6 +1479,10 @@ int ipcref__dlpack_args(int first, ...);
  * The table moves no data and knows no transport: an engine's scheduler
  * embeds it and carries the calls over whatever it already uses. The
  * dealloc hook names each object that must go and the stores that hold it.
+ * Every EINVAL a call returns is also told to the process's error hook
+ * (ipcref_set_error_hook) as "function: reason" ("ipcref_table_incref: id
+ * was never handed out by this table"), after the violation hook, if the
+ * breach is one, heard it.
  *
  * A cycle of containment (a holds b, b holds a) is never freed, as with
  * any reference counting; an object cannot contain its own id.
@@ -1524,8 +1544,8 @@ typedef struct ipcref_table_stats {
   uint64_t violations; /* breaches reported, ever */
 } ipcref_table_stats;
 
-/* A new, empty table. `hooks` is copied (NULL: no hooks). Errors: EINVAL,
- * ENOMEM. */
+/* A new, empty table. `hooks` is copied (NULL: no hooks). Errors: EINVAL
+ * (out NULL), ENOMEM. */
 IPCREF_API ipcref_result ipcref_table_new(const ipcref_table_hooks *hooks,
                                           ipcref_table **out);
 
@@ -1534,7 +1554,7 @@ IPCREF_API ipcref_result ipcref_table_new(const ipcref_table_hooks *hooks,
 IPCREF_API void ipcref_table_free(ipcref_table *t);
 
 /* A new id for a new object, with one reference (the caller's). Errors:
- * EINVAL, ENOMEM. */
+ * EINVAL (t or out NULL), ENOMEM. */
 IPCREF_API ipcref_result ipcref_table_create(ipcref_table *t, ipcref_id *out);
 
 /* One more / one less reference on `id` (a worker's handle). The last
@@ -1548,8 +1568,10 @@ IPCREF_API ipcref_result ipcref_table_decref(ipcref_table *t, ipcref_id id);
  * put) that it holds references to the `n` ids in `contained`, each
  * counted once more until `id` is deallocated, when each is decremented.
  * A later put of the same id adds a store; its contained list must then
- * be empty (else EINVAL). Nothing changes on error. Errors: EINVAL, EDEAD
- * (id or a contained id is gone), ENOMEM. */
+ * be empty (else EINVAL). Nothing changes on error. Errors: EINVAL (t
+ * NULL, contained NULL with n > 0, id or a contained id never handed out,
+ * `contained` listing `id` itself, or given again), EDEAD (id or a
+ * contained id is gone), ENOMEM. */
 IPCREF_API ipcref_result ipcref_table_put(ipcref_table *t, ipcref_id id,
                                           uint32_t store,
                                           const ipcref_id *contained, size_t n);
@@ -1557,8 +1579,10 @@ IPCREF_API ipcref_result ipcref_table_put(ipcref_table *t, ipcref_id id,
 /* A message carrying `n` ids leaves: each is counted once more while it is
  * in flight; *token names the message. msg_in (the receiver took its own
  * references) or msg_cancel (the message was dropped) lets go, exactly
- * once: a second call with the token is EINVAL. Errors: EINVAL, EDEAD, ENOMEM.
- */
+ * once: a second call with the token is EINVAL. Errors: EINVAL (t or
+ * token NULL, ids NULL with n > 0, an id never handed out; for msg_in and
+ * msg_cancel a token that is 0, spent or never handed out), EDEAD (an id
+ * is gone), ENOMEM. */
 IPCREF_API ipcref_result ipcref_table_msg_out(ipcref_table *t,
                                               const ipcref_id *ids, size_t n,
                                               uint64_t *token);
@@ -1568,13 +1592,14 @@ IPCREF_API ipcref_result ipcref_table_msg_cancel(ipcref_table *t,
 
 /* Ids `a` and `b` name one object: it lives while either is above zero
  * (counts stay per id), and the object is deallocated once, naming the
- * first id of the group and every store either was put in. Errors: EINVAL,
- * EDEAD (one of them is gone already: a violation, reported), ENOMEM. */
+ * first id of the group and every store either was put in. Errors: EINVAL
+ * (t NULL, an id never handed out), EDEAD (one of them is gone already: a
+ * violation, reported), ENOMEM. */
 IPCREF_API ipcref_result ipcref_table_alias(ipcref_table *t, ipcref_id a,
                                             ipcref_id b);
 
 /* `id`'s own count (workers, containers and messages together) into
- * *out. Errors: EINVAL, EDEAD. */
+ * *out. Errors: EINVAL (t or out NULL, an id never handed out), EDEAD. */
 IPCREF_API ipcref_result ipcref_table_count(ipcref_table *t, ipcref_id id,
                                             uint64_t *out);
 
@@ -1588,12 +1613,13 @@ IPCREF_API ipcref_result ipcref_table_count(ipcref_table *t, ipcref_id id,
  * table reference then lasts until the alias and every lease taken
  * through it are gone (the consumer's release, then a sweep). The table
  * stays allocated while such views live (ipcref_table_free included; no
- * hook is called after it). Errors: EINVAL, EDEAD, ENOMEM. */
+ * hook is called after it). Errors: EINVAL (t or out NULL, an invalid
+ * src, an id never handed out), EDEAD, ENOMEM. */
 IPCREF_API ipcref_result ipcref_table_view(ipcref_table *t, ipcref_id id,
                                            const ipcref_view *src,
                                            ipcref_view *out);
 
-/* Fills *out. Errors: EINVAL. */
+/* Fills *out. Errors: EINVAL (t or out NULL). */
 IPCREF_API ipcref_result ipcref_table_get_stats(ipcref_table *t,
                                                 ipcref_table_stats *out);
 
@@ -1642,6 +1668,7 @@ IPCREF_API ipcref_result ipcref_table_get_stats(ipcref_table *t,
 #define IPCREF__UNLIKELY(x) __builtin_expect(!!(x), 0)
 #define IPCREF__NOINLINE    __attribute__((noinline))
 #define IPCREF__INLINE      inline __attribute__((always_inline))
+#define IPCREF__COLD        __attribute__((cold))
 #else
 #error "ipcref needs GCC or Clang (it uses their __atomic builtins)"
 #endif
@@ -1711,19 +1738,51 @@ IPCREF__PRIVATE IPCREF__NOINLINE void ipcref__report(ipcref_result code,
 #endif
 }
 
+/* A message for the hook, put together without stdio (IPCREF_NO_STDIO
+ * builds have no snprintf): strings and integers appended, cut at the end
+ * of the buffer. Start with n = 0. */
+typedef struct ipcref__msg {
+  char s[192];
+  size_t n;
+} ipcref__msg;
+
+IPCREF__PRIVATE void ipcref__msg_str(ipcref__msg *m, const char *s) {
+  while (*s && m->n + 1 < sizeof m->s) m->s[m->n++] = *s++;
+  m->s[m->n] = '\0';
+}
+
+IPCREF__PRIVATE void ipcref__msg_int(ipcref__msg *m, int64_t v) {
+  char d[24];
+  int i = (int)sizeof d - 1;
+  uint64_t u = v < 0 ? 0 - (uint64_t)v : (uint64_t)v;
+  d[i] = '\0';
+  do {
+    d[--i] = (char)('0' + (int)(u % 10));
+    u /= 10;
+  } while (u);
+  if (v < 0) d[--i] = '-';
+  ipcref__msg_str(m, d + i);
+}
+
 /* A misuse met by public function `fn`, to the hook as "fn: what". */
 IPCREF__PRIVATE IPCREF__NOINLINE void
 ipcref__report_in(ipcref_result code, const char *fn, const char *what) {
-  char m[192];
-  size_t a = strlen(fn), b = strlen(what);
-  if (a > 80) a = 80;
-  if (b > sizeof m - a - 3) b = sizeof m - a - 3;
-  memcpy(m, fn, a);
-  m[a] = ':';
-  m[a + 1] = ' ';
-  memcpy(m + a + 2, what, b);
-  m[a + 2 + b] = '\0';
-  ipcref__report(code, m);
+  ipcref__msg m;
+  m.n = 0;
+  ipcref__msg_str(&m, fn);
+  ipcref__msg_str(&m, ": ");
+  ipcref__msg_str(&m, what);
+  ipcref__report(code, m.s);
+}
+
+/* Public function `fn` refuses an argument: the hook hears "fn: why" with
+ * IPCREF_EINVAL, which is returned. A site reads
+ *     if (step == 0) return ipcref__invalid(__func__, "step is 0");
+ * Out of line and cold: the success path pays nothing more. */
+IPCREF__PRIVATE IPCREF__NOINLINE IPCREF__COLD ipcref_result
+ipcref__invalid(const char *fn, const char *why) {
+  ipcref__report_in(IPCREF_EINVAL, fn, why);
+  return IPCREF_EINVAL;
 }
 
 IPCREF__PRIVATE void *ipcref__default_alloc(void *user, size_t size) {
@@ -1961,15 +2020,21 @@ IPCREF__PRIVATE IPCREF__NOINLINE int ipcref__buf_dead(const ipcref_buf *b,
 #define IPCREF__BUF_CHECK(b, ret) ((void)0)
 #endif
 
+/* A new buffer, for public function `fn` (named in a refusal). */
 IPCREF__PRIVATE ipcref_result ipcref__buf_alloc(const ipcref_allocator *a,
                                                 size_t size, size_t align,
-                                                ipcref_buf **out) {
+                                                ipcref_buf **out,
+                                                const char *fn) {
   size_t total, addr;
   unsigned char *raw;
   ipcref_buf *b;
-  if (!out || align == 0 || (align & (align - 1)) != 0) return IPCREF_EINVAL;
+  if (!out) return ipcref__invalid(fn, "out is NULL");
+  if (align == 0) return ipcref__invalid(fn, "align is 0");
+  if ((align & (align - 1)) != 0)
+    return ipcref__invalid(fn, "align is not a power of two");
   if (!a) a = &ipcref__default_allocator;
-  if (!a->alloc || !a->free) return IPCREF_EINVAL;
+  if (!a->alloc) return ipcref__invalid(fn, "allocator->alloc is NULL");
+  if (!a->free) return ipcref__invalid(fn, "allocator->free is NULL");
   if (size > (size_t)PTRDIFF_MAX) return IPCREF_ERANGE;
   if (!ipcref__add_size(sizeof(ipcref_buf), align - 1, &total) ||
       !ipcref__add_size(total, size, &total) || total > (size_t)PTRDIFF_MAX)
@@ -1996,29 +2061,32 @@ IPCREF__PRIVATE ipcref_result ipcref__buf_alloc(const ipcref_allocator *a,
 }
 
 IPCREF_API ipcref_result ipcref_buf_new(size_t size, ipcref_buf **out) {
-  return ipcref__buf_alloc(NULL, size, 64, out);
+  return ipcref__buf_alloc(NULL, size, 64, out, __func__);
 }
 
 IPCREF_API ipcref_result ipcref_buf_new_aligned(size_t size, size_t align,
                                                 ipcref_buf **out) {
-  return ipcref__buf_alloc(NULL, size, align, out);
+  return ipcref__buf_alloc(NULL, size, align, out, __func__);
 }
 
 IPCREF_API ipcref_result ipcref_buf_new_in(const ipcref_allocator *allocator,
                                            size_t size, size_t align,
                                            ipcref_buf **out) {
-  return ipcref__buf_alloc(allocator, size, align, out);
+  return ipcref__buf_alloc(allocator, size, align, out, __func__);
 }
 
-IPCREF_API ipcref_result ipcref_buf_wrap(void *data, size_t size,
-                                         void (*release)(void *user,
-                                                         void *data),
-                                         void *user, ipcref_buf **out) {
+/* ipcref_buf_wrap, for public function `fn`. */
+IPCREF__PRIVATE ipcref_result ipcref__buf_wrap(void *data, size_t size,
+                                               void (*release)(void *, void *),
+                                               void *user, ipcref_buf **out,
+                                               const char *fn) {
   ipcref_buf *b;
   ipcref_result r;
-  if (!out || (!data && size != 0)) return IPCREF_EINVAL;
+  if (!out) return ipcref__invalid(fn, "out is NULL");
+  if (!data && size != 0)
+    return ipcref__invalid(fn, "data is NULL with a non-zero size");
   if (size > (size_t)PTRDIFF_MAX) return IPCREF_ERANGE;
-  r = ipcref__buf_alloc(NULL, 0, 1, &b);
+  r = ipcref__buf_alloc(NULL, 0, 1, &b, fn);
   if (r != IPCREF_OK) return r;
   b->data = data;
   b->size = size;
@@ -2029,12 +2097,21 @@ IPCREF_API ipcref_result ipcref_buf_wrap(void *data, size_t size,
   return IPCREF_OK;
 }
 
+IPCREF_API ipcref_result ipcref_buf_wrap(void *data, size_t size,
+                                         void (*release)(void *user,
+                                                         void *data),
+                                         void *user, ipcref_buf **out) {
+  return ipcref__buf_wrap(data, size, release, user, out, __func__);
+}
+
 IPCREF_API ipcref_result ipcref_buf_wrap_device(
     void *data, size_t size, ipcref_device device,
     void (*release)(void *user, void *data), void *user, ipcref_buf **out) {
   ipcref_result r;
-  if (device.type < 1 || device.id < 0) return IPCREF_EINVAL;
-  r = ipcref_buf_wrap(data, size, release, user, out);
+  if (device.type < 1)
+    return ipcref__invalid(__func__, "device.type is below 1");
+  if (device.id < 0) return ipcref__invalid(__func__, "device.id is negative");
+  r = ipcref__buf_wrap(data, size, release, user, out, __func__);
   if (r == IPCREF_OK) (*out)->device = device;
   return r;
 }
@@ -2200,7 +2277,8 @@ IPCREF_API void *ipcref_buf_get_mut(ipcref_buf *b) {
 IPCREF_API ipcref_result ipcref_buf_make_mut(ipcref_buf **pb) {
   ipcref_buf *old, *copy;
   ipcref_result r;
-  if (!pb || !*pb) return IPCREF_EINVAL;
+  if (!pb) return ipcref__invalid(__func__, "b is NULL");
+  if (!*pb) return ipcref__invalid(__func__, "*b is NULL");
   IPCREF__BUF_CHECK(*pb, IPCREF_EDEAD);
   old = *pb;
   /* Unique is not enough: memory this process may not write (a read-only
@@ -2211,7 +2289,7 @@ IPCREF_API ipcref_result ipcref_buf_make_mut(ipcref_buf **pb) {
   /* Inline buffers copy into their own allocator; adopted memory (whose
    * owner we do not know) into the default one. */
   r = ipcref__buf_alloc(old->release ? NULL : &old->allocator, old->size,
-                        old->align, &copy);
+                        old->align, &copy, __func__);
   if (r != IPCREF_OK) return r;
   if (old->size) memcpy(copy->data, old->data, old->size);
   *pb = copy;
@@ -2392,6 +2470,44 @@ IPCREF__PRIVATE int64_t ipcref__numel(const ipcref_view *v) {
   return n;
 }
 
+/* Why `v`, which ipcref__view_valid_in refused, is not a valid view (a
+ * phrase after the argument's name); NULL when that was told already (a
+ * released buffer under IPCREF_CHECKED: EDEAD). */
+IPCREF__PRIVATE const char *ipcref__view_why(const ipcref_view *v) {
+  int64_t lo, hi, n;
+  int d;
+  if (!v) return "is NULL";
+  if (!v->buf) return "has no buffer (a zeroed or released view)";
+  if ((unsigned)v->dtype >= IPCREF_DTYPE_COUNT) return "has an invalid dtype";
+  if (v->ndim < 0 || v->ndim > IPCREF_MAX_DIMS)
+    return "has ndim out of range (0..IPCREF_MAX_DIMS)";
+#ifdef IPCREF_CHECKED
+  if (__atomic_load_n(&v->buf->strong, __ATOMIC_ACQUIRE) == 0) return NULL;
+#endif
+  for (d = 0; d < v->ndim; d++)
+    if (v->shape[d] < 0) return "has a negative size";
+  if (!ipcref__view_span(v, &lo, &hi, &n))
+    return "has an element count or byte extent that overflows";
+  return "reaches outside its buffer (byte_offset, shape or strides)";
+}
+
+/* Public function `fn` refuses its view argument `arg`: EINVAL, told as
+ * "fn: arg why" (unless told already). */
+IPCREF__PRIVATE IPCREF__NOINLINE IPCREF__COLD ipcref_result
+ipcref__view_invalid(const ipcref_view *v, const char *fn, const char *arg) {
+  const char *why = ipcref__view_why(v);
+  ipcref__msg m;
+  if (!why) return IPCREF_EINVAL;
+  m.n = 0;
+  ipcref__msg_str(&m, fn);
+  ipcref__msg_str(&m, ": ");
+  ipcref__msg_str(&m, arg);
+  ipcref__msg_str(&m, " ");
+  ipcref__msg_str(&m, why);
+  ipcref__report(IPCREF_EINVAL, m.s);
+  return IPCREF_EINVAL;
+}
+
 /* The check of a result whose geometry came from the caller: EINVAL for
  * bad fields, ERANGE for elements outside the buffer or overflow. */
 IPCREF__PRIVATE ipcref_result ipcref__view_check_new(const ipcref_view *v) {
@@ -2405,8 +2521,28 @@ IPCREF__PRIVATE IPCREF__INLINE int ipcref__dim(int dim, int ndim, int *out) {
   return 1;
 }
 
+/* Public function `fn` refuses dim argument `name` (`dim`, out of range for
+ * an `ndim`-d view): EINVAL, told as "fn: name 3 out of range for a 2-d
+ * view". */
+IPCREF__PRIVATE IPCREF__NOINLINE IPCREF__COLD ipcref_result
+ipcref__bad_dim(const char *fn, const char *name, int dim, int ndim) {
+  ipcref__msg m;
+  m.n = 0;
+  ipcref__msg_str(&m, fn);
+  ipcref__msg_str(&m, ": ");
+  ipcref__msg_str(&m, name);
+  ipcref__msg_str(&m, " ");
+  ipcref__msg_int(&m, dim);
+  ipcref__msg_str(&m, " out of range for a ");
+  ipcref__msg_int(&m, ndim);
+  ipcref__msg_str(&m, "-d view");
+  ipcref__report(IPCREF_EINVAL, m.s);
+  return IPCREF_EINVAL;
+}
+
 /* The element count of a shape given by the caller: ERANGE for ndim out of
- * range, a negative size, or an overflow of int64 or of size_t bytes. */
+ * range, a negative size, or an overflow of int64 or of size_t bytes;
+ * EINVAL (not told: the caller tells it) for shape NULL with ndim > 0. */
 IPCREF__PRIVATE ipcref_result ipcref__shape_numel(int ndim,
                                                   const int64_t *shape,
                                                   size_t item, int64_t *numel) {
@@ -2460,10 +2596,23 @@ ipcref__view_out(const ipcref_view *v, ipcref_view *out) {
   return out;
 }
 
+/* The checks every view operation begins with, refusals told naming the
+ * function and the argument. */
 #define IPCREF__CHECK_IN(v, out)                                               \
   do {                                                                         \
-    if (!(out) || !ipcref__view_valid(v)) return IPCREF_EINVAL;                \
+    if (!(out)) return ipcref__invalid(__func__, "out is NULL");               \
+    if (!ipcref__view_valid(v)) return ipcref__view_invalid(v, __func__, "v"); \
   } while (0)
+
+/* The checks of a new view's arguments (shape checked by
+ * ipcref__shape_numel, whose EINVAL this tells). */
+#define IPCREF__CHECK_NEW(out, dt)                                             \
+  do {                                                                         \
+    if (!(out)) return ipcref__invalid(__func__, "out is NULL");               \
+    if ((unsigned)(dt) >= IPCREF_DTYPE_COUNT)                                  \
+      return ipcref__invalid(__func__, "dt is not a valid dtype");             \
+  } while (0)
+#define IPCREF__NO_SHAPE "shape is NULL with ndim > 0"
 
 /* ---- making and dropping views --------------------------------------- */
 
@@ -2498,8 +2647,9 @@ IPCREF_API ipcref_result ipcref_view_new(ipcref_dtype dt, int ndim,
   ipcref_buf *b;
   int64_t n;
   ipcref_result res;
-  if (!out || (unsigned)dt >= IPCREF_DTYPE_COUNT) return IPCREF_EINVAL;
+  IPCREF__CHECK_NEW(out, dt);
   res = ipcref__shape_numel(ndim, shape, ipcref__dtype_sizes[dt], &n);
+  if (res == IPCREF_EINVAL) return ipcref__invalid(__func__, IPCREF__NO_SHAPE);
   if (res != IPCREF_OK) return res;
   res = ipcref__buf_for((size_t)n * ipcref__dtype_sizes[dt], &b);
   if (res != IPCREF_OK) return res;
@@ -2519,8 +2669,10 @@ IPCREF_API ipcref_result ipcref_view_of(ipcref_buf *b, ipcref_dtype dt,
   ipcref_view r;
   int64_t n;
   ipcref_result res;
-  if (!out || !b || (unsigned)dt >= IPCREF_DTYPE_COUNT) return IPCREF_EINVAL;
+  if (!b) return ipcref__invalid(__func__, "b is NULL");
+  IPCREF__CHECK_NEW(out, dt);
   res = ipcref__shape_numel(ndim, shape, ipcref__dtype_sizes[dt], &n);
+  if (res == IPCREF_EINVAL) return ipcref__invalid(__func__, IPCREF__NO_SHAPE);
   if (res != IPCREF_OK) return res;
   if ((uint64_t)n * ipcref__dtype_sizes[dt] > b->size) return IPCREF_ERANGE;
   memset(&r, 0, sizeof r);
@@ -2577,7 +2729,9 @@ IPCREF_API ipcref_result ipcref_view_slice(const ipcref_view *v, int dim,
   int64_t len, n, stride, offset;
   int d, stride_ok;
   IPCREF__CHECK_IN(v, out);
-  if (!ipcref__dim(dim, v->ndim, &d) || step == 0) return IPCREF_EINVAL;
+  if (!ipcref__dim(dim, v->ndim, &d))
+    return ipcref__bad_dim(__func__, "dim", dim, v->ndim);
+  if (step == 0) return ipcref__invalid(__func__, "step is 0");
   len = v->shape[d];
   if (step < -INT64_MAX) step = -INT64_MAX; /* so that -step exists */
   /* Python's clamping (PySlice_AdjustIndices). */
@@ -2621,7 +2775,8 @@ IPCREF_API ipcref_result ipcref_view_select(const ipcref_view *v, int dim,
   int64_t offset;
   int d;
   IPCREF__CHECK_IN(v, out);
-  if (!ipcref__dim(dim, v->ndim, &d)) return IPCREF_EINVAL;
+  if (!ipcref__dim(dim, v->ndim, &d))
+    return ipcref__bad_dim(__func__, "dim", dim, v->ndim);
   if (index < 0) index += v->shape[d];
   if (index < 0 || index >= v->shape[d]) return IPCREF_ERANGE;
   offset = v->byte_offset;
@@ -2640,7 +2795,8 @@ IPCREF_API ipcref_result ipcref_view_narrow(const ipcref_view *v, int dim,
   int64_t offset;
   int d;
   IPCREF__CHECK_IN(v, out);
-  if (!ipcref__dim(dim, v->ndim, &d)) return IPCREF_EINVAL;
+  if (!ipcref__dim(dim, v->ndim, &d))
+    return ipcref__bad_dim(__func__, "dim", dim, v->ndim);
   if (start < 0) start += v->shape[d];
   if (start < 0 || start > v->shape[d] || length < 0 ||
       length > v->shape[d] - start)
@@ -2661,11 +2817,14 @@ IPCREF_API ipcref_result ipcref_view_permute(const ipcref_view *v,
   unsigned seen = 0;
   int i, d;
   IPCREF__CHECK_IN(v, out);
-  if (!perm && v->ndim > 0) return IPCREF_EINVAL;
+  if (!perm && v->ndim > 0)
+    return ipcref__invalid(__func__, "perm is NULL with ndim > 0");
   r = *v;
   for (i = 0; i < v->ndim; i++) {
-    if (!ipcref__dim(perm[i], v->ndim, &d) || (seen & (1u << d)))
-      return IPCREF_EINVAL;
+    if (!ipcref__dim(perm[i], v->ndim, &d))
+      return ipcref__bad_dim(__func__, "perm entry", perm[i], v->ndim);
+    if (seen & (1u << d))
+      return ipcref__invalid(__func__, "perm names a dim twice");
     seen |= 1u << d;
     r.shape[i] = v->shape[d];
     r.strides[i] = v->strides[d];
@@ -2679,8 +2838,10 @@ IPCREF_API ipcref_result ipcref_view_transpose(const ipcref_view *v, int d0,
   int64_t size_a, stride_a, size_b, stride_b;
   int a, b;
   IPCREF__CHECK_IN(v, out);
-  if (!ipcref__dim(d0, v->ndim, &a) || !ipcref__dim(d1, v->ndim, &b))
-    return IPCREF_EINVAL;
+  if (!ipcref__dim(d0, v->ndim, &a))
+    return ipcref__bad_dim(__func__, "d0", d0, v->ndim);
+  if (!ipcref__dim(d1, v->ndim, &b))
+    return ipcref__bad_dim(__func__, "d1", d1, v->ndim);
   size_a = v->shape[a], stride_a = v->strides[a];
   size_b = v->shape[b], stride_b = v->strides[b];
   r = ipcref__view_out(v, out);
@@ -2730,18 +2891,20 @@ IPCREF__PRIVATE int ipcref__reshape_strides(const ipcref_view *v, int ndim,
   return vd == -1;
 }
 
-/* Resolves a requested shape (one -1 may be inferred) against `numel`. */
+/* Resolves a requested shape (one -1 may be inferred) against `numel`,
+ * for public function `fn` (named in a refusal). */
 IPCREF__PRIVATE ipcref_result ipcref__infer_shape(int ndim, const int64_t *in,
-                                                  int64_t numel,
-                                                  int64_t *shape) {
+                                                  int64_t numel, int64_t *shape,
+                                                  const char *fn) {
   int64_t known = 1;
   int d, infer = -1;
   if (ndim < 0 || ndim > IPCREF_MAX_DIMS) return IPCREF_ERANGE;
-  if (ndim > 0 && !in) return IPCREF_EINVAL;
+  if (ndim > 0 && !in)
+    return ipcref__invalid(fn, "shape is NULL with ndim > 0");
   for (d = 0; d < ndim; d++) {
     shape[d] = in[d];
     if (in[d] == -1) {
-      if (infer >= 0) return IPCREF_EINVAL;
+      if (infer >= 0) return ipcref__invalid(fn, "shape has more than one -1");
       infer = d;
     } else if (in[d] < 0) {
       return IPCREF_ERANGE;
@@ -2753,22 +2916,24 @@ IPCREF__PRIVATE ipcref_result ipcref__infer_shape(int ndim, const int64_t *in,
     if (in[d] != -1 && __builtin_mul_overflow(known, in[d], &known))
       return IPCREF_ERANGE;
   if (infer >= 0) {
-    if (known == 0 || numel % known != 0) return IPCREF_EINVAL;
+    if (known == 0 || numel % known != 0)
+      return ipcref__invalid(fn, "the -1 in shape cannot be inferred (the "
+                                 "other sizes do not divide the count)");
     shape[infer] = numel / known;
   } else if (known != numel) {
-    return IPCREF_EINVAL;
+    return ipcref__invalid(fn, "shape's element count differs from v's");
   }
   return IPCREF_OK;
 }
 
-IPCREF_API ipcref_result ipcref_view_reshape(const ipcref_view *v, int ndim,
-                                             const int64_t *shape,
-                                             ipcref_view *out) {
-  ipcref_view r;
+/* ipcref_view_reshape of a checked view, for public function `fn`. */
+IPCREF__PRIVATE ipcref_result ipcref__reshape(const ipcref_view *v, int ndim,
+                                              const int64_t *shape,
+                                              ipcref_view *out,
+                                              const char *fn) {
+  ipcref_view r = *v;
   ipcref_result res;
-  IPCREF__CHECK_IN(v, out);
-  r = *v;
-  res = ipcref__infer_shape(ndim, shape, ipcref__numel(v), r.shape);
+  res = ipcref__infer_shape(ndim, shape, ipcref__numel(v), r.shape, fn);
   if (res != IPCREF_OK) return res;
   r.ndim = ndim;
   if (ipcref__numel(v) == 0)
@@ -2783,16 +2948,25 @@ IPCREF_API ipcref_result ipcref_view_reshape(const ipcref_view *v, int ndim,
   return ipcref__view_finish(v, &r, out);
 }
 
+IPCREF_API ipcref_result ipcref_view_reshape(const ipcref_view *v, int ndim,
+                                             const int64_t *shape,
+                                             ipcref_view *out) {
+  IPCREF__CHECK_IN(v, out);
+  return ipcref__reshape(v, ndim, shape, out, __func__);
+}
+
 IPCREF_API ipcref_result ipcref_view_reshape_copy(const ipcref_view *v,
                                                   int ndim,
                                                   const int64_t *shape,
                                                   ipcref_view *out) {
   ipcref_view tmp;
   int64_t resolved[IPCREF_MAX_DIMS];
-  ipcref_result res = ipcref_view_reshape(v, ndim, shape, out);
+  ipcref_result res;
+  IPCREF__CHECK_IN(v, out);
+  res = ipcref__reshape(v, ndim, shape, out, __func__);
   if (res != IPCREF_ENEEDCOPY) return res;
-  /* Check the shape first, so that a bad one costs no copy. */
-  res = ipcref__infer_shape(ndim, shape, ipcref__numel(v), resolved);
+  /* The shape was checked (ENEEDCOPY comes after): no copy is wasted. */
+  res = ipcref__infer_shape(ndim, shape, ipcref__numel(v), resolved, __func__);
   if (res != IPCREF_OK) return res;
   res = ipcref_view_contiguous(v, &tmp);
   if (res != IPCREF_OK) return res;
@@ -2814,13 +2988,16 @@ IPCREF_API ipcref_result ipcref_view_flatten(const ipcref_view *v,
   IPCREF__CHECK_IN(v, out);
   if (v->ndim == 0) {
     if ((start_dim != 0 && start_dim != -1) || (end_dim != 0 && end_dim != -1))
-      return IPCREF_EINVAL;
+      return ipcref__invalid(__func__, "start_dim and end_dim must be 0 or "
+                                       "-1 for a 0-d view");
     shape[0] = 1;
-    return ipcref_view_reshape(v, 1, shape, out);
+    return ipcref__reshape(v, 1, shape, out, __func__);
   }
-  if (!ipcref__dim(start_dim, v->ndim, &s) ||
-      !ipcref__dim(end_dim, v->ndim, &e) || s > e)
-    return IPCREF_EINVAL;
+  if (!ipcref__dim(start_dim, v->ndim, &s))
+    return ipcref__bad_dim(__func__, "start_dim", start_dim, v->ndim);
+  if (!ipcref__dim(end_dim, v->ndim, &e))
+    return ipcref__bad_dim(__func__, "end_dim", end_dim, v->ndim);
+  if (s > e) return ipcref__invalid(__func__, "start_dim is after end_dim");
   for (d = 0; d < s; d++) shape[n++] = v->shape[d];
   shape[n] = 1;
   for (d = s; d <= e; d++)
@@ -2828,48 +3005,70 @@ IPCREF_API ipcref_result ipcref_view_flatten(const ipcref_view *v,
       return IPCREF_ERANGE; /* the merged size cannot be represented */
   n++;
   for (d = e + 1; d < v->ndim; d++) shape[n++] = v->shape[d];
-  return ipcref_view_reshape(v, n, shape, out);
+  return ipcref__reshape(v, n, shape, out, __func__);
+}
+
+/* EINVAL, with `what` in *why for the caller to tell. */
+IPCREF__PRIVATE ipcref_result ipcref__why(const char **why, const char *what) {
+  *why = what;
+  return IPCREF_EINVAL;
+}
+
+/* `v` (checked) broadcast to `shape`, into *r (no reference taken). An
+ * EINVAL says why in *why, for the caller to tell. */
+IPCREF__PRIVATE ipcref_result ipcref__expand(const ipcref_view *v, int ndim,
+                                             const int64_t *shape,
+                                             ipcref_view *r, const char **why) {
+  int64_t n = 1;
+  int i, lead = ndim - v->ndim;
+  if (ndim > IPCREF_MAX_DIMS) return IPCREF_ERANGE;
+  if (ndim < v->ndim) return ipcref__why(why, "ndim is below the view's");
+  if (ndim > 0 && !shape)
+    return ipcref__why(why, "shape is NULL with ndim > 0");
+  *r = *v;
+  r->ndim = ndim;
+  for (i = 0; i < ndim; i++) {
+    int64_t want = shape[i];
+    if (i < lead) { /* a new leading dim */
+      if (want == -1)
+        return ipcref__why(why, "-1 for a new leading dim (no size to keep)");
+      if (want < 0) return IPCREF_ERANGE;
+      r->shape[i] = want;
+      r->strides[i] = 0;
+    } else {
+      int64_t have = v->shape[i - lead], st = v->strides[i - lead];
+      if (want == -1 || want == have) {
+        r->shape[i] = have;
+        r->strides[i] = st;
+      } else if (want < 0) {
+        return IPCREF_ERANGE;
+      } else if (have == 1) {
+        r->shape[i] = want;
+        r->strides[i] = 0;
+      } else {
+        return ipcref__why(why, "a dim of size other than 1 cannot grow");
+      }
+    }
+  }
+  /* The count (zero when any size is) and its bytes must fit. */
+  for (i = 0; i < ndim; i++)
+    if (r->shape[i] == 0) n = 0;
+  for (i = 0; i < ndim && n != 0; i++)
+    if (__builtin_mul_overflow(n, r->shape[i], &n)) return IPCREF_ERANGE;
+  if (__builtin_mul_overflow(n, ipcref__item(v), &n)) return IPCREF_ERANGE;
+  return IPCREF_OK;
 }
 
 IPCREF_API ipcref_result ipcref_view_expand(const ipcref_view *v, int ndim,
                                             const int64_t *shape,
                                             ipcref_view *out) {
   ipcref_view r;
-  int64_t n = 1;
-  int i, lead;
+  ipcref_result res;
+  const char *why;
   IPCREF__CHECK_IN(v, out);
-  if (ndim > IPCREF_MAX_DIMS) return IPCREF_ERANGE;
-  if (ndim < v->ndim || (ndim > 0 && !shape)) return IPCREF_EINVAL;
-  lead = ndim - v->ndim;
-  r = *v;
-  r.ndim = ndim;
-  for (i = 0; i < ndim; i++) {
-    int64_t want = shape[i];
-    if (i < lead) { /* a new leading dim */
-      if (want < 0) return want == -1 ? IPCREF_EINVAL : IPCREF_ERANGE;
-      r.shape[i] = want;
-      r.strides[i] = 0;
-    } else {
-      int64_t have = v->shape[i - lead], st = v->strides[i - lead];
-      if (want == -1 || want == have) {
-        r.shape[i] = have;
-        r.strides[i] = st;
-      } else if (want < 0) {
-        return IPCREF_ERANGE;
-      } else if (have == 1) {
-        r.shape[i] = want;
-        r.strides[i] = 0;
-      } else {
-        return IPCREF_EINVAL;
-      }
-    }
-  }
-  /* The count (zero when any size is) and its bytes must fit. */
-  for (i = 0; i < ndim; i++)
-    if (r.shape[i] == 0) n = 0;
-  for (i = 0; i < ndim && n != 0; i++)
-    if (__builtin_mul_overflow(n, r.shape[i], &n)) return IPCREF_ERANGE;
-  if (__builtin_mul_overflow(n, ipcref__item(v), &n)) return IPCREF_ERANGE;
+  res = ipcref__expand(v, ndim, shape, &r, &why);
+  if (res == IPCREF_EINVAL) return ipcref__invalid(__func__, why);
+  if (res != IPCREF_OK) return res;
   return ipcref__view_finish(v, &r, out);
 }
 
@@ -2883,8 +3082,10 @@ IPCREF_API ipcref_result ipcref_view_squeeze(const ipcref_view *v, int dim,
     for (d = r.ndim - 1; d >= 0; d--)
       if (r.shape[d] == 1) ipcref__drop_dim(&r, d);
   } else {
-    if (!ipcref__dim(dim, v->ndim, &d) || v->shape[d] != 1)
-      return IPCREF_EINVAL;
+    if (!ipcref__dim(dim, v->ndim, &d))
+      return ipcref__bad_dim(__func__, "dim", dim, v->ndim);
+    if (v->shape[d] != 1)
+      return ipcref__invalid(__func__, "the dim's size is not 1");
     ipcref__drop_dim(&r, d);
   }
   return ipcref__view_finish(v, &r, out);
@@ -2896,7 +3097,8 @@ IPCREF_API ipcref_result ipcref_view_unsqueeze(const ipcref_view *v, int dim,
   int d, i;
   IPCREF__CHECK_IN(v, out);
   if (v->ndim >= IPCREF_MAX_DIMS) return IPCREF_ERANGE;
-  if (!ipcref__dim(dim, v->ndim + 1, &d)) return IPCREF_EINVAL;
+  if (!ipcref__dim(dim, v->ndim + 1, &d))
+    return ipcref__bad_dim(__func__, "dim", dim, v->ndim);
   r = *v;
   for (i = v->ndim; i > d; i--) {
     r.shape[i] = r.shape[i - 1];
@@ -2918,7 +3120,8 @@ IPCREF_API ipcref_result ipcref_view_flip(const ipcref_view *v, int dim,
   int64_t offset, stride;
   int d;
   IPCREF__CHECK_IN(v, out);
-  if (!ipcref__dim(dim, v->ndim, &d)) return IPCREF_EINVAL;
+  if (!ipcref__dim(dim, v->ndim, &d))
+    return ipcref__bad_dim(__func__, "dim", dim, v->ndim);
   offset = v->byte_offset;
   stride = v->strides[d];
   if (v->shape[d] > 1 && ipcref__numel(v) > 0) { /* inside: no overflow */
@@ -2940,8 +3143,13 @@ IPCREF_API ipcref_result ipcref_view_as_strided(const ipcref_view *v, int ndim,
   ipcref_result res;
   IPCREF__CHECK_IN(v, out);
   if (ndim < 0 || ndim > IPCREF_MAX_DIMS) return IPCREF_ERANGE;
-  if (ndim > 0 && (!shape || !strides)) return IPCREF_EINVAL;
-  if (byte_offset % ipcref__item(v) != 0) return IPCREF_EINVAL;
+  if (ndim > 0 && !shape)
+    return ipcref__invalid(__func__, "shape is NULL with ndim > 0");
+  if (ndim > 0 && !strides)
+    return ipcref__invalid(__func__, "strides is NULL with ndim > 0");
+  if (byte_offset % ipcref__item(v) != 0)
+    return ipcref__invalid(__func__, "byte_offset is not a multiple of the "
+                                     "dtype's size");
   memset(&r, 0, sizeof r);
   r.buf = v->buf;
   r.dtype = v->dtype;
@@ -2996,7 +3204,8 @@ IPCREF_API const void *ipcref_view_data(const ipcref_view *v) {
 IPCREF_API ipcref_result ipcref_view_iter_init(const ipcref_view *v,
                                                ipcref_view_iter *it) {
   int d;
-  if (!it || !ipcref__view_valid(v)) return IPCREF_EINVAL;
+  if (!it) return ipcref__invalid(__func__, "it is NULL");
+  if (!ipcref__view_valid(v)) return ipcref__view_invalid(v, __func__, "v");
   memset(it, 0, sizeof *it);
   it->base = (char *)v->buf->data + v->byte_offset;
   it->remaining = ipcref__numel(v);
@@ -3368,18 +3577,23 @@ IPCREF_API ipcref_result ipcref_view_copy(const ipcref_view *dst,
   ipcref_view from;
   uintptr_t dlo, dhi, slo, shi;
   ipcref_result res;
+  const char *why;
   int d;
-  if (!ipcref__view_valid(dst) || !ipcref__view_valid(src) ||
-      dst->dtype != src->dtype)
-    return IPCREF_EINVAL;
+  if (!ipcref__view_valid(dst))
+    return ipcref__view_invalid(dst, __func__, "dst");
+  if (!ipcref__view_valid(src))
+    return ipcref__view_invalid(src, __func__, "src");
+  if (dst->dtype != src->dtype)
+    return ipcref__invalid(__func__, "dst and src have different dtypes");
   if (!ipcref__buf_on_host(dst->buf) || !ipcref__buf_on_host(src->buf))
     return IPCREF_EDEVICE;
   /* Broadcast src to dst's shape (metadata only; no reference taken). */
-  res = ipcref_view_expand(src, dst->ndim, dst->shape, &from);
-  if (res != IPCREF_OK) return IPCREF_EINVAL;
-  ipcref_buf_release(from.buf); /* expand retained; src keeps it alive */
+  if (ipcref__expand(src, dst->ndim, dst->shape, &from, &why) != IPCREF_OK)
+    return ipcref__invalid(__func__, "src does not broadcast to dst's shape");
   for (d = 0; d < dst->ndim; d++)
-    if (dst->strides[d] == 0 && dst->shape[d] > 1) return IPCREF_EINVAL;
+    if (dst->strides[d] == 0 && dst->shape[d] > 1)
+      return ipcref__invalid(__func__, "dst has a broadcast dim (stride 0, "
+                                       "size > 1): it would be written twice");
   if (!ipcref__view_writable(dst)) return IPCREF_EBUSY;
   if (ipcref__numel(dst) == 0) return IPCREF_OK;
   ipcref__view_range(dst, &dlo, &dhi);
@@ -3406,7 +3620,7 @@ IPCREF_API void *ipcref_view_data_mut(const ipcref_view *v) {
 IPCREF_API ipcref_result ipcref_view_make_mut(ipcref_view *v) {
   ipcref_view r;
   ipcref_result res;
-  if (!ipcref__view_valid(v)) return IPCREF_EINVAL;
+  if (!ipcref__view_valid(v)) return ipcref__view_invalid(v, __func__, "v");
   if (ipcref__view_writable(v)) return IPCREF_OK;
   if (!ipcref__buf_on_host(v->buf)) return IPCREF_EDEVICE;
   res = ipcref_view_new(v->dtype, v->ndim, v->shape, &r);
@@ -8458,26 +8672,35 @@ static const struct {
 
 IPCREF_API ipcref_result ipcref_dtype_to_dlpack(ipcref_dtype dt,
                                                 DLDataType *out) {
-  if (!out || (int)dt < 0 || (int)dt >= (int)IPCREF_DTYPE_COUNT)
-    return IPCREF_EINVAL;
+  if (!out) return ipcref__invalid(__func__, "out is NULL");
+  if ((int)dt < 0 || (int)dt >= (int)IPCREF_DTYPE_COUNT)
+    return ipcref__invalid(__func__, "dt is not a valid dtype");
   out->code = ipcref__dl_types[dt].code;
   out->bits = ipcref__dl_types[dt].bits;
   out->lanes = 1;
   return IPCREF_OK;
 }
 
-IPCREF_API ipcref_result ipcref_dtype_from_dlpack(DLDataType dt,
-                                                  ipcref_dtype *out) {
+/* The ipcref dtype of `dt` into *out: NULL, or why there is none. */
+IPCREF__PRIVATE const char *ipcref__dl_dtype(DLDataType dt, ipcref_dtype *out) {
   int i;
-  if (!out || dt.lanes != 1) return IPCREF_EINVAL;
+  if (dt.lanes != 1) return "dtype.lanes is not 1 (no vector types)";
   for (i = 0; i < (int)IPCREF_DTYPE_COUNT; i++) {
     if (ipcref__dl_types[i].code == dt.code &&
         ipcref__dl_types[i].bits == dt.bits) {
       *out = (ipcref_dtype)i;
-      return IPCREF_OK;
+      return NULL;
     }
   }
-  return IPCREF_EINVAL;
+  return "no ipcref dtype has that dtype.code and dtype.bits";
+}
+
+IPCREF_API ipcref_result ipcref_dtype_from_dlpack(DLDataType dt,
+                                                  ipcref_dtype *out) {
+  const char *why;
+  if (!out) return ipcref__invalid(__func__, "out is NULL");
+  why = ipcref__dl_dtype(dt, out);
+  return why ? ipcref__invalid(__func__, why) : IPCREF_OK;
 }
 
 /* The devices: host memory (kDLCPU, id 0), and the device memory the
@@ -8560,10 +8783,8 @@ IPCREF_API ipcref_result ipcref_view_to_dlpack(const ipcref_view *v,
   ipcref__dlpack_export *e;
   ipcref_view keep;
   ipcref_result r;
-  DLDataType dt;
-  if (!v || !out) return IPCREF_EINVAL;
-  if (ipcref_dtype_to_dlpack(v->dtype, &dt) != IPCREF_OK) return IPCREF_EINVAL;
-  if (!ipcref__view_valid(v)) return IPCREF_EINVAL;
+  if (!out) return ipcref__invalid(__func__, "out is NULL");
+  if (!ipcref__view_valid(v)) return ipcref__view_invalid(v, __func__, "v");
   /* A legacy tensor looks writable to every consumer: memory that a store
    * would fault on does not go out that way (see the header comment). */
   if (!ipcref__dlpack_writable_here(v->buf)) {
@@ -8628,15 +8849,20 @@ IPCREF__PRIVATE void ipcref__dlpack_import_release(void *user, void *data) {
 }
 
 /* The import's first checks, in the documented order: the device, the
- * rank, the element type, and a shape wherever there are dimensions. */
+ * rank, the element type, and a shape wherever there are dimensions. A
+ * refusal names public function `fn`. */
 IPCREF__PRIVATE ipcref_result ipcref__dlpack_check(const DLTensor *t,
                                                    ipcref_device *dev,
-                                                   ipcref_dtype *dt) {
+                                                   ipcref_dtype *dt,
+                                                   const char *fn) {
+  const char *why;
   if (ipcref__dlpack_device_in(t->device, dev) != IPCREF_OK)
     return IPCREF_ENODEV;
   if (t->ndim < 0 || t->ndim > IPCREF_MAX_DIMS) return IPCREF_ERANGE;
-  if (ipcref_dtype_from_dlpack(t->dtype, dt) != IPCREF_OK) return IPCREF_EINVAL;
-  if (t->ndim > 0 && !t->shape) return IPCREF_EINVAL;
+  why = ipcref__dl_dtype(t->dtype, dt);
+  if (why) return ipcref__invalid(fn, why);
+  if (t->ndim > 0 && !t->shape)
+    return ipcref__invalid(fn, "shape is NULL with ndim > 0");
   return IPCREF_OK;
 }
 
@@ -8707,23 +8933,23 @@ IPCREF__PRIVATE ipcref_result ipcref__dlpack_adopt_buf(
   return IPCREF_OK;
 }
 
-/* The common import: checks `t`, wraps the memory its elements reach and
- * fills *out. Nothing is adopted unless it returns OK. */
-IPCREF__PRIVATE ipcref_result ipcref__dlpack_import(const DLTensor *t,
-                                                    void *managed,
-                                                    int versioned,
-                                                    int read_only,
-                                                    ipcref_view *out) {
-  ipcref_dtype dt;
+/* The common import, for public function `fn`: checks `t`, wraps the
+ * memory its elements reach and fills *out. Nothing is adopted unless it
+ * returns OK. */
+IPCREF__PRIVATE ipcref_result
+ipcref__dlpack_import(const DLTensor *t, void *managed, int versioned,
+                      int read_only, ipcref_view *out, const char *fn) {
+  ipcref_dtype dt = IPCREF_U8; /* the check sets it */
   ipcref_device dev;
   ipcref_view v;
   int64_t lo, hi, numel; /* the bytes reached, from element (0,...,0) */
   uintptr_t start;
-  ipcref_result r = ipcref__dlpack_check(t, &dev, &dt);
+  ipcref_result r = ipcref__dlpack_check(t, &dev, &dt, fn);
   if (r != IPCREF_OK) return r;
   ipcref__dlpack_geometry(t, dt, &v);
   if (!ipcref__view_span(&v, &lo, &hi, &numel)) return IPCREF_ERANGE;
-  if (numel != 0 && !t->data) return IPCREF_EINVAL;
+  if (numel != 0 && !t->data)
+    return ipcref__invalid(fn, "data is NULL for a non-empty tensor");
   r = ipcref__dlpack_start(t, lo, hi, numel, &start);
   if (r != IPCREF_OK) return r;
   r = ipcref__dlpack_adopt_buf(start, (size_t)(hi - lo), dev, managed,
@@ -8737,8 +8963,9 @@ IPCREF__PRIVATE ipcref_result ipcref__dlpack_import(const DLTensor *t,
 
 IPCREF_API ipcref_result ipcref_view_from_dlpack(DLManagedTensor *t,
                                                  ipcref_view *out) {
-  if (!t || !out) return IPCREF_EINVAL;
-  return ipcref__dlpack_import(&t->dl_tensor, t, 0, 0, out);
+  if (!t) return ipcref__invalid(__func__, "t is NULL");
+  if (!out) return ipcref__invalid(__func__, "out is NULL");
+  return ipcref__dlpack_import(&t->dl_tensor, t, 0, 0, out, __func__);
 }
 
 #ifdef IPCREF_HAVE_DLPACK_VERSIONED
@@ -8762,9 +8989,8 @@ IPCREF_API ipcref_result ipcref_view_to_dlpack_versioned(
   ipcref__dlpack_export_v *e;
   ipcref_view keep;
   ipcref_result r;
-  DLDataType dt;
-  if (!v || !out) return IPCREF_EINVAL;
-  if (ipcref_dtype_to_dlpack(v->dtype, &dt) != IPCREF_OK) return IPCREF_EINVAL;
+  if (!out) return ipcref__invalid(__func__, "out is NULL");
+  if (!ipcref__view_valid(v)) return ipcref__view_invalid(v, __func__, "v");
   r = ipcref_view_clone(v, &keep);
   if (r != IPCREF_OK) return r;
   e = (ipcref__dlpack_export_v *)IPCREF_MALLOC(sizeof *e);
@@ -8790,13 +9016,30 @@ IPCREF_API ipcref_result ipcref_view_to_dlpack_versioned(
   return IPCREF_OK;
 }
 
+/* A versioned tensor of another major version: EPROTO, told with both
+ * numbers. */
+IPCREF__PRIVATE IPCREF__NOINLINE IPCREF__COLD ipcref_result
+ipcref__dlpack_bad_version(uint32_t major) {
+  ipcref__msg m;
+  m.n = 0;
+  ipcref__msg_str(&m, "ipcref_view_from_dlpack_versioned: t->version.major "
+                      "is ");
+  ipcref__msg_int(&m, (int64_t)major);
+  ipcref__msg_str(&m, ", not this header's DLPACK_MAJOR_VERSION ");
+  ipcref__msg_int(&m, (int64_t)DLPACK_MAJOR_VERSION);
+  ipcref__report(IPCREF_EPROTO, m.s);
+  return IPCREF_EPROTO;
+}
+
 IPCREF_API ipcref_result ipcref_view_from_dlpack_versioned(
     struct DLManagedTensorVersioned *t, ipcref_view *out) {
-  if (!t || !out) return IPCREF_EINVAL;
-  if (t->version.major != DLPACK_MAJOR_VERSION) return IPCREF_EPROTO;
+  if (!t) return ipcref__invalid(__func__, "t is NULL");
+  if (!out) return ipcref__invalid(__func__, "out is NULL");
+  if (t->version.major != DLPACK_MAJOR_VERSION)
+    return ipcref__dlpack_bad_version(t->version.major);
   return ipcref__dlpack_import(
       &t->dl_tensor, t, 1,
-      (t->flags & (uint64_t)DLPACK_FLAG_BITMASK_READ_ONLY) != 0, out);
+      (t->flags & (uint64_t)DLPACK_FLAG_BITMASK_READ_ONLY) != 0, out, __func__);
 }
 
 #endif /* IPCREF_HAVE_DLPACK_VERSIONED */
@@ -9136,10 +9379,23 @@ IPCREF__PRIVATE void ipcref__table_gain(ipcref__table_id *x) {
 
 /* ---- the API ------------------------------------------------------------- */
 
+/* What a refusal tells the error hook: an id never handed out. */
+#define IPCREF__TABLE_UNKNOWN "id was never handed out by this table"
+
+/* Lets go of the lock (the table's hooks hear what they must), then
+ * returns `r`, telling the error hook `why` when it is EINVAL. */
+IPCREF__PRIVATE ipcref_result ipcref__table_done(ipcref_table *t,
+                                                 ipcref_result r,
+                                                 const char *fn,
+                                                 const char *why) {
+  ipcref__table_unlock(t);
+  return r == IPCREF_EINVAL ? ipcref__invalid(fn, why) : r;
+}
+
 IPCREF_API ipcref_result ipcref_table_new(const ipcref_table_hooks *hooks,
                                           ipcref_table **out) {
   ipcref_table *t;
-  if (!out) return IPCREF_EINVAL;
+  if (!out) return ipcref__invalid(__func__, "out is NULL");
   t = (ipcref_table *)IPCREF_MALLOC(sizeof *t);
   if (!t) return IPCREF_ENOMEM;
   memset(t, 0, sizeof *t);
@@ -9190,7 +9446,8 @@ IPCREF_API void ipcref_table_free(ipcref_table *t) {
 IPCREF_API ipcref_result ipcref_table_create(ipcref_table *t, ipcref_id *out) {
   ipcref__table_id *x;
   ipcref__table_obj *o;
-  if (!t || !out) return IPCREF_EINVAL;
+  if (!t) return ipcref__invalid(__func__, "t is NULL");
+  if (!out) return ipcref__invalid(__func__, "out is NULL");
   x = (ipcref__table_id *)IPCREF_MALLOC(sizeof *x);
   o = (ipcref__table_obj *)IPCREF_MALLOC(sizeof *o);
   if (!x || !o) {
@@ -9225,7 +9482,7 @@ IPCREF_API ipcref_result ipcref_table_incref(ipcref_table *t, ipcref_id id) {
   ipcref__table_id *x;
   ipcref__table_note note;
   ipcref_result r = IPCREF_OK;
-  if (!t) return IPCREF_EINVAL;
+  if (!t) return ipcref__invalid(__func__, "t is NULL");
   ipcref__table_lock(t);
   x = ipcref__table_find(t, id, &r);
   if (x)
@@ -9233,15 +9490,14 @@ IPCREF_API ipcref_result ipcref_table_incref(ipcref_table *t, ipcref_id id) {
   else
     r = ipcref__table_breach(t, &note, id, r,
                              "incref of an id that is gone or unknown");
-  ipcref__table_unlock(t);
-  return r;
+  return ipcref__table_done(t, r, __func__, IPCREF__TABLE_UNKNOWN);
 }
 
 IPCREF_API ipcref_result ipcref_table_decref(ipcref_table *t, ipcref_id id) {
   ipcref__table_id *x;
   ipcref__table_note note;
   ipcref_result r = IPCREF_OK;
-  if (!t) return IPCREF_EINVAL;
+  if (!t) return ipcref__invalid(__func__, "t is NULL");
   ipcref__table_lock(t);
   x = ipcref__table_find(t, id, &r);
   if (!x)
@@ -9252,8 +9508,7 @@ IPCREF_API ipcref_result ipcref_table_decref(ipcref_table *t, ipcref_id id) {
                              "decref of an id at zero");
   else
     ipcref__table_drop(t, x);
-  ipcref__table_unlock(t);
-  return r;
+  return ipcref__table_done(t, r, __func__, IPCREF__TABLE_UNKNOWN);
 }
 
 /* Records that `x` is stored in `store` (once: a store already listed is
@@ -9286,9 +9541,13 @@ IPCREF_API ipcref_result ipcref_table_put(ipcref_table *t, ipcref_id id,
   ipcref_id *copy = NULL;
   ipcref__table_note note;
   ipcref_result r = IPCREF_OK;
+  const char *why = IPCREF__TABLE_UNKNOWN;
   size_t i;
-  if (!t || (n && !contained) || n > SIZE_MAX / sizeof *copy)
-    return IPCREF_EINVAL;
+  if (!t) return ipcref__invalid(__func__, "t is NULL");
+  if (n && !contained)
+    return ipcref__invalid(__func__, "contained is NULL with n > 0");
+  if (n > SIZE_MAX / sizeof *copy)
+    return ipcref__invalid(__func__, "n is too large");
   if (n) {
     copy = (ipcref_id *)IPCREF_MALLOC(n * sizeof *copy);
     if (!copy) return IPCREF_ENOMEM;
@@ -9303,6 +9562,7 @@ IPCREF_API ipcref_result ipcref_table_put(ipcref_table *t, ipcref_id id,
   }
   if (n && x->put) { /* what an object holds is set once */
     r = IPCREF_EINVAL;
+    why = "contained given again (only an id's first put may list any)";
     goto out;
   }
   for (i = 0; i < n; i++) { /* all, before anything changes */
@@ -9313,6 +9573,8 @@ IPCREF_API ipcref_result ipcref_table_put(ipcref_table *t, ipcref_id id,
               : ipcref__table_breach(t, &note, copy[i], rc,
                                      "put containing an id that is gone "
                                      "or unknown");
+      why = copy[i] == id ? "contained lists id itself"
+                          : "contained lists an id never handed out";
       goto out;
     }
   }
@@ -9330,7 +9592,7 @@ IPCREF_API ipcref_result ipcref_table_put(ipcref_table *t, ipcref_id id,
 out:
   ipcref__table_unlock(t);
   IPCREF_FREE(copy);
-  return r;
+  return r == IPCREF_EINVAL ? ipcref__invalid(__func__, why) : r;
 }
 
 IPCREF_API ipcref_result ipcref_table_msg_out(ipcref_table *t,
@@ -9340,9 +9602,11 @@ IPCREF_API ipcref_result ipcref_table_msg_out(ipcref_table *t,
   ipcref__table_note note;
   ipcref_result r = IPCREF_OK;
   size_t i;
-  if (!t || !token || (n && !ids) ||
-      n > (SIZE_MAX - sizeof *m) / sizeof(ipcref_id))
-    return IPCREF_EINVAL;
+  if (!t) return ipcref__invalid(__func__, "t is NULL");
+  if (!token) return ipcref__invalid(__func__, "token is NULL");
+  if (n && !ids) return ipcref__invalid(__func__, "ids is NULL with n > 0");
+  if (n > (SIZE_MAX - sizeof *m) / sizeof(ipcref_id))
+    return ipcref__invalid(__func__, "n is too large");
   m = (ipcref__table_msg *)IPCREF_MALLOC(sizeof *m + n * sizeof(ipcref_id));
   if (!m) return IPCREF_ENOMEM;
   m->n = n;
@@ -9368,19 +9632,24 @@ IPCREF_API ipcref_result ipcref_table_msg_out(ipcref_table *t,
 out:
   ipcref__table_unlock(t);
   IPCREF_FREE(m);
-  return r;
+  return r == IPCREF_EINVAL
+             ? ipcref__invalid(__func__, "ids lists an id never handed out")
+             : r;
 }
 
-/* msg_in and msg_cancel: the message's references go, once. An id the
- * message finds at zero or gone is a breach (its reference was taken by
- * someone else); those ids are kept at the start of the message's list,
- * which is freed after they are told. */
+/* msg_in and msg_cancel (public function `fn`): the message's references
+ * go, once. An id the message finds at zero or gone is a breach (its
+ * reference was taken by someone else); those ids are kept at the start of
+ * the message's list, which is freed after they are told. */
 IPCREF__PRIVATE ipcref_result ipcref__table_msg_end(ipcref_table *t,
-                                                    uint64_t token) {
+                                                    uint64_t token,
+                                                    const char *fn) {
   ipcref__table_msg *m;
   ipcref__table_note note;
   size_t i, nb = 0;
-  if (!t || token == 0) return IPCREF_EINVAL;
+  const char *why = "token was never handed out by this table";
+  if (!t) return ipcref__invalid(fn, "t is NULL");
+  if (token == 0) return ipcref__invalid(fn, "token is 0");
   ipcref__table_lock(t);
   m = (ipcref__table_msg *)ipcref__table_hash_get(&t->msgs, token);
   if (m) {
@@ -9404,19 +9673,20 @@ IPCREF__PRIVATE ipcref_result ipcref__table_msg_end(ipcref_table *t,
   } else if (token < t->next_token) { /* spent: a second msg_in/cancel */
     (void)ipcref__table_breach(t, &note, 0, IPCREF_EINVAL,
                                "a message let go of twice");
+    why = "token's message was let go of already (msg_in or msg_cancel)";
   }
   ipcref__table_unlock(t);
   IPCREF_FREE(m);
-  return m ? IPCREF_OK : IPCREF_EINVAL;
+  return m ? IPCREF_OK : ipcref__invalid(fn, why);
 }
 
 IPCREF_API ipcref_result ipcref_table_msg_in(ipcref_table *t, uint64_t token) {
-  return ipcref__table_msg_end(t, token);
+  return ipcref__table_msg_end(t, token, __func__);
 }
 
 IPCREF_API ipcref_result ipcref_table_msg_cancel(ipcref_table *t,
                                                  uint64_t token) {
-  return ipcref__table_msg_end(t, token);
+  return ipcref__table_msg_end(t, token, __func__);
 }
 
 IPCREF_API ipcref_result ipcref_table_alias(ipcref_table *t, ipcref_id a,
@@ -9425,7 +9695,7 @@ IPCREF_API ipcref_result ipcref_table_alias(ipcref_table *t, ipcref_id a,
   ipcref__table_obj *big, *small;
   ipcref__table_note note;
   ipcref_result ra = IPCREF_OK, rb = IPCREF_OK;
-  if (!t) return IPCREF_EINVAL;
+  if (!t) return ipcref__invalid(__func__, "t is NULL");
   ipcref__table_lock(t);
   x = ipcref__table_find(t, a, &ra);
   y = ipcref__table_find(t, b, &rb);
@@ -9436,8 +9706,9 @@ IPCREF_API ipcref_result ipcref_table_alias(ipcref_table *t, ipcref_id a,
                                  ? "alias of an object that was freed: the ids "
                                    "were not both alive until the alias"
                                  : "alias of an id never handed out");
-    ipcref__table_unlock(t);
-    return r;
+    return ipcref__table_done(t, r, __func__,
+                              !x ? "a was never handed out by this table"
+                                 : "b was never handed out by this table");
   }
   if (x->obj != y->obj) { /* merge the smaller group into the larger */
     big = x->obj->nids >= y->obj->nids ? x->obj : y->obj;
@@ -9466,17 +9737,18 @@ IPCREF_API ipcref_result ipcref_table_count(ipcref_table *t, ipcref_id id,
                                             uint64_t *out) {
   ipcref__table_id *x;
   ipcref_result r = IPCREF_OK;
-  if (!t || !out) return IPCREF_EINVAL;
+  if (!t) return ipcref__invalid(__func__, "t is NULL");
+  if (!out) return ipcref__invalid(__func__, "out is NULL");
   ipcref__table_lock(t);
   x = ipcref__table_find(t, id, &r);
   if (x) *out = x->count;
-  ipcref__table_unlock(t);
-  return r;
+  return ipcref__table_done(t, r, __func__, IPCREF__TABLE_UNKNOWN);
 }
 
 IPCREF_API ipcref_result ipcref_table_get_stats(ipcref_table *t,
                                                 ipcref_table_stats *out) {
-  if (!t || !out) return IPCREF_EINVAL;
+  if (!t) return ipcref__invalid(__func__, "t is NULL");
+  if (!out) return ipcref__invalid(__func__, "out is NULL");
   ipcref__table_lock(t);
   out->ids = t->ids.n;
   out->objects = t->objects;
@@ -9528,7 +9800,10 @@ IPCREF_API ipcref_result ipcref_table_view(ipcref_table *t, ipcref_id id,
   ipcref_buf *b;
   ipcref__table_note note;
   ipcref_result r = IPCREF_OK;
-  if (!t || !out || !ipcref__view_valid(src)) return IPCREF_EINVAL;
+  if (!t) return ipcref__invalid(__func__, "t is NULL");
+  if (!out) return ipcref__invalid(__func__, "out is NULL");
+  if (!ipcref__view_valid(src))
+    return ipcref__view_invalid(src, __func__, "src");
   pin = (ipcref__table_pin *)IPCREF_MALLOC(sizeof *pin);
   if (!pin) return IPCREF_ENOMEM;
   pin->t = t;
@@ -9566,7 +9841,8 @@ IPCREF_API ipcref_result ipcref_table_view(ipcref_table *t, ipcref_id id,
     pin->id = 0;
     __atomic_fetch_add(&t->refs, 1, __ATOMIC_RELAXED); /* the pin's end */
     ipcref_buf_release(b);
-    return r;
+    return r == IPCREF_EINVAL ? ipcref__invalid(__func__, IPCREF__TABLE_UNKNOWN)
+                              : r;
   }
   __atomic_fetch_add(&t->refs, 1, __ATOMIC_RELAXED);
   ipcref__buf_set_read_only(b); /* others see the same memory */

@@ -54,10 +54,11 @@ typedef struct ipcref_cuda ipcref_cuda;
 
 /* Loads the CUDA driver: `driver_path` names the library (NULL:
  * "libcuda.so.1", found the usual way), then cuInit. Errors: EINVAL (out
- * NULL), ENOMEM, ENODEV (no driver library, a driver older than CUDA 11.3,
- * the toolkit's stub library, no device): ipcref_cuda_error() says which;
- * EBUSY (another driver path is loaded in this process). There is one
- * instance per process: opening again gives the same one, counted. */
+ * NULL, driver_path longer than 255 bytes), ENOMEM, ENODEV (no driver library,
+ * a driver older than CUDA 11.3, the toolkit's stub library, no device):
+ * ipcref_cuda_error() says which; EBUSY (another driver path is loaded in this
+ * process). There is one instance per process: opening again gives the same
+ * one, counted. */
 IPCREF_API ipcref_result ipcref_cuda_open(const char *driver_path,
                                           ipcref_cuda **out);
 
@@ -74,12 +75,14 @@ IPCREF_API ipcref_backend *ipcref_cuda_backend(ipcref_cuda *cu);
 IPCREF_API void ipcref_cuda_close(ipcref_cuda *cu);
 
 /* A shared device buffer of `size` bytes on device `device` (the backend
- * must be added to ctx): ipcref_device_new for CUDA. */
+ * must be added to ctx): ipcref_device_new for CUDA. EINVAL: ctx or out
+ * NULL, device negative. */
 IPCREF_API ipcref_result ipcref_cuda_alloc(ipcref_ctx *ctx, int device,
                                            size_t size, ipcref_buf **out);
 
 /* Adopts `size` bytes at device address `ptr` (a CUdeviceptr, cast) from
- * another allocator: ipcref_device_wrap for CUDA (see there). */
+ * another allocator: ipcref_device_wrap for CUDA (see there). EINVAL:
+ * ctx, out or ptr NULL, device negative, and as ipcref_device_wrap. */
 IPCREF_API ipcref_result ipcref_cuda_wrap(
     ipcref_ctx *ctx, int device, void *ptr, size_t size,
     void (*release)(void *user, void *ptr), void *user, ipcref_buf **out);
@@ -963,7 +966,9 @@ IPCREF_API ipcref_result ipcref_cuda_open(const char *driver_path,
   ipcref_cuda *g;
   ipcref_result r;
   ipcref__cu_why[0] = 0;
-  if (!out || strlen(path) >= sizeof g->path) return IPCREF_EINVAL;
+  if (!out) return ipcref__invalid(__func__, "out is NULL");
+  if (strlen(path) >= sizeof g->path)
+    return ipcref__invalid(__func__, "the library path is over 255 bytes");
   pthread_mutex_lock(&ipcref__cu_instance_lock);
   g = ipcref__cu_instance;
   if (g && g->pid != (int)getpid()) g = NULL; /* the parent's: not ours */
@@ -1055,9 +1060,19 @@ IPCREF_API void ipcref_cuda_close(ipcref_cuda *g) {
   IPCREF_FREE(g);
 }
 
+/* The arguments a device call checks itself, so that a refusal names it
+ * (the rest are ipcref_device_new's and ipcref_device_wrap's checks). */
+#define IPCREF__CU_ARGS(ctx, device, out)                                      \
+  do {                                                                         \
+    if (!(ctx)) return ipcref__invalid(__func__, "ctx is NULL");               \
+    if (!(out)) return ipcref__invalid(__func__, "out is NULL");               \
+    if ((device) < 0) return ipcref__invalid(__func__, "device is negative");  \
+  } while (0)
+
 IPCREF_API ipcref_result ipcref_cuda_alloc(ipcref_ctx *ctx, int device,
                                            size_t size, ipcref_buf **out) {
   ipcref_device dev;
+  IPCREF__CU_ARGS(ctx, device, out);
   dev.type = IPCREF__CU_DEVICE_TYPE;
   dev.id = device;
   return ipcref_device_new(ctx, dev, size, out);
@@ -1067,6 +1082,8 @@ IPCREF_API ipcref_result ipcref_cuda_wrap(
     ipcref_ctx *ctx, int device, void *ptr, size_t size,
     void (*release)(void *user, void *ptr), void *user, ipcref_buf **out) {
   ipcref_device dev;
+  IPCREF__CU_ARGS(ctx, device, out);
+  if (!ptr) return ipcref__invalid(__func__, "ptr is NULL");
   dev.type = IPCREF__CU_DEVICE_TYPE;
   dev.id = device;
   return ipcref_device_wrap(ctx, dev, ptr, size, release, user, out);

@@ -40,7 +40,8 @@ typedef struct ipcref_hip ipcref_hip;
 
 /* Loads the HIP runtime: `runtime_path` names the library (NULL: the
  * usual names, newest first), then hipInit and a device count. Errors:
- * EINVAL (out NULL), ENOMEM, ENODEV (no runtime library, a symbol missing,
+ * EINVAL (out NULL, runtime_path longer than 255 bytes), ENOMEM, ENODEV
+ * (no runtime library, a symbol missing,
  * no device): ipcref_hip_error() says which; EBUSY (another runtime path
  * is loaded in this process). There is one instance per process: opening
  * again gives the same one, counted. */
@@ -60,12 +61,14 @@ IPCREF_API ipcref_backend *ipcref_hip_backend(ipcref_hip *hip);
 IPCREF_API void ipcref_hip_close(ipcref_hip *hip);
 
 /* A shared device buffer of `size` bytes on device `device` (the backend
- * must be added to ctx): ipcref_device_new for ROCm. */
+ * must be added to ctx): ipcref_device_new for ROCm. EINVAL: ctx or out
+ * NULL, device negative. */
 IPCREF_API ipcref_result ipcref_hip_alloc(ipcref_ctx *ctx, int device,
                                           size_t size, ipcref_buf **out);
 
 /* Adopts `size` bytes at device address `ptr` from another allocator:
- * ipcref_device_wrap for ROCm (see there). */
+ * ipcref_device_wrap for ROCm (see there). EINVAL: ctx, out or ptr NULL,
+ * device negative, and as ipcref_device_wrap. */
 IPCREF_API ipcref_result ipcref_hip_wrap(ipcref_ctx *ctx, int device, void *ptr,
                                          size_t size,
                                          void (*release)(void *user, void *ptr),
@@ -834,7 +837,9 @@ IPCREF_API ipcref_result ipcref_hip_open(const char *driver_path,
   ipcref_hip *g;
   ipcref_result r;
   ipcref__hip_why[0] = 0;
-  if (!out || strlen(path) >= sizeof g->path) return IPCREF_EINVAL;
+  if (!out) return ipcref__invalid(__func__, "out is NULL");
+  if (strlen(path) >= sizeof g->path)
+    return ipcref__invalid(__func__, "the library path is over 255 bytes");
   pthread_mutex_lock(&ipcref__hip_instance_lock);
   g = ipcref__hip_instance;
   if (g && g->pid != (int)getpid()) g = NULL; /* the parent's: not ours */
@@ -926,9 +931,19 @@ IPCREF_API void ipcref_hip_close(ipcref_hip *g) {
   IPCREF_FREE(g);
 }
 
+/* The arguments a device call checks itself, so that a refusal names it
+ * (the rest are ipcref_device_new's and ipcref_device_wrap's checks). */
+#define IPCREF__HIP_ARGS(ctx, device, out)                                     \
+  do {                                                                         \
+    if (!(ctx)) return ipcref__invalid(__func__, "ctx is NULL");               \
+    if (!(out)) return ipcref__invalid(__func__, "out is NULL");               \
+    if ((device) < 0) return ipcref__invalid(__func__, "device is negative");  \
+  } while (0)
+
 IPCREF_API ipcref_result ipcref_hip_alloc(ipcref_ctx *ctx, int device,
                                           size_t size, ipcref_buf **out) {
   ipcref_device dev;
+  IPCREF__HIP_ARGS(ctx, device, out);
   dev.type = IPCREF__HIP_DEVICE_TYPE;
   dev.id = device;
   return ipcref_device_new(ctx, dev, size, out);
@@ -939,6 +954,8 @@ IPCREF_API ipcref_result ipcref_hip_wrap(ipcref_ctx *ctx, int device, void *ptr,
                                          void (*release)(void *user, void *ptr),
                                          void *user, ipcref_buf **out) {
   ipcref_device dev;
+  IPCREF__HIP_ARGS(ctx, device, out);
+  if (!ptr) return ipcref__invalid(__func__, "ptr is NULL");
   dev.type = IPCREF__HIP_DEVICE_TYPE;
   dev.id = device;
   return ipcref_device_wrap(ctx, dev, ptr, size, release, user, out);

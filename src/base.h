@@ -67,7 +67,11 @@ IPCREF_API const char *ipcref_strerror(ipcref_result r);
  * dead (refused, so nothing is freed twice). It also hears why a call
  * refused where the code alone does not say what to do instead (a legacy
  * DLPack export of read-only memory: ENEEDCOPY, and the message names the
- * ways out). The hook must be reentrant; it may run on any thread. */
+ * ways out), and why an argument was refused: every IPCREF_EINVAL (and a
+ * DLPack IPCREF_EPROTO) is told as "function: reason", naming the public
+ * function called, the argument and the check that failed ("ipcref_view_slice:
+ * step is 0"). The hook runs only on such a failure, never on success. It
+ * must be reentrant; it may run on any thread. */
 typedef struct ipcref_error_hook {
   void (*fn)(void *user, ipcref_result code, const char *message);
   void *user;
@@ -130,6 +134,7 @@ typedef struct ipcref_allocator {
 #define IPCREF__UNLIKELY(x) __builtin_expect(!!(x), 0)
 #define IPCREF__NOINLINE    __attribute__((noinline))
 #define IPCREF__INLINE      inline __attribute__((always_inline))
+#define IPCREF__COLD        __attribute__((cold))
 #else
 #error "ipcref needs GCC or Clang (it uses their __atomic builtins)"
 #endif
@@ -199,19 +204,51 @@ IPCREF__PRIVATE IPCREF__NOINLINE void ipcref__report(ipcref_result code,
 #endif
 }
 
+/* A message for the hook, put together without stdio (IPCREF_NO_STDIO
+ * builds have no snprintf): strings and integers appended, cut at the end
+ * of the buffer. Start with n = 0. */
+typedef struct ipcref__msg {
+  char s[192];
+  size_t n;
+} ipcref__msg;
+
+IPCREF__PRIVATE void ipcref__msg_str(ipcref__msg *m, const char *s) {
+  while (*s && m->n + 1 < sizeof m->s) m->s[m->n++] = *s++;
+  m->s[m->n] = '\0';
+}
+
+IPCREF__PRIVATE void ipcref__msg_int(ipcref__msg *m, int64_t v) {
+  char d[24];
+  int i = (int)sizeof d - 1;
+  uint64_t u = v < 0 ? 0 - (uint64_t)v : (uint64_t)v;
+  d[i] = '\0';
+  do {
+    d[--i] = (char)('0' + (int)(u % 10));
+    u /= 10;
+  } while (u);
+  if (v < 0) d[--i] = '-';
+  ipcref__msg_str(m, d + i);
+}
+
 /* A misuse met by public function `fn`, to the hook as "fn: what". */
 IPCREF__PRIVATE IPCREF__NOINLINE void
 ipcref__report_in(ipcref_result code, const char *fn, const char *what) {
-  char m[192];
-  size_t a = strlen(fn), b = strlen(what);
-  if (a > 80) a = 80;
-  if (b > sizeof m - a - 3) b = sizeof m - a - 3;
-  memcpy(m, fn, a);
-  m[a] = ':';
-  m[a + 1] = ' ';
-  memcpy(m + a + 2, what, b);
-  m[a + 2 + b] = '\0';
-  ipcref__report(code, m);
+  ipcref__msg m;
+  m.n = 0;
+  ipcref__msg_str(&m, fn);
+  ipcref__msg_str(&m, ": ");
+  ipcref__msg_str(&m, what);
+  ipcref__report(code, m.s);
+}
+
+/* Public function `fn` refuses an argument: the hook hears "fn: why" with
+ * IPCREF_EINVAL, which is returned. A site reads
+ *     if (step == 0) return ipcref__invalid(__func__, "step is 0");
+ * Out of line and cold: the success path pays nothing more. */
+IPCREF__PRIVATE IPCREF__NOINLINE IPCREF__COLD ipcref_result
+ipcref__invalid(const char *fn, const char *why) {
+  ipcref__report_in(IPCREF_EINVAL, fn, why);
+  return IPCREF_EINVAL;
 }
 
 IPCREF__PRIVATE void *ipcref__default_alloc(void *user, size_t size) {

@@ -214,15 +214,21 @@ IPCREF__PRIVATE IPCREF__NOINLINE int ipcref__buf_dead(const ipcref_buf *b,
 #define IPCREF__BUF_CHECK(b, ret) ((void)0)
 #endif
 
+/* A new buffer, for public function `fn` (named in a refusal). */
 IPCREF__PRIVATE ipcref_result ipcref__buf_alloc(const ipcref_allocator *a,
                                                 size_t size, size_t align,
-                                                ipcref_buf **out) {
+                                                ipcref_buf **out,
+                                                const char *fn) {
   size_t total, addr;
   unsigned char *raw;
   ipcref_buf *b;
-  if (!out || align == 0 || (align & (align - 1)) != 0) return IPCREF_EINVAL;
+  if (!out) return ipcref__invalid(fn, "out is NULL");
+  if (align == 0) return ipcref__invalid(fn, "align is 0");
+  if ((align & (align - 1)) != 0)
+    return ipcref__invalid(fn, "align is not a power of two");
   if (!a) a = &ipcref__default_allocator;
-  if (!a->alloc || !a->free) return IPCREF_EINVAL;
+  if (!a->alloc) return ipcref__invalid(fn, "allocator->alloc is NULL");
+  if (!a->free) return ipcref__invalid(fn, "allocator->free is NULL");
   if (size > (size_t)PTRDIFF_MAX) return IPCREF_ERANGE;
   if (!ipcref__add_size(sizeof(ipcref_buf), align - 1, &total) ||
       !ipcref__add_size(total, size, &total) || total > (size_t)PTRDIFF_MAX)
@@ -249,29 +255,32 @@ IPCREF__PRIVATE ipcref_result ipcref__buf_alloc(const ipcref_allocator *a,
 }
 
 IPCREF_API ipcref_result ipcref_buf_new(size_t size, ipcref_buf **out) {
-  return ipcref__buf_alloc(NULL, size, 64, out);
+  return ipcref__buf_alloc(NULL, size, 64, out, __func__);
 }
 
 IPCREF_API ipcref_result ipcref_buf_new_aligned(size_t size, size_t align,
                                                 ipcref_buf **out) {
-  return ipcref__buf_alloc(NULL, size, align, out);
+  return ipcref__buf_alloc(NULL, size, align, out, __func__);
 }
 
 IPCREF_API ipcref_result ipcref_buf_new_in(const ipcref_allocator *allocator,
                                            size_t size, size_t align,
                                            ipcref_buf **out) {
-  return ipcref__buf_alloc(allocator, size, align, out);
+  return ipcref__buf_alloc(allocator, size, align, out, __func__);
 }
 
-IPCREF_API ipcref_result ipcref_buf_wrap(void *data, size_t size,
-                                         void (*release)(void *user,
-                                                         void *data),
-                                         void *user, ipcref_buf **out) {
+/* ipcref_buf_wrap, for public function `fn`. */
+IPCREF__PRIVATE ipcref_result ipcref__buf_wrap(void *data, size_t size,
+                                               void (*release)(void *, void *),
+                                               void *user, ipcref_buf **out,
+                                               const char *fn) {
   ipcref_buf *b;
   ipcref_result r;
-  if (!out || (!data && size != 0)) return IPCREF_EINVAL;
+  if (!out) return ipcref__invalid(fn, "out is NULL");
+  if (!data && size != 0)
+    return ipcref__invalid(fn, "data is NULL with a non-zero size");
   if (size > (size_t)PTRDIFF_MAX) return IPCREF_ERANGE;
-  r = ipcref__buf_alloc(NULL, 0, 1, &b);
+  r = ipcref__buf_alloc(NULL, 0, 1, &b, fn);
   if (r != IPCREF_OK) return r;
   b->data = data;
   b->size = size;
@@ -282,12 +291,21 @@ IPCREF_API ipcref_result ipcref_buf_wrap(void *data, size_t size,
   return IPCREF_OK;
 }
 
+IPCREF_API ipcref_result ipcref_buf_wrap(void *data, size_t size,
+                                         void (*release)(void *user,
+                                                         void *data),
+                                         void *user, ipcref_buf **out) {
+  return ipcref__buf_wrap(data, size, release, user, out, __func__);
+}
+
 IPCREF_API ipcref_result ipcref_buf_wrap_device(
     void *data, size_t size, ipcref_device device,
     void (*release)(void *user, void *data), void *user, ipcref_buf **out) {
   ipcref_result r;
-  if (device.type < 1 || device.id < 0) return IPCREF_EINVAL;
-  r = ipcref_buf_wrap(data, size, release, user, out);
+  if (device.type < 1)
+    return ipcref__invalid(__func__, "device.type is below 1");
+  if (device.id < 0) return ipcref__invalid(__func__, "device.id is negative");
+  r = ipcref__buf_wrap(data, size, release, user, out, __func__);
   if (r == IPCREF_OK) (*out)->device = device;
   return r;
 }
@@ -453,7 +471,8 @@ IPCREF_API void *ipcref_buf_get_mut(ipcref_buf *b) {
 IPCREF_API ipcref_result ipcref_buf_make_mut(ipcref_buf **pb) {
   ipcref_buf *old, *copy;
   ipcref_result r;
-  if (!pb || !*pb) return IPCREF_EINVAL;
+  if (!pb) return ipcref__invalid(__func__, "b is NULL");
+  if (!*pb) return ipcref__invalid(__func__, "*b is NULL");
   IPCREF__BUF_CHECK(*pb, IPCREF_EDEAD);
   old = *pb;
   /* Unique is not enough: memory this process may not write (a read-only
@@ -464,7 +483,7 @@ IPCREF_API ipcref_result ipcref_buf_make_mut(ipcref_buf **pb) {
   /* Inline buffers copy into their own allocator; adopted memory (whose
    * owner we do not know) into the default one. */
   r = ipcref__buf_alloc(old->release ? NULL : &old->allocator, old->size,
-                        old->align, &copy);
+                        old->align, &copy, __func__);
   if (r != IPCREF_OK) return r;
   if (old->size) memcpy(copy->data, old->data, old->size);
   *pb = copy;

@@ -54,10 +54,11 @@ typedef struct ipcref_cuda ipcref_cuda;
 
 /* Loads the CUDA driver: `driver_path` names the library (NULL:
  * "libcuda.so.1", found the usual way), then cuInit. Errors: EINVAL (out
- * NULL), ENOMEM, ENODEV (no driver library, a driver older than CUDA 11.3,
- * the toolkit's stub library, no device): ipcref_cuda_error() says which;
- * EBUSY (another driver path is loaded in this process). There is one
- * instance per process: opening again gives the same one, counted. */
+ * NULL, driver_path longer than 255 bytes), ENOMEM, ENODEV (no driver library,
+ * a driver older than CUDA 11.3, the toolkit's stub library, no device):
+ * ipcref_cuda_error() says which; EBUSY (another driver path is loaded in this
+ * process). There is one instance per process: opening again gives the same
+ * one, counted. */
 IPCREF_API ipcref_result ipcref_cuda_open(const char *driver_path,
                                           ipcref_cuda **out);
 
@@ -74,12 +75,14 @@ IPCREF_API ipcref_backend *ipcref_cuda_backend(ipcref_cuda *cu);
 IPCREF_API void ipcref_cuda_close(ipcref_cuda *cu);
 
 /* A shared device buffer of `size` bytes on device `device` (the backend
- * must be added to ctx): ipcref_device_new for CUDA. */
+ * must be added to ctx): ipcref_device_new for CUDA. EINVAL: ctx or out
+ * NULL, device negative. */
 IPCREF_API ipcref_result ipcref_cuda_alloc(ipcref_ctx *ctx, int device,
                                            size_t size, ipcref_buf **out);
 
 /* Adopts `size` bytes at device address `ptr` (a CUdeviceptr, cast) from
- * another allocator: ipcref_device_wrap for CUDA (see there). */
+ * another allocator: ipcref_device_wrap for CUDA (see there). EINVAL:
+ * ctx, out or ptr NULL, device negative, and as ipcref_device_wrap. */
 IPCREF_API ipcref_result ipcref_cuda_wrap(
     ipcref_ctx *ctx, int device, void *ptr, size_t size,
     void (*release)(void *user, void *ptr), void *user, ipcref_buf **out);

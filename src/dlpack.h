@@ -54,7 +54,9 @@
  * a non-empty tensor: EINVAL; a negative size, or an element count, stride
  * extent or byte size that overflows, or memory that would wrap the address
  * space: ERANGE; the allocator failing: ENOMEM. NULL strides mean compact
- * row-major.
+ * row-major. Each EINVAL (and the versioned import's EPROTO) is told to the
+ * error hook, naming the call and the check ("ipcref_view_from_dlpack:
+ * shape is NULL with ndim > 0").
  *
  * Types, both ways:
  *   BOOL  kDLBool 8 (code 6; DLPack >= 0.8 names it, older headers do not;
@@ -116,7 +118,8 @@ IPCREF_API ipcref_result ipcref_view_to_dlpack_versioned(
     const ipcref_view *v, struct DLManagedTensorVersioned **out);
 
 /* As ipcref_view_from_dlpack, for the versioned struct. A major version
- * other than DLPACK_MAJOR_VERSION is EPROTO (nothing else is read; the
+ * other than DLPACK_MAJOR_VERSION is EPROTO (the error hook hears both
+ * numbers; nothing else is read; the
  * caller still owns `t` and, as DLPack says, should call its deleter).
  * A tensor flagged READ_ONLY gives a view that is never writable (its
  * buffer keeps one weak reference to itself until its data is released, so
@@ -169,26 +172,35 @@ static const struct {
 
 IPCREF_API ipcref_result ipcref_dtype_to_dlpack(ipcref_dtype dt,
                                                 DLDataType *out) {
-  if (!out || (int)dt < 0 || (int)dt >= (int)IPCREF_DTYPE_COUNT)
-    return IPCREF_EINVAL;
+  if (!out) return ipcref__invalid(__func__, "out is NULL");
+  if ((int)dt < 0 || (int)dt >= (int)IPCREF_DTYPE_COUNT)
+    return ipcref__invalid(__func__, "dt is not a valid dtype");
   out->code = ipcref__dl_types[dt].code;
   out->bits = ipcref__dl_types[dt].bits;
   out->lanes = 1;
   return IPCREF_OK;
 }
 
-IPCREF_API ipcref_result ipcref_dtype_from_dlpack(DLDataType dt,
-                                                  ipcref_dtype *out) {
+/* The ipcref dtype of `dt` into *out: NULL, or why there is none. */
+IPCREF__PRIVATE const char *ipcref__dl_dtype(DLDataType dt, ipcref_dtype *out) {
   int i;
-  if (!out || dt.lanes != 1) return IPCREF_EINVAL;
+  if (dt.lanes != 1) return "dtype.lanes is not 1 (no vector types)";
   for (i = 0; i < (int)IPCREF_DTYPE_COUNT; i++) {
     if (ipcref__dl_types[i].code == dt.code &&
         ipcref__dl_types[i].bits == dt.bits) {
       *out = (ipcref_dtype)i;
-      return IPCREF_OK;
+      return NULL;
     }
   }
-  return IPCREF_EINVAL;
+  return "no ipcref dtype has that dtype.code and dtype.bits";
+}
+
+IPCREF_API ipcref_result ipcref_dtype_from_dlpack(DLDataType dt,
+                                                  ipcref_dtype *out) {
+  const char *why;
+  if (!out) return ipcref__invalid(__func__, "out is NULL");
+  why = ipcref__dl_dtype(dt, out);
+  return why ? ipcref__invalid(__func__, why) : IPCREF_OK;
 }
 
 /* The devices: host memory (kDLCPU, id 0), and the device memory the
@@ -271,10 +283,8 @@ IPCREF_API ipcref_result ipcref_view_to_dlpack(const ipcref_view *v,
   ipcref__dlpack_export *e;
   ipcref_view keep;
   ipcref_result r;
-  DLDataType dt;
-  if (!v || !out) return IPCREF_EINVAL;
-  if (ipcref_dtype_to_dlpack(v->dtype, &dt) != IPCREF_OK) return IPCREF_EINVAL;
-  if (!ipcref__view_valid(v)) return IPCREF_EINVAL;
+  if (!out) return ipcref__invalid(__func__, "out is NULL");
+  if (!ipcref__view_valid(v)) return ipcref__view_invalid(v, __func__, "v");
   /* A legacy tensor looks writable to every consumer: memory that a store
    * would fault on does not go out that way (see the header comment). */
   if (!ipcref__dlpack_writable_here(v->buf)) {
@@ -339,15 +349,20 @@ IPCREF__PRIVATE void ipcref__dlpack_import_release(void *user, void *data) {
 }
 
 /* The import's first checks, in the documented order: the device, the
- * rank, the element type, and a shape wherever there are dimensions. */
+ * rank, the element type, and a shape wherever there are dimensions. A
+ * refusal names public function `fn`. */
 IPCREF__PRIVATE ipcref_result ipcref__dlpack_check(const DLTensor *t,
                                                    ipcref_device *dev,
-                                                   ipcref_dtype *dt) {
+                                                   ipcref_dtype *dt,
+                                                   const char *fn) {
+  const char *why;
   if (ipcref__dlpack_device_in(t->device, dev) != IPCREF_OK)
     return IPCREF_ENODEV;
   if (t->ndim < 0 || t->ndim > IPCREF_MAX_DIMS) return IPCREF_ERANGE;
-  if (ipcref_dtype_from_dlpack(t->dtype, dt) != IPCREF_OK) return IPCREF_EINVAL;
-  if (t->ndim > 0 && !t->shape) return IPCREF_EINVAL;
+  why = ipcref__dl_dtype(t->dtype, dt);
+  if (why) return ipcref__invalid(fn, why);
+  if (t->ndim > 0 && !t->shape)
+    return ipcref__invalid(fn, "shape is NULL with ndim > 0");
   return IPCREF_OK;
 }
 
@@ -418,23 +433,23 @@ IPCREF__PRIVATE ipcref_result ipcref__dlpack_adopt_buf(
   return IPCREF_OK;
 }
 
-/* The common import: checks `t`, wraps the memory its elements reach and
- * fills *out. Nothing is adopted unless it returns OK. */
-IPCREF__PRIVATE ipcref_result ipcref__dlpack_import(const DLTensor *t,
-                                                    void *managed,
-                                                    int versioned,
-                                                    int read_only,
-                                                    ipcref_view *out) {
-  ipcref_dtype dt;
+/* The common import, for public function `fn`: checks `t`, wraps the
+ * memory its elements reach and fills *out. Nothing is adopted unless it
+ * returns OK. */
+IPCREF__PRIVATE ipcref_result
+ipcref__dlpack_import(const DLTensor *t, void *managed, int versioned,
+                      int read_only, ipcref_view *out, const char *fn) {
+  ipcref_dtype dt = IPCREF_U8; /* the check sets it */
   ipcref_device dev;
   ipcref_view v;
   int64_t lo, hi, numel; /* the bytes reached, from element (0,...,0) */
   uintptr_t start;
-  ipcref_result r = ipcref__dlpack_check(t, &dev, &dt);
+  ipcref_result r = ipcref__dlpack_check(t, &dev, &dt, fn);
   if (r != IPCREF_OK) return r;
   ipcref__dlpack_geometry(t, dt, &v);
   if (!ipcref__view_span(&v, &lo, &hi, &numel)) return IPCREF_ERANGE;
-  if (numel != 0 && !t->data) return IPCREF_EINVAL;
+  if (numel != 0 && !t->data)
+    return ipcref__invalid(fn, "data is NULL for a non-empty tensor");
   r = ipcref__dlpack_start(t, lo, hi, numel, &start);
   if (r != IPCREF_OK) return r;
   r = ipcref__dlpack_adopt_buf(start, (size_t)(hi - lo), dev, managed,
@@ -448,8 +463,9 @@ IPCREF__PRIVATE ipcref_result ipcref__dlpack_import(const DLTensor *t,
 
 IPCREF_API ipcref_result ipcref_view_from_dlpack(DLManagedTensor *t,
                                                  ipcref_view *out) {
-  if (!t || !out) return IPCREF_EINVAL;
-  return ipcref__dlpack_import(&t->dl_tensor, t, 0, 0, out);
+  if (!t) return ipcref__invalid(__func__, "t is NULL");
+  if (!out) return ipcref__invalid(__func__, "out is NULL");
+  return ipcref__dlpack_import(&t->dl_tensor, t, 0, 0, out, __func__);
 }
 
 #ifdef IPCREF_HAVE_DLPACK_VERSIONED
@@ -473,9 +489,8 @@ IPCREF_API ipcref_result ipcref_view_to_dlpack_versioned(
   ipcref__dlpack_export_v *e;
   ipcref_view keep;
   ipcref_result r;
-  DLDataType dt;
-  if (!v || !out) return IPCREF_EINVAL;
-  if (ipcref_dtype_to_dlpack(v->dtype, &dt) != IPCREF_OK) return IPCREF_EINVAL;
+  if (!out) return ipcref__invalid(__func__, "out is NULL");
+  if (!ipcref__view_valid(v)) return ipcref__view_invalid(v, __func__, "v");
   r = ipcref_view_clone(v, &keep);
   if (r != IPCREF_OK) return r;
   e = (ipcref__dlpack_export_v *)IPCREF_MALLOC(sizeof *e);
@@ -501,13 +516,30 @@ IPCREF_API ipcref_result ipcref_view_to_dlpack_versioned(
   return IPCREF_OK;
 }
 
+/* A versioned tensor of another major version: EPROTO, told with both
+ * numbers. */
+IPCREF__PRIVATE IPCREF__NOINLINE IPCREF__COLD ipcref_result
+ipcref__dlpack_bad_version(uint32_t major) {
+  ipcref__msg m;
+  m.n = 0;
+  ipcref__msg_str(&m, "ipcref_view_from_dlpack_versioned: t->version.major "
+                      "is ");
+  ipcref__msg_int(&m, (int64_t)major);
+  ipcref__msg_str(&m, ", not this header's DLPACK_MAJOR_VERSION ");
+  ipcref__msg_int(&m, (int64_t)DLPACK_MAJOR_VERSION);
+  ipcref__report(IPCREF_EPROTO, m.s);
+  return IPCREF_EPROTO;
+}
+
 IPCREF_API ipcref_result ipcref_view_from_dlpack_versioned(
     struct DLManagedTensorVersioned *t, ipcref_view *out) {
-  if (!t || !out) return IPCREF_EINVAL;
-  if (t->version.major != DLPACK_MAJOR_VERSION) return IPCREF_EPROTO;
+  if (!t) return ipcref__invalid(__func__, "t is NULL");
+  if (!out) return ipcref__invalid(__func__, "out is NULL");
+  if (t->version.major != DLPACK_MAJOR_VERSION)
+    return ipcref__dlpack_bad_version(t->version.major);
   return ipcref__dlpack_import(
       &t->dl_tensor, t, 1,
-      (t->flags & (uint64_t)DLPACK_FLAG_BITMASK_READ_ONLY) != 0, out);
+      (t->flags & (uint64_t)DLPACK_FLAG_BITMASK_READ_ONLY) != 0, out, __func__);
 }
 
 #endif /* IPCREF_HAVE_DLPACK_VERSIONED */

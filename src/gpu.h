@@ -468,7 +468,9 @@ IPCREF_API ipcref_result ipcref_gpu_open(const char *driver_path,
   ipcref_gpu *g;
   ipcref_result r;
   ipcref__gpu_why[0] = 0;
-  if (!out || strlen(path) >= sizeof g->path) return IPCREF_EINVAL;
+  if (!out) return ipcref__invalid(__func__, "out is NULL");
+  if (strlen(path) >= sizeof g->path)
+    return ipcref__invalid(__func__, "the library path is over 255 bytes");
   pthread_mutex_lock(&ipcref__gpu_instance_lock);
   g = ipcref__gpu_instance;
   if (g && g->pid != (int)getpid()) g = NULL; /* the parent's: not ours */
@@ -560,9 +562,19 @@ IPCREF_API void ipcref_gpu_close(ipcref_gpu *g) {
   IPCREF_FREE(g);
 }
 
+/* The arguments a device call checks itself, so that a refusal names it
+ * (the rest are ipcref_device_new's and ipcref_device_wrap's checks). */
+#define IPCREF__GPU_ARGS(ctx, device, out)                                     \
+  do {                                                                         \
+    if (!(ctx)) return ipcref__invalid(__func__, "ctx is NULL");               \
+    if (!(out)) return ipcref__invalid(__func__, "out is NULL");               \
+    if ((device) < 0) return ipcref__invalid(__func__, "device is negative");  \
+  } while (0)
+
 IPCREF_API ipcref_result ipcref_gpu_alloc(ipcref_ctx *ctx, int device,
                                           size_t size, ipcref_buf **out) {
   ipcref_device dev;
+  IPCREF__GPU_ARGS(ctx, device, out);
   dev.type = IPCREF__GPU_DEVICE_TYPE;
   dev.id = device;
   return ipcref_device_new(ctx, dev, size, out);
@@ -573,6 +585,8 @@ IPCREF_API ipcref_result ipcref_gpu_wrap(ipcref_ctx *ctx, int device, void *ptr,
                                          void (*release)(void *user, void *ptr),
                                          void *user, ipcref_buf **out) {
   ipcref_device dev;
+  IPCREF__GPU_ARGS(ctx, device, out);
+  if (!ptr) return ipcref__invalid(__func__, "ptr is NULL");
   dev.type = IPCREF__GPU_DEVICE_TYPE;
   dev.id = device;
   return ipcref_device_wrap(ctx, dev, ptr, size, release, user, out);

@@ -40,7 +40,8 @@ typedef struct ipcref_hip ipcref_hip;
 
 /* Loads the HIP runtime: `runtime_path` names the library (NULL: the
  * usual names, newest first), then hipInit and a device count. Errors:
- * EINVAL (out NULL), ENOMEM, ENODEV (no runtime library, a symbol missing,
+ * EINVAL (out NULL, runtime_path longer than 255 bytes), ENOMEM, ENODEV
+ * (no runtime library, a symbol missing,
  * no device): ipcref_hip_error() says which; EBUSY (another runtime path
  * is loaded in this process). There is one instance per process: opening
  * again gives the same one, counted. */
@@ -60,12 +61,14 @@ IPCREF_API ipcref_backend *ipcref_hip_backend(ipcref_hip *hip);
 IPCREF_API void ipcref_hip_close(ipcref_hip *hip);
 
 /* A shared device buffer of `size` bytes on device `device` (the backend
- * must be added to ctx): ipcref_device_new for ROCm. */
+ * must be added to ctx): ipcref_device_new for ROCm. EINVAL: ctx or out
+ * NULL, device negative. */
 IPCREF_API ipcref_result ipcref_hip_alloc(ipcref_ctx *ctx, int device,
                                           size_t size, ipcref_buf **out);
 
 /* Adopts `size` bytes at device address `ptr` from another allocator:
- * ipcref_device_wrap for ROCm (see there). */
+ * ipcref_device_wrap for ROCm (see there). EINVAL: ctx, out or ptr NULL,
+ * device negative, and as ipcref_device_wrap. */
 IPCREF_API ipcref_result ipcref_hip_wrap(ipcref_ctx *ctx, int device, void *ptr,
                                          size_t size,
                                          void (*release)(void *user, void *ptr),

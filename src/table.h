@@ -17,6 +17,10 @@
  * The table moves no data and knows no transport: an engine's scheduler
  * embeds it and carries the calls over whatever it already uses. The
  * dealloc hook names each object that must go and the stores that hold it.
+ * Every EINVAL a call returns is also told to the process's error hook
+ * (ipcref_set_error_hook) as "function: reason" ("ipcref_table_incref: id
+ * was never handed out by this table"), after the violation hook, if the
+ * breach is one, heard it.
  *
  * A cycle of containment (a holds b, b holds a) is never freed, as with
  * any reference counting; an object cannot contain its own id.
@@ -78,8 +82,8 @@ typedef struct ipcref_table_stats {
   uint64_t violations; /* breaches reported, ever */
 } ipcref_table_stats;
 
-/* A new, empty table. `hooks` is copied (NULL: no hooks). Errors: EINVAL,
- * ENOMEM. */
+/* A new, empty table. `hooks` is copied (NULL: no hooks). Errors: EINVAL
+ * (out NULL), ENOMEM. */
 IPCREF_API ipcref_result ipcref_table_new(const ipcref_table_hooks *hooks,
                                           ipcref_table **out);
 
@@ -88,7 +92,7 @@ IPCREF_API ipcref_result ipcref_table_new(const ipcref_table_hooks *hooks,
 IPCREF_API void ipcref_table_free(ipcref_table *t);
 
 /* A new id for a new object, with one reference (the caller's). Errors:
- * EINVAL, ENOMEM. */
+ * EINVAL (t or out NULL), ENOMEM. */
 IPCREF_API ipcref_result ipcref_table_create(ipcref_table *t, ipcref_id *out);
 
 /* One more / one less reference on `id` (a worker's handle). The last
@@ -102,8 +106,10 @@ IPCREF_API ipcref_result ipcref_table_decref(ipcref_table *t, ipcref_id id);
  * put) that it holds references to the `n` ids in `contained`, each
  * counted once more until `id` is deallocated, when each is decremented.
  * A later put of the same id adds a store; its contained list must then
- * be empty (else EINVAL). Nothing changes on error. Errors: EINVAL, EDEAD
- * (id or a contained id is gone), ENOMEM. */
+ * be empty (else EINVAL). Nothing changes on error. Errors: EINVAL (t
+ * NULL, contained NULL with n > 0, id or a contained id never handed out,
+ * `contained` listing `id` itself, or given again), EDEAD (id or a
+ * contained id is gone), ENOMEM. */
 IPCREF_API ipcref_result ipcref_table_put(ipcref_table *t, ipcref_id id,
                                           uint32_t store,
                                           const ipcref_id *contained, size_t n);
@@ -111,8 +117,10 @@ IPCREF_API ipcref_result ipcref_table_put(ipcref_table *t, ipcref_id id,
 /* A message carrying `n` ids leaves: each is counted once more while it is
  * in flight; *token names the message. msg_in (the receiver took its own
  * references) or msg_cancel (the message was dropped) lets go, exactly
- * once: a second call with the token is EINVAL. Errors: EINVAL, EDEAD, ENOMEM.
- */
+ * once: a second call with the token is EINVAL. Errors: EINVAL (t or
+ * token NULL, ids NULL with n > 0, an id never handed out; for msg_in and
+ * msg_cancel a token that is 0, spent or never handed out), EDEAD (an id
+ * is gone), ENOMEM. */
 IPCREF_API ipcref_result ipcref_table_msg_out(ipcref_table *t,
                                               const ipcref_id *ids, size_t n,
                                               uint64_t *token);
@@ -122,13 +130,14 @@ IPCREF_API ipcref_result ipcref_table_msg_cancel(ipcref_table *t,
 
 /* Ids `a` and `b` name one object: it lives while either is above zero
  * (counts stay per id), and the object is deallocated once, naming the
- * first id of the group and every store either was put in. Errors: EINVAL,
- * EDEAD (one of them is gone already: a violation, reported), ENOMEM. */
+ * first id of the group and every store either was put in. Errors: EINVAL
+ * (t NULL, an id never handed out), EDEAD (one of them is gone already: a
+ * violation, reported), ENOMEM. */
 IPCREF_API ipcref_result ipcref_table_alias(ipcref_table *t, ipcref_id a,
                                             ipcref_id b);
 
 /* `id`'s own count (workers, containers and messages together) into
- * *out. Errors: EINVAL, EDEAD. */
+ * *out. Errors: EINVAL (t or out NULL, an id never handed out), EDEAD. */
 IPCREF_API ipcref_result ipcref_table_count(ipcref_table *t, ipcref_id id,
                                             uint64_t *out);
 
@@ -142,12 +151,13 @@ IPCREF_API ipcref_result ipcref_table_count(ipcref_table *t, ipcref_id id,
  * table reference then lasts until the alias and every lease taken
  * through it are gone (the consumer's release, then a sweep). The table
  * stays allocated while such views live (ipcref_table_free included; no
- * hook is called after it). Errors: EINVAL, EDEAD, ENOMEM. */
+ * hook is called after it). Errors: EINVAL (t or out NULL, an invalid
+ * src, an id never handed out), EDEAD, ENOMEM. */
 IPCREF_API ipcref_result ipcref_table_view(ipcref_table *t, ipcref_id id,
                                            const ipcref_view *src,
                                            ipcref_view *out);
 
-/* Fills *out. Errors: EINVAL. */
+/* Fills *out. Errors: EINVAL (t or out NULL). */
 IPCREF_API ipcref_result ipcref_table_get_stats(ipcref_table *t,
                                                 ipcref_table_stats *out);
 

@@ -5,10 +5,23 @@
 
 /* ---- the API ------------------------------------------------------------- */
 
+/* What a refusal tells the error hook: an id never handed out. */
+#define IPCREF__TABLE_UNKNOWN "id was never handed out by this table"
+
+/* Lets go of the lock (the table's hooks hear what they must), then
+ * returns `r`, telling the error hook `why` when it is EINVAL. */
+IPCREF__PRIVATE ipcref_result ipcref__table_done(ipcref_table *t,
+                                                 ipcref_result r,
+                                                 const char *fn,
+                                                 const char *why) {
+  ipcref__table_unlock(t);
+  return r == IPCREF_EINVAL ? ipcref__invalid(fn, why) : r;
+}
+
 IPCREF_API ipcref_result ipcref_table_new(const ipcref_table_hooks *hooks,
                                           ipcref_table **out) {
   ipcref_table *t;
-  if (!out) return IPCREF_EINVAL;
+  if (!out) return ipcref__invalid(__func__, "out is NULL");
   t = (ipcref_table *)IPCREF_MALLOC(sizeof *t);
   if (!t) return IPCREF_ENOMEM;
   memset(t, 0, sizeof *t);
@@ -59,7 +72,8 @@ IPCREF_API void ipcref_table_free(ipcref_table *t) {
 IPCREF_API ipcref_result ipcref_table_create(ipcref_table *t, ipcref_id *out) {
   ipcref__table_id *x;
   ipcref__table_obj *o;
-  if (!t || !out) return IPCREF_EINVAL;
+  if (!t) return ipcref__invalid(__func__, "t is NULL");
+  if (!out) return ipcref__invalid(__func__, "out is NULL");
   x = (ipcref__table_id *)IPCREF_MALLOC(sizeof *x);
   o = (ipcref__table_obj *)IPCREF_MALLOC(sizeof *o);
   if (!x || !o) {
@@ -94,7 +108,7 @@ IPCREF_API ipcref_result ipcref_table_incref(ipcref_table *t, ipcref_id id) {
   ipcref__table_id *x;
   ipcref__table_note note;
   ipcref_result r = IPCREF_OK;
-  if (!t) return IPCREF_EINVAL;
+  if (!t) return ipcref__invalid(__func__, "t is NULL");
   ipcref__table_lock(t);
   x = ipcref__table_find(t, id, &r);
   if (x)
@@ -102,15 +116,14 @@ IPCREF_API ipcref_result ipcref_table_incref(ipcref_table *t, ipcref_id id) {
   else
     r = ipcref__table_breach(t, &note, id, r,
                              "incref of an id that is gone or unknown");
-  ipcref__table_unlock(t);
-  return r;
+  return ipcref__table_done(t, r, __func__, IPCREF__TABLE_UNKNOWN);
 }
 
 IPCREF_API ipcref_result ipcref_table_decref(ipcref_table *t, ipcref_id id) {
   ipcref__table_id *x;
   ipcref__table_note note;
   ipcref_result r = IPCREF_OK;
-  if (!t) return IPCREF_EINVAL;
+  if (!t) return ipcref__invalid(__func__, "t is NULL");
   ipcref__table_lock(t);
   x = ipcref__table_find(t, id, &r);
   if (!x)
@@ -121,8 +134,7 @@ IPCREF_API ipcref_result ipcref_table_decref(ipcref_table *t, ipcref_id id) {
                              "decref of an id at zero");
   else
     ipcref__table_drop(t, x);
-  ipcref__table_unlock(t);
-  return r;
+  return ipcref__table_done(t, r, __func__, IPCREF__TABLE_UNKNOWN);
 }
 
 /* Records that `x` is stored in `store` (once: a store already listed is
@@ -155,9 +167,13 @@ IPCREF_API ipcref_result ipcref_table_put(ipcref_table *t, ipcref_id id,
   ipcref_id *copy = NULL;
   ipcref__table_note note;
   ipcref_result r = IPCREF_OK;
+  const char *why = IPCREF__TABLE_UNKNOWN;
   size_t i;
-  if (!t || (n && !contained) || n > SIZE_MAX / sizeof *copy)
-    return IPCREF_EINVAL;
+  if (!t) return ipcref__invalid(__func__, "t is NULL");
+  if (n && !contained)
+    return ipcref__invalid(__func__, "contained is NULL with n > 0");
+  if (n > SIZE_MAX / sizeof *copy)
+    return ipcref__invalid(__func__, "n is too large");
   if (n) {
     copy = (ipcref_id *)IPCREF_MALLOC(n * sizeof *copy);
     if (!copy) return IPCREF_ENOMEM;
@@ -172,6 +188,7 @@ IPCREF_API ipcref_result ipcref_table_put(ipcref_table *t, ipcref_id id,
   }
   if (n && x->put) { /* what an object holds is set once */
     r = IPCREF_EINVAL;
+    why = "contained given again (only an id's first put may list any)";
     goto out;
   }
   for (i = 0; i < n; i++) { /* all, before anything changes */
@@ -182,6 +199,8 @@ IPCREF_API ipcref_result ipcref_table_put(ipcref_table *t, ipcref_id id,
               : ipcref__table_breach(t, &note, copy[i], rc,
                                      "put containing an id that is gone "
                                      "or unknown");
+      why = copy[i] == id ? "contained lists id itself"
+                          : "contained lists an id never handed out";
       goto out;
     }
   }
@@ -199,7 +218,7 @@ IPCREF_API ipcref_result ipcref_table_put(ipcref_table *t, ipcref_id id,
 out:
   ipcref__table_unlock(t);
   IPCREF_FREE(copy);
-  return r;
+  return r == IPCREF_EINVAL ? ipcref__invalid(__func__, why) : r;
 }
 
 IPCREF_API ipcref_result ipcref_table_msg_out(ipcref_table *t,
@@ -209,9 +228,11 @@ IPCREF_API ipcref_result ipcref_table_msg_out(ipcref_table *t,
   ipcref__table_note note;
   ipcref_result r = IPCREF_OK;
   size_t i;
-  if (!t || !token || (n && !ids) ||
-      n > (SIZE_MAX - sizeof *m) / sizeof(ipcref_id))
-    return IPCREF_EINVAL;
+  if (!t) return ipcref__invalid(__func__, "t is NULL");
+  if (!token) return ipcref__invalid(__func__, "token is NULL");
+  if (n && !ids) return ipcref__invalid(__func__, "ids is NULL with n > 0");
+  if (n > (SIZE_MAX - sizeof *m) / sizeof(ipcref_id))
+    return ipcref__invalid(__func__, "n is too large");
   m = (ipcref__table_msg *)IPCREF_MALLOC(sizeof *m + n * sizeof(ipcref_id));
   if (!m) return IPCREF_ENOMEM;
   m->n = n;
@@ -237,19 +258,24 @@ IPCREF_API ipcref_result ipcref_table_msg_out(ipcref_table *t,
 out:
   ipcref__table_unlock(t);
   IPCREF_FREE(m);
-  return r;
+  return r == IPCREF_EINVAL
+             ? ipcref__invalid(__func__, "ids lists an id never handed out")
+             : r;
 }
 
-/* msg_in and msg_cancel: the message's references go, once. An id the
- * message finds at zero or gone is a breach (its reference was taken by
- * someone else); those ids are kept at the start of the message's list,
- * which is freed after they are told. */
+/* msg_in and msg_cancel (public function `fn`): the message's references
+ * go, once. An id the message finds at zero or gone is a breach (its
+ * reference was taken by someone else); those ids are kept at the start of
+ * the message's list, which is freed after they are told. */
 IPCREF__PRIVATE ipcref_result ipcref__table_msg_end(ipcref_table *t,
-                                                    uint64_t token) {
+                                                    uint64_t token,
+                                                    const char *fn) {
   ipcref__table_msg *m;
   ipcref__table_note note;
   size_t i, nb = 0;
-  if (!t || token == 0) return IPCREF_EINVAL;
+  const char *why = "token was never handed out by this table";
+  if (!t) return ipcref__invalid(fn, "t is NULL");
+  if (token == 0) return ipcref__invalid(fn, "token is 0");
   ipcref__table_lock(t);
   m = (ipcref__table_msg *)ipcref__table_hash_get(&t->msgs, token);
   if (m) {
@@ -273,19 +299,20 @@ IPCREF__PRIVATE ipcref_result ipcref__table_msg_end(ipcref_table *t,
   } else if (token < t->next_token) { /* spent: a second msg_in/cancel */
     (void)ipcref__table_breach(t, &note, 0, IPCREF_EINVAL,
                                "a message let go of twice");
+    why = "token's message was let go of already (msg_in or msg_cancel)";
   }
   ipcref__table_unlock(t);
   IPCREF_FREE(m);
-  return m ? IPCREF_OK : IPCREF_EINVAL;
+  return m ? IPCREF_OK : ipcref__invalid(fn, why);
 }
 
 IPCREF_API ipcref_result ipcref_table_msg_in(ipcref_table *t, uint64_t token) {
-  return ipcref__table_msg_end(t, token);
+  return ipcref__table_msg_end(t, token, __func__);
 }
 
 IPCREF_API ipcref_result ipcref_table_msg_cancel(ipcref_table *t,
                                                  uint64_t token) {
-  return ipcref__table_msg_end(t, token);
+  return ipcref__table_msg_end(t, token, __func__);
 }
 
 IPCREF_API ipcref_result ipcref_table_alias(ipcref_table *t, ipcref_id a,
@@ -294,7 +321,7 @@ IPCREF_API ipcref_result ipcref_table_alias(ipcref_table *t, ipcref_id a,
   ipcref__table_obj *big, *small;
   ipcref__table_note note;
   ipcref_result ra = IPCREF_OK, rb = IPCREF_OK;
-  if (!t) return IPCREF_EINVAL;
+  if (!t) return ipcref__invalid(__func__, "t is NULL");
   ipcref__table_lock(t);
   x = ipcref__table_find(t, a, &ra);
   y = ipcref__table_find(t, b, &rb);
@@ -305,8 +332,9 @@ IPCREF_API ipcref_result ipcref_table_alias(ipcref_table *t, ipcref_id a,
                                  ? "alias of an object that was freed: the ids "
                                    "were not both alive until the alias"
                                  : "alias of an id never handed out");
-    ipcref__table_unlock(t);
-    return r;
+    return ipcref__table_done(t, r, __func__,
+                              !x ? "a was never handed out by this table"
+                                 : "b was never handed out by this table");
   }
   if (x->obj != y->obj) { /* merge the smaller group into the larger */
     big = x->obj->nids >= y->obj->nids ? x->obj : y->obj;
@@ -335,17 +363,18 @@ IPCREF_API ipcref_result ipcref_table_count(ipcref_table *t, ipcref_id id,
                                             uint64_t *out) {
   ipcref__table_id *x;
   ipcref_result r = IPCREF_OK;
-  if (!t || !out) return IPCREF_EINVAL;
+  if (!t) return ipcref__invalid(__func__, "t is NULL");
+  if (!out) return ipcref__invalid(__func__, "out is NULL");
   ipcref__table_lock(t);
   x = ipcref__table_find(t, id, &r);
   if (x) *out = x->count;
-  ipcref__table_unlock(t);
-  return r;
+  return ipcref__table_done(t, r, __func__, IPCREF__TABLE_UNKNOWN);
 }
 
 IPCREF_API ipcref_result ipcref_table_get_stats(ipcref_table *t,
                                                 ipcref_table_stats *out) {
-  if (!t || !out) return IPCREF_EINVAL;
+  if (!t) return ipcref__invalid(__func__, "t is NULL");
+  if (!out) return ipcref__invalid(__func__, "out is NULL");
   ipcref__table_lock(t);
   out->ids = t->ids.n;
   out->objects = t->objects;
@@ -397,7 +426,10 @@ IPCREF_API ipcref_result ipcref_table_view(ipcref_table *t, ipcref_id id,
   ipcref_buf *b;
   ipcref__table_note note;
   ipcref_result r = IPCREF_OK;
-  if (!t || !out || !ipcref__view_valid(src)) return IPCREF_EINVAL;
+  if (!t) return ipcref__invalid(__func__, "t is NULL");
+  if (!out) return ipcref__invalid(__func__, "out is NULL");
+  if (!ipcref__view_valid(src))
+    return ipcref__view_invalid(src, __func__, "src");
   pin = (ipcref__table_pin *)IPCREF_MALLOC(sizeof *pin);
   if (!pin) return IPCREF_ENOMEM;
   pin->t = t;
@@ -435,7 +467,8 @@ IPCREF_API ipcref_result ipcref_table_view(ipcref_table *t, ipcref_id id,
     pin->id = 0;
     __atomic_fetch_add(&t->refs, 1, __ATOMIC_RELAXED); /* the pin's end */
     ipcref_buf_release(b);
-    return r;
+    return r == IPCREF_EINVAL ? ipcref__invalid(__func__, IPCREF__TABLE_UNKNOWN)
+                              : r;
   }
   __atomic_fetch_add(&t->refs, 1, __ATOMIC_RELAXED);
   ipcref__buf_set_read_only(b); /* others see the same memory */

@@ -59,7 +59,9 @@ typedef struct ipcref_view {
  * view whose fields are inconsistent with its buffer. ERANGE: an index out
  * of range, ndim over IPCREF_MAX_DIMS, a negative size, a shape whose
  * element count or byte size overflows int64/size_t, or a view that would
- * reach outside its buffer. */
+ * reach outside its buffer. Every EINVAL is told to the error hook
+ * (ipcref_set_error_hook) as "function: reason", naming the argument and
+ * the check: "ipcref_view_slice: dim 2 out of range for a 2-d view". */
 
 /* The size in bytes of one element; 0 for an invalid dtype. */
 IPCREF_API size_t ipcref_dtype_size(ipcref_dtype dt);
@@ -68,13 +70,15 @@ IPCREF_API size_t ipcref_dtype_size(ipcref_dtype dt);
 IPCREF_API const char *ipcref_dtype_name(ipcref_dtype dt);
 
 /* A new C-contiguous view over a new (uninitialized, 64-byte aligned)
- * buffer. Errors: EINVAL, ERANGE, ENOMEM. */
+ * buffer. Errors: EINVAL (out NULL, dt invalid, shape NULL with ndim > 0),
+ * ERANGE, ENOMEM. */
 IPCREF_API ipcref_result ipcref_view_new(ipcref_dtype dt, int ndim,
                                          const int64_t *shape,
                                          ipcref_view *out);
 
 /* A C-contiguous view of `b` from its first byte (retains b). The elements
- * must fit in the buffer. ndim 0 is a scalar (one element). */
+ * must fit in the buffer (else ERANGE). ndim 0 is a scalar (one element).
+ * EINVAL: b or out NULL, dt invalid, shape NULL with ndim > 0. */
 IPCREF_API ipcref_result ipcref_view_of(ipcref_buf *b, ipcref_dtype dt,
                                         int ndim, const int64_t *shape,
                                         ipcref_view *out);
@@ -139,7 +143,8 @@ IPCREF_API ipcref_result ipcref_view_flatten(const ipcref_view *v,
                                              ipcref_view *out);
 
 /* Broadcasts to `shape` (ndim >= v->ndim; new dims are prepended): a dim of
- * size 1 may grow to any size with stride 0; -1 keeps the size. */
+ * size 1 may grow to any size with stride 0; -1 keeps the size. EINVAL:
+ * ndim below v's, shape NULL, -1 for a new dim, another dim asked to grow. */
 IPCREF_API ipcref_result ipcref_view_expand(const ipcref_view *v, int ndim,
                                             const int64_t *shape,
                                             ipcref_view *out);
@@ -160,8 +165,8 @@ IPCREF_API ipcref_result ipcref_view_flip(const ipcref_view *v, int dim,
                                           ipcref_view *out);
 
 /* Any shape and strides over v's buffer, from `byte_offset` (absolute, a
- * multiple of the dtype size). ERANGE when an element would lie outside the
- * buffer. */
+ * multiple of the dtype size, else EINVAL). ERANGE when an element would
+ * lie outside the buffer. */
 IPCREF_API ipcref_result ipcref_view_as_strided(const ipcref_view *v, int ndim,
                                                 const int64_t *shape,
                                                 const int64_t *strides,
@@ -197,8 +202,9 @@ IPCREF_API ipcref_result ipcref_view_contiguous(const ipcref_view *v,
  * broadcast to dst's (as expand). Any strides on either side; when the two
  * overlap in memory the result is as if src was read completely first.
  * EBUSY when dst is not writable (see ipcref_view_data_mut); EINVAL when
- * dst has a broadcast (stride 0) dim of size > 1 or dtypes differ; EDEVICE
- * when either is device memory. */
+ * either view is invalid, dtypes differ, src does not broadcast to dst, or
+ * dst has a broadcast (stride 0) dim of size > 1; EDEVICE when either is
+ * device memory. */
 IPCREF_API ipcref_result ipcref_view_copy(const ipcref_view *dst,
                                           const ipcref_view *src);
 
@@ -212,8 +218,8 @@ IPCREF_API void *ipcref_view_data_mut(const ipcref_view *v);
 
 /* Makes v writable: when its buffer is shared (and not opened for shared
  * writes), copies the viewed elements into a new contiguous buffer and
- * points v there (its strides change); else does nothing. ENOMEM and
- * EDEVICE (device memory) leave v unchanged. */
+ * points v there (its strides change); else does nothing. EINVAL (an
+ * invalid view), ENOMEM and EDEVICE (device memory) leave v unchanged. */
 IPCREF_API ipcref_result ipcref_view_make_mut(ipcref_view *v);
 
 /* An iterator over a view's elements in C order, for users' own loops:
@@ -232,6 +238,7 @@ typedef struct ipcref_view_iter {
   char *cur;
 } ipcref_view_iter;
 
+/* EINVAL: it NULL, or an invalid view. */
 IPCREF_API ipcref_result ipcref_view_iter_init(const ipcref_view *v,
                                                ipcref_view_iter *it);
 /* The next element's address, or NULL once all were visited. */
@@ -343,6 +350,44 @@ IPCREF__PRIVATE int64_t ipcref__numel(const ipcref_view *v) {
   return n;
 }
 
+/* Why `v`, which ipcref__view_valid_in refused, is not a valid view (a
+ * phrase after the argument's name); NULL when that was told already (a
+ * released buffer under IPCREF_CHECKED: EDEAD). */
+IPCREF__PRIVATE const char *ipcref__view_why(const ipcref_view *v) {
+  int64_t lo, hi, n;
+  int d;
+  if (!v) return "is NULL";
+  if (!v->buf) return "has no buffer (a zeroed or released view)";
+  if ((unsigned)v->dtype >= IPCREF_DTYPE_COUNT) return "has an invalid dtype";
+  if (v->ndim < 0 || v->ndim > IPCREF_MAX_DIMS)
+    return "has ndim out of range (0..IPCREF_MAX_DIMS)";
+#ifdef IPCREF_CHECKED
+  if (__atomic_load_n(&v->buf->strong, __ATOMIC_ACQUIRE) == 0) return NULL;
+#endif
+  for (d = 0; d < v->ndim; d++)
+    if (v->shape[d] < 0) return "has a negative size";
+  if (!ipcref__view_span(v, &lo, &hi, &n))
+    return "has an element count or byte extent that overflows";
+  return "reaches outside its buffer (byte_offset, shape or strides)";
+}
+
+/* Public function `fn` refuses its view argument `arg`: EINVAL, told as
+ * "fn: arg why" (unless told already). */
+IPCREF__PRIVATE IPCREF__NOINLINE IPCREF__COLD ipcref_result
+ipcref__view_invalid(const ipcref_view *v, const char *fn, const char *arg) {
+  const char *why = ipcref__view_why(v);
+  ipcref__msg m;
+  if (!why) return IPCREF_EINVAL;
+  m.n = 0;
+  ipcref__msg_str(&m, fn);
+  ipcref__msg_str(&m, ": ");
+  ipcref__msg_str(&m, arg);
+  ipcref__msg_str(&m, " ");
+  ipcref__msg_str(&m, why);
+  ipcref__report(IPCREF_EINVAL, m.s);
+  return IPCREF_EINVAL;
+}
+
 /* The check of a result whose geometry came from the caller: EINVAL for
  * bad fields, ERANGE for elements outside the buffer or overflow. */
 IPCREF__PRIVATE ipcref_result ipcref__view_check_new(const ipcref_view *v) {
@@ -356,8 +401,28 @@ IPCREF__PRIVATE IPCREF__INLINE int ipcref__dim(int dim, int ndim, int *out) {
   return 1;
 }
 
+/* Public function `fn` refuses dim argument `name` (`dim`, out of range for
+ * an `ndim`-d view): EINVAL, told as "fn: name 3 out of range for a 2-d
+ * view". */
+IPCREF__PRIVATE IPCREF__NOINLINE IPCREF__COLD ipcref_result
+ipcref__bad_dim(const char *fn, const char *name, int dim, int ndim) {
+  ipcref__msg m;
+  m.n = 0;
+  ipcref__msg_str(&m, fn);
+  ipcref__msg_str(&m, ": ");
+  ipcref__msg_str(&m, name);
+  ipcref__msg_str(&m, " ");
+  ipcref__msg_int(&m, dim);
+  ipcref__msg_str(&m, " out of range for a ");
+  ipcref__msg_int(&m, ndim);
+  ipcref__msg_str(&m, "-d view");
+  ipcref__report(IPCREF_EINVAL, m.s);
+  return IPCREF_EINVAL;
+}
+
 /* The element count of a shape given by the caller: ERANGE for ndim out of
- * range, a negative size, or an overflow of int64 or of size_t bytes. */
+ * range, a negative size, or an overflow of int64 or of size_t bytes;
+ * EINVAL (not told: the caller tells it) for shape NULL with ndim > 0. */
 IPCREF__PRIVATE ipcref_result ipcref__shape_numel(int ndim,
                                                   const int64_t *shape,
                                                   size_t item, int64_t *numel) {
@@ -411,10 +476,23 @@ ipcref__view_out(const ipcref_view *v, ipcref_view *out) {
   return out;
 }
 
+/* The checks every view operation begins with, refusals told naming the
+ * function and the argument. */
 #define IPCREF__CHECK_IN(v, out)                                               \
   do {                                                                         \
-    if (!(out) || !ipcref__view_valid(v)) return IPCREF_EINVAL;                \
+    if (!(out)) return ipcref__invalid(__func__, "out is NULL");               \
+    if (!ipcref__view_valid(v)) return ipcref__view_invalid(v, __func__, "v"); \
   } while (0)
+
+/* The checks of a new view's arguments (shape checked by
+ * ipcref__shape_numel, whose EINVAL this tells). */
+#define IPCREF__CHECK_NEW(out, dt)                                             \
+  do {                                                                         \
+    if (!(out)) return ipcref__invalid(__func__, "out is NULL");               \
+    if ((unsigned)(dt) >= IPCREF_DTYPE_COUNT)                                  \
+      return ipcref__invalid(__func__, "dt is not a valid dtype");             \
+  } while (0)
+#define IPCREF__NO_SHAPE "shape is NULL with ndim > 0"
 
 /* ---- making and dropping views --------------------------------------- */
 
@@ -449,8 +527,9 @@ IPCREF_API ipcref_result ipcref_view_new(ipcref_dtype dt, int ndim,
   ipcref_buf *b;
   int64_t n;
   ipcref_result res;
-  if (!out || (unsigned)dt >= IPCREF_DTYPE_COUNT) return IPCREF_EINVAL;
+  IPCREF__CHECK_NEW(out, dt);
   res = ipcref__shape_numel(ndim, shape, ipcref__dtype_sizes[dt], &n);
+  if (res == IPCREF_EINVAL) return ipcref__invalid(__func__, IPCREF__NO_SHAPE);
   if (res != IPCREF_OK) return res;
   res = ipcref__buf_for((size_t)n * ipcref__dtype_sizes[dt], &b);
   if (res != IPCREF_OK) return res;
@@ -470,8 +549,10 @@ IPCREF_API ipcref_result ipcref_view_of(ipcref_buf *b, ipcref_dtype dt,
   ipcref_view r;
   int64_t n;
   ipcref_result res;
-  if (!out || !b || (unsigned)dt >= IPCREF_DTYPE_COUNT) return IPCREF_EINVAL;
+  if (!b) return ipcref__invalid(__func__, "b is NULL");
+  IPCREF__CHECK_NEW(out, dt);
   res = ipcref__shape_numel(ndim, shape, ipcref__dtype_sizes[dt], &n);
+  if (res == IPCREF_EINVAL) return ipcref__invalid(__func__, IPCREF__NO_SHAPE);
   if (res != IPCREF_OK) return res;
   if ((uint64_t)n * ipcref__dtype_sizes[dt] > b->size) return IPCREF_ERANGE;
   memset(&r, 0, sizeof r);

@@ -335,18 +335,23 @@ IPCREF_API ipcref_result ipcref_view_copy(const ipcref_view *dst,
   ipcref_view from;
   uintptr_t dlo, dhi, slo, shi;
   ipcref_result res;
+  const char *why;
   int d;
-  if (!ipcref__view_valid(dst) || !ipcref__view_valid(src) ||
-      dst->dtype != src->dtype)
-    return IPCREF_EINVAL;
+  if (!ipcref__view_valid(dst))
+    return ipcref__view_invalid(dst, __func__, "dst");
+  if (!ipcref__view_valid(src))
+    return ipcref__view_invalid(src, __func__, "src");
+  if (dst->dtype != src->dtype)
+    return ipcref__invalid(__func__, "dst and src have different dtypes");
   if (!ipcref__buf_on_host(dst->buf) || !ipcref__buf_on_host(src->buf))
     return IPCREF_EDEVICE;
   /* Broadcast src to dst's shape (metadata only; no reference taken). */
-  res = ipcref_view_expand(src, dst->ndim, dst->shape, &from);
-  if (res != IPCREF_OK) return IPCREF_EINVAL;
-  ipcref_buf_release(from.buf); /* expand retained; src keeps it alive */
+  if (ipcref__expand(src, dst->ndim, dst->shape, &from, &why) != IPCREF_OK)
+    return ipcref__invalid(__func__, "src does not broadcast to dst's shape");
   for (d = 0; d < dst->ndim; d++)
-    if (dst->strides[d] == 0 && dst->shape[d] > 1) return IPCREF_EINVAL;
+    if (dst->strides[d] == 0 && dst->shape[d] > 1)
+      return ipcref__invalid(__func__, "dst has a broadcast dim (stride 0, "
+                                       "size > 1): it would be written twice");
   if (!ipcref__view_writable(dst)) return IPCREF_EBUSY;
   if (ipcref__numel(dst) == 0) return IPCREF_OK;
   ipcref__view_range(dst, &dlo, &dhi);
@@ -373,7 +378,7 @@ IPCREF_API void *ipcref_view_data_mut(const ipcref_view *v) {
 IPCREF_API ipcref_result ipcref_view_make_mut(ipcref_view *v) {
   ipcref_view r;
   ipcref_result res;
-  if (!ipcref__view_valid(v)) return IPCREF_EINVAL;
+  if (!ipcref__view_valid(v)) return ipcref__view_invalid(v, __func__, "v");
   if (ipcref__view_writable(v)) return IPCREF_OK;
   if (!ipcref__buf_on_host(v->buf)) return IPCREF_EDEVICE;
   res = ipcref_view_new(v->dtype, v->ndim, v->shape, &r);

@@ -27,7 +27,9 @@ IPCREF_API ipcref_result ipcref_view_slice(const ipcref_view *v, int dim,
   int64_t len, n, stride, offset;
   int d, stride_ok;
   IPCREF__CHECK_IN(v, out);
-  if (!ipcref__dim(dim, v->ndim, &d) || step == 0) return IPCREF_EINVAL;
+  if (!ipcref__dim(dim, v->ndim, &d))
+    return ipcref__bad_dim(__func__, "dim", dim, v->ndim);
+  if (step == 0) return ipcref__invalid(__func__, "step is 0");
   len = v->shape[d];
   if (step < -INT64_MAX) step = -INT64_MAX; /* so that -step exists */
   /* Python's clamping (PySlice_AdjustIndices). */
@@ -71,7 +73,8 @@ IPCREF_API ipcref_result ipcref_view_select(const ipcref_view *v, int dim,
   int64_t offset;
   int d;
   IPCREF__CHECK_IN(v, out);
-  if (!ipcref__dim(dim, v->ndim, &d)) return IPCREF_EINVAL;
+  if (!ipcref__dim(dim, v->ndim, &d))
+    return ipcref__bad_dim(__func__, "dim", dim, v->ndim);
   if (index < 0) index += v->shape[d];
   if (index < 0 || index >= v->shape[d]) return IPCREF_ERANGE;
   offset = v->byte_offset;
@@ -90,7 +93,8 @@ IPCREF_API ipcref_result ipcref_view_narrow(const ipcref_view *v, int dim,
   int64_t offset;
   int d;
   IPCREF__CHECK_IN(v, out);
-  if (!ipcref__dim(dim, v->ndim, &d)) return IPCREF_EINVAL;
+  if (!ipcref__dim(dim, v->ndim, &d))
+    return ipcref__bad_dim(__func__, "dim", dim, v->ndim);
   if (start < 0) start += v->shape[d];
   if (start < 0 || start > v->shape[d] || length < 0 ||
       length > v->shape[d] - start)
@@ -111,11 +115,14 @@ IPCREF_API ipcref_result ipcref_view_permute(const ipcref_view *v,
   unsigned seen = 0;
   int i, d;
   IPCREF__CHECK_IN(v, out);
-  if (!perm && v->ndim > 0) return IPCREF_EINVAL;
+  if (!perm && v->ndim > 0)
+    return ipcref__invalid(__func__, "perm is NULL with ndim > 0");
   r = *v;
   for (i = 0; i < v->ndim; i++) {
-    if (!ipcref__dim(perm[i], v->ndim, &d) || (seen & (1u << d)))
-      return IPCREF_EINVAL;
+    if (!ipcref__dim(perm[i], v->ndim, &d))
+      return ipcref__bad_dim(__func__, "perm entry", perm[i], v->ndim);
+    if (seen & (1u << d))
+      return ipcref__invalid(__func__, "perm names a dim twice");
     seen |= 1u << d;
     r.shape[i] = v->shape[d];
     r.strides[i] = v->strides[d];
@@ -129,8 +136,10 @@ IPCREF_API ipcref_result ipcref_view_transpose(const ipcref_view *v, int d0,
   int64_t size_a, stride_a, size_b, stride_b;
   int a, b;
   IPCREF__CHECK_IN(v, out);
-  if (!ipcref__dim(d0, v->ndim, &a) || !ipcref__dim(d1, v->ndim, &b))
-    return IPCREF_EINVAL;
+  if (!ipcref__dim(d0, v->ndim, &a))
+    return ipcref__bad_dim(__func__, "d0", d0, v->ndim);
+  if (!ipcref__dim(d1, v->ndim, &b))
+    return ipcref__bad_dim(__func__, "d1", d1, v->ndim);
   size_a = v->shape[a], stride_a = v->strides[a];
   size_b = v->shape[b], stride_b = v->strides[b];
   r = ipcref__view_out(v, out);
@@ -180,18 +189,20 @@ IPCREF__PRIVATE int ipcref__reshape_strides(const ipcref_view *v, int ndim,
   return vd == -1;
 }
 
-/* Resolves a requested shape (one -1 may be inferred) against `numel`. */
+/* Resolves a requested shape (one -1 may be inferred) against `numel`,
+ * for public function `fn` (named in a refusal). */
 IPCREF__PRIVATE ipcref_result ipcref__infer_shape(int ndim, const int64_t *in,
-                                                  int64_t numel,
-                                                  int64_t *shape) {
+                                                  int64_t numel, int64_t *shape,
+                                                  const char *fn) {
   int64_t known = 1;
   int d, infer = -1;
   if (ndim < 0 || ndim > IPCREF_MAX_DIMS) return IPCREF_ERANGE;
-  if (ndim > 0 && !in) return IPCREF_EINVAL;
+  if (ndim > 0 && !in)
+    return ipcref__invalid(fn, "shape is NULL with ndim > 0");
   for (d = 0; d < ndim; d++) {
     shape[d] = in[d];
     if (in[d] == -1) {
-      if (infer >= 0) return IPCREF_EINVAL;
+      if (infer >= 0) return ipcref__invalid(fn, "shape has more than one -1");
       infer = d;
     } else if (in[d] < 0) {
       return IPCREF_ERANGE;
@@ -203,22 +214,24 @@ IPCREF__PRIVATE ipcref_result ipcref__infer_shape(int ndim, const int64_t *in,
     if (in[d] != -1 && __builtin_mul_overflow(known, in[d], &known))
       return IPCREF_ERANGE;
   if (infer >= 0) {
-    if (known == 0 || numel % known != 0) return IPCREF_EINVAL;
+    if (known == 0 || numel % known != 0)
+      return ipcref__invalid(fn, "the -1 in shape cannot be inferred (the "
+                                 "other sizes do not divide the count)");
     shape[infer] = numel / known;
   } else if (known != numel) {
-    return IPCREF_EINVAL;
+    return ipcref__invalid(fn, "shape's element count differs from v's");
   }
   return IPCREF_OK;
 }
 
-IPCREF_API ipcref_result ipcref_view_reshape(const ipcref_view *v, int ndim,
-                                             const int64_t *shape,
-                                             ipcref_view *out) {
-  ipcref_view r;
+/* ipcref_view_reshape of a checked view, for public function `fn`. */
+IPCREF__PRIVATE ipcref_result ipcref__reshape(const ipcref_view *v, int ndim,
+                                              const int64_t *shape,
+                                              ipcref_view *out,
+                                              const char *fn) {
+  ipcref_view r = *v;
   ipcref_result res;
-  IPCREF__CHECK_IN(v, out);
-  r = *v;
-  res = ipcref__infer_shape(ndim, shape, ipcref__numel(v), r.shape);
+  res = ipcref__infer_shape(ndim, shape, ipcref__numel(v), r.shape, fn);
   if (res != IPCREF_OK) return res;
   r.ndim = ndim;
   if (ipcref__numel(v) == 0)
@@ -233,16 +246,25 @@ IPCREF_API ipcref_result ipcref_view_reshape(const ipcref_view *v, int ndim,
   return ipcref__view_finish(v, &r, out);
 }
 
+IPCREF_API ipcref_result ipcref_view_reshape(const ipcref_view *v, int ndim,
+                                             const int64_t *shape,
+                                             ipcref_view *out) {
+  IPCREF__CHECK_IN(v, out);
+  return ipcref__reshape(v, ndim, shape, out, __func__);
+}
+
 IPCREF_API ipcref_result ipcref_view_reshape_copy(const ipcref_view *v,
                                                   int ndim,
                                                   const int64_t *shape,
                                                   ipcref_view *out) {
   ipcref_view tmp;
   int64_t resolved[IPCREF_MAX_DIMS];
-  ipcref_result res = ipcref_view_reshape(v, ndim, shape, out);
+  ipcref_result res;
+  IPCREF__CHECK_IN(v, out);
+  res = ipcref__reshape(v, ndim, shape, out, __func__);
   if (res != IPCREF_ENEEDCOPY) return res;
-  /* Check the shape first, so that a bad one costs no copy. */
-  res = ipcref__infer_shape(ndim, shape, ipcref__numel(v), resolved);
+  /* The shape was checked (ENEEDCOPY comes after): no copy is wasted. */
+  res = ipcref__infer_shape(ndim, shape, ipcref__numel(v), resolved, __func__);
   if (res != IPCREF_OK) return res;
   res = ipcref_view_contiguous(v, &tmp);
   if (res != IPCREF_OK) return res;
@@ -264,13 +286,16 @@ IPCREF_API ipcref_result ipcref_view_flatten(const ipcref_view *v,
   IPCREF__CHECK_IN(v, out);
   if (v->ndim == 0) {
     if ((start_dim != 0 && start_dim != -1) || (end_dim != 0 && end_dim != -1))
-      return IPCREF_EINVAL;
+      return ipcref__invalid(__func__, "start_dim and end_dim must be 0 or "
+                                       "-1 for a 0-d view");
     shape[0] = 1;
-    return ipcref_view_reshape(v, 1, shape, out);
+    return ipcref__reshape(v, 1, shape, out, __func__);
   }
-  if (!ipcref__dim(start_dim, v->ndim, &s) ||
-      !ipcref__dim(end_dim, v->ndim, &e) || s > e)
-    return IPCREF_EINVAL;
+  if (!ipcref__dim(start_dim, v->ndim, &s))
+    return ipcref__bad_dim(__func__, "start_dim", start_dim, v->ndim);
+  if (!ipcref__dim(end_dim, v->ndim, &e))
+    return ipcref__bad_dim(__func__, "end_dim", end_dim, v->ndim);
+  if (s > e) return ipcref__invalid(__func__, "start_dim is after end_dim");
   for (d = 0; d < s; d++) shape[n++] = v->shape[d];
   shape[n] = 1;
   for (d = s; d <= e; d++)
@@ -278,48 +303,70 @@ IPCREF_API ipcref_result ipcref_view_flatten(const ipcref_view *v,
       return IPCREF_ERANGE; /* the merged size cannot be represented */
   n++;
   for (d = e + 1; d < v->ndim; d++) shape[n++] = v->shape[d];
-  return ipcref_view_reshape(v, n, shape, out);
+  return ipcref__reshape(v, n, shape, out, __func__);
+}
+
+/* EINVAL, with `what` in *why for the caller to tell. */
+IPCREF__PRIVATE ipcref_result ipcref__why(const char **why, const char *what) {
+  *why = what;
+  return IPCREF_EINVAL;
+}
+
+/* `v` (checked) broadcast to `shape`, into *r (no reference taken). An
+ * EINVAL says why in *why, for the caller to tell. */
+IPCREF__PRIVATE ipcref_result ipcref__expand(const ipcref_view *v, int ndim,
+                                             const int64_t *shape,
+                                             ipcref_view *r, const char **why) {
+  int64_t n = 1;
+  int i, lead = ndim - v->ndim;
+  if (ndim > IPCREF_MAX_DIMS) return IPCREF_ERANGE;
+  if (ndim < v->ndim) return ipcref__why(why, "ndim is below the view's");
+  if (ndim > 0 && !shape)
+    return ipcref__why(why, "shape is NULL with ndim > 0");
+  *r = *v;
+  r->ndim = ndim;
+  for (i = 0; i < ndim; i++) {
+    int64_t want = shape[i];
+    if (i < lead) { /* a new leading dim */
+      if (want == -1)
+        return ipcref__why(why, "-1 for a new leading dim (no size to keep)");
+      if (want < 0) return IPCREF_ERANGE;
+      r->shape[i] = want;
+      r->strides[i] = 0;
+    } else {
+      int64_t have = v->shape[i - lead], st = v->strides[i - lead];
+      if (want == -1 || want == have) {
+        r->shape[i] = have;
+        r->strides[i] = st;
+      } else if (want < 0) {
+        return IPCREF_ERANGE;
+      } else if (have == 1) {
+        r->shape[i] = want;
+        r->strides[i] = 0;
+      } else {
+        return ipcref__why(why, "a dim of size other than 1 cannot grow");
+      }
+    }
+  }
+  /* The count (zero when any size is) and its bytes must fit. */
+  for (i = 0; i < ndim; i++)
+    if (r->shape[i] == 0) n = 0;
+  for (i = 0; i < ndim && n != 0; i++)
+    if (__builtin_mul_overflow(n, r->shape[i], &n)) return IPCREF_ERANGE;
+  if (__builtin_mul_overflow(n, ipcref__item(v), &n)) return IPCREF_ERANGE;
+  return IPCREF_OK;
 }
 
 IPCREF_API ipcref_result ipcref_view_expand(const ipcref_view *v, int ndim,
                                             const int64_t *shape,
                                             ipcref_view *out) {
   ipcref_view r;
-  int64_t n = 1;
-  int i, lead;
+  ipcref_result res;
+  const char *why;
   IPCREF__CHECK_IN(v, out);
-  if (ndim > IPCREF_MAX_DIMS) return IPCREF_ERANGE;
-  if (ndim < v->ndim || (ndim > 0 && !shape)) return IPCREF_EINVAL;
-  lead = ndim - v->ndim;
-  r = *v;
-  r.ndim = ndim;
-  for (i = 0; i < ndim; i++) {
-    int64_t want = shape[i];
-    if (i < lead) { /* a new leading dim */
-      if (want < 0) return want == -1 ? IPCREF_EINVAL : IPCREF_ERANGE;
-      r.shape[i] = want;
-      r.strides[i] = 0;
-    } else {
-      int64_t have = v->shape[i - lead], st = v->strides[i - lead];
-      if (want == -1 || want == have) {
-        r.shape[i] = have;
-        r.strides[i] = st;
-      } else if (want < 0) {
-        return IPCREF_ERANGE;
-      } else if (have == 1) {
-        r.shape[i] = want;
-        r.strides[i] = 0;
-      } else {
-        return IPCREF_EINVAL;
-      }
-    }
-  }
-  /* The count (zero when any size is) and its bytes must fit. */
-  for (i = 0; i < ndim; i++)
-    if (r.shape[i] == 0) n = 0;
-  for (i = 0; i < ndim && n != 0; i++)
-    if (__builtin_mul_overflow(n, r.shape[i], &n)) return IPCREF_ERANGE;
-  if (__builtin_mul_overflow(n, ipcref__item(v), &n)) return IPCREF_ERANGE;
+  res = ipcref__expand(v, ndim, shape, &r, &why);
+  if (res == IPCREF_EINVAL) return ipcref__invalid(__func__, why);
+  if (res != IPCREF_OK) return res;
   return ipcref__view_finish(v, &r, out);
 }
 
@@ -333,8 +380,10 @@ IPCREF_API ipcref_result ipcref_view_squeeze(const ipcref_view *v, int dim,
     for (d = r.ndim - 1; d >= 0; d--)
       if (r.shape[d] == 1) ipcref__drop_dim(&r, d);
   } else {
-    if (!ipcref__dim(dim, v->ndim, &d) || v->shape[d] != 1)
-      return IPCREF_EINVAL;
+    if (!ipcref__dim(dim, v->ndim, &d))
+      return ipcref__bad_dim(__func__, "dim", dim, v->ndim);
+    if (v->shape[d] != 1)
+      return ipcref__invalid(__func__, "the dim's size is not 1");
     ipcref__drop_dim(&r, d);
   }
   return ipcref__view_finish(v, &r, out);
@@ -346,7 +395,8 @@ IPCREF_API ipcref_result ipcref_view_unsqueeze(const ipcref_view *v, int dim,
   int d, i;
   IPCREF__CHECK_IN(v, out);
   if (v->ndim >= IPCREF_MAX_DIMS) return IPCREF_ERANGE;
-  if (!ipcref__dim(dim, v->ndim + 1, &d)) return IPCREF_EINVAL;
+  if (!ipcref__dim(dim, v->ndim + 1, &d))
+    return ipcref__bad_dim(__func__, "dim", dim, v->ndim);
   r = *v;
   for (i = v->ndim; i > d; i--) {
     r.shape[i] = r.shape[i - 1];
@@ -368,7 +418,8 @@ IPCREF_API ipcref_result ipcref_view_flip(const ipcref_view *v, int dim,
   int64_t offset, stride;
   int d;
   IPCREF__CHECK_IN(v, out);
-  if (!ipcref__dim(dim, v->ndim, &d)) return IPCREF_EINVAL;
+  if (!ipcref__dim(dim, v->ndim, &d))
+    return ipcref__bad_dim(__func__, "dim", dim, v->ndim);
   offset = v->byte_offset;
   stride = v->strides[d];
   if (v->shape[d] > 1 && ipcref__numel(v) > 0) { /* inside: no overflow */
@@ -390,8 +441,13 @@ IPCREF_API ipcref_result ipcref_view_as_strided(const ipcref_view *v, int ndim,
   ipcref_result res;
   IPCREF__CHECK_IN(v, out);
   if (ndim < 0 || ndim > IPCREF_MAX_DIMS) return IPCREF_ERANGE;
-  if (ndim > 0 && (!shape || !strides)) return IPCREF_EINVAL;
-  if (byte_offset % ipcref__item(v) != 0) return IPCREF_EINVAL;
+  if (ndim > 0 && !shape)
+    return ipcref__invalid(__func__, "shape is NULL with ndim > 0");
+  if (ndim > 0 && !strides)
+    return ipcref__invalid(__func__, "strides is NULL with ndim > 0");
+  if (byte_offset % ipcref__item(v) != 0)
+    return ipcref__invalid(__func__, "byte_offset is not a multiple of the "
+                                     "dtype's size");
   memset(&r, 0, sizeof r);
   r.buf = v->buf;
   r.dtype = v->dtype;
@@ -446,7 +502,8 @@ IPCREF_API const void *ipcref_view_data(const ipcref_view *v) {
 IPCREF_API ipcref_result ipcref_view_iter_init(const ipcref_view *v,
                                                ipcref_view_iter *it) {
   int d;
-  if (!it || !ipcref__view_valid(v)) return IPCREF_EINVAL;
+  if (!it) return ipcref__invalid(__func__, "it is NULL");
+  if (!ipcref__view_valid(v)) return ipcref__view_invalid(v, __func__, "v");
   memset(it, 0, sizeof *it);
   it->base = (char *)v->buf->data + v->byte_offset;
   it->remaining = ipcref__numel(v);

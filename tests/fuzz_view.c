@@ -9,7 +9,9 @@
  *   - on success, the result is a valid view: every element (up to 4096) is
  *     read through ipcref_view_ptr and the iterator, which must agree and
  *     stay inside the buffer, and contiguous() must give the same values;
- *   - a tampered view the library accepts must also stay inside its buffer.
+ *   - a tampered view the library accepts must also stay inside its buffer;
+ *   - every EINVAL is told to the error hook exactly once, as
+ *     "ipcref_...: reason", and nothing else is told.
  * ASan and UBSan catch the rest (out-of-bounds, overflow). Any violation
  * aborts. Built and run by tests/fuzz.sh. */
 #define _GNU_SOURCE /* the sharing layer needs GNU declarations */
@@ -59,6 +61,43 @@ static void trv(const char *tag, const ipcref_view *v) {
 static void fail(const char *what) {
   fprintf(stderr, "fuzz_view: %s\n", what);
   abort();
+}
+
+/* ------------------------------------------------------------------ the hook
+ * Each EINVAL the library returns names its reason to the error hook, once;
+ * nothing else reaches it here. The fuzzer's own refusals (skipped()) are
+ * not told. */
+static int heard, skip;
+
+static void hook_fn(void *user, ipcref_result code, const char *message) {
+  (void)user;
+  heard++;
+  tr("  hook: %s\n", message);
+  if (code != IPCREF_EINVAL) fail("the hook heard a code other than EINVAL");
+  if (strncmp(message, "ipcref_", 7) != 0 || !strstr(message, ": "))
+    fail("a report that does not start with its function's name");
+}
+
+static const ipcref_error_hook hook = {hook_fn, NULL};
+
+/* Before a call: nothing heard yet. */
+static void hear_anew(void) {
+  heard = 0;
+  skip = 0;
+}
+
+/* A refusal of the fuzzer's own (too much to copy): the library told
+ * nothing. */
+static ipcref_result skipped(void) {
+  skip = 1;
+  return IPCREF_EINVAL;
+}
+
+/* After a call: its EINVAL was told exactly once, anything else never. */
+static void told(ipcref_result rc) {
+  if (heard != (rc == IPCREF_EINVAL && !skip))
+    fail(rc == IPCREF_EINVAL ? "an EINVAL not told exactly once"
+                             : "a call told the hook but did not refuse");
 }
 
 /* ------------------------------------------------------------------ decoding
@@ -216,7 +255,11 @@ static void check_view(const ipcref_view *v, int must) {
 static int64_t copy_bytes(const ipcref_view *v) {
   ipcref_view_iter it;
   int64_t n, es;
-  if (ipcref_view_iter_init(v, &it) != IPCREF_OK) return 0;
+  int before = heard; /* a probe of the fuzzer's own: its refusal uncounted */
+  if (ipcref_view_iter_init(v, &it) != IPCREF_OK) {
+    heard = before;
+    return 0;
+  }
   n = ipcref_view_numel(v);
   es = (int64_t)ipcref_dtype_size(v->dtype);
   return n > INT64_MAX / 16 ? INT64_MAX : n * es;
@@ -260,7 +303,9 @@ static void do_copy(ipcref_view *dst, ipcref_view *src) {
       ipcref_view_release(&e);
     }
   }
+  hear_anew();
   rc = ipcref_view_copy(dst, src);
+  told(rc);
   if (!known(rc)) fail("unknown result code");
   if (memcmp(&bd, dst, sizeof bd) != 0 || memcmp(&bs, src, sizeof bs) != 0)
     fail("copy changed a view struct");
@@ -351,7 +396,7 @@ static ipcref_result call(int f, reader *r, const ipcref_view *in,
     tr("%s(%d: %lld,%lld,%lld,%lld,...)\n",
        f == F_RESHAPE ? "reshape" : "reshape_copy", nd, (long long)a[0],
        (long long)a[1], (long long)a[2], (long long)a[3]);
-    if (f == F_RESHAPE_COPY && copy_bytes(in) > ALLOC) return IPCREF_EINVAL;
+    if (f == F_RESHAPE_COPY && copy_bytes(in) > ALLOC) return skipped();
     return f == F_RESHAPE ? ipcref_view_reshape(in, nd, a, out)
                           : ipcref_view_reshape_copy(in, nd, a, out);
   case F_FLATTEN:
@@ -394,7 +439,7 @@ static ipcref_result call(int f, reader *r, const ipcref_view *in,
   case F_CLONE: tr("clone\n"); return ipcref_view_clone(in, out);
   case F_CONTIGUOUS:
     tr("contiguous\n");
-    if (copy_bytes(in) > ALLOC) return IPCREF_EINVAL;
+    if (copy_bytes(in) > ALLOC) return skipped();
     return ipcref_view_contiguous(in, out);
   case F_NEW: {
     ipcref_dtype dt = (ipcref_dtype)((int)(u8(r) % 17) - 1);
@@ -416,7 +461,7 @@ static ipcref_result call(int f, reader *r, const ipcref_view *in,
     }
     tr("new(%d, %d: %lld,%lld,%lld,%lld,...)\n", (int)dt, nd, (long long)a[0],
        (long long)a[1], (long long)a[2], (long long)a[3]);
-    if (nd >= 0 && nd <= MAXD && d == nd && total > ALLOC) return IPCREF_EINVAL;
+    if (nd >= 0 && nd <= MAXD && d == nd && total > ALLOC) return skipped();
     return ipcref_view_new(dt, nd, a, out);
   }
   default: { /* F_VIEW_OF: a fresh view of the input's buffer */
@@ -467,8 +512,10 @@ static void tampered(reader *r, const ipcref_view *v) {
   }
   tr("tampered:\n");
   trv("t", &t);
+  hear_anew();
   rc = call(u8(r) % F_COUNT, r, &t, &out);
   tr("  -> %d\n", (int)rc);
+  told(rc);
   if (!known(rc)) fail("unknown result code");
   if (memcmp(&t, &before, sizeof t) != 0) fail("a call changed its input");
   if (rc == IPCREF_OK) {
@@ -493,6 +540,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
   r.p = data;
   r.n = size;
   memset(pool, 0, sizeof pool);
+  ipcref_set_error_hook(&hook);
 
   /* The base: a small C-contiguous view of any dtype, filled from the
    * input. */
@@ -521,8 +569,10 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
       ipcref_view tmp;
       memset(&tmp, 0, sizeof tmp);
       tr("[%d] ", i);
+      hear_anew();
       rc = call(f, &r, in, &tmp);
       tr("  -> %d\n", (int)rc);
+      told(rc);
       if (!known(rc)) fail("unknown result code");
       if (rc == IPCREF_OK) {
         check_view(&tmp, 1);
@@ -540,8 +590,10 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
       cnt = ipcref_buf_strong_count(in->buf);
       tr("[%d] -> [%d] ", i, j);
       trv("in", in);
+      hear_anew();
       rc = call(f, &r, in, out);
       tr("  -> %d\n", (int)rc);
+      told(rc);
       if (rc == IPCREF_OK) trv("out", out);
       if (!known(rc)) fail("unknown result code");
       if (rc != IPCREF_OK) {
@@ -566,7 +618,9 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
       ipcref_view b = *in;
       if (copy_bytes(in) > ALLOC) break;
       tr("make_mut [%d]\n", i);
+      hear_anew();
       rc = ipcref_view_make_mut(in);
+      told(rc);
       if (!known(rc)) fail("unknown result code");
       if (rc != IPCREF_OK && memcmp(&b, in, sizeof b) != 0)
         fail("a failing make_mut changed its view");
