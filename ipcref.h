@@ -991,14 +991,6 @@ IPCREF_API ipcref_result ipcref_peer_new_with(ipcref_ctx *ctx, int sockfd,
 IPCREF_API ipcref_result
 ipcref_peer_set_options(ipcref_peer *p, const ipcref_peer_options *opt);
 
-/* What peer `p` waits for after a call on it said IPCREF_EAGAIN: POLLIN
- * (the other side's hello, on the peer's poll fd or socket), POLLOUT (room
- * in its socket: then call ipcref_peer_flush, or send again),
- * IPCREF_WANTS_ROOM (the other side to return leases, under
- * max_bytes_held: the peer's poll fd wakes then; send again), 0 for
- * nothing (or NULL). */
-IPCREF_API int ipcref_peer_wants(ipcref_peer *p);
-
 /* Sends what is left of a record that a non-blocking SOCK_STREAM socket
  * took only in part (the rest of a message always goes before anything
  * else, so the stream stays whole; a send does this first itself).
@@ -1013,19 +1005,6 @@ IPCREF_API ipcref_result ipcref_peer_flush(ipcref_peer *p);
  * this one, is refused and reported to the error hook (IPCREF_EDEAD): the
  * peer waits, marked dead, in the quarantine (see checked). */
 IPCREF_API void ipcref_peer_free(ipcref_peer *p);
-
-/* An fd for an event loop (epoll, poll, select) that never misses work:
- * readable whenever ipcref_recv(p, .., 0) would return a view or an error,
- * which the peer's socket alone is not once a batch was received (its
- * other views wait in the peer, and the socket has nothing more to say). A
- * wake-up with nothing to receive (the other side's hello, say) makes
- * ipcref_recv(p, .., 0) return IPCREF_EAGAIN: call it until it does, or
- * once per wake-up (level-triggered, the fd stays readable while views
- * wait). Made on the first call (an epoll fd over the socket and an
- * eventfd, both closed by ipcref_peer_free); the same fd every call. -1
- * for NULL or a freed peer (reported), or when it cannot be made (errno
- * says why). */
-IPCREF_API int ipcref_peer_poll_fd(ipcref_peer *p);
 
 /* The pid of the process on the other side, from its hello: waits for it
  * up to 5 s if it has not arrived (then the SO_PEERCRED pid is returned);
@@ -1213,12 +1192,16 @@ IPCREF_API void ipcref_test_set_step_hook(void (*fn)(const char *step));
 
 #endif /* !IPCREF_NO_SHARING */
 
-/* ---- share_room: API (src/share_room.h) --------------------------------- */
+/* ---- share_loop: API (src/share_loop.h) --------------------------------- */
 
-/* share_room: backpressure. A producer capped by max_bytes, or a peer
+/* share_loop: what an event loop waits on. The peer's poll fd (an epoll
+ * set over its socket, the flag of a batch's views left, and while it
+ * waits for room the context's bell) and what a call that said EAGAIN
+ * wants; and backpressure: a producer capped by max_bytes, or a peer
  * capped by max_bytes_held, waits for its consumers to return leases
- * without polling: on the context's room fd, on the peer's poll fd, or
- * blocked with a timeout. Under ctx->lock, but for the waits. */
+ * without polling, on the room fd, on the peer's poll fd, or blocked with
+ * a timeout. Under ctx->lock where it touches the ledgers; the peer's
+ * fields are its user's thread's. */
 
 #if !defined(IPCREF_NO_SHARING)
 #ifdef __cplusplus
@@ -1232,6 +1215,27 @@ extern "C" {
  * byte on the producer's bell (a datagram socket that travels with every
  * counter file): one system call per return while someone waits, none
  * otherwise. The bell's receiving end is the room fd. */
+
+/* An fd for an event loop (epoll, poll, select) that never misses work:
+ * readable whenever ipcref_recv(p, .., 0) would return a view or an error,
+ * which the peer's socket alone is not once a batch was received (its
+ * other views wait in the peer, and the socket has nothing more to say). A
+ * wake-up with nothing to receive (the other side's hello, say) makes
+ * ipcref_recv(p, .., 0) return IPCREF_EAGAIN: call it until it does, or
+ * once per wake-up (level-triggered, the fd stays readable while views
+ * wait). Made on the first call (an epoll fd over the socket and an
+ * eventfd, both closed by ipcref_peer_free); the same fd every call. -1
+ * for NULL or a freed peer (reported), or when it cannot be made (errno
+ * says why). */
+IPCREF_API int ipcref_peer_poll_fd(ipcref_peer *p);
+
+/* What peer `p` waits for after a call on it said IPCREF_EAGAIN: POLLIN
+ * (the other side's hello, on the peer's poll fd or socket), POLLOUT (room
+ * in its socket: then call ipcref_peer_flush, or send again),
+ * IPCREF_WANTS_ROOM (the other side to return leases, under
+ * max_bytes_held: the peer's poll fd wakes then; send again), 0 for
+ * nothing (or NULL). */
+IPCREF_API int ipcref_peer_wants(ipcref_peer *p);
 
 /* What ipcref_peer_wants says after a send refused for room under the
  * peer's max_bytes_held: wait for the peer's poll fd (which then watches
@@ -5223,7 +5227,7 @@ IPCREF_API ipcref_result ipcref_ctx_new(const ipcref_ctx_options *opt,
                                         ipcref_ctx **out) {
   ipcref_ctx *ctx;
   struct timespec ts;
-  if (!out) return IPCREF_EINVAL;
+  if (!out) return ipcref__invalid(__func__, "out is NULL");
   ctx = (ipcref_ctx *)ipcref__zalloc(sizeof *ctx);
   if (!ctx) return IPCREF_ENOMEM;
   if (opt) ctx->opt = *opt;
@@ -5231,16 +5235,20 @@ IPCREF_API ipcref_result ipcref_ctx_new(const ipcref_ctx_options *opt,
   if (!ctx->opt.segment_cache) ctx->opt.segment_cache = (size_t)512 << 20;
   if (!ctx->opt.retired_maps) ctx->opt.retired_maps = (size_t)64 << 20;
   if (!ctx->opt.ledger_slots) ctx->opt.ledger_slots = 4096;
-  if (ctx->opt.segment_size < 4096 || (ctx->opt.segment_size & 4095) ||
-      ctx->opt.ledger_slots < 8 || ctx->opt.ledger_slots > (1u << 24) ||
+  if (ctx->opt.segment_size < 4096 || (ctx->opt.segment_size & 4095)) {
+    IPCREF_FREE(ctx);
+    return ipcref__invalid(__func__, "segment_size not a multiple of 4096");
+  }
+  if (ctx->opt.ledger_slots < 8 || ctx->opt.ledger_slots > (1u << 24) ||
       (ctx->opt.ledger_slots & 1)) {
     IPCREF_FREE(ctx);
-    return IPCREF_EINVAL;
+    return ipcref__invalid(__func__, "ledger_slots odd, or not in 8..2^24");
   }
   if (ctx->opt.allow_uids_count) {
     if (!ctx->opt.allow_uids || ctx->opt.allow_uids_count > 65536) {
       IPCREF_FREE(ctx);
-      return IPCREF_EINVAL;
+      return ipcref__invalid(__func__,
+                             "allow_uids NULL, or allow_uids_count over 65536");
     }
     ctx->uids =
         (uint32_t *)IPCREF_MALLOC(ctx->opt.allow_uids_count * sizeof(uint32_t));
@@ -5578,7 +5586,7 @@ IPCREF_API ipcref_result ipcref_ctx_poll(ipcref_ctx *ctx, int timeout_ms,
   int reaped;
   size_t bytes;
   if (freed) *freed = 0;
-  if (!ctx) return IPCREF_EINVAL;
+  if (!ctx) return ipcref__invalid(__func__, "ctx is NULL");
   if (!IPCREF__CTX_USABLE(ctx)) return IPCREF_EDEAD;
   pfd.fd = ctx->epfd;
   pfd.events = POLLIN;
@@ -5596,7 +5604,7 @@ IPCREF_API ipcref_result ipcref_ctx_poll(ipcref_ctx *ctx, int timeout_ms,
 }
 
 IPCREF_API ipcref_result ipcref_ctx_stats(ipcref_ctx *ctx, ipcref_stats *out) {
-  if (!ctx || !out) return IPCREF_EINVAL;
+  if (!ctx || !out) return ipcref__invalid(__func__, "ctx or out is NULL");
   if (!IPCREF__CTX_USABLE(ctx)) return IPCREF_EDEAD;
   IPCREF__LOCK(ctx);
   ipcref__sweep(ctx);         /* count what came back as back */
@@ -5869,7 +5877,7 @@ IPCREF__PRIVATE ipcref_result ipcref__shared_new_in(ipcref_ctx *ctx,
 
 IPCREF_API ipcref_result ipcref_shared_new(ipcref_ctx *ctx, size_t size,
                                            ipcref_buf **out) {
-  if (!ctx || !out) return IPCREF_EINVAL;
+  if (!ctx || !out) return ipcref__invalid(__func__, "ctx or out is NULL");
   if (!IPCREF__CTX_USABLE(ctx)) return IPCREF_EDEAD;
   return ipcref__shared_new_in(ctx, &ctx->host, size, ctx->opt.isolate, out);
 }
@@ -5877,7 +5885,7 @@ IPCREF_API ipcref_result ipcref_shared_new(ipcref_ctx *ctx, size_t size,
 IPCREF_API ipcref_result ipcref_shared_new_isolated(ipcref_ctx *ctx,
                                                     size_t size,
                                                     ipcref_buf **out) {
-  if (!ctx || !out) return IPCREF_EINVAL;
+  if (!ctx || !out) return ipcref__invalid(__func__, "ctx or out is NULL");
   if (!IPCREF__CTX_USABLE(ctx)) return IPCREF_EDEAD;
   return ipcref__shared_new_in(ctx, &ctx->host, size, 1, out);
 }
@@ -5911,7 +5919,10 @@ IPCREF_API ipcref_result ipcref_ctx_add_backend(ipcref_ctx *ctx,
       !be->seg_free || !be->seg_range || !be->seg_export || !be->seg_import ||
       !be->seg_close || !be->event_record || !be->event_free ||
       !be->event_wait || !be->fence || !be->fence_done)
-    return IPCREF_EINVAL;
+    return ipcref__invalid(__func__, !ctx || !be ? "ctx or be is NULL"
+                                     : be->device_type <= IPCREF_DEVICE_CPU
+                                         ? "be->device_type is not a device"
+                                         : "the backend lacks a function");
   if (!IPCREF__CTX_USABLE(ctx)) return IPCREF_EDEAD;
   IPCREF__LOCK(ctx);
   if (!ipcref__backend_of(ctx, be->device_type))
@@ -5922,7 +5933,11 @@ IPCREF_API ipcref_result ipcref_ctx_add_backend(ipcref_ctx *ctx,
         break;
       }
   IPCREF__UNLOCK(ctx);
-  return r;
+  return r == IPCREF_OK
+             ? r
+             : ipcref__invalid(__func__,
+                               "a backend serves that device type already, "
+                               "or every slot is taken");
 }
 
 /* The pool of device `dev` (under the lock); NULL with *r set. */
@@ -5953,7 +5968,9 @@ IPCREF_API ipcref_result ipcref_device_new(ipcref_ctx *ctx, ipcref_device dev,
   ipcref__pool *pool;
   ipcref_result r = IPCREF_OK;
   if (!ctx || !out || dev.type <= IPCREF_DEVICE_CPU || dev.id < 0)
-    return IPCREF_EINVAL;
+    return ipcref__invalid(__func__, !ctx || !out
+                                         ? "ctx or out is NULL"
+                                         : "dev is not a device (type, id)");
   if (!IPCREF__CTX_USABLE(ctx)) return IPCREF_EDEAD;
   IPCREF__LOCK(ctx);
   pool = ipcref__pool_of(ctx, dev, &r);
@@ -5972,7 +5989,9 @@ IPCREF_API ipcref_result ipcref_device_wrap(
   uint64_t addr = (uint64_t)(uintptr_t)ptr, base, end;
   size_t alloc_size;
   if (!ctx || !out || !ptr || dev.type <= IPCREF_DEVICE_CPU || dev.id < 0)
-    return IPCREF_EINVAL;
+    return ipcref__invalid(__func__, !ctx || !out || !ptr
+                                         ? "ctx, ptr or out is NULL"
+                                         : "dev is not a device (type, id)");
   if (!IPCREF__CTX_USABLE(ctx)) return IPCREF_EDEAD;
   IPCREF__LOCK(ctx);
   pool = ipcref__pool_of(ctx, dev, &r);
@@ -5983,7 +6002,7 @@ IPCREF_API ipcref_result ipcref_device_wrap(
   if (r != IPCREF_OK) return r;
   if (addr < base || __builtin_add_overflow(addr, (uint64_t)size, &end) ||
       end > base + alloc_size)
-    return IPCREF_EINVAL;
+    return ipcref__invalid(__func__, "ptr and size not inside one allocation");
   b = (ipcref__block *)ipcref__zalloc(sizeof *b);
   if (!b) return IPCREF_ENOMEM;
   IPCREF__LOCK(ctx);
@@ -6020,7 +6039,9 @@ IPCREF_API ipcref_result ipcref_view_new_shared(ipcref_ctx *ctx,
   ipcref_buf *b;
   ipcref_result r;
   int64_t n;
-  if (!ctx || !out || (unsigned)dt >= IPCREF_DTYPE_COUNT) return IPCREF_EINVAL;
+  if (!ctx || !out || (unsigned)dt >= IPCREF_DTYPE_COUNT)
+    return ipcref__invalid(__func__, !ctx || !out ? "ctx or out is NULL"
+                                                  : "dt out of range");
   r = ipcref__shape_numel(ndim, shape, ipcref__dtype_sizes[dt], &n);
   if (r != IPCREF_OK) return r;
   r = ipcref_shared_new(ctx, (size_t)n * ipcref__dtype_sizes[dt], &b);
@@ -6249,14 +6270,10 @@ IPCREF__PRIVATE ipcref_result ipcref__meta_arg(const void *bytes, size_t len,
                                                ipcref__meta *m) {
   m->bytes = (const unsigned char *)bytes;
   m->len = len;
-  if (len > IPCREF_META_MAX) {
-    ipcref__report_in(IPCREF_EINVAL, fn, "meta_len over IPCREF_META_MAX");
-    return IPCREF_EINVAL;
-  }
-  if (len && !bytes) {
-    ipcref__report_in(IPCREF_EINVAL, fn, "meta is NULL, meta_len is not 0");
-    return IPCREF_EINVAL;
-  }
+  if (len > IPCREF_META_MAX)
+    return ipcref__invalid(fn, "meta_len over IPCREF_META_MAX");
+  if (len && !bytes)
+    return ipcref__invalid(fn, "meta is NULL, meta_len is not 0");
   return IPCREF_OK;
 }
 
@@ -6307,30 +6324,41 @@ typedef struct ipcref__msg_in {
   int fd_index[IPCREF_MSG_MAX_FDS];
   uint64_t retired[IPCREF__MSG_RETIRED];
   ipcref__view_rec views[IPCREF_MSG_MAX_VIEWS];
+  const char *why; /* what made ipcref__msg_decode refuse it */
 } ipcref__msg_in;
 
 /* Decodes `len` bytes into *m: 0 when they are not exactly one well-formed
- * message. Nothing else is read or changed. */
+ * message (m->why says which part is not). Nothing else is read or
+ * changed. */
 IPCREF__PRIVATE int ipcref__msg_decode(const unsigned char *bytes, size_t len,
                                        ipcref__msg_in *m) {
   ipcref__wire w;
   int i;
   ipcref__wire_init(&w, (unsigned char *)(uintptr_t)bytes, len);
+  m->why = "its header: not ipcref's, another version, or a count out of "
+           "range";
   if (!ipcref__get_msg_head(&w, &m->head)) return 0;
   m->nfds = 0;
-  for (i = 0; i < m->head.nrecs; i++) { /* segments and ledgers: an fd each */
+  m->why = "a segment or ledger record: cut short, or of an unknown kind or "
+           "device";
+  for (i = 0; i < m->head.nrecs; i++) { /* segments and ledgers: fds */
     if (!ipcref__get_fd_rec(&w, &m->recs[i])) return 0;
     m->fd_index[i] = m->recs[i].kind == IPCREF__KIND_DEVICE ? -1 : m->nfds;
     m->nfds += m->recs[i].kind == IPCREF__KIND_LEDGER    ? 2
                : m->recs[i].kind == IPCREF__KIND_SEGMENT ? 1
                                                          : 0;
   }
+  m->why = "more fds than a message may carry";
   if (m->nfds > IPCREF_MSG_MAX_FDS) return 0;
   for (i = 0; i < m->head.nretired; i++)
     m->retired[i] = ipcref__wire_get(&w, 8);
+  m->why = "a view record: cut short, or its dtype, ndim or flags out of "
+           "range";
   for (i = 0; i < m->head.nviews; i++)
     if (!ipcref__get_view(&w, &m->views[i])) return 0;
   w.pos += m->head.meta_len; /* the user's bytes, as they are */
+  m->why = w.bad || w.pos > w.len ? "shorter than its records say"
+                                  : "bytes past its records and metadata";
   return !w.bad && w.pos == w.len;
 }
 
@@ -6487,7 +6515,11 @@ IPCREF__PRIVATE ipcref_result ipcref__stream_fill(ipcref_peer *p, size_t max,
       ipcref__wire w;
       ipcref__wire_init(&w, p->in, 4);
       need = (size_t)ipcref__wire_get(&w, 4);
-      if (need > max) return IPCREF_EPROTO;
+      if (need > max) {
+        ipcref__ctx_report(p->ctx, IPCREF_EPROTO,
+                           "a record longer than any message (stream cut)");
+        return IPCREF_EPROTO;
+      }
       need += 4;
       if (p->in_len == need) return IPCREF_OK;
     }
@@ -6641,6 +6673,14 @@ IPCREF__PRIVATE ipcref_result ipcref__hello_bytes(ipcref_peer *p,
   return *k < 0 ? IPCREF_ESYS : IPCREF_OK;
 }
 
+/* A hello refused for good (EPROTO), named to the context's hook. */
+IPCREF__PRIVATE ipcref_result ipcref__hello_bad(ipcref_peer *p,
+                                                const char *why) {
+  p->hello = -1;
+  ipcref__ctx_report(p->ctx, IPCREF_EPROTO, why);
+  return IPCREF_EPROTO;
+}
+
 /* Reads the other side's hello (the first thing it sends), waiting up to
  * timeout_ms (-1: forever), and checks it: magic, version, credentials. */
 IPCREF__PRIVATE ipcref_result ipcref__hello_read(ipcref_peer *p,
@@ -6655,14 +6695,13 @@ IPCREF__PRIVATE ipcref_result ipcref__hello_read(ipcref_peer *p,
   if (p->hello) return ipcref__hello_result(p);
   p->in_pid = p->in_uid = 0;
   r = ipcref__hello_bytes(p, timeout_ms, b, &k);
-  if (r == IPCREF_EPROTO) p->hello = -1;
+  if (r == IPCREF_EPROTO)
+    return ipcref__hello_bad(p, "peer refused: its hello came cut short");
   if (r != IPCREF_OK) return r;
   ipcref__wire_init(&w, b, (size_t)k);
   if ((stream && ipcref__wire_get(&w, 4) != IPCREF__HELLO_BYTES) ||
-      ipcref__wire_get(&w, 4) != IPCREF__HELLO_MAGIC || w.bad) {
-    p->hello = -1;
-    return IPCREF_EPROTO;
-  }
+      ipcref__wire_get(&w, 4) != IPCREF__HELLO_MAGIC || w.bad)
+    return ipcref__hello_bad(p, "peer refused: its hello is not ipcref's");
   version = (uint32_t)ipcref__wire_get(&w, 4);
   if (version != IPCREF__MSG_VERSION && !w.bad) { /* another build */
     char why[128];
@@ -6670,14 +6709,11 @@ IPCREF__PRIVATE ipcref_result ipcref__hello_read(ipcref_peer *p,
              "peer refused: it speaks wire version %u, this process %u "
              "(two builds of ipcref.h that cannot talk)",
              (unsigned)version, (unsigned)IPCREF__MSG_VERSION);
-    ipcref__ctx_report(p->ctx, IPCREF_EPROTO, why);
-    p->hello = -1;
-    return IPCREF_EPROTO;
+    return ipcref__hello_bad(p, why);
   }
-  if (w.bad || (size_t)k != want || p->in_pid <= 0) {
-    p->hello = -1;
-    return IPCREF_EPROTO;
-  }
+  if (w.bad || (size_t)k != want || p->in_pid <= 0)
+    return ipcref__hello_bad(p, "peer refused: its hello is of the wrong "
+                                "length, or came without credentials");
   p->pid = p->in_pid; /* the kernel's word, not the record's */
   p->uid = p->in_uid;
   (void)ipcref__wire_get(&w, 4); /* its pid */
@@ -6715,15 +6751,12 @@ IPCREF__PRIVATE void ipcref__peer_bury(ipcref_ctx *ctx, ipcref_peer *p) {
 #endif
 }
 
-IPCREF_API ipcref_result ipcref_peer_new(ipcref_ctx *ctx, int sockfd,
-                                         ipcref_peer **out) {
-  return ipcref_peer_new_with(ctx, sockfd, NULL, out);
-}
-
-/* 1 when options `o` (may be NULL) make sense; else reported. */
-IPCREF__PRIVATE int ipcref__options_ok(const ipcref_peer_options *o) {
+/* 1 when options `o` (may be NULL) make sense; else reported, naming the
+ * public call `fn`. */
+IPCREF__PRIVATE int ipcref__options_ok(const ipcref_peer_options *o,
+                                       const char *fn) {
   if (o && (o->send_timeout_ms < 0 || o->hello_timeout_ms < 0)) {
-    ipcref__report(IPCREF_EINVAL, "ipcref_peer_options: a negative timeout");
+    (void)ipcref__invalid(fn, "a negative timeout in the options");
     return 0;
   }
   return 1;
@@ -6738,29 +6771,48 @@ IPCREF__PRIVATE void ipcref__options_set(ipcref_peer *p,
 
 IPCREF_API ipcref_result ipcref_peer_set_options(ipcref_peer *p,
                                                  const ipcref_peer_options *o) {
-  if (!p || !ipcref__options_ok(o)) return IPCREF_EINVAL;
+  if (!p) return ipcref__invalid(__func__, "p is NULL");
+  if (!ipcref__options_ok(o, __func__)) return IPCREF_EINVAL;
   if (!IPCREF__PEER_USABLE(p, "ipcref_peer_set_options")) return IPCREF_EDEAD;
   ipcref__options_set(p, o);
   return IPCREF_OK;
 }
 
-IPCREF_API ipcref_result ipcref_peer_new_with(ipcref_ctx *ctx, int sockfd,
-                                              const ipcref_peer_options *opt,
-                                              ipcref_peer **out) {
+/* What is wrong with `sockfd` for a peer (NULL: nothing), its type and
+ * the credentials of who made the other end into *cred; *r the code. */
+IPCREF__PRIVATE const char *
+ipcref__sock_why(int sockfd, int *type, struct ucred *cred, ipcref_result *r) {
+  socklen_t len = sizeof *cred, tlen = sizeof *type;
+  *r = IPCREF_EINVAL;
+  if (sockfd < 0) return "sockfd is negative";
+  if (getsockopt(sockfd, SOL_SOCKET, SO_TYPE, type, &tlen) != 0) {
+    if (errno == ENOTSOCK || errno == EBADF) return "sockfd is not a socket";
+    *r = IPCREF_ESYS;
+    return "getsockopt";
+  }
+  if (*type != SOCK_STREAM && *type != SOCK_SEQPACKET)
+    return "sockfd is neither SOCK_STREAM nor SOCK_SEQPACKET";
+  if (getsockopt(sockfd, SOL_SOCKET, SO_PEERCRED, cred, &len) != 0 ||
+      cred->pid <= 0)
+    return "sockfd is not a connected AF_UNIX socket";
+  return NULL;
+}
+
+/* ipcref_peer_new and ipcref_peer_new_with; `fn` names the call. */
+IPCREF__PRIVATE ipcref_result ipcref__peer_make(ipcref_ctx *ctx, int sockfd,
+                                                const ipcref_peer_options *opt,
+                                                ipcref_peer **out,
+                                                const char *fn) {
   ipcref_peer *p;
   struct ucred cred;
-  socklen_t len = sizeof cred;
   int type = 0;
-  socklen_t tlen = sizeof type;
-  if (!ctx || !out || sockfd < 0 || !ipcref__options_ok(opt))
-    return IPCREF_EINVAL;
+  ipcref_result r;
+  const char *why;
+  if (!ctx || !out) return ipcref__invalid(fn, "ctx or out is NULL");
+  if (!ipcref__options_ok(opt, fn)) return IPCREF_EINVAL;
   if (!IPCREF__CTX_USABLE(ctx)) return IPCREF_EDEAD;
-  if (getsockopt(sockfd, SOL_SOCKET, SO_TYPE, &type, &tlen) != 0)
-    return errno == ENOTSOCK || errno == EBADF ? IPCREF_EINVAL : IPCREF_ESYS;
-  if (type != SOCK_STREAM && type != SOCK_SEQPACKET) return IPCREF_EINVAL;
-  if (getsockopt(sockfd, SOL_SOCKET, SO_PEERCRED, &cred, &len) != 0 ||
-      cred.pid <= 0)
-    return IPCREF_EINVAL; /* not a connected AF_UNIX socket */
+  if ((why = ipcref__sock_why(sockfd, &type, &cred, &r)) != NULL)
+    return r == IPCREF_EINVAL ? ipcref__invalid(fn, why) : r;
   if (!ipcref__uid_allowed(ctx, (uint32_t)cred.uid)) {
     /* Who connected (or made the pair) is not allowed: say nothing. */
     __atomic_fetch_add(&ctx->refused, 1, __ATOMIC_RELAXED);
@@ -6778,7 +6830,7 @@ IPCREF_API ipcref_result ipcref_peer_new_with(ipcref_ctx *ctx, int sockfd,
   ipcref__options_set(p, opt);
   {
     int on = 1;
-    ipcref_result r = IPCREF_ESYS;
+    r = IPCREF_ESYS;
     if (setsockopt(sockfd, SOL_SOCKET, SO_PASSCRED, &on, sizeof on) != 0 ||
         (r = ipcref__hello_send(p)) != IPCREF_OK) {
       IPCREF_FREE(p);
@@ -6791,6 +6843,17 @@ IPCREF_API ipcref_result ipcref_peer_new_with(ipcref_ctx *ctx, int sockfd,
   IPCREF__UNLOCK(ctx);
   *out = p;
   return IPCREF_OK;
+}
+
+IPCREF_API ipcref_result ipcref_peer_new(ipcref_ctx *ctx, int sockfd,
+                                         ipcref_peer **out) {
+  return ipcref__peer_make(ctx, sockfd, NULL, out, "ipcref_peer_new");
+}
+
+IPCREF_API ipcref_result ipcref_peer_new_with(ipcref_ctx *ctx, int sockfd,
+                                              const ipcref_peer_options *opt,
+                                              ipcref_peer **out) {
+  return ipcref__peer_make(ctx, sockfd, opt, out, "ipcref_peer_new_with");
 }
 
 IPCREF_API int ipcref_peer_pid(ipcref_peer *p) {
@@ -6824,27 +6887,12 @@ IPCREF_API int ipcref_peer_alive(ipcref_peer *p) {
            (pfd.revents & (POLLHUP | POLLRDHUP | POLLERR)) != 0);
 }
 
-/* The poll fd's batch flag (an eventfd): set while views of a received
- * batch wait in the peer, cleared when the last is handed out, so that an
- * event loop is woken for each of them (the socket has nothing more to
- * say). No-op before ipcref_peer_poll_fd made it. */
-IPCREF__PRIVATE void ipcref__batch_signal(ipcref_peer *p) {
-  uint64_t v = 1;
-  ssize_t n;
-  if (p->batch_fd < 0) return;
-  if (p->pending_pos < p->npending)
-    n = write(p->batch_fd, &v, sizeof v); /* EAGAIN: set already */
-  else
-    n = read(p->batch_fd, &v, sizeof v); /* EAGAIN: clear already */
-  (void)n;
-}
-
 IPCREF_API ipcref_result ipcref_peer_stats(ipcref_peer *p,
                                            ipcref_peer_info *out) {
   ipcref_ctx *ctx;
   ipcref__ledger *l;
   uint32_t s;
-  if (!p || !out) return IPCREF_EINVAL;
+  if (!p || !out) return ipcref__invalid(__func__, "p or out is NULL");
   if (!IPCREF__PEER_USABLE(p, "ipcref_peer_stats")) return IPCREF_EDEAD;
   memset(out, 0, sizeof *out);
   out->alive = ipcref_peer_alive(p);
@@ -6869,6 +6917,66 @@ IPCREF_API ipcref_result ipcref_peer_stats(ipcref_peer *p,
   }
   IPCREF__UNLOCK(ctx);
   return IPCREF_OK;
+}
+
+IPCREF_API void ipcref_peer_free(ipcref_peer *p) {
+  ipcref_ctx *ctx;
+  ipcref__ledger *l;
+  if (!p || !IPCREF__PEER_USABLE(p, "ipcref_peer_free")) return;
+  ctx = p->ctx;
+  /* Read what the other side sent and nobody will: the leases in it go
+   * back at once, and closing a socket with unread data would reset the
+   * connection, so the other side would lose what we sent it. */
+  for (;;) {
+    ipcref_view v;
+    if (ipcref_recv(p, &v, 0) != IPCREF_OK) break;
+    ipcref_view_release(&v);
+  }
+  IPCREF__LOCK(ctx);
+  IPCREF__LIST_REMOVE(ctx->peers, p, next, prev);
+  /* Its ledgers stay until every lease in them comes back, or their
+   * holder dies (they watch it on their own). */
+  for (l = ctx->ledgers; l; l = l->next)
+    if (l->peer == p) l->peer = NULL;
+  ctx->st.peers--;
+  if (p->room_wait) ipcref__room_update(ctx); /* it waits no more */
+  if (ipcref__retire_origin(ctx, p)) ipcref__maps_trim(ctx, 0);
+  ipcref__watch_put(ctx, p->watch);
+  ipcref__sweep(ctx);
+  (void)ipcref__pump(ctx, 0);
+  close(p->fd);
+  ipcref__stream_next(p, 1); /* a record cut short: its fds */
+  IPCREF_FREE(p->in);
+  IPCREF_FREE(p->out);
+  if (p->poll_fd >= 0) close(p->poll_fd);
+  if (p->batch_fd >= 0) close(p->batch_fd);
+  IPCREF_FREE(p->sent);
+  IPCREF_FREE(p->retired);
+  ipcref__peer_bury(ctx, p);
+  IPCREF__UNLOCK(ctx);
+}
+
+#endif /* IPCREF__SHARING_IMPL */
+
+/* ---- share_loop: implementation (src/share_loop.h) ---------------------- */
+
+#ifdef IPCREF__SHARING_IMPL
+
+/* ---- the peer's poll fd ------------------------------------------------- */
+
+/* The poll fd's batch flag (an eventfd): set while views of a received
+ * batch wait in the peer, cleared when the last is handed out, so that an
+ * event loop is woken for each of them (the socket has nothing more to
+ * say). No-op before ipcref_peer_poll_fd made it. */
+IPCREF__PRIVATE void ipcref__batch_signal(ipcref_peer *p) {
+  uint64_t v = 1;
+  ssize_t n;
+  if (p->batch_fd < 0) return;
+  if (p->pending_pos < p->npending)
+    n = write(p->batch_fd, &v, sizeof v); /* EAGAIN: set already */
+  else
+    n = read(p->batch_fd, &v, sizeof v); /* EAGAIN: clear already */
+  (void)n;
 }
 
 /* The poll fd also wakes for room in the socket while the peer wants it. */
@@ -6917,41 +7025,140 @@ IPCREF_API int ipcref_peer_poll_fd(ipcref_peer *p) {
   return ep;
 }
 
-IPCREF_API void ipcref_peer_free(ipcref_peer *p) {
-  ipcref_ctx *ctx;
-  ipcref__ledger *l;
-  if (!p || !IPCREF__PEER_USABLE(p, "ipcref_peer_free")) return;
-  ctx = p->ctx;
-  /* Read what the other side sent and nobody will: the leases in it go
-   * back at once, and closing a socket with unread data would reset the
-   * connection, so the other side would lose what we sent it. */
-  for (;;) {
-    ipcref_view v;
-    if (ipcref_recv(p, &v, 0) != IPCREF_OK) break;
-    ipcref_view_release(&v);
+IPCREF_API int ipcref_peer_wants(ipcref_peer *p) {
+  if (!p || !IPCREF__PEER_USABLE(p, "ipcref_peer_wants")) return 0;
+  return p->wants;
+}
+
+/* ---- room under a cap ---------------------------------------------------- */
+
+/* Waits for the bell until `end` (set from `ms` on first use; -1 ms:
+ * forever), at most IPCREF__ROOM_MS at a time: another thread may read a
+ * ring meant for this one. ETIMEDOUT once `end` has passed. */
+IPCREF__PRIVATE ipcref_result ipcref__bell_wait(ipcref_ctx *ctx, int ms,
+                                                struct timespec *end) {
+  struct pollfd pfd;
+  int left;
+  if (!end->tv_sec && !end->tv_nsec) {
+    clock_gettime(CLOCK_MONOTONIC, end);
+    end->tv_sec += ms / 1000;
+    end->tv_nsec += (long)(ms % 1000) * 1000000;
+    if (end->tv_nsec >= 1000000000) end->tv_sec++, end->tv_nsec -= 1000000000;
   }
-  IPCREF__LOCK(ctx);
-  IPCREF__LIST_REMOVE(ctx->peers, p, next, prev);
-  /* Its ledgers stay until every lease in them comes back, or their
-   * holder dies (they watch it on their own). */
-  for (l = ctx->ledgers; l; l = l->next)
-    if (l->peer == p) l->peer = NULL;
-  ctx->st.peers--;
-  if (p->room_wait) ipcref__room_update(ctx); /* it waits no more */
-  if (ipcref__retire_origin(ctx, p)) ipcref__maps_trim(ctx, 0);
-  ipcref__watch_put(ctx, p->watch);
-  ipcref__sweep(ctx);
-  (void)ipcref__pump(ctx, 0);
-  close(p->fd);
-  ipcref__stream_next(p, 1); /* a record cut short: its fds */
-  IPCREF_FREE(p->in);
-  IPCREF_FREE(p->out);
-  if (p->poll_fd >= 0) close(p->poll_fd);
-  if (p->batch_fd >= 0) close(p->batch_fd);
-  IPCREF_FREE(p->sent);
-  IPCREF_FREE(p->retired);
-  ipcref__peer_bury(ctx, p);
-  IPCREF__UNLOCK(ctx);
+  left = ipcref__ms_left(ms, end);
+  if (left == 0) return IPCREF_ETIMEDOUT;
+  pfd.fd = ctx->bell_rx;
+  pfd.events = POLLIN;
+  pfd.revents = 0;
+  if (poll(&pfd, 1,
+           left < 0 || left > IPCREF__ROOM_MS ? IPCREF__ROOM_MS : left) < 0 &&
+      errno != EINTR)
+    return IPCREF_ESYS;
+  ipcref__bell_drain(ctx);
+  return IPCREF_OK;
+}
+
+IPCREF_API int ipcref_ctx_room_fd(ipcref_ctx *ctx) {
+  return ctx && IPCREF__CTX_USABLE(ctx) ? ctx->bell_rx : -1;
+}
+
+IPCREF_API ipcref_result ipcref_shared_new_wait(ipcref_ctx *ctx, size_t size,
+                                                int timeout_ms,
+                                                ipcref_buf **out) {
+  struct timespec end = {0, 0};
+  ipcref_result r;
+  if (!ctx || !out) return ipcref__invalid(__func__, "ctx or out is NULL");
+  if (!IPCREF__CTX_USABLE(ctx)) return IPCREF_EDEAD;
+  if (timeout_ms < -1) return ipcref__invalid(__func__, "timeout_ms below -1");
+  for (;;) {
+    r = ipcref_shared_new(ctx, size, out);
+    if (r != IPCREF_ENOMEM || !ctx->opt.max_bytes || size > ctx->opt.max_bytes)
+      return r;
+    r = ipcref__bell_wait(ctx, timeout_ms, &end);
+    if (r != IPCREF_OK) return r;
+  }
+}
+
+/* The bytes a message of these views adds to what its peer holds: the
+ * blocks made here (a forwarded view is held in its origin's ledger). */
+IPCREF__PRIVATE size_t ipcref__views_bytes(const ipcref_view *views, int n) {
+  size_t sum = 0;
+  int i;
+  for (i = 0; i < n; i++) {
+    ipcref__block *b = ipcref__local_block(views[i].buf);
+    if (b) sum += b->size;
+  }
+  return sum;
+}
+
+/* 1 when `add` more bytes fit under the peer's max_bytes_held (a message
+ * larger than the cap goes when the peer holds nothing). */
+IPCREF__PRIVATE int ipcref__room_fits(const ipcref_peer *p, size_t add) {
+  size_t cap = p->opt.max_bytes_held;
+  return !cap || p->held_bytes == 0 ||
+         (p->held_bytes <= cap && add <= cap - p->held_bytes);
+}
+
+/* Sets or clears the peer's wait for room (under the lock), and with it
+ * the room fd in its poll fd and the ledgers' arming. */
+IPCREF__PRIVATE void ipcref__room_wait(ipcref_peer *p, int on) {
+  if (p->room_wait == on) return;
+  p->room_wait = on;
+  if (p->poll_fd >= 0 && p->ctx->bell_rx >= 0) {
+    if (on)
+      (void)ipcref__epoll_add(p->poll_fd, p->ctx->bell_rx, 0);
+    else
+      (void)epoll_ctl(p->poll_fd, EPOLL_CTL_DEL, p->ctx->bell_rx, NULL);
+  }
+  ipcref__room_update(p->ctx);
+}
+
+/* Before a send of `views` takes leases: room under the peer's
+ * max_bytes_held, after a sweep; else, armed, one more sweep (a return
+ * before the arming rang no bell). Non-blocking sockets say EAGAIN
+ * (IPCREF_WANTS_ROOM); blocking ones wait on the bell, up to
+ * opt.send_timeout_ms (ETIMEDOUT). */
+IPCREF__PRIVATE ipcref_result ipcref__room_take(ipcref_peer *p,
+                                                const ipcref_view *views,
+                                                int n) {
+  ipcref_ctx *ctx = p->ctx;
+  struct timespec end = {0, 0};
+  size_t add;
+  int fits;
+  if (!p->opt.max_bytes_held) {
+    if (p->room_wait) { /* the cap was lifted (ipcref_peer_set_options) */
+      IPCREF__LOCK(ctx);
+      ipcref__room_wait(p, 0);
+      IPCREF__UNLOCK(ctx);
+    }
+    return IPCREF_OK;
+  }
+  add = ipcref__views_bytes(views, n);
+  for (;;) {
+    if (p->room_wait) ipcref__bell_drain(ctx);
+    IPCREF__LOCK(ctx);
+    if (!(fits = ipcref__room_fits(p, add))) ipcref__sweep(ctx);
+    if (!(fits = fits || ipcref__room_fits(p, add)) && !p->room_wait) {
+      ipcref__room_wait(p, 1);
+      ipcref__sweep(ctx);
+      fits = ipcref__room_fits(p, add);
+    }
+    if (fits) ipcref__room_wait(p, 0);
+    IPCREF__UNLOCK(ctx);
+    if (fits) return IPCREF_OK;
+    if (ipcref__nonblocking(p->fd)) {
+      ipcref__want(p, IPCREF_WANTS_ROOM);
+      return IPCREF_EAGAIN;
+    }
+    if (ipcref__bell_wait(ctx,
+                          p->opt.send_timeout_ms ? p->opt.send_timeout_ms : -1,
+                          &end) != IPCREF_OK) {
+      IPCREF__LOCK(ctx);
+      ipcref__room_wait(p, 0); /* nobody waits now */
+      IPCREF__UNLOCK(ctx);
+      return IPCREF_ETIMEDOUT;
+    }
+  }
 }
 
 #endif /* IPCREF__SHARING_IMPL */
@@ -7319,20 +7526,32 @@ ipcref__sent_forget_recs(ipcref_peer *p, const ipcref__fd_rec *fdr, int n) {
         ipcref__sent_key(fdr[i].id, fdr[i].kind == IPCREF__KIND_LEDGER));
 }
 
-/* EDEAD, reported naming `fn`, when a view's buffer is a shared buffer
+/* Checks the views a public call `fn` was given for peer `p`: EINVAL,
+ * named, for one that is not valid, not of a shared buffer, or of a
+ * buffer made by another context; EDEAD, reported, for a shared buffer
  * made here that was already released (its header is its context's, so
- * this check is safe in every build: see ipcref__hdr_get); else OK. */
-IPCREF__PRIVATE ipcref_result ipcref__views_live(const ipcref_view *views,
-                                                 int n, const char *fn) {
+ * this check is safe in every build: see ipcref__hdr_get). */
+IPCREF__PRIVATE ipcref_result ipcref__views_check(const ipcref_peer *p,
+                                                  const ipcref_view *views,
+                                                  int n, const char *fn) {
   int i;
   for (i = 0; i < n; i++) {
     const ipcref_buf *b = views[i].buf;
+    const ipcref__block *local;
     if (b && b->release == ipcref__block_release &&
         __atomic_load_n(&b->strong, __ATOMIC_ACQUIRE) == 0) {
       ipcref__report_in(IPCREF_EDEAD, fn,
                         "a view of a shared buffer already released");
       return IPCREF_EDEAD;
     }
+    if (!ipcref__view_valid(&views[i]))
+      return ipcref__invalid(fn, "a view that is not valid");
+    if (!ipcref_buf_is_shared(b))
+      return ipcref__invalid(fn, "a view of a buffer not shared (make it "
+                                 "with ipcref_shared_new)");
+    local = ipcref__local_block(b);
+    if (local && local->seg->ctx != p->ctx)
+      return ipcref__invalid(fn, "a view of a buffer of another context");
   }
   return IPCREF_OK;
 }
@@ -7476,40 +7695,53 @@ IPCREF__PRIVATE int ipcref__bell_ok(int fd) {
          type == SOCK_DGRAM;
 }
 
-/* Checks a received fd against its record and maps it. The fd must be a
- * memfd sealed against shrinking and growing (so the mapping can never
- * SIGBUS), of exactly the announced size, opened with the access the
- * mapping needs. A ledger's header must agree with the record, and its
- * bell (the fd after it) be one (see ipcref__bell_ok). */
-IPCREF__PRIVATE ipcref_result ipcref__map_fd(int fd, int bell,
-                                             const ipcref__fd_rec *r,
-                                             ipcref__map **out) {
+/* What is wrong with a received fd for record `r` (NULL: nothing), and
+ * the protection to map it with. It must be a memfd sealed against
+ * shrinking and growing (so the mapping can never SIGBUS), of exactly the
+ * announced size, opened with the access the mapping needs; a ledger's
+ * bell (the fd after it) must be one (see ipcref__bell_ok). */
+IPCREF__PRIVATE const char *ipcref__fd_why(int fd, int bell,
+                                           const ipcref__fd_rec *r, int *prot) {
   struct stat st;
-  int seals, fl, prot;
-  ipcref__map *m;
-  unsigned char *base;
-  if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode) ||
-      (uint64_t)st.st_size != r->size || r->size == 0 ||
+  int seals, fl;
+  if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode))
+    return "a segment or ledger fd that is not a memfd";
+  if ((uint64_t)st.st_size != r->size || r->size == 0 ||
       r->size > (uint64_t)PTRDIFF_MAX)
-    return IPCREF_EPROTO;
+    return "a segment or ledger fd not of the size its record says";
   seals = fcntl(fd, F_GET_SEALS);
   if (seals < 0 ||
       (seals & (F_SEAL_SHRINK | F_SEAL_GROW)) != (F_SEAL_SHRINK | F_SEAL_GROW))
-    return IPCREF_EPROTO;
+    return "a segment or ledger fd not sealed against shrinking and growing";
   fl = fcntl(fd, F_GETFL);
-  if (fl < 0) return IPCREF_EPROTO;
-  if (r->kind == IPCREF__KIND_LEDGER &&
-      (r->size < IPCREF__LEDGER_HDR || !ipcref__bell_ok(bell)))
-    return IPCREF_EPROTO;
+  if (fl < 0) return "an fd whose access mode cannot be read";
+  if (r->kind == IPCREF__KIND_LEDGER && r->size < IPCREF__LEDGER_HDR)
+    return "a ledger smaller than its header";
+  if (r->kind == IPCREF__KIND_LEDGER && !ipcref__bell_ok(bell))
+    return "a ledger's bell that is not a datagram socket";
+  *prot = PROT_READ;
   if (r->kind == IPCREF__KIND_LEDGER || r->writable) { /* mapped writable */
     if ((fl & O_ACCMODE) != O_RDWR ||
         (seals & (F_SEAL_WRITE | F_SEAL_FUTURE_WRITE)) != 0)
-      return IPCREF_EPROTO;
-    prot = PROT_READ | PROT_WRITE;
-  } else { /* mapped read-only: the fd must be readable */
-    if ((fl & O_ACCMODE) == O_WRONLY) return IPCREF_EPROTO;
-    prot = PROT_READ;
+      return "a ledger or writable segment fd not open read-write, or "
+             "sealed against writes";
+    *prot = PROT_READ | PROT_WRITE;
+  } else if ((fl & O_ACCMODE) == O_WRONLY) {
+    return "a segment fd opened write-only";
   }
+  return NULL;
+}
+
+/* Checks a received fd against its record and maps it (*why says what
+ * was wrong on EPROTO). A ledger's header must agree with the record. */
+IPCREF__PRIVATE ipcref_result ipcref__map_fd(int fd, int bell,
+                                             const ipcref__fd_rec *r,
+                                             ipcref__map **out,
+                                             const char **why) {
+  int prot = PROT_READ;
+  ipcref__map *m;
+  unsigned char *base;
+  if ((*why = ipcref__fd_why(fd, bell, r, &prot)) != NULL) return IPCREF_EPROTO;
   base = (unsigned char *)mmap(NULL, (size_t)r->size, prot, MAP_SHARED, fd, 0);
   if (base == (unsigned char *)MAP_FAILED) return IPCREF_ESYS;
   m = (ipcref__map *)ipcref__zalloc(sizeof *m);
@@ -7535,6 +7767,7 @@ IPCREF__PRIVATE ipcref_result ipcref__map_fd(int fd, int bell,
         h->origin_nonce != r->origin_nonce || h->ledger_id != r->id) {
       munmap(base, (size_t)r->size);
       IPCREF_FREE(m);
+      *why = "a ledger whose header disagrees with its record";
       return IPCREF_EPROTO;
     }
     m->nslots = n;
@@ -7556,12 +7789,14 @@ IPCREF__PRIVATE ipcref_result ipcref__map_fd(int fd, int bell,
  * back, and the peer, which counts the segment as sent, stays usable. */
 IPCREF__PRIVATE ipcref_result ipcref__map_device(ipcref_ctx *ctx,
                                                  const ipcref__fd_rec *r,
-                                                 ipcref__map **out) {
+                                                 ipcref__map **out,
+                                                 const char **why) {
   ipcref_backend *be = ipcref__backend_of(ctx, r->dev_type);
   ipcref__map *m;
   uint64_t addr, base;
   size_t size;
   ipcref_result res;
+  *why = "a device segment of size 0 or too large";
   if (r->size == 0 || r->size > (uint64_t)PTRDIFF_MAX) return IPCREF_EPROTO;
   m = (ipcref__map *)ipcref__zalloc(sizeof *m);
   if (!m) return IPCREF_ENOMEM;
@@ -7578,6 +7813,7 @@ IPCREF__PRIVATE ipcref_result ipcref__map_device(ipcref_ctx *ctx,
       base != addr || (uint64_t)size < r->size) {
     be->seg_close(be, r->dev_id, addr);
     IPCREF_FREE(m);
+    *why = "a device handle whose allocation is not the one announced";
     return IPCREF_EPROTO;
   }
 fill:
@@ -7639,6 +7875,7 @@ typedef struct ipcref__msg_maps {
   ipcref__map *fresh[IPCREF_MSG_MAX_FDS];
   int nfresh;
   ipcref__map *seg[IPCREF_MSG_MAX_VIEWS], *ledger[IPCREF_MSG_MAX_VIEWS];
+  const char *why; /* what a refusal (EPROTO) found wrong */
 } ipcref__msg_maps;
 
 /* A mapping this message brings, or NULL; as ipcref__map_find, a segment
@@ -7685,11 +7922,11 @@ IPCREF__PRIVATE ipcref_result ipcref__import_map(ipcref_ctx *ctx,
         ipcref__fresh_find(mm, kind, f->origin_nonce, f->id))
       continue;
     if (f->kind == IPCREF__KIND_DEVICE) {
-      r = ipcref__map_device(ctx, f, &mm->fresh[mm->nfresh]);
+      r = ipcref__map_device(ctx, f, &mm->fresh[mm->nfresh], &mm->why);
     } else {
       int at = m->fd_index[i], led = f->kind == IPCREF__KIND_LEDGER;
       r = ipcref__map_fd(fds[at], led ? fds[at + 1] : -1, f,
-                         &mm->fresh[mm->nfresh]);
+                         &mm->fresh[mm->nfresh], &mm->why);
       if (r == IPCREF_OK) fds[at] = -1;
       if (r == IPCREF_OK && led) fds[at + 1] = -1; /* the bell: the map's */
     }
@@ -7700,15 +7937,16 @@ IPCREF__PRIVATE ipcref_result ipcref__import_map(ipcref_ctx *ctx,
   return IPCREF_OK;
 }
 
-/* Import, step 3: 1 when view record `i` may be taken. Its segment and
- * ledger are mapped and agree with it; its lease is live at exactly its
- * generation (a replay of an older message finds the slot freed or
- * reused) and was not imported already, by an earlier message or an
- * earlier record of this one (one export, one import); every element it
- * reaches lies inside its block. */
-IPCREF__PRIVATE int ipcref__import_rec_ok(ipcref_ctx *ctx,
-                                          const ipcref__msg_in *m,
-                                          ipcref__msg_maps *mm, int i) {
+/* Import, step 3: what forbids taking view record `i` (NULL: nothing).
+ * Its segment and ledger are mapped and agree with it; its lease is live
+ * at exactly its generation (a replay of an older message finds the slot
+ * freed or reused) and was not imported already, by an earlier message or
+ * an earlier record of this one (one export, one import); every element
+ * it reaches lies inside its block. */
+IPCREF__PRIVATE const char *ipcref__import_rec_why(ipcref_ctx *ctx,
+                                                   const ipcref__msg_in *m,
+                                                   ipcref__msg_maps *mm,
+                                                   int i) {
   const ipcref__view_rec *v = &m->views[i];
   ipcref__map *seg, *led;
   uint64_t word, end;
@@ -7724,23 +7962,31 @@ IPCREF__PRIVATE int ipcref__import_rec_ok(ipcref_ctx *ctx,
                              v->ledger_id);
   mm->seg[i] = seg;
   mm->ledger[i] = led;
-  if (!seg || !led || seg->retired || seg->size != v->seg_size ||
-      v->block_size == 0 ||
+  if (!seg || !led) return "a view of a segment or ledger never sent";
+  if (seg->retired) return "a view of a segment its producer retired";
+  if (seg->size != v->seg_size || v->block_size == 0 ||
       __builtin_add_overflow(v->block_offset, v->block_size, &end) ||
-      end > seg->size || v->slot >= led->nslots ||
-      (v->writable && !seg->writable) ||
-      (v->has_event && seg->kind != IPCREF__KIND_DEVICE))
-    return 0;
+      end > seg->size)
+    return "a block outside its segment";
+  if (v->slot >= led->nslots) return "a lease slot outside its ledger";
+  if (v->writable && !seg->writable)
+    return "a writable view of a read-only segment";
+  if (v->has_event && seg->kind != IPCREF__KIND_DEVICE)
+    return "an event with a view of host memory";
   word = __atomic_load_n(&ipcref__ledger_slots(led->base)[2 * (size_t)v->slot],
                          __ATOMIC_ACQUIRE);
-  if (word != (((uint64_t)v->gen << 2) | IPCREF__SLOT_LIVE) ||
-      led->imported[v->slot] == v->gen + 1u)
-    return 0;
+  if (word != (((uint64_t)v->gen << 2) | IPCREF__SLOT_LIVE))
+    return "a lease not live at its generation (never given, or replayed)";
+  if (led->imported[v->slot] == v->gen + 1u) return "a lease imported twice";
   for (k = 0; k < i; k++)
-    if (mm->ledger[k] == led && m->views[k].slot == v->slot) return 0;
-  if (seg->kind == IPCREF__KIND_DEVICE && !seg->be) return 1; /* ENODEV */
-  return ipcref__view_fits(&v->view, v->block_size) &&
-         v->view.byte_offset % (int64_t)ipcref__dtype_sizes[v->view.dtype] == 0;
+    if (mm->ledger[k] == led && m->views[k].slot == v->slot)
+      return "the same lease twice in one message";
+  if (seg->kind == IPCREF__KIND_DEVICE && !seg->be) return NULL; /* ENODEV */
+  if (!ipcref__view_fits(&v->view, v->block_size))
+    return "a view reaching outside its block";
+  if (v->view.byte_offset % (int64_t)ipcref__dtype_sizes[v->view.dtype] != 0)
+    return "a byte offset not a multiple of its element size";
+  return NULL;
 }
 
 /* Import, step 4: what is needed before anything is taken. Device memory
@@ -7832,6 +8078,22 @@ IPCREF__PRIVATE ipcref_result ipcref__import_commit(
   return IPCREF_OK;
 }
 
+/* A message refused (EPROTO): counted, and named to the context's hook as
+ * "message refused: why". */
+IPCREF__PRIVATE void ipcref__refused(ipcref_ctx *ctx, const char *why) {
+  static const char head[] = "message refused: ";
+  char m[192];
+  size_t n;
+  if (!why) why = "malformed";
+  n = strlen(why);
+  __atomic_fetch_add(&ctx->refused, 1, __ATOMIC_RELAXED);
+  if (n > sizeof m - sizeof head) n = sizeof m - sizeof head;
+  memcpy(m, head, sizeof head - 1);
+  memcpy(m + sizeof head - 1, why, n);
+  m[sizeof head - 1 + n] = '\0';
+  ipcref__ctx_report(ctx, IPCREF_EPROTO, m);
+}
+
 /* Imports a received message with its fds (takes the fds: each is closed
  * or kept by a mapping). `views` gets one view per record. Decoded first
  * (no side effect), then under the lock: retire, map, check every record,
@@ -7847,27 +8109,32 @@ IPCREF__PRIVATE ipcref_result ipcref__import_bytes(
   int i, k;
   *nviews = 0;
   mm.nfresh = 0;
-  if (ipcref__msg_decode(bytes, len, &m) && m.nfds == nfds) {
-    IPCREF__LOCK(ctx);
-    (void)ipcref__pump(ctx, 0);
-    ipcref__import_retire(ctx, &m);
-    r = ipcref__import_map(ctx, &m, fds, &mm);
-    for (i = 0; r == IPCREF_OK && i < m.head.nviews; i++)
-      if (!ipcref__import_rec_ok(ctx, &m, &mm, i)) r = IPCREF_EPROTO;
-    if (r == IPCREF_OK) r = ipcref__import_ready(ctx, &m, &mm, stream);
-    if (r == IPCREF_OK)
-      r = ipcref__import_commit(ctx, &m, &mm, stream, views, nviews);
-    for (k = 0; k < mm.nfresh; k++) ipcref__map_drop(mm.fresh[k]); /* undo */
-    IPCREF__UNLOCK(ctx);
-    if (r != IPCREF_OK) { /* ENOMEM partway */
-      for (i = 0; i < *nviews; i++) ipcref_view_release(&views[i]);
-      *nviews = 0;
-    }
+  mm.why = "the fds that came are not those its records call for";
+  if (!ipcref__msg_decode(bytes, len, &m)) {
+    mm.why = m.why;
+    goto done;
   }
+  if (m.nfds != nfds) goto done;
+  IPCREF__LOCK(ctx);
+  (void)ipcref__pump(ctx, 0);
+  ipcref__import_retire(ctx, &m);
+  r = ipcref__import_map(ctx, &m, fds, &mm);
+  for (i = 0; r == IPCREF_OK && i < m.head.nviews; i++)
+    if ((mm.why = ipcref__import_rec_why(ctx, &m, &mm, i)) != NULL)
+      r = IPCREF_EPROTO;
+  if (r == IPCREF_OK) r = ipcref__import_ready(ctx, &m, &mm, stream);
+  if (r == IPCREF_OK)
+    r = ipcref__import_commit(ctx, &m, &mm, stream, views, nviews);
+  for (k = 0; k < mm.nfresh; k++) ipcref__map_drop(mm.fresh[k]); /* undo */
+  IPCREF__UNLOCK(ctx);
+  if (r != IPCREF_OK) { /* ENOMEM partway */
+    for (i = 0; i < *nviews; i++) ipcref_view_release(&views[i]);
+    *nviews = 0;
+  }
+done:
   for (i = 0; i < nfds; i++)
     if (fds[i] >= 0) close(fds[i]);
-  if (r == IPCREF_EPROTO)
-    __atomic_fetch_add(&ctx->refused, 1, __ATOMIC_RELAXED);
+  if (r == IPCREF_EPROTO) ipcref__refused(ctx, mm.why);
   return r;
 }
 
@@ -7908,9 +8175,11 @@ IPCREF_API ipcref_result ipcref_import(ipcref_peer *p, ipcref_msg *msg,
   ipcref_view views[IPCREF_MSG_MAX_VIEWS];
   ipcref_result r;
   int n = 0, i;
-  if (!p || !msg || !out || msg->nfds < 0 || msg->nfds > IPCREF_MSG_MAX_FDS ||
+  if (!p || !msg || !out)
+    return ipcref__invalid(__func__, "p, msg or out is NULL");
+  if (msg->nfds < 0 || msg->nfds > IPCREF_MSG_MAX_FDS ||
       msg->len > sizeof msg->bytes)
-    return IPCREF_EINVAL;
+    return ipcref__invalid(__func__, "msg->nfds or msg->len out of range");
   r = IPCREF__PEER_USABLE(p, "ipcref_import") ? ipcref__hello_need(p)
                                               : IPCREF_EDEAD;
   if (r == IPCREF_OK)
@@ -7925,145 +8194,6 @@ IPCREF_API ipcref_result ipcref_import(ipcref_peer *p, ipcref_msg *msg,
   for (i = 1; i < n; i++) ipcref_view_release(&views[i]); /* one per msg */
   *out = views[0];
   return IPCREF_OK;
-}
-
-#endif /* IPCREF__SHARING_IMPL */
-
-/* ---- share_room: implementation (src/share_room.h) ---------------------- */
-
-#ifdef IPCREF__SHARING_IMPL
-
-/* Waits for the bell until `end` (set from `ms` on first use; -1 ms:
- * forever), at most IPCREF__ROOM_MS at a time: another thread may read a
- * ring meant for this one. ETIMEDOUT once `end` has passed. */
-IPCREF__PRIVATE ipcref_result ipcref__bell_wait(ipcref_ctx *ctx, int ms,
-                                                struct timespec *end) {
-  struct pollfd pfd;
-  int left;
-  if (!end->tv_sec && !end->tv_nsec) {
-    clock_gettime(CLOCK_MONOTONIC, end);
-    end->tv_sec += ms / 1000;
-    end->tv_nsec += (long)(ms % 1000) * 1000000;
-    if (end->tv_nsec >= 1000000000) end->tv_sec++, end->tv_nsec -= 1000000000;
-  }
-  left = ipcref__ms_left(ms, end);
-  if (left == 0) return IPCREF_ETIMEDOUT;
-  pfd.fd = ctx->bell_rx;
-  pfd.events = POLLIN;
-  pfd.revents = 0;
-  if (poll(&pfd, 1,
-           left < 0 || left > IPCREF__ROOM_MS ? IPCREF__ROOM_MS : left) < 0 &&
-      errno != EINTR)
-    return IPCREF_ESYS;
-  ipcref__bell_drain(ctx);
-  return IPCREF_OK;
-}
-
-IPCREF_API int ipcref_ctx_room_fd(ipcref_ctx *ctx) {
-  return ctx && IPCREF__CTX_USABLE(ctx) ? ctx->bell_rx : -1;
-}
-
-IPCREF_API ipcref_result ipcref_shared_new_wait(ipcref_ctx *ctx, size_t size,
-                                                int timeout_ms,
-                                                ipcref_buf **out) {
-  struct timespec end = {0, 0};
-  ipcref_result r;
-  if (!ctx || !out) return IPCREF_EINVAL;
-  if (!IPCREF__CTX_USABLE(ctx)) return IPCREF_EDEAD;
-  if (timeout_ms < -1) {
-    ipcref__report_in(IPCREF_EINVAL, "ipcref_shared_new_wait",
-                      "timeout_ms below -1");
-    return IPCREF_EINVAL;
-  }
-  for (;;) {
-    r = ipcref_shared_new(ctx, size, out);
-    if (r != IPCREF_ENOMEM || !ctx->opt.max_bytes || size > ctx->opt.max_bytes)
-      return r;
-    r = ipcref__bell_wait(ctx, timeout_ms, &end);
-    if (r != IPCREF_OK) return r;
-  }
-}
-
-/* The bytes a message of these views adds to what its peer holds: the
- * blocks made here (a forwarded view is held in its origin's ledger). */
-IPCREF__PRIVATE size_t ipcref__views_bytes(const ipcref_view *views, int n) {
-  size_t sum = 0;
-  int i;
-  for (i = 0; i < n; i++) {
-    ipcref__block *b = ipcref__local_block(views[i].buf);
-    if (b) sum += b->size;
-  }
-  return sum;
-}
-
-/* 1 when `add` more bytes fit under the peer's max_bytes_held (a message
- * larger than the cap goes when the peer holds nothing). */
-IPCREF__PRIVATE int ipcref__room_fits(const ipcref_peer *p, size_t add) {
-  size_t cap = p->opt.max_bytes_held;
-  return !cap || p->held_bytes == 0 ||
-         (p->held_bytes <= cap && add <= cap - p->held_bytes);
-}
-
-/* Sets or clears the peer's wait for room (under the lock), and with it
- * the room fd in its poll fd and the ledgers' arming. */
-IPCREF__PRIVATE void ipcref__room_wait(ipcref_peer *p, int on) {
-  if (p->room_wait == on) return;
-  p->room_wait = on;
-  if (p->poll_fd >= 0 && p->ctx->bell_rx >= 0) {
-    if (on)
-      (void)ipcref__epoll_add(p->poll_fd, p->ctx->bell_rx, 0);
-    else
-      (void)epoll_ctl(p->poll_fd, EPOLL_CTL_DEL, p->ctx->bell_rx, NULL);
-  }
-  ipcref__room_update(p->ctx);
-}
-
-/* Before a send of `views` takes leases: room under the peer's
- * max_bytes_held, after a sweep; else, armed, one more sweep (a return
- * before the arming rang no bell). Non-blocking sockets say EAGAIN
- * (IPCREF_WANTS_ROOM); blocking ones wait on the bell, up to
- * opt.send_timeout_ms (ETIMEDOUT). */
-IPCREF__PRIVATE ipcref_result ipcref__room_take(ipcref_peer *p,
-                                                const ipcref_view *views,
-                                                int n) {
-  ipcref_ctx *ctx = p->ctx;
-  struct timespec end = {0, 0};
-  size_t add;
-  int fits;
-  if (!p->opt.max_bytes_held) {
-    if (p->room_wait) { /* the cap was lifted (ipcref_peer_set_options) */
-      IPCREF__LOCK(ctx);
-      ipcref__room_wait(p, 0);
-      IPCREF__UNLOCK(ctx);
-    }
-    return IPCREF_OK;
-  }
-  add = ipcref__views_bytes(views, n);
-  for (;;) {
-    if (p->room_wait) ipcref__bell_drain(ctx);
-    IPCREF__LOCK(ctx);
-    if (!(fits = ipcref__room_fits(p, add))) ipcref__sweep(ctx);
-    if (!(fits = fits || ipcref__room_fits(p, add)) && !p->room_wait) {
-      ipcref__room_wait(p, 1);
-      ipcref__sweep(ctx);
-      fits = ipcref__room_fits(p, add);
-    }
-    if (fits) ipcref__room_wait(p, 0);
-    IPCREF__UNLOCK(ctx);
-    if (fits) return IPCREF_OK;
-    if (ipcref__nonblocking(p->fd)) {
-      ipcref__want(p, IPCREF_WANTS_ROOM);
-      return IPCREF_EAGAIN;
-    }
-    if (ipcref__bell_wait(ctx,
-                          p->opt.send_timeout_ms ? p->opt.send_timeout_ms : -1,
-                          &end) != IPCREF_OK) {
-      IPCREF__LOCK(ctx);
-      ipcref__room_wait(p, 0); /* nobody waits now */
-      IPCREF__UNLOCK(ctx);
-      return IPCREF_ETIMEDOUT;
-    }
-  }
 }
 
 #endif /* IPCREF__SHARING_IMPL */
@@ -8089,9 +8219,9 @@ IPCREF__PRIVATE ipcref_result ipcref__export_one(ipcref_peer *p,
                                                  const char *fn) {
   ipcref__view_event ev[1];
   ipcref_result r;
-  if (!p || !v || !msg) return IPCREF_EINVAL;
+  if (!p || !v || !msg) return ipcref__invalid(fn, "p, v or msg is NULL");
   if (!IPCREF__PEER_USABLE(p, fn)) return IPCREF_EDEAD;
-  r = ipcref__views_live(v, 1, fn);
+  r = ipcref__views_check(p, v, 1, fn);
   if (r != IPCREF_OK) return r;
   msg->len = 0;
   msg->nfds = 0;
@@ -8321,9 +8451,11 @@ IPCREF__PRIVATE ipcref_result ipcref__send_views(ipcref_peer *p,
   ipcref__view_event ev[IPCREF_MSG_MAX_VIEWS];
   ipcref_msg msg;
   ipcref_result r;
-  if (!p || !views || n < 1 || n > IPCREF_MSG_MAX_VIEWS) return IPCREF_EINVAL;
+  if (!p || !views) return ipcref__invalid(fn, "p or views is NULL");
+  if (n < 1 || n > IPCREF_MSG_MAX_VIEWS)
+    return ipcref__invalid(fn, "n not in 1..IPCREF_MSG_MAX_VIEWS");
   if (!IPCREF__PEER_USABLE(p, fn)) return IPCREF_EDEAD;
-  r = ipcref__views_live(views, n, fn);
+  r = ipcref__views_check(p, views, n, fn);
   if (r == IPCREF_OK) r = ipcref__hello_need(p);
   if (r == IPCREF_OK) r = ipcref__room_take(p, views, n);
   if (r == IPCREF_OK) r = ipcref__events_record(views, n, stream, ev);
@@ -8348,14 +8480,9 @@ IPCREF__PRIVATE ipcref_result ipcref__send_views(ipcref_peer *p,
 
 IPCREF_API ipcref_result ipcref_peer_flush(ipcref_peer *p) {
   struct timespec end = {0, 0};
-  if (!p) return IPCREF_EINVAL;
+  if (!p) return ipcref__invalid(__func__, "p is NULL");
   if (!IPCREF__PEER_USABLE(p, "ipcref_peer_flush")) return IPCREF_EDEAD;
   return ipcref__flush_out(p, &end);
-}
-
-IPCREF_API int ipcref_peer_wants(ipcref_peer *p) {
-  if (!p || !IPCREF__PEER_USABLE(p, "ipcref_peer_wants")) return 0;
-  return p->wants;
 }
 
 static const ipcref__meta ipcref__no_meta = {NULL, 0};
@@ -8444,10 +8571,14 @@ IPCREF__PRIVATE ipcref_result ipcref__recv_raw(ipcref_peer *p,
     *len = (size_t)k;
     return IPCREF_OK;
   }
-  if (k <= 0)
+  if (k <= 0) {
     r = k == 0 || errno == ECONNRESET ? IPCREF_EPEER : IPCREF_ESYS;
-  else
+  } else {
     r = IPCREF_EPROTO;
+    ipcref__ctx_report(p->ctx, r,
+                       "message refused: longer than any message, or with "
+                       "more fds (cut: MSG_TRUNC)");
+  }
   for (i = 0; i < *nfds; i++) close(fds[i]);
   *nfds = 0;
   return r;
@@ -8516,7 +8647,7 @@ IPCREF_API ipcref_result ipcref_recv_on(ipcref_peer *p, ipcref_view *out,
                                         int timeout_ms, void *stream) {
   int n = 0;
   ipcref_result r;
-  if (!p || !out) return IPCREF_EINVAL;
+  if (!p || !out) return ipcref__invalid("ipcref_recv", "p or out is NULL");
   if (!IPCREF__PEER_USABLE(p, "ipcref_recv")) return IPCREF_EDEAD;
   if (p->pending_pos < p->npending) { /* the rest of a batch */
     *out = p->pending[p->pending_pos++];
@@ -8557,6 +8688,14 @@ IPCREF__PRIVATE int ipcref__unix_addr(const char *path, struct sockaddr_un *a,
   return 1;
 }
 
+/* Why ipcref__unix_addr refused `path`. */
+IPCREF__PRIVATE const char *ipcref__path_why(const char *path) {
+  return !path ? "path is NULL"
+         : !path[0] || (path[0] == '@' && !path[1])
+             ? "path is empty"
+             : "path too long for an AF_UNIX address (107 bytes at most)";
+}
+
 /* A filesystem socket nobody listens on any more (its listener died): 1
  * when connecting to it is refused, so it may be replaced. */
 IPCREF__PRIVATE int ipcref__socket_stale(const struct sockaddr_un *a,
@@ -8575,7 +8714,9 @@ IPCREF_API ipcref_result ipcref_listen(ipcref_ctx *ctx, const char *path,
   socklen_t len = 0;
   int fd, tries;
   if (!ctx || !listen_fd || !ipcref__unix_addr(path, &a, &len))
-    return IPCREF_EINVAL;
+    return ipcref__invalid(__func__, !ctx || !listen_fd
+                                         ? "ctx or listen_fd is NULL"
+                                         : ipcref__path_why(path));
   if (!IPCREF__CTX_USABLE(ctx)) return IPCREF_EDEAD;
   fd = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0);
   if (fd < 0) return errno == ENOMEM ? IPCREF_ENOMEM : IPCREF_ESYS;
@@ -8605,7 +8746,9 @@ IPCREF_API ipcref_result ipcref_accept(ipcref_ctx *ctx, int listen_fd,
                                        int timeout_ms, ipcref_peer **out) {
   ipcref_result r;
   int fd;
-  if (!ctx || !out || listen_fd < 0) return IPCREF_EINVAL;
+  if (!ctx || !out || listen_fd < 0)
+    return ipcref__invalid(__func__, !ctx || !out ? "ctx or out is NULL"
+                                                  : "listen_fd is negative");
   if (!IPCREF__CTX_USABLE(ctx)) return IPCREF_EDEAD;
   r = timeout_ms < 0 ? IPCREF_OK : ipcref__wait_readable(listen_fd, timeout_ms);
   if (r != IPCREF_OK) return r;
@@ -8617,11 +8760,11 @@ IPCREF_API ipcref_result ipcref_accept(ipcref_ctx *ctx, int listen_fd,
                      (ipcref__nonblocking(listen_fd) ? SOCK_NONBLOCK : 0));
     if (fd >= 0 || errno != EINTR) break;
   }
+  if (fd < 0 && (errno == EBADF || errno == ENOTSOCK || errno == EINVAL))
+    return ipcref__invalid(__func__, "listen_fd is not a listening socket");
   if (fd < 0)
     return errno == EAGAIN || errno == EWOULDBLOCK ? IPCREF_ETIMEDOUT
-           : errno == EBADF || errno == ENOTSOCK || errno == EINVAL
-               ? IPCREF_EINVAL
-               : IPCREF_ESYS;
+                                                   : IPCREF_ESYS;
   r = ipcref_peer_new(ctx, fd, out);
   if (r != IPCREF_OK) close(fd); /* refused (a uid not allowed), say */
   return r;
@@ -8633,7 +8776,9 @@ IPCREF_API ipcref_result ipcref_connect(ipcref_ctx *ctx, const char *path,
   socklen_t len = 0;
   ipcref_result r;
   int fd, rc;
-  if (!ctx || !out || !ipcref__unix_addr(path, &a, &len)) return IPCREF_EINVAL;
+  if (!ctx || !out || !ipcref__unix_addr(path, &a, &len))
+    return ipcref__invalid(__func__, !ctx || !out ? "ctx or out is NULL"
+                                                  : ipcref__path_why(path));
   if (!IPCREF__CTX_USABLE(ctx)) return IPCREF_EDEAD;
   fd = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0);
   if (fd < 0) return errno == ENOMEM ? IPCREF_ENOMEM : IPCREF_ESYS;

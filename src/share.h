@@ -317,14 +317,6 @@ IPCREF_API ipcref_result ipcref_peer_new_with(ipcref_ctx *ctx, int sockfd,
 IPCREF_API ipcref_result
 ipcref_peer_set_options(ipcref_peer *p, const ipcref_peer_options *opt);
 
-/* What peer `p` waits for after a call on it said IPCREF_EAGAIN: POLLIN
- * (the other side's hello, on the peer's poll fd or socket), POLLOUT (room
- * in its socket: then call ipcref_peer_flush, or send again),
- * IPCREF_WANTS_ROOM (the other side to return leases, under
- * max_bytes_held: the peer's poll fd wakes then; send again), 0 for
- * nothing (or NULL). */
-IPCREF_API int ipcref_peer_wants(ipcref_peer *p);
-
 /* Sends what is left of a record that a non-blocking SOCK_STREAM socket
  * took only in part (the rest of a message always goes before anything
  * else, so the stream stays whole; a send does this first itself).
@@ -339,19 +331,6 @@ IPCREF_API ipcref_result ipcref_peer_flush(ipcref_peer *p);
  * this one, is refused and reported to the error hook (IPCREF_EDEAD): the
  * peer waits, marked dead, in the quarantine (see checked). */
 IPCREF_API void ipcref_peer_free(ipcref_peer *p);
-
-/* An fd for an event loop (epoll, poll, select) that never misses work:
- * readable whenever ipcref_recv(p, .., 0) would return a view or an error,
- * which the peer's socket alone is not once a batch was received (its
- * other views wait in the peer, and the socket has nothing more to say). A
- * wake-up with nothing to receive (the other side's hello, say) makes
- * ipcref_recv(p, .., 0) return IPCREF_EAGAIN: call it until it does, or
- * once per wake-up (level-triggered, the fd stays readable while views
- * wait). Made on the first call (an epoll fd over the socket and an
- * eventfd, both closed by ipcref_peer_free); the same fd every call. -1
- * for NULL or a freed peer (reported), or when it cannot be made (errno
- * says why). */
-IPCREF_API int ipcref_peer_poll_fd(ipcref_peer *p);
 
 /* The pid of the process on the other side, from its hello: waits for it
  * up to 5 s if it has not arrived (then the SO_PEERCRED pid is returned);

@@ -254,7 +254,7 @@ IPCREF__PRIVATE ipcref_result ipcref__shared_new_in(ipcref_ctx *ctx,
 
 IPCREF_API ipcref_result ipcref_shared_new(ipcref_ctx *ctx, size_t size,
                                            ipcref_buf **out) {
-  if (!ctx || !out) return IPCREF_EINVAL;
+  if (!ctx || !out) return ipcref__invalid(__func__, "ctx or out is NULL");
   if (!IPCREF__CTX_USABLE(ctx)) return IPCREF_EDEAD;
   return ipcref__shared_new_in(ctx, &ctx->host, size, ctx->opt.isolate, out);
 }
@@ -262,7 +262,7 @@ IPCREF_API ipcref_result ipcref_shared_new(ipcref_ctx *ctx, size_t size,
 IPCREF_API ipcref_result ipcref_shared_new_isolated(ipcref_ctx *ctx,
                                                     size_t size,
                                                     ipcref_buf **out) {
-  if (!ctx || !out) return IPCREF_EINVAL;
+  if (!ctx || !out) return ipcref__invalid(__func__, "ctx or out is NULL");
   if (!IPCREF__CTX_USABLE(ctx)) return IPCREF_EDEAD;
   return ipcref__shared_new_in(ctx, &ctx->host, size, 1, out);
 }

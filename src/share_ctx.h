@@ -34,7 +34,7 @@ IPCREF_API ipcref_result ipcref_ctx_new(const ipcref_ctx_options *opt,
                                         ipcref_ctx **out) {
   ipcref_ctx *ctx;
   struct timespec ts;
-  if (!out) return IPCREF_EINVAL;
+  if (!out) return ipcref__invalid(__func__, "out is NULL");
   ctx = (ipcref_ctx *)ipcref__zalloc(sizeof *ctx);
   if (!ctx) return IPCREF_ENOMEM;
   if (opt) ctx->opt = *opt;
@@ -42,16 +42,20 @@ IPCREF_API ipcref_result ipcref_ctx_new(const ipcref_ctx_options *opt,
   if (!ctx->opt.segment_cache) ctx->opt.segment_cache = (size_t)512 << 20;
   if (!ctx->opt.retired_maps) ctx->opt.retired_maps = (size_t)64 << 20;
   if (!ctx->opt.ledger_slots) ctx->opt.ledger_slots = 4096;
-  if (ctx->opt.segment_size < 4096 || (ctx->opt.segment_size & 4095) ||
-      ctx->opt.ledger_slots < 8 || ctx->opt.ledger_slots > (1u << 24) ||
+  if (ctx->opt.segment_size < 4096 || (ctx->opt.segment_size & 4095)) {
+    IPCREF_FREE(ctx);
+    return ipcref__invalid(__func__, "segment_size not a multiple of 4096");
+  }
+  if (ctx->opt.ledger_slots < 8 || ctx->opt.ledger_slots > (1u << 24) ||
       (ctx->opt.ledger_slots & 1)) {
     IPCREF_FREE(ctx);
-    return IPCREF_EINVAL;
+    return ipcref__invalid(__func__, "ledger_slots odd, or not in 8..2^24");
   }
   if (ctx->opt.allow_uids_count) {
     if (!ctx->opt.allow_uids || ctx->opt.allow_uids_count > 65536) {
       IPCREF_FREE(ctx);
-      return IPCREF_EINVAL;
+      return ipcref__invalid(__func__,
+                             "allow_uids NULL, or allow_uids_count over 65536");
     }
     ctx->uids =
         (uint32_t *)IPCREF_MALLOC(ctx->opt.allow_uids_count * sizeof(uint32_t));
@@ -389,7 +393,7 @@ IPCREF_API ipcref_result ipcref_ctx_poll(ipcref_ctx *ctx, int timeout_ms,
   int reaped;
   size_t bytes;
   if (freed) *freed = 0;
-  if (!ctx) return IPCREF_EINVAL;
+  if (!ctx) return ipcref__invalid(__func__, "ctx is NULL");
   if (!IPCREF__CTX_USABLE(ctx)) return IPCREF_EDEAD;
   pfd.fd = ctx->epfd;
   pfd.events = POLLIN;
@@ -407,7 +411,7 @@ IPCREF_API ipcref_result ipcref_ctx_poll(ipcref_ctx *ctx, int timeout_ms,
 }
 
 IPCREF_API ipcref_result ipcref_ctx_stats(ipcref_ctx *ctx, ipcref_stats *out) {
-  if (!ctx || !out) return IPCREF_EINVAL;
+  if (!ctx || !out) return ipcref__invalid(__func__, "ctx or out is NULL");
   if (!IPCREF__CTX_USABLE(ctx)) return IPCREF_EDEAD;
   IPCREF__LOCK(ctx);
   ipcref__sweep(ctx);         /* count what came back as back */

@@ -23,7 +23,10 @@ IPCREF_API ipcref_result ipcref_ctx_add_backend(ipcref_ctx *ctx,
       !be->seg_free || !be->seg_range || !be->seg_export || !be->seg_import ||
       !be->seg_close || !be->event_record || !be->event_free ||
       !be->event_wait || !be->fence || !be->fence_done)
-    return IPCREF_EINVAL;
+    return ipcref__invalid(__func__, !ctx || !be ? "ctx or be is NULL"
+                                     : be->device_type <= IPCREF_DEVICE_CPU
+                                         ? "be->device_type is not a device"
+                                         : "the backend lacks a function");
   if (!IPCREF__CTX_USABLE(ctx)) return IPCREF_EDEAD;
   IPCREF__LOCK(ctx);
   if (!ipcref__backend_of(ctx, be->device_type))
@@ -34,7 +37,11 @@ IPCREF_API ipcref_result ipcref_ctx_add_backend(ipcref_ctx *ctx,
         break;
       }
   IPCREF__UNLOCK(ctx);
-  return r;
+  return r == IPCREF_OK
+             ? r
+             : ipcref__invalid(__func__,
+                               "a backend serves that device type already, "
+                               "or every slot is taken");
 }
 
 /* The pool of device `dev` (under the lock); NULL with *r set. */
@@ -65,7 +72,9 @@ IPCREF_API ipcref_result ipcref_device_new(ipcref_ctx *ctx, ipcref_device dev,
   ipcref__pool *pool;
   ipcref_result r = IPCREF_OK;
   if (!ctx || !out || dev.type <= IPCREF_DEVICE_CPU || dev.id < 0)
-    return IPCREF_EINVAL;
+    return ipcref__invalid(__func__, !ctx || !out
+                                         ? "ctx or out is NULL"
+                                         : "dev is not a device (type, id)");
   if (!IPCREF__CTX_USABLE(ctx)) return IPCREF_EDEAD;
   IPCREF__LOCK(ctx);
   pool = ipcref__pool_of(ctx, dev, &r);
@@ -84,7 +93,9 @@ IPCREF_API ipcref_result ipcref_device_wrap(
   uint64_t addr = (uint64_t)(uintptr_t)ptr, base, end;
   size_t alloc_size;
   if (!ctx || !out || !ptr || dev.type <= IPCREF_DEVICE_CPU || dev.id < 0)
-    return IPCREF_EINVAL;
+    return ipcref__invalid(__func__, !ctx || !out || !ptr
+                                         ? "ctx, ptr or out is NULL"
+                                         : "dev is not a device (type, id)");
   if (!IPCREF__CTX_USABLE(ctx)) return IPCREF_EDEAD;
   IPCREF__LOCK(ctx);
   pool = ipcref__pool_of(ctx, dev, &r);
@@ -95,7 +106,7 @@ IPCREF_API ipcref_result ipcref_device_wrap(
   if (r != IPCREF_OK) return r;
   if (addr < base || __builtin_add_overflow(addr, (uint64_t)size, &end) ||
       end > base + alloc_size)
-    return IPCREF_EINVAL;
+    return ipcref__invalid(__func__, "ptr and size not inside one allocation");
   b = (ipcref__block *)ipcref__zalloc(sizeof *b);
   if (!b) return IPCREF_ENOMEM;
   IPCREF__LOCK(ctx);
@@ -132,7 +143,9 @@ IPCREF_API ipcref_result ipcref_view_new_shared(ipcref_ctx *ctx,
   ipcref_buf *b;
   ipcref_result r;
   int64_t n;
-  if (!ctx || !out || (unsigned)dt >= IPCREF_DTYPE_COUNT) return IPCREF_EINVAL;
+  if (!ctx || !out || (unsigned)dt >= IPCREF_DTYPE_COUNT)
+    return ipcref__invalid(__func__, !ctx || !out ? "ctx or out is NULL"
+                                                  : "dt out of range");
   r = ipcref__shape_numel(ndim, shape, ipcref__dtype_sizes[dt], &n);
   if (r != IPCREF_OK) return r;
   r = ipcref_shared_new(ctx, (size_t)n * ipcref__dtype_sizes[dt], &b);

@@ -359,20 +359,32 @@ ipcref__sent_forget_recs(ipcref_peer *p, const ipcref__fd_rec *fdr, int n) {
         ipcref__sent_key(fdr[i].id, fdr[i].kind == IPCREF__KIND_LEDGER));
 }
 
-/* EDEAD, reported naming `fn`, when a view's buffer is a shared buffer
+/* Checks the views a public call `fn` was given for peer `p`: EINVAL,
+ * named, for one that is not valid, not of a shared buffer, or of a
+ * buffer made by another context; EDEAD, reported, for a shared buffer
  * made here that was already released (its header is its context's, so
- * this check is safe in every build: see ipcref__hdr_get); else OK. */
-IPCREF__PRIVATE ipcref_result ipcref__views_live(const ipcref_view *views,
-                                                 int n, const char *fn) {
+ * this check is safe in every build: see ipcref__hdr_get). */
+IPCREF__PRIVATE ipcref_result ipcref__views_check(const ipcref_peer *p,
+                                                  const ipcref_view *views,
+                                                  int n, const char *fn) {
   int i;
   for (i = 0; i < n; i++) {
     const ipcref_buf *b = views[i].buf;
+    const ipcref__block *local;
     if (b && b->release == ipcref__block_release &&
         __atomic_load_n(&b->strong, __ATOMIC_ACQUIRE) == 0) {
       ipcref__report_in(IPCREF_EDEAD, fn,
                         "a view of a shared buffer already released");
       return IPCREF_EDEAD;
     }
+    if (!ipcref__view_valid(&views[i]))
+      return ipcref__invalid(fn, "a view that is not valid");
+    if (!ipcref_buf_is_shared(b))
+      return ipcref__invalid(fn, "a view of a buffer not shared (make it "
+                                 "with ipcref_shared_new)");
+    local = ipcref__local_block(b);
+    if (local && local->seg->ctx != p->ctx)
+      return ipcref__invalid(fn, "a view of a buffer of another context");
   }
   return IPCREF_OK;
 }

@@ -66,40 +66,53 @@ IPCREF__PRIVATE int ipcref__bell_ok(int fd) {
          type == SOCK_DGRAM;
 }
 
-/* Checks a received fd against its record and maps it. The fd must be a
- * memfd sealed against shrinking and growing (so the mapping can never
- * SIGBUS), of exactly the announced size, opened with the access the
- * mapping needs. A ledger's header must agree with the record, and its
- * bell (the fd after it) be one (see ipcref__bell_ok). */
-IPCREF__PRIVATE ipcref_result ipcref__map_fd(int fd, int bell,
-                                             const ipcref__fd_rec *r,
-                                             ipcref__map **out) {
+/* What is wrong with a received fd for record `r` (NULL: nothing), and
+ * the protection to map it with. It must be a memfd sealed against
+ * shrinking and growing (so the mapping can never SIGBUS), of exactly the
+ * announced size, opened with the access the mapping needs; a ledger's
+ * bell (the fd after it) must be one (see ipcref__bell_ok). */
+IPCREF__PRIVATE const char *ipcref__fd_why(int fd, int bell,
+                                           const ipcref__fd_rec *r, int *prot) {
   struct stat st;
-  int seals, fl, prot;
-  ipcref__map *m;
-  unsigned char *base;
-  if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode) ||
-      (uint64_t)st.st_size != r->size || r->size == 0 ||
+  int seals, fl;
+  if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode))
+    return "a segment or ledger fd that is not a memfd";
+  if ((uint64_t)st.st_size != r->size || r->size == 0 ||
       r->size > (uint64_t)PTRDIFF_MAX)
-    return IPCREF_EPROTO;
+    return "a segment or ledger fd not of the size its record says";
   seals = fcntl(fd, F_GET_SEALS);
   if (seals < 0 ||
       (seals & (F_SEAL_SHRINK | F_SEAL_GROW)) != (F_SEAL_SHRINK | F_SEAL_GROW))
-    return IPCREF_EPROTO;
+    return "a segment or ledger fd not sealed against shrinking and growing";
   fl = fcntl(fd, F_GETFL);
-  if (fl < 0) return IPCREF_EPROTO;
-  if (r->kind == IPCREF__KIND_LEDGER &&
-      (r->size < IPCREF__LEDGER_HDR || !ipcref__bell_ok(bell)))
-    return IPCREF_EPROTO;
+  if (fl < 0) return "an fd whose access mode cannot be read";
+  if (r->kind == IPCREF__KIND_LEDGER && r->size < IPCREF__LEDGER_HDR)
+    return "a ledger smaller than its header";
+  if (r->kind == IPCREF__KIND_LEDGER && !ipcref__bell_ok(bell))
+    return "a ledger's bell that is not a datagram socket";
+  *prot = PROT_READ;
   if (r->kind == IPCREF__KIND_LEDGER || r->writable) { /* mapped writable */
     if ((fl & O_ACCMODE) != O_RDWR ||
         (seals & (F_SEAL_WRITE | F_SEAL_FUTURE_WRITE)) != 0)
-      return IPCREF_EPROTO;
-    prot = PROT_READ | PROT_WRITE;
-  } else { /* mapped read-only: the fd must be readable */
-    if ((fl & O_ACCMODE) == O_WRONLY) return IPCREF_EPROTO;
-    prot = PROT_READ;
+      return "a ledger or writable segment fd not open read-write, or "
+             "sealed against writes";
+    *prot = PROT_READ | PROT_WRITE;
+  } else if ((fl & O_ACCMODE) == O_WRONLY) {
+    return "a segment fd opened write-only";
   }
+  return NULL;
+}
+
+/* Checks a received fd against its record and maps it (*why says what
+ * was wrong on EPROTO). A ledger's header must agree with the record. */
+IPCREF__PRIVATE ipcref_result ipcref__map_fd(int fd, int bell,
+                                             const ipcref__fd_rec *r,
+                                             ipcref__map **out,
+                                             const char **why) {
+  int prot = PROT_READ;
+  ipcref__map *m;
+  unsigned char *base;
+  if ((*why = ipcref__fd_why(fd, bell, r, &prot)) != NULL) return IPCREF_EPROTO;
   base = (unsigned char *)mmap(NULL, (size_t)r->size, prot, MAP_SHARED, fd, 0);
   if (base == (unsigned char *)MAP_FAILED) return IPCREF_ESYS;
   m = (ipcref__map *)ipcref__zalloc(sizeof *m);
@@ -125,6 +138,7 @@ IPCREF__PRIVATE ipcref_result ipcref__map_fd(int fd, int bell,
         h->origin_nonce != r->origin_nonce || h->ledger_id != r->id) {
       munmap(base, (size_t)r->size);
       IPCREF_FREE(m);
+      *why = "a ledger whose header disagrees with its record";
       return IPCREF_EPROTO;
     }
     m->nslots = n;
@@ -146,12 +160,14 @@ IPCREF__PRIVATE ipcref_result ipcref__map_fd(int fd, int bell,
  * back, and the peer, which counts the segment as sent, stays usable. */
 IPCREF__PRIVATE ipcref_result ipcref__map_device(ipcref_ctx *ctx,
                                                  const ipcref__fd_rec *r,
-                                                 ipcref__map **out) {
+                                                 ipcref__map **out,
+                                                 const char **why) {
   ipcref_backend *be = ipcref__backend_of(ctx, r->dev_type);
   ipcref__map *m;
   uint64_t addr, base;
   size_t size;
   ipcref_result res;
+  *why = "a device segment of size 0 or too large";
   if (r->size == 0 || r->size > (uint64_t)PTRDIFF_MAX) return IPCREF_EPROTO;
   m = (ipcref__map *)ipcref__zalloc(sizeof *m);
   if (!m) return IPCREF_ENOMEM;
@@ -168,6 +184,7 @@ IPCREF__PRIVATE ipcref_result ipcref__map_device(ipcref_ctx *ctx,
       base != addr || (uint64_t)size < r->size) {
     be->seg_close(be, r->dev_id, addr);
     IPCREF_FREE(m);
+    *why = "a device handle whose allocation is not the one announced";
     return IPCREF_EPROTO;
   }
 fill:
@@ -229,6 +246,7 @@ typedef struct ipcref__msg_maps {
   ipcref__map *fresh[IPCREF_MSG_MAX_FDS];
   int nfresh;
   ipcref__map *seg[IPCREF_MSG_MAX_VIEWS], *ledger[IPCREF_MSG_MAX_VIEWS];
+  const char *why; /* what a refusal (EPROTO) found wrong */
 } ipcref__msg_maps;
 
 /* A mapping this message brings, or NULL; as ipcref__map_find, a segment
@@ -275,11 +293,11 @@ IPCREF__PRIVATE ipcref_result ipcref__import_map(ipcref_ctx *ctx,
         ipcref__fresh_find(mm, kind, f->origin_nonce, f->id))
       continue;
     if (f->kind == IPCREF__KIND_DEVICE) {
-      r = ipcref__map_device(ctx, f, &mm->fresh[mm->nfresh]);
+      r = ipcref__map_device(ctx, f, &mm->fresh[mm->nfresh], &mm->why);
     } else {
       int at = m->fd_index[i], led = f->kind == IPCREF__KIND_LEDGER;
       r = ipcref__map_fd(fds[at], led ? fds[at + 1] : -1, f,
-                         &mm->fresh[mm->nfresh]);
+                         &mm->fresh[mm->nfresh], &mm->why);
       if (r == IPCREF_OK) fds[at] = -1;
       if (r == IPCREF_OK && led) fds[at + 1] = -1; /* the bell: the map's */
     }
@@ -290,15 +308,16 @@ IPCREF__PRIVATE ipcref_result ipcref__import_map(ipcref_ctx *ctx,
   return IPCREF_OK;
 }
 
-/* Import, step 3: 1 when view record `i` may be taken. Its segment and
- * ledger are mapped and agree with it; its lease is live at exactly its
- * generation (a replay of an older message finds the slot freed or
- * reused) and was not imported already, by an earlier message or an
- * earlier record of this one (one export, one import); every element it
- * reaches lies inside its block. */
-IPCREF__PRIVATE int ipcref__import_rec_ok(ipcref_ctx *ctx,
-                                          const ipcref__msg_in *m,
-                                          ipcref__msg_maps *mm, int i) {
+/* Import, step 3: what forbids taking view record `i` (NULL: nothing).
+ * Its segment and ledger are mapped and agree with it; its lease is live
+ * at exactly its generation (a replay of an older message finds the slot
+ * freed or reused) and was not imported already, by an earlier message or
+ * an earlier record of this one (one export, one import); every element
+ * it reaches lies inside its block. */
+IPCREF__PRIVATE const char *ipcref__import_rec_why(ipcref_ctx *ctx,
+                                                   const ipcref__msg_in *m,
+                                                   ipcref__msg_maps *mm,
+                                                   int i) {
   const ipcref__view_rec *v = &m->views[i];
   ipcref__map *seg, *led;
   uint64_t word, end;
@@ -314,23 +333,31 @@ IPCREF__PRIVATE int ipcref__import_rec_ok(ipcref_ctx *ctx,
                              v->ledger_id);
   mm->seg[i] = seg;
   mm->ledger[i] = led;
-  if (!seg || !led || seg->retired || seg->size != v->seg_size ||
-      v->block_size == 0 ||
+  if (!seg || !led) return "a view of a segment or ledger never sent";
+  if (seg->retired) return "a view of a segment its producer retired";
+  if (seg->size != v->seg_size || v->block_size == 0 ||
       __builtin_add_overflow(v->block_offset, v->block_size, &end) ||
-      end > seg->size || v->slot >= led->nslots ||
-      (v->writable && !seg->writable) ||
-      (v->has_event && seg->kind != IPCREF__KIND_DEVICE))
-    return 0;
+      end > seg->size)
+    return "a block outside its segment";
+  if (v->slot >= led->nslots) return "a lease slot outside its ledger";
+  if (v->writable && !seg->writable)
+    return "a writable view of a read-only segment";
+  if (v->has_event && seg->kind != IPCREF__KIND_DEVICE)
+    return "an event with a view of host memory";
   word = __atomic_load_n(&ipcref__ledger_slots(led->base)[2 * (size_t)v->slot],
                          __ATOMIC_ACQUIRE);
-  if (word != (((uint64_t)v->gen << 2) | IPCREF__SLOT_LIVE) ||
-      led->imported[v->slot] == v->gen + 1u)
-    return 0;
+  if (word != (((uint64_t)v->gen << 2) | IPCREF__SLOT_LIVE))
+    return "a lease not live at its generation (never given, or replayed)";
+  if (led->imported[v->slot] == v->gen + 1u) return "a lease imported twice";
   for (k = 0; k < i; k++)
-    if (mm->ledger[k] == led && m->views[k].slot == v->slot) return 0;
-  if (seg->kind == IPCREF__KIND_DEVICE && !seg->be) return 1; /* ENODEV */
-  return ipcref__view_fits(&v->view, v->block_size) &&
-         v->view.byte_offset % (int64_t)ipcref__dtype_sizes[v->view.dtype] == 0;
+    if (mm->ledger[k] == led && m->views[k].slot == v->slot)
+      return "the same lease twice in one message";
+  if (seg->kind == IPCREF__KIND_DEVICE && !seg->be) return NULL; /* ENODEV */
+  if (!ipcref__view_fits(&v->view, v->block_size))
+    return "a view reaching outside its block";
+  if (v->view.byte_offset % (int64_t)ipcref__dtype_sizes[v->view.dtype] != 0)
+    return "a byte offset not a multiple of its element size";
+  return NULL;
 }
 
 /* Import, step 4: what is needed before anything is taken. Device memory
@@ -422,6 +449,22 @@ IPCREF__PRIVATE ipcref_result ipcref__import_commit(
   return IPCREF_OK;
 }
 
+/* A message refused (EPROTO): counted, and named to the context's hook as
+ * "message refused: why". */
+IPCREF__PRIVATE void ipcref__refused(ipcref_ctx *ctx, const char *why) {
+  static const char head[] = "message refused: ";
+  char m[192];
+  size_t n;
+  if (!why) why = "malformed";
+  n = strlen(why);
+  __atomic_fetch_add(&ctx->refused, 1, __ATOMIC_RELAXED);
+  if (n > sizeof m - sizeof head) n = sizeof m - sizeof head;
+  memcpy(m, head, sizeof head - 1);
+  memcpy(m + sizeof head - 1, why, n);
+  m[sizeof head - 1 + n] = '\0';
+  ipcref__ctx_report(ctx, IPCREF_EPROTO, m);
+}
+
 /* Imports a received message with its fds (takes the fds: each is closed
  * or kept by a mapping). `views` gets one view per record. Decoded first
  * (no side effect), then under the lock: retire, map, check every record,
@@ -437,27 +480,32 @@ IPCREF__PRIVATE ipcref_result ipcref__import_bytes(
   int i, k;
   *nviews = 0;
   mm.nfresh = 0;
-  if (ipcref__msg_decode(bytes, len, &m) && m.nfds == nfds) {
-    IPCREF__LOCK(ctx);
-    (void)ipcref__pump(ctx, 0);
-    ipcref__import_retire(ctx, &m);
-    r = ipcref__import_map(ctx, &m, fds, &mm);
-    for (i = 0; r == IPCREF_OK && i < m.head.nviews; i++)
-      if (!ipcref__import_rec_ok(ctx, &m, &mm, i)) r = IPCREF_EPROTO;
-    if (r == IPCREF_OK) r = ipcref__import_ready(ctx, &m, &mm, stream);
-    if (r == IPCREF_OK)
-      r = ipcref__import_commit(ctx, &m, &mm, stream, views, nviews);
-    for (k = 0; k < mm.nfresh; k++) ipcref__map_drop(mm.fresh[k]); /* undo */
-    IPCREF__UNLOCK(ctx);
-    if (r != IPCREF_OK) { /* ENOMEM partway */
-      for (i = 0; i < *nviews; i++) ipcref_view_release(&views[i]);
-      *nviews = 0;
-    }
+  mm.why = "the fds that came are not those its records call for";
+  if (!ipcref__msg_decode(bytes, len, &m)) {
+    mm.why = m.why;
+    goto done;
   }
+  if (m.nfds != nfds) goto done;
+  IPCREF__LOCK(ctx);
+  (void)ipcref__pump(ctx, 0);
+  ipcref__import_retire(ctx, &m);
+  r = ipcref__import_map(ctx, &m, fds, &mm);
+  for (i = 0; r == IPCREF_OK && i < m.head.nviews; i++)
+    if ((mm.why = ipcref__import_rec_why(ctx, &m, &mm, i)) != NULL)
+      r = IPCREF_EPROTO;
+  if (r == IPCREF_OK) r = ipcref__import_ready(ctx, &m, &mm, stream);
+  if (r == IPCREF_OK)
+    r = ipcref__import_commit(ctx, &m, &mm, stream, views, nviews);
+  for (k = 0; k < mm.nfresh; k++) ipcref__map_drop(mm.fresh[k]); /* undo */
+  IPCREF__UNLOCK(ctx);
+  if (r != IPCREF_OK) { /* ENOMEM partway */
+    for (i = 0; i < *nviews; i++) ipcref_view_release(&views[i]);
+    *nviews = 0;
+  }
+done:
   for (i = 0; i < nfds; i++)
     if (fds[i] >= 0) close(fds[i]);
-  if (r == IPCREF_EPROTO)
-    __atomic_fetch_add(&ctx->refused, 1, __ATOMIC_RELAXED);
+  if (r == IPCREF_EPROTO) ipcref__refused(ctx, mm.why);
   return r;
 }
 
@@ -498,9 +546,11 @@ IPCREF_API ipcref_result ipcref_import(ipcref_peer *p, ipcref_msg *msg,
   ipcref_view views[IPCREF_MSG_MAX_VIEWS];
   ipcref_result r;
   int n = 0, i;
-  if (!p || !msg || !out || msg->nfds < 0 || msg->nfds > IPCREF_MSG_MAX_FDS ||
+  if (!p || !msg || !out)
+    return ipcref__invalid(__func__, "p, msg or out is NULL");
+  if (msg->nfds < 0 || msg->nfds > IPCREF_MSG_MAX_FDS ||
       msg->len > sizeof msg->bytes)
-    return IPCREF_EINVAL;
+    return ipcref__invalid(__func__, "msg->nfds or msg->len out of range");
   r = IPCREF__PEER_USABLE(p, "ipcref_import") ? ipcref__hello_need(p)
                                               : IPCREF_EDEAD;
   if (r == IPCREF_OK)

@@ -57,6 +57,14 @@ IPCREF__PRIVATE int ipcref__unix_addr(const char *path, struct sockaddr_un *a,
   return 1;
 }
 
+/* Why ipcref__unix_addr refused `path`. */
+IPCREF__PRIVATE const char *ipcref__path_why(const char *path) {
+  return !path ? "path is NULL"
+         : !path[0] || (path[0] == '@' && !path[1])
+             ? "path is empty"
+             : "path too long for an AF_UNIX address (107 bytes at most)";
+}
+
 /* A filesystem socket nobody listens on any more (its listener died): 1
  * when connecting to it is refused, so it may be replaced. */
 IPCREF__PRIVATE int ipcref__socket_stale(const struct sockaddr_un *a,
@@ -75,7 +83,9 @@ IPCREF_API ipcref_result ipcref_listen(ipcref_ctx *ctx, const char *path,
   socklen_t len = 0;
   int fd, tries;
   if (!ctx || !listen_fd || !ipcref__unix_addr(path, &a, &len))
-    return IPCREF_EINVAL;
+    return ipcref__invalid(__func__, !ctx || !listen_fd
+                                         ? "ctx or listen_fd is NULL"
+                                         : ipcref__path_why(path));
   if (!IPCREF__CTX_USABLE(ctx)) return IPCREF_EDEAD;
   fd = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0);
   if (fd < 0) return errno == ENOMEM ? IPCREF_ENOMEM : IPCREF_ESYS;
@@ -105,7 +115,9 @@ IPCREF_API ipcref_result ipcref_accept(ipcref_ctx *ctx, int listen_fd,
                                        int timeout_ms, ipcref_peer **out) {
   ipcref_result r;
   int fd;
-  if (!ctx || !out || listen_fd < 0) return IPCREF_EINVAL;
+  if (!ctx || !out || listen_fd < 0)
+    return ipcref__invalid(__func__, !ctx || !out ? "ctx or out is NULL"
+                                                  : "listen_fd is negative");
   if (!IPCREF__CTX_USABLE(ctx)) return IPCREF_EDEAD;
   r = timeout_ms < 0 ? IPCREF_OK : ipcref__wait_readable(listen_fd, timeout_ms);
   if (r != IPCREF_OK) return r;
@@ -117,11 +129,11 @@ IPCREF_API ipcref_result ipcref_accept(ipcref_ctx *ctx, int listen_fd,
                      (ipcref__nonblocking(listen_fd) ? SOCK_NONBLOCK : 0));
     if (fd >= 0 || errno != EINTR) break;
   }
+  if (fd < 0 && (errno == EBADF || errno == ENOTSOCK || errno == EINVAL))
+    return ipcref__invalid(__func__, "listen_fd is not a listening socket");
   if (fd < 0)
     return errno == EAGAIN || errno == EWOULDBLOCK ? IPCREF_ETIMEDOUT
-           : errno == EBADF || errno == ENOTSOCK || errno == EINVAL
-               ? IPCREF_EINVAL
-               : IPCREF_ESYS;
+                                                   : IPCREF_ESYS;
   r = ipcref_peer_new(ctx, fd, out);
   if (r != IPCREF_OK) close(fd); /* refused (a uid not allowed), say */
   return r;
@@ -133,7 +145,9 @@ IPCREF_API ipcref_result ipcref_connect(ipcref_ctx *ctx, const char *path,
   socklen_t len = 0;
   ipcref_result r;
   int fd, rc;
-  if (!ctx || !out || !ipcref__unix_addr(path, &a, &len)) return IPCREF_EINVAL;
+  if (!ctx || !out || !ipcref__unix_addr(path, &a, &len))
+    return ipcref__invalid(__func__, !ctx || !out ? "ctx or out is NULL"
+                                                  : ipcref__path_why(path));
   if (!IPCREF__CTX_USABLE(ctx)) return IPCREF_EDEAD;
   fd = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0);
   if (fd < 0) return errno == ENOMEM ? IPCREF_ENOMEM : IPCREF_ESYS;

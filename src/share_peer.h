@@ -133,7 +133,11 @@ IPCREF__PRIVATE ipcref_result ipcref__stream_fill(ipcref_peer *p, size_t max,
       ipcref__wire w;
       ipcref__wire_init(&w, p->in, 4);
       need = (size_t)ipcref__wire_get(&w, 4);
-      if (need > max) return IPCREF_EPROTO;
+      if (need > max) {
+        ipcref__ctx_report(p->ctx, IPCREF_EPROTO,
+                           "a record longer than any message (stream cut)");
+        return IPCREF_EPROTO;
+      }
       need += 4;
       if (p->in_len == need) return IPCREF_OK;
     }
@@ -287,6 +291,14 @@ IPCREF__PRIVATE ipcref_result ipcref__hello_bytes(ipcref_peer *p,
   return *k < 0 ? IPCREF_ESYS : IPCREF_OK;
 }
 
+/* A hello refused for good (EPROTO), named to the context's hook. */
+IPCREF__PRIVATE ipcref_result ipcref__hello_bad(ipcref_peer *p,
+                                                const char *why) {
+  p->hello = -1;
+  ipcref__ctx_report(p->ctx, IPCREF_EPROTO, why);
+  return IPCREF_EPROTO;
+}
+
 /* Reads the other side's hello (the first thing it sends), waiting up to
  * timeout_ms (-1: forever), and checks it: magic, version, credentials. */
 IPCREF__PRIVATE ipcref_result ipcref__hello_read(ipcref_peer *p,
@@ -301,14 +313,13 @@ IPCREF__PRIVATE ipcref_result ipcref__hello_read(ipcref_peer *p,
   if (p->hello) return ipcref__hello_result(p);
   p->in_pid = p->in_uid = 0;
   r = ipcref__hello_bytes(p, timeout_ms, b, &k);
-  if (r == IPCREF_EPROTO) p->hello = -1;
+  if (r == IPCREF_EPROTO)
+    return ipcref__hello_bad(p, "peer refused: its hello came cut short");
   if (r != IPCREF_OK) return r;
   ipcref__wire_init(&w, b, (size_t)k);
   if ((stream && ipcref__wire_get(&w, 4) != IPCREF__HELLO_BYTES) ||
-      ipcref__wire_get(&w, 4) != IPCREF__HELLO_MAGIC || w.bad) {
-    p->hello = -1;
-    return IPCREF_EPROTO;
-  }
+      ipcref__wire_get(&w, 4) != IPCREF__HELLO_MAGIC || w.bad)
+    return ipcref__hello_bad(p, "peer refused: its hello is not ipcref's");
   version = (uint32_t)ipcref__wire_get(&w, 4);
   if (version != IPCREF__MSG_VERSION && !w.bad) { /* another build */
     char why[128];
@@ -316,14 +327,11 @@ IPCREF__PRIVATE ipcref_result ipcref__hello_read(ipcref_peer *p,
              "peer refused: it speaks wire version %u, this process %u "
              "(two builds of ipcref.h that cannot talk)",
              (unsigned)version, (unsigned)IPCREF__MSG_VERSION);
-    ipcref__ctx_report(p->ctx, IPCREF_EPROTO, why);
-    p->hello = -1;
-    return IPCREF_EPROTO;
+    return ipcref__hello_bad(p, why);
   }
-  if (w.bad || (size_t)k != want || p->in_pid <= 0) {
-    p->hello = -1;
-    return IPCREF_EPROTO;
-  }
+  if (w.bad || (size_t)k != want || p->in_pid <= 0)
+    return ipcref__hello_bad(p, "peer refused: its hello is of the wrong "
+                                "length, or came without credentials");
   p->pid = p->in_pid; /* the kernel's word, not the record's */
   p->uid = p->in_uid;
   (void)ipcref__wire_get(&w, 4); /* its pid */
@@ -361,15 +369,12 @@ IPCREF__PRIVATE void ipcref__peer_bury(ipcref_ctx *ctx, ipcref_peer *p) {
 #endif
 }
 
-IPCREF_API ipcref_result ipcref_peer_new(ipcref_ctx *ctx, int sockfd,
-                                         ipcref_peer **out) {
-  return ipcref_peer_new_with(ctx, sockfd, NULL, out);
-}
-
-/* 1 when options `o` (may be NULL) make sense; else reported. */
-IPCREF__PRIVATE int ipcref__options_ok(const ipcref_peer_options *o) {
+/* 1 when options `o` (may be NULL) make sense; else reported, naming the
+ * public call `fn`. */
+IPCREF__PRIVATE int ipcref__options_ok(const ipcref_peer_options *o,
+                                       const char *fn) {
   if (o && (o->send_timeout_ms < 0 || o->hello_timeout_ms < 0)) {
-    ipcref__report(IPCREF_EINVAL, "ipcref_peer_options: a negative timeout");
+    (void)ipcref__invalid(fn, "a negative timeout in the options");
     return 0;
   }
   return 1;
@@ -384,29 +389,48 @@ IPCREF__PRIVATE void ipcref__options_set(ipcref_peer *p,
 
 IPCREF_API ipcref_result ipcref_peer_set_options(ipcref_peer *p,
                                                  const ipcref_peer_options *o) {
-  if (!p || !ipcref__options_ok(o)) return IPCREF_EINVAL;
+  if (!p) return ipcref__invalid(__func__, "p is NULL");
+  if (!ipcref__options_ok(o, __func__)) return IPCREF_EINVAL;
   if (!IPCREF__PEER_USABLE(p, "ipcref_peer_set_options")) return IPCREF_EDEAD;
   ipcref__options_set(p, o);
   return IPCREF_OK;
 }
 
-IPCREF_API ipcref_result ipcref_peer_new_with(ipcref_ctx *ctx, int sockfd,
-                                              const ipcref_peer_options *opt,
-                                              ipcref_peer **out) {
+/* What is wrong with `sockfd` for a peer (NULL: nothing), its type and
+ * the credentials of who made the other end into *cred; *r the code. */
+IPCREF__PRIVATE const char *
+ipcref__sock_why(int sockfd, int *type, struct ucred *cred, ipcref_result *r) {
+  socklen_t len = sizeof *cred, tlen = sizeof *type;
+  *r = IPCREF_EINVAL;
+  if (sockfd < 0) return "sockfd is negative";
+  if (getsockopt(sockfd, SOL_SOCKET, SO_TYPE, type, &tlen) != 0) {
+    if (errno == ENOTSOCK || errno == EBADF) return "sockfd is not a socket";
+    *r = IPCREF_ESYS;
+    return "getsockopt";
+  }
+  if (*type != SOCK_STREAM && *type != SOCK_SEQPACKET)
+    return "sockfd is neither SOCK_STREAM nor SOCK_SEQPACKET";
+  if (getsockopt(sockfd, SOL_SOCKET, SO_PEERCRED, cred, &len) != 0 ||
+      cred->pid <= 0)
+    return "sockfd is not a connected AF_UNIX socket";
+  return NULL;
+}
+
+/* ipcref_peer_new and ipcref_peer_new_with; `fn` names the call. */
+IPCREF__PRIVATE ipcref_result ipcref__peer_make(ipcref_ctx *ctx, int sockfd,
+                                                const ipcref_peer_options *opt,
+                                                ipcref_peer **out,
+                                                const char *fn) {
   ipcref_peer *p;
   struct ucred cred;
-  socklen_t len = sizeof cred;
   int type = 0;
-  socklen_t tlen = sizeof type;
-  if (!ctx || !out || sockfd < 0 || !ipcref__options_ok(opt))
-    return IPCREF_EINVAL;
+  ipcref_result r;
+  const char *why;
+  if (!ctx || !out) return ipcref__invalid(fn, "ctx or out is NULL");
+  if (!ipcref__options_ok(opt, fn)) return IPCREF_EINVAL;
   if (!IPCREF__CTX_USABLE(ctx)) return IPCREF_EDEAD;
-  if (getsockopt(sockfd, SOL_SOCKET, SO_TYPE, &type, &tlen) != 0)
-    return errno == ENOTSOCK || errno == EBADF ? IPCREF_EINVAL : IPCREF_ESYS;
-  if (type != SOCK_STREAM && type != SOCK_SEQPACKET) return IPCREF_EINVAL;
-  if (getsockopt(sockfd, SOL_SOCKET, SO_PEERCRED, &cred, &len) != 0 ||
-      cred.pid <= 0)
-    return IPCREF_EINVAL; /* not a connected AF_UNIX socket */
+  if ((why = ipcref__sock_why(sockfd, &type, &cred, &r)) != NULL)
+    return r == IPCREF_EINVAL ? ipcref__invalid(fn, why) : r;
   if (!ipcref__uid_allowed(ctx, (uint32_t)cred.uid)) {
     /* Who connected (or made the pair) is not allowed: say nothing. */
     __atomic_fetch_add(&ctx->refused, 1, __ATOMIC_RELAXED);
@@ -424,7 +448,7 @@ IPCREF_API ipcref_result ipcref_peer_new_with(ipcref_ctx *ctx, int sockfd,
   ipcref__options_set(p, opt);
   {
     int on = 1;
-    ipcref_result r = IPCREF_ESYS;
+    r = IPCREF_ESYS;
     if (setsockopt(sockfd, SOL_SOCKET, SO_PASSCRED, &on, sizeof on) != 0 ||
         (r = ipcref__hello_send(p)) != IPCREF_OK) {
       IPCREF_FREE(p);
@@ -437,6 +461,17 @@ IPCREF_API ipcref_result ipcref_peer_new_with(ipcref_ctx *ctx, int sockfd,
   IPCREF__UNLOCK(ctx);
   *out = p;
   return IPCREF_OK;
+}
+
+IPCREF_API ipcref_result ipcref_peer_new(ipcref_ctx *ctx, int sockfd,
+                                         ipcref_peer **out) {
+  return ipcref__peer_make(ctx, sockfd, NULL, out, "ipcref_peer_new");
+}
+
+IPCREF_API ipcref_result ipcref_peer_new_with(ipcref_ctx *ctx, int sockfd,
+                                              const ipcref_peer_options *opt,
+                                              ipcref_peer **out) {
+  return ipcref__peer_make(ctx, sockfd, opt, out, "ipcref_peer_new_with");
 }
 
 IPCREF_API int ipcref_peer_pid(ipcref_peer *p) {
@@ -470,27 +505,12 @@ IPCREF_API int ipcref_peer_alive(ipcref_peer *p) {
            (pfd.revents & (POLLHUP | POLLRDHUP | POLLERR)) != 0);
 }
 
-/* The poll fd's batch flag (an eventfd): set while views of a received
- * batch wait in the peer, cleared when the last is handed out, so that an
- * event loop is woken for each of them (the socket has nothing more to
- * say). No-op before ipcref_peer_poll_fd made it. */
-IPCREF__PRIVATE void ipcref__batch_signal(ipcref_peer *p) {
-  uint64_t v = 1;
-  ssize_t n;
-  if (p->batch_fd < 0) return;
-  if (p->pending_pos < p->npending)
-    n = write(p->batch_fd, &v, sizeof v); /* EAGAIN: set already */
-  else
-    n = read(p->batch_fd, &v, sizeof v); /* EAGAIN: clear already */
-  (void)n;
-}
-
 IPCREF_API ipcref_result ipcref_peer_stats(ipcref_peer *p,
                                            ipcref_peer_info *out) {
   ipcref_ctx *ctx;
   ipcref__ledger *l;
   uint32_t s;
-  if (!p || !out) return IPCREF_EINVAL;
+  if (!p || !out) return ipcref__invalid(__func__, "p or out is NULL");
   if (!IPCREF__PEER_USABLE(p, "ipcref_peer_stats")) return IPCREF_EDEAD;
   memset(out, 0, sizeof *out);
   out->alive = ipcref_peer_alive(p);
@@ -515,52 +535,6 @@ IPCREF_API ipcref_result ipcref_peer_stats(ipcref_peer *p,
   }
   IPCREF__UNLOCK(ctx);
   return IPCREF_OK;
-}
-
-/* The poll fd also wakes for room in the socket while the peer wants it. */
-IPCREF__PRIVATE void ipcref__want(ipcref_peer *p, int events) {
-  struct epoll_event ev;
-  if (p->poll_fd >= 0 && (p->wants & POLLOUT) != (events & POLLOUT)) {
-    memset(&ev, 0, sizeof ev);
-    ev.events =
-        (uint32_t)EPOLLIN | ((events & POLLOUT) ? (uint32_t)EPOLLOUT : 0u);
-    ev.data.fd = p->fd;
-    (void)epoll_ctl(p->poll_fd, EPOLL_CTL_MOD, p->fd, &ev);
-  }
-  p->wants = events;
-}
-
-/* Adds `fd` to the epoll set `ep`, readable-level (and writable, when
- * `wants` says POLLOUT). 0 on success. */
-IPCREF__PRIVATE int ipcref__epoll_add(int ep, int fd, int wants) {
-  struct epoll_event ev;
-  memset(&ev, 0, sizeof ev);
-  ev.events = (uint32_t)EPOLLIN | ((wants & POLLOUT) ? (uint32_t)EPOLLOUT : 0u);
-  ev.data.fd = fd;
-  return epoll_ctl(ep, EPOLL_CTL_ADD, fd, &ev);
-}
-
-IPCREF_API int ipcref_peer_poll_fd(ipcref_peer *p) {
-  int ep, bf;
-  if (!p || !IPCREF__PEER_USABLE(p, "ipcref_peer_poll_fd")) return -1;
-  if (p->poll_fd >= 0) return p->poll_fd;
-  ep = epoll_create1(EPOLL_CLOEXEC);
-  bf = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
-  if (ep < 0 || bf < 0 || ipcref__epoll_add(ep, p->fd, p->wants) != 0 ||
-      ipcref__epoll_add(ep, bf, 0) != 0) {
-    int e = errno;
-    if (ep >= 0) close(ep);
-    if (bf >= 0) close(bf);
-    errno = e;
-    return -1;
-  }
-  p->poll_fd = ep;
-  p->batch_fd = bf;
-  if (p->room_wait) /* a send waits for room: returns wake it too */
-    (void)ipcref__epoll_add(ep, p->ctx->bell_rx, 0);
-  /* A batch received before the first call has views left too. */
-  ipcref__batch_signal(p);
-  return ep;
 }
 
 IPCREF_API void ipcref_peer_free(ipcref_peer *p) {

@@ -17,9 +17,9 @@ IPCREF__PRIVATE ipcref_result ipcref__export_one(ipcref_peer *p,
                                                  const char *fn) {
   ipcref__view_event ev[1];
   ipcref_result r;
-  if (!p || !v || !msg) return IPCREF_EINVAL;
+  if (!p || !v || !msg) return ipcref__invalid(fn, "p, v or msg is NULL");
   if (!IPCREF__PEER_USABLE(p, fn)) return IPCREF_EDEAD;
-  r = ipcref__views_live(v, 1, fn);
+  r = ipcref__views_check(p, v, 1, fn);
   if (r != IPCREF_OK) return r;
   msg->len = 0;
   msg->nfds = 0;
@@ -249,9 +249,11 @@ IPCREF__PRIVATE ipcref_result ipcref__send_views(ipcref_peer *p,
   ipcref__view_event ev[IPCREF_MSG_MAX_VIEWS];
   ipcref_msg msg;
   ipcref_result r;
-  if (!p || !views || n < 1 || n > IPCREF_MSG_MAX_VIEWS) return IPCREF_EINVAL;
+  if (!p || !views) return ipcref__invalid(fn, "p or views is NULL");
+  if (n < 1 || n > IPCREF_MSG_MAX_VIEWS)
+    return ipcref__invalid(fn, "n not in 1..IPCREF_MSG_MAX_VIEWS");
   if (!IPCREF__PEER_USABLE(p, fn)) return IPCREF_EDEAD;
-  r = ipcref__views_live(views, n, fn);
+  r = ipcref__views_check(p, views, n, fn);
   if (r == IPCREF_OK) r = ipcref__hello_need(p);
   if (r == IPCREF_OK) r = ipcref__room_take(p, views, n);
   if (r == IPCREF_OK) r = ipcref__events_record(views, n, stream, ev);
@@ -276,14 +278,9 @@ IPCREF__PRIVATE ipcref_result ipcref__send_views(ipcref_peer *p,
 
 IPCREF_API ipcref_result ipcref_peer_flush(ipcref_peer *p) {
   struct timespec end = {0, 0};
-  if (!p) return IPCREF_EINVAL;
+  if (!p) return ipcref__invalid(__func__, "p is NULL");
   if (!IPCREF__PEER_USABLE(p, "ipcref_peer_flush")) return IPCREF_EDEAD;
   return ipcref__flush_out(p, &end);
-}
-
-IPCREF_API int ipcref_peer_wants(ipcref_peer *p) {
-  if (!p || !IPCREF__PEER_USABLE(p, "ipcref_peer_wants")) return 0;
-  return p->wants;
 }
 
 static const ipcref__meta ipcref__no_meta = {NULL, 0};
@@ -372,10 +369,14 @@ IPCREF__PRIVATE ipcref_result ipcref__recv_raw(ipcref_peer *p,
     *len = (size_t)k;
     return IPCREF_OK;
   }
-  if (k <= 0)
+  if (k <= 0) {
     r = k == 0 || errno == ECONNRESET ? IPCREF_EPEER : IPCREF_ESYS;
-  else
+  } else {
     r = IPCREF_EPROTO;
+    ipcref__ctx_report(p->ctx, r,
+                       "message refused: longer than any message, or with "
+                       "more fds (cut: MSG_TRUNC)");
+  }
   for (i = 0; i < *nfds; i++) close(fds[i]);
   *nfds = 0;
   return r;
@@ -444,7 +445,7 @@ IPCREF_API ipcref_result ipcref_recv_on(ipcref_peer *p, ipcref_view *out,
                                         int timeout_ms, void *stream) {
   int n = 0;
   ipcref_result r;
-  if (!p || !out) return IPCREF_EINVAL;
+  if (!p || !out) return ipcref__invalid("ipcref_recv", "p or out is NULL");
   if (!IPCREF__PEER_USABLE(p, "ipcref_recv")) return IPCREF_EDEAD;
   if (p->pending_pos < p->npending) { /* the rest of a batch */
     *out = p->pending[p->pending_pos++];

@@ -213,14 +213,10 @@ IPCREF__PRIVATE ipcref_result ipcref__meta_arg(const void *bytes, size_t len,
                                                ipcref__meta *m) {
   m->bytes = (const unsigned char *)bytes;
   m->len = len;
-  if (len > IPCREF_META_MAX) {
-    ipcref__report_in(IPCREF_EINVAL, fn, "meta_len over IPCREF_META_MAX");
-    return IPCREF_EINVAL;
-  }
-  if (len && !bytes) {
-    ipcref__report_in(IPCREF_EINVAL, fn, "meta is NULL, meta_len is not 0");
-    return IPCREF_EINVAL;
-  }
+  if (len > IPCREF_META_MAX)
+    return ipcref__invalid(fn, "meta_len over IPCREF_META_MAX");
+  if (len && !bytes)
+    return ipcref__invalid(fn, "meta is NULL, meta_len is not 0");
   return IPCREF_OK;
 }
 
@@ -271,30 +267,41 @@ typedef struct ipcref__msg_in {
   int fd_index[IPCREF_MSG_MAX_FDS];
   uint64_t retired[IPCREF__MSG_RETIRED];
   ipcref__view_rec views[IPCREF_MSG_MAX_VIEWS];
+  const char *why; /* what made ipcref__msg_decode refuse it */
 } ipcref__msg_in;
 
 /* Decodes `len` bytes into *m: 0 when they are not exactly one well-formed
- * message. Nothing else is read or changed. */
+ * message (m->why says which part is not). Nothing else is read or
+ * changed. */
 IPCREF__PRIVATE int ipcref__msg_decode(const unsigned char *bytes, size_t len,
                                        ipcref__msg_in *m) {
   ipcref__wire w;
   int i;
   ipcref__wire_init(&w, (unsigned char *)(uintptr_t)bytes, len);
+  m->why = "its header: not ipcref's, another version, or a count out of "
+           "range";
   if (!ipcref__get_msg_head(&w, &m->head)) return 0;
   m->nfds = 0;
-  for (i = 0; i < m->head.nrecs; i++) { /* segments and ledgers: an fd each */
+  m->why = "a segment or ledger record: cut short, or of an unknown kind or "
+           "device";
+  for (i = 0; i < m->head.nrecs; i++) { /* segments and ledgers: fds */
     if (!ipcref__get_fd_rec(&w, &m->recs[i])) return 0;
     m->fd_index[i] = m->recs[i].kind == IPCREF__KIND_DEVICE ? -1 : m->nfds;
     m->nfds += m->recs[i].kind == IPCREF__KIND_LEDGER    ? 2
                : m->recs[i].kind == IPCREF__KIND_SEGMENT ? 1
                                                          : 0;
   }
+  m->why = "more fds than a message may carry";
   if (m->nfds > IPCREF_MSG_MAX_FDS) return 0;
   for (i = 0; i < m->head.nretired; i++)
     m->retired[i] = ipcref__wire_get(&w, 8);
+  m->why = "a view record: cut short, or its dtype, ndim or flags out of "
+           "range";
   for (i = 0; i < m->head.nviews; i++)
     if (!ipcref__get_view(&w, &m->views[i])) return 0;
   w.pos += m->head.meta_len; /* the user's bytes, as they are */
+  m->why = w.bad || w.pos > w.len ? "shorter than its records say"
+                                  : "bytes past its records and metadata";
   return !w.bad && w.pos == w.len;
 }
 

@@ -813,6 +813,155 @@ static void test_gpu_args(void) {
   ipcref_ctx_free(ctx);
 }
 
+/* ---------------------------------------------------- the sharing layer */
+
+#ifdef IPCREF__SHARING_IMPL
+static void test_share_ctx_args(void) {
+  ipcref_ctx_options o;
+  ipcref_ctx *ctx = NULL;
+  ipcref_buf *b = NULL;
+  ipcref_view v;
+  ipcref_device cpu;
+  int64_t n = 8;
+  size_t freed;
+  REFUSED(ipcref_ctx_new(NULL, NULL), "ipcref_ctx_new", "out is NULL");
+  memset(&o, 0, sizeof o);
+  o.segment_size = 5000;
+  REFUSED(ipcref_ctx_new(&o, &ctx), "ipcref_ctx_new", "segment_size");
+  o.segment_size = 0;
+  o.ledger_slots = 9;
+  REFUSED(ipcref_ctx_new(&o, &ctx), "ipcref_ctx_new", "ledger_slots");
+  o.ledger_slots = 0;
+  o.allow_uids_count = 2;
+  REFUSED(ipcref_ctx_new(&o, &ctx), "ipcref_ctx_new", "allow_uids");
+  CHECK(ctx == NULL);
+  CHECK_EQ(ipcref_ctx_new(NULL, &ctx), IPCREF_OK);
+  REFUSED(ipcref_shared_new(NULL, 64, &b), "ipcref_shared_new",
+          "ctx or out is NULL");
+  REFUSED(ipcref_shared_new_isolated(ctx, 64, NULL),
+          "ipcref_shared_new_isolated", "ctx or out is NULL");
+  REFUSED(ipcref_shared_new_wait(ctx, 64, -5, &b), "ipcref_shared_new_wait",
+          "timeout_ms below -1");
+  REFUSED(ipcref_view_new_shared(ctx, IPCREF_DTYPE_COUNT, 1, &n, &v),
+          "ipcref_view_new_shared", "dt out of range");
+  REFUSED(ipcref_ctx_poll(NULL, 0, &freed), "ipcref_ctx_poll", "ctx is NULL");
+  REFUSED(ipcref_ctx_stats(ctx, NULL), "ipcref_ctx_stats",
+          "ctx or out is NULL");
+  REFUSED(ipcref_ctx_add_backend(ctx, NULL), "ipcref_ctx_add_backend",
+          "ctx or be is NULL");
+  cpu.type = IPCREF_DEVICE_CPU;
+  cpu.id = 0;
+  REFUSED(ipcref_device_new(ctx, cpu, 64, &b), "ipcref_device_new",
+          "dev is not a device");
+  CHECK(b == NULL);
+  ipcref_ctx_free(ctx);
+}
+
+static void test_share_peer_args(void) {
+  ipcref_ctx *ctx = NULL;
+  ipcref_peer *p = NULL;
+  ipcref_peer_options o;
+  char long_path[200];
+  int sv[2], pv[2], fd;
+  CHECK_EQ(ipcref_ctx_new(NULL, &ctx), IPCREF_OK);
+  REFUSED(ipcref_peer_new(ctx, -1, &p), "ipcref_peer_new",
+          "sockfd is negative");
+  CHECK_EQ(pipe(pv), 0);
+  REFUSED(ipcref_peer_new(ctx, pv[0], &p), "ipcref_peer_new",
+          "sockfd is not a socket");
+  CHECK_EQ(socketpair(AF_UNIX, SOCK_DGRAM, 0, sv), 0);
+  REFUSED(ipcref_peer_new(ctx, sv[0], &p), "ipcref_peer_new",
+          "neither SOCK_STREAM nor SOCK_SEQPACKET");
+  close(sv[0]);
+  close(sv[1]);
+  fd = socket(AF_UNIX, SOCK_STREAM, 0);
+  REFUSED(ipcref_peer_new(ctx, fd, &p), "ipcref_peer_new",
+          "not a connected AF_UNIX socket");
+  close(fd);
+  memset(&o, 0, sizeof o);
+  o.hello_timeout_ms = -1;
+  CHECK_EQ(socketpair(AF_UNIX, SOCK_SEQPACKET, 0, sv), 0);
+  REFUSED(ipcref_peer_new_with(ctx, sv[0], &o, &p), "ipcref_peer_new_with",
+          "a negative timeout");
+  REFUSED(ipcref_peer_new_with(NULL, sv[0], NULL, &p), "ipcref_peer_new_with",
+          "ctx or out is NULL");
+  CHECK(p == NULL);
+  memset(long_path, 'x', sizeof long_path - 1);
+  long_path[sizeof long_path - 1] = '\0';
+  REFUSED(ipcref_listen(ctx, "", &fd), "ipcref_listen", "path is empty");
+  REFUSED(ipcref_listen(ctx, "@", &fd), "ipcref_listen", "path is empty");
+  REFUSED(ipcref_listen(ctx, long_path, &fd), "ipcref_listen", "too long");
+  REFUSED(ipcref_listen(ctx, "@x", NULL), "ipcref_listen",
+          "ctx or listen_fd is NULL");
+  REFUSED(ipcref_connect(ctx, NULL, &p), "ipcref_connect", "path is NULL");
+  REFUSED(ipcref_accept(ctx, -1, 0, &p), "ipcref_accept",
+          "listen_fd is negative");
+  REFUSED(ipcref_accept(ctx, pv[0], -1, &p), "ipcref_accept",
+          "not a listening socket");
+  close(pv[0]);
+  close(pv[1]);
+  close(sv[0]);
+  close(sv[1]);
+  ipcref_ctx_free(ctx);
+}
+
+/* The calls on a peer: each wrong argument named; a refused view leaves
+ * no lease. */
+static void test_share_send_args(void) {
+  ipcref_ctx *ctx = NULL, *other = NULL;
+  ipcref_peer *p = NULL, *q = NULL;
+  ipcref_view v, heap, theirs, bad, got;
+  ipcref_peer_info in;
+  ipcref_msg *msg = (ipcref_msg *)malloc(sizeof *msg);
+  int64_t n = 8;
+  int sv[2];
+  CHECK_EQ(ipcref_ctx_new(NULL, &ctx), IPCREF_OK);
+  CHECK_EQ(ipcref_ctx_new(NULL, &other), IPCREF_OK);
+  CHECK_EQ(socketpair(AF_UNIX, SOCK_SEQPACKET, 0, sv), 0);
+  CHECK_EQ(ipcref_peer_new(ctx, sv[0], &p), IPCREF_OK);
+  CHECK_EQ(ipcref_peer_new(other, sv[1], &q), IPCREF_OK);
+  CHECK_EQ(ipcref_view_new_shared(ctx, IPCREF_U8, 1, &n, &v), IPCREF_OK);
+  CHECK_EQ(ipcref_view_new(IPCREF_U8, 1, &n, &heap), IPCREF_OK);
+  CHECK_EQ(ipcref_view_new_shared(other, IPCREF_U8, 1, &n, &theirs), IPCREF_OK);
+  bad = v;
+  bad.ndim = -1;
+  REFUSED(ipcref_send(NULL, &v), "ipcref_send", "p or views is NULL");
+  REFUSED(ipcref_send_batch(p, &v, 0), "ipcref_send_batch",
+          "n not in 1..IPCREF_MSG_MAX_VIEWS");
+  REFUSED(ipcref_send(p, &heap), "ipcref_send", "not shared");
+  REFUSED(ipcref_send(p, &bad), "ipcref_send", "not valid");
+  REFUSED(ipcref_send(p, &theirs), "ipcref_send", "another context");
+  REFUSED(ipcref_send_meta(p, &v, 1, NULL, 3), "ipcref_send_meta",
+          "meta is NULL");
+  REFUSED(ipcref_export(p, &heap, msg), "ipcref_export", "not shared");
+  REFUSED(ipcref_export(p, &v, NULL), "ipcref_export", "p, v or msg is NULL");
+  REFUSED(ipcref_recv(NULL, &got, 0), "ipcref_recv", "p or out is NULL");
+  REFUSED(ipcref_recv_on(q, NULL, 0, NULL), "ipcref_recv", "p or out is NULL");
+  memset(msg, 0, sizeof *msg);
+  msg->nfds = -1;
+  REFUSED(ipcref_import(q, msg, &got), "ipcref_import", "msg->nfds");
+  REFUSED(ipcref_peer_flush(NULL), "ipcref_peer_flush", "p is NULL");
+  REFUSED(ipcref_peer_stats(p, NULL), "ipcref_peer_stats", "p or out is NULL");
+  REFUSED(ipcref_peer_set_options(NULL, NULL), "ipcref_peer_set_options",
+          "p is NULL");
+  CHECK_EQ(ipcref_peer_stats(p, &in), IPCREF_OK);
+  CHECK_EQ(in.leases, 0); /* nothing refused took a lease */
+  hear_nothing_yet();
+  CHECK_EQ(ipcref_send(p, &v), IPCREF_OK); /* a good one says nothing */
+  CHECK_EQ(ipcref_recv(q, &got, 5000), IPCREF_OK);
+  CHECK_EQ(heard.calls, 0);
+  ipcref_view_release(&got);
+  ipcref_view_release(&theirs);
+  ipcref_view_release(&heap);
+  ipcref_view_release(&v);
+  ipcref_peer_free(q);
+  ipcref_peer_free(p);
+  ipcref_ctx_free(other);
+  ipcref_ctx_free(ctx);
+  free(msg);
+}
+#endif /* IPCREF__SHARING_IMPL */
+
 int main(void) {
   ipcref_set_error_hook(&hook);
   RUN(test_buf_new);
@@ -837,6 +986,11 @@ int main(void) {
   RUN(test_table_messages);
   RUN(test_table_view);
   RUN(test_gpu_args);
+#ifdef IPCREF__SHARING_IMPL
+  RUN(test_share_ctx_args);
+  RUN(test_share_peer_args);
+  RUN(test_share_send_args);
+#endif
   ipcref_set_error_hook(NULL);
   return harness_finish();
 }

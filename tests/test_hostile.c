@@ -385,6 +385,7 @@ typedef struct evil_mark {
 static void evil_begin(evil_mark *m) {
   res_begin(&m->res);
   m->st = stats_of(A.l.cons);
+  errors_reset();
 }
 
 /* Imports `msg` on the consumer: it must be refused with EPROTO, its fds
@@ -426,6 +427,14 @@ static void evil_end_at(const evil_mark *m, ipcref_msg *msg, const char *what,
     printf("    %s:%d: %s: stats.refused %llu, %llu before\n", __FILE__, line,
            what, (unsigned long long)s.refused,
            (unsigned long long)m->st.refused);
+  }
+  /* Named: the hook heard why, in words other than the catch-all. */
+  if (rc == IPCREF_EPROTO &&
+      (err_eproto != 1 || strncmp(err_last, "message refused: ", 17) != 0 ||
+       strncmp(err_last + 17, "malformed", 9) == 0)) {
+    harness_failures_in_test++;
+    printf("    %s:%d: %s: %d reports, the last: %s\n", __FILE__, line, what,
+           err_eproto, err_last);
   }
   if (harness_failures_in_test != before) printf("      (case: %s)\n", what);
   A.refusals++;
@@ -489,6 +498,7 @@ static void a_setup(void) {
   int64_t shape[1] = {4096}; /* 16 KiB of f32 in a pooled segment */
   void *lm;
   memset(&A, 0, sizeof A);
+  ipcref_set_error_hook(&error_hook); /* each refusal names its reason */
   local_pair_open(&A.l, NULL, NULL);
   /* Read the producer's hello now: the watch on it (a pidfd) is the
    * peer's, not something an import leaks. */
@@ -535,6 +545,7 @@ static void a_setup(void) {
 }
 
 static void a_teardown(void) {
+  ipcref_set_error_hook(NULL);
   msg_close_fds(&A.tmpl);
   free(A.ledger_copy);
   ipcref_view_release(&A.v);
@@ -688,6 +699,7 @@ static void a_byte_cases(void) {
   EVIL_BYTES("more retired ids than allowed", w.nret = 65);
   EVIL_BYTES("wrong magic", w.magic ^= 0x01000000u);
   EVIL_BYTES("wrong version", w.version = 1);
+  CHECK(strstr(err_last, "message refused: its header") != NULL);
   EVIL_BYTES("metadata over IPCREF_META_MAX", w.meta_len = IPCREF_META_MAX + 1);
   {
     evil_mark m;
@@ -722,6 +734,7 @@ static void a_byte_cases(void) {
       CHECK(sv[0] >= 0);
       msg.fds[A.led_i + 1] = sv[0];
       EVIL(&m, &msg, what[k]);
+      CHECK(strstr(err_last, "bell that is not a datagram socket") != NULL);
     }
   }
   /* Every truncation of the record, and trailing bytes. */

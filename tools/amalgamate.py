@@ -39,7 +39,8 @@ DRIVER_MARKER = "/* @driver */"
 LAYERS = ["base", "checked", "buf", "view", "view_ops", "view_copy",
           "share", "share_state", "share_watch", "share_segment", "share_ledger",
           "share_ctx", "share_buf", "share_device", "share_wire", "share_peer",
-          "share_export", "share_import", "share_room", "share_send", "share_path",
+          "share_loop",
+          "share_export", "share_import", "share_send", "share_path",
           "dlpack", "table", "table_ops"]
 MARKER = "/* @implementation */"
 

@@ -1,7 +1,11 @@
-/* share_room: backpressure. A producer capped by max_bytes, or a peer
+/* share_loop: what an event loop waits on. The peer's poll fd (an epoll
+ * set over its socket, the flag of a batch's views left, and while it
+ * waits for room the context's bell) and what a call that said EAGAIN
+ * wants; and backpressure: a producer capped by max_bytes, or a peer
  * capped by max_bytes_held, waits for its consumers to return leases
- * without polling: on the context's room fd, on the peer's poll fd, or
- * blocked with a timeout. Under ctx->lock, but for the waits. */
+ * without polling, on the room fd, on the peer's poll fd, or blocked with
+ * a timeout. Under ctx->lock where it touches the ledgers; the peer's
+ * fields are its user's thread's. */
 
 #if !defined(IPCREF_NO_SHARING)
 #ifdef __cplusplus
@@ -15,6 +19,27 @@ extern "C" {
  * byte on the producer's bell (a datagram socket that travels with every
  * counter file): one system call per return while someone waits, none
  * otherwise. The bell's receiving end is the room fd. */
+
+/* An fd for an event loop (epoll, poll, select) that never misses work:
+ * readable whenever ipcref_recv(p, .., 0) would return a view or an error,
+ * which the peer's socket alone is not once a batch was received (its
+ * other views wait in the peer, and the socket has nothing more to say). A
+ * wake-up with nothing to receive (the other side's hello, say) makes
+ * ipcref_recv(p, .., 0) return IPCREF_EAGAIN: call it until it does, or
+ * once per wake-up (level-triggered, the fd stays readable while views
+ * wait). Made on the first call (an epoll fd over the socket and an
+ * eventfd, both closed by ipcref_peer_free); the same fd every call. -1
+ * for NULL or a freed peer (reported), or when it cannot be made (errno
+ * says why). */
+IPCREF_API int ipcref_peer_poll_fd(ipcref_peer *p);
+
+/* What peer `p` waits for after a call on it said IPCREF_EAGAIN: POLLIN
+ * (the other side's hello, on the peer's poll fd or socket), POLLOUT (room
+ * in its socket: then call ipcref_peer_flush, or send again),
+ * IPCREF_WANTS_ROOM (the other side to return leases, under
+ * max_bytes_held: the peer's poll fd wakes then; send again), 0 for
+ * nothing (or NULL). */
+IPCREF_API int ipcref_peer_wants(ipcref_peer *p);
 
 /* What ipcref_peer_wants says after a send refused for room under the
  * peer's max_bytes_held: wait for the peer's poll fd (which then watches
@@ -47,6 +72,76 @@ IPCREF_API ipcref_result ipcref_shared_new_wait(ipcref_ctx *ctx, size_t size,
 /* @implementation */
 
 #ifdef IPCREF__SHARING_IMPL
+
+/* ---- the peer's poll fd ------------------------------------------------- */
+
+/* The poll fd's batch flag (an eventfd): set while views of a received
+ * batch wait in the peer, cleared when the last is handed out, so that an
+ * event loop is woken for each of them (the socket has nothing more to
+ * say). No-op before ipcref_peer_poll_fd made it. */
+IPCREF__PRIVATE void ipcref__batch_signal(ipcref_peer *p) {
+  uint64_t v = 1;
+  ssize_t n;
+  if (p->batch_fd < 0) return;
+  if (p->pending_pos < p->npending)
+    n = write(p->batch_fd, &v, sizeof v); /* EAGAIN: set already */
+  else
+    n = read(p->batch_fd, &v, sizeof v); /* EAGAIN: clear already */
+  (void)n;
+}
+
+/* The poll fd also wakes for room in the socket while the peer wants it. */
+IPCREF__PRIVATE void ipcref__want(ipcref_peer *p, int events) {
+  struct epoll_event ev;
+  if (p->poll_fd >= 0 && (p->wants & POLLOUT) != (events & POLLOUT)) {
+    memset(&ev, 0, sizeof ev);
+    ev.events =
+        (uint32_t)EPOLLIN | ((events & POLLOUT) ? (uint32_t)EPOLLOUT : 0u);
+    ev.data.fd = p->fd;
+    (void)epoll_ctl(p->poll_fd, EPOLL_CTL_MOD, p->fd, &ev);
+  }
+  p->wants = events;
+}
+
+/* Adds `fd` to the epoll set `ep`, readable-level (and writable, when
+ * `wants` says POLLOUT). 0 on success. */
+IPCREF__PRIVATE int ipcref__epoll_add(int ep, int fd, int wants) {
+  struct epoll_event ev;
+  memset(&ev, 0, sizeof ev);
+  ev.events = (uint32_t)EPOLLIN | ((wants & POLLOUT) ? (uint32_t)EPOLLOUT : 0u);
+  ev.data.fd = fd;
+  return epoll_ctl(ep, EPOLL_CTL_ADD, fd, &ev);
+}
+
+IPCREF_API int ipcref_peer_poll_fd(ipcref_peer *p) {
+  int ep, bf;
+  if (!p || !IPCREF__PEER_USABLE(p, "ipcref_peer_poll_fd")) return -1;
+  if (p->poll_fd >= 0) return p->poll_fd;
+  ep = epoll_create1(EPOLL_CLOEXEC);
+  bf = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
+  if (ep < 0 || bf < 0 || ipcref__epoll_add(ep, p->fd, p->wants) != 0 ||
+      ipcref__epoll_add(ep, bf, 0) != 0) {
+    int e = errno;
+    if (ep >= 0) close(ep);
+    if (bf >= 0) close(bf);
+    errno = e;
+    return -1;
+  }
+  p->poll_fd = ep;
+  p->batch_fd = bf;
+  if (p->room_wait) /* a send waits for room: returns wake it too */
+    (void)ipcref__epoll_add(ep, p->ctx->bell_rx, 0);
+  /* A batch received before the first call has views left too. */
+  ipcref__batch_signal(p);
+  return ep;
+}
+
+IPCREF_API int ipcref_peer_wants(ipcref_peer *p) {
+  if (!p || !IPCREF__PEER_USABLE(p, "ipcref_peer_wants")) return 0;
+  return p->wants;
+}
+
+/* ---- room under a cap ---------------------------------------------------- */
 
 /* Waits for the bell until `end` (set from `ms` on first use; -1 ms:
  * forever), at most IPCREF__ROOM_MS at a time: another thread may read a
@@ -83,13 +178,9 @@ IPCREF_API ipcref_result ipcref_shared_new_wait(ipcref_ctx *ctx, size_t size,
                                                 ipcref_buf **out) {
   struct timespec end = {0, 0};
   ipcref_result r;
-  if (!ctx || !out) return IPCREF_EINVAL;
+  if (!ctx || !out) return ipcref__invalid(__func__, "ctx or out is NULL");
   if (!IPCREF__CTX_USABLE(ctx)) return IPCREF_EDEAD;
-  if (timeout_ms < -1) {
-    ipcref__report_in(IPCREF_EINVAL, "ipcref_shared_new_wait",
-                      "timeout_ms below -1");
-    return IPCREF_EINVAL;
-  }
+  if (timeout_ms < -1) return ipcref__invalid(__func__, "timeout_ms below -1");
   for (;;) {
     r = ipcref_shared_new(ctx, size, out);
     if (r != IPCREF_ENOMEM || !ctx->opt.max_bytes || size > ctx->opt.max_bytes)
