@@ -4829,7 +4829,7 @@ IPCREF__PRIVATE void ipcref__ledger_destroy(ipcref_ctx *ctx,
 /* The context's bell, made with it: a non-blocking datagram socketpair. Every
  * ledger travels with bell_tx; a consumer that returns a lease while the ledger
  * says `waiting` sends a byte on it, and bell_rx becomes readable: what a
- * producer waiting for room sleeps on (see share_room). 0 when it cannot be
+ * producer waiting for room sleeps on (see share_loop). 0 when it cannot be
  * made. */
 IPCREF__PRIVATE int ipcref__bell_make(ipcref_ctx *ctx) {
   int sv[2];
@@ -5857,7 +5857,7 @@ IPCREF__PRIVATE ipcref_result ipcref__shared_new_in(ipcref_ctx *ctx,
     r = ipcref__block_alloc(ctx, pool, size, own, 1, &b);
   }
   if (r == IPCREF_ENOMEM && ctx->opt.max_bytes && !ctx->room_alloc) {
-    ctx->room_alloc = 1; /* wake the room fd on returns (see share_room) */
+    ctx->room_alloc = 1; /* wake the room fd on returns (see share_loop) */
     ipcref__room_update(ctx);
     ipcref__sweep(ctx); /* what came back before the arming */
     r = ipcref__block_alloc(ctx, pool, size, own, 1, &b);

@@ -25,7 +25,7 @@ IPCREF__PRIVATE void ipcref__ledger_destroy(ipcref_ctx *ctx,
 /* The context's bell, made with it: a non-blocking datagram socketpair. Every
  * ledger travels with bell_tx; a consumer that returns a lease while the ledger
  * says `waiting` sends a byte on it, and bell_rx becomes readable: what a
- * producer waiting for room sleeps on (see share_room). 0 when it cannot be
+ * producer waiting for room sleeps on (see share_loop). 0 when it cannot be
  * made. */
 IPCREF__PRIVATE int ipcref__bell_make(ipcref_ctx *ctx) {
   int sv[2];
