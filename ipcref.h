@@ -1108,6 +1108,11 @@ IPCREF_API ipcref_result ipcref_recv(ipcref_peer *p, ipcref_view *out,
  * was received yet, or `p` is NULL or freed (reported). */
 IPCREF_API const void *ipcref_recv_meta(ipcref_peer *p, size_t *len);
 
+/* How many views of the message the last receive from `p` came in wait
+ * still in the peer (receive them to have the whole batch; none then
+ * waits on the socket). 0 for NULL or a freed peer (reported). */
+IPCREF_API int ipcref_recv_pending(ipcref_peer *p);
+
 /* As ipcref_recv, for device views used by work on `stream` (NULL: the
  * default stream): the stream waits on the producer's event before it
  * runs anything queued after this call, and when the view's last
@@ -1239,7 +1244,10 @@ IPCREF_API int ipcref_peer_wants(ipcref_peer *p);
 
 /* What ipcref_peer_wants says after a send refused for room under the
  * peer's max_bytes_held: wait for the peer's poll fd (which then watches
- * the room fd too) to be readable, then send again. */
+ * the room fd too) to be readable, then send again. A receive on the peer
+ * with nothing to receive takes that wake-up (the fd sleeps again), so a
+ * loop that receives on every wake-up should also retry a send waiting
+ * for room. */
 #define IPCREF_WANTS_ROOM 0x10000
 
 /* An fd that becomes readable when a consumer returned a lease while this
@@ -1715,7 +1723,8 @@ IPCREF_API const char *ipcref_strerror(ipcref_result r) {
   case IPCREF_EDEVICE:
     return "the memory is on a device, where the host cannot touch it";
   case IPCREF_EAGAIN:
-    return "not now: the peer's socket is full, or its hello has not come";
+    return "not now: nothing to receive, or the peer's socket is full, its "
+           "hello has not come, or it holds its max_bytes_held";
   }
   return "unknown error";
 }
@@ -6043,6 +6052,7 @@ IPCREF_API ipcref_result ipcref_view_new_shared(ipcref_ctx *ctx,
     return ipcref__invalid(__func__, !ctx || !out ? "ctx or out is NULL"
                                                   : "dt out of range");
   r = ipcref__shape_numel(ndim, shape, ipcref__dtype_sizes[dt], &n);
+  if (r == IPCREF_EINVAL) return ipcref__invalid(__func__, IPCREF__NO_SHAPE);
   if (r != IPCREF_OK) return r;
   r = ipcref_shared_new(ctx, (size_t)n * ipcref__dtype_sizes[dt], &b);
   if (r != IPCREF_OK) return r;
@@ -7111,6 +7121,20 @@ IPCREF__PRIVATE void ipcref__room_wait(ipcref_peer *p, int on) {
       (void)epoll_ctl(p->poll_fd, EPOLL_CTL_DEL, p->ctx->bell_rx, NULL);
   }
   ipcref__room_update(p->ctx);
+}
+
+/* A receive found nothing while a send on the peer waits for room: the
+ * wake-up may have been the bell. It is read, so that the poll fd sleeps
+ * again instead of waking the loop over and over, and the wait ends once
+ * the other side holds less than its cap: the loop's next send goes (or,
+ * still too large, waits again for the next return). */
+IPCREF__PRIVATE void ipcref__room_poll(ipcref_peer *p) {
+  ipcref_ctx *ctx = p->ctx;
+  ipcref__bell_drain(ctx);
+  IPCREF__LOCK(ctx);
+  ipcref__sweep(ctx);
+  if (p->held_bytes < p->opt.max_bytes_held) ipcref__room_wait(p, 0);
+  IPCREF__UNLOCK(ctx);
 }
 
 /* Before a send of `views` takes leases: room under the peer's
@@ -8592,6 +8616,11 @@ IPCREF__PRIVATE void ipcref__meta_keep(ipcref_peer *p,
   if (p->meta_len) memcpy(p->meta, meta, p->meta_len);
 }
 
+IPCREF_API int ipcref_recv_pending(ipcref_peer *p) {
+  if (!p || !IPCREF__PEER_USABLE(p, "ipcref_recv_pending")) return 0;
+  return p->npending - p->pending_pos;
+}
+
 IPCREF_API const void *ipcref_recv_meta(ipcref_peer *p, size_t *len) {
   if (len) *len = 0;
   if (!p || !len || !IPCREF__PEER_USABLE(p, "ipcref_recv_meta")) return NULL;
@@ -8656,6 +8685,7 @@ IPCREF_API ipcref_result ipcref_recv_on(ipcref_peer *p, ipcref_view *out,
   }
   r = ipcref__recv_one(p, timeout_ms, stream, &n);
   if (r == IPCREF_ETIMEDOUT && timeout_ms == 0) { /* a poll: not now */
+    if (p->room_wait) ipcref__room_poll(p);
     ipcref__want(p, POLLIN);
     return IPCREF_EAGAIN;
   }

@@ -177,7 +177,8 @@ IPCREF_API const char *ipcref_strerror(ipcref_result r) {
   case IPCREF_EDEVICE:
     return "the memory is on a device, where the host cannot touch it";
   case IPCREF_EAGAIN:
-    return "not now: the peer's socket is full, or its hello has not come";
+    return "not now: nothing to receive, or the peer's socket is full, its "
+           "hello has not come, or it holds its max_bytes_held";
   }
   return "unknown error";
 }

@@ -434,6 +434,11 @@ IPCREF_API ipcref_result ipcref_recv(ipcref_peer *p, ipcref_view *out,
  * was received yet, or `p` is NULL or freed (reported). */
 IPCREF_API const void *ipcref_recv_meta(ipcref_peer *p, size_t *len);
 
+/* How many views of the message the last receive from `p` came in wait
+ * still in the peer (receive them to have the whole batch; none then
+ * waits on the socket). 0 for NULL or a freed peer (reported). */
+IPCREF_API int ipcref_recv_pending(ipcref_peer *p);
+
 /* As ipcref_recv, for device views used by work on `stream` (NULL: the
  * default stream): the stream waits on the producer's event before it
  * runs anything queued after this call, and when the view's last

@@ -147,6 +147,7 @@ IPCREF_API ipcref_result ipcref_view_new_shared(ipcref_ctx *ctx,
     return ipcref__invalid(__func__, !ctx || !out ? "ctx or out is NULL"
                                                   : "dt out of range");
   r = ipcref__shape_numel(ndim, shape, ipcref__dtype_sizes[dt], &n);
+  if (r == IPCREF_EINVAL) return ipcref__invalid(__func__, IPCREF__NO_SHAPE);
   if (r != IPCREF_OK) return r;
   r = ipcref_shared_new(ctx, (size_t)n * ipcref__dtype_sizes[dt], &b);
   if (r != IPCREF_OK) return r;

@@ -43,7 +43,10 @@ IPCREF_API int ipcref_peer_wants(ipcref_peer *p);
 
 /* What ipcref_peer_wants says after a send refused for room under the
  * peer's max_bytes_held: wait for the peer's poll fd (which then watches
- * the room fd too) to be readable, then send again. */
+ * the room fd too) to be readable, then send again. A receive on the peer
+ * with nothing to receive takes that wake-up (the fd sleeps again), so a
+ * loop that receives on every wake-up should also retry a send waiting
+ * for room. */
 #define IPCREF_WANTS_ROOM 0x10000
 
 /* An fd that becomes readable when a consumer returned a lease while this
@@ -222,6 +225,20 @@ IPCREF__PRIVATE void ipcref__room_wait(ipcref_peer *p, int on) {
       (void)epoll_ctl(p->poll_fd, EPOLL_CTL_DEL, p->ctx->bell_rx, NULL);
   }
   ipcref__room_update(p->ctx);
+}
+
+/* A receive found nothing while a send on the peer waits for room: the
+ * wake-up may have been the bell. It is read, so that the poll fd sleeps
+ * again instead of waking the loop over and over, and the wait ends once
+ * the other side holds less than its cap: the loop's next send goes (or,
+ * still too large, waits again for the next return). */
+IPCREF__PRIVATE void ipcref__room_poll(ipcref_peer *p) {
+  ipcref_ctx *ctx = p->ctx;
+  ipcref__bell_drain(ctx);
+  IPCREF__LOCK(ctx);
+  ipcref__sweep(ctx);
+  if (p->held_bytes < p->opt.max_bytes_held) ipcref__room_wait(p, 0);
+  IPCREF__UNLOCK(ctx);
 }
 
 /* Before a send of `views` takes leases: room under the peer's

@@ -390,6 +390,11 @@ IPCREF__PRIVATE void ipcref__meta_keep(ipcref_peer *p,
   if (p->meta_len) memcpy(p->meta, meta, p->meta_len);
 }
 
+IPCREF_API int ipcref_recv_pending(ipcref_peer *p) {
+  if (!p || !IPCREF__PEER_USABLE(p, "ipcref_recv_pending")) return 0;
+  return p->npending - p->pending_pos;
+}
+
 IPCREF_API const void *ipcref_recv_meta(ipcref_peer *p, size_t *len) {
   if (len) *len = 0;
   if (!p || !len || !IPCREF__PEER_USABLE(p, "ipcref_recv_meta")) return NULL;
@@ -454,6 +459,7 @@ IPCREF_API ipcref_result ipcref_recv_on(ipcref_peer *p, ipcref_view *out,
   }
   r = ipcref__recv_one(p, timeout_ms, stream, &n);
   if (r == IPCREF_ETIMEDOUT && timeout_ms == 0) { /* a poll: not now */
+    if (p->room_wait) ipcref__room_poll(p);
     ipcref__want(p, POLLIN);
     return IPCREF_EAGAIN;
   }

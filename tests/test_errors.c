@@ -844,6 +844,8 @@ static void test_share_ctx_args(void) {
           "timeout_ms below -1");
   REFUSED(ipcref_view_new_shared(ctx, IPCREF_DTYPE_COUNT, 1, &n, &v),
           "ipcref_view_new_shared", "dt out of range");
+  REFUSED(ipcref_view_new_shared(ctx, IPCREF_F32, 1, NULL, &v),
+          "ipcref_view_new_shared", "shape is NULL");
   REFUSED(ipcref_ctx_poll(NULL, 0, &freed), "ipcref_ctx_poll", "ctx is NULL");
   REFUSED(ipcref_ctx_stats(ctx, NULL), "ipcref_ctx_stats",
           "ctx or out is NULL");
