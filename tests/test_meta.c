@@ -131,6 +131,7 @@ static void test_meta_refused(void) {
   CHECK_EQ(ipcref_export_meta(NULL, &v, meta, 1, msg), IPCREF_EINVAL);
   CHECK_EQ(ipcref_export_meta(l.pp, &v, meta, 1, NULL), IPCREF_EINVAL);
   CHECK(ipcref_recv_meta(NULL, NULL) == NULL);
+  CHECK_EQ(ipcref_recv_pending(NULL), 0);
   {
     size_t len = 7;
     CHECK(ipcref_recv_meta(NULL, &len) == NULL && len == 0);
@@ -201,6 +202,7 @@ static void test_batch_meta(void) {
     CHECK(meta_is(l.cp, sizeof meta, 9));
     CHECK_EQ(ipcref_peer_stats(l.cp, &in), IPCREF_OK);
     CHECK_EQ(in.pending, (size_t)(2 - i));
+    CHECK_EQ(ipcref_recv_pending(l.cp), 2 - i);
   }
   for (i = 0; i < 3; i++) ipcref_view_release(&got[i]);
   CHECK_EQ(ipcref_recv(l.cp, &got[0], 5000), IPCREF_OK);

@@ -101,6 +101,13 @@ static void test_peer_cap_nonblocking(void) {
   CHECK_EQ(ipcref_send(pp, &v[2]), IPCREF_EAGAIN); /* still not */
   ipcref_view_release(&got[0]);
   CHECK(readable(pfd, 5000)); /* the return woke the loop */
+  /* A loop that receives first takes the wake-up: nothing to receive, the
+   * fd quiet again (no spinning), and the send waiting for room goes. */
+  {
+    ipcref_view none;
+    CHECK_EQ(ipcref_recv(pp, &none, 0), IPCREF_EAGAIN);
+    CHECK(!readable(pfd, 0));
+  }
   CHECK_EQ(ipcref_send(pp, &v[2]), IPCREF_OK);
   CHECK_EQ(ipcref_recv(cp, &got[2], 5000), IPCREF_OK);
   CHECK(!armed(prod));
