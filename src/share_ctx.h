@@ -252,17 +252,20 @@ IPCREF__PRIVATE int ipcref__process_gone(int pidfd, int pid) {
   return poll(&pfd, 1, 0) > 0 && (pfd.revents & (POLLIN | POLLHUP)) != 0;
 }
 
-/* When the peer `p` is freed and its process is dead (under the lock): a
- * dead producer never reuses nor destroys its segments, so their mappings
- * here are retired, to go once nothing uses them; else its memory would
- * live as long as this context. (Not before the peer is freed: messages
- * it sent may still be queued.) 1 if it did. */
+/* When the peer `p` is freed (under the lock), the mappings of its
+ * context's segments and ledgers here are retired, to go once nothing
+ * uses them: no message can bring them into use again (another connection
+ * from the same context would send its fds anew), and a producer that
+ * lives on never tells a freed peer what it destroys, so they would
+ * otherwise live as long as this context. Not while another peer of this
+ * context comes from the same one, which may still use them; nor before
+ * the peer is freed (messages it sent may still be queued). 1 if it did. */
 IPCREF__PRIVATE int ipcref__retire_origin(ipcref_ctx *ctx, ipcref_peer *p) {
   ipcref__map *m;
-  if (p->origin_retired || !p->watch) return 0;
-  if (!p->watch->dead && ipcref__process_gone(p->watch->pidfd, p->pid))
-    ipcref__watch_dead(ctx, p->watch);
-  if (!p->watch->dead) return 0;
+  ipcref_peer *q;
+  if (p->origin_retired || p->hello <= 0) return 0;
+  for (q = ctx->peers; q; q = q->next)
+    if (q != p && q->hello > 0 && q->nonce == p->nonce) return 0;
   p->origin_retired = 1;
   for (m = ctx->maps; m; m = m->next)
     if (m->origin_nonce == p->nonce) m->retired = 1;

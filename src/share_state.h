@@ -316,7 +316,7 @@ struct ipcref_peer {
   int fd, pid, uid, sock_type;
   ipcref__watch *watch; /* the other process (from its hello) */
   uint64_t nonce;       /* its context (from its hello) */
-  int origin_retired;   /* it died: its mappings here were retired */
+  int origin_retired;   /* freed: its mappings here were retired */
   int hello; /* 0: the other side's hello not read yet; 1: read; -1: bad;
                 -2: refused (a uid not allowed, or no hello in time) */
   ipcref_peer_options opt;

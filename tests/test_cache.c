@@ -500,6 +500,41 @@ static void test_consumer_trim(void) {
   ipcref_ctx_free(ctx);
 }
 
+/* A consumer that frees its peer while the producer lives lets go of
+ * that producer's segments and counter files once nothing uses them (the
+ * producer never tells a freed peer what it destroys): a second
+ * connection from the same producer keeps them while it lives; a view
+ * held keeps its segment until released. */
+static void test_consumer_frees_its_peer(void) {
+  local_pair l;
+  ipcref_peer *again = NULL, *again_prod = NULL;
+  ipcref_view v, got, held;
+  const int64_t n = 4096;
+  int sv[2];
+  local_pair_open(&l, NULL, NULL);
+  if (!l.pp || !l.cp || xsocketpair(SOCK_SEQPACKET, sv) != 0) return;
+  again_prod = make_peer(l.prod, sv[0]);
+  again = make_peer(l.cons, sv[1]);
+  CHECK_EQ(ipcref_view_new_shared(l.prod, IPCREF_U8, 1, &n, &v), IPCREF_OK);
+  CHECK_EQ(ipcref_send(l.pp, &v), IPCREF_OK);
+  CHECK_EQ(ipcref_recv(l.cp, &got, 5000), IPCREF_OK);
+  CHECK_EQ(ipcref_send(again_prod, &v), IPCREF_OK);
+  CHECK_EQ(ipcref_recv(again, &held, 5000), IPCREF_OK);
+  ipcref_view_release(&got);
+  ipcref_peer_free(l.cp);
+  l.cp = NULL;
+  CHECK_EQ(stats_of(l.cons).mapped_segments, 1); /* `again` may use it */
+  ipcref_peer_free(again);
+  CHECK_EQ(stats_of(l.cons).mapped_segments, 1); /* `held` uses it */
+  ipcref_view_release(&held);
+  ipcref_collect(l.cons);
+  CHECK_EQ(stats_of(l.cons).mapped_segments, 0);
+  CHECK_EQ(stats_of(l.cons).counter_files, 0);
+  ipcref_view_release(&v);
+  ipcref_peer_free(again_prod);
+  local_pair_close(&l);
+}
+
 int main(void) {
   long seed;
   fixture_start();
@@ -513,6 +548,7 @@ int main(void) {
   RUN(test_cap_and_trim);
   RUN(test_isolated_never_recycled);
   RUN(test_consumer_mappings_bounded);
+  RUN(test_consumer_frees_its_peer);
   RUN(test_consumer_trim);
   return harness_finish();
 }
