@@ -6,10 +6,14 @@
 #   make bench      our workloads beside the peers', as ratios
 #   make format     clang-format the sources (format-check: only look)
 #   make install    headers and ipcref.pc under $(DESTDIR)$(PREFIX)
+#   make python     the Python package, importable from build/python
 
 PREFIX   ?= /usr/local
 DESTDIR  ?=
 PYTHON   ?= python3
+# The interpreter the Python package is built for: Debian's, which has
+# numpy and torch (another python3 may come first on PATH).
+PY       ?= $(firstword $(wildcard /usr/bin/python3) python3)
 CC       ?= cc
 BUILD_DIR ?= ./build
 CFLAGS   ?= -O2 -Wall -Wextra -Wpedantic -Werror
@@ -27,7 +31,7 @@ FORMATTED := $(wildcard src/*.h tests/*.c tests/*.h tests/*/*.c tests/*/*.h \
                         bench/peers/*.cpp bench/peers/iceoryx/*.c) $(GENERATED)
 EXAMPLES := threads_demo share_demo object_store
 
-.PHONY: all check test soak demo bench format format-check install uninstall clean
+.PHONY: all check test soak demo bench format format-check install uninstall clean python
 
 all: ipcref.h check
 
@@ -67,6 +71,16 @@ demo: ipcref.h
 	  $(CC) $(CFLAGS) -std=c11 -I. -I$(CUDA_INC) examples/cuda_share.c \
 	    -o $(BUILD_DIR)/cuda_share -pthread -ldl && $(BUILD_DIR)/cuda_share; \
 	else echo "cuda_share: not built (no cuda.h in $(CUDA_INC): set CUDA_HOME or CUDA_INC)"; fi
+
+# The Python package (python/ipcref) built in place: PYTHONPATH=build/python.
+PY_EXT = $(shell $(PY) -c 'import sysconfig; print(sysconfig.get_config_var("EXT_SUFFIX"))' 2>/dev/null)
+PY_INC = $(shell $(PY) -c 'import sysconfig; print(sysconfig.get_paths()["include"])' 2>/dev/null)
+python: ipcref.h
+	@test -f "$(PY_INC)/Python.h" || { echo "make python: no Python.h for $(PY) (apt-get install python3-dev)"; exit 1; }
+	@mkdir -p $(BUILD_DIR)/python/ipcref
+	$(CC) -O2 -g -std=c11 -Wall -Wextra -Werror -fPIC -shared -I$(PY_INC) -I. \
+	  python/ipcref/_ipcref.c -o $(BUILD_DIR)/python/ipcref/_ipcref$(PY_EXT) -pthread
+	@cp python/ipcref/*.py $(BUILD_DIR)/python/ipcref/
 
 bench: ipcref.h
 	@bash bench/run.sh

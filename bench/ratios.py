@@ -21,19 +21,32 @@ size; the mixed stream (4, 24, 64 MiB in turn) has size 0. w5_frames is the two-
 stream. Every W5 peer is compared with peer=ipcref (a fresh tensor per item); ipcref_reused (one
 tensor made once, re-sent) is the bound its goals measure ipcref against.
 
+W6 (Python to Python: bench/w6_python.py and bench/peers/w6_python.py): w6_fresh (a fresh
+float32 tensor per item, one size per row) and w6_resend (one 4096-byte tensor re-sent) compare
+every peer with peer=ipcref_py (the package's API), and torch_mp_fd and torch_mp_fs also with
+peer=ipcref_dropin (ipcref.torch's drop-in on the same torch Queue code: a torch.empty tensor,
+copied once into a block) and peer=ipcref_dropin_empty (the tensor allocated in ipcref memory:
+no copy); w6_dataloader (a DataLoader epoch, us per batch: samples collated in the worker) and
+w6_dataloader_batch (the dataset makes each batch whole: a plain tensor, copied once into shared
+memory either way) compare torch_dataloader with peer=ipcref_dropin.
+
 Then a W4 table (us per hand-off, one column per peer), W5 tables (us per tensor, and the
-consumer's peak memory, one column per peer), and the goals below, PASS or MISS, with the
-margin. The W5 goals, in each setup and stream: ipcref / ipcref_reused <= 1.15 at every size
+consumer's peak memory, one column per peer), W6 tables (us per item, median and p99; us per
+batch; the drop-in's ratios to torch, which have no goal), and the goals below, PASS or MISS, with the margin. The W5 goals, in each setup and stream: ipcref / ipcref_reused <= 1.15 at every size
 (us_median); ipcref's us_p99 <= 3x its us_median (in the mixed stream the items' sizes differ,
 so it is read per size: p99_per_size, the largest p99 / median of the three sizes); seq at 24 MiB: ipcref at least 10x faster
 than torch_mp_fd and torch_mp_fs; w5_frames: ipcref's frames_per_s within 1.2x of
-ipcref_reused's. A goal whose peer (or ipcref row) is missing prints n/a. Always exits 0:
+ipcref_reused's. The W6 goals (us_median): w6_fresh at 24 MiB and w6_resend at 4096 bytes,
+ipcref_py at least 10x faster than torch_mp_fd and torch_mp_fs; w6_resend at 4096 bytes,
+ipcref_py within 3x of the C library's hand-off in the same run (peer=ipcref workload=w4
+size=4096 us_per_handoff: W4 unpinned); w6_dataloader, ipcref_dropin's us_per_batch no more than
+torch_dataloader's. A goal whose peer (or ipcref row) is missing prints n/a. Always exits 0:
 benchmarks report, they do not fail. Stdlib only."""
 import statistics
 import sys
 
 LOWER_IS_BETTER = {"ns_per_op": "time", "us_per_handoff": "time", "us_median": "time",
-                   "us_p90": "time"}
+                   "us_p90": "time", "us_per_batch": "time"}
 HIGHER_IS_BETTER = {"GBps": "throughput"}
 
 # The ipcref rows a peer is compared with; peers not listed are compared with "ipcref".
@@ -43,6 +56,11 @@ OURS_FOR = {
     "c_memcpy": ("ipcref_prealloc",),
     "c_memfd_scm": ("ipcref", "ipcref_first"),
 }
+# W6: the ipcref rows its peers are compared with, by workload (else W6_OURS).
+W6_OURS = ("ipcref_py",)
+W6_OURS_FOR = {"w6_dataloader": ("ipcref_dropin",), "w6_dataloader_batch": ("ipcref_dropin",)}
+# W6 queue rows of ipcref.torch's drop-in: compared with the torch peers only (same torch code).
+W6_DROPIN = ("ipcref_dropin", "ipcref_dropin_empty")
 # Peers that are not a library to compare with (the interpreter's own cost).
 NOT_COMPARED = {"python_timeit_empty"}
 
@@ -92,6 +110,23 @@ W5_P99 = 3.0  # ipcref's us_p99 / its own us_median, every row
 W5_FRAMES_BOUND = 1.2  # w5_frames: ipcref_reused's frames_per_s / ipcref's
 # Columns of the W5 table, in this order; other peers follow.
 W5_COLUMNS = ["ipcref", "ipcref_reused", "c_memfd_fresh", "py_shm", "torch_mp_fd", "torch_mp_fs"]
+# W6 (Python to Python): ipcref_py (the package's API) at least 10x faster than torch at
+# W6_TORCH_SIZE (w6_fresh) and W6_SMALL (w6_resend); w6_resend within W6_C_BOUND of the C
+# library's W4 hand-off (W6_C_REF, the unpinned setup) at the same size; the DataLoader drop-in
+# no slower than torch's own (w6_dataloader). The drop-in's other ratios to torch (W6_DROPIN at
+# W6_TORCH_SIZE and W6_SMALL, ipcref_dropin in w6_dataloader_batch) are printed, with no goal.
+W6_FRESH, W6_RESEND, W6_DATALOADER = "w6_fresh", "w6_resend", "w6_dataloader"
+W6_DATALOADER_BATCH = "w6_dataloader_batch"
+W6_DATALOADERS = (W6_DATALOADER, W6_DATALOADER_BATCH)
+W6_IDS = (W6_FRESH, W6_RESEND, W6_DATALOADER, W6_DATALOADER_BATCH)
+W6_TORCH_SIZE, W6_SMALL = 25165824, 4096
+W6_TORCH_PEERS = ("torch_mp_fd", "torch_mp_fs")
+W6_C_REF = ("w4", W6_SMALL, "us_per_handoff", "ipcref")
+W6_C_BOUND = 3.0
+W6_DL_BOUND = 1.0  # ipcref_dropin / torch_dataloader, us_per_batch
+# Columns of the W6 tables, in this order; other peers follow.
+W6_COLUMNS = ["ipcref_py", "ipcref_dropin", "ipcref_dropin_empty", "torch_mp_fd", "torch_mp_fs", "mp_shared_memory",
+              "numpy_pipe", "torch_dataloader"]
 UNITS = {"ns_per_op": "ns", "us_per_handoff": "us", "GBps": "GB/s"}
 # reclaim.c: everything a SIGKILLed consumer held, up to RECLAIM_BLOCKS blocks, is back within
 # RECLAIM_US of its death (median over the rounds), the producer waiting in poll().
@@ -118,7 +153,11 @@ def parse(paths):
     return {k: statistics.median(v) for k, v in vals.items()}, notes
 
 
-def ours_for(peer):
+def ours_for(peer, wl=""):
+    if wl.startswith("w6_"):
+        if wl in (W6_FRESH, W6_RESEND) and peer in W6_TORCH_PEERS:
+            return W6_OURS + W6_DROPIN
+        return W6_OURS_FOR.get(wl, W6_OURS)
     return OURS_FOR.get(peer, ("ipcref",))
 
 
@@ -149,7 +188,7 @@ def ratio_table(vals):
     for (wl, size, metric, peer), theirs in sorted(vals.items()):
         if peer.startswith("ipcref") or peer in NOT_COMPARED:
             continue
-        for mine in ours_for(peer):
+        for mine in ours_for(peer, wl):
             ours = vals.get((wl, size, metric, mine))
             c = None if ours is None else compare(metric, ours, theirs)
             if c is None:
@@ -327,6 +366,119 @@ def w5_goal_rows(vals):
     return out
 
 
+def w6_table(vals):
+    """us per item of every W6 row (median / p99), one row per (workload, size); then the
+    DataLoader rows (us per batch)."""
+    def cols_of(wls, metric):
+        seen = {peer for (wl, _, m, peer) in vals if wl in wls and m == metric}
+        return [c for c in W6_COLUMNS if c in seen] + sorted(seen - set(W6_COLUMNS))
+
+    def us(v):
+        return "" if v is None else f"{v:g}"
+
+    streams = (W6_FRESH, W6_RESEND)
+    keys = sorted({(wl, size) for (wl, size, m, _) in vals if wl in streams and m == "us_median"},
+                  key=lambda r: (W6_IDS.index(r[0]), r[1]))
+    if keys:
+        cols = cols_of(streams, "us_median")
+        print("\n### W6 Python to Python: us per item, median / p99\n")
+        print("w6_fresh: a new float32 tensor per item, filled whole, read one byte per page; "
+              "w6_resend: one 4096-byte tensor made once, re-sent.\n")
+        print("| workload | size (B) | " + " | ".join(cols) + " |")
+        print("|---|---|" + "---|" * len(cols))
+        for wl, size in keys:
+            cells = []
+            for c in cols:
+                med = vals.get((wl, size, "us_median", c))
+                p99 = vals.get((wl, size, "us_p99", c))
+                cells.append("" if med is None else f"{med:g} / {us(p99)}")
+            print(f"| {wl} | {size} | " + " | ".join(cells) + " |")
+    keys = sorted({(wl, size) for (wl, size, m, _) in vals
+                   if wl in W6_DATALOADERS and m == "us_per_batch"},
+                  key=lambda r: (W6_IDS.index(r[0]), r[1]))
+    if keys:
+        cols = cols_of(W6_DATALOADERS, "us_per_batch")
+        print("\n### W6 DataLoader epoch: us per batch (epoch time / batches; between batches: "
+              "median / p99)\n")
+        print("w6_dataloader: samples collated in the worker; w6_dataloader_batch: the dataset "
+              "makes each batch whole (batch_size=None).\n")
+        print("| workload | batch (B) | figure | " + " | ".join(cols) + " |")
+        print("|---|---|---|" + "---|" * len(cols))
+        for wl, size in keys:
+            print(f"| {wl} | {size} | per batch | " + " | ".join(
+                us(vals.get((wl, size, "us_per_batch", c))) for c in cols) + " |")
+            cells = []
+            for c in cols:
+                med = vals.get((wl, size, "us_median", c))
+                p99 = vals.get((wl, size, "us_p99", c))
+                cells.append("" if med is None else f"{med:g} / {us(p99)}")
+            print(f"| {wl} | {size} | between batches | " + " | ".join(cells) + " |")
+    w6_dropin_table(vals)
+
+
+def w6_dropin_table(vals):
+    """The drop-in's ratios to torch that have no goal: W6_DROPIN vs the torch peers at
+    W6_TORCH_SIZE (w6_fresh) and W6_SMALL (w6_resend), us_median; ipcref_dropin vs
+    torch_dataloader in w6_dataloader_batch, us_per_batch."""
+    pairs = [(wl, size, "us_median", ours, peer)
+             for wl, size in ((W6_FRESH, W6_TORCH_SIZE), (W6_RESEND, W6_SMALL))
+             for ours in W6_DROPIN for peer in W6_TORCH_PEERS]
+    pairs += [(W6_DATALOADER_BATCH, size, "us_per_batch", "ipcref_dropin", "torch_dataloader")
+              for size in sorted({k[1] for k in vals if k[0] == W6_DATALOADER_BATCH
+                                  and k[2] == "us_per_batch"})]
+    rows = []
+    for wl, size, metric, ours, peer in pairs:
+        a, b = vals.get((wl, size, metric, ours)), vals.get((wl, size, metric, peer))
+        if a is not None or b is not None:
+            ratio = f"{a / b:.3g}x" if a and b else "n/a"
+            rows.append(f"| {wl} | {size} | {metric} | {ours} | {peer} | "
+                        f"{'' if a is None else f'{a:g}'} | {'' if b is None else f'{b:g}'} | "
+                        f"{ratio} |")
+    if rows:
+        print("\n### W6 ipcref.torch drop-in vs torch (ratios only: no goal)\n")
+        print("drop-in / torch, < 1: the drop-in is faster. ipcref_dropin: torch.empty, "
+              "filled, put (copied once into a block); ipcref_dropin_empty: made in ipcref "
+              "memory, filled, put (no copy). The w6_dataloader goal is under Goals.\n")
+        print("| workload | size (B) | metric | drop-in row | torch row | drop-in (us) "
+              "| torch (us) | ratio |")
+        print("|---|---|---|---|---|---|---|---|")
+        for r in rows:
+            print(r)
+
+
+def w6_goal_rows(vals):
+    """The W6 goals, as W4's rows; none when no W6 workload is in the input."""
+    workloads = {k[0] for k in vals}
+    if not workloads & set(W6_IDS):
+        return []
+    out = []
+    metric = "us_median"
+    for wl, size in ((W6_FRESH, W6_TORCH_SIZE), (W6_RESEND, W6_SMALL)):
+        for peer in W6_TORCH_PEERS:
+            out.append(w5_ratio_goal(vals, wl, size, metric, "ipcref_py", peer, 1 / 10,
+                                     " (>= 10x faster)"))
+    # the Python hand-off against the C library's own, W4 unpinned, same run
+    ref_wl, ref_size, ref_metric, ref_peer = W6_C_REF
+    name = (f"{W6_RESEND} {metric} @ {W6_SMALL}: ipcref_py <= {W6_C_BOUND:g}x the C library's "
+            f"hand-off (peer={ref_peer} workload={ref_wl} size={ref_size} {ref_metric})")
+    ours = vals.get((W6_RESEND, W6_SMALL, metric, "ipcref_py"))
+    ref = vals.get(W6_C_REF)
+    if ref_wl not in workloads:
+        out.append((name, f"W4 unpinned (workload {ref_wl}) did not run in this run"))
+    elif ours is None or not ref:
+        missing = [n for n, v in (("ipcref_py", ours), (f"{ref_peer} {ref_wl}", ref)) if not v]
+        out.append((name, f"not measured: {', '.join(missing)}"))
+    else:
+        r = ours / ref
+        out.append((name, f"{r:.3g}x ({ours:g} vs {ref:g} us)", r <= W6_C_BOUND,
+                    margin(r, W6_C_BOUND, True)))
+    sizes = sorted({k[1] for k in vals if k[0] == W6_DATALOADER and k[2] == "us_per_batch"})
+    for size in sizes or [W6_TORCH_SIZE]:
+        out.append(w5_ratio_goal(vals, W6_DATALOADER, size, "us_per_batch", "ipcref_dropin",
+                                 "torch_dataloader", W6_DL_BOUND, " (no slower)"))
+    return out
+
+
 def w4_goal_rows(vals):
     """The W4 goals of every setup present, as (name, measured, ok, margin) or (name, why)."""
     out = []
@@ -383,7 +535,9 @@ def goal_table(vals, notes=()):
     goals = [g for g in GOALS if g[0] in workloads]
     w4 = w4_goal_rows(vals)
     w5 = w5_goal_rows(vals)
-    if not goals and not w4 and not w5 and "limbo_release" not in workloads and reclaim is None:
+    w6 = w6_goal_rows(vals)
+    if (not goals and not w4 and not w5 and not w6 and "limbo_release" not in workloads
+            and reclaim is None):
         return
     print("\n### Goals\n")
     print("margin: how far the figure is from its bound, in % of the bound (+ better, - short).\n")
@@ -423,7 +577,7 @@ def goal_table(vals, notes=()):
               f"{r:.2f}x | {'PASS' if r <= 2.0 else 'MISS'} | {margin(r, 2.0, True)} |")
     if reclaim is not None:
         print(reclaim)
-    for row in w4 + w5:
+    for row in w4 + w5 + w6:
         if len(row) == 2:
             print(f"| {row[0]} | n/a | n/a ({row[1]}) | |")
         else:
@@ -438,6 +592,7 @@ def main():
     w2_note(vals)
     w4_table(vals)
     w5_table(vals)
+    w6_table(vals)
     goal_table(vals, notes)
     if notes:
         print("\nNot measured:\n")

@@ -4,7 +4,7 @@
 # bench/peers/README.md) restricted to the same workloads; prints every result line on stdout,
 # then the ratio table of bench/ratios.py.
 # Usage: bash bench/run.sh
-# Knobs (env): WORKLOADS (default "w1 w2 w3 w4 w5 limbo reclaim"; also the peers' ONLY), PEERS
+# Knobs (env): WORKLOADS (default "w1 w2 w3 w4 w5 w6 limbo reclaim"; also the peers' ONLY), PEERS
 #              (the peers' folder, default bench/peers; it holds run_peers.sh, or a run_all.sh that
 #              takes the same knobs), W1_N, W1_REPS, W23_REPS (W2 and W3 repetitions, ours and
 #              the peers'), W4_SECONDS (timed seconds per peer and size), W4_SIZES (comma
@@ -15,9 +15,16 @@
 #              w5_1cpu w5_2cpu w5_frames), W5_STREAMS (seq inflight4 mixed), W5_MIN_ITEMS (timed
 #              items at least, default 8), W5_MAX_BYTES (a row ends once it streamed this much,
 #              past W5_MIN_ITEMS; default 2 GiB), W5_FRAMES (frames per w5_frames row, default
-#              300; all W5 knobs but W5_FRAMES are the peers' too), STEP_TIMEOUT, CC, OUT (also
-#              keep the raw result lines in this file). The peers take more: PY, CXX, RUSTC,
-#              W4_IOX (run_peers.sh).
+#              300; all W5 knobs but W5_FRAMES are the peers' too), W6_SECONDS (timed seconds per
+#              row, default 1.0), W6_SIZES (the fresh stream's sizes, comma separated, default 4,
+#              24 and 64 MiB), W6_MIN_ITEMS (timed items at least, default 8), W6_WINDOW (items in
+#              flight, default 1), W6_WORKLOADS (default "fresh resend dataloader"), W6_DL_WORKERS
+#              (DataLoader workers, default 4), W6_DL_BATCH (bytes per batch, default 24 MiB),
+#              W6_DL_BATCHES (batches per epoch, default 32), W6_DL_EPOCHS (default 3; all W6
+#              knobs are the peers' too), W6_MAKE (default 1: `make python` before W6; 0: use
+#              build/python as it is), PY (the interpreter of W6 and of the Python peers, default
+#              /usr/bin/python3), STEP_TIMEOUT, CC, OUT (also keep the raw result lines in this
+#              file). The peers take more: CXX, RUSTC, W4_IOX (run_peers.sh).
 # W4 runs as bench/peers/run_peers.sh runs its W4 peers: for each variant, each mode of
 # bench/w4_handoff.c (ipcref, first) and each size, one process: w4 as is, w4_1cpu under
 # `taskset -c 0`, w4_2cpu with W4_PIN=split (producer and consumer on two CPUs); W4_ID names the
@@ -28,13 +35,18 @@
 # workload id printed is <setup>_<stream>. w5_frames starts two programs per mode, unpinned:
 # `w5_stream frames-recv SOCK` in the background, then `w5_stream frames-send MODE SOCK FRAMES`,
 # which connects to it (SOCK: an AF_UNIX socket path in the build folder).
+# W6 (Python to Python) is bench/w6_python.py, run by PY with build/python first on PYTHONPATH
+# (built by `make python` unless W6_MAKE=0): rows ipcref_py (the package's API) and
+# ipcref_dropin / ipcref_dropin_empty (torch.multiprocessing and DataLoader through
+# ipcref.torch.install()); when the package does not import, its rows
+# print status=skipped. Its peers are bench/peers/w6_python.py's.
 # To add a workload: add bench/<wl>.c or bench/<wl>_*.c printing `peer=ipcref workload=<id> ...`
 # lines, give its arguments in args_for below, and add it to WORKLOADS.
 set -u
 HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 REPO="$(dirname "$HERE")"
 PEERS="${PEERS:-$HERE/peers}"
-WORKLOADS="${WORKLOADS:-w1 w2 w3 w4 w5 limbo reclaim}"
+WORKLOADS="${WORKLOADS:-w1 w2 w3 w4 w5 w6 limbo reclaim}"
 CC="${CC:-gcc}"
 STEP_TIMEOUT="${STEP_TIMEOUT:-120}"
 export W1_N="${W1_N:-10000000}" W1_REPS="${W1_REPS:-5}" W23_REPS="${W23_REPS:-7}"
@@ -44,6 +56,18 @@ export W5_SECONDS="${W5_SECONDS:-1.0}" W5_SIZES="${W5_SIZES:-4194304,25165824,67
 export W5_VARIANTS="${W5_VARIANTS:-w5_1cpu w5_2cpu w5_frames}"
 export W5_STREAMS="${W5_STREAMS:-seq inflight4 mixed}" W5_MIN_ITEMS="${W5_MIN_ITEMS:-8}"
 export W5_MAX_BYTES="${W5_MAX_BYTES:-2147483648}" W5_FRAMES="${W5_FRAMES:-300}"
+export W6_SECONDS="${W6_SECONDS:-1.0}" W6_SIZES="${W6_SIZES:-4194304,25165824,67108864}"
+export W6_MIN_ITEMS="${W6_MIN_ITEMS:-8}" W6_WINDOW="${W6_WINDOW:-1}"
+export W6_WORKLOADS="${W6_WORKLOADS:-fresh resend dataloader}" W6_DL_WORKERS="${W6_DL_WORKERS:-4}"
+export W6_DL_BATCH="${W6_DL_BATCH:-25165824}" W6_DL_BATCHES="${W6_DL_BATCHES:-32}"
+export W6_DL_EPOCHS="${W6_DL_EPOCHS:-3}"
+W6_MAKE="${W6_MAKE:-1}"
+# PY given and not there: no Python rows; the default: /usr/bin/python3, else python3
+if [ -z "${PY:-}" ]; then
+    PY=/usr/bin/python3
+    [ -x "$PY" ] || PY="$(command -v python3 || echo /nonexistent/python3)"
+fi
+export PY
 RECLAIM_ROUNDS="${RECLAIM_ROUNDS:-30}" RECLAIM_BLOCK="${RECLAIM_BLOCK:-256}"
 
 BUILD="$(mktemp -d "${TMPDIR:-/tmp}/ipcref-bench.XXXXXX")"
@@ -139,10 +163,35 @@ run_w5_frames() { # run_w5_frames EXE: per mode, the consumer program, then the 
     rm -f "$sock"
 }
 
+run_w6() { # ipcref's W6 rows: bench/w6_python.py, with the package from build/python
+    local rc wl wls="${W6_WORKLOADS// /,}"
+    if [ ! -x "$PY" ]; then
+        for wl in $W6_WORKLOADS; do
+            echo "peer=ipcref_py workload=w6_$wl status=skipped reason=apt-get-install-python3"
+        done
+        return
+    fi
+    if [ "$W6_MAKE" != 0 ]; then
+        if ! command -v make >/dev/null 2>&1; then
+            echo "# make python: no make (apt-get install make); build/python as it is"
+        elif ! make -C "$REPO" -s python PY="$PY" BUILD_DIR=build >"$BUILD/make_python.log" 2>&1; then
+            echo "# make python failed: $(tail -c 300 "$BUILD/make_python.log" | tr '\n' ' ')"
+        fi
+    fi
+    PYTHONPATH="$REPO/build/python${PYTHONPATH:+:$PYTHONPATH}" timeout -k 5 "$STEP_TIMEOUT" \
+        "$PY" "$HERE/w6_python.py" ipcref_py,ipcref_dropin "$wls"
+    rc=$?
+    [ $rc -eq 0 ] || echo "peer=ipcref_py workload=w6 status=failed reason=exit-$rc"
+}
+
 {
-    echo "# ipcref bench: WORKLOADS=\"$WORKLOADS\" W1_N=$W1_N W1_REPS=$W1_REPS W23_REPS=$W23_REPS W4_SECONDS=$W4_SECONDS W4_SIZES=$W4_SIZES W4_VARIANTS=\"$W4_VARIANTS\" W5_SECONDS=$W5_SECONDS W5_SIZES=$W5_SIZES W5_VARIANTS=\"$W5_VARIANTS\" W5_STREAMS=\"$W5_STREAMS\" W5_MIN_ITEMS=$W5_MIN_ITEMS W5_MAX_BYTES=$W5_MAX_BYTES W5_FRAMES=$W5_FRAMES RECLAIM_ROUNDS=$RECLAIM_ROUNDS RECLAIM_BLOCK=$RECLAIM_BLOCK cc=$($CC -dumpfullversion 2>/dev/null || echo none)"
+    echo "# ipcref bench: WORKLOADS=\"$WORKLOADS\" W1_N=$W1_N W1_REPS=$W1_REPS W23_REPS=$W23_REPS W4_SECONDS=$W4_SECONDS W4_SIZES=$W4_SIZES W4_VARIANTS=\"$W4_VARIANTS\" W5_SECONDS=$W5_SECONDS W5_SIZES=$W5_SIZES W5_VARIANTS=\"$W5_VARIANTS\" W5_STREAMS=\"$W5_STREAMS\" W5_MIN_ITEMS=$W5_MIN_ITEMS W5_MAX_BYTES=$W5_MAX_BYTES W5_FRAMES=$W5_FRAMES W6_SECONDS=$W6_SECONDS W6_SIZES=$W6_SIZES W6_MIN_ITEMS=$W6_MIN_ITEMS W6_WINDOW=$W6_WINDOW W6_WORKLOADS=\"$W6_WORKLOADS\" W6_DL_WORKERS=$W6_DL_WORKERS W6_DL_BATCH=$W6_DL_BATCH W6_DL_BATCHES=$W6_DL_BATCHES W6_DL_EPOCHS=$W6_DL_EPOCHS PY=$PY RECLAIM_ROUNDS=$RECLAIM_ROUNDS RECLAIM_BLOCK=$RECLAIM_BLOCK cc=$($CC -dumpfullversion 2>/dev/null || echo none)"
     # ---- ours
     for wl in $WORKLOADS; do
+        if [ "$wl" = w6 ]; then
+            run_w6
+            continue
+        fi
         found=0
         for src in "$HERE/${wl}.c" "$HERE/${wl}"_*.c; do
             [ -e "$src" ] || continue

@@ -215,6 +215,19 @@ else
   fail "DLPack with numpy/torch (tests/dlpack_py)"
 fi
 
+# ---------------------------------------------------------------- the Python package
+IPCREF_REQUIRE_ALL=$REQUIRE_ALL bash tests/python_check.sh "$B/python" >"$LOG" 2>&1
+rc=$?
+read -r p f < <(sed -n 's/^\([0-9]*\) passed, \([0-9]*\) failed$/\1 \2/p' "$LOG" | tail -n 1)
+if [ $rc = 77 ]; then
+  skip "Python package (python/tests)" "$(head -n 1 "$LOG")"
+elif [ $rc = 0 ] && [ "${f:-1}" = 0 ]; then
+  pass "Python package: pytest and a venv install ($p cases)" "${p:-1}"
+else
+  fail "Python package (python/tests)" "${f:-1}"
+  PASSED=$((PASSED + ${p:-0}))
+fi
+
 # ---------------------------------------------------------------- fuzzing
 # Two targets, one per core, at once: view op sequences, and ipcref_import
 # fed arbitrary bytes and fds (what crosses a process boundary).

@@ -8,11 +8,14 @@
 #   peer=<name> workload=<id> status=skipped reason=apt-get-install-<package>
 # and the others run; a crash or a time-out prints `status=failed`.
 # Usage: bash bench/peers/run_peers.sh   (bench/run.sh runs it after ipcref's own)
-# Knobs (env): ONLY (workloads, default "w1 w2 w3 w4 w5"), W1_N, W1_REPS, W23_REPS,
+# Knobs (env): ONLY (workloads, default "w1 w2 w3 w4 w5 w6"), W1_N, W1_REPS, W23_REPS,
 #   W4_SECONDS, W4_SIZES (comma separated), W4_VARIANTS ("w4 w4_1cpu w4_2cpu"),
 #   W4_IOX (0: leave the iceoryx peers out), W5_SECONDS, W5_SIZES (comma
 #   separated), W5_VARIANTS ("w5_1cpu w5_2cpu w5_frames"; w5_frames has no
 #   peers), W5_STREAMS ("seq inflight4 mixed"), W5_MIN_ITEMS, W5_MAX_BYTES
+#   W6_SECONDS, W6_SIZES (comma separated), W6_MIN_ITEMS, W6_WINDOW,
+#   W6_WORKLOADS ("fresh resend dataloader"), W6_DL_WORKERS, W6_DL_BATCH,
+#   W6_DL_BATCHES, W6_DL_EPOCHS (w6_python.py tells what they are)
 #   (bench/run.sh has their defaults too), STEP_TIMEOUT (seconds per step),
 #   PY (default /usr/bin/python3, the interpreter Debian's numpy and torch
 #   install for), CC, CXX, RUSTC; iceoryx/run.sh lists its own.
@@ -24,7 +27,7 @@ if [ -z "${PY:-}" ]; then
     [ -x "$PY" ] || PY="$(command -v python3 || echo /nonexistent/python3)"
 fi
 CC="${CC:-gcc}" CXX="${CXX:-g++}" RUSTC="${RUSTC:-rustc}"
-ONLY="${ONLY:-w1 w2 w3 w4 w5}"
+ONLY="${ONLY:-w1 w2 w3 w4 w5 w6}"
 STEP_TIMEOUT="${STEP_TIMEOUT:-120}"
 W1_N="${W1_N:-10000000}" W1_REPS="${W1_REPS:-5}" W23_REPS="${W23_REPS:-7}"
 export W4_SECONDS="${W4_SECONDS:-1.0}" W4_SIZES="${W4_SIZES:-4096,1048576,67108864}"
@@ -33,6 +36,11 @@ export W5_SECONDS="${W5_SECONDS:-1.0}" W5_SIZES="${W5_SIZES:-4194304,25165824,67
 export W5_VARIANTS="${W5_VARIANTS:-w5_1cpu w5_2cpu w5_frames}"
 export W5_STREAMS="${W5_STREAMS:-seq inflight4 mixed}" W5_MIN_ITEMS="${W5_MIN_ITEMS:-8}"
 export W5_MAX_BYTES="${W5_MAX_BYTES:-2147483648}"
+export W6_SECONDS="${W6_SECONDS:-1.0}" W6_SIZES="${W6_SIZES:-4194304,25165824,67108864}"
+export W6_MIN_ITEMS="${W6_MIN_ITEMS:-8}" W6_WINDOW="${W6_WINDOW:-1}"
+export W6_WORKLOADS="${W6_WORKLOADS:-fresh resend dataloader}" W6_DL_WORKERS="${W6_DL_WORKERS:-4}"
+export W6_DL_BATCH="${W6_DL_BATCH:-25165824}" W6_DL_BATCHES="${W6_DL_BATCHES:-32}"
+export W6_DL_EPOCHS="${W6_DL_EPOCHS:-3}"
 
 BUILD="$(mktemp -d "${TMPDIR:-/tmp}/ipcref-peers.XXXXXX")"
 trap 'rm -rf "$BUILD"' EXIT
@@ -246,6 +254,24 @@ if wants w5; then
                    skipped $p "$(w5_ids "$variant")" apt-get-install-python3-torch
                done ;;
         esac
+    done
+fi
+# ---- W6: Python to Python (fresh tensors, one small tensor re-sent, a
+# DataLoader epoch); one process per peer, which prints its own skipped lines
+# when numpy or torch does not import and runs the W6_WORKLOADS it has.
+if wants w6; then
+    for p in torch_mp_fd torch_mp_fs mp_shared_memory numpy_pipe torch_dataloader; do
+        if [ ! -x "$PY" ]; then
+            has="fresh resend"
+            [ $p = torch_dataloader ] && has=dataloader
+            for wl in $W6_WORKLOADS; do
+                case " $has " in
+                    *" $wl "*) echo "peer=$p workload=w6_$wl status=skipped reason=apt-get-install-python3" ;;
+                esac
+            done
+            continue
+        fi
+        step "$p" w6 "$PY" "$HERE/w6_python.py" "$p" "${W6_WORKLOADS// /,}"
     done
 fi
 echo "# peers: done in ${SECONDS}s"

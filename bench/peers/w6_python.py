@@ -1,0 +1,483 @@
+"""W6 peers: tensors from one Python process to another with Python's own
+tools, the same work as bench/w6_python.py does with the ipcref package.
+
+Workloads (what one timed item is, the producer's view; WINDOW items may be
+in flight, default 1):
+  fresh       float32 tensors of each size in W6_SIZES: the producer makes a
+              NEW tensor per item, fills every byte (fill with the item's
+              value, i % 251 + 1), sends it and drops it; the consumer
+              receives it, reads one float32 per 4096-byte page (x[::1024],
+              their sum is checked), drops it and acks with 1 byte through
+              an os.pipe. Timed: item i's make .. its ack (with
+              a window of W > 1: wait for ack i-W, then make, fill, send).
+  resend      one float32 tensor of 4096 bytes (1024 elements), made and
+              filled once, sent again every item; the consumer receives it,
+              reads its first and last element (checked; W4's consumer
+              reads the first and last byte), drops it and acks.
+  dataloader  (torch_dataloader only) a torch DataLoader epoch: W6_DL_WORKERS
+              workers (default 4), batches of W6_DL_BATCH bytes (default
+              24 MiB: 8 samples of 3x512x512 float32, each a new tensor
+              filled whole in the worker, collated by torch's default_collate
+              into shared memory), W6_DL_BATCHES batches per epoch (default
+              32); the main process reads one float per page of each batch
+              (checked) and drops it.
+
+Peers:
+  torch_mp_fd       fresh: torch.empty(n).share_memory_(), fill_(), put on a
+                    torch.multiprocessing Queue, dropped; sharing strategy
+                    file_descriptor (the fd reaches the consumer through
+                    multiprocessing's resource_sharer); the consumer q.get()s,
+                    reads, drops, acks. resend: the same tensor put each item.
+  torch_mp_fs       the same with sharing strategy file_system (a shm_open
+                    name, torch_shm_manager, a count kept in the segment)
+  mp_shared_memory  fresh: a new multiprocessing.shared_memory.SharedMemory
+                    block per item, filled through a numpy array over its
+                    buffer; its name goes through a Pipe and the producer
+                    close()s its mapping; the consumer attaches, reads,
+                    close()s and acks; the producer unlink()s the block once
+                    its ack is in. resend: one block, its name sent each item
+                    (the consumer attaches and closes each time).
+  numpy_pipe        the numpy array itself, pickled through a
+                    multiprocessing Pipe (Connection.send / recv: an os.pipe)
+  torch_dataloader  dataloader: torch.utils.data.DataLoader as it comes
+                    (torch's default sharing strategy, file_descriptor)
+
+The consumer is forked; acks come back through an os.pipe in every row (and
+in bench/w6_python.py's; a multiprocessing Pipe's poll and recv_bytes would
+add several us to every item). torch runs with
+torch.set_num_threads(1) (the DataLoader's workers do so themselves).
+Items are timed one by one (perf_counter_ns) for W6_SECONDS after 2
+warm-ups (with a window: after the items that fill it), at least
+W6_MIN_ITEMS. Printed per row: us_median (n, mean, p99, window as extras)
+and us_p99. dataloader: W6_DL_EPOCHS epochs (default 3), each starting its
+workers (persistent_workers=False, as a plain DataLoader does):
+us_per_batch = the median over epochs of epoch time / batches (worker start
+included), us_median and us_p99 of the gaps between batches (each epoch's
+first batch left out).
+
+Environment: W6_SIZES (comma separated, default 4, 24 and 64 MiB),
+W6_SECONDS (default 1.0), W6_MIN_ITEMS (default 8), W6_WINDOW (default 1,
+at most 8), W6_DL_WORKERS, W6_DL_BATCH, W6_DL_BATCHES, W6_DL_EPOCHS.
+
+Usage: python3 w6_python.py PEER[,PEER...] WORKLOAD[,WORKLOAD...]
+  PEER: torch_mp_fd torch_mp_fs mp_shared_memory numpy_pipe torch_dataloader
+  WORKLOAD: fresh resend dataloader (w6_fresh ... also accepted); a peer runs
+  the workloads it has."""
+import collections
+import os
+import select
+import statistics
+import sys
+import time
+
+MIB = 1 << 20
+SIZES = [int(s) for s in (os.environ.get("W6_SIZES") or f"{4 * MIB},{24 * MIB},{64 * MIB}")
+         .replace(",", " ").split()]
+SECONDS = float(os.environ.get("W6_SECONDS") or 1.0)
+MIN_ITEMS = max(1, int(os.environ.get("W6_MIN_ITEMS") or 8))
+WINDOW = min(8, max(1, int(os.environ.get("W6_WINDOW") or 1)))
+DL_WORKERS = max(1, int(os.environ.get("W6_DL_WORKERS") or 4))
+DL_BATCH = int(os.environ.get("W6_DL_BATCH") or 24 * MIB)
+DL_BATCHES = max(2, int(os.environ.get("W6_DL_BATCHES") or 32))
+DL_EPOCHS = max(1, int(os.environ.get("W6_DL_EPOCHS") or 3))
+DL_SAMPLE = 3 * 512 * 512 * 4  # bytes of one sample (3x512x512 float32)
+RESEND_SIZE = 4096
+WARMUPS = 2
+PAGE_ELEMS = 4096 // 4  # float32 elements per 4096-byte page
+ACK_WAIT_S = 60  # a consumer silent for this long fails the row
+PEERS = ("torch_mp_fd", "torch_mp_fs", "mp_shared_memory", "numpy_pipe", "torch_dataloader")
+WORKLOADS = ("fresh", "resend", "dataloader")
+HAS = {"torch_mp_fd": ("fresh", "resend"), "torch_mp_fs": ("fresh", "resend"),
+       "mp_shared_memory": ("fresh", "resend"), "numpy_pipe": ("fresh", "resend"),
+       "torch_dataloader": ("dataloader",)}
+NEEDS = {"torch_mp_fd": "torch", "torch_mp_fs": "torch", "torch_dataloader": "torch",
+         "mp_shared_memory": "numpy", "numpy_pipe": "numpy"}
+
+
+def value_of(i):
+    """The fill value of item i: never 0 (a fresh page reads 0)."""
+    return float(i % 251 + 1)
+
+
+def line(peer, wl, size, rest):
+    print(f"peer={peer} workload=w6_{wl} size={size} {rest}", flush=True)
+
+
+class Row:
+    """One measurement: a peer, a workload (fresh or resend) and a size."""
+
+    def __init__(self, peer, wl, size):
+        self.peer, self.wl, self.size = peer, wl, size
+        self.n = size // 4  # float32 elements
+        self.fresh = wl == "fresh"
+
+    def line(self, rest):
+        line(self.peer, self.wl, self.size, rest)
+
+    def expect(self, i):
+        """The value every element of item i holds."""
+        return value_of(i) if self.fresh else 1.0
+
+
+def pages_ok(x, row, k):
+    """Reads what the consumer reads of item k (x: a flat float32 numpy array
+    or torch tensor): one element per page (fresh), or its first and last
+    element (resend, as W4's consumer reads the first and last byte)."""
+    if len(x) != row.n:
+        return False
+    if not row.fresh:
+        return float(x[0]) + float(x[-1]) == 2 * row.expect(k)
+    sample = x[::PAGE_ELEMS]
+    return float(sample.sum()) == len(sample) * row.expect(k)
+
+
+def measure(produce, wait_ack, seconds, window=WINDOW):
+    """Runs the stream: item i = (wait for ack i-window if i >= window), make
+    and send item i, (wait for its ack when window == 1). Returns the timed
+    items' ns."""
+    def one(i):
+        t0 = time.perf_counter_ns()
+        if window > 1 and i >= window:
+            wait_ack()
+        produce(i)
+        if window == 1:
+            wait_ack()
+        return time.perf_counter_ns() - t0
+
+    untimed = max(WARMUPS, window)
+    for i in range(untimed):
+        one(i)
+    ns, i = [], untimed
+    start = time.perf_counter_ns()
+    while len(ns) < MIN_ITEMS or time.perf_counter_ns() - start < seconds * 1e9:
+        ns.append(one(i))
+        i += 1
+    for _ in range(window if window > 1 else 0):
+        wait_ack()  # the window drains
+    return ns
+
+
+def report(row, ns, bad, exitcode):
+    """The result lines, or a failed line when an ack said no or the consumer
+    did not exit cleanly."""
+    if bad or exitcode != 0 or not ns:
+        row.line(f"status=failed reason=bad-acks-{bad}-consumer-exit-{exitcode}")
+        return
+    med, p99 = statistics.median(ns), sorted(ns)[int(0.99 * (len(ns) - 1))]
+    mean = sum(ns) / len(ns)
+    row.line(f"metric=us_median value={med / 1e3:.3f} n={len(ns)} mean={mean / 1e3:.3f} "
+             f"p99={p99 / 1e3:.3f} window={WINDOW}")
+    row.line(f"metric=us_p99 value={p99 / 1e3:.3f}")
+
+
+class Acks:
+    """The producer's end of the ack pipe (an os.pipe: a multiprocessing
+    Connection's poll and recv_bytes cost several us more per ack, which
+    every row would pay)."""
+
+    def __init__(self, fd):
+        self.fd, self.bad = fd, 0
+        self.poller = select.poll()
+        self.poller.register(fd, select.POLLIN)
+
+    def wait(self):
+        if not self.poller.poll(ACK_WAIT_S * 1000):
+            raise TimeoutError("the consumer stopped acking")
+        got = os.read(self.fd, 1)
+        if not got:
+            raise EOFError("the consumer is gone")
+        if got != b"\x01":
+            self.bad += 1
+
+
+def ack(fd, ok):
+    """The consumer's ack: 1 byte, 1 when what it read was right."""
+    os.write(fd, b"\x01" if ok else b"\x00")
+
+
+def run_row(row, ctx, target, args, stream_fn, stop):
+    """Forks the consumer target(*args, ack_fd, row), runs the stream
+    (stream_fn(acks) -> (produce, wait_ack)), stops it (stop()), reports."""
+    acks_r, acks_w = os.pipe()
+    child = ctx.Process(target=target, args=args + (acks_w, row), daemon=True)
+    child.start()
+    os.close(acks_w)  # the consumer's alone: its death reads as the end of the pipe
+    acks = Acks(acks_r)
+    ns = []
+    try:
+        produce, wait_ack = stream_fn(acks)
+        ns = measure(produce, wait_ack, SECONDS)
+    except (TimeoutError, OSError, EOFError) as e:
+        print(f"# {row.peer} w6_{row.wl} size={row.size}: {e!r}", flush=True)
+        acks.bad += 1
+    finally:
+        stop()
+        child.join(30)
+        if child.exitcode is None:
+            child.kill()
+            child.join()
+        os.close(acks_r)
+    report(row, ns, acks.bad, child.exitcode)
+
+
+# ---- multiprocessing.shared_memory -------------------------------------------
+
+def shm_consumer(names, acks, row):
+    import numpy as np
+    from multiprocessing import shared_memory
+    k = 0
+    while True:
+        name = names.recv_bytes()
+        if not name:
+            break
+        shm = shared_memory.SharedMemory(name=name.decode())
+        x = np.ndarray((row.n,), np.float32, buffer=shm.buf)
+        ok = pages_ok(x, row, k)
+        del x  # the buffer's export ends: the mapping can be closed
+        shm.close()
+        ack(acks, ok)
+        k += 1
+
+
+def run_shm(rows):
+    import multiprocessing as mp
+    from multiprocessing import resource_tracker, shared_memory
+    import numpy as np
+    resource_tracker.ensure_running()  # one tracker, shared with the consumers
+    ctx = mp.get_context("fork")
+
+    def new_block(row, value):
+        shm = shared_memory.SharedMemory(create=True, size=row.size)
+        x = np.ndarray((row.n,), np.float32, buffer=shm.buf)
+        x.fill(value)
+        del x
+        return shm
+
+    for row in rows:
+        names_r, names_w = ctx.Pipe(duplex=False)
+        leased = collections.deque()
+        once = None if row.fresh else new_block(row, 1.0)
+
+        def stream(acks, row=row, names_w=names_w, leased=leased, once=once):
+            if once is not None:  # resend: one block, its name each item
+                name = once.name.encode()
+                return (lambda i: names_w.send_bytes(name)), acks.wait
+
+            def produce(i):
+                shm = new_block(row, value_of(i))
+                names_w.send_bytes(shm.name.encode())
+                shm.close()  # ours goes; the name lives until the ack
+                leased.append(shm)
+
+            def wait_ack():
+                acks.wait()
+                leased.popleft().unlink()
+            return produce, wait_ack
+
+        def stop(names_w=names_w, leased=leased, once=once):
+            names_w.send_bytes(b"")
+            names_w.close()
+            while leased:
+                leased.popleft().unlink()
+            if once is not None:
+                once.close()
+                once.unlink()
+
+        run_row(row, ctx, shm_consumer, (names_r,), stream, stop)
+        names_r.close()
+
+
+# ---- numpy through a Pipe ----------------------------------------------------
+
+def pipe_consumer(conn, acks, row):
+    k = 0
+    while True:
+        x = conn.recv()
+        if x is None:
+            break
+        ok = pages_ok(x, row, k)
+        del x
+        ack(acks, ok)
+        k += 1
+
+
+def run_pipe(rows):
+    import multiprocessing as mp
+    import numpy as np
+    ctx = mp.get_context("fork")
+    for row in rows:
+        data_r, data_w = ctx.Pipe(duplex=False)
+        once = None
+        if not row.fresh:
+            once = np.empty(row.n, np.float32)
+            once.fill(1.0)
+
+        def stream(acks, row=row, data_w=data_w, once=once):
+            if once is not None:
+                return (lambda i: data_w.send(once)), acks.wait
+
+            def produce(i):
+                x = np.empty(row.n, np.float32)
+                x.fill(value_of(i))
+                data_w.send(x)
+            return produce, acks.wait
+
+        def stop(data_w=data_w):
+            data_w.send(None)
+            data_w.close()
+
+        run_row(row, ctx, pipe_consumer, (data_r,), stream, stop)
+        data_r.close()
+
+
+# ---- torch.multiprocessing ---------------------------------------------------
+
+def torch_consumer(q, acks, row):
+    import torch
+    torch.set_num_threads(1)
+    k = 0
+    while True:
+        t = q.get()
+        if t is None:
+            break
+        ok = pages_ok(t, row, k)
+        del t  # unmaps (file_descriptor) or drops the segment's count (file_system)
+        ack(acks, ok)
+        k += 1
+
+
+def run_torch(peer, rows):
+    import torch
+    import torch.multiprocessing as tmp
+    strategy = "file_descriptor" if peer == "torch_mp_fd" else "file_system"
+    if strategy not in tmp.get_all_sharing_strategies():
+        for row in rows:
+            row.line(f"status=skipped reason=no-{strategy}-sharing-strategy")
+        return
+    tmp.set_sharing_strategy(strategy)
+    torch.set_num_threads(1)
+    ctx = tmp.get_context("fork")
+    for row in rows:
+        q = ctx.Queue()
+        once = None
+        if not row.fresh:
+            once = torch.empty(row.n, dtype=torch.float32).share_memory_()
+            once.fill_(1.0)
+
+        def stream(acks, row=row, q=q, once=once):
+            if once is not None:
+                return (lambda i: q.put(once)), acks.wait
+
+            def produce(i):
+                t = torch.empty(row.n, dtype=torch.float32)
+                t.share_memory_()
+                t.fill_(value_of(i))
+                q.put(t)  # then dropped: the Queue holds it until it is sent
+            return produce, acks.wait
+
+        run_row(row, ctx, torch_consumer, (q,), stream, lambda q=q: q.put(None))
+        q.close()
+        q.join_thread()
+
+
+# ---- torch DataLoader --------------------------------------------------------
+
+def dataloader_dataset():
+    """A map-style dataset of fresh samples (3x512x512 float32, filled whole,
+    every sample of batch b holding value_of(b)) and the batch size."""
+    import torch
+
+    per_batch = max(1, DL_BATCH // DL_SAMPLE)
+
+    class FreshSamples(torch.utils.data.Dataset):
+        def __len__(self):
+            return DL_BATCHES * per_batch
+
+        def __getitem__(self, i):
+            t = torch.empty((3, 512, 512), dtype=torch.float32)
+            t.fill_(value_of(i // per_batch))
+            return t
+
+    return FreshSamples(), per_batch
+
+
+def run_epochs(peer, make_loader, per_batch):
+    """Runs DL_EPOCHS epochs of make_loader() (a fresh iterable each epoch),
+    reading one float per page of each batch; prints the w6_dataloader
+    lines. bench/w6_python.py times its drop-in row with the same code."""
+    size = per_batch * DL_SAMPLE
+    epochs, gaps, bad = [], [], 0
+    for _ in range(DL_EPOCHS):
+        t0 = last = time.perf_counter_ns()
+        b = 0
+        for batch in make_loader():
+            x = batch.reshape(-1)
+            pages = x[::PAGE_ELEMS]
+            if len(x) != size // 4 or float(pages.sum()) != len(pages) * value_of(b):
+                bad += 1
+            del x, pages, batch
+            now = time.perf_counter_ns()
+            if b:
+                gaps.append(now - last)
+            last = now
+            b += 1
+        epochs.append((time.perf_counter_ns() - t0) / max(1, b))
+        if b != DL_BATCHES:
+            bad += 1
+    if bad or not gaps:
+        line(peer, "dataloader", size, f"status=failed reason=bad-batches-{bad}")
+        return
+    med, p99 = statistics.median(gaps), sorted(gaps)[int(0.99 * (len(gaps) - 1))]
+    extra = f"epochs={DL_EPOCHS} batches={DL_BATCHES} workers={DL_WORKERS}"
+    per_batch_us = statistics.median(epochs) / 1e3
+    line(peer, "dataloader", size, f"metric=us_per_batch value={per_batch_us:.3f} {extra} "
+         f"epochs_us={','.join(f'{e / 1e3:.0f}' for e in epochs)}")
+    line(peer, "dataloader", size, f"metric=us_median value={med / 1e3:.3f} n={len(gaps)} {extra}")
+    line(peer, "dataloader", size, f"metric=us_p99 value={p99 / 1e3:.3f}")
+
+
+def run_dataloader(peer):
+    import warnings
+    import torch
+    torch.set_num_threads(1)
+    # more workers than CPUs is what the row asks for: no warning about it
+    warnings.filterwarnings("ignore", message="This DataLoader will create")
+    dataset, per_batch = dataloader_dataset()
+    run_epochs(peer, lambda: torch.utils.data.DataLoader(
+        dataset, batch_size=per_batch, num_workers=DL_WORKERS), per_batch)
+
+
+def main():
+    if len(sys.argv) < 3:
+        sys.exit(__doc__)
+    peers, wls = ([x for x in arg.replace(" ", ",").split(",") if x] for arg in sys.argv[1:3])
+    wls = [w[3:] if w.startswith("w6_") else w for w in wls]
+    if any(p not in PEERS for p in peers) or any(w not in WORKLOADS for w in wls):
+        sys.exit(__doc__)
+    for peer in peers:
+        mine = [w for w in wls if w in HAS[peer]]
+        if not mine:
+            continue
+        try:
+            __import__(NEEDS[peer])
+        except ImportError:
+            for w in mine:
+                line(peer, w, 0, f"status=skipped reason=apt-get-install-python3-{NEEDS[peer]}")
+            continue
+        if peer == "torch_dataloader":
+            run_dataloader(peer)
+            continue
+        rows = [Row(peer, w, size) for w in mine
+                for size in (SIZES if w == "fresh" else [RESEND_SIZE])]
+        if peer == "mp_shared_memory":
+            run_shm(rows)
+        elif peer == "numpy_pipe":
+            run_pipe(rows)
+        else:
+            run_torch(peer, rows)
+
+
+if __name__ == "__main__":
+    main()
+    sys.stdout.flush()
+    os._exit(0)  # skips the interpreter's teardown: about 1.5 s once torch is loaded

@@ -1,0 +1,409 @@
+"""ipcref: numpy arrays and torch tensors between processes, zero copy.
+
+A producer makes arrays in shared memory (``Context.empty``), fills them and
+sends them to peers (``Peer.send``); a consumer receives arrays over the same
+memory (``Peer.recv``). Every hand-off takes a lease that the consumer gives
+back when its last reference to the array goes, with no system call; a
+consumer that dies gives back what it held; the producer never waits for a
+consumer. Arrays that do not live in ipcref memory are copied once into a
+shared block when sent.
+
+    import ipcref
+    with ipcref.Context() as ctx, ctx.listen("@frames") as lst:
+        peer = lst.accept()
+        a = ctx.empty((1080, 1920), "float32")
+        a.fill(1.0)
+        peer.send(a, meta={"frame": 0})
+
+    with ipcref.Context() as ctx, ctx.connect("@frames") as peer:
+        a, meta = peer.recv()          # a numpy array, read-only here
+
+Errors are ``ipcref.Error`` (``.code``, ``.name``, ``.message``), with
+``Timeout`` (also a ``TimeoutError``), ``WouldBlock`` (a
+``BlockingIOError``) and ``PeerGone`` (a ``ConnectionError``).
+"""
+
+import pickle
+import socket as _socket
+
+import numpy as _np
+
+from . import _ipcref
+
+__all__ = ["Context", "Peer", "Listener", "Error", "Timeout", "WouldBlock",
+           "PeerGone", "META_MAX", "MAX_BATCH", "DTYPES"]
+
+META_MAX = _ipcref.META_MAX - 1  # bytes of user metadata (one is ours)
+MAX_BATCH = _ipcref.MAX_VIEWS
+
+
+class Error(Exception):
+    """A call the library refused: ``code`` (negative, as in ipcref.h),
+    ``name`` ("EPEER") and ``message`` (what the library said)."""
+
+    def __init__(self, code, name, message):
+        super().__init__(message)
+        self.code, self.name, self.message = code, name, message
+
+
+class Timeout(Error, TimeoutError):
+    """Nothing came within the timeout (or, with timeout=0, nothing now)."""
+
+
+class WouldBlock(Error, BlockingIOError):
+    """A non-blocking peer cannot go on now: wait for its fileno()."""
+
+
+class PeerGone(Error, ConnectionError):
+    """The other side hung up, died, or was refused."""
+
+
+_ipcref._set_errors(Error, Timeout, WouldBlock, PeerGone)
+
+# ipcref's dtype codes (ipcref.h's ipcref_dtype), by name.
+DTYPES = ("bool", "int8", "int16", "int32", "int64", "uint8", "uint16",
+          "uint32", "uint64", "float16", "bfloat16", "float32", "float64",
+          "complex64", "complex128")
+_CODE = {name: i for i, name in enumerate(DTYPES)}
+_NUMPY_CODE = {_np.dtype(n): i for i, n in enumerate(DTYPES) if n != "bfloat16"}
+
+_torch = None
+_TORCH_CODE = {}
+
+
+def _load_torch():
+    """torch, imported on first need (it is optional); None if absent."""
+    global _torch
+    if _torch is None:
+        try:
+            import torch
+        except ImportError:
+            return None
+        _torch = torch
+        for name in DTYPES:
+            t = getattr(torch, name, None)
+            if t is not None:
+                _TORCH_CODE[t] = _CODE[name]
+    return _torch
+
+
+def _dtype_code(dtype):
+    """ipcref's code for a dtype given as a name, numpy or torch dtype."""
+    if isinstance(dtype, str) and dtype in _CODE:
+        return _CODE[dtype]
+    torch = _torch or (_load_torch() if "torch" in repr(type(dtype)) else None)
+    if torch is not None and isinstance(dtype, torch.dtype):
+        if dtype in _TORCH_CODE:
+            return _TORCH_CODE[dtype]
+        raise TypeError("ipcref cannot share torch dtype %s" % dtype)
+    try:
+        return _NUMPY_CODE[_np.dtype(dtype)]
+    except (TypeError, KeyError):
+        raise TypeError("ipcref cannot share dtype %r (it shares %s)"
+                        % (dtype, ", ".join(DTYPES))) from None
+
+
+# ---- metadata: our first byte says what was sent, the rest is the user's
+
+_BATCH, _TORCH, _RAW, _PICKLED = 1, 2, 4, 8
+
+
+def _meta_encode(meta, batch, torch):
+    flags = (_BATCH if batch else 0) | (_TORCH if torch else 0)
+    if meta is None:
+        body = b""
+    elif isinstance(meta, (bytes, bytearray, memoryview)):
+        flags |= _RAW
+        body = bytes(meta)
+    else:
+        flags |= _PICKLED
+        body = pickle.dumps(meta, protocol=pickle.HIGHEST_PROTOCOL)
+    if len(body) > META_MAX:
+        raise ValueError("metadata of %d bytes: at most %d travel with a "
+                         "message" % (len(body), META_MAX))
+    return bytes((flags,)) + body
+
+
+def _meta_decode(raw):
+    if not raw:
+        return 0, None
+    flags, body = raw[0], raw[1:]
+    if flags & _RAW:
+        return flags, body
+    if flags & _PICKLED:
+        return flags, pickle.loads(body)
+    return flags, None
+
+
+def _as_torch(buf, copy):
+    torch = _load_torch()
+    if torch is None:
+        raise ImportError("like='torch' needs torch, which is not installed")
+    if buf.readonly and not copy:
+        raise Error(-4, "EBUSY",
+                    "this memory is shared read-only by its producer, and "
+                    "torch has no read-only tensors: recv(copy=True) for a "
+                    "private copy, or a producer Context(writable_shares="
+                    "True) to share writable memory as torch.multiprocessing"
+                    " does")
+    if copy:
+        buf = buf._private()
+    if buf.dtype == _CODE["bool"]:  # torch 1.x takes no DLPack bool
+        return torch.utils.dlpack.from_dlpack(buf._dlpack_u8()).view(
+            torch.bool)
+    return torch.utils.dlpack.from_dlpack(buf)
+
+
+def _as_numpy(buf, copy):
+    if buf.dtype == _CODE["bfloat16"]:
+        raise TypeError("numpy has no bfloat16: receive it with like='torch'")
+    a = _np.asarray(buf)
+    return a.copy() if copy else a
+
+
+def _ms(timeout):
+    """Seconds (None: forever) as the library's milliseconds (-1:
+    forever), clamped to what a C int holds."""
+    if timeout is None:
+        return -1
+    return min(max(0, int(timeout * 1000)), 2**31 - 1)
+
+
+# ---- send side: what an object is, to the extension
+
+
+def _describe(obj):
+    """(item for _Peer._send, is_torch) of one array or tensor."""
+    if isinstance(obj, _np.ndarray):
+        if obj.dtype not in _NUMPY_CODE:
+            raise TypeError("ipcref cannot share numpy dtype %s" % obj.dtype)
+        return obj, False
+    torch = _load_torch() if "torch" in type(obj).__module__ else None
+    if torch is not None and isinstance(obj, torch.Tensor):
+        if obj.device.type != "cpu":
+            raise ValueError("a %s tensor: this package sends CPU tensors"
+                             % obj.device.type)
+        if obj.layout != torch.strided:
+            raise TypeError("a %s tensor: ipcref sends dense (strided) "
+                            "tensors: send t.to_dense()" % obj.layout)
+        if obj.dtype not in _TORCH_CODE:
+            raise TypeError("ipcref cannot share torch dtype %s" % obj.dtype)
+        if obj.is_conj() or obj.is_neg():  # lazy bits the memory lacks
+            obj = obj.resolve_conj().resolve_neg()
+        return (obj.data_ptr(), _TORCH_CODE[obj.dtype], tuple(obj.shape),
+                tuple(obj.stride()), obj), True
+    raise TypeError("send takes a numpy array, a torch CPU tensor, or a list "
+                    "of them, not %s" % type(obj).__name__)
+
+
+class Peer:
+    """The other side of a connection: send and receive arrays."""
+
+    def __init__(self, raw, ctx):
+        self._raw, self._ctx = raw, ctx
+        self._kept = None  # a message a refused conversion left
+
+    def send(self, obj, meta=None):
+        """Sends an array or tensor, or a list/tuple of up to MAX_BATCH of
+        them in one message, with optional metadata (bytes travel as they
+        are, anything else pickled; at most META_MAX bytes). Zero copy for
+        memory made by ``Context.empty`` (or received); any other memory is
+        copied once into a new shared block. Raises WouldBlock (a
+        non-blocking socket is full), Timeout, PeerGone, Error; nothing is
+        sent then."""
+        batch = isinstance(obj, (list, tuple))
+        objs = list(obj) if batch else [obj]
+        if not objs:
+            raise ValueError("send: an empty batch")
+        items, torch = [], False
+        for o in objs:
+            item, is_torch = _describe(o)
+            items.append(item)
+            torch = torch or is_torch
+        self._peer()._send(items, _meta_encode(meta, batch, torch))
+
+    def recv(self, timeout=None, like=None, copy=False):
+        """Receives one message: ``(obj, meta)``, obj an array, or a list
+        when a batch was sent. ``like``: "numpy" or "torch" (default: what
+        the sender sent). ``timeout`` in seconds (None: wait; 0: poll).
+        Arrays of memory this process may not write are read-only numpy
+        arrays; torch has no such tensors, so ``like="torch"`` of such
+        memory raises Error unless ``copy=True``; the message is kept then,
+        and the next recv returns it. Raises Timeout, PeerGone, Error."""
+        if like not in (None, "numpy", "torch"):
+            raise ValueError("like is 'numpy' or 'torch', not %r" % (like,))
+        if self._kept is not None:  # refused by a call before: its turn
+            bufs, raw = self._kept
+        else:
+            ms = _ms(timeout)
+            try:
+                bufs, raw = self._peer()._recv(ms)
+            except WouldBlock as e:  # nothing now (timeout=0)
+                raise Timeout(e.code, e.name, e.message) from None
+        flags, meta = _meta_decode(raw)
+        if like is None:
+            like = "torch" if flags & _TORCH else "numpy"
+        convert = _as_torch if like == "torch" else _as_numpy
+        try:
+            out = [convert(b, copy) for b in bufs]
+        except Exception:
+            self._kept = (bufs, raw)  # nothing lost: the next recv has it
+            raise
+        self._kept = None
+        return (out if flags & _BATCH or len(out) > 1 else out[0]), meta
+
+    def set_options(self, send_timeout=None, hello_timeout=None,
+                    max_bytes_held=None):
+        """The peer's options (None: the default): ``send_timeout`` (s) a
+        blocking send waits for room at most; ``hello_timeout`` (s) the other
+        side's hello may take; ``max_bytes_held``, the bytes of our arrays
+        the other side may hold: a send past it waits for returns (a
+        non-blocking peer raises WouldBlock, and its fileno() wakes when
+        room comes back)."""
+        def opt(s):  # 0: the default
+            return 0 if s is None else max(1, _ms(s))
+        self._peer()._set_options(opt(send_timeout), opt(hello_timeout),
+                                  int(max_bytes_held or 0))
+
+    def fileno(self):
+        """An fd readable whenever recv(timeout=0) has something to say, for
+        selectors and asyncio loops."""
+        return self._peer().fileno()
+
+    @property
+    def pid(self):
+        """The pid of the process on the other side."""
+        return self._peer()._pid()
+
+    def stats(self):
+        """What the other side holds of ours: leases, bytes_held, ... ."""
+        return self._peer().stats()
+
+    def close(self):
+        """Closes the connection (what it holds stays leased until it lets
+        go, or dies)."""
+        if self._raw is not None:
+            self._raw.close()
+            self._raw = None
+
+    def _peer(self):
+        if self._raw is None:
+            raise ValueError("this Peer is closed")
+        return self._raw
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+
+class Listener:
+    """A listening socket at a path; ``accept`` gives peers (non-blocking
+    ones when the listener is: ``blocking=False``, for event loops, whose
+    sends raise WouldBlock instead of waiting on a consumer)."""
+
+    def __init__(self, ctx, path, blocking=True):
+        import os
+        self._ctx, self.path = ctx, path
+        self._fd = ctx._raw()._listen(path)
+        if not blocking:
+            os.set_blocking(self._fd, False)
+
+    def accept(self, timeout=None):
+        """The next peer to connect (Timeout if none within timeout s)."""
+        if self._fd < 0:
+            raise ValueError("this Listener is closed")
+        ms = _ms(timeout)
+        return Peer(self._ctx._raw()._accept(self._fd, ms), self._ctx)
+
+    def fileno(self):
+        return self._fd
+
+    def close(self):
+        import os
+        if self._fd >= 0:
+            os.close(self._fd)
+            self._fd = -1
+            if not self.path.startswith("@"):
+                try:
+                    os.unlink(self.path)
+                except OSError:
+                    pass
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+
+class Context:
+    """The library's state in this process: shared memory, peers, leases.
+    Options (keywords; 0 means the default): segment_size, max_bytes,
+    segment_cache, writable_shares (consumers may write what they get, as
+    with torch.multiprocessing), isolate (a segment per array), ledger_slots.
+    """
+
+    def __init__(self, **options):
+        self._ctx = _ipcref._Context(**options)
+
+    def empty(self, shape, dtype="float32", like="numpy"):
+        """An uninitialized array in shared memory: fill it, then send it
+        (the fill is the only copy)."""
+        if isinstance(shape, int):
+            shape = (shape,)
+        import operator
+        dims = tuple(operator.index(s) for s in shape)  # 2.5 is no size
+        buf = self._raw()._empty(_dtype_code(dtype), dims)
+        if like == "numpy":
+            return _as_numpy(buf, False)
+        if like == "torch":
+            return _as_torch(buf, False)
+        raise ValueError("like is 'numpy' or 'torch', not %r" % (like,))
+
+    def listen(self, path, blocking=True):
+        """A Listener at ``path`` ("@name": the abstract namespace)."""
+        return Listener(self, path, blocking)
+
+    def connect(self, path):
+        """A Peer connected to the listener at ``path`` (PeerGone: nobody
+        listens there)."""
+        return Peer(self._raw()._connect(path), self)
+
+    def adopt(self, sock):
+        """A Peer over a connected AF_UNIX socket (SOCK_SEQPACKET or
+        SOCK_STREAM), which it takes over (the socket object is detached)."""
+        if not isinstance(sock, _socket.socket):
+            raise TypeError("adopt takes a socket.socket")
+        if sock.family != _socket.AF_UNIX:
+            raise ValueError("adopt takes an AF_UNIX socket")
+        return Peer(self._raw()._adopt(sock.detach()), self)
+
+    def stats(self):
+        return self._raw().stats()
+
+    def collect(self):
+        """Frees what consumers gave back; returns the bytes freed."""
+        return self._raw().collect()
+
+    def fileno(self):
+        """An fd readable when a process this context deals with dies."""
+        return self._raw().fileno()
+
+    def close(self):
+        """Frees the context (arrays made or received stay valid)."""
+        if self._ctx is not None:
+            self._ctx.close()
+            self._ctx = None
+
+    def _raw(self):
+        if self._ctx is None:
+            raise ValueError("this Context is closed")
+        return self._ctx
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()

@@ -1,0 +1,280 @@
+"""ipcref.torch: tensors sent through torch.multiprocessing travel as ipcref
+blocks.
+
+    import ipcref.torch
+    ipcref.torch.install()     # before the queues, pipes or DataLoader
+
+After ``install()``, a CPU tensor pickled for another process (a
+``torch.multiprocessing`` queue or pipe, a ``DataLoader`` worker's batch)
+is not shared through a file descriptor or a ``/dev/shm`` file per storage,
+but as a view of an ipcref block, with torch's semantics: every holder may
+write it, and the writes are shared. A tensor that is not in ipcref memory
+already is copied once into a block (as torch copies it into its own
+shared memory); in a ``DataLoader`` worker, collation allocates straight
+into a block.
+
+How a tensor crosses. A queue is a pipe, which cannot carry fds, and when
+a tensor is pickled its reader is not known yet. So the pickle holds only a
+ticket: the sending process's *sharer* address and a number. The sharer
+(a listening socket and a daemon thread, started on first use, as
+``multiprocessing.resource_sharer`` for torch's fd strategy) keeps the
+tensor alive under that ticket. The process that unpickles it connects to
+the sharer once (an ipcref peer for the views, and a plain socket for its
+claims), claims the ticket, and receives the view over the peer: the lease
+is taken for that process then, so its death gives the memory back, and
+its last reference returns the lease (no ``ipc_collect``). A ticket is
+claimed once; one never claimed (the queue dropped, the reader died
+first) is dropped after ``claim_timeout`` seconds, and the memory goes
+back. A claim that comes later raises an ``ipcref.Error``.
+"""
+
+import os
+import random
+import selectors
+import socket
+import struct
+import threading
+import time
+
+import torch as _torch
+from multiprocessing.reduction import ForkingPickler
+
+from . import Context, Error, PeerGone, Timeout
+
+__all__ = ["install", "uninstall", "installed"]
+
+_TICKET = struct.Struct("<QQ")  # claimer pid, ticket
+
+_lock = threading.Lock()
+_state = None  # this process's (see _here)
+_installed = False
+_saved = {}
+
+
+class _Sharer:
+    """The tickets of this process's tensors, served to whoever claims them:
+    a daemon thread over a listening ipcref socket (peers) and a plain one
+    (claims: pid and ticket, 16 bytes)."""
+
+    def __init__(self, ctx):
+        self.ctx = ctx
+        self.path = "@ipcref-sharer-%d-%016x" % (os.getpid(),
+                                                 random.getrandbits(64))
+        self.listener = ctx.listen(self.path, blocking=False)
+        self.claims = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        self.claims.bind("\0" + self.path[1:] + ".claims")
+        self.claims.listen(64)
+        self.claims.setblocking(False)
+        self.tickets = {}  # number -> (tensor, deadline)
+        self.next = 1
+        self.peers = {}  # claimer pid -> Peer
+        self.lock = threading.Lock()
+        self.sel = selectors.DefaultSelector()
+        self.sel.register(self.listener.fileno(), selectors.EVENT_READ, "peer")
+        self.sel.register(self.claims, selectors.EVENT_READ, "claims")
+        threading.Thread(target=self._serve, name="ipcref-sharer",
+                         daemon=True).start()
+
+    def hold(self, tensor, claim_timeout):
+        """A ticket for `tensor`, good for claim_timeout seconds."""
+        with self.lock:
+            n = self.next
+            self.next += 1
+            self.tickets[n] = (tensor, time.monotonic() + claim_timeout)
+        return n
+
+    def _serve(self):
+        while True:
+            for key, _ in self.sel.select(1.0):
+                try:
+                    if key.data == "peer":
+                        self._accept_peer()
+                    elif key.data == "claims":
+                        conn, _ = self.claims.accept()
+                        self.sel.register(conn, selectors.EVENT_READ, "claim")
+                    else:
+                        self._claim(key.fileobj)
+                except (OSError, Error):
+                    pass  # a claimer that went away: nothing of ours to do
+            self._expire()
+
+    def _accept_peer(self):
+        try:
+            peer = self.listener.accept(timeout=0)
+        except Timeout:
+            return
+        self.peers[peer.pid] = peer
+
+    def _claim(self, conn):
+        data = conn.recv(_TICKET.size)
+        if len(data) != _TICKET.size:  # the claimer hung up
+            self.sel.unregister(conn)
+            conn.close()
+            return
+        pid, n = _TICKET.unpack(data)
+        with self.lock:
+            held = self.tickets.pop(n, None)
+        peer = self.peers.get(pid)
+        while peer is None:  # its peer connected first, maybe not accepted
+            self._accept_peer_blocking()
+            peer = self.peers.get(pid)
+        if held is None:
+            conn.send(b"\0")  # expired or claimed: say so
+            return
+        conn.send(b"\1")
+        try:
+            peer.send(held[0], meta=n)
+        except PeerGone:
+            self.peers.pop(pid, None)
+
+    def _accept_peer_blocking(self):
+        try:
+            peer = self.listener.accept(timeout=5)
+        except Timeout:
+            raise OSError("a claimer's peer never connected")
+        self.peers[peer.pid] = peer
+
+    def _expire(self):
+        now = time.monotonic()
+        with self.lock:
+            for n in [n for n, (_, d) in self.tickets.items() if d < now]:
+                del self.tickets[n]
+
+
+class _Claimer:
+    """This process's connection to one sharer: an ipcref peer for the
+    views and a plain socket for the claims; one claim at a time."""
+
+    def __init__(self, ctx, path):
+        self.peer = ctx.connect(path)
+        self.claims = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        self.claims.connect("\0" + path[1:] + ".claims")
+        self.lock = threading.Lock()
+
+    def claim(self, n, timeout):
+        with self.lock:
+            self.claims.send(_TICKET.pack(os.getpid(), n))
+            self.claims.settimeout(timeout)
+            if self.claims.recv(1) != b"\1":
+                raise Error(-8, "EPEER", "ipcref.torch: ticket %d was claimed "
+                            "already, or not within claim_timeout" % n)
+            t, meta = self.peer.recv(timeout=timeout, like="torch")
+            if meta != n:
+                raise Error(-5, "EPROTO", "ipcref.torch: ticket %d came for "
+                            "%r" % (n, meta))
+            return t
+
+
+class _Here:
+    """This process's part: its context, its sharer (made on first send),
+    its claimers (one per sharer it took from)."""
+
+    def __init__(self, claim_timeout):
+        self.pid = os.getpid()
+        self.ctx = Context(writable_shares=True)
+        self.claim_timeout = claim_timeout
+        self.sharer = None
+        self.claimers = {}
+
+
+def _here():
+    global _state
+    with _lock:
+        if _state is None or _state.pid != os.getpid():  # new, or forked
+            timeout = _state.claim_timeout if _state else 60.0
+            _state = _Here(timeout)
+        return _state
+
+
+def _in_ipcref(t):
+    """The tensor itself when its memory is an ipcref block's, else a copy
+    of it in a new block."""
+    from . import _ipcref
+    if t.numel() and _ipcref._owns(t.data_ptr(), t.numel() * t.element_size()):
+        return t
+    out = _here().ctx.empty(tuple(t.shape), t.dtype, like="torch")
+    out.copy_(t)
+    return out
+
+
+def _reduce_tensor(t):
+    if t.device.type != "cpu" or t.is_sparse or t.dtype not in _SHAREABLE:
+        return _saved["reduce_tensor"](t)
+    if t.requires_grad and not t.is_leaf:
+        raise RuntimeError("Cowardly refusing to serialize non-leaf tensor "
+                           "which requires_grad (call detach() first)")
+    here = _here()
+    with _lock:
+        if here.sharer is None:
+            here.sharer = _Sharer(here.ctx)
+    n = here.sharer.hold(_in_ipcref(t.detach()), here.claim_timeout)
+    return _rebuild_tensor, (here.sharer.path, n, t.requires_grad)
+
+
+def _rebuild_tensor(path, n, requires_grad):
+    here = _here()
+    with _lock:
+        claimer = here.claimers.get(path)
+        if claimer is None:
+            claimer = here.claimers[path] = _Claimer(here.ctx, path)
+    t = claimer.claim(n, here.claim_timeout)
+    if requires_grad:
+        t.requires_grad_(True)
+    return t
+
+
+def _collate_tensor_fn(batch, *, collate_fn_map=None):
+    """torch's collate_tensor_fn, allocating into an ipcref block in a
+    worker (where torch allocates into its own shared memory)."""
+    elem = batch[0]
+    out = None
+    if _torch.utils.data.get_worker_info() is not None and \
+            elem.device.type == "cpu" and elem.dtype in _SHAREABLE:
+        out = _here().ctx.empty((len(batch),) + tuple(elem.shape), elem.dtype,
+                                like="torch")
+    return _torch.stack(batch, 0, out=out)
+
+
+_SHAREABLE = {getattr(_torch, n) for n in (
+    "bool", "int8", "int16", "int32", "int64", "uint8", "float16", "bfloat16",
+    "float32", "float64", "complex64", "complex128")}
+
+
+def install(claim_timeout=60.0):
+    """Makes CPU tensors pickled for other processes (torch.multiprocessing
+    queues and pipes, DataLoader workers) travel as ipcref blocks. Call it
+    in the main process before making queues or a DataLoader (its forked
+    workers inherit it). ``claim_timeout``: seconds a sent tensor waits to
+    be unpickled before its memory is given back."""
+    global _installed
+    import torch.multiprocessing.reductions as red
+    import torch.utils.data._utils.collate as collate
+    _here().claim_timeout = float(claim_timeout)
+    if _installed:
+        return
+    _saved["reduce_tensor"] = red.reduce_tensor
+    _saved["collate"] = collate.collate_tensor_fn
+    ForkingPickler.register(_torch.Tensor, _reduce_tensor)
+    ForkingPickler.register(_torch.nn.parameter.Parameter, _reduce_tensor)
+    collate.collate_tensor_fn = _collate_tensor_fn
+    collate.default_collate_fn_map[_torch.Tensor] = _collate_tensor_fn
+    _installed = True
+
+
+def uninstall():
+    """Gives tensors back to torch's own sharing."""
+    global _installed
+    import torch.utils.data._utils.collate as collate
+    if not _installed:
+        return
+    ForkingPickler.register(_torch.Tensor, _saved["reduce_tensor"])
+    ForkingPickler.register(_torch.nn.parameter.Parameter,
+                            _saved["reduce_tensor"])
+    collate.collate_tensor_fn = _saved["collate"]
+    collate.default_collate_fn_map[_torch.Tensor] = _saved["collate"]
+    _installed = False
+
+
+def installed():
+    """1 when install() is in effect in this process."""
+    return _installed

@@ -1,0 +1,210 @@
+"""ipcref.torch: torch.multiprocessing and DataLoader over ipcref blocks.
+
+Real processes (the fork start method, as DataLoader workers on Linux):
+tensors through a torch.multiprocessing queue arrive whole and writable,
+their writes shared both ways; a DataLoader epoch with workers gives every
+batch right; the producer's memory returns when the consumer lets go, or
+dies holding tensors; a ticket never claimed is given back after
+claim_timeout; thousands of fresh tensors keep the consumer's fds and
+mappings bounded; a malformed ticket unpickled by hand raises a clear
+error.
+"""
+
+import os
+import signal
+import time
+
+import pytest
+
+torch = pytest.importorskip("torch")
+import torch.multiprocessing as mp  # noqa: E402
+
+import ipcref  # noqa: E402
+import ipcref.torch as dropin  # noqa: E402
+
+WAIT = 30.0
+ctx_mp = mp.get_context("fork")
+
+
+@pytest.fixture
+def installed():
+    dropin.install()
+    yield
+    dropin.uninstall()
+
+
+def producer_stats():
+    return dropin._here().ctx.stats()
+
+
+def settle(pred, what):
+    """Collects until pred(stats) holds, or fails after WAIT seconds."""
+    end = time.monotonic() + WAIT
+    while True:
+        dropin._here().ctx.collect()
+        s = producer_stats()
+        if pred(s):
+            return s
+        if time.monotonic() > end:
+            pytest.fail("%s: %r" % (what, s))
+        time.sleep(0.02)
+
+
+def _echo(q, r, n):
+    for i in range(n):
+        t = q.get(timeout=WAIT)
+        ok = bool((t == i).all()) and t.dtype == torch.float32
+        t.add_(100)  # writable here, and shared with the producer
+        r.put((i, ok))
+        del t
+    r.put("done")
+
+
+def test_queue_round_trip_and_shared_writes(installed):
+    q, r = ctx_mp.Queue(), ctx_mp.Queue()
+    p = ctx_mp.Process(target=_echo, args=(q, r, 3))
+    p.start()
+    try:
+        kept = []
+        for i in range(3):
+            t = dropin._here().ctx.empty((256, 64), torch.float32,
+                                         like="torch")
+            t.fill_(i)
+            q.put(t)
+            assert r.get(timeout=WAIT) == (i, True)
+            assert bool((t == i + 100).all())  # the consumer's write is seen
+            kept.append(t)
+        assert r.get(timeout=WAIT) == "done"
+        p.join(WAIT)
+        assert p.exitcode == 0
+    finally:
+        if p.is_alive():
+            p.kill()
+
+
+def test_tensor_not_in_ipcref_is_copied_once(installed):
+    q, r = ctx_mp.Queue(), ctx_mp.Queue()
+    p = ctx_mp.Process(target=_echo, args=(q, r, 2))
+    p.start()
+    for i in range(2):
+        t = torch.full((1000,), float(i))  # torch's own memory
+        q.put(t)
+        assert r.get(timeout=WAIT) == (i, True)
+        assert bool((t == i).all())  # a copy went: ours is untouched
+    assert r.get(timeout=WAIT) == "done"
+    p.join(WAIT)
+    assert p.exitcode == 0
+    settle(lambda s: s["live_slots"] == 0, "leases left")
+
+
+def _hold_then_wait(q, r):
+    held = [q.get(timeout=WAIT) for _ in range(4)]
+    r.put(sum(int(t[0]) for t in held))
+    time.sleep(WAIT)  # killed here
+
+
+def test_consumer_killed_holding_tensors(installed):
+    q, r = ctx_mp.Queue(), ctx_mp.Queue()
+    p = ctx_mp.Process(target=_hold_then_wait, args=(q, r))
+    p.start()
+    for i in range(4):
+        t = dropin._here().ctx.empty((4096,), torch.float32, like="torch")
+        t.fill_(i)
+        q.put(t)
+        del t
+    assert r.get(timeout=WAIT) == 0 + 1 + 2 + 3
+    settle(lambda s: s["live_slots"] == 4, "the consumer holds 4 leases")
+    os.kill(p.pid, signal.SIGKILL)
+    p.join(WAIT)
+    settle(lambda s: s["live_slots"] == 0 and s["limbo_blocks"] == 0,
+           "a dead consumer's tensors given back")
+
+
+def test_unclaimed_ticket_given_back():
+    dropin.install(claim_timeout=0.3)
+    try:
+        t = dropin._here().ctx.empty((1 << 16,), torch.float32, like="torch")
+        payload = ctx_mp.reducer.ForkingPickler.dumps(t)  # never unpickled
+        del t
+        sharer = dropin._here().sharer
+        assert len(sharer.tickets) == 1
+        end = time.monotonic() + WAIT
+        while sharer.tickets and time.monotonic() < end:
+            time.sleep(0.05)
+        assert not sharer.tickets, "a ticket nobody claimed was kept"
+        settle(lambda s: s["live_bufs"] == 0, "the block given back")
+        with pytest.raises(ipcref.Error) as e:  # a claim that comes late
+            ctx_mp.reducer.ForkingPickler.loads(payload)
+        assert "claim_timeout" in str(e.value)
+    finally:
+        dropin.uninstall()
+        dropin.install(claim_timeout=60.0)
+        dropin.uninstall()
+
+
+def test_malformed_ticket_by_hand(installed):
+    with pytest.raises(ipcref.PeerGone):
+        dropin._rebuild_tensor("@ipcref-nobody-%d" % os.getpid(), 1, False)
+    t = dropin._here().ctx.empty((8,), torch.float32, like="torch")
+    ctx_mp.reducer.ForkingPickler.dumps(t)  # starts this process's sharer
+    with pytest.raises(ipcref.Error):
+        dropin._rebuild_tensor(dropin._here().sharer.path, 10 ** 9, False)
+
+
+def _drain(q, r, n):
+    fds0 = maps0 = None
+    for i in range(n):
+        t = q.get(timeout=WAIT)
+        assert int(t[0]) == i % 1000
+        del t
+        if i == 200:
+            fds0 = len(os.listdir("/proc/self/fd"))
+            with open("/proc/self/maps") as f:
+                maps0 = sum(1 for _ in f)
+    with open("/proc/self/maps") as f:
+        maps = sum(1 for _ in f)
+    r.put((len(os.listdir("/proc/self/fd")) - fds0, maps - maps0))
+
+
+def test_many_fresh_tensors_stay_bounded(installed):
+    n = 3000
+    q, r = ctx_mp.Queue(maxsize=8), ctx_mp.Queue()
+    p = ctx_mp.Process(target=_drain, args=(q, r, n))
+    p.start()
+    for i in range(n):
+        t = dropin._here().ctx.empty((16384,), torch.float32, like="torch")
+        t[0] = i % 1000
+        q.put(t)
+        del t
+    fds, maps = r.get(timeout=WAIT * 4)
+    p.join(WAIT)
+    assert p.exitcode == 0
+    assert fds <= 4 and maps <= 16, (fds, maps)
+    settle(lambda s: s["live_slots"] == 0, "leases left")
+
+
+class _Frames(torch.utils.data.Dataset):
+    def __len__(self):
+        return 32
+
+    def __getitem__(self, i):
+        return torch.full((3, 64, 64), float(i))
+
+
+def test_dataloader_with_workers(installed):
+    dl = torch.utils.data.DataLoader(_Frames(), batch_size=4, num_workers=2)
+    seen = []
+    for b in dl:
+        assert b.shape == (4, 3, 64, 64)
+        seen.extend(int(x[0, 0, 0]) for x in b)
+        b.add_(1)  # writable, as with torch's own sharing
+    assert seen == list(range(32))
+
+
+def test_uninstall_gives_torch_back():
+    dropin.install()
+    dropin.uninstall()
+    assert not dropin.installed()
+    q = ctx_mp.Queue()
+    q.put(torch.ones(4))
+    assert bool((q.get(timeout=WAIT) == 1).all())

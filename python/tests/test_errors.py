@@ -1,0 +1,304 @@
+"""Bad input from Python: a clear exception, nothing sent, nothing leaked
+(the context's stats unchanged)."""
+
+import os
+import socket
+import time
+
+import numpy as np
+import pytest
+
+import ipcref
+from conftest import RESULT_NAMES, WAIT, abstract_path, holding, \
+    seqpacket_pair
+
+BAD_OBJECTS = {
+    "list_of_ints": [1, 2, 3],
+    "str": "abc",
+    "bytes": b"abc",
+    "dict": {"a": np.zeros(1)},
+    "int": 5,
+    "none": None,
+    "memoryview": memoryview(b"abcd"),
+    "numpy_scalar": np.float32(1.0),
+    "object_array": np.array([1, "a", None], dtype=object),
+    "float128": np.zeros(3, dtype=np.longdouble),
+    "datetime64": np.zeros(3, dtype="datetime64[s]"),
+    "timedelta64": np.zeros(3, dtype="timedelta64[ms]"),
+    "unicode_array": np.array(["ab", "cd"]),
+    "bytes_array": np.array([b"ab", b"cd"]),
+    "structured": np.zeros(2, dtype=[("a", "i4"), ("b", "f8")]),
+    "big_endian": np.zeros(3, dtype=">i4"),
+    "list_with_str": [np.zeros(2), "x"],
+    "nested_list": [[np.zeros(2)]],
+}
+
+
+@pytest.mark.parametrize("name", sorted(BAD_OBJECTS))
+def test_send_refuses_what_it_cannot_share(pair, name):
+    before = holding(pair.prod)
+    with pytest.raises(TypeError) as ei:
+        pair.tx.send(BAD_OBJECTS[name])
+    assert str(ei.value)
+    assert holding(pair.prod) == before
+    assert pair.nothing_waits()
+
+
+def test_send_refuses_nine_dimensions(pair):
+    before = holding(pair.prod)
+    with pytest.raises((TypeError, ValueError), match="8"):
+        pair.tx.send(np.zeros((1,) * 9, np.float32))
+    with pytest.raises((TypeError, ValueError), match="8"):
+        pair.tx.send(np.zeros((1,) * 32))  # numpy's own maximum
+    got, _ = pair.roundtrip(np.arange(2.0).reshape((1,) * 7 + (2,)))
+    assert got.shape == (1,) * 7 + (2,)
+    del got
+    pair.prod.collect()
+    assert holding(pair.prod)["live_slots"] == before["live_slots"]
+
+
+def test_empty_refuses_bad_shapes_and_dtypes(pair):
+    ctx = pair.prod
+    before = holding(ctx)
+    for shape in [(-1,), (3, -2), -5]:
+        with pytest.raises((ValueError, ipcref.Error)):
+            ctx.empty(shape)
+    with pytest.raises(ValueError, match="8"):
+        ctx.empty((1,) * 9)
+    for huge in [(1 << 62,), (1 << 40, 1 << 40)]:
+        with pytest.raises((ValueError, MemoryError, ipcref.Error)):
+            ctx.empty(huge, "float64")
+    for dtype in ["float128", np.longdouble, object, "datetime64[s]", "U4",
+                  "nonsense", np.dtype(">i4")]:
+        with pytest.raises(TypeError, match="cannot share"):
+            ctx.empty(3, dtype)
+    with pytest.raises(TypeError):
+        ctx.empty(3, "bfloat16")  # numpy has none
+    with pytest.raises(ValueError, match="like"):
+        ctx.empty(3, like="jax")
+    with pytest.raises((TypeError, ValueError)):
+        ctx.empty("abc")
+    assert holding(ctx) == before
+
+
+def test_empty_refuses_float_dims(pair):
+    """(2.5,) is no shape: TypeError, as numpy's empty (it once made a
+    2-element array)."""
+    with pytest.raises(TypeError):
+        pair.prod.empty((2.5,))
+
+
+def test_closed_peer(pair):
+    pair.tx.close()
+    pair.tx.close()  # twice is fine
+    for call in (lambda: pair.tx.send(np.zeros(1)),
+                 lambda: pair.tx.recv(timeout=0),
+                 lambda: pair.tx.fileno(),
+                 lambda: pair.tx.stats(),
+                 lambda: pair.tx.pid,
+                 lambda: pair.tx.set_options(send_timeout=1)):
+        with pytest.raises(ValueError, match="closed"):
+            call()
+    # the other side sees the hang-up
+    with pytest.raises(ipcref.PeerGone) as ei:
+        pair.rx.recv(timeout=WAIT)
+    assert isinstance(ei.value, ConnectionError)
+    with pytest.raises(ipcref.PeerGone):
+        pair.rx.send(np.zeros(1))
+    assert pair.prod.stats()["peers"] == 0
+
+
+def test_closed_context(pair):
+    ctx = pair.cons
+    kept = pair.roundtrip(np.arange(3))[0]
+    ctx.close()
+    ctx.close()  # twice is fine
+    for call in (lambda: ctx.stats(), lambda: ctx.empty(3),
+                 lambda: ctx.collect(), lambda: ctx.fileno(),
+                 lambda: ctx.connect(abstract_path()),
+                 lambda: ctx.listen(abstract_path()),
+                 lambda: ctx.adopt(seqpacket_pair()[0]),
+                 # its peers closed with it
+                 lambda: pair.rx.recv(timeout=0),
+                 lambda: pair.rx.send(np.zeros(1)),
+                 lambda: pair.rx.fileno()):
+        with pytest.raises(ValueError, match="closed"):
+            call()
+    # what it received stays valid
+    assert kept.tolist() == [0, 1, 2]
+    with pytest.raises(ipcref.PeerGone):
+        pair.tx.send(np.zeros(1))
+
+
+def test_closed_listener(pair):
+    lst = pair.prod.listen(abstract_path())
+    lst.close()
+    lst.close()
+    with pytest.raises(ValueError, match="closed"):
+        lst.accept(timeout=0)
+
+
+def test_with_statements_close():
+    with ipcref.Context() as ctx:
+        with ctx.listen(abstract_path()) as lst:
+            pass
+        a, b = seqpacket_pair()
+        with ctx.adopt(a) as peer:
+            pass
+        b.close()
+    for call in (ctx.stats, lambda: peer.fileno(), lambda: lst.accept(0)):
+        with pytest.raises(ValueError):
+            call()
+
+
+def test_recv_timeout_waits_then_raises_timeout(pair):
+    t0 = time.monotonic()
+    with pytest.raises(ipcref.Timeout) as ei:
+        pair.rx.recv(timeout=0.2)
+    took = time.monotonic() - t0
+    assert 0.15 <= took < 5, took
+    assert isinstance(ei.value, TimeoutError)
+    assert isinstance(ei.value, ipcref.Error)
+    assert ei.value.code == -9
+    assert pair.nothing_waits()
+
+
+def test_recv_poll_nothing_raises_timeout(pair):
+    """recv(timeout=0) with nothing there: Timeout (a TimeoutError), at
+    once, losing nothing; before the hellos too."""
+    with pytest.raises(ipcref.Timeout):
+        pair.rx.recv(timeout=0)
+    pair.nothing_waits()
+    t0 = time.monotonic()
+    with pytest.raises(ipcref.Timeout) as ei:
+        pair.rx.recv(timeout=0)
+    assert time.monotonic() - t0 < 1
+    assert isinstance(ei.value, TimeoutError)
+    assert pair.nothing_waits()
+
+
+def test_accept_timeout(pair):
+    with pair.prod.listen(abstract_path()) as lst:
+        with pytest.raises(ipcref.Timeout):
+            lst.accept(timeout=0.1)
+
+
+def test_connect_to_nobody(pair):
+    before = holding(pair.prod)
+    fds = len(os.listdir("/proc/self/fd"))
+    for path in (abstract_path(), "/nonexistent-dir/ipcref-test.sock"):
+        with pytest.raises(ipcref.PeerGone) as ei:
+            pair.prod.connect(path)
+        assert isinstance(ei.value, ConnectionError)
+        assert ei.value.code == -8
+    assert holding(pair.prod) == before
+    assert len(os.listdir("/proc/self/fd")) == fds
+
+
+def test_listen_twice_on_one_path(pair):
+    path = abstract_path()
+    with pair.prod.listen(path):
+        with pytest.raises(ipcref.Error):
+            pair.cons.listen(path)
+
+
+def test_adopt_refuses_bad_sockets(pair):
+    ctx = pair.prod
+    before = holding(ctx)
+    fds = len(os.listdir("/proc/self/fd"))
+    with pytest.raises(TypeError):
+        ctx.adopt(5)
+    with socket.socket() as inet:
+        with pytest.raises(ValueError, match="AF_UNIX"):
+            ctx.adopt(inet)
+    with pytest.raises(ipcref.Error):
+        ctx.adopt(socket.socket(socket.AF_UNIX, socket.SOCK_STREAM))
+    d1, d2 = socket.socketpair(socket.AF_UNIX, socket.SOCK_DGRAM)
+    with pytest.raises(ipcref.Error):
+        ctx.adopt(d1)
+    d2.close()
+    assert holding(ctx) == before
+    assert len(os.listdir("/proc/self/fd")) == fds  # adopt closed them
+
+
+def test_stream_socket_round_trip():
+    a, b = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+    with ipcref.Context() as p, ipcref.Context() as c:
+        tx, rx = p.adopt(a), c.adopt(b)
+        e = p.empty((3, 3), "int16")
+        e[...] = np.arange(9).reshape(3, 3)
+        tx.send([e.T, np.arange(4)], meta=b"s" * ipcref.META_MAX)
+        (x, y), meta = rx.recv(timeout=WAIT)
+        assert x.tolist() == np.arange(9).reshape(3, 3).T.tolist()
+        assert y.tolist() == [0, 1, 2, 3] and len(meta) == ipcref.META_MAX
+
+
+def test_recv_bad_like_raises(pair):
+    pair.tx.send(np.arange(3))
+    with pytest.raises(ValueError, match="like"):
+        pair.rx.recv(timeout=WAIT, like="jax")
+
+
+def test_recv_bad_like_keeps_the_message(pair):
+    """`like` is checked before receiving: a bad one loses nothing (it once
+    took the message off the peer and dropped it)."""
+    pair.tx.send(np.arange(3), meta=b"keep me")
+    with pytest.raises(ValueError):
+        pair.rx.recv(timeout=WAIT, like="jax")
+    got, meta = pair.rx.recv(timeout=WAIT)
+    assert meta == b"keep me" and got.tolist() == [0, 1, 2]
+
+
+def test_send_timeout_when_consumer_holds_too_much(pair):
+    """max_bytes_held: a send past it waits up to send_timeout, then
+    raises Timeout and sends nothing; once the consumer lets go, sends go."""
+    pair.tx.set_options(send_timeout=0.2, max_bytes_held=100_000)
+    held, _ = pair.roundtrip(np.zeros(16384, np.float32))  # 64 KiB held
+    before = holding(pair.prod)
+    t0 = time.monotonic()
+    with pytest.raises(ipcref.Timeout):
+        pair.tx.send(np.zeros(16384, np.float32))
+    assert 0.1 < time.monotonic() - t0 < 10
+    assert holding(pair.prod) == before
+    assert pair.tx.stats()["bytes_held"] == 65536
+    del held
+    got, _ = pair.roundtrip(np.ones(16384, np.float32))
+    assert got.sum() == 16384
+    pair.tx.set_options()  # back to the defaults
+
+
+def test_error_attributes(pair):
+    with pytest.raises(ipcref.Error) as ei:
+        pair.prod.empty((-1,))
+    e = ei.value
+    assert isinstance(e.code, int) and e.code < 0
+    assert isinstance(e.name, str) and e.name.startswith("E")
+    assert e.message and str(e) == e.message
+    assert issubclass(ipcref.Timeout, TimeoutError)
+    assert issubclass(ipcref.WouldBlock, BlockingIOError)
+    assert issubclass(ipcref.PeerGone, ConnectionError)
+    for cls in (ipcref.Timeout, ipcref.WouldBlock, ipcref.PeerGone):
+        assert issubclass(cls, ipcref.Error)
+
+
+def test_error_names_match_codes(pair):
+    """Error.name is ipcref.h's name of Error.code."""
+    errors = []
+    for call in (lambda: pair.prod.empty((-1,)),          # ERANGE
+                 lambda: pair.rx.recv(timeout=0.05),      # ETIMEDOUT
+                 lambda: pair.prod.connect(abstract_path())):  # EPEER
+        try:
+            call()
+        except ipcref.Error as e:
+            errors.append(e)
+    pair.nothing_waits()
+    pair.tx.send(pair.prod.empty(2))
+    try:
+        pair.rx.recv(timeout=WAIT, like="torch")  # read-only: refused
+    except ipcref.Error as e:
+        errors.append(e)
+    except ImportError:
+        pass
+    assert len(errors) >= 3
+    for e in errors:
+        assert e.name == RESULT_NAMES[e.code], (e.code, e.name, e.message)
