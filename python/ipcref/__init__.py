@@ -106,6 +106,8 @@ def _dtype_code(dtype):
 # ---- metadata: our first byte says what was sent, the rest is the user's
 
 _BATCH, _TORCH, _RAW, _PICKLED = 1, 2, 4, 8
+_PLAIN = b"\0"  # one numpy array, no metadata
+_BF16 = _CODE["bfloat16"]
 
 
 def _meta_encode(meta, batch, torch):
@@ -211,6 +213,10 @@ class Peer:
         copied once into a new shared block. Raises WouldBlock (a
         non-blocking socket is full), Timeout, PeerGone, Error; nothing is
         sent then."""
+        if meta is None and type(obj) is _np.ndarray and \
+                obj.dtype in _NUMPY_CODE:  # the common case, kept short
+            self._peer()._send([obj], _PLAIN)
+            return
         batch = isinstance(obj, (list, tuple))
         objs = list(obj) if batch else [obj]
         if not objs:
@@ -230,7 +236,16 @@ class Peer:
         arrays; torch has no such tensors, so ``like="torch"`` of such
         memory raises Error unless ``copy=True``; the message is kept then,
         and the next recv returns it. Raises Timeout, PeerGone, Error."""
-        if like not in (None, "numpy", "torch"):
+        if like is None and not copy and self._kept is None:
+            try:  # the common case, kept short: one numpy array, no meta
+                bufs, raw = self._peer()._recv(_ms(timeout))
+            except WouldBlock as e:  # nothing now (timeout=0)
+                raise Timeout(e.code, e.name, e.message) from None
+            if raw == _PLAIN and len(bufs) == 1 and \
+                    bufs[0].dtype != _BF16:
+                return _np.asarray(bufs[0]), None
+            self._kept = (bufs, raw)  # the general way below takes it
+        elif like not in (None, "numpy", "torch"):
             raise ValueError("like is 'numpy' or 'torch', not %r" % (like,))
         if self._kept is not None:  # refused by a call before: its turn
             bufs, raw = self._kept

@@ -167,7 +167,7 @@ def _drain(q, r, n):
 
 
 def test_many_fresh_tensors_stay_bounded(installed):
-    n = 3000
+    n = 10000
     q, r = ctx_mp.Queue(maxsize=8), ctx_mp.Queue()
     p = ctx_mp.Process(target=_drain, args=(q, r, n))
     p.start()
@@ -199,6 +199,32 @@ def test_dataloader_with_workers(installed):
         seen.extend(int(x[0, 0, 0]) for x in b)
         b.add_(1)  # writable, as with torch's own sharing
     assert seen == list(range(32))
+
+
+class _SlowFrames(_Frames):
+    def __getitem__(self, i):
+        time.sleep(0.01)
+        return torch.full((3, 64, 64), float(i))
+
+
+def test_dataloader_worker_killed_mid_epoch(installed):
+    """A worker SIGKILLed mid-epoch: torch says so (RuntimeError), the
+    batches received stay whole, and once they are dropped nothing of the
+    dead worker's is held here."""
+    dl = torch.utils.data.DataLoader(_SlowFrames(), batch_size=2,
+                                     num_workers=2, timeout=WAIT)
+    it = iter(dl)
+    kept = [next(it) for _ in range(3)]
+    os.kill(it._workers[0].pid, signal.SIGKILL)
+    with pytest.raises(RuntimeError):
+        for b in it:
+            kept.append(b)
+    for b in kept:
+        first = int(b[0, 0, 0, 0])
+        assert bool((b[1] == first + 1).all())  # whole, and readable
+    del it, dl, b
+    kept.clear()
+    settle(lambda s: s["imported_bufs"] == 0, "a dead worker's batches")
 
 
 def test_uninstall_gives_torch_back():
