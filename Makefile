@@ -28,7 +28,8 @@ LAYERS  := $(wildcard src/*.h) src/manual.txt src/licence.txt
 GENERATED := ipcref.h $(wildcard ipcref_cuda.h ipcref_hip.h)
 FORMATTED := $(wildcard src/*.h tests/*.c tests/*.h tests/*/*.c tests/*/*.h \
                         examples/*.c bench/*.c bench/*.h bench/peers/*.c \
-                        bench/peers/*.cpp bench/peers/iceoryx/*.c) $(GENERATED)
+                        bench/peers/*.cpp bench/peers/iceoryx/*.c \
+                        python/ipcref/*.c) $(GENERATED)
 EXAMPLES := threads_demo share_demo object_store
 
 .PHONY: all check test soak demo bench format format-check install uninstall clean python

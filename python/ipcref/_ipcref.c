@@ -38,9 +38,9 @@ static const ipcref_error_hook the_hook = {hook_fn, NULL};
 
 /* ipcref_result's names, by -code (ipcref.h never renumbers them). */
 static const char *const code_names[] = {
-    "OK",     "EINVAL",    "ENOMEM",     "ERANGE", "EBUSY",
-    "EPROTO", "ESYS",      "ENODEV",     "EPEER",  "ETIMEDOUT",
-    "ESATURATED", "EDEAD", "ENEEDCOPY", "EDEVICE", "EAGAIN"};
+    "OK",         "EINVAL", "ENOMEM",    "ERANGE",  "EBUSY",
+    "EPROTO",     "ESYS",   "ENODEV",    "EPEER",   "ETIMEDOUT",
+    "ESATURATED", "EDEAD",  "ENEEDCOPY", "EDEVICE", "EAGAIN"};
 
 /* Raises the exception for `r` (NULL returned, for `return raise(r)`). */
 static PyObject *raise_result(ipcref_result r) {
@@ -49,10 +49,9 @@ static PyObject *raise_result(ipcref_result r) {
                   : r == IPCREF_EPEER   ? err_peergone
                                         : err_base;
   int i = -(int)r;
-  const char *name =
-      i >= 0 && i < (int)(sizeof code_names / sizeof *code_names)
-          ? code_names[i]
-          : "E?";
+  const char *name = i >= 0 && i < (int)(sizeof code_names / sizeof *code_names)
+                         ? code_names[i]
+                         : "E?";
   PyObject *e;
   char msg[384];
   if (!cls) cls = PyExc_RuntimeError;
@@ -78,8 +77,8 @@ static PyObject *raise_result(ipcref_result r) {
 
 /* The buffer protocol's format of each dtype (NULL: none, bf16). */
 static const char *const dt_format[IPCREF_DTYPE_COUNT] = {
-    "?", "b", "h", "i", "q", "B", "H", "I", "Q", "e", NULL, "f", "d", "Zf",
-    "Zd"};
+    "?", "b", "h",  "i", "q", "B",  "H", "I",
+    "Q", "e", NULL, "f", "d", "Zf", "Zd"};
 
 /* The dtype of a buffer-protocol format and item size; -1 if none. */
 static int dtype_of_format(const char *f, Py_ssize_t itemsize) {
@@ -98,7 +97,8 @@ static int dtype_of_format(const char *f, Py_ssize_t itemsize) {
   return -1;
 }
 
-/* ---- _Buffer --------------------------------------------------------------- */
+/* ---- _Buffer ---------------------------------------------------------------
+ */
 
 typedef struct {
   PyObject_HEAD ipcref_view v;
@@ -286,7 +286,7 @@ static PyObject *dlpack_of(BufferObject *b, int as_u8) {
   e->m.t.device.device_type = 1; /* kDLCPU */
   e->m.t.ndim = b->v.ndim;
   e->m.t.dtype = as_u8 && b->v.dtype == IPCREF_BOOL ? dl_types[IPCREF_U8]
-                                                     : dl_types[b->v.dtype];
+                                                    : dl_types[b->v.dtype];
   e->m.t.shape = e->shape;
   e->m.t.strides = e->strides;
   e->m.manager_ctx = e;
@@ -296,8 +296,7 @@ static PyObject *dlpack_of(BufferObject *b, int as_u8) {
   return cap;
 }
 
-static PyObject *buffer_dlpack(BufferObject *b, PyObject *args,
-                               PyObject *kw) {
+static PyObject *buffer_dlpack(BufferObject *b, PyObject *args, PyObject *kw) {
   (void)args;
   (void)kw;
   return dlpack_of(b, 0);
@@ -376,7 +375,8 @@ static PyTypeObject BufferType = {
     .tp_methods = buffer_methods,
     .tp_getset = buffer_getset};
 
-/* ---- _Context ------------------------------------------------------------- */
+/* ---- _Context -------------------------------------------------------------
+ */
 
 typedef struct PeerObject PeerObject;
 
@@ -411,8 +411,12 @@ static int ctx_open(ContextObject *c, const char *what) {
 }
 
 static int context_init(ContextObject *c, PyObject *args, PyObject *kw) {
-  static char *names[] = {"segment_size",    "max_bytes", "segment_cache",
-                          "writable_shares", "isolate",   "ledger_slots",
+  static char *names[] = {"segment_size",
+                          "max_bytes",
+                          "segment_cache",
+                          "writable_shares",
+                          "isolate",
+                          "ledger_slots",
                           NULL};
   unsigned long long seg = 0, max = 0, cache = 0;
   int writable = 0, isolate = 0;
@@ -631,17 +635,18 @@ static PyMethodDef context_methods[] = {
     {"fileno", (PyCFunction)context_fileno, METH_NOARGS, NULL},
     {NULL, NULL, 0, NULL}};
 
-static PyTypeObject ContextType = {
-    PyVarObject_HEAD_INIT(NULL, 0).tp_name = "ipcref._ipcref._Context",
-    .tp_basicsize = sizeof(ContextObject),
-    .tp_dealloc = (destructor)context_dealloc,
-    .tp_flags = Py_TPFLAGS_DEFAULT,
-    .tp_doc = "An ipcref context.",
-    .tp_methods = context_methods,
-    .tp_init = (initproc)context_init,
-    .tp_new = PyType_GenericNew};
+static PyTypeObject ContextType = {PyVarObject_HEAD_INIT(NULL, 0).tp_name =
+                                       "ipcref._ipcref._Context",
+                                   .tp_basicsize = sizeof(ContextObject),
+                                   .tp_dealloc = (destructor)context_dealloc,
+                                   .tp_flags = Py_TPFLAGS_DEFAULT,
+                                   .tp_doc = "An ipcref context.",
+                                   .tp_methods = context_methods,
+                                   .tp_init = (initproc)context_init,
+                                   .tp_new = PyType_GenericNew};
 
-/* ---- _Peer ------------------------------------------------------------------ */
+/* ---- _Peer ------------------------------------------------------------------
+ */
 
 static int peer_enter(PeerObject *po, const char *what) {
   if (!po->p) {
@@ -650,8 +655,7 @@ static int peer_enter(PeerObject *po, const char *what) {
   }
   if (po->busy) {
     PyErr_Format(PyExc_RuntimeError,
-                 "%s: another thread is using this Peer (one at a time)",
-                 what);
+                 "%s: another thread is using this Peer (one at a time)", what);
     return 0;
   }
   po->busy = 1;
@@ -685,8 +689,8 @@ static PyObject *peer_close(PeerObject *po, PyObject *noargs) {
  * strides (elements): of the live _Buffer that holds it, or else a new
  * shared block the caller fills from it (*copy_from set). */
 typedef struct {
-  ipcref_view view;    /* what is sent */
-  ipcref_view source;  /* when copied: the caller's memory, borrowed */
+  ipcref_view view;   /* what is sent */
+  ipcref_view source; /* when copied: the caller's memory, borrowed */
   int copy;
 } send_item;
 
@@ -723,8 +727,7 @@ static int item_make(ContextObject *c, char *addr, int dt, int nd,
                     (uintptr_t)(addr + (hi > lo ? hi : lo + 1)), c->ctx);
   if (b) {
     r = ipcref_view_as_strided(&b->v, nd, shape, strides,
-                               (int64_t)((uintptr_t)addr - b->lo),
-                               &it->view);
+                               (int64_t)((uintptr_t)addr - b->lo), &it->view);
     if (r != IPCREF_OK) return (raise_result(r), -1);
     return 0;
   }
@@ -741,8 +744,7 @@ static int item_make(ContextObject *c, char *addr, int dt, int nd,
     r = ipcref_view_as_strided(&it->source, nd, shape, strides, -lo,
                                &it->source);
   if (r == IPCREF_OK)
-    r = ipcref_view_new_shared(c->ctx, (ipcref_dtype)dt, nd, shape,
-                               &it->view);
+    r = ipcref_view_new_shared(c->ctx, (ipcref_dtype)dt, nd, shape, &it->view);
   if (r != IPCREF_OK) {
     ipcref_view_release(&it->source);
     return (raise_result(r), -1);
@@ -863,8 +865,7 @@ static PyObject *peer_recv(PeerObject *po, PyObject *args) {
   PyObject *list = NULL, *meta = NULL, *out = NULL;
   const void *m;
   size_t mlen = 0;
-  if (!PyArg_ParseTuple(args, "i", &ms) || !peer_enter(po, "recv"))
-    return NULL;
+  if (!PyArg_ParseTuple(args, "i", &ms) || !peer_enter(po, "recv")) return NULL;
   CALL_BEGIN();
   Py_BEGIN_ALLOW_THREADS r = ipcref_recv(po->p, &v[0], ms);
   if (r == IPCREF_OK)
@@ -926,13 +927,12 @@ static PyObject *peer_stats(PeerObject *po, PyObject *noargs) {
   r = ipcref_peer_stats(po->p, &in);
   po->busy = 0;
   if (r != IPCREF_OK) return raise_result(r);
-  return Py_BuildValue("{s:i,s:O,s:n,s:n,s:n,s:n,s:n}", "pid", in.pid,
-                       "alive", in.alive ? Py_True : Py_False, "leases",
-                       (Py_ssize_t)in.leases, "bytes_held",
-                       (Py_ssize_t)in.bytes_held, "forwarded",
-                       (Py_ssize_t)in.forwarded, "forwarded_bytes",
-                       (Py_ssize_t)in.forwarded_bytes, "pending",
-                       (Py_ssize_t)in.pending);
+  return Py_BuildValue(
+      "{s:i,s:O,s:n,s:n,s:n,s:n,s:n}", "pid", in.pid, "alive",
+      in.alive ? Py_True : Py_False, "leases", (Py_ssize_t)in.leases,
+      "bytes_held", (Py_ssize_t)in.bytes_held, "forwarded",
+      (Py_ssize_t)in.forwarded, "forwarded_bytes",
+      (Py_ssize_t)in.forwarded_bytes, "pending", (Py_ssize_t)in.pending);
 }
 
 /* _set_options(send_timeout_ms, hello_timeout_ms, max_bytes_held). */
@@ -963,20 +963,21 @@ static PyMethodDef peer_methods[] = {
     {"stats", (PyCFunction)peer_stats, METH_NOARGS, NULL},
     {NULL, NULL, 0, NULL}};
 
-static PyTypeObject PeerType = {
-    PyVarObject_HEAD_INIT(NULL, 0).tp_name = "ipcref._ipcref._Peer",
-    .tp_basicsize = sizeof(PeerObject),
-    .tp_dealloc = (destructor)peer_dealloc,
-    .tp_flags = Py_TPFLAGS_DEFAULT,
-    .tp_doc = "An ipcref peer.",
-    .tp_methods = peer_methods};
+static PyTypeObject PeerType = {PyVarObject_HEAD_INIT(NULL, 0).tp_name =
+                                    "ipcref._ipcref._Peer",
+                                .tp_basicsize = sizeof(PeerObject),
+                                .tp_dealloc = (destructor)peer_dealloc,
+                                .tp_flags = Py_TPFLAGS_DEFAULT,
+                                .tp_doc = "An ipcref peer.",
+                                .tp_methods = peer_methods};
 
-/* ---- the module ------------------------------------------------------------- */
+/* ---- the module -------------------------------------------------------------
+ */
 
 static PyObject *set_errors(PyObject *self, PyObject *args) {
   (void)self;
-  if (!PyArg_ParseTuple(args, "OOOO", &err_base, &err_timeout,
-                        &err_wouldblock, &err_peergone))
+  if (!PyArg_ParseTuple(args, "OOOO", &err_base, &err_timeout, &err_wouldblock,
+                        &err_peergone))
     return NULL;
   Py_INCREF(err_base);
   Py_INCREF(err_timeout);
@@ -991,9 +992,9 @@ static PyObject *owns(PyObject *self, PyObject *args) {
   unsigned long long addr, n;
   (void)self;
   if (!PyArg_ParseTuple(args, "KK", &addr, &n)) return NULL;
-  return PyBool_FromLong(
-      registry_find((uintptr_t)addr, (uintptr_t)(addr + (n ? n : 1)), NULL) !=
-      NULL);
+  return PyBool_FromLong(registry_find((uintptr_t)addr,
+                                       (uintptr_t)(addr + (n ? n : 1)),
+                                       NULL) != NULL);
 }
 
 static PyMethodDef module_methods[] = {
@@ -1001,10 +1002,15 @@ static PyMethodDef module_methods[] = {
     {"_owns", owns, METH_VARARGS, NULL},
     {NULL, NULL, 0, NULL}};
 
-static struct PyModuleDef module_def = {
-    PyModuleDef_HEAD_INIT, "_ipcref", "ipcref's C extension", -1,
-    module_methods,        NULL,      NULL,                   NULL,
-    NULL};
+static struct PyModuleDef module_def = {PyModuleDef_HEAD_INIT,
+                                        "_ipcref",
+                                        "ipcref's C extension",
+                                        -1,
+                                        module_methods,
+                                        NULL,
+                                        NULL,
+                                        NULL,
+                                        NULL};
 
 static int add_type(PyObject *m, PyTypeObject *t, const char *name) {
   if (PyType_Ready(t) < 0) return -1;
