@@ -101,16 +101,14 @@ Usage: python3 w6_python.py [ROW[,ROW...]] [WORKLOAD[,WORKLOAD...]]
   all; dataloader: both flavours); a row runs the workloads it has."""
 import collections
 import os
-import statistics
 import sys
 import time
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "peers"))
 from w6_harness import (ACK_WAIT_S, Acks, CONNECT_S, DL_BATCH, DL_BATCHES,
-                        DL_EPOCHS, DL_SAMPLE, DL_WORKERS, PAGE_ELEMS,
-                        RESEND_SIZE, Row, SECONDS, SIZES, WORKLOADS, ack,
-                        dataloader_dataset, line, measure, pages_ok, report,
-                        value_of)  # noqa: E402
+                        DL_SAMPLE, DL_WORKERS, RESEND_SIZE, Row, SECONDS,
+                        SIZES, WORKLOADS, ack, dataloader_dataset, line,
+                        measure, pages_ok, report, run_epochs, value_of)  # noqa: E402
 
 
 def rows_of(peer, wls):
@@ -207,43 +205,6 @@ def run_py(peer_name, wls):
 
 
 # ---- DataLoader rows: the same dataset and timing as the peer torch_dataloader
-
-
-def run_epochs(peer, make_loader, per_batch, wl="dataloader"):
-    """Runs DL_EPOCHS epochs of make_loader() (a fresh iterable each epoch),
-    reading one float per page of each batch; prints the w6_<wl>
-    lines: us_per_batch (the median over epochs of epoch time / batches,
-    worker start included), us_median and us_p99 of the gaps between batches
-    (each epoch's first batch left out)."""
-    size = per_batch * DL_SAMPLE
-    epochs, gaps, bad = [], [], 0
-    for _ in range(DL_EPOCHS):
-        t0 = last = time.perf_counter_ns()
-        b = 0
-        for batch in make_loader():
-            x = batch.reshape(-1)
-            pages = x[::PAGE_ELEMS]
-            if len(x) != size // 4 or float(pages.sum()) != len(pages) * value_of(b):
-                bad += 1
-            del x, pages, batch
-            now = time.perf_counter_ns()
-            if b:
-                gaps.append(now - last)
-            last = now
-            b += 1
-        epochs.append((time.perf_counter_ns() - t0) / max(1, b))
-        if b != DL_BATCHES:
-            bad += 1
-    if bad or not gaps:
-        line(peer, wl, size, f"status=failed reason=bad-batches-{bad}")
-        return
-    med, p99 = statistics.median(gaps), sorted(gaps)[int(0.99 * (len(gaps) - 1))]
-    extra = f"epochs={DL_EPOCHS} batches={DL_BATCHES} workers={DL_WORKERS}"
-    per_batch_us = statistics.median(epochs) / 1e3
-    line(peer, wl, size, f"metric=us_per_batch value={per_batch_us:.3f} {extra} "
-         f"epochs_us={','.join(f'{e / 1e3:.0f}' for e in epochs)}")
-    line(peer, wl, size, f"metric=us_median value={med / 1e3:.3f} n={len(gaps)} {extra}")
-    line(peer, wl, size, f"metric=us_p99 value={p99 / 1e3:.3f}")
 
 
 def batch_dataset():

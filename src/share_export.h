@@ -161,8 +161,7 @@ IPCREF__PRIVATE ipcref_result ipcref__lease_take_own(
   ipcref__lease *ls;
   uint64_t *slots;
   ipcref_result res;
-  if (b->seg->ctx != ctx) return IPCREF_EINVAL;
-  res = ipcref__ledger_with_room(p, &l);
+  res = ipcref__ledger_with_room(p, &l); /* b is ctx's: views_check */
   if (res != IPCREF_OK) return res;
   slots = ipcref__ledger_slots(l->base);
   r->slot = l->free_stack[--l->nfree];
@@ -390,7 +389,8 @@ IPCREF__PRIVATE ipcref_result ipcref__views_check(const ipcref_peer *p,
 }
 
 /* Builds a message for `n` views and the user's metadata `meta` (under
- * the lock; its length is checked by the caller). */
+ * the lock; the caller checked both: ipcref__views_check,
+ * ipcref__meta_arg). */
 IPCREF__PRIVATE ipcref_result ipcref__export_msg(ipcref_peer *p,
                                                  const ipcref_view *views,
                                                  int n, ipcref__view_event *ev,
@@ -404,10 +404,7 @@ IPCREF__PRIVATE ipcref_result ipcref__export_msg(ipcref_peer *p,
   size_t nret;
   int i, nfd = 0, nrec = 0;
   ipcref_result r = IPCREF_OK;
-  if (n < 1 || n > IPCREF_MSG_MAX_VIEWS) return IPCREF_EINVAL;
-  for (i = 0; i < n; i++)
-    if (!ipcref__view_valid(&views[i]) || !ipcref_buf_is_shared(views[i].buf))
-      return IPCREF_EINVAL;
+  /* n and every view were checked by the caller (ipcref__views_check). */
   (void)ipcref__pump(ctx, 0);
   for (i = 0; i < n && r == IPCREF_OK; i++) {
     int k, first = nfd;

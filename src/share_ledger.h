@@ -29,7 +29,6 @@ IPCREF__PRIVATE void ipcref__ledger_destroy(ipcref_ctx *ctx,
  * made. */
 IPCREF__PRIVATE int ipcref__bell_make(ipcref_ctx *ctx) {
   int sv[2];
-  if (ctx->bell_rx >= 0) return 1;
   if (socketpair(AF_UNIX, SOCK_DGRAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0, sv) !=
       0)
     return 0;

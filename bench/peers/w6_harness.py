@@ -146,3 +146,40 @@ def dataloader_dataset():
             return t
 
     return FreshSamples(), per_batch
+
+
+def run_epochs(peer, make_loader, per_batch, wl="dataloader"):
+    """Runs DL_EPOCHS epochs of make_loader() (a fresh iterable each epoch),
+    reading one float per page of each batch; prints the w6_<wl>
+    lines: us_per_batch (the median over epochs of epoch time / batches,
+    worker start included), us_median and us_p99 of the gaps between batches
+    (each epoch's first batch left out)."""
+    size = per_batch * DL_SAMPLE
+    epochs, gaps, bad = [], [], 0
+    for _ in range(DL_EPOCHS):
+        t0 = last = time.perf_counter_ns()
+        b = 0
+        for batch in make_loader():
+            x = batch.reshape(-1)
+            pages = x[::PAGE_ELEMS]
+            if len(x) != size // 4 or float(pages.sum()) != len(pages) * value_of(b):
+                bad += 1
+            del x, pages, batch
+            now = time.perf_counter_ns()
+            if b:
+                gaps.append(now - last)
+            last = now
+            b += 1
+        epochs.append((time.perf_counter_ns() - t0) / max(1, b))
+        if b != DL_BATCHES:
+            bad += 1
+    if bad or not gaps:
+        line(peer, wl, size, f"status=failed reason=bad-batches-{bad}")
+        return
+    med, p99 = statistics.median(gaps), sorted(gaps)[int(0.99 * (len(gaps) - 1))]
+    extra = f"epochs={DL_EPOCHS} batches={DL_BATCHES} workers={DL_WORKERS}"
+    per_batch_us = statistics.median(epochs) / 1e3
+    line(peer, wl, size, f"metric=us_per_batch value={per_batch_us:.3f} {extra} "
+         f"epochs_us={','.join(f'{e / 1e3:.0f}' for e in epochs)}")
+    line(peer, wl, size, f"metric=us_median value={med / 1e3:.3f} n={len(gaps)} {extra}")
+    line(peer, wl, size, f"metric=us_p99 value={p99 / 1e3:.3f}")
