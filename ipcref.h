@@ -841,6 +841,14 @@ typedef struct ipcref_peer_info {
   size_t forwarded_bytes; /* their bytes */
   size_t pending;         /* views received from it and not handed out
                              yet (the rest of a batch) */
+  uint64_t sent_channel;  /* messages sent to it through the channel */
+  uint64_t sent_socket;   /* and on its socket (those with fds, those that
+                             found the ring full; all without a channel) */
+  int channel_out;        /* 1: a channel to it is up; -1: it broke it (its
+                             read index made no sense), so the socket
+                             carries all; 0: none (not yet, or none asked) */
+  int channel_in;         /* 1: its channel to us is up; -1: refused (a
+                             malformed setup or record: EPROTO for good) */
 } ipcref_peer_info;
 
 /* A message: a small byte record plus the fds the peer does not have yet.
@@ -977,7 +985,23 @@ typedef struct ipcref_peer_options {
                            send_timeout_ms, then ETIMEDOUT; nothing taken.
                            One message larger than the cap goes when the
                            peer holds nothing. Default: no cap */
+  size_t ring_bytes;     /* the channel: a ring in shared memory that
+                            carries this side's hand-offs without a system
+                            call (the socket still carries fds, and what
+                            finds the ring full). Rounded up to a power of
+                            two, 4 KiB to 16 MiB (default 64 KiB; made on
+                            the first send; IPCREF_KEEP_NONE: no ring, the
+                            socket carries everything) */
+  int spin_us;           /* a receive that finds nothing spins this long
+                            before it sleeps (at most 10 ms; 0: never
+                            spins). IPCREF_SPIN_AUTO, the default when no
+                            options are given: up to 50 us, only where this
+                            process may run on more than one CPU, halved
+                            after each spin that found nothing */
 } ipcref_peer_options;
+
+/* ipcref_peer_options.spin_us: spin where it pays (see there). */
+#define IPCREF_SPIN_AUTO (-1)
 
 /* As ipcref_peer_new, with options (NULL: the defaults). Errors: as
  * ipcref_peer_new; EINVAL for a negative option. */
@@ -3658,6 +3682,7 @@ IPCREF_API ipcref_result ipcref_view_make_mut(ipcref_view *v) {
 #include <poll.h>
 #include <stddef.h>
 #include <pthread.h>
+#include <sched.h>
 #include <signal.h>
 #include <stdio.h>
 #include <sys/epoll.h>
@@ -4046,6 +4071,13 @@ struct ipcref_peer {
   size_t in_len;
   int in_fds[IPCREF_MSG_MAX_FDS], in_nfds; /* the fds that came with it */
   int in_pid, in_uid;                      /* and its sender's credentials */
+  struct ipcref__chan_tx *tx; /* the channel to the other side (see */
+  struct ipcref__chan_rx *rx; /* share_ring) and the one from it */
+  int rx_broken; /* the other side broke its channel: EPROTO for good */
+  int tx_off;    /* no channel could be made: the socket carries all */
+  int bell_in;   /* the doorbell of the channel from it (-1: none yet) */
+  uint64_t sent_channel, sent_socket; /* messages sent by each path */
+  int ring_left, flag_on; /* the poll fd's flag: see ipcref__batch_signal */
   int poll_fd;  /* ipcref_peer_poll_fd: an epoll fd over the socket and */
   int batch_fd; /* an eventfd, set while a batch has views left; both made
                    on its first call (-1 before) */
@@ -4146,6 +4178,12 @@ struct ipcref_ctx {
  * imported buffer by its release callback. */
 IPCREF__PRIVATE void ipcref__import_end(struct ipcref__import *imp);
 IPCREF__PRIVATE void ipcref__import_release(void *user, void *data);
+/* And ipcref_peer_free (share_peer) closes the peer's channels (share_channel).
+ */
+IPCREF__PRIVATE void ipcref__chan_closing(ipcref_peer *p);
+IPCREF__PRIVATE void ipcref__chan_poll(ipcref_peer *p);
+IPCREF__PRIVATE void ipcref__chan_close(ipcref_peer *p);
+IPCREF__PRIVATE int ipcref__chan_tx_broken(const ipcref_peer *p);
 
 /* Unlocks the context, then does what must not run under it, since each
  * may call back into ipcref: the aliases whose last hold went end (their
@@ -4362,7 +4400,8 @@ IPCREF__PRIVATE int ipcref__own(const ipcref_ctx *ctx, const char *fn) {
  * pidfd leaves the epoll set. */
 IPCREF__PRIVATE void ipcref__watch_dead(ipcref_ctx *ctx, ipcref__watch *w) {
   if (w->dead) return;
-  w->dead = 1;
+  /* Atomic: a sender checks it without the lock (ipcref__chan_gone). */
+  __atomic_store_n(&w->dead, 1, __ATOMIC_RELAXED);
   ctx->st.peer_deaths++;
   if (w->pidfd >= 0) {
     (void)epoll_ctl(ctx->epfd, EPOLL_CTL_DEL, w->pidfd, NULL);
@@ -6464,8 +6503,9 @@ IPCREF__PRIVATE int ipcref__ms_left(int timeout_ms,
   long left;
   if (timeout_ms <= 0) return timeout_ms;
   clock_gettime(CLOCK_MONOTONIC, &now);
+  /* Rounded up: a wait never ends before its deadline. */
   left = (long)(end->tv_sec - now.tv_sec) * 1000 +
-         (long)(end->tv_nsec - now.tv_nsec) / 1000000;
+         ((long)(end->tv_nsec - now.tv_nsec) + 999999) / 1000000;
   return left > 0 ? (int)left : 0;
 }
 
@@ -6771,12 +6811,21 @@ IPCREF__PRIVATE int ipcref__options_ok(const ipcref_peer_options *o,
     (void)ipcref__invalid(fn, "a negative timeout in the options");
     return 0;
   }
+  if (o && o->spin_us < IPCREF_SPIN_AUTO) {
+    (void)ipcref__invalid(fn, "spin_us below IPCREF_SPIN_AUTO");
+    return 0;
+  }
+  if (o && o->ring_bytes > ((size_t)16 << 20)) {
+    (void)ipcref__invalid(fn, "ring_bytes over 16 MiB");
+    return 0;
+  }
   return 1;
 }
 
 IPCREF__PRIVATE void ipcref__options_set(ipcref_peer *p,
                                          const ipcref_peer_options *o) {
   memset(&p->opt, 0, sizeof p->opt);
+  p->opt.spin_us = IPCREF_SPIN_AUTO; /* the default; 0 in options: none */
   if (o) p->opt = *o;
   if (!p->opt.hello_timeout_ms) p->opt.hello_timeout_ms = 5000;
 }
@@ -6838,7 +6887,7 @@ IPCREF__PRIVATE ipcref_result ipcref__peer_make(ipcref_ctx *ctx, int sockfd,
   p->pid = (int)cred.pid;
   p->uid = (int)cred.uid;
   p->sock_type = type;
-  p->poll_fd = p->batch_fd = -1;
+  p->poll_fd = p->batch_fd = p->bell_in = -1;
   ipcref__options_set(p, opt);
   {
     int on = 1;
@@ -6910,6 +6959,10 @@ IPCREF_API ipcref_result ipcref_peer_stats(ipcref_peer *p,
   out->alive = ipcref_peer_alive(p);
   out->pid = p->pid;
   out->pending = (size_t)(p->npending - p->pending_pos);
+  out->sent_channel = p->sent_channel;
+  out->sent_socket = p->sent_socket;
+  out->channel_out = p->tx ? (ipcref__chan_tx_broken(p) ? -1 : 1) : 0;
+  out->channel_in = p->rx_broken ? -1 : p->rx ? 1 : 0;
   ctx = p->ctx;
   IPCREF__LOCK(ctx);
   ipcref__sweep(ctx); /* what came back is not held */
@@ -6939,6 +6992,7 @@ IPCREF_API void ipcref_peer_free(ipcref_peer *p) {
   /* Read what the other side sent and nobody will: the leases in it go
    * back at once, and closing a socket with unread data would reset the
    * connection, so the other side would lose what we sent it. */
+  ipcref__chan_closing(p);
   for (;;) {
     ipcref_view v;
     if (ipcref_recv(p, &v, 0) != IPCREF_OK) break;
@@ -6957,6 +7011,7 @@ IPCREF_API void ipcref_peer_free(ipcref_peer *p) {
   ipcref__sweep(ctx);
   (void)ipcref__pump(ctx, 0);
   close(p->fd);
+  ipcref__chan_close(p);
   ipcref__stream_next(p, 1); /* a record cut short: its fds */
   IPCREF_FREE(p->in);
   IPCREF_FREE(p->out);
@@ -6976,18 +7031,22 @@ IPCREF_API void ipcref_peer_free(ipcref_peer *p) {
 
 /* ---- the peer's poll fd ------------------------------------------------- */
 
-/* The poll fd's batch flag (an eventfd): set while views of a received
- * batch wait in the peer, cleared when the last is handed out, so that an
- * event loop is woken for each of them (the socket has nothing more to
- * say). No-op before ipcref_peer_poll_fd made it. */
+/* The poll fd's flag (an eventfd): set while views of a received batch
+ * wait in the peer, or records in the channel from it (p->ring_left, see
+ * ipcref__chan_poll), clear when neither does, so that an event loop is
+ * woken for each of them (the socket and the doorbell have nothing more to
+ * say). A system call only when it changes; none before
+ * ipcref_peer_poll_fd made it. */
 IPCREF__PRIVATE void ipcref__batch_signal(ipcref_peer *p) {
   uint64_t v = 1;
   ssize_t n;
-  if (p->batch_fd < 0) return;
-  if (p->pending_pos < p->npending)
-    n = write(p->batch_fd, &v, sizeof v); /* EAGAIN: set already */
+  int on = p->pending_pos < p->npending || p->ring_left;
+  if (p->batch_fd < 0 || on == p->flag_on) return;
+  p->flag_on = on;
+  if (on)
+    n = write(p->batch_fd, &v, sizeof v);
   else
-    n = read(p->batch_fd, &v, sizeof v); /* EAGAIN: clear already */
+    n = read(p->batch_fd, &v, sizeof v);
   (void)n;
 }
 
@@ -7014,6 +7073,13 @@ IPCREF__PRIVATE int ipcref__epoll_add(int ep, int fd, int wants) {
   return epoll_ctl(ep, EPOLL_CTL_ADD, fd, &ev);
 }
 
+/* The poll fd also wakes when the other side's channel rings its doorbell
+ * (see share_channel): added once both are there. */
+IPCREF__PRIVATE void ipcref__poll_doorbell(ipcref_peer *p) {
+  if (p->poll_fd >= 0 && p->bell_in >= 0)
+    (void)ipcref__epoll_add(p->poll_fd, p->bell_in, 0);
+}
+
 IPCREF_API int ipcref_peer_poll_fd(ipcref_peer *p) {
   int ep, bf;
   if (!p || !IPCREF__PEER_USABLE(p, "ipcref_peer_poll_fd")) return -1;
@@ -7030,10 +7096,12 @@ IPCREF_API int ipcref_peer_poll_fd(ipcref_peer *p) {
   }
   p->poll_fd = ep;
   p->batch_fd = bf;
-  if (p->room_wait) /* a send waits for room: returns wake it too */
+  ipcref__poll_doorbell(p); /* records in the channel from it */
+  if (p->room_wait)         /* a send waits for room: returns wake it too */
     (void)ipcref__epoll_add(ep, p->ctx->bell_rx, 0);
-  /* A batch received before the first call has views left too. */
-  ipcref__batch_signal(p);
+  /* A batch received before the first call has views left too, and the
+   * channel from it records. */
+  ipcref__chan_poll(p);
   return ep;
 }
 
@@ -8121,10 +8189,11 @@ IPCREF__PRIVATE void ipcref__refused(ipcref_ctx *ctx, const char *why) {
  * or kept by a mapping). `views` gets one view per record. Decoded first
  * (no side effect), then under the lock: retire, map, check every record,
  * get ready, commit. A refused message changes nothing but the cache of
- * what the sender retired, and the refusal count. */
+ * what the sender retired, and the refusal count. `pump`: the death check
+ * runs here (not for a record off the channel: see recv_ring). */
 IPCREF__PRIVATE ipcref_result ipcref__import_bytes(
     ipcref_peer *p, const unsigned char *bytes, size_t len, int *fds, int nfds,
-    void *stream, ipcref_view *views, int *nviews) {
+    void *stream, ipcref_view *views, int *nviews, int pump) {
   ipcref_ctx *ctx = p->ctx;
   ipcref__msg_in m;
   ipcref__msg_maps mm;
@@ -8139,7 +8208,7 @@ IPCREF__PRIVATE ipcref_result ipcref__import_bytes(
   }
   if (m.nfds != nfds) goto done;
   IPCREF__LOCK(ctx);
-  (void)ipcref__pump(ctx, 0);
+  if (pump) (void)ipcref__pump(ctx, 0);
   ipcref__import_retire(ctx, &m);
   r = ipcref__import_map(ctx, &m, fds, &mm);
   for (i = 0; r == IPCREF_OK && i < m.head.nviews; i++)
@@ -8207,7 +8276,7 @@ IPCREF_API ipcref_result ipcref_import(ipcref_peer *p, ipcref_msg *msg,
                                               : IPCREF_EDEAD;
   if (r == IPCREF_OK)
     r = ipcref__import_bytes(p, msg->bytes, msg->len, msg->fds, msg->nfds, NULL,
-                             views, &n);
+                             views, &n, 1);
   else
     for (i = 0; i < msg->nfds; i++) /* its fds, as on any error */
       if (msg->fds[i] >= 0) close(msg->fds[i]);
@@ -8216,6 +8285,593 @@ IPCREF_API ipcref_result ipcref_import(ipcref_peer *p, ipcref_msg *msg,
   if (r != IPCREF_OK) return r;
   for (i = 1; i < n; i++) ipcref_view_release(&views[i]); /* one per msg */
   *out = views[0];
+  return IPCREF_OK;
+}
+
+#endif /* IPCREF__SHARING_IMPL */
+
+/* ---- share_channel: implementation (src/share_channel.h) ---------------- */
+
+/* share_channel: the channel, a ring of hand-off records in shared memory
+ * from a peer's sender to its receiver, beside the socket. The sender's
+ * half (made on its first send, announced over the socket, records pushed
+ * without a system call while the receiver is awake) and the receiver's
+ * (adopted from that announcement, records copied out and checked, the
+ * order of both paths kept, spinning then sleeping). A peer is used by one
+ * thread at a time, and its halves are its own: no lock here. */
+
+#ifdef IPCREF__SHARING_IMPL
+
+/* ---- the channel ----------------------------------------------------------
+ * Two memfds and a doorbell, made by the sender and passed over the
+ * socket in one setup record ("IPCC", version, ring bytes; three fds):
+ *
+ *   ring      the sender's: a 64-byte header (magic, version, ring bytes,
+ *             `tail`, the bytes published, and `sockets`, the messages
+ *             sent on the socket since the setup), then the ring. Sealed
+ *             against resizing and against any new writable mapping
+ *             (F_SEAL_FUTURE_WRITE): the receiver maps it read only.
+ *   control   the receiver's words: `head`, the bytes it consumed,
+ *             `asleep`, set while it sleeps, and `closed`, set when it
+ *             frees its peer. The sender only reads them, and trusts
+ *             nothing it reads there.
+ *   doorbell  a datagram socket: the sender sends one byte on it after a
+ *             record only while `asleep` is set. MSG_DONTWAIT is the
+ *             call's own, so the receiver cannot make it block (an
+ *             eventfd's O_NONBLOCK is the shared file's, which the
+ *             receiver could clear, and its counter it could fill), and
+ *             it is an fd, so the peer's poll fd can wait on it (a futex
+ *             could not be).
+ *
+ * A record is 16 bytes (u32 length, u32 0, u64 the socket messages sent
+ * before it) and a message in the wire format, padded to 8 bytes; it may
+ * wrap. A message that needs fds (a new segment or ledger) still goes on
+ * the socket, and so does one that finds the ring full (the sender never
+ * waits for the receiver here); `sockets` and each record's count keep
+ * the order of both paths: the receiver reads the socket's next message
+ * whenever it has read fewer of them than the next record (or, with the
+ * ring empty, the header) says were sent.
+ *
+ * Memory: ring_bytes (default 64 KiB, at most 16 MiB) plus 4 KiB per
+ * peer and direction, made on the first send. */
+#define IPCREF__CHAN_MAGIC       0x52435049u /* "IPCR" */
+#define IPCREF__CHAN_SETUP_MAGIC 0x43435049u /* "IPCC" */
+#define IPCREF__CHAN_HDR         64u
+#define IPCREF__CHAN_CTL         4096u
+#define IPCREF__CHAN_REC         16u
+#define IPCREF__CHAN_SETUP_BYTES 12u
+#define IPCREF__CHAN_DEFAULT     ((size_t)64 << 10)
+#define IPCREF__CHAN_MIN         ((size_t)4 << 10)
+#define IPCREF__CHAN_MAX         ((size_t)16 << 20)
+#define IPCREF__SPIN_MAX_NS      50000L /* the adaptive spin's longest */
+#define IPCREF__SPIN_CAP_US      10000  /* the longest spin an option asks */
+
+typedef struct ipcref__chan_hdr {
+  uint32_t magic, version, bytes, zero;
+  uint64_t tail;    /* atomic: bytes published */
+  uint64_t sockets; /* atomic: messages sent on the socket since setup */
+  uint64_t reserved[4];
+} ipcref__chan_hdr;
+
+typedef struct ipcref__chan_ctl {
+  uint64_t head;   /* atomic: bytes the receiver consumed */
+  uint32_t asleep; /* atomic: nonzero while the receiver sleeps */
+  uint32_t closed; /* atomic: nonzero once the receiver freed its peer */
+} ipcref__chan_ctl;
+
+/* The sender's half. */
+struct ipcref__chan_tx {
+  unsigned char *map; /* the ring memfd, read-write */
+  ipcref__chan_ctl *ctl;
+  size_t bytes; /* of the ring (a power of two) */
+  uint64_t tail, sockets;
+  int doorbell; /* the sending end */
+  int broken;   /* the receiver's words made no sense: socket only */
+};
+
+/* The receiver's half. */
+struct ipcref__chan_rx {
+  const unsigned char *map; /* the ring memfd, read only */
+  ipcref__chan_ctl *ctl;
+  size_t bytes;
+  uint64_t head, sockets; /* consumed; socket messages read since setup */
+  int armed;              /* `asleep` is set */
+  int hung;     /* the sender hung up: the socket is read to its end */
+  int counted;  /* the socket message due next was counted by the sender */
+  long spin;    /* ns the next wait spins first */
+  int spin_opt; /* the peer's spin_us it was set from */
+  int sleeps;   /* waits that slept since the spin was cut to 0 */
+  unsigned char *rec; /* the record being imported (a private copy) */
+  size_t rec_len;
+};
+
+/* The wire word at `at` (a multiple of 8) of a ring of `bytes`. */
+IPCREF__PRIVATE uint64_t ipcref__chan_word(const unsigned char *ring,
+                                           size_t bytes, uint64_t at) {
+  uint64_t v;
+  memcpy(&v, ring + (size_t)(at & (bytes - 1)), 8);
+  return v;
+}
+
+/* Copies `n` bytes between a private buffer and the ring at `at`, which
+ * may wrap: to the ring (`put`) or from it. */
+IPCREF__PRIVATE void ipcref__chan_copy(unsigned char *ring, size_t bytes,
+                                       uint64_t at, unsigned char *buf,
+                                       size_t n, int put) {
+  size_t off = (size_t)(at & (bytes - 1)), first = bytes - off;
+  if (first > n) first = n;
+  if (put) {
+    memcpy(ring + off, buf, first);
+    memcpy(ring, buf + first, n - first);
+  } else {
+    memcpy(buf, ring + off, first);
+    memcpy(buf + first, ring, n - first);
+  }
+}
+
+/* 8-byte aligned record size for a message of `len` bytes. */
+IPCREF__PRIVATE uint64_t ipcref__chan_need(size_t len) {
+  return IPCREF__CHAN_REC + (((uint64_t)len + 7u) & ~(uint64_t)7u);
+}
+
+/* ---- the sender -----------------------------------------------------------
+ */
+
+/* The ring's size for options `o`: 0 for none. */
+IPCREF__PRIVATE size_t ipcref__chan_size(const ipcref_peer_options *o) {
+  size_t want = o->ring_bytes, n = IPCREF__CHAN_MIN;
+  if (want == IPCREF_KEEP_NONE) return 0;
+  if (!want) return IPCREF__CHAN_DEFAULT;
+  while (n < want) n *= 2;
+  return n;
+}
+
+IPCREF__PRIVATE void ipcref__chan_tx_free(struct ipcref__chan_tx *t) {
+  if (!t) return;
+  if (t->map) munmap(t->map, IPCREF__CHAN_HDR + t->bytes);
+  if (t->ctl) munmap(t->ctl, IPCREF__CHAN_CTL);
+  if (t->doorbell >= 0) close(t->doorbell);
+  IPCREF_FREE(t);
+}
+
+/* Makes the sender's half and its setup record (fds[3]: the ring, the
+ * control words, the doorbell's receiving end, for the socket to carry;
+ * the caller closes them once sent). */
+IPCREF__PRIVATE ipcref_result ipcref__chan_make(size_t bytes,
+                                                struct ipcref__chan_tx **out,
+                                                ipcref_msg *setup) {
+  struct ipcref__chan_tx *t;
+  ipcref__chan_hdr *h;
+  unsigned char *ctl = NULL;
+  ipcref__wire w;
+  int sv[2];
+  t = (struct ipcref__chan_tx *)ipcref__zalloc(sizeof *t);
+  if (!t) return IPCREF_ENOMEM;
+  t->doorbell = -1;
+  t->bytes = bytes;
+  setup->nfds = 0;
+  setup->fds[0] =
+      ipcref__memfd("ipcref-ring", IPCREF__CHAN_HDR + bytes, 1, &t->map);
+  if (setup->fds[0] < 0) goto fail;
+  setup->nfds = 1;
+  setup->fds[1] = ipcref__memfd("ipcref-ring-ctl", IPCREF__CHAN_CTL, 0, &ctl);
+  if (setup->fds[1] < 0) goto fail;
+  setup->nfds = 2;
+  t->ctl = (ipcref__chan_ctl *)(void *)ctl;
+  if (socketpair(AF_UNIX, SOCK_DGRAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0, sv))
+    goto fail;
+  setup->fds[2] = sv[0];
+  setup->nfds = 3;
+  t->doorbell = sv[1];
+  h = (ipcref__chan_hdr *)(void *)t->map;
+  h->magic = IPCREF__CHAN_MAGIC;
+  h->version = IPCREF__MSG_VERSION;
+  h->bytes = (uint32_t)bytes;
+  ipcref__wire_init(&w, setup->bytes, sizeof setup->bytes);
+  ipcref__wire_put(&w, IPCREF__CHAN_SETUP_MAGIC, 4);
+  ipcref__wire_put(&w, IPCREF__MSG_VERSION, 2);
+  ipcref__wire_put(&w, 0, 2);
+  ipcref__wire_put(&w, bytes, 4);
+  setup->len = w.pos;
+  setup->origin = NULL;
+  *out = t;
+  return IPCREF_OK;
+fail:
+  while (setup->nfds > 0) close(setup->fds[--setup->nfds]);
+  ipcref__chan_tx_free(t);
+  return IPCREF_ESYS;
+}
+
+/* After a record or a socket message: the doorbell, if the receiver
+ * sleeps. Seq-cst, paired with the receiver's in ipcref__chan_arm: either
+ * this load sees `asleep`, or its look after setting it sees the record. */
+IPCREF__PRIVATE void ipcref__chan_knock(struct ipcref__chan_tx *t) {
+  __atomic_thread_fence(__ATOMIC_SEQ_CST);
+  if (__atomic_load_n(&t->ctl->asleep, __ATOMIC_RELAXED))
+    (void)send(t->doorbell, "", 1, MSG_DONTWAIT | MSG_NOSIGNAL);
+}
+
+/* Pushes a message of `len` bytes: 1 when it is in the ring, 0 when it
+ * must go on the socket (the ring is full, or its receiver broke it). */
+IPCREF__PRIVATE int ipcref__chan_push(ipcref_peer *p, const unsigned char *msg,
+                                      size_t len) {
+  struct ipcref__chan_tx *t = p->tx;
+  ipcref__chan_hdr *h = (ipcref__chan_hdr *)(void *)t->map;
+  unsigned char rec[IPCREF__CHAN_REC];
+  uint64_t head, used, need = ipcref__chan_need(len);
+  ipcref__wire w;
+  if (t->broken) return 0;
+  /* Acquire: the receiver copied what it consumed before it said so. */
+  head = __atomic_load_n(&t->ctl->head, __ATOMIC_ACQUIRE);
+  used = t->tail - head;
+  if (used > t->bytes || (head & 7u)) { /* it cannot have read that */
+    t->broken = 1;
+    IPCREF__LOCK(p->ctx);
+    ipcref__ctx_report(p->ctx, IPCREF_EPROTO,
+                       "channel closed: the receiver's read index is out of "
+                       "range (its messages go on the socket)");
+    IPCREF__UNLOCK(p->ctx);
+    return 0;
+  }
+  if (need > t->bytes - used) return 0; /* full: the socket takes it */
+  ipcref__wire_init(&w, rec, sizeof rec);
+  ipcref__wire_put(&w, len, 4);
+  ipcref__wire_put(&w, 0, 4);
+  ipcref__wire_put(&w, t->sockets, 8);
+  ipcref__chan_copy(t->map + IPCREF__CHAN_HDR, t->bytes, t->tail, rec,
+                    sizeof rec, 1);
+  ipcref__chan_copy(t->map + IPCREF__CHAN_HDR, t->bytes,
+                    t->tail + IPCREF__CHAN_REC, (unsigned char *)(uintptr_t)msg,
+                    len, 1);
+  IPCREF__STEP("channel push");
+  t->tail += need;
+  /* Release: the record's bytes before the tail that publishes them. */
+  __atomic_store_n(&h->tail, t->tail, __ATOMIC_RELEASE);
+  ipcref__chan_knock(t);
+  return 1;
+}
+
+/* 1 when the receiver is gone: it freed its peer (`closed`), or its
+ * process died (seen by the death check every call makes once per clock
+ * tick). A send then says EPEER, as the socket would, instead of leaving
+ * a lease in a ring nobody reads. Without a system call. */
+IPCREF__PRIVATE int ipcref__chan_gone(const ipcref_peer *p) {
+  return __atomic_load_n(&p->tx->ctl->closed, __ATOMIC_RELAXED) ||
+         (p->watch && __atomic_load_n(&p->watch->dead, __ATOMIC_RELAXED));
+}
+
+/* A message went on the socket while the channel is up: counted, so that
+ * the receiver reads it before the records pushed after it. */
+IPCREF__PRIVATE void ipcref__chan_sent_socket(ipcref_peer *p) {
+  struct ipcref__chan_tx *t = p->tx;
+  t->sockets++;
+  __atomic_store_n(&((ipcref__chan_hdr *)(void *)t->map)->sockets, t->sockets,
+                   __ATOMIC_RELEASE);
+  ipcref__chan_knock(t);
+}
+
+/* ---- the receiver ---------------------------------------------------------
+ */
+
+IPCREF__PRIVATE void ipcref__chan_rx_free(struct ipcref__chan_rx *x) {
+  if (!x) return;
+  if (x->map) munmap((void *)(uintptr_t)x->map, IPCREF__CHAN_HDR + x->bytes);
+  if (x->ctl) munmap(x->ctl, IPCREF__CHAN_CTL);
+  IPCREF_FREE(x->rec);
+  IPCREF_FREE(x);
+}
+
+/* 1 when the receiver broke the channel to it (ipcref_peer_stats). */
+IPCREF__PRIVATE int ipcref__chan_tx_broken(const ipcref_peer *p) {
+  return p->tx && p->tx->broken;
+}
+
+/* The receiver frees its peer: its sender's next send says EPEER. Set
+ * before the peer's last receives (ipcref_peer_free), so that a record
+ * pushed before the sender saw it is read and given back; one pushed in
+ * between is lost as a socket message sent just before the close is. */
+IPCREF__PRIVATE void ipcref__chan_closing(ipcref_peer *p) {
+  if (!p->rx) return;
+  __atomic_store_n(&p->rx->ctl->closed, 1u, __ATOMIC_SEQ_CST);
+  __atomic_thread_fence(__ATOMIC_SEQ_CST);
+}
+
+/* Closes both halves of peer `p`'s channels (ipcref_peer_free). */
+IPCREF__PRIVATE void ipcref__chan_close(ipcref_peer *p) {
+  ipcref__chan_tx_free(p->tx);
+  ipcref__chan_rx_free(p->rx);
+  if (p->bell_in >= 0) close(p->bell_in);
+  p->tx = NULL;
+  p->rx = NULL;
+  p->bell_in = -1;
+}
+
+/* 1 when `fd` is a memfd of `size` bytes sealed against resizing, opened
+ * read-write when `rw` (and then not sealed against writes). */
+IPCREF__PRIVATE int ipcref__chan_fd_ok(int fd, size_t size, int rw) {
+  struct stat st;
+  int seals = fcntl(fd, F_GET_SEALS), fl = fcntl(fd, F_GETFL);
+  if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode) ||
+      (uint64_t)st.st_size != (uint64_t)size || seals < 0 || fl < 0 ||
+      (seals & (F_SEAL_SHRINK | F_SEAL_GROW)) != (F_SEAL_SHRINK | F_SEAL_GROW))
+    return 0;
+  if (rw)
+    return (fl & O_ACCMODE) == O_RDWR &&
+           !(seals & (F_SEAL_WRITE | F_SEAL_FUTURE_WRITE));
+  return (fl & O_ACCMODE) != O_WRONLY;
+}
+
+/* The adaptive spin's first budget: none where this process may run on
+ * one CPU only (spinning there would hold off the sender it waits for). */
+IPCREF__PRIVATE long ipcref__chan_spin_start(const ipcref_peer *p) {
+  cpu_set_t set;
+  if (p->opt.spin_us > 0)
+    return (long)(p->opt.spin_us > IPCREF__SPIN_CAP_US ? IPCREF__SPIN_CAP_US
+                                                       : p->opt.spin_us) *
+           1000L;
+  if (p->opt.spin_us == 0) return 0;
+  if (sched_getaffinity(0, sizeof set, &set) != 0 || CPU_COUNT(&set) < 2)
+    return 0;
+  return IPCREF__SPIN_MAX_NS;
+}
+
+/* What is wrong with a setup record (NULL: nothing); maps the ring and
+ * the control words into x. */
+IPCREF__PRIVATE const char *ipcref__chan_adopt_why(struct ipcref__chan_rx *x,
+                                                   const unsigned char *b,
+                                                   size_t len, const int *fds,
+                                                   int nfds) {
+  const ipcref__chan_hdr *h;
+  ipcref__wire w;
+  uint64_t bytes;
+  void *m;
+  ipcref__wire_init(&w, (unsigned char *)(uintptr_t)b, len);
+  (void)ipcref__wire_get(&w, 4); /* the magic, seen */
+  if (ipcref__wire_get(&w, 2) != IPCREF__MSG_VERSION ||
+      ipcref__wire_get(&w, 2) != 0 || len != IPCREF__CHAN_SETUP_BYTES ||
+      nfds != 3)
+    return "a channel setup of another version, length or fd count";
+  bytes = ipcref__wire_get(&w, 4);
+  if (bytes < IPCREF__CHAN_MIN || bytes > IPCREF__CHAN_MAX ||
+      (bytes & (bytes - 1)))
+    return "a channel of a size out of range";
+  if (!ipcref__chan_fd_ok(fds[0], IPCREF__CHAN_HDR + (size_t)bytes, 0) ||
+      !ipcref__chan_fd_ok(fds[1], IPCREF__CHAN_CTL, 1) ||
+      !ipcref__bell_ok(fds[2]))
+    return "a channel's fds: not sealed memfds of its size and access, or "
+           "a doorbell that is not a datagram socket";
+  m = mmap(NULL, IPCREF__CHAN_HDR + (size_t)bytes, PROT_READ, MAP_SHARED,
+           fds[0], 0);
+  if (m == MAP_FAILED) return "a channel that cannot be mapped";
+  x->map = (const unsigned char *)m;
+  x->bytes = (size_t)bytes;
+  m = mmap(NULL, IPCREF__CHAN_CTL, PROT_READ | PROT_WRITE, MAP_SHARED, fds[1],
+           0);
+  if (m == MAP_FAILED) return "a channel that cannot be mapped";
+  x->ctl = (ipcref__chan_ctl *)m;
+  h = (const ipcref__chan_hdr *)(const void *)x->map;
+  if (h->magic != IPCREF__CHAN_MAGIC || h->version != IPCREF__MSG_VERSION ||
+      h->bytes != bytes)
+    return "a channel whose header disagrees with its setup";
+  return NULL;
+}
+
+/* Adopts the channel a setup record announces (its fds are taken). EPROTO
+ * for a malformed one, or a second: the peer then refuses everything
+ * (records already in a ring it cannot read would be lost otherwise). */
+IPCREF__PRIVATE ipcref_result ipcref__chan_adopt(ipcref_peer *p,
+                                                 const unsigned char *b,
+                                                 size_t len, int *fds,
+                                                 int nfds) {
+  struct ipcref__chan_rx *x;
+  const char *why = "a second channel setup";
+  ipcref_result r = IPCREF_EPROTO;
+  int i;
+  x = p->rx ? NULL : (struct ipcref__chan_rx *)ipcref__zalloc(sizeof *x);
+  if (x) {
+    why = ipcref__chan_adopt_why(x, b, len, fds, nfds);
+    x->rec = why ? NULL : (unsigned char *)IPCREF_MALLOC(IPCREF_MSG_MAX_BYTES);
+    if (!why && !x->rec) why = "out of memory for the channel";
+  } else if (!p->rx) {
+    why = "out of memory for the channel";
+  }
+  if (!why) {
+    p->bell_in = fds[2];
+    fds[2] = -1;
+    x->spin = ipcref__chan_spin_start(p);
+    x->spin_opt = p->opt.spin_us;
+    p->rx = x;
+    ipcref__poll_doorbell(p);
+    r = IPCREF_OK;
+  } else {
+    ipcref__chan_rx_free(x);
+    p->rx_broken = 1;
+    IPCREF__LOCK(p->ctx);
+    ipcref__refused(p->ctx, why);
+    IPCREF__UNLOCK(p->ctx);
+  }
+  for (i = 0; i < nfds; i++)
+    if (fds[i] >= 0) close(fds[i]);
+  return r;
+}
+
+/* What the receiver finds next. */
+enum {
+  IPCREF__CHAN_EMPTY, /* nothing yet */
+  IPCREF__CHAN_GOT,   /* a record, copied to x->rec (x->rec_len bytes) */
+  IPCREF__CHAN_SOCK,  /* the socket's next message comes first */
+  IPCREF__CHAN_BAD    /* the sender broke the ring (reported) */
+};
+
+IPCREF__PRIVATE int ipcref__chan_bad(ipcref_peer *p, const char *why) {
+  p->rx_broken = 1;
+  IPCREF__LOCK(p->ctx);
+  ipcref__refused(p->ctx, why);
+  IPCREF__UNLOCK(p->ctx);
+  return IPCREF__CHAN_BAD;
+}
+
+/* Takes the next record off the ring, if it is next. Every word the
+ * sender wrote is read once and checked before use; the record is copied
+ * out before it is decoded, so that nothing the sender does later changes
+ * what was checked. */
+IPCREF__PRIVATE int ipcref__chan_next(ipcref_peer *p) {
+  struct ipcref__chan_rx *x = p->rx;
+  const ipcref__chan_hdr *h = (const ipcref__chan_hdr *)(const void *)x->map;
+  const unsigned char *ring = x->map + IPCREF__CHAN_HDR;
+  uint64_t tail, avail, len, before, need;
+  if (p->rx_broken) return IPCREF__CHAN_BAD;
+  /* Acquire: a record's bytes are there before the tail that says so. */
+  tail = __atomic_load_n(&h->tail, __ATOMIC_ACQUIRE);
+  avail = tail - x->head;
+  if (avail > x->bytes || (avail & 7u))
+    return ipcref__chan_bad(p, "the channel's write index out of range");
+  if (avail == 0) {
+    uint64_t socks = __atomic_load_n(&h->sockets, __ATOMIC_ACQUIRE);
+    if (socks - x->sockets > (uint64_t)1 << 62)
+      return ipcref__chan_bad(p, "the channel's socket count went back");
+    x->counted = socks != x->sockets;
+    return x->counted || x->hung ? IPCREF__CHAN_SOCK : IPCREF__CHAN_EMPTY;
+  }
+  len = ipcref__chan_word(ring, x->bytes, x->head);
+  before = ipcref__chan_word(ring, x->bytes, x->head + 8);
+  if (len >> 32) /* its second u32 is 0 */
+    return ipcref__chan_bad(p, "a channel record with its zero word set");
+  need = ipcref__chan_need((size_t)len);
+  if (avail < IPCREF__CHAN_REC || len == 0 || len > IPCREF_MSG_MAX_BYTES ||
+      need > avail)
+    return ipcref__chan_bad(p, "a channel record of a length out of range");
+  if (before < x->sockets)
+    return ipcref__chan_bad(p, "a channel record after fewer socket "
+                               "messages than were read");
+  if (before > x->sockets) {
+    x->counted = 1;
+    return IPCREF__CHAN_SOCK;
+  }
+  ipcref__chan_copy((unsigned char *)(uintptr_t)ring, x->bytes,
+                    x->head + IPCREF__CHAN_REC, x->rec, (size_t)len, 0);
+  x->rec_len = (size_t)len;
+  IPCREF__STEP("channel take");
+  x->head += need;
+  /* Release: the copy is done before the sender may write there again. */
+  __atomic_store_n(&x->ctl->head, x->head, __ATOMIC_RELEASE);
+  return IPCREF__CHAN_GOT;
+}
+
+/* 1 when the ring has something for the receiver (a record, or a socket
+ * message counted): what a spin and a sleeper look at. */
+IPCREF__PRIVATE int ipcref__chan_ready(const struct ipcref__chan_rx *x) {
+  const ipcref__chan_hdr *h = (const ipcref__chan_hdr *)(const void *)x->map;
+  return __atomic_load_n(&h->tail, __ATOMIC_ACQUIRE) != x->head ||
+         __atomic_load_n(&h->sockets, __ATOMIC_ACQUIRE) != x->sockets;
+}
+
+/* The receiver says it sleeps (1) or is awake (0). Seq-cst, paired with
+ * ipcref__chan_knock: after arming, the caller looks at the ring once
+ * more, and either sees a record or the sender sees `asleep`. Waking, it
+ * reads what the doorbell holds, so the fd sleeps again. */
+IPCREF__PRIVATE void ipcref__chan_arm(ipcref_peer *p, int on) {
+  struct ipcref__chan_rx *x = p->rx;
+  char b[64];
+  if (x->armed == on) return;
+  x->armed = on;
+  __atomic_store_n(&x->ctl->asleep, (uint32_t)on, __ATOMIC_SEQ_CST);
+  __atomic_thread_fence(__ATOMIC_SEQ_CST);
+  if (!on)
+    while (recv(p->bell_in, b, sizeof b, MSG_DONTWAIT) > 0) continue;
+}
+
+/* With a poll fd, the receiver sleeps whenever it leaves a receive with
+ * the ring empty (so that the fd wakes for the next record: the sender
+ * then rings for each record sent to an idle receiver), and the fd's flag
+ * stays set while records wait (see ipcref__batch_signal). Without one,
+ * only a receive about to sleep says so. */
+IPCREF__PRIVATE void ipcref__chan_poll(ipcref_peer *p) {
+  struct ipcref__chan_rx *x = p->rx;
+  if (x && p->poll_fd >= 0 && !p->rx_broken) {
+    p->ring_left = ipcref__chan_ready(x);
+    if (!p->ring_left) {
+      ipcref__chan_arm(p, 1);
+      p->ring_left = ipcref__chan_ready(x);
+      if (p->ring_left) ipcref__chan_arm(p, 0);
+    }
+  }
+  ipcref__batch_signal(p);
+}
+
+/* A pause between looks at the ring while spinning. */
+IPCREF__PRIVATE void ipcref__cpu_relax(void) {
+#if defined(__x86_64__) || defined(__i386__)
+  __asm__ __volatile__("pause");
+#elif defined(__aarch64__)
+  __asm__ __volatile__("yield");
+#endif
+}
+
+/* Spins up to x->spin ns for the ring to have something: 1 when it did.
+ * The adaptive budget (spin_us IPCREF_SPIN_AUTO) halves after a spin that
+ * found nothing and comes back whole after one that did; once it is 0, a
+ * whole spin is tried again every 64th sleep. */
+IPCREF__PRIVATE int ipcref__chan_spin(ipcref_peer *p) {
+  struct ipcref__chan_rx *x = p->rx;
+  struct timespec t0, t;
+  long spent = 0;
+  int i;
+  if (x->spin_opt != p->opt.spin_us) { /* ipcref_peer_set_options */
+    x->spin_opt = p->opt.spin_us;
+    x->spin = ipcref__chan_spin_start(p);
+  }
+  if (x->spin <= 0) {
+    if (p->opt.spin_us != IPCREF_SPIN_AUTO || ++x->sleeps < 64) return 0;
+    x->sleeps = 0;
+    x->spin = ipcref__chan_spin_start(p);
+    if (x->spin <= 0) return 0;
+  }
+  clock_gettime(CLOCK_MONOTONIC, &t0);
+  while (spent < x->spin) {
+    for (i = 0; i < 64; i++) {
+      if (ipcref__chan_ready(x)) {
+        if (p->opt.spin_us == IPCREF_SPIN_AUTO) x->spin = IPCREF__SPIN_MAX_NS;
+        return 1;
+      }
+      ipcref__cpu_relax();
+    }
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    spent =
+        (long)(t.tv_sec - t0.tv_sec) * 1000000000L + (t.tv_nsec - t0.tv_nsec);
+  }
+  if (p->opt.spin_us == IPCREF_SPIN_AUTO) x->spin /= 2;
+  if (x->spin < 1000) x->spin = 0;
+  return 0;
+}
+
+/* 1 when the sender hung up (its end of the socket closed). */
+IPCREF__PRIVATE int ipcref__chan_hung(ipcref_peer *p, short revents) {
+  if (revents & (POLLHUP | POLLRDHUP | POLLERR)) p->rx->hung = 1;
+  return p->rx->hung;
+}
+
+/* Waits up to ms (-1: as long as it takes; 0: not at all) for the ring to
+ * have something, or for the sender to hang up (then the socket is read
+ * to its end). OK: look again; ETIMEDOUT; ESYS. Records or not, the
+ * receiver is armed when this says ETIMEDOUT, so that its poll fd wakes. */
+IPCREF__PRIVATE ipcref_result ipcref__chan_wait(ipcref_peer *p, int ms) {
+  struct ipcref__chan_rx *x = p->rx;
+  struct pollfd pfd[2];
+  int pr;
+  if (ms != 0 && ipcref__chan_spin(p)) return IPCREF_OK;
+  ipcref__chan_arm(p, 1);
+  if (ipcref__chan_ready(x)) return IPCREF_OK;
+  pfd[0].fd = p->bell_in;
+  pfd[0].events = POLLIN;
+  pfd[1].fd = p->fd;
+  pfd[1].events = POLLRDHUP;
+  pfd[0].revents = pfd[1].revents = 0;
+  pr = poll(pfd, 2, ms);
+  if (pr < 0) return errno == EINTR ? IPCREF_OK : IPCREF_ESYS;
+  if (ipcref__chan_hung(p, pfd[1].revents)) return IPCREF_OK;
+  if (pr == 0) return IPCREF_ETIMEDOUT;
+  ipcref__chan_arm(p, 0); /* the doorbell rang: read it */
   return IPCREF_OK;
 }
 
@@ -8333,14 +8989,19 @@ IPCREF_API void ipcref_msg_free(ipcref_msg *msg) {
  * stream took in part waits in the peer (p->out) and goes before anything
  * else, so the stream stays whole. */
 
+/* *end = now + ms (CLOCK_MONOTONIC). */
+IPCREF__PRIVATE void ipcref__send_deadline_ms(struct timespec *end, int ms) {
+  clock_gettime(CLOCK_MONOTONIC, end);
+  end->tv_sec += ms / 1000;
+  end->tv_nsec += (long)(ms % 1000) * 1000000;
+  if (end->tv_nsec >= 1000000000) end->tv_sec++, end->tv_nsec -= 1000000000;
+}
+
 /* The send's deadline: now + opt.send_timeout_ms, set when it first has
  * to wait (a send that finds room reads no clock). */
 IPCREF__PRIVATE void ipcref__send_deadline(const ipcref_peer *p,
                                            struct timespec *end) {
-  clock_gettime(CLOCK_MONOTONIC, end);
-  end->tv_sec += p->opt.send_timeout_ms / 1000;
-  end->tv_nsec += (long)(p->opt.send_timeout_ms % 1000) * 1000000;
-  if (end->tv_nsec >= 1000000000) end->tv_sec++, end->tv_nsec -= 1000000000;
+  ipcref__send_deadline_ms(end, p->opt.send_timeout_ms);
 }
 
 /* Waits for room in the socket until `end` (see above; all zero: not set
@@ -8462,6 +9123,58 @@ IPCREF__PRIVATE ipcref_result ipcref__send_raw(ipcref_peer *p,
   }
 }
 
+/* ---- the channel ---------------------------------------------------------
+ * (see share_channel) Opened on the first send once the other side's hello
+ * came: its setup record goes on the socket, before anything the ring
+ * carries. A ring that cannot be made (out of memfds, say) leaves the
+ * socket carrying everything; so does ring_bytes IPCREF_KEEP_NONE. */
+
+IPCREF__PRIVATE ipcref_result ipcref__channel_open(ipcref_peer *p) {
+  struct ipcref__chan_tx *t;
+  ipcref_msg setup;
+  size_t bytes = ipcref__chan_size(&p->opt);
+  ipcref_result r;
+  int i;
+  if (p->tx || p->tx_off || !bytes) return IPCREF_OK;
+  if (ipcref__chan_make(bytes, &t, &setup) != IPCREF_OK) {
+    p->tx_off = 1;
+    return IPCREF_OK;
+  }
+  r = ipcref__send_raw(p, &setup);
+  for (i = 0; i < setup.nfds; i++) close(setup.fds[i]);
+  if (r == IPCREF_OK)
+    p->tx = t;
+  else
+    ipcref__chan_tx_free(t); /* EAGAIN: nothing went; made again next time */
+  return r;
+}
+
+/* Sends a message built for the peer: into the ring when it needs no fds
+ * and fits, else on the socket (counted, so that the other side keeps the
+ * order). The channel's setup, on the first, and what a stream left
+ * unsent go first. */
+IPCREF__PRIVATE ipcref_result ipcref__chan_send(ipcref_peer *p,
+                                                const ipcref_msg *msg) {
+  ipcref_result r = ipcref__channel_open(p);
+  if (r != IPCREF_OK) return r;
+  if (p->tx && ipcref__chan_gone(p)) return IPCREF_EPEER;
+  if (p->tx && msg->nfds == 0) {
+    struct timespec end = {0, 0};
+    r = p->out_len ? ipcref__flush_out(p, &end) : IPCREF_OK;
+    if (r != IPCREF_OK) return r;
+    if (ipcref__chan_push(p, msg->bytes, msg->len)) {
+      p->sent_channel++;
+      if (p->wants) ipcref__want(p, 0);
+      return IPCREF_OK;
+    }
+  }
+  /* Not under the lock: the socket may block on the peer. */
+  r = ipcref__send_raw(p, msg);
+  if (r == IPCREF_OK) p->sent_socket++;
+  if (r == IPCREF_OK && p->tx) ipcref__chan_sent_socket(p);
+  return r;
+}
+
 /* ipcref_send, ipcref_send_batch, ipcref_send_meta and ipcref_send_on:
  * the events recorded, the leases taken and the message built under the
  * lock, then sent outside it; a message that could not be sent gives its
@@ -8492,8 +9205,7 @@ IPCREF__PRIVATE ipcref_result ipcref__send_views(ipcref_peer *p,
   ipcref__events_free(ev, n); /* what no lease took */
   if (r != IPCREF_OK) return r;
   IPCREF__STEP("send");
-  /* Not under the lock: the socket may block on the peer. */
-  r = ipcref__send_raw(p, &msg);
+  r = ipcref__chan_send(p, &msg);
   if (r != IPCREF_OK) {
     msg.nfds = 0; /* borrowed: not ours to close */
     ipcref_msg_free(&msg);
@@ -8627,48 +9339,115 @@ IPCREF_API const void *ipcref_recv_meta(ipcref_peer *p, size_t *len) {
   return p->meta_len ? p->meta : NULL;
 }
 
-/* One message off a stream, within timeout_ms: its pieces gather in the
- * peer (ipcref__stream_fill), and a whole record is imported. */
-IPCREF__PRIVATE ipcref_result ipcref__recv_stream(ipcref_peer *p,
-                                                  int timeout_ms, void *stream,
-                                                  int *n) {
-  ipcref_result r = ipcref__stream_fill(p, IPCREF_MSG_MAX_BYTES, timeout_ms);
-  if (r == IPCREF_ETIMEDOUT) return r; /* what came waits for the next call */
-  if (r != IPCREF_OK) {
-    ipcref__stream_next(p, 1);
-    return r;
-  }
+/* A record the socket brought: a channel setup (adopted; *n 0) or a
+ * message, imported into p->pending (*n views). The fds are taken. */
+IPCREF__PRIVATE ipcref_result ipcref__socket_record(ipcref_peer *p,
+                                                    const unsigned char *b,
+                                                    size_t len, int *fds,
+                                                    int nfds, void *stream,
+                                                    int *n) {
+  ipcref__wire w;
+  ipcref_result r;
+  *n = 0;
+  ipcref__wire_init(&w, (unsigned char *)(uintptr_t)b, len);
+  if (ipcref__wire_get(&w, 4) == IPCREF__CHAN_SETUP_MAGIC && !w.bad)
+    return ipcref__chan_adopt(p, b, len, fds, nfds);
   IPCREF__STEP("receive");
-  r = ipcref__import_bytes(p, p->in + 4, p->in_len - 4, p->in_fds, p->in_nfds,
-                           stream, p->pending, n);
-  if (r == IPCREF_OK) ipcref__meta_keep(p, p->in + 4, p->in_len - 4);
-  ipcref__stream_next(p, 0); /* the import took the fds */
+  r = ipcref__import_bytes(p, b, len, fds, nfds, stream, p->pending, n, 1);
+  if (r == IPCREF_OK) ipcref__meta_keep(p, b, len);
   return r;
 }
 
-/* One message off the socket, imported into p->pending (*n views). */
-IPCREF__PRIVATE ipcref_result ipcref__recv_one(ipcref_peer *p, int timeout_ms,
-                                               void *stream, int *n) {
+/* The socket's next record, within timeout_ms (see socket_record); *took
+ * says a record was read off it (not on ETIMEDOUT, nor on an error before
+ * one came). A stream's pieces gather in the peer (ipcref__stream_fill). */
+IPCREF__PRIVATE ipcref_result ipcref__recv_socket(ipcref_peer *p,
+                                                  int timeout_ms, void *stream,
+                                                  int *n, int *took) {
   unsigned char *bytes;
   int fds[IPCREF_MSG_MAX_FDS], nfds = 0;
   size_t len = 0;
-  ipcref_result r = ipcref__hello_within(p, &timeout_ms);
-  if (r != IPCREF_OK) return r;
-  if (p->hello < 0) return ipcref__hello_result(p);
-  if (p->sock_type == SOCK_STREAM)
-    return ipcref__recv_stream(p, timeout_ms, stream, n);
+  ipcref_result r;
+  *n = 0;
+  *took = 0;
+  if (p->sock_type == SOCK_STREAM) {
+    r = ipcref__stream_fill(p, IPCREF_MSG_MAX_BYTES, timeout_ms);
+    if (r == IPCREF_ETIMEDOUT) return r; /* what came waits for the next call */
+    *took = 1;
+    if (r != IPCREF_OK) {
+      ipcref__stream_next(p, 1);
+      return r;
+    }
+    r = ipcref__socket_record(p, p->in + 4, p->in_len - 4, p->in_fds,
+                              p->in_nfds, stream, n);
+    ipcref__stream_next(p, 0); /* the record's fds were taken */
+    return r;
+  }
   r = ipcref__wait_readable(p->fd, timeout_ms);
   if (r != IPCREF_OK) return r;
   bytes = (unsigned char *)IPCREF_MALLOC(IPCREF_MSG_MAX_BYTES);
   if (!bytes) return IPCREF_ENOMEM;
   r = ipcref__recv_raw(p, bytes, &len, fds, &nfds);
-  if (r == IPCREF_OK) {
-    IPCREF__STEP("receive");
-    r = ipcref__import_bytes(p, bytes, len, fds, nfds, stream, p->pending, n);
-    if (r == IPCREF_OK) ipcref__meta_keep(p, bytes, len);
-  }
+  *took = r == IPCREF_OK || r == IPCREF_EPROTO;
+  if (r == IPCREF_OK)
+    r = ipcref__socket_record(p, bytes, len, fds, nfds, stream, n);
   IPCREF_FREE(bytes);
   return r;
+}
+
+/* What the channel has next, imported into p->pending (*n views), within
+ * timeout_ms: a record off the ring, or the socket's next message when the
+ * sender counted one before it; waiting (spinning, then asleep) while
+ * there is nothing. While records wait, this makes no system call: the
+ * death check (ipcref__pump), for a context with leases out or device
+ * releases pending, runs when the ring is found empty. */
+IPCREF__PRIVATE ipcref_result ipcref__recv_chan(ipcref_peer *p, int timeout_ms,
+                                                const struct timespec *end,
+                                                void *stream, int *n) {
+  struct ipcref__chan_rx *x = p->rx;
+  for (;;) {
+    int k = ipcref__chan_next(p), took, counted = x->counted;
+    ipcref_result r;
+    if (k != IPCREF__CHAN_EMPTY && x->armed) ipcref__chan_arm(p, 0);
+    if (k == IPCREF__CHAN_BAD) return IPCREF_EPROTO;
+    if (k == IPCREF__CHAN_GOT) {
+      r = ipcref__import_bytes(p, x->rec, x->rec_len, NULL, 0, stream,
+                               p->pending, n, 0);
+      if (r == IPCREF_OK) ipcref__meta_keep(p, x->rec, x->rec_len);
+      return r;
+    }
+    if (k == IPCREF__CHAN_SOCK) {
+      r = ipcref__recv_socket(p, ipcref__ms_left(timeout_ms, end), stream, n,
+                              &took);
+      if (took && counted) x->sockets++;
+      return r;
+    }
+    IPCREF__LOCK(p->ctx); /* where it has leases out to reclaim */
+    if (p->ctx->ledgers || p->ctx->deferred) (void)ipcref__pump(p->ctx, 0);
+    IPCREF__UNLOCK(p->ctx);
+    r = ipcref__chan_wait(p, ipcref__ms_left(timeout_ms, end));
+    if (r != IPCREF_OK) return r;
+  }
+}
+
+/* One message for the receiver, imported into p->pending (*n views):
+ * off the socket until the other side's channel is set up, then through
+ * the channel. */
+IPCREF__PRIVATE ipcref_result ipcref__recv_one(ipcref_peer *p, int timeout_ms,
+                                               void *stream, int *n) {
+  struct timespec end;
+  int took;
+  ipcref_result r = ipcref__hello_within(p, &timeout_ms);
+  if (r != IPCREF_OK) return r;
+  if (p->hello < 0) return ipcref__hello_result(p);
+  if (timeout_ms > 0) ipcref__send_deadline_ms(&end, timeout_ms);
+  for (;;) {
+    if (p->rx_broken) return IPCREF_EPROTO;
+    if (p->rx) return ipcref__recv_chan(p, timeout_ms, &end, stream, n);
+    r = ipcref__recv_socket(p, ipcref__ms_left(timeout_ms, &end), stream, n,
+                            &took);
+    if (r != IPCREF_OK || *n || !p->rx) return r; /* else a channel came */
+  }
 }
 
 IPCREF_API ipcref_result ipcref_recv_on(ipcref_peer *p, ipcref_view *out,
@@ -8679,21 +9458,22 @@ IPCREF_API ipcref_result ipcref_recv_on(ipcref_peer *p, ipcref_view *out,
   if (!IPCREF__PEER_USABLE(p, "ipcref_recv")) return IPCREF_EDEAD;
   if (p->pending_pos < p->npending) { /* the rest of a batch */
     *out = p->pending[p->pending_pos++];
-    if (p->pending_pos == p->npending) ipcref__batch_signal(p);
+    ipcref__chan_poll(p);
     return IPCREF_OK;
   }
   r = ipcref__recv_one(p, timeout_ms, stream, &n);
+  if (r == IPCREF_OK) {
+    *out = p->pending[0];
+    p->npending = n;
+    p->pending_pos = 1;
+  }
+  ipcref__chan_poll(p);                           /* the poll fd's flag */
   if (r == IPCREF_ETIMEDOUT && timeout_ms == 0) { /* a poll: not now */
     if (p->room_wait) ipcref__room_poll(p);
     ipcref__want(p, POLLIN);
     return IPCREF_EAGAIN;
   }
-  if (r != IPCREF_OK) return r;
-  *out = p->pending[0];
-  p->npending = n;
-  p->pending_pos = 1;
-  if (n > 1) ipcref__batch_signal(p);
-  return IPCREF_OK;
+  return r;
 }
 
 #endif /* IPCREF__SHARING_IMPL */

@@ -167,6 +167,14 @@ typedef struct ipcref_peer_info {
   size_t forwarded_bytes; /* their bytes */
   size_t pending;         /* views received from it and not handed out
                              yet (the rest of a batch) */
+  uint64_t sent_channel;  /* messages sent to it through the channel */
+  uint64_t sent_socket;   /* and on its socket (those with fds, those that
+                             found the ring full; all without a channel) */
+  int channel_out;        /* 1: a channel to it is up; -1: it broke it (its
+                             read index made no sense), so the socket
+                             carries all; 0: none (not yet, or none asked) */
+  int channel_in;         /* 1: its channel to us is up; -1: refused (a
+                             malformed setup or record: EPROTO for good) */
 } ipcref_peer_info;
 
 /* A message: a small byte record plus the fds the peer does not have yet.
@@ -303,7 +311,23 @@ typedef struct ipcref_peer_options {
                            send_timeout_ms, then ETIMEDOUT; nothing taken.
                            One message larger than the cap goes when the
                            peer holds nothing. Default: no cap */
+  size_t ring_bytes;     /* the channel: a ring in shared memory that
+                            carries this side's hand-offs without a system
+                            call (the socket still carries fds, and what
+                            finds the ring full). Rounded up to a power of
+                            two, 4 KiB to 16 MiB (default 64 KiB; made on
+                            the first send; IPCREF_KEEP_NONE: no ring, the
+                            socket carries everything) */
+  int spin_us;           /* a receive that finds nothing spins this long
+                            before it sleeps (at most 10 ms; 0: never
+                            spins). IPCREF_SPIN_AUTO, the default when no
+                            options are given: up to 50 us, only where this
+                            process may run on more than one CPU, halved
+                            after each spin that found nothing */
 } ipcref_peer_options;
+
+/* ipcref_peer_options.spin_us: spin where it pays (see there). */
+#define IPCREF_SPIN_AUTO (-1)
 
 /* As ipcref_peer_new, with options (NULL: the defaults). Errors: as
  * ipcref_peer_new; EINVAL for a negative option. */
@@ -537,6 +561,7 @@ IPCREF_API void ipcref_test_set_step_hook(void (*fn)(const char *step));
 #include <poll.h>
 #include <stddef.h>
 #include <pthread.h>
+#include <sched.h>
 #include <signal.h>
 #include <stdio.h>
 #include <sys/epoll.h>

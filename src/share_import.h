@@ -469,10 +469,11 @@ IPCREF__PRIVATE void ipcref__refused(ipcref_ctx *ctx, const char *why) {
  * or kept by a mapping). `views` gets one view per record. Decoded first
  * (no side effect), then under the lock: retire, map, check every record,
  * get ready, commit. A refused message changes nothing but the cache of
- * what the sender retired, and the refusal count. */
+ * what the sender retired, and the refusal count. `pump`: the death check
+ * runs here (not for a record off the channel: see recv_ring). */
 IPCREF__PRIVATE ipcref_result ipcref__import_bytes(
     ipcref_peer *p, const unsigned char *bytes, size_t len, int *fds, int nfds,
-    void *stream, ipcref_view *views, int *nviews) {
+    void *stream, ipcref_view *views, int *nviews, int pump) {
   ipcref_ctx *ctx = p->ctx;
   ipcref__msg_in m;
   ipcref__msg_maps mm;
@@ -487,7 +488,7 @@ IPCREF__PRIVATE ipcref_result ipcref__import_bytes(
   }
   if (m.nfds != nfds) goto done;
   IPCREF__LOCK(ctx);
-  (void)ipcref__pump(ctx, 0);
+  if (pump) (void)ipcref__pump(ctx, 0);
   ipcref__import_retire(ctx, &m);
   r = ipcref__import_map(ctx, &m, fds, &mm);
   for (i = 0; r == IPCREF_OK && i < m.head.nviews; i++)
@@ -555,7 +556,7 @@ IPCREF_API ipcref_result ipcref_import(ipcref_peer *p, ipcref_msg *msg,
                                               : IPCREF_EDEAD;
   if (r == IPCREF_OK)
     r = ipcref__import_bytes(p, msg->bytes, msg->len, msg->fds, msg->nfds, NULL,
-                             views, &n);
+                             views, &n, 1);
   else
     for (i = 0; i < msg->nfds; i++) /* its fds, as on any error */
       if (msg->fds[i] >= 0) close(msg->fds[i]);

@@ -78,18 +78,22 @@ IPCREF_API ipcref_result ipcref_shared_new_wait(ipcref_ctx *ctx, size_t size,
 
 /* ---- the peer's poll fd ------------------------------------------------- */
 
-/* The poll fd's batch flag (an eventfd): set while views of a received
- * batch wait in the peer, cleared when the last is handed out, so that an
- * event loop is woken for each of them (the socket has nothing more to
- * say). No-op before ipcref_peer_poll_fd made it. */
+/* The poll fd's flag (an eventfd): set while views of a received batch
+ * wait in the peer, or records in the channel from it (p->ring_left, see
+ * ipcref__chan_poll), clear when neither does, so that an event loop is
+ * woken for each of them (the socket and the doorbell have nothing more to
+ * say). A system call only when it changes; none before
+ * ipcref_peer_poll_fd made it. */
 IPCREF__PRIVATE void ipcref__batch_signal(ipcref_peer *p) {
   uint64_t v = 1;
   ssize_t n;
-  if (p->batch_fd < 0) return;
-  if (p->pending_pos < p->npending)
-    n = write(p->batch_fd, &v, sizeof v); /* EAGAIN: set already */
+  int on = p->pending_pos < p->npending || p->ring_left;
+  if (p->batch_fd < 0 || on == p->flag_on) return;
+  p->flag_on = on;
+  if (on)
+    n = write(p->batch_fd, &v, sizeof v);
   else
-    n = read(p->batch_fd, &v, sizeof v); /* EAGAIN: clear already */
+    n = read(p->batch_fd, &v, sizeof v);
   (void)n;
 }
 
@@ -116,6 +120,13 @@ IPCREF__PRIVATE int ipcref__epoll_add(int ep, int fd, int wants) {
   return epoll_ctl(ep, EPOLL_CTL_ADD, fd, &ev);
 }
 
+/* The poll fd also wakes when the other side's channel rings its doorbell
+ * (see share_channel): added once both are there. */
+IPCREF__PRIVATE void ipcref__poll_doorbell(ipcref_peer *p) {
+  if (p->poll_fd >= 0 && p->bell_in >= 0)
+    (void)ipcref__epoll_add(p->poll_fd, p->bell_in, 0);
+}
+
 IPCREF_API int ipcref_peer_poll_fd(ipcref_peer *p) {
   int ep, bf;
   if (!p || !IPCREF__PEER_USABLE(p, "ipcref_peer_poll_fd")) return -1;
@@ -132,10 +143,12 @@ IPCREF_API int ipcref_peer_poll_fd(ipcref_peer *p) {
   }
   p->poll_fd = ep;
   p->batch_fd = bf;
-  if (p->room_wait) /* a send waits for room: returns wake it too */
+  ipcref__poll_doorbell(p); /* records in the channel from it */
+  if (p->room_wait)         /* a send waits for room: returns wake it too */
     (void)ipcref__epoll_add(ep, p->ctx->bell_rx, 0);
-  /* A batch received before the first call has views left too. */
-  ipcref__batch_signal(p);
+  /* A batch received before the first call has views left too, and the
+   * channel from it records. */
+  ipcref__chan_poll(p);
   return ep;
 }
 

@@ -70,8 +70,9 @@ IPCREF__PRIVATE int ipcref__ms_left(int timeout_ms,
   long left;
   if (timeout_ms <= 0) return timeout_ms;
   clock_gettime(CLOCK_MONOTONIC, &now);
+  /* Rounded up: a wait never ends before its deadline. */
   left = (long)(end->tv_sec - now.tv_sec) * 1000 +
-         (long)(end->tv_nsec - now.tv_nsec) / 1000000;
+         ((long)(end->tv_nsec - now.tv_nsec) + 999999) / 1000000;
   return left > 0 ? (int)left : 0;
 }
 
@@ -377,12 +378,21 @@ IPCREF__PRIVATE int ipcref__options_ok(const ipcref_peer_options *o,
     (void)ipcref__invalid(fn, "a negative timeout in the options");
     return 0;
   }
+  if (o && o->spin_us < IPCREF_SPIN_AUTO) {
+    (void)ipcref__invalid(fn, "spin_us below IPCREF_SPIN_AUTO");
+    return 0;
+  }
+  if (o && o->ring_bytes > ((size_t)16 << 20)) {
+    (void)ipcref__invalid(fn, "ring_bytes over 16 MiB");
+    return 0;
+  }
   return 1;
 }
 
 IPCREF__PRIVATE void ipcref__options_set(ipcref_peer *p,
                                          const ipcref_peer_options *o) {
   memset(&p->opt, 0, sizeof p->opt);
+  p->opt.spin_us = IPCREF_SPIN_AUTO; /* the default; 0 in options: none */
   if (o) p->opt = *o;
   if (!p->opt.hello_timeout_ms) p->opt.hello_timeout_ms = 5000;
 }
@@ -444,7 +454,7 @@ IPCREF__PRIVATE ipcref_result ipcref__peer_make(ipcref_ctx *ctx, int sockfd,
   p->pid = (int)cred.pid;
   p->uid = (int)cred.uid;
   p->sock_type = type;
-  p->poll_fd = p->batch_fd = -1;
+  p->poll_fd = p->batch_fd = p->bell_in = -1;
   ipcref__options_set(p, opt);
   {
     int on = 1;
@@ -516,6 +526,10 @@ IPCREF_API ipcref_result ipcref_peer_stats(ipcref_peer *p,
   out->alive = ipcref_peer_alive(p);
   out->pid = p->pid;
   out->pending = (size_t)(p->npending - p->pending_pos);
+  out->sent_channel = p->sent_channel;
+  out->sent_socket = p->sent_socket;
+  out->channel_out = p->tx ? (ipcref__chan_tx_broken(p) ? -1 : 1) : 0;
+  out->channel_in = p->rx_broken ? -1 : p->rx ? 1 : 0;
   ctx = p->ctx;
   IPCREF__LOCK(ctx);
   ipcref__sweep(ctx); /* what came back is not held */
@@ -545,6 +559,7 @@ IPCREF_API void ipcref_peer_free(ipcref_peer *p) {
   /* Read what the other side sent and nobody will: the leases in it go
    * back at once, and closing a socket with unread data would reset the
    * connection, so the other side would lose what we sent it. */
+  ipcref__chan_closing(p);
   for (;;) {
     ipcref_view v;
     if (ipcref_recv(p, &v, 0) != IPCREF_OK) break;
@@ -563,6 +578,7 @@ IPCREF_API void ipcref_peer_free(ipcref_peer *p) {
   ipcref__sweep(ctx);
   (void)ipcref__pump(ctx, 0);
   close(p->fd);
+  ipcref__chan_close(p);
   ipcref__stream_next(p, 1); /* a record cut short: its fds */
   IPCREF_FREE(p->in);
   IPCREF_FREE(p->out);

@@ -108,14 +108,19 @@ IPCREF_API void ipcref_msg_free(ipcref_msg *msg) {
  * stream took in part waits in the peer (p->out) and goes before anything
  * else, so the stream stays whole. */
 
+/* *end = now + ms (CLOCK_MONOTONIC). */
+IPCREF__PRIVATE void ipcref__send_deadline_ms(struct timespec *end, int ms) {
+  clock_gettime(CLOCK_MONOTONIC, end);
+  end->tv_sec += ms / 1000;
+  end->tv_nsec += (long)(ms % 1000) * 1000000;
+  if (end->tv_nsec >= 1000000000) end->tv_sec++, end->tv_nsec -= 1000000000;
+}
+
 /* The send's deadline: now + opt.send_timeout_ms, set when it first has
  * to wait (a send that finds room reads no clock). */
 IPCREF__PRIVATE void ipcref__send_deadline(const ipcref_peer *p,
                                            struct timespec *end) {
-  clock_gettime(CLOCK_MONOTONIC, end);
-  end->tv_sec += p->opt.send_timeout_ms / 1000;
-  end->tv_nsec += (long)(p->opt.send_timeout_ms % 1000) * 1000000;
-  if (end->tv_nsec >= 1000000000) end->tv_sec++, end->tv_nsec -= 1000000000;
+  ipcref__send_deadline_ms(end, p->opt.send_timeout_ms);
 }
 
 /* Waits for room in the socket until `end` (see above; all zero: not set
@@ -237,6 +242,58 @@ IPCREF__PRIVATE ipcref_result ipcref__send_raw(ipcref_peer *p,
   }
 }
 
+/* ---- the channel ---------------------------------------------------------
+ * (see share_channel) Opened on the first send once the other side's hello
+ * came: its setup record goes on the socket, before anything the ring
+ * carries. A ring that cannot be made (out of memfds, say) leaves the
+ * socket carrying everything; so does ring_bytes IPCREF_KEEP_NONE. */
+
+IPCREF__PRIVATE ipcref_result ipcref__channel_open(ipcref_peer *p) {
+  struct ipcref__chan_tx *t;
+  ipcref_msg setup;
+  size_t bytes = ipcref__chan_size(&p->opt);
+  ipcref_result r;
+  int i;
+  if (p->tx || p->tx_off || !bytes) return IPCREF_OK;
+  if (ipcref__chan_make(bytes, &t, &setup) != IPCREF_OK) {
+    p->tx_off = 1;
+    return IPCREF_OK;
+  }
+  r = ipcref__send_raw(p, &setup);
+  for (i = 0; i < setup.nfds; i++) close(setup.fds[i]);
+  if (r == IPCREF_OK)
+    p->tx = t;
+  else
+    ipcref__chan_tx_free(t); /* EAGAIN: nothing went; made again next time */
+  return r;
+}
+
+/* Sends a message built for the peer: into the ring when it needs no fds
+ * and fits, else on the socket (counted, so that the other side keeps the
+ * order). The channel's setup, on the first, and what a stream left
+ * unsent go first. */
+IPCREF__PRIVATE ipcref_result ipcref__chan_send(ipcref_peer *p,
+                                                const ipcref_msg *msg) {
+  ipcref_result r = ipcref__channel_open(p);
+  if (r != IPCREF_OK) return r;
+  if (p->tx && ipcref__chan_gone(p)) return IPCREF_EPEER;
+  if (p->tx && msg->nfds == 0) {
+    struct timespec end = {0, 0};
+    r = p->out_len ? ipcref__flush_out(p, &end) : IPCREF_OK;
+    if (r != IPCREF_OK) return r;
+    if (ipcref__chan_push(p, msg->bytes, msg->len)) {
+      p->sent_channel++;
+      if (p->wants) ipcref__want(p, 0);
+      return IPCREF_OK;
+    }
+  }
+  /* Not under the lock: the socket may block on the peer. */
+  r = ipcref__send_raw(p, msg);
+  if (r == IPCREF_OK) p->sent_socket++;
+  if (r == IPCREF_OK && p->tx) ipcref__chan_sent_socket(p);
+  return r;
+}
+
 /* ipcref_send, ipcref_send_batch, ipcref_send_meta and ipcref_send_on:
  * the events recorded, the leases taken and the message built under the
  * lock, then sent outside it; a message that could not be sent gives its
@@ -267,8 +324,7 @@ IPCREF__PRIVATE ipcref_result ipcref__send_views(ipcref_peer *p,
   ipcref__events_free(ev, n); /* what no lease took */
   if (r != IPCREF_OK) return r;
   IPCREF__STEP("send");
-  /* Not under the lock: the socket may block on the peer. */
-  r = ipcref__send_raw(p, &msg);
+  r = ipcref__chan_send(p, &msg);
   if (r != IPCREF_OK) {
     msg.nfds = 0; /* borrowed: not ours to close */
     ipcref_msg_free(&msg);
@@ -402,48 +458,115 @@ IPCREF_API const void *ipcref_recv_meta(ipcref_peer *p, size_t *len) {
   return p->meta_len ? p->meta : NULL;
 }
 
-/* One message off a stream, within timeout_ms: its pieces gather in the
- * peer (ipcref__stream_fill), and a whole record is imported. */
-IPCREF__PRIVATE ipcref_result ipcref__recv_stream(ipcref_peer *p,
-                                                  int timeout_ms, void *stream,
-                                                  int *n) {
-  ipcref_result r = ipcref__stream_fill(p, IPCREF_MSG_MAX_BYTES, timeout_ms);
-  if (r == IPCREF_ETIMEDOUT) return r; /* what came waits for the next call */
-  if (r != IPCREF_OK) {
-    ipcref__stream_next(p, 1);
-    return r;
-  }
+/* A record the socket brought: a channel setup (adopted; *n 0) or a
+ * message, imported into p->pending (*n views). The fds are taken. */
+IPCREF__PRIVATE ipcref_result ipcref__socket_record(ipcref_peer *p,
+                                                    const unsigned char *b,
+                                                    size_t len, int *fds,
+                                                    int nfds, void *stream,
+                                                    int *n) {
+  ipcref__wire w;
+  ipcref_result r;
+  *n = 0;
+  ipcref__wire_init(&w, (unsigned char *)(uintptr_t)b, len);
+  if (ipcref__wire_get(&w, 4) == IPCREF__CHAN_SETUP_MAGIC && !w.bad)
+    return ipcref__chan_adopt(p, b, len, fds, nfds);
   IPCREF__STEP("receive");
-  r = ipcref__import_bytes(p, p->in + 4, p->in_len - 4, p->in_fds, p->in_nfds,
-                           stream, p->pending, n);
-  if (r == IPCREF_OK) ipcref__meta_keep(p, p->in + 4, p->in_len - 4);
-  ipcref__stream_next(p, 0); /* the import took the fds */
+  r = ipcref__import_bytes(p, b, len, fds, nfds, stream, p->pending, n, 1);
+  if (r == IPCREF_OK) ipcref__meta_keep(p, b, len);
   return r;
 }
 
-/* One message off the socket, imported into p->pending (*n views). */
-IPCREF__PRIVATE ipcref_result ipcref__recv_one(ipcref_peer *p, int timeout_ms,
-                                               void *stream, int *n) {
+/* The socket's next record, within timeout_ms (see socket_record); *took
+ * says a record was read off it (not on ETIMEDOUT, nor on an error before
+ * one came). A stream's pieces gather in the peer (ipcref__stream_fill). */
+IPCREF__PRIVATE ipcref_result ipcref__recv_socket(ipcref_peer *p,
+                                                  int timeout_ms, void *stream,
+                                                  int *n, int *took) {
   unsigned char *bytes;
   int fds[IPCREF_MSG_MAX_FDS], nfds = 0;
   size_t len = 0;
-  ipcref_result r = ipcref__hello_within(p, &timeout_ms);
-  if (r != IPCREF_OK) return r;
-  if (p->hello < 0) return ipcref__hello_result(p);
-  if (p->sock_type == SOCK_STREAM)
-    return ipcref__recv_stream(p, timeout_ms, stream, n);
+  ipcref_result r;
+  *n = 0;
+  *took = 0;
+  if (p->sock_type == SOCK_STREAM) {
+    r = ipcref__stream_fill(p, IPCREF_MSG_MAX_BYTES, timeout_ms);
+    if (r == IPCREF_ETIMEDOUT) return r; /* what came waits for the next call */
+    *took = 1;
+    if (r != IPCREF_OK) {
+      ipcref__stream_next(p, 1);
+      return r;
+    }
+    r = ipcref__socket_record(p, p->in + 4, p->in_len - 4, p->in_fds,
+                              p->in_nfds, stream, n);
+    ipcref__stream_next(p, 0); /* the record's fds were taken */
+    return r;
+  }
   r = ipcref__wait_readable(p->fd, timeout_ms);
   if (r != IPCREF_OK) return r;
   bytes = (unsigned char *)IPCREF_MALLOC(IPCREF_MSG_MAX_BYTES);
   if (!bytes) return IPCREF_ENOMEM;
   r = ipcref__recv_raw(p, bytes, &len, fds, &nfds);
-  if (r == IPCREF_OK) {
-    IPCREF__STEP("receive");
-    r = ipcref__import_bytes(p, bytes, len, fds, nfds, stream, p->pending, n);
-    if (r == IPCREF_OK) ipcref__meta_keep(p, bytes, len);
-  }
+  *took = r == IPCREF_OK || r == IPCREF_EPROTO;
+  if (r == IPCREF_OK)
+    r = ipcref__socket_record(p, bytes, len, fds, nfds, stream, n);
   IPCREF_FREE(bytes);
   return r;
+}
+
+/* What the channel has next, imported into p->pending (*n views), within
+ * timeout_ms: a record off the ring, or the socket's next message when the
+ * sender counted one before it; waiting (spinning, then asleep) while
+ * there is nothing. While records wait, this makes no system call: the
+ * death check (ipcref__pump), for a context with leases out or device
+ * releases pending, runs when the ring is found empty. */
+IPCREF__PRIVATE ipcref_result ipcref__recv_chan(ipcref_peer *p, int timeout_ms,
+                                                const struct timespec *end,
+                                                void *stream, int *n) {
+  struct ipcref__chan_rx *x = p->rx;
+  for (;;) {
+    int k = ipcref__chan_next(p), took, counted = x->counted;
+    ipcref_result r;
+    if (k != IPCREF__CHAN_EMPTY && x->armed) ipcref__chan_arm(p, 0);
+    if (k == IPCREF__CHAN_BAD) return IPCREF_EPROTO;
+    if (k == IPCREF__CHAN_GOT) {
+      r = ipcref__import_bytes(p, x->rec, x->rec_len, NULL, 0, stream,
+                               p->pending, n, 0);
+      if (r == IPCREF_OK) ipcref__meta_keep(p, x->rec, x->rec_len);
+      return r;
+    }
+    if (k == IPCREF__CHAN_SOCK) {
+      r = ipcref__recv_socket(p, ipcref__ms_left(timeout_ms, end), stream, n,
+                              &took);
+      if (took && counted) x->sockets++;
+      return r;
+    }
+    IPCREF__LOCK(p->ctx); /* where it has leases out to reclaim */
+    if (p->ctx->ledgers || p->ctx->deferred) (void)ipcref__pump(p->ctx, 0);
+    IPCREF__UNLOCK(p->ctx);
+    r = ipcref__chan_wait(p, ipcref__ms_left(timeout_ms, end));
+    if (r != IPCREF_OK) return r;
+  }
+}
+
+/* One message for the receiver, imported into p->pending (*n views):
+ * off the socket until the other side's channel is set up, then through
+ * the channel. */
+IPCREF__PRIVATE ipcref_result ipcref__recv_one(ipcref_peer *p, int timeout_ms,
+                                               void *stream, int *n) {
+  struct timespec end;
+  int took;
+  ipcref_result r = ipcref__hello_within(p, &timeout_ms);
+  if (r != IPCREF_OK) return r;
+  if (p->hello < 0) return ipcref__hello_result(p);
+  if (timeout_ms > 0) ipcref__send_deadline_ms(&end, timeout_ms);
+  for (;;) {
+    if (p->rx_broken) return IPCREF_EPROTO;
+    if (p->rx) return ipcref__recv_chan(p, timeout_ms, &end, stream, n);
+    r = ipcref__recv_socket(p, ipcref__ms_left(timeout_ms, &end), stream, n,
+                            &took);
+    if (r != IPCREF_OK || *n || !p->rx) return r; /* else a channel came */
+  }
 }
 
 IPCREF_API ipcref_result ipcref_recv_on(ipcref_peer *p, ipcref_view *out,
@@ -454,21 +577,22 @@ IPCREF_API ipcref_result ipcref_recv_on(ipcref_peer *p, ipcref_view *out,
   if (!IPCREF__PEER_USABLE(p, "ipcref_recv")) return IPCREF_EDEAD;
   if (p->pending_pos < p->npending) { /* the rest of a batch */
     *out = p->pending[p->pending_pos++];
-    if (p->pending_pos == p->npending) ipcref__batch_signal(p);
+    ipcref__chan_poll(p);
     return IPCREF_OK;
   }
   r = ipcref__recv_one(p, timeout_ms, stream, &n);
+  if (r == IPCREF_OK) {
+    *out = p->pending[0];
+    p->npending = n;
+    p->pending_pos = 1;
+  }
+  ipcref__chan_poll(p);                           /* the poll fd's flag */
   if (r == IPCREF_ETIMEDOUT && timeout_ms == 0) { /* a poll: not now */
     if (p->room_wait) ipcref__room_poll(p);
     ipcref__want(p, POLLIN);
     return IPCREF_EAGAIN;
   }
-  if (r != IPCREF_OK) return r;
-  *out = p->pending[0];
-  p->npending = n;
-  p->pending_pos = 1;
-  if (n > 1) ipcref__batch_signal(p);
-  return IPCREF_OK;
+  return r;
 }
 
 #endif /* IPCREF__SHARING_IMPL */

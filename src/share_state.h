@@ -340,6 +340,13 @@ struct ipcref_peer {
   size_t in_len;
   int in_fds[IPCREF_MSG_MAX_FDS], in_nfds; /* the fds that came with it */
   int in_pid, in_uid;                      /* and its sender's credentials */
+  struct ipcref__chan_tx *tx; /* the channel to the other side (see */
+  struct ipcref__chan_rx *rx; /* share_ring) and the one from it */
+  int rx_broken; /* the other side broke its channel: EPROTO for good */
+  int tx_off;    /* no channel could be made: the socket carries all */
+  int bell_in;   /* the doorbell of the channel from it (-1: none yet) */
+  uint64_t sent_channel, sent_socket; /* messages sent by each path */
+  int ring_left, flag_on; /* the poll fd's flag: see ipcref__batch_signal */
   int poll_fd;  /* ipcref_peer_poll_fd: an epoll fd over the socket and */
   int batch_fd; /* an eventfd, set while a batch has views left; both made
                    on its first call (-1 before) */
@@ -440,6 +447,12 @@ struct ipcref_ctx {
  * imported buffer by its release callback. */
 IPCREF__PRIVATE void ipcref__import_end(struct ipcref__import *imp);
 IPCREF__PRIVATE void ipcref__import_release(void *user, void *data);
+/* And ipcref_peer_free (share_peer) closes the peer's channels (share_channel).
+ */
+IPCREF__PRIVATE void ipcref__chan_closing(ipcref_peer *p);
+IPCREF__PRIVATE void ipcref__chan_poll(ipcref_peer *p);
+IPCREF__PRIVATE void ipcref__chan_close(ipcref_peer *p);
+IPCREF__PRIVATE int ipcref__chan_tx_broken(const ipcref_peer *p);
 
 /* Unlocks the context, then does what must not run under it, since each
  * may call back into ipcref: the aliases whose last hold went end (their

@@ -52,7 +52,8 @@ IPCREF__PRIVATE int ipcref__own(const ipcref_ctx *ctx, const char *fn) {
  * pidfd leaves the epoll set. */
 IPCREF__PRIVATE void ipcref__watch_dead(ipcref_ctx *ctx, ipcref__watch *w) {
   if (w->dead) return;
-  w->dead = 1;
+  /* Atomic: a sender checks it without the lock (ipcref__chan_gone). */
+  __atomic_store_n(&w->dead, 1, __ATOMIC_RELAXED);
   ctx->st.peer_deaths++;
   if (w->pidfd >= 0) {
     (void)epoll_ctl(ctx->epfd, EPOLL_CTL_DEL, w->pidfd, NULL);

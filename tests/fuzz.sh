@@ -8,8 +8,9 @@
 # OUTDIR.
 #
 #   usage: bash tests/fuzz.sh OUTDIR [TARGET]
-#   TARGET: view (the default: view op sequences) or import (ipcref_import
-#           fed arbitrary bytes and fds)
+#   TARGET: view (the default: view op sequences), import (ipcref_import
+#           fed arbitrary bytes and fds) or channel (a receiver's ring
+#           written by a hostile producer)
 #   env:   FUZZ_SECONDS (60), FUZZ_CC (clang)
 set -u
 cd "$(dirname "$0")/.." || exit 1
@@ -29,7 +30,8 @@ TARGET=${2:-view}
 case $TARGET in
   view) MAXLEN=512; TRACE=FUZZ_VIEW_TRACE ;;
   import) MAXLEN=4096; TRACE=FUZZ_IMPORT_TRACE ;;
-  *) echo "fuzz.sh: unknown target '$TARGET' (view or import)" >&2; result 2 ;;
+  channel) MAXLEN=4200; TRACE=FUZZ_CHANNEL_TRACE ;;
+  *) echo "fuzz.sh: unknown target '$TARGET' (view, import or channel)" >&2; result 2 ;;
 esac
 SRC=$ROOT/tests/fuzz_$TARGET.c
 SEEDS=$ROOT/tests/corpus/$TARGET

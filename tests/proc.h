@@ -92,7 +92,7 @@ static uint64_t mix64(uint64_t x) {
 /* ------------------------------------------------------------ labels */
 
 /* The steps the library names to its test hook (IPCREF_TEST_HOOKS). */
-#define NLABELS 9
+#define NLABELS 11
 enum {
   L_ALLOCATE,
   L_EXPORT,
@@ -102,11 +102,19 @@ enum {
   L_IMPORT,
   L_FORWARD,
   L_RELEASE,
-  L_SWEEP
+  L_SWEEP,
+  L_CHAN_PUSH, /* a record written to the channel, its tail not moved */
+  L_CHAN_TAKE  /* a record copied off the channel, its head not moved */
 };
 static const char *const label_names[NLABELS] = {
-    "allocate", "export",  "send",    "receive", "map",
-    "import",   "forward", "release", "sweep"};
+    "allocate", "export",  "send",  "receive",      "map",         "import",
+    "forward",  "release", "sweep", "channel push", "channel take"};
+
+/* 1 for the labels only the channel passes (none over the socket only:
+ * IPCREF_TEST_PATH=socket, see tests/path.h). */
+static __attribute__((unused)) int label_channel_only(int label) {
+  return label == L_CHAN_PUSH || label == L_CHAN_TAKE;
+}
 
 static int label_index(const char *s) {
   int i;

@@ -15,9 +15,12 @@ FAILED=0
 SKIPPED=0
 
 # The suites, as test names under tests/ (tests/NAME.c).
-SUITE="test_buf test_threads test_view_model test_view_args test_share test_cache test_loop test_meta test_room test_share_threads test_hostile test_crash test_forward_death test_gpu test_table test_checked test_errors"
+SUITE="test_buf test_threads test_view_model test_view_args test_share test_channel test_cache test_loop test_meta test_room test_share_threads test_hostile test_crash test_forward_death test_gpu test_table test_checked test_errors"
 # The sharing layer's suite needs POSIX; without it the portable core runs.
 THREADED="test_threads test_share_threads test_table" # also run under TSan
+# The sharing suites run twice: over the channel (the default) and over the
+# socket only (tests/path.h: IPCREF_TEST_PATH=socket).
+BOTH_PATHS="test_share test_crash test_hostile test_share_threads"
 WARN="-Wall -Wextra -Wpedantic -Werror"
 export IPCREF_TEST_OPS=${IPCREF_TEST_OPS:-1000000}
 
@@ -146,7 +149,11 @@ if [ "$GPU_APIS" != unknown ] && [ $HAVE_CUDA$HAVE_HIP = 00 ]; then
 fi
 
 # ---------------------------------------------------------------- the suite, gcc and clang at -O2
-build_suite gcc gcc -O2 -std=c11 $WARN && run_tests "gcc -O2" -- $(suite_bins gcc)
+paths_bins() { local d=$1 t; for t in $BOTH_PATHS; do printf '%s ' "$d/$t"; done; }
+if build_suite gcc gcc -O2 -std=c11 $WARN; then
+  run_tests "gcc -O2" -- $(suite_bins gcc)
+  IPCREF_TEST_PATH=socket run_tests "gcc -O2, socket only" -- $(paths_bins gcc)
+fi
 
 # clang's sanitizer and libFuzzer runtimes come in their own package.
 CLANG_MISSING="clang not installed: apt-get install clang libclang-rt-14-dev"
@@ -165,9 +172,12 @@ fi
 # ---------------------------------------------------------------- sanitizers
 if have clang && [ $HAVE_SAN_RT = 1 ]; then
   SAN="-fsanitize=address,undefined -fno-sanitize-recover=all -fno-omit-frame-pointer"
-  build_suite asan clang -O1 -g -std=c11 $WARN $SAN &&
+  if build_suite asan clang -O1 -g -std=c11 $WARN $SAN; then
     ASAN_OPTIONS=detect_leaks=1:abort_on_error=1:allocator_may_return_null=1 UBSAN_OPTIONS=print_stacktrace=1 \
       run_tests "ASan+UBSan" -- $(suite_bins asan)
+    IPCREF_TEST_PATH=socket ASAN_OPTIONS=detect_leaks=1:abort_on_error=1:allocator_may_return_null=1 UBSAN_OPTIONS=print_stacktrace=1 \
+      run_tests "ASan+UBSan, socket only" -- $(paths_bins asan)
+  fi
   # The checked build (IPCREF_CHECKED: freed objects quarantined, every
   # call checked) runs the whole suite too, under the same sanitizers.
   build_suite checked clang -O1 -g -std=c11 $WARN $SAN -DIPCREF_CHECKED &&
@@ -177,6 +187,9 @@ if have clang && [ $HAVE_SAN_RT = 1 ]; then
   for t in $THREADED; do
     if clang -O1 -g -std=c11 $WARN -fsanitize=thread -I"$ROOT" "tests/$t.c" -o "$B/tsan/$t" -pthread >"$LOG" 2>&1; then
       TSAN_OPTIONS=halt_on_error=1 run_tests "TSan" -- "tsan/$t"
+      case " $BOTH_PATHS " in
+        *" $t "*) IPCREF_TEST_PATH=socket TSAN_OPTIONS=halt_on_error=1 run_tests "TSan, socket only" -- "tsan/$t" ;;
+      esac
     else
       fail "build tsan/$t"
     fi
@@ -229,19 +242,25 @@ else
 fi
 
 # ---------------------------------------------------------------- fuzzing
-# Two targets, one per core, at once: view op sequences, and ipcref_import
-# fed arbitrary bytes and fds (what crosses a process boundary).
+# Three targets at once on the two cores: view op sequences, ipcref_import
+# fed arbitrary bytes and fds, and a receiver's channel ring written by a
+# hostile producer (what crosses a process boundary).
 if have clang && [ $HAVE_SAN_RT = 1 ]; then
-  bash tests/fuzz.sh "$B/fuzz" view >"$B/fuzz-view.log" 2>&1 &
-  FUZZ_VIEW=$!
-  bash tests/fuzz.sh "$B/fuzz-import" import >"$B/fuzz-import.log" 2>&1
-  FUZZ_IMPORT_RC=$?
-  wait $FUZZ_VIEW
-  FUZZ_VIEW_RC=$?
-  cp "$B/fuzz-view.log" "$LOG"
-  if [ $FUZZ_VIEW_RC = 0 ]; then pass "libFuzzer: view op sequences, ${FUZZ_SECONDS:-60} s, no findings"; else fail "libFuzzer: view op sequences"; fi
-  cp "$B/fuzz-import.log" "$LOG"
-  if [ $FUZZ_IMPORT_RC = 0 ]; then pass "libFuzzer: ipcref_import, ${FUZZ_SECONDS:-60} s, no findings"; else fail "libFuzzer: ipcref_import"; fi
+  for t in view import channel; do
+    bash tests/fuzz.sh "$B/fuzz-$t" $t >"$B/fuzz-$t.log" 2>&1 &
+    eval "FUZZ_PID_$t=\$!"
+  done
+  for t in view import channel; do
+    eval "wait \$FUZZ_PID_$t"
+    rc=$?
+    cp "$B/fuzz-$t.log" "$LOG"
+    case $t in
+      view) what="view op sequences" ;;
+      import) what="ipcref_import" ;;
+      channel) what="the channel's ring" ;;
+    esac
+    if [ $rc = 0 ]; then pass "libFuzzer: $what, ${FUZZ_SECONDS:-60} s, no findings"; else fail "libFuzzer: $what"; fi
+  done
 else
   why=$CLANG_MISSING; have clang && why=$SAN_MISSING
   skip "libFuzzer" "$why"

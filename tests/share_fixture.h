@@ -77,6 +77,7 @@
 #include <unistd.h>
 
 #include "harness.h"
+#include "path.h" /* the channel, or the socket only */
 
 #define FIXTURE_FN static __attribute__((unused))
 

@@ -1566,6 +1566,7 @@ static void warm_up(void) {
 
 int main(void) {
   fixture_start();
+  path_say("test_hostile");
   res_all_maps = 1; /* every mapping is back after a case (plain builds) */
   signal(SIGPIPE, SIG_IGN);
   warm_up();

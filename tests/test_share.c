@@ -2168,6 +2168,7 @@ static void test_one_small_buffer_costs_little(void) {
 int main(void) {
   long seed;
   fixture_start();
+  path_say("test_share");
   res_all_maps = 1; /* every mapping is back after a test (plain builds) */
   test_ops = harness_env_long("IPCREF_TEST_OPS", 0);
   seed = harness_env_long("IPCREF_TEST_SEED", (long)time(NULL));

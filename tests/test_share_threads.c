@@ -44,6 +44,7 @@
 
 #define IPCREF_IMPLEMENTATION
 #include "ipcref.h"
+#include "path.h" /* the channel, or the socket only */
 
 #define PAIRS   4 /* a producer and a consumer thread each: 8 threads */
 #define RECV_MS 15000
@@ -764,6 +765,7 @@ static int detect_valgrind(void) {
 int main(void) {
   long seed;
   under_valgrind = detect_valgrind();
+  path_say("test_share_threads");
   units = harness_env_long("IPCREF_TEST_UNITS", under_valgrind ? 400 : 1500);
   if (units < 1) units = 1;
   seed = harness_env_long("IPCREF_TEST_SEED", (long)time(NULL));

@@ -268,17 +268,25 @@ class Peer:
         return (out if flags & _BATCH or len(out) > 1 else out[0]), meta
 
     def set_options(self, send_timeout=None, hello_timeout=None,
-                    max_bytes_held=None):
+                    max_bytes_held=None, ring_bytes=None, spin_us=None):
         """The peer's options (None: the default): ``send_timeout`` (s) a
         blocking send waits for room at most; ``hello_timeout`` (s) the other
         side's hello may take; ``max_bytes_held``, the bytes of our arrays
         the other side may hold: a send past it waits for returns (a
         non-blocking peer raises WouldBlock, and its fileno() wakes when
-        room comes back)."""
+        room comes back); ``ring_bytes``, the size of the shared-memory
+        channel this side's hand-offs take (default 64 KiB; 1 for none, the
+        socket then carries everything); ``spin_us``, how long a receive
+        that finds nothing spins before it sleeps (0: never; default: where
+        it pays, see the C library's IPCREF_SPIN_AUTO)."""
         def opt(s):  # 0: the default
             return 0 if s is None else max(1, _ms(s))
+        spin = -1 if spin_us is None else int(spin_us)
+        if spin < 0 and spin_us is not None:
+            raise ValueError("spin_us must be 0 or more (None: the default)")
         self._peer()._set_options(opt(send_timeout), opt(hello_timeout),
-                                  int(max_bytes_held or 0))
+                                  int(max_bytes_held or 0),
+                                  int(ring_bytes or 0), spin)
 
     def fileno(self):
         """An fd readable whenever recv(timeout=0) has something to say, for

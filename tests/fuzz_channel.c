@@ -1,0 +1,241 @@
+/* A libFuzzer target for the channel's receiving side: the ring's contents
+ * and indices as a malicious producer would write them
+ * (src/share_channel.h).
+ *
+ * Per input: a producer and a consumer context in this process, a peer
+ * each on a socketpair, the channel up (one view crossed on the socket,
+ * one record read off the ring and held, so a replay has a live lease to
+ * name). Then the producer, here the fuzzer, writes:
+ *
+ *   byte 0   flags: bit 0 a genuine record of the held view goes into the
+ *            ring first (its lease live; what follows may patch it);
+ *            bit 1 the tail is set from bytes 1-2 (else it covers the
+ *            bytes written); bit 2 the header's socket count moves by
+ *            byte 3 (int8)
+ *   1-2      u16: the tail, as bytes past the consumer's read index
+ *   3        int8: the socket count's move
+ *   the rest patch list {u16 offset from the read index, u8 length (mod
+ *            33), bytes} over the ring (it wraps), when bit 0 is set;
+ *            else the bytes themselves, written at the read index
+ *
+ * and the consumer receives up to 8 times with no wait. After every input:
+ *   - each receive says OK, EPROTO, EAGAIN or ENOMEM, never waits, and a
+ *     view it gives is valid and every byte of it is read;
+ *   - once the producer's leases are reclaimed (as if the consumer died),
+ *     nothing is live, no fd is left open, no ledger is left.
+ * Any violation aborts. Built and run by tests/fuzz.sh (TARGET channel).
+ *
+ * Built without -fsanitize=fuzzer and with -DFUZZ_CHANNEL_SEEDS, main()
+ * writes the seed corpus to the directory given (tests/corpus/channel/). */
+#define _GNU_SOURCE
+#include <dirent.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <time.h>
+#include <unistd.h>
+
+#define IPCREF_IMPLEMENTATION
+#include "ipcref.h"
+
+#define RING 4096
+
+static void fail(const char *what) {
+  fprintf(stderr, "fuzz_channel: %s\n", what);
+  abort();
+}
+
+static int count_fds(void) {
+  DIR *d = opendir("/proc/self/fd");
+  struct dirent *e;
+  int n = 0;
+  if (!d) fail("cannot list /proc/self/fd");
+  while ((e = readdir(d)) != NULL)
+    if (e->d_name[0] != '.') n++;
+  closedir(d);
+  return n - 1;
+}
+
+static ipcref_peer *peer(ipcref_ctx *ctx, int fd) {
+  ipcref_peer_options o;
+  ipcref_peer *p = NULL;
+  memset(&o, 0, sizeof o);
+  o.ring_bytes = RING;
+  o.spin_us = 0;
+  if (ipcref_peer_new_with(ctx, fd, &o, &p) != IPCREF_OK) fail("peer");
+  return p;
+}
+
+/* Reads every element a received view reaches (the import checked its
+ * geometry against its block: a bad one is ASan's to find here). */
+static void check_view(const ipcref_view *v) {
+  ipcref_view_iter it;
+  const unsigned char *e;
+  size_t item = ipcref_dtype_size(v->dtype), i;
+  volatile unsigned sum = 0;
+  if (!v->buf || ipcref__view_check_new(v) != IPCREF_OK)
+    fail("an invalid view received");
+  if (ipcref_view_numel(v) > 65536) return;
+  if (ipcref_view_iter_init(v, &it) != IPCREF_OK) fail("iter_init");
+  while ((e = (const unsigned char *)ipcref_view_iter_next(&it)) != NULL)
+    for (i = 0; i < item; i++) sum += e[i];
+  (void)sum;
+}
+
+/* As if the consumer had died: every lease of the producer ends. */
+static void reclaim_all(ipcref_ctx *prod) {
+  ipcref__ledger *l;
+  size_t freed = 0;
+  uint32_t s;
+  IPCREF__LOCK(prod);
+  for (l = prod->ledgers; l; l = l->next)
+    for (s = 0; s < l->n; s++)
+      if (l->leases[s].block) ipcref__lease_reclaim(prod, l, s, &freed);
+  IPCREF__UNLOCK(prod);
+  (void)ipcref_collect(prod);
+}
+
+static void run_one(const uint8_t *data, size_t size) {
+  static int base_fds = -1;
+  ipcref_ctx *prod = NULL, *cons = NULL;
+  ipcref_peer *pp, *cp;
+  ipcref_view v, held, got;
+  ipcref_stats st;
+  struct ipcref__chan_tx *t;
+  unsigned char *ring;
+  uint64_t head, tail;
+  const int64_t n = 100;
+  unsigned flags = size ? data[0] : 0;
+  size_t at = 4, i;
+  int sv[2], k;
+  if (base_fds < 0) base_fds = count_fds();
+  if (ipcref_ctx_new(NULL, &prod) != IPCREF_OK ||
+      ipcref_ctx_new(NULL, &cons) != IPCREF_OK ||
+      socketpair(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0, sv) != 0)
+    fail("setup");
+  pp = peer(prod, sv[0]);
+  cp = peer(cons, sv[1]);
+  if (ipcref_view_new_shared(prod, IPCREF_I32, 1, &n, &v) != IPCREF_OK ||
+      ipcref_send(pp, &v) != IPCREF_OK || ipcref_send(pp, &v) != IPCREF_OK ||
+      ipcref_recv(cp, &got, 1000) != IPCREF_OK ||
+      ipcref_recv(cp, &held, 1000) != IPCREF_OK)
+    fail("the channel did not come up");
+  ipcref_view_release(&got);
+  if (flags & 1 && ipcref_send(pp, &v) != IPCREF_OK) fail("genuine record");
+  t = pp->tx;
+  ring = t->map + IPCREF__CHAN_HDR;
+  head = cp->rx->head;
+  tail = head;
+  if (flags & 1) { /* patches over what is there */
+    tail = t->tail;
+    while (at + 3 <= size) {
+      uint64_t off = (uint64_t)data[at] | (uint64_t)data[at + 1] << 8;
+      size_t len = data[at + 2] % 33u;
+      at += 3;
+      for (i = 0; i < len && at < size; i++, at++)
+        ring[(head + off + i) & (RING - 1)] = data[at];
+    }
+  } else if (size > at) {
+    size_t len = size - at < RING ? size - at : RING;
+    ipcref__chan_copy(ring, RING, head, (unsigned char *)(uintptr_t)data + at,
+                      len, 1);
+    tail = head + len;
+  }
+  if (flags & 2 && size >= 3)
+    tail = head + ((uint64_t)data[1] | (uint64_t)data[2] << 8);
+  if (flags & 4 && size >= 4)
+    __atomic_store_n(&((ipcref__chan_hdr *)(void *)t->map)->sockets,
+                     t->sockets + (uint64_t)(int64_t)(int8_t)data[3],
+                     __ATOMIC_RELEASE);
+  __atomic_store_n(&((ipcref__chan_hdr *)(void *)t->map)->tail, tail,
+                   __ATOMIC_RELEASE);
+  for (k = 0; k < 8; k++) {
+    ipcref_result r;
+    struct timespec a, b;
+    memset(&got, 0, sizeof got);
+    clock_gettime(CLOCK_MONOTONIC, &a);
+    r = ipcref_recv(cp, &got, 0);
+    clock_gettime(CLOCK_MONOTONIC, &b);
+    if (b.tv_sec - a.tv_sec > 2) fail("a receive with no wait waited");
+    if (r == IPCREF_OK) {
+      check_view(&got);
+      ipcref_view_release(&got);
+    } else if (r != IPCREF_EPROTO && r != IPCREF_EAGAIN && r != IPCREF_ENOMEM) {
+      fail("an undocumented result");
+    } else if (got.buf) {
+      fail("a failed receive gave a buffer");
+    }
+  }
+  ipcref_view_release(&held);
+  ipcref_view_release(&v);
+  ipcref_peer_free(cp);
+  ipcref_ctx_free(cons);
+  reclaim_all(prod);
+  if (ipcref_ctx_stats(prod, &st) != IPCREF_OK || st.live_slots ||
+      st.limbo_blocks)
+    fail("leases left");
+  ipcref_peer_free(pp);
+  ipcref_ctx_free(prod);
+  if (count_fds() != base_fds) fail("an fd leaked");
+}
+
+int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
+
+int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
+  run_one(data, size);
+  return 0;
+}
+
+#ifdef FUZZ_CHANNEL_SEEDS
+/* Seeds: a genuine record; it patched in its length, its socket count and
+ * its message; tails far, odd and short; a socket count moved both ways;
+ * raw bytes. */
+static void seed(const char *dir, const char *name, const unsigned char *b,
+                 size_t n) {
+  char path[512];
+  FILE *f;
+  snprintf(path, sizeof path, "%s/%s", dir, name);
+  f = fopen(path, "wb");
+  if (!f || fwrite(b, 1, n, f) != n) fail("cannot write a seed");
+  fclose(f);
+  run_one(b, n);
+  printf("%s: %zu bytes\n", name, n);
+}
+
+int main(int argc, char **argv) {
+  static const unsigned char genuine[] = {1, 0, 0, 0};
+  static const unsigned char len_huge[] = {1, 0,    0,    0,    0,   0,
+                                           4, 0xff, 0xff, 0xff, 0x7f};
+  static const unsigned char len_zero[] = {1, 0, 0, 0, 0, 0, 4, 0, 0, 0, 0};
+  static const unsigned char before[] = {1, 0, 0, 0, 8, 0, 1, 9};
+  static const unsigned char nviews[] = {1, 0, 0, 0, 22, 0, 2, 0, 0};
+  static const unsigned char slot[] = {1, 0, 0, 0, 90, 0, 4, 1, 2, 3, 4};
+  static const unsigned char tail_far[] = {3, 0xff, 0xff, 0};
+  static const unsigned char tail_odd[] = {3, 13, 0, 0};
+  static const unsigned char sock_up[] = {5, 0, 0, 2};
+  static const unsigned char sock_down[] = {5, 0, 0, 0xfe};
+  unsigned char raw[64];
+  size_t i;
+  if (argc != 2) {
+    fprintf(stderr, "usage: %s DIR\n", argv[0]);
+    return 2;
+  }
+  seed(argv[1], "genuine", genuine, sizeof genuine);
+  seed(argv[1], "len_huge", len_huge, sizeof len_huge);
+  seed(argv[1], "len_zero", len_zero, sizeof len_zero);
+  seed(argv[1], "before", before, sizeof before);
+  seed(argv[1], "nviews", nviews, sizeof nviews);
+  seed(argv[1], "slot", slot, sizeof slot);
+  seed(argv[1], "tail_far", tail_far, sizeof tail_far);
+  seed(argv[1], "tail_odd", tail_odd, sizeof tail_odd);
+  seed(argv[1], "sock_up", sock_up, sizeof sock_up);
+  seed(argv[1], "sock_down", sock_down, sizeof sock_down);
+  memset(raw, 0, sizeof raw);
+  for (i = 4; i < sizeof raw; i++) raw[i] = (unsigned char)(i * 29);
+  raw[4] = 40; /* a length of 40, then noise */
+  seed(argv[1], "raw", raw, sizeof raw);
+  return 0;
+}
+#endif

@@ -1,0 +1,926 @@
+/* The channel: hand-off records in a shared-memory ring beside the peer's
+ * socket (src/share_channel.h).
+ *
+ *   - records take the ring once the segment crossed (seqpacket and
+ *     stream), and both paths keep the order the sender sent in: fd
+ *     messages, a full ring's messages on the socket, records wrapping
+ *     around a small ring;
+ *   - a hostile sender: its ring's indices and records corrupted in each
+ *     field, a replayed record, a socket message announced that never
+ *     comes, malformed setups: EPROTO (or a wait that ends), never a read
+ *     out of bounds, a hang or a crash;
+ *   - a hostile receiver: its read index and sleep flag corrupted: the
+ *     sender never blocks, never overwrites what is unread, and goes on
+ *     over the socket;
+ *   - waiting: the poll fd wakes for ring records; every spin option ends
+ *     its waits on time; options out of range are refused;
+ *   - processes: 8 consumers of one producer each get theirs; a consumer
+ *     killed with records unread pins nothing; a consumer under seccomp
+ *     strict mode receives from the ring (no system call while records
+ *     are there). */
+#define _GNU_SOURCE
+#include <linux/seccomp.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <string.h>
+#include <sys/prctl.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
+#define IPCREF_IMPLEMENTATION
+#include "../ipcref.h"
+#include "share_fixture.h"
+
+#define CTL_MS 30000
+#define ELEMS  256 /* u32 elements of a test view */
+
+/* A peer with the channel on, whatever IPCREF_TEST_PATH says: ring of
+ * `ring` bytes (0: default), spin `spin` us. */
+static ipcref_peer *chan_peer(ipcref_ctx *ctx, int fd, size_t ring, int spin) {
+  ipcref_peer_options o;
+  ipcref_peer *p = NULL;
+  memset(&o, 0, sizeof o);
+  o.ring_bytes = ring;
+  o.spin_us = spin;
+  CHECK_EQ(ipcref_peer_new_with(ctx, fd, &o, &p), IPCREF_OK);
+  if (p) tforget(fd);
+  return p;
+}
+
+/* Two contexts here (the producer's with options `prod`, may be NULL;
+ * both with the error hook), a channel peer each on a socketpair of
+ * `type`. */
+static void chan_pair(local_pair *l, int type, size_t ring,
+                      const ipcref_ctx_options *prod) {
+  ipcref_ctx_options po, co;
+  int sv[2];
+  memset(l, 0, sizeof *l);
+  memset(&co, 0, sizeof co);
+  co.error_hook = error_hook;
+  if (prod)
+    po = *prod;
+  else
+    po = co;
+  po.error_hook = error_hook;
+  if (xsocketpair(type, sv) != 0) return;
+  l->prod = make_ctx(&po);
+  l->cons = make_ctx(&co);
+  if (l->prod) l->pp = chan_peer(l->prod, sv[0], ring, IPCREF_SPIN_AUTO);
+  if (l->cons) l->cp = chan_peer(l->cons, sv[1], ring, IPCREF_SPIN_AUTO);
+}
+
+/* A view of ELEMS u32 holding seed + i. */
+static void seeded_view(ipcref_ctx *ctx, uint32_t seed, ipcref_view *v) {
+  const int64_t n = ELEMS;
+  int i;
+  memset(v, 0, sizeof *v);
+  CHECK_EQ(ipcref_view_new_shared(ctx, IPCREF_U32, 1, &n, v), IPCREF_OK);
+  if (!v->buf) return;
+  for (i = 0; i < ELEMS; i++)
+    ((uint32_t *)ipcref_view_data_mut(v))[i] = seed + (uint32_t)i;
+}
+
+/* 1 when v holds seed + i. */
+static int seeded_is(const ipcref_view *v, uint32_t seed) {
+  const uint32_t *d = (const uint32_t *)ipcref_view_data(v);
+  int i;
+  if (!d || v->ndim != 1 || v->shape[0] != ELEMS) return 0;
+  for (i = 0; i < ELEMS; i++)
+    if (d[i] != seed + (uint32_t)i) return 0;
+  return 1;
+}
+
+static ipcref_peer_info info_of(ipcref_peer *p) {
+  ipcref_peer_info in;
+  memset(&in, 0, sizeof in);
+  CHECK_EQ(ipcref_peer_stats(p, &in), IPCREF_OK);
+  return in;
+}
+
+/* Collects until no lease is live and nothing is in the limbo: 1, or 0
+ * after ms. */
+static int wait_collected(ipcref_ctx *ctx, long ms) {
+  long t0 = now_ms();
+  for (;;) {
+    ipcref_stats s;
+    ipcref_collect(ctx);
+    if (ipcref_ctx_stats(ctx, &s) == IPCREF_OK && s.live_slots == 0 &&
+        s.limbo_blocks == 0)
+      return 1;
+    if (now_ms() - t0 > ms * slow) return 0;
+    sleep_us(2000);
+  }
+}
+
+/* Sends v with metadata `seq` (4 bytes). */
+static ipcref_result send_seq(ipcref_peer *p, const ipcref_view *v,
+                              uint32_t seq) {
+  return ipcref_send_meta(p, v, 1, &seq, sizeof seq);
+}
+
+/* Receives one view within ms and its 4-byte sequence number (~0u: none). */
+static ipcref_result recv_seq(ipcref_peer *p, ipcref_view *v, int ms,
+                              uint32_t *seq) {
+  size_t len = 0;
+  const void *m;
+  ipcref_result r = ipcref_recv(p, v, ms);
+  *seq = ~0u;
+  if (r != IPCREF_OK) return r;
+  m = ipcref_recv_meta(p, &len);
+  if (m && len == sizeof *seq) memcpy(seq, m, sizeof *seq);
+  return r;
+}
+
+/* ------------------------------------------------------------ the paths */
+
+/* After the first message (the segment's and ledger's fds), the same
+ * view's records go through the ring; the socket carries no more. */
+static void records_take_the_ring(int type) {
+  local_pair l;
+  ipcref_view v, got;
+  ipcref_peer_info pi, ci;
+  int i, bad = 0;
+  res_mark m;
+  res_begin(&m);
+  chan_pair(&l, type, 0, NULL);
+  seeded_view(l.prod, 7, &v);
+  for (i = 0; i < 300; i++) {
+    CHECK_EQ(ipcref_send(l.pp, &v), IPCREF_OK);
+    if (ipcref_recv(l.cp, &got, 5000) != IPCREF_OK || !seeded_is(&got, 7))
+      bad++;
+    ipcref_view_release(&got);
+  }
+  CHECK_EQ(bad, 0);
+  pi = info_of(l.pp);
+  ci = info_of(l.cp);
+  CHECK_EQ(pi.sent_socket, 1);
+  CHECK_EQ(pi.sent_channel, 299);
+  CHECK_EQ(pi.channel_out, 1);
+  CHECK_EQ(ci.channel_in, 1);
+  CHECK_EQ(ci.channel_out, 0); /* it sent nothing: no channel its way */
+  ipcref_view_release(&v);
+  local_pair_close(&l);
+  RES_END(&m);
+}
+static void test_records_take_the_ring_seqpacket(void) {
+  records_take_the_ring(SOCK_SEQPACKET);
+}
+static void test_records_take_the_ring_stream(void) {
+  records_take_the_ring(SOCK_STREAM);
+}
+
+/* Fresh segments (fds: the socket), resends (the ring) and resends that
+ * find the 4 KiB ring full (the socket again), 300 in all before the
+ * consumer reads any: it gets them in the order sent. */
+static void order_of_both_paths(int type) {
+  ipcref_ctx_options o;
+  local_pair l;
+  ipcref_view keep, v, got;
+  ipcref_peer_info pi;
+  uint32_t i, seq, bad = 0, fresh = 0;
+  res_mark m;
+  res_begin(&m);
+  memset(&o, 0, sizeof o);
+  o.isolate = 1; /* every block its own segment: its message has fds */
+  chan_pair(&l, type, 4096, &o);
+  seeded_view(l.prod, 1000, &keep);
+  for (i = 0; i < 300; i++) {
+    if (i % 5 == 0) {
+      seeded_view(l.prod, 1000 + i, &v);
+      CHECK_EQ(send_seq(l.pp, &v, i), IPCREF_OK);
+      ipcref_view_release(&v);
+      fresh++;
+    } else {
+      CHECK_EQ(send_seq(l.pp, &keep, i), IPCREF_OK);
+    }
+  }
+  for (i = 0; i < 300; i++) {
+    if (recv_seq(l.cp, &got, 5000, &seq) != IPCREF_OK || seq != i ||
+        !seeded_is(&got, i % 5 == 0 ? 1000 + i : 1000))
+      bad++;
+    ipcref_view_release(&got);
+  }
+  CHECK_EQ(bad, 0);
+  CHECK_EQ(ipcref_recv(l.cp, &got, 0), IPCREF_EAGAIN);
+  pi = info_of(l.pp);
+  CHECK_EQ(pi.sent_socket + pi.sent_channel, 300);
+  CHECK(pi.sent_channel > 10);        /* the ring took some */
+  CHECK(pi.sent_socket > fresh + 10); /* and the full ring gave way */
+  ipcref_view_release(&keep);
+  local_pair_close(&l);
+  RES_END(&m);
+}
+static void test_order_of_both_paths_seqpacket(void) {
+  order_of_both_paths(SOCK_SEQPACKET);
+}
+static void test_order_of_both_paths_stream(void) {
+  order_of_both_paths(SOCK_STREAM);
+}
+
+/* Records of every size from a bare view to one with 1 KiB of metadata
+ * wrap around a 4 KiB ring over and over, read as they come. */
+static void test_records_wrap(void) {
+  local_pair l;
+  ipcref_view v, got;
+  unsigned char meta[IPCREF_META_MAX];
+  const void *gm;
+  size_t len, n;
+  int i, bad = 0;
+  chan_pair(&l, SOCK_SEQPACKET, 4096, NULL);
+  seeded_view(l.prod, 3, &v);
+  for (i = 0; i < 3000; i++) {
+    n = (size_t)(i * 37) % (IPCREF_META_MAX + 1);
+    memset(meta, i & 0xff, n);
+    CHECK_EQ(ipcref_send_meta(l.pp, &v, 1, meta, n), IPCREF_OK);
+    if (ipcref_recv(l.cp, &got, 5000) != IPCREF_OK || !seeded_is(&got, 3)) {
+      bad++;
+    } else {
+      gm = ipcref_recv_meta(l.cp, &len);
+      if (len != n || (n && memcmp(gm, meta, n) != 0)) bad++;
+    }
+    ipcref_view_release(&got);
+  }
+  CHECK_EQ(bad, 0);
+  CHECK(info_of(l.pp).sent_channel > 2900);
+  ipcref_view_release(&v);
+  local_pair_close(&l);
+}
+
+/* ------------------------------------------------------------ a hostile sender
+ */
+
+/* The sender's ring, as a hostile sender would write it. */
+static unsigned char *ring_of(ipcref_peer *p) {
+  return p->tx->map + IPCREF__CHAN_HDR;
+}
+static ipcref__chan_hdr *ring_hdr(ipcref_peer *p) {
+  return (ipcref__chan_hdr *)(void *)p->tx->map;
+}
+
+/* Writes a record by hand: `len` in its length field, `before` as its
+ * socket count, `body` (`n` bytes) after it; the tail moves by `adv`
+ * (0: the record's own size). */
+static void raw_record(ipcref_peer *p, uint32_t len, uint64_t before,
+                       const unsigned char *body, size_t n, uint64_t adv) {
+  struct ipcref__chan_tx *t = p->tx;
+  unsigned char h[16];
+  memset(h, 0, sizeof h);
+  memcpy(h, &len, 4);
+  memcpy(h + 8, &before, 8);
+  ipcref__chan_copy(ring_of(p), t->bytes, t->tail, h, 16, 1);
+  if (n)
+    ipcref__chan_copy(ring_of(p), t->bytes, t->tail + 16,
+                      (unsigned char *)(uintptr_t)body, n, 1);
+  t->tail += adv ? adv : ipcref__chan_need(n);
+  __atomic_store_n(&ring_hdr(p)->tail, t->tail, __ATOMIC_RELEASE);
+}
+
+/* A pair whose channel is up: one view crossed (socket), one record read. */
+static void hostile_pair(local_pair *l, ipcref_view *v) {
+  ipcref_view got;
+  chan_pair(l, SOCK_SEQPACKET, 4096, NULL);
+  seeded_view(l->prod, 11, v);
+  CHECK_EQ(ipcref_send(l->pp, v), IPCREF_OK);
+  CHECK_EQ(ipcref_send(l->pp, v), IPCREF_OK);
+  CHECK_EQ(ipcref_recv(l->cp, &got, 5000), IPCREF_OK);
+  ipcref_view_release(&got);
+  CHECK_EQ(ipcref_recv(l->cp, &got, 5000), IPCREF_OK);
+  ipcref_view_release(&got);
+  CHECK_EQ(info_of(l->pp).sent_channel, 1);
+}
+
+/* The consumer refuses the broken channel for good, by name. */
+static void expect_broken(local_pair *l, const char *why) {
+  ipcref_view got;
+  memset(&got, 0, sizeof got);
+  CHECK_EQ(ipcref_recv(l->cp, &got, 0), IPCREF_EPROTO);
+  CHECK(got.buf == NULL);
+  if (!strstr(err_last, why)) printf("    last report: %s\n", err_last);
+  CHECK(strstr(err_last, why) != NULL);
+  CHECK_EQ(ipcref_recv(l->cp, &got, 100), IPCREF_EPROTO); /* for good */
+  CHECK_EQ(info_of(l->cp).channel_in, -1);
+}
+
+enum {
+  H_TAIL_FAR,
+  H_TAIL_ODD,
+  H_LEN_ZERO,
+  H_LEN_HUGE,
+  H_LEN_PAST,
+  H_ZERO_WORD,
+  H_BEFORE_BACK,
+  H_SOCKETS_BACK,
+  H_NCASES
+};
+
+static void test_hostile_sender_indices_and_fields(void) {
+  static const char *const why[H_NCASES] = {
+      "write index out of range", "write index out of range",
+      "length out of range",      "length out of range",
+      "length out of range",      "zero word set",
+      "fewer socket messages",    "socket count went back"};
+  int c;
+  for (c = 0; c < H_NCASES; c++) {
+    local_pair l;
+    ipcref_view v;
+    unsigned char body[64];
+    struct ipcref__chan_tx *t;
+    ipcref_stats before, after;
+    memset(body, 0xab, sizeof body);
+    errors_reset();
+    hostile_pair(&l, &v);
+    if (!l.pp || !l.pp->tx) break;
+    t = l.pp->tx;
+    (void)ipcref_ctx_stats(l.cons, &before);
+    switch (c) {
+    case H_TAIL_FAR:
+      __atomic_store_n(&ring_hdr(l.pp)->tail, t->tail + t->bytes + 8,
+                       __ATOMIC_RELEASE);
+      break;
+    case H_TAIL_ODD:
+      __atomic_store_n(&ring_hdr(l.pp)->tail, t->tail + 3, __ATOMIC_RELEASE);
+      break;
+    case H_LEN_ZERO: raw_record(l.pp, 0, t->sockets, body, 0, 16); break;
+    case H_LEN_HUGE:
+      raw_record(l.pp, IPCREF_MSG_MAX_BYTES + 1, t->sockets, body, 64, 0);
+      break;
+    case H_LEN_PAST: raw_record(l.pp, 2000, t->sockets, body, 64, 0); break;
+    case H_ZERO_WORD:
+      raw_record(l.pp, 64, t->sockets, body, 64, 0);
+      ring_of(l.pp)[(t->tail - ipcref__chan_need(64) + 5) & (t->bytes - 1)] = 1;
+      break;
+    case H_BEFORE_BACK: raw_record(l.pp, 64, 0, body, 64, 0); break;
+    case H_SOCKETS_BACK:
+      __atomic_store_n(&ring_hdr(l.pp)->sockets, 0, __ATOMIC_RELEASE);
+      break;
+    }
+    expect_broken(&l, why[c]);
+    (void)ipcref_ctx_stats(l.cons, &after);
+    CHECK_EQ(after.imported_bufs, before.imported_bufs);
+    ipcref_view_release(&v);
+    local_pair_close(&l);
+  }
+}
+
+/* A well-framed record of garbage, then a replay of a good one: each is
+ * refused as a socket message would be (EPROTO), and the ring goes on. */
+static void test_hostile_sender_records(void) {
+  local_pair l;
+  ipcref_view v, got, good_view;
+  unsigned char body[200], good[IPCREF_MSG_MAX_BYTES];
+  struct ipcref__chan_tx *t;
+  uint64_t at;
+  size_t glen;
+  int i;
+  errors_reset();
+  hostile_pair(&l, &v);
+  if (!l.pp || !l.pp->tx) return;
+  t = l.pp->tx;
+  for (i = 0; i < (int)sizeof body; i++) body[i] = (unsigned char)(i * 13);
+  raw_record(l.pp, sizeof body, t->sockets, body, sizeof body, 0);
+  CHECK_EQ(ipcref_recv(l.cp, &got, 0), IPCREF_EPROTO);
+  CHECK(strstr(err_last, "message refused") != NULL);
+  /* A good record, read; then the same bytes again: a replay. */
+  at = t->tail;
+  CHECK_EQ(ipcref_send(l.pp, &v), IPCREF_OK);
+  glen = (size_t)(ipcref__chan_word(ring_of(l.pp), t->bytes, at) & 0xffff);
+  ipcref__chan_copy(ring_of(l.pp), t->bytes, at + 16, good, glen, 0);
+  CHECK_EQ(ipcref_recv(l.cp, &good_view, 5000), IPCREF_OK);
+  CHECK(seeded_is(&good_view, 11));
+  raw_record(l.pp, (uint32_t)glen, t->sockets, good, glen, 0);
+  CHECK_EQ(ipcref_recv(l.cp, &got, 0), IPCREF_EPROTO);
+  CHECK(strstr(err_last, "imported twice") != NULL);
+  /* ... and again once the view is let go and its lease swept. */
+  ipcref_view_release(&good_view);
+  ipcref_collect(l.prod);
+  raw_record(l.pp, (uint32_t)glen, t->sockets, good, glen, 0);
+  CHECK_EQ(ipcref_recv(l.cp, &got, 0), IPCREF_EPROTO);
+  if (!strstr(err_last, "not live")) printf("    %s\n", err_last);
+  CHECK(strstr(err_last, "not live") != NULL);
+  /* The ring is fine: the next record comes. */
+  CHECK_EQ(ipcref_send(l.pp, &v), IPCREF_OK);
+  CHECK_EQ(ipcref_recv(l.cp, &got, 5000), IPCREF_OK);
+  CHECK(seeded_is(&got, 11));
+  ipcref_view_release(&got);
+  CHECK_EQ(info_of(l.cp).channel_in, 1);
+  ipcref_view_release(&v);
+  local_pair_close(&l);
+}
+
+/* A socket message announced (by the header's count, or a record's) that
+ * never comes: the receiver waits for it as long as it was asked to, no
+ * longer, and then the message itself still comes in order. */
+static void test_hostile_sender_announces_nothing(void) {
+  local_pair l;
+  ipcref_view v, got;
+  struct ipcref__chan_tx *t;
+  long t0;
+  hostile_pair(&l, &v);
+  if (!l.pp || !l.pp->tx) return;
+  t = l.pp->tx;
+  __atomic_store_n(&ring_hdr(l.pp)->sockets, t->sockets + 1, __ATOMIC_RELEASE);
+  CHECK_EQ(ipcref_recv(l.cp, &got, 0), IPCREF_EAGAIN);
+  t0 = now_ms();
+  CHECK_EQ(ipcref_recv(l.cp, &got, 30), IPCREF_ETIMEDOUT);
+  CHECK(now_ms() - t0 >= 29);
+  /* The sender sends it after all (the count is already there). */
+  __atomic_store_n(&ring_hdr(l.pp)->sockets, t->sockets, __ATOMIC_RELEASE);
+  CHECK_EQ(ipcref_recv(l.cp, &got, 0), IPCREF_EAGAIN);
+  CHECK_EQ(ipcref_send(l.pp, &v), IPCREF_OK);
+  CHECK_EQ(ipcref_recv(l.cp, &got, 5000), IPCREF_OK);
+  CHECK(seeded_is(&got, 11));
+  ipcref_view_release(&got);
+  ipcref_view_release(&v);
+  local_pair_close(&l);
+}
+
+/* Sends a setup record with fds by hand on the sender's socket. */
+static void raw_setup(int fd, const unsigned char *b, size_t len,
+                      const int *fds, int nfds) {
+  union {
+    char buf[CMSG_SPACE(sizeof(int) * 4)];
+    struct cmsghdr align;
+  } u;
+  struct msghdr mh;
+  struct iovec iov;
+  struct cmsghdr *c;
+  memset(&mh, 0, sizeof mh);
+  memset(&u, 0, sizeof u);
+  iov.iov_base = (void *)(uintptr_t)b;
+  iov.iov_len = len;
+  mh.msg_iov = &iov;
+  mh.msg_iovlen = 1;
+  if (nfds) {
+    mh.msg_control = u.buf;
+    mh.msg_controllen = CMSG_SPACE(sizeof(int) * (size_t)nfds);
+    c = CMSG_FIRSTHDR(&mh);
+    c->cmsg_level = SOL_SOCKET;
+    c->cmsg_type = SCM_RIGHTS;
+    c->cmsg_len = CMSG_LEN(sizeof(int) * (size_t)nfds);
+    memcpy(CMSG_DATA(c), fds, sizeof(int) * (size_t)nfds);
+  }
+  CHECK_EQ(sendmsg(fd, &mh, 0), (ssize_t)len);
+}
+
+enum {
+  S_VERSION,
+  S_TWO_FDS,
+  S_UNSEALED,
+  S_PIPE_BELL,
+  S_SIZE,
+  S_HEADER,
+  S_SECOND,
+  S_NCASES
+};
+
+/* Malformed channel setups, each refused by name: the receiver then
+ * refuses everything from that sender, never maps what it was not sent. */
+static void test_hostile_setups(void) {
+  static const char *const why[S_NCASES] = {
+      "another version",   "another version",   "not sealed memfds",
+      "not sealed memfds", "size out of range", "header disagrees",
+      "second channel"};
+  int c;
+  for (c = 0; c < S_NCASES; c++) {
+    local_pair l;
+    ipcref_msg setup, second;
+    struct ipcref__chan_tx *t = NULL, *t2 = NULL;
+    ipcref_view got;
+    int fds[3], i, pf[2] = {-1, -1}, nfds = 3;
+    errors_reset();
+    chan_pair(&l, SOCK_SEQPACKET, 4096, NULL);
+    if (!l.pp || ipcref__chan_make(4096, &t, &setup) != IPCREF_OK) break;
+    memcpy(fds, setup.fds, sizeof fds);
+    switch (c) {
+    case S_VERSION: setup.bytes[4] = 9; break;
+    case S_TWO_FDS: nfds = 2; break;
+    case S_UNSEALED:
+      close(fds[0]);
+      fds[0] = memfd_create("plain", MFD_CLOEXEC);
+      CHECK_EQ(ftruncate(fds[0], IPCREF__CHAN_HDR + 4096), 0);
+      break;
+    case S_PIPE_BELL:
+      CHECK_EQ(pipe(pf), 0);
+      close(fds[2]);
+      fds[2] = pf[0];
+      break;
+    case S_SIZE:
+      setup.bytes[8] = 0x10;
+      setup.bytes[9] = 0;
+      break;
+    case S_HEADER: ((ipcref__chan_hdr *)(void *)t->map)->magic = 0; break;
+    case S_SECOND:
+      raw_setup(l.pp->fd, setup.bytes, setup.len, fds, 3);
+      CHECK_EQ(ipcref_recv(l.cp, &got, 0), IPCREF_EAGAIN);
+      CHECK_EQ(info_of(l.cp).channel_in, 1);
+      for (i = 0; i < 3; i++) close(fds[i]);
+      CHECK_EQ(ipcref__chan_make(4096, &t2, &second), IPCREF_OK);
+      memcpy(fds, second.fds, sizeof fds);
+      break;
+    }
+    raw_setup(l.pp->fd, setup.bytes, setup.len, fds, nfds);
+    if (c == S_SECOND) /* the first channel counts it: read in order */
+      __atomic_store_n(&((ipcref__chan_hdr *)(void *)t->map)->sockets, 1,
+                       __ATOMIC_RELEASE);
+    for (i = 0; i < 3; i++) close(fds[i]);
+    if (pf[1] >= 0) close(pf[1]);
+    memset(&got, 0, sizeof got);
+    CHECK_EQ(ipcref_recv(l.cp, &got, 1000), IPCREF_EPROTO);
+    if (!strstr(err_last, why[c])) printf("    case %d: %s\n", c, err_last);
+    CHECK(strstr(err_last, why[c]) != NULL);
+    CHECK_EQ(ipcref_recv(l.cp, &got, 0), IPCREF_EPROTO);
+    CHECK_EQ(info_of(l.cp).channel_in, -1);
+    CHECK(got.buf == NULL);
+    ipcref__chan_tx_free(t);
+    ipcref__chan_tx_free(t2);
+    local_pair_close(&l);
+  }
+}
+
+/* ------------------------------------------------------------ a hostile
+ * receiver */
+
+/* The receiver's read index far ahead, or not a multiple of 8: the sender
+ * closes the channel (reported) and goes on over the socket, in order. */
+static void bad_head(uint64_t (*head)(uint64_t tail, size_t bytes)) {
+  local_pair l;
+  ipcref_view v, got;
+  ipcref_peer_info pi;
+  uint32_t seq;
+  int i, bad = 0;
+  hostile_pair(&l, &v);
+  if (!l.cp || !l.cp->rx) return;
+  errors_reset();
+  __atomic_store_n(&l.cp->rx->ctl->head, head(l.pp->tx->tail, l.pp->tx->bytes),
+                   __ATOMIC_RELEASE);
+  for (i = 0; i < 20; i++) CHECK_EQ(send_seq(l.pp, &v, (uint32_t)i), IPCREF_OK);
+  pi = info_of(l.pp);
+  CHECK_EQ(pi.channel_out, -1);
+  CHECK_EQ(pi.sent_channel, 1); /* hostile_pair's */
+  CHECK(strstr(err_last, "read index is out of range") != NULL);
+  for (i = 0; i < 20; i++) {
+    if (recv_seq(l.cp, &got, 5000, &seq) != IPCREF_OK || seq != (uint32_t)i ||
+        !seeded_is(&got, 11))
+      bad++;
+    ipcref_view_release(&got);
+  }
+  CHECK_EQ(bad, 0);
+  ipcref_view_release(&v);
+  local_pair_close(&l);
+}
+static uint64_t head_far(uint64_t tail, size_t bytes) {
+  return tail + 2 * bytes;
+}
+static uint64_t head_odd(uint64_t tail, size_t bytes) {
+  (void)bytes;
+  return tail - 5;
+}
+static uint64_t head_past_tail(uint64_t tail, size_t bytes) {
+  (void)bytes;
+  return tail + 8; /* more read than written */
+}
+static void test_hostile_receiver_head(void) {
+  bad_head(head_far);
+  bad_head(head_odd);
+  bad_head(head_past_tail);
+}
+
+/* The receiver's read index moved back (it claims to have read less):
+ * the sender overwrites nothing the receiver has not read, and what no
+ * longer fits goes on the socket; its sleep flag stuck on: every record
+ * rings the doorbell, which fills, and the sender never blocks. */
+static void test_hostile_receiver_back_and_asleep(void) {
+  local_pair l;
+  ipcref_view v, got;
+  uint32_t seq;
+  int i, bad = 0;
+  long t0;
+  hostile_pair(&l, &v);
+  if (!l.cp || !l.cp->rx) return;
+  __atomic_store_n(&l.cp->rx->ctl->head, 0, __ATOMIC_RELEASE);
+  for (i = 0; i < 100; i++)
+    CHECK_EQ(send_seq(l.pp, &v, (uint32_t)i), IPCREF_OK);
+  CHECK(info_of(l.pp).sent_socket > 50); /* the ring looked full */
+  for (i = 0; i < 100; i++) {
+    if (recv_seq(l.cp, &got, 5000, &seq) != IPCREF_OK || seq != (uint32_t)i ||
+        !seeded_is(&got, 11))
+      bad++;
+    ipcref_view_release(&got);
+  }
+  CHECK_EQ(bad, 0);
+  /* Asleep for good, as the sender sees it. */
+  t0 = now_ms();
+  for (i = 0; i < 3000; i++) {
+    __atomic_store_n(&l.cp->rx->ctl->asleep, 0xffffffffu, __ATOMIC_RELEASE);
+    CHECK_EQ(send_seq(l.pp, &v, (uint32_t)i), IPCREF_OK);
+    if (i % 10 == 9) { /* read in tens: the ring holds them */
+      int k;
+      for (k = i - 9; k <= i; k++) {
+        if (recv_seq(l.cp, &got, 5000, &seq) != IPCREF_OK || seq != (uint32_t)k)
+          bad++;
+        ipcref_view_release(&got);
+      }
+    }
+  }
+  CHECK_EQ(bad, 0);
+  CHECK(now_ms() - t0 < 20000 * slow);
+  CHECK(info_of(l.pp).channel_out == 1);
+  ipcref_view_release(&v);
+  local_pair_close(&l);
+}
+
+/* ------------------------------------------------------------ waiting */
+
+/* The receiver's poll fd wakes for a record in the ring (after a receive
+ * said EAGAIN), and sleeps again once it is received; for every spin. */
+static void poll_fd_wakes(int spin) {
+  ipcref_ctx *prod = new_ctx(0, 0), *cons = new_ctx(0, 0);
+  ipcref_peer *pp, *cp;
+  ipcref_view v, got;
+  struct pollfd pfd;
+  int sv[2], i;
+  if (xsocketpair(SOCK_SEQPACKET, sv) != 0) return;
+  pp = chan_peer(prod, sv[0], 0, IPCREF_SPIN_AUTO);
+  cp = chan_peer(cons, sv[1], 0, spin);
+  seeded_view(prod, 5, &v);
+  CHECK_EQ(ipcref_send(pp, &v), IPCREF_OK); /* the socket: fds */
+  CHECK_EQ(ipcref_recv(cp, &got, 5000), IPCREF_OK);
+  ipcref_view_release(&got);
+  pfd.fd = ipcref_peer_poll_fd(cp);
+  pfd.events = POLLIN;
+  CHECK(pfd.fd >= 0);
+  for (i = 0; i < 20; i++) {
+    CHECK_EQ(ipcref_recv(cp, &got, 0), IPCREF_EAGAIN);
+    pfd.revents = 0;
+    CHECK_EQ(poll(&pfd, 1, 0), 0);
+    CHECK_EQ(ipcref_send(pp, &v), IPCREF_OK);
+    pfd.revents = 0;
+    CHECK_EQ(poll(&pfd, 1, 5000), 1);
+    CHECK_EQ(ipcref_recv(cp, &got, 0), IPCREF_OK);
+    CHECK(seeded_is(&got, 5));
+    ipcref_view_release(&got);
+  }
+  CHECK_EQ(ipcref_recv(cp, &got, 0), IPCREF_EAGAIN);
+  pfd.revents = 0;
+  CHECK_EQ(poll(&pfd, 1, 0), 0);
+  CHECK_EQ(info_of(pp).sent_channel, 20);
+  ipcref_view_release(&v);
+  ipcref_peer_free(cp);
+  ipcref_peer_free(pp);
+  ipcref_ctx_free(cons);
+  ipcref_ctx_free(prod);
+}
+static void test_poll_fd_wakes_for_records(void) {
+  poll_fd_wakes(0);
+  poll_fd_wakes(IPCREF_SPIN_AUTO);
+  poll_fd_wakes(200);
+}
+
+/* Options: out of range refused; the ring's size rounded up to a power of
+ * two; no ring at all; every spin keeps the receive's timeout. */
+static void test_options(void) {
+  static const int spins[3] = {0, IPCREF_SPIN_AUTO, 300};
+  ipcref_ctx *ctx = new_ctx(0, 0);
+  ipcref_peer_options o;
+  ipcref_peer *p = NULL;
+  local_pair l;
+  ipcref_view v, got;
+  int sv[2], i;
+  long t0, dt;
+  if (xsocketpair(SOCK_SEQPACKET, sv) != 0) return;
+  memset(&o, 0, sizeof o);
+  o.spin_us = -2;
+  CHECK_EQ(ipcref_peer_new_with(ctx, sv[0], &o, &p), IPCREF_EINVAL);
+  o.spin_us = 0;
+  o.ring_bytes = ((size_t)16 << 20) + 1;
+  CHECK_EQ(ipcref_peer_new_with(ctx, sv[0], &o, &p), IPCREF_EINVAL);
+  CHECK(p == NULL);
+  tclose(sv[0]);
+  tclose(sv[1]);
+  ipcref_ctx_free(ctx);
+  /* 5000 bytes: an 8 KiB ring. */
+  chan_pair(&l, SOCK_SEQPACKET, 5000, NULL);
+  seeded_view(l.prod, 9, &v);
+  CHECK_EQ(ipcref_send(l.pp, &v), IPCREF_OK);
+  CHECK(l.pp->tx != NULL && l.pp->tx->bytes == 8192);
+  CHECK_EQ(ipcref_recv(l.cp, &got, 5000), IPCREF_OK);
+  ipcref_view_release(&got);
+  /* Spins: a receive with nothing waits its timeout, no less. */
+  for (i = 0; i < 3; i++) {
+    o.spin_us = spins[i];
+    o.ring_bytes = 0;
+    CHECK_EQ(ipcref_peer_set_options(l.cp, &o), IPCREF_OK);
+    t0 = now_ms();
+    CHECK_EQ(ipcref_recv(l.cp, &got, 20), IPCREF_ETIMEDOUT);
+    dt = now_ms() - t0;
+    CHECK(dt >= 19 && dt < 2000 * slow);
+    CHECK_EQ(ipcref_send(l.pp, &v), IPCREF_OK);
+    CHECK_EQ(ipcref_recv(l.cp, &got, 5000), IPCREF_OK);
+    CHECK(seeded_is(&got, 9));
+    ipcref_view_release(&got);
+  }
+  ipcref_view_release(&v);
+  local_pair_close(&l);
+  /* No ring: the socket carries all. */
+  memset(&o, 0, sizeof o);
+  o.ring_bytes = IPCREF_KEEP_NONE;
+  ctx = new_ctx(0, 0);
+  {
+    ipcref_ctx *cons = new_ctx(0, 0);
+    ipcref_peer *cp = NULL;
+    if (xsocketpair(SOCK_SEQPACKET, sv) != 0) return;
+    CHECK_EQ(ipcref_peer_new_with(ctx, sv[0], &o, &p), IPCREF_OK);
+    tforget(sv[0]);
+    cp = chan_peer(cons, sv[1], 0, 0);
+    seeded_view(ctx, 4, &v);
+    for (i = 0; i < 10; i++) {
+      CHECK_EQ(ipcref_send(p, &v), IPCREF_OK);
+      CHECK_EQ(ipcref_recv(cp, &got, 5000), IPCREF_OK);
+      ipcref_view_release(&got);
+    }
+    CHECK(p->tx == NULL);
+    CHECK_EQ(info_of(p).sent_socket, 10);
+    CHECK_EQ(info_of(p).channel_out, 0);
+    CHECK_EQ(info_of(cp).channel_in, 0);
+    ipcref_view_release(&v);
+    ipcref_peer_free(cp);
+    ipcref_peer_free(p);
+    ipcref_ctx_free(cons);
+  }
+  ipcref_ctx_free(ctx);
+}
+
+/* ------------------------------------------------------------ processes */
+
+#define FAN     8
+#define FAN_MSG 200
+
+static int fan_consumer(void *arg) {
+  kid *k = (kid *)arg;
+  ipcref_ctx *ctx = make_ctx(NULL);
+  ipcref_peer *p = chan_peer(ctx, k->their_sock[0], 0, IPCREF_SPIN_AUTO);
+  ipcref_view v;
+  uint32_t seq, i;
+  int bad = 0;
+  for (i = 0; i < FAN_MSG; i++) {
+    if (recv_seq(p, &v, 10000, &seq) != IPCREF_OK || seq != i ||
+        !seeded_is(&v, 40))
+      bad++;
+    ipcref_view_release(&v);
+  }
+  ctl_put(k->their_ctl, bad ? 'b' : 'd');
+  ipcref_peer_free(p);
+  ipcref_ctx_free(ctx);
+  return bad;
+}
+
+/* One producer, 8 consumers in their processes: each gets its records,
+ * through its own channel, in order. */
+static void test_fan_out(void) {
+  kid k[FAN];
+  ipcref_ctx *ctx;
+  ipcref_peer *p[FAN];
+  ipcref_view v;
+  uint32_t i;
+  int c;
+  for (c = 0; c < FAN; c++) kid_start(&k[c], 1, SOCK_SEQPACKET, fan_consumer);
+  ctx = new_ctx(0, 0);
+  for (c = 0; c < FAN; c++) p[c] = chan_peer(ctx, k[c].sock[0], 0, 0);
+  for (c = 0; c < FAN; c++) k[c].sock[0] = -1;
+  seeded_view(ctx, 40, &v);
+  for (i = 0; i < FAN_MSG; i++)
+    for (c = 0; c < FAN; c++) CHECK_EQ(send_seq(p[c], &v, i), IPCREF_OK);
+  for (c = 0; c < FAN; c++) {
+    CTL_EXPECT(k[c].ctl, 'd');
+    CHECK_EQ(info_of(p[c]).sent_channel, FAN_MSG - 1);
+    KID_END(&k[c], "consumer");
+  }
+  ipcref_view_release(&v);
+  for (c = 0; c < FAN; c++) ipcref_peer_free(p[c]);
+  CHECK_EQ(wait_collected(ctx, 5000), 1);
+  ipcref_ctx_free(ctx);
+}
+
+static int idle_consumer(void *arg) {
+  kid *k = (kid *)arg;
+  ipcref_ctx *ctx = make_ctx(NULL);
+  ipcref_peer *p = chan_peer(ctx, k->their_sock[0], 0, IPCREF_SPIN_AUTO);
+  ipcref_view v;
+  int r = ipcref_recv(p, &v, 10000);
+  ctl_put(k->their_ctl, r == IPCREF_OK ? 'r' : 'e');
+  (void)ctl_get(k->their_ctl, 60000); /* killed here, 50 records unread */
+  return 0;
+}
+
+/* A consumer killed with records unread in its ring (and one view held):
+ * the producer gets every lease back once it notices. */
+static void test_consumer_killed_with_records_unread(void) {
+  kid k;
+  ipcref_ctx *ctx;
+  ipcref_peer *p;
+  ipcref_view v;
+  ipcref_stats s;
+  int i;
+  kid_start(&k, 1, SOCK_SEQPACKET, idle_consumer);
+  ctx = new_ctx(0, 0);
+  p = kid_peer(&k, 0, ctx);
+  seeded_view(ctx, 50, &v);
+  CHECK_EQ(ipcref_send(p, &v), IPCREF_OK);
+  CTL_EXPECT(k.ctl, 'r');
+  for (i = 0; i < 50; i++) CHECK_EQ(ipcref_send(p, &v), IPCREF_OK);
+  CHECK_EQ(info_of(p).sent_channel, 50);
+  s = stats_of(ctx);
+  CHECK_EQ(s.live_slots, 51);
+  ipcref_view_release(&v); /* in the limbo now, held by the leases */
+  KID_KILL(&k, "consumer");
+  CHECK_EQ(wait_collected(ctx, 10000), 1);
+  s = stats_of(ctx);
+  CHECK_EQ(s.live_slots, 0);
+  CHECK_EQ(s.limbo_blocks, 0);
+  CHECK_EQ(s.reclaimed, 51);
+  kid_close(&k);
+  ipcref_peer_free(p);
+  ipcref_ctx_free(ctx);
+}
+
+/* -- under seccomp strict mode: only read, write, _exit, sigreturn. */
+#define SEC_N 64
+
+static int seccomp_consumer(void *arg) {
+  kid *k = (kid *)arg;
+  ipcref_ctx *ctx = make_ctx(NULL);
+  ipcref_peer *p = chan_peer(ctx, k->their_sock[0], 0, IPCREF_SPIN_AUTO);
+  ipcref_view v[SEC_N];
+  char go = 0;
+  int i, got = 0, res;
+  for (i = 0; i < SEC_N; i++) /* warm: mappings, caches, malloc's bins */
+    if (ipcref_recv(p, &v[i], 10000) != IPCREF_OK) return 1;
+  for (i = 0; i < SEC_N; i++) ipcref_view_release(&v[i]);
+  ctl_put(k->their_ctl, 'w');
+  fflush(stdout);
+  if (prctl(PR_SET_SECCOMP, SECCOMP_MODE_STRICT) != 0) return 2;
+  /* From here a system call other than read or write kills us. */
+  if (read(k->their_ctl, &go, 1) != 1 || go != 'g') syscall(SYS_exit, 3);
+  for (i = 0; i < SEC_N; i++)
+    if (ipcref_recv(p, &v[i], 0) == IPCREF_OK && seeded_is(&v[i], 60)) got++;
+  for (i = 0; i < SEC_N; i++) ipcref_view_release(&v[i]);
+  res = got == SEC_N ? 'd' : 'b';
+  if (write(k->their_ctl, &res, sizeof res) != (ssize_t)sizeof res)
+    syscall(SYS_exit, 4);
+  syscall(SYS_exit, 0); /* _exit is exit_group: not allowed */
+  return 5;
+}
+
+/* The consumer receives SEC_N records already in its ring under seccomp
+ * strict mode: the receive path makes no system call while records are
+ * there (the process would be killed). Plain builds only: sanitizers and
+ * valgrind make system calls of their own. */
+static void test_seccomp_consumer(void) {
+  kid k;
+  ipcref_ctx *ctx;
+  ipcref_peer *p;
+  ipcref_view v;
+  int i;
+  char go = 'g';
+  if (UNDER_ASAN || under_valgrind) {
+    printf("    (plain builds only: a sanitizer's or valgrind's own system "
+           "calls would kill it)\n");
+    return;
+  }
+  kid_start(&k, 1, SOCK_SEQPACKET, seccomp_consumer);
+  ctx = new_ctx(0, 0);
+  p = kid_peer(&k, 0, ctx);
+  seeded_view(ctx, 60, &v);
+  for (i = 0; i < SEC_N; i++) CHECK_EQ(ipcref_send(p, &v), IPCREF_OK);
+  CTL_EXPECT(k.ctl, 'w');
+  for (i = 0; i < SEC_N; i++) CHECK_EQ(ipcref_send(p, &v), IPCREF_OK);
+  CHECK_EQ(info_of(p).sent_channel, 2 * SEC_N - 1);
+  CHECK_EQ(ctl_send(k.ctl, &go, 1), 0);
+  CTL_EXPECT(k.ctl, 'd');
+  KID_END(&k, "consumer under seccomp");
+  ipcref_view_release(&v);
+  ipcref_peer_free(p);
+  CHECK_EQ(wait_collected(ctx, 5000), 1);
+  ipcref_ctx_free(ctx);
+}
+
+int main(void) {
+  fixture_start();
+  RUN(test_records_take_the_ring_seqpacket);
+  RUN(test_records_take_the_ring_stream);
+  RUN(test_order_of_both_paths_seqpacket);
+  RUN(test_order_of_both_paths_stream);
+  RUN(test_records_wrap);
+  RUN(test_hostile_sender_indices_and_fields);
+  RUN(test_hostile_sender_records);
+  RUN(test_hostile_sender_announces_nothing);
+  RUN(test_hostile_setups);
+  RUN(test_hostile_receiver_head);
+  RUN(test_hostile_receiver_back_and_asleep);
+  RUN(test_poll_fd_wakes_for_records);
+  RUN(test_options);
+  RUN(test_fan_out);
+  RUN(test_consumer_killed_with_records_unread);
+  RUN(test_seccomp_consumer);
+  return harness_finish();
+}
