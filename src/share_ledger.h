@@ -1,10 +1,95 @@
-/* share_ledger: the producer's side of the counter files. Making and
- * destroying ledgers, ending and reclaiming leases, linking and adopting
- * forwarded leases, stepping over holes a killed writer left, draining
- * the return ring, and the sweep. Under ctx->lock; the ring itself is
- * written lock-free by consumers (share_state: ipcref__ring_push). */
+/* share_ledger: the counter files. Their layout, shared with every
+ * process that holds a lease, and the ring push by which a consumer
+ * returns one (lock-free, no lock: ipcref__ring_push); the producer's
+ * side: making and destroying ledgers, ending and reclaiming leases,
+ * linking and adopting forwarded leases, stepping over holes a killed
+ * writer left, draining the return ring, and the sweep, under ctx->lock. */
 
 #ifdef IPCREF__SHARING_IMPL
+
+/* ---- layout of a ledger (counter file), shared with every process that
+ * maps it. All fields little endian (the host's: peers share a machine).
+ *
+ *   header   64 bytes: magic, version, nslots, origin pid, origin nonce,
+ *            ledger id, `head`, the ring's write position, and `waiting`,
+ *            set while the producer waits for returns
+ *   slots    nslots x { u64 (generation << 2) | state, u64 holder: its pid,
+ *            and for a forwarded lease the parent slot + 1 << 32 }
+ *   ring     2 * nslots x u64: returned and linked leases, in order
+ *
+ * The producer allocates slots [0, nslots/2); forwarders claim slots in
+ * [nslots/2, nslots) with a compare-and-swap. A consumer returns a lease
+ * by taking a ring position (one fetch_add) and storing the entry there:
+ * no system call, no lock; only while `waiting` is set does it also send
+ * a byte on the producer's bell (its fd came with the ledger's). The
+ * producer reads the ring from its private tail, so a sweep costs what
+ * was returned since the last one. */
+#define IPCREF__LEDGER_MAGIC   0x4c465249u /* "IRFL" */
+#define IPCREF__LEDGER_VERSION 2u
+#define IPCREF__LEDGER_HDR     64u
+#define IPCREF__SLOT_FREE      0u
+#define IPCREF__SLOT_LIVE      1u
+#define IPCREF__RING_RELEASE   0u /* entry: a lease came back */
+#define IPCREF__RING_LINK      1u /* entry pair: a forwarded lease */
+#define IPCREF__RING_PARENT    2u /* second half of a link */
+
+typedef struct ipcref__ledger_hdr {
+  uint32_t magic, version, nslots, origin_pid;
+  uint64_t origin_nonce, ledger_id;
+  uint64_t head;    /* atomic: next ring position */
+  uint64_t waiting; /* atomic: 1 while the producer waits for returns (a
+                       returner then rings its bell, see ring_push) */
+  uint64_t reserved[2];
+} ipcref__ledger_hdr;
+
+/* A ring entry: slot + 1 in bits 0..29 (0 marks "not written yet"), the
+ * kind in bits 30..31, the generation in bits 32..63. */
+IPCREF__PRIVATE uint64_t ipcref__ring_entry(uint32_t kind, uint32_t slot,
+                                            uint32_t gen) {
+  return ((uint64_t)gen << 32) | ((uint64_t)kind << 30) | (slot + 1u);
+}
+
+/* A ledger's slots and ring in its mapping at `base`, and its size for n
+ * slots. */
+IPCREF__PRIVATE uint64_t *ipcref__ledger_slots(unsigned char *base) {
+  return (uint64_t *)(void *)(base + IPCREF__LEDGER_HDR);
+}
+IPCREF__PRIVATE uint64_t *ipcref__ledger_ring(unsigned char *base, uint32_t n) {
+  return (uint64_t *)(void *)(base + IPCREF__LEDGER_HDR + (size_t)n * 16);
+}
+IPCREF__PRIVATE size_t ipcref__ledger_bytes(uint32_t n) {
+  return IPCREF__LEDGER_HDR + (size_t)n * 16 + (size_t)n * 16;
+}
+
+/* Pushes entries to a ledger's ring: what a consumer does to return a
+ * lease (and a forwarder to link one). Lock-free, no system call. A
+ * process that dies between taking its positions and writing them leaves
+ * a hole, which the producer's sweep steps over once it is stale (see
+ * ipcref__hole_stale). `step` labels the moment for the test hook. */
+IPCREF__PRIVATE void ipcref__ring_push(unsigned char *base, uint32_t n,
+                                       int bell, const uint64_t *e, int count,
+                                       const char *step) {
+  ipcref__ledger_hdr *h = (ipcref__ledger_hdr *)(void *)base;
+  uint64_t *ring = ipcref__ledger_ring(base, n);
+  /* Release: a forwarder's slot, written before, is seen by the producer
+   * that reads this head (see ipcref__adopt_forwards). */
+  uint64_t pos =
+      __atomic_fetch_add(&h->head, (uint64_t)count, __ATOMIC_RELEASE);
+  int i;
+  (void)step;
+  if (step) IPCREF__STEP(step);
+  /* Release: everything this process did with the data happens before the
+   * producer sees the entry and frees the block. */
+  for (i = 0; i < count; i++)
+    __atomic_store_n(&ring[(pos + (uint64_t)i) % (2u * (uint64_t)n)], e[i],
+                     __ATOMIC_RELEASE);
+  /* Seq-cst, paired with the producer's in ipcref__room_arm: either this
+   * load sees it waiting, or its look at the ring after arming sees these
+   * entries. A full bell (EAGAIN) has a wake-up pending already. */
+  __atomic_thread_fence(__ATOMIC_SEQ_CST);
+  if (bell >= 0 && __atomic_load_n(&h->waiting, __ATOMIC_RELAXED))
+    (void)send(bell, "", 1, MSG_DONTWAIT | MSG_NOSIGNAL);
+}
 
 /* Destroys a ledger nobody can use any more: its watches go, its counter
  * file is unmapped and closed (under the lock). */
