@@ -246,14 +246,20 @@ IPCREF__PRIVATE int ipcref__chan_gone(const ipcref_peer *p) {
          (p->watch && __atomic_load_n(&p->watch->dead, __ATOMIC_RELAXED));
 }
 
-/* A message went on the socket while the channel is up: counted, so that
- * the receiver reads it before the records pushed after it. */
-IPCREF__PRIVATE void ipcref__chan_sent_socket(ipcref_peer *p) {
+/* A message goes on the socket while the channel is up: counted before
+ * it is sent (`on` 1), so that the receiver reads it before the records
+ * pushed after it, and never finds the socket's message before the count
+ * that says it is due; then (`on` 0) the doorbell once it went (`sent`),
+ * or the count taken back if nothing of it went (no record was pushed in
+ * between: a peer is one thread's at a time). */
+IPCREF__PRIVATE void ipcref__chan_count(ipcref_peer *p, int on, int sent) {
   struct ipcref__chan_tx *t = p->tx;
-  t->sockets++;
-  __atomic_store_n(&((ipcref__chan_hdr *)(void *)t->map)->sockets, t->sockets,
-                   __ATOMIC_RELEASE);
-  ipcref__chan_knock(t);
+  if (on || !sent) {
+    t->sockets += on ? 1u : (uint64_t)-1;
+    __atomic_store_n(&((ipcref__chan_hdr *)(void *)t->map)->sockets, t->sockets,
+                     __ATOMIC_RELEASE);
+  }
+  if (!on && sent) ipcref__chan_knock(t);
 }
 
 /* ---- the receiver ---------------------------------------------------------
@@ -472,6 +478,12 @@ IPCREF__PRIVATE int ipcref__chan_ready(const struct ipcref__chan_rx *x) {
          __atomic_load_n(&h->sockets, __ATOMIC_ACQUIRE) != x->sockets;
 }
 
+/* 1 when records wait in the ring. */
+IPCREF__PRIVATE int ipcref__chan_records(const struct ipcref__chan_rx *x) {
+  const ipcref__chan_hdr *h = (const ipcref__chan_hdr *)(const void *)x->map;
+  return __atomic_load_n(&h->tail, __ATOMIC_ACQUIRE) != x->head;
+}
+
 /* The receiver says it sleeps (1) or is awake (0). Seq-cst, paired with
  * ipcref__chan_knock: after arming, the caller looks at the ring once
  * more, and either sees a record or the sender sees `asleep`. Waking, it
@@ -495,10 +507,11 @@ IPCREF__PRIVATE void ipcref__chan_arm(ipcref_peer *p, int on) {
 IPCREF__PRIVATE void ipcref__chan_poll(ipcref_peer *p) {
   struct ipcref__chan_rx *x = p->rx;
   if (x && p->poll_fd >= 0 && !p->rx_broken) {
-    p->ring_left = ipcref__chan_ready(x);
+    /* Records only: a socket message due wakes the fd by the socket. */
+    p->ring_left = ipcref__chan_records(x);
     if (!p->ring_left) {
       ipcref__chan_arm(p, 1);
-      p->ring_left = ipcref__chan_ready(x);
+      p->ring_left = ipcref__chan_records(x);
       if (p->ring_left) ipcref__chan_arm(p, 0);
     }
   }

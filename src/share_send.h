@@ -288,9 +288,10 @@ IPCREF__PRIVATE ipcref_result ipcref__chan_send(ipcref_peer *p,
     }
   }
   /* Not under the lock: the socket may block on the peer. */
+  if (p->tx) ipcref__chan_count(p, 1, 0);
   r = ipcref__send_raw(p, msg);
+  if (p->tx) ipcref__chan_count(p, 0, r == IPCREF_OK);
   if (r == IPCREF_OK) p->sent_socket++;
-  if (r == IPCREF_OK && p->tx) ipcref__chan_sent_socket(p);
   return r;
 }
 
