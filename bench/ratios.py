@@ -3,8 +3,9 @@
 Reads `peer=<name> workload=<id> size=<bytes> metric=<m> value=<v> ...` lines (as printed by
 bench/run.sh and bench/peers/run_peers.sh) and prints, as markdown, one row per (workload, size,
 metric, peer) where both the peer and its like-for-like ipcref row have a value. ns_per_op,
-us_per_handoff, us_median and us_p90: lower is better; GBps: higher is better. A key seen more
-than once (several files) takes the median. (reclaim: size is the number of blocks held.)
+us_per_handoff, us_median, us_p90 and the CPU per hand-off (prod_cpu_us, cons_cpu_us): lower is
+better; GBps and records_per_s: higher is better. A key seen more than once (several files, or
+W4_ROUNDS rounds in one) takes the median. (reclaim: size is the number of blocks held.)
 
 Like with like (W3): a fresh output each call (peer=ipcref: ipcref_view_contiguous) is compared
 with numpy, torch and c_memcpy_fresh; a pre-faulted, reused destination (peer=ipcref_prealloc:
@@ -12,8 +13,10 @@ ipcref_view_copy) with numpy_prealloc, torch_prealloc and c_memcpy (the limit). 
 (an fd crosses and is mapped on every hand-off) is compared with peer=ipcref and with
 peer=ipcref_first (the first hand-off of a new segment: its fd crosses). Every other peer is
 compared with peer=ipcref (the iceoryx peers too: their chunks live in segments both sides
-mapped at start). Rows are only ever compared within one workload id (w4, w4_1cpu and
-w4_2cpu are separate setups).
+mapped at start), and those that wait as a channel row does with it too: c_msg64 with
+ipcref_chan_sockack and ipcref_chan_nospin, c_shm_spin and iceoryx with ipcref_chan_spin,
+iceoryx_waitset with ipcref_chan_nospin. Rows are only ever compared within one workload id
+(w4, w4_1cpu and w4_2cpu are separate setups).
 
 W5 (a stream of fresh tensors): the workload id is <setup>_<stream> (w5_1cpu_seq,
 w5_2cpu_inflight4, ...), so that only like is compared with like: one setup, one stream, one
@@ -30,7 +33,23 @@ no copy); w6_dataloader (a DataLoader epoch, us per batch: samples collated in t
 w6_dataloader_batch (the dataset makes each batch whole: a plain tensor, copied once into shared
 memory either way) compare torch_dataloader with peer=ipcref_dropin.
 
-Then a W4 table (us per hand-off, one column per peer), W5 tables (us per tensor, and the
+W4's channel rows (bench/w4_handoff.c: ipcref_chan_spin, ipcref_chan_sockack, ipcref_chan_nospin,
+ipcref_chan_auto; peer=ipcref and ipcref_first are the socket path) have goals of their own
+(issue 18), each in one run: with spinning on (ipcref_chan_spin: a fixed 50 us spin, the ack
+through shared memory), a hand-off within 2x of c_shm_spin (w4 and w4_2cpu) and at most half of
+iceoryx's busy-polling round trip (same setups); with spinning off (ipcref_chan_nospin, the ack on
+a socket), no slower than c_msg64 and than iceoryx_waitset (every setup); on one CPU (w4_1cpu),
+ipcref_chan_auto (the defaults: ipcref_peer_new, spin IPCREF_SPIN_AUTO) and ipcref_chan_nospin no
+slower than ipcref (ipcref_chan_spin and ipcref_chan_sockack force a spin, which one CPU pays for:
+their w4_1cpu figures are in the table, with no goal); the producer's CPU per hand-off
+(prod_cpu_us, W4_SMALL) on the channel no higher than on the socket path (ipcref_chan_sockack,
+ipcref_chan_nospin and ipcref_chan_auto, which ack on a socket as ipcref does, against ipcref;
+and ipcref_tput_chan against ipcref_tput_sock); and the throughput (w4_tput, records_per_s)
+of the channel no lower than the socket path's. Every iceoryx goal says "no iceoryx row" when the
+run has none. Sizes: each one the channel row measured in that setup.
+
+Then a W4 table (us per hand-off, one column per peer), the CPU per hand-off of ipcref's W4 rows
+(producer / consumer), the w4_tput throughput rows, W5 tables (us per tensor, and the
 consumer's peak memory, one column per peer), W6 tables (us per item, median and p99; us per
 batch; the drop-in's ratios to torch, which have no goal), and the goals below, PASS or MISS, with the margin. The W5 goals, in each setup and stream: ipcref / ipcref_reused <= 1.15 at every size
 (us_median); ipcref's us_p99 <= 3x its us_median (in the mixed stream the items' sizes differ,
@@ -46,8 +65,12 @@ import statistics
 import sys
 
 LOWER_IS_BETTER = {"ns_per_op": "time", "us_per_handoff": "time", "us_median": "time",
-                   "us_p90": "time", "us_per_batch": "time"}
-HIGHER_IS_BETTER = {"GBps": "throughput"}
+                   "us_p90": "time", "us_per_batch": "time", "prod_cpu_us": "cpu",
+                   "cons_cpu_us": "cpu"}
+HIGHER_IS_BETTER = {"GBps": "throughput", "records_per_s": "throughput"}
+# Extra fields of a result line kept as figures of their own, under (workload, size, field,
+# peer): W4's CPU per hand-off (and per record in w4_tput) and the messages by each path.
+EXTRA_FIELDS = ("prod_cpu_us", "cons_cpu_us", "sent_channel", "sent_socket")
 
 # The ipcref rows a peer is compared with; peers not listed are compared with "ipcref".
 OURS_FOR = {
@@ -55,6 +78,11 @@ OURS_FOR = {
     "torch_prealloc": ("ipcref_prealloc",),
     "c_memcpy": ("ipcref_prealloc",),
     "c_memfd_scm": ("ipcref", "ipcref_first"),
+    # W4's channel rows beside the peers that wait as they do (see W4_CHAN_GOALS)
+    "c_msg64": ("ipcref", "ipcref_chan_sockack", "ipcref_chan_nospin"),
+    "c_shm_spin": ("ipcref", "ipcref_chan_spin"),
+    "iceoryx": ("ipcref", "ipcref_chan_spin"),
+    "iceoryx_waitset": ("ipcref", "ipcref_chan_nospin"),
 }
 # W6: the ipcref rows its peers are compared with, by workload (else W6_OURS).
 W6_OURS = ("ipcref_py",)
@@ -95,9 +123,10 @@ W4_GOALS = [
     ("ipcref", "c_pipe_copy", 1.0, W4_SMALL, " (no slower)"),
 ]
 # Columns of the W4 table, in this order; other peers follow.
-W4_COLUMNS = ["ipcref", "ipcref_first", "c_msg64", "c_memfd_scm", "c_shm_spin", "c_pipe_copy",
-              "c_socket_copy", "iceoryx", "iceoryx_waitset", "py_pipe_msg64", "py_shm_pipe",
-              "torch_mp_fd", "torch_mp_fs"]
+W4_COLUMNS = ["ipcref", "ipcref_first", "ipcref_chan_spin", "ipcref_chan_sockack",
+              "ipcref_chan_nospin", "ipcref_chan_auto", "c_msg64", "c_memfd_scm", "c_shm_spin",
+              "c_pipe_copy", "c_socket_copy", "iceoryx", "iceoryx_waitset", "py_pipe_msg64",
+              "py_shm_pipe", "torch_mp_fd", "torch_mp_fs"]
 # W5: the same goals in each setup and stream, never across them.
 W5_SETUPS = ("w5_1cpu", "w5_2cpu")
 W5_STREAMS = ("seq", "inflight4", "mixed")
@@ -127,6 +156,26 @@ W6_DL_BOUND = 1.0  # ipcref_dropin / torch_dataloader, us_per_batch
 # Columns of the W6 tables, in this order; other peers follow.
 W6_COLUMNS = ["ipcref_py", "ipcref_dropin", "ipcref_dropin_empty", "torch_mp_fd", "torch_mp_fs", "mp_shared_memory",
               "numpy_pipe", "torch_dataloader"]
+# W4's channel (issue 18): (setups, ours, peer, bound, note), ours / peer <= bound in us per
+# hand-off, at every size ours measured in the setup.
+W4_SPIN_IDS = ("w4", "w4_2cpu")
+W4_CHAN_GOALS = [
+    (W4_SPIN_IDS, "ipcref_chan_spin", "c_shm_spin", 2.0, " (spinning on)"),
+    (W4_IDS, "ipcref_chan_nospin", "c_msg64", 1.0, " (spinning off: no slower)"),
+    (W4_SPIN_IDS, "ipcref_chan_spin", "iceoryx", 0.5, " (busy-poll round trip: at most half)"),
+    (W4_IDS, "ipcref_chan_nospin", "iceoryx_waitset", 1.0, " (WaitSet round trip: no slower)"),
+    (("w4_1cpu",), "ipcref_chan_auto", "ipcref", 1.0, " (one CPU: the defaults no slower)"),
+    (("w4_1cpu",), "ipcref_chan_nospin", "ipcref", 1.0, " (one CPU: no slower)"),
+]
+W4_ICEORYX = ("iceoryx", "iceoryx_waitset")
+# The producer's CPU per hand-off, channel vs socket path (same ack), at W4_SMALL in each setup;
+# and per record in the throughput rows.
+W4_CPU_CHAN = ("ipcref_chan_sockack", "ipcref_chan_nospin", "ipcref_chan_auto")
+W4_CPU_COLUMNS = ["ipcref", "ipcref_first", "ipcref_chan_spin", "ipcref_chan_sockack",
+                  "ipcref_chan_nospin", "ipcref_chan_auto"]
+W4_TPUT, W4_TPUT_SIZE = "w4_tput", 4096
+W4_TPUT_CHAN, W4_TPUT_SOCK = "ipcref_tput_chan", "ipcref_tput_sock"
+W4_TPUT_BOUND = 1.0  # channel / socket records_per_s, at least
 UNITS = {"ns_per_op": "ns", "us_per_handoff": "us", "GBps": "GB/s"}
 # reclaim.c: everything a SIGKILLed consumer held, up to RECLAIM_BLOCKS blocks, is back within
 # RECLAIM_US of its death (median over the rounds), the producer waiting in poll().
@@ -148,6 +197,10 @@ def parse(paths):
                 try:
                     key = (kv["workload"], int(kv.get("size", 0)), kv["metric"], kv["peer"])
                     vals.setdefault(key, []).append(float(kv["value"]))
+                    for field in EXTRA_FIELDS:
+                        if field in kv:
+                            vals.setdefault(key[:2] + (field, key[3]), []).append(
+                                float(kv[field]))
                 except (KeyError, ValueError):
                     notes.append(line)
     return {k: statistics.median(v) for k, v in vals.items()}, notes
@@ -244,6 +297,44 @@ def w4_table(vals):
             v = vals.get((wl, size, "us_per_handoff", c))
             cells.append("" if v is None else f"{v:g}")
         print(f"| {wl} | {size} | " + " | ".join(cells) + " |")
+
+
+def w4_cpu_table(vals):
+    """The producer's and the consumer's CPU per hand-off of ipcref's W4 rows, per setup and
+    size; then the throughput rows."""
+    keys = {(wl, size) for (wl, size, m, peer) in vals
+            if wl in W4_IDS and m == "prod_cpu_us" and peer.startswith("ipcref")}
+    if keys:
+        seen = {peer for (wl, _, m, peer) in vals
+                if wl in W4_IDS and m == "prod_cpu_us" and peer.startswith("ipcref")}
+        cols = [c for c in W4_CPU_COLUMNS if c in seen] + sorted(seen - set(W4_CPU_COLUMNS))
+        print("\n### W4 CPU per hand-off: us of user + system time, producer / consumer\n")
+        print("getrusage(RUSAGE_SELF) around each process's timed loop, over the hand-offs; "
+              "a spinning side's CPU is its wall time.\n")
+        print("| setup | size (B) | " + " | ".join(cols) + " |")
+        print("|---|---|" + "---|" * len(cols))
+        for wl, size in sorted(keys, key=lambda r: (W4_IDS.index(r[0]), r[1])):
+            cells = []
+            for c in cols:
+                a = vals.get((wl, size, "prod_cpu_us", c))
+                b = vals.get((wl, size, "cons_cpu_us", c))
+                cells.append("" if a is None else f"{a:g} / {'' if b is None else f'{b:g}'}")
+            print(f"| {wl} | {size} | " + " | ".join(cells) + " |")
+    rows = sorted((size, peer) for (wl, size, m, peer) in vals
+                  if wl == W4_TPUT and m == "records_per_s")
+    if rows:
+        print(f"\n### {W4_TPUT}: one view handed off again and again, no ack (records per s)\n")
+        print("| size (B) | row | records/s | us/record | producer CPU us/record "
+              "| consumer CPU us/record | sent on the channel | on the socket |")
+        print("|---|---|---|---|---|---|---|---|")
+        for size, peer in rows:
+            def f(m, fmt="{:g}"):
+                v = vals.get((W4_TPUT, size, m, peer))
+                return "" if v is None else fmt.format(v)
+            rate = vals[(W4_TPUT, size, "records_per_s", peer)]
+            print(f"| {size} | {peer} | {rate:.0f} | {1e6 / rate:.3g} | {f('prod_cpu_us')} | "
+                  f"{f('cons_cpu_us')} | {f('sent_channel', '{:.0f}')} | "
+                  f"{f('sent_socket', '{:.0f}')} |")
 
 
 def w5_order(row):
@@ -515,6 +606,85 @@ def w4_goal_rows(vals):
     return out
 
 
+def skipped_reason(notes, peer):
+    """Why a peer has no row: the reason of its first skipped or failed line, or ''."""
+    for n in notes:
+        kv = dict(x.split("=", 1) for x in n.split() if "=" in x)
+        if kv.get("peer") == peer and "reason" in kv:
+            return f"{kv.get('status', 'skipped')}: {kv['reason']}"
+    return ""
+
+
+def w4_chan_goal_rows(vals, notes=()):
+    """The W4 channel goals (issue 18), as w4_goal_rows' rows."""
+    out = []
+    workloads = {k[0] for k in vals}
+    metric = "us_per_handoff"
+    peers_seen = {k[3] for k in vals if k[2] == metric}
+    for setups, ours_name, peer, bound, note in W4_CHAN_GOALS:
+        present = [wl for wl in setups if wl in workloads]
+        if not present:
+            continue
+        if peer in W4_ICEORYX and peer not in peers_seen:
+            why = skipped_reason(notes, peer)
+            out.append((f"{', '.join(present)} {metric}: {ours_name} <= {bound:.3g}x {peer}{note}",
+                        f"no iceoryx row{f' ({why})' if why else ''}"))
+            continue
+        for wl in present:
+            sizes = sorted(k[1] for k in vals if k[0] == wl and k[2] == metric
+                           and k[3] == ours_name) or [W4_SMALL]
+            for sz in sizes:
+                name = f"{wl} {metric} @ {sz}: {ours_name} <= {bound:.3g}x {peer}{note}"
+                ours = vals.get((wl, sz, metric, ours_name))
+                theirs = vals.get((wl, sz, metric, peer))
+                c = None if ours is None or theirs is None else compare(metric, ours, theirs)
+                if c is None:
+                    missing = [n for n, v in ((ours_name, ours), (peer, theirs)) if v is None]
+                    out.append((name, f"not measured: {', '.join(missing) or 'a zero'}"))
+                    continue
+                out.append((name, f"{c[0]:.3g}x ({ours:g} vs {theirs:g} us)", c[0] <= bound,
+                            margin(c[0], bound, True)))
+    # the producer's CPU per hand-off: the channel no higher than the socket path
+    for wl in W4_IDS:
+        if wl not in workloads:
+            continue
+        for ours_name in W4_CPU_CHAN:
+            name = (f"{wl} prod_cpu_us @ {W4_SMALL}: {ours_name} <= 1x ipcref (the producer's "
+                    f"CPU per hand-off, channel vs socket)")
+            ours = vals.get((wl, W4_SMALL, "prod_cpu_us", ours_name))
+            theirs = vals.get((wl, W4_SMALL, "prod_cpu_us", "ipcref"))
+            if not ours or not theirs:
+                missing = [n for n, v in ((ours_name, ours), ("ipcref", theirs)) if not v]
+                out.append((name, f"not measured: {', '.join(missing)}"))
+                continue
+            r = ours / theirs
+            out.append((name, f"{r:.3g}x ({ours:g} vs {theirs:g} us)", r <= 1.0,
+                        margin(r, 1.0, True)))
+    if W4_TPUT in workloads:
+        sz = W4_TPUT_SIZE
+        chan = vals.get((W4_TPUT, sz, "prod_cpu_us", W4_TPUT_CHAN))
+        sock = vals.get((W4_TPUT, sz, "prod_cpu_us", W4_TPUT_SOCK))
+        name = (f"{W4_TPUT} prod_cpu_us @ {sz}: {W4_TPUT_CHAN} <= 1x {W4_TPUT_SOCK} (the "
+                f"producer's CPU per record)")
+        if not chan or not sock:
+            out.append((name, "not measured: both throughput rows"))
+        else:
+            r = chan / sock
+            out.append((name, f"{r:.3g}x ({chan:g} vs {sock:g} us)", r <= 1.0,
+                        margin(r, 1.0, True)))
+        chan = vals.get((W4_TPUT, sz, "records_per_s", W4_TPUT_CHAN))
+        sock = vals.get((W4_TPUT, sz, "records_per_s", W4_TPUT_SOCK))
+        name = (f"{W4_TPUT} records_per_s @ {sz}: {W4_TPUT_CHAN} >= {W4_TPUT_BOUND:g}x "
+                f"{W4_TPUT_SOCK} (throughput, channel / socket)")
+        if not chan or not sock:
+            out.append((name, "not measured: both throughput rows"))
+        else:
+            r = chan / sock
+            out.append((name, f"{r:.3g}x ({chan:.0f} vs {sock:.0f} records/s)",
+                        r >= W4_TPUT_BOUND, margin(r, W4_TPUT_BOUND, False)))
+    return out
+
+
 def reclaim_goal_row(vals, notes):
     """The reclaim goal as a table row, or None when reclaim.c did not run."""
     name = "reclaim: median <= 1 ms for 10,000 blocks"
@@ -533,7 +703,7 @@ def goal_table(vals, notes=()):
     workloads = {k[0] for k in vals}
     reclaim = reclaim_goal_row(vals, notes)
     goals = [g for g in GOALS if g[0] in workloads]
-    w4 = w4_goal_rows(vals)
+    w4 = w4_goal_rows(vals) + w4_chan_goal_rows(vals, notes)
     w5 = w5_goal_rows(vals)
     w6 = w6_goal_rows(vals)
     if (not goals and not w4 and not w5 and not w6 and "limbo_release" not in workloads
@@ -591,6 +761,7 @@ def main():
     ratio_table(vals)
     w2_note(vals)
     w4_table(vals)
+    w4_cpu_table(vals)
     w5_table(vals)
     w6_table(vals)
     goal_table(vals, notes)

@@ -8,9 +8,16 @@
 #              (the peers' folder, default bench/peers; it holds run_peers.sh, or a run_all.sh that
 #              takes the same knobs), W1_N, W1_REPS, W23_REPS (W2 and W3 repetitions, ours and
 #              the peers'), W4_SECONDS (timed seconds per peer and size), W4_SIZES (comma
-#              separated), W4_VARIANTS (scheduler setups: w4 w4_1cpu w4_2cpu; all W4 knobs are
-#              the peers' too), RECLAIM_ROUNDS (rounds per block count, default 30), RECLAIM_BLOCK
-#              (bytes per block, default 256), W5_SECONDS (timed seconds per row, default 1.0),
+#              separated), W4_VARIANTS (scheduler setups: w4 w4_1cpu w4_2cpu; these W4 knobs
+#              are the peers' too), W4_MODES (ipcref's W4 modes, default "ipcref first
+#              chan_spin chan_sockack chan_nospin chan_auto"), W4_SPIN_US (the consumer's spin
+#              in chan_spin and chan_sockack, default 50), W4_TPUT_N (hand-offs of the w4_tput
+#              throughput rows, default 1000000; 0: no throughput rows), W4_RING_BYTES (the
+#              channel's ring in ipcref's W4 rows, default unset: the library's), W4_ROUNDS
+#              (ipcref's W4 rows, all of them, this many times over, default 1: on a shared
+#              machine, where a row's figure drifts 50 % within minutes, ratios.py takes the
+#              median of the rounds), RECLAIM_ROUNDS (rounds per block count, default 30), RECLAIM_BLOCK (bytes per
+#              block, default 256), W5_SECONDS (timed seconds per row, default 1.0),
 #              W5_SIZES (comma separated, default 4, 24, 64 and 256 MiB), W5_VARIANTS (setups:
 #              w5_1cpu w5_2cpu w5_frames), W5_STREAMS (seq inflight4 mixed), W5_MIN_ITEMS (timed
 #              items at least, default 8), W5_MAX_BYTES (a row ends once it streamed this much,
@@ -26,9 +33,12 @@
 #              /usr/bin/python3), STEP_TIMEOUT, CC, OUT (also keep the raw result lines in this
 #              file). The peers take more: CXX, RUSTC, W4_IOX (run_peers.sh).
 # W4 runs as bench/peers/run_peers.sh runs its W4 peers: for each variant, each mode of
-# bench/w4_handoff.c (ipcref, first) and each size, one process: w4 as is, w4_1cpu under
-# `taskset -c 0`, w4_2cpu with W4_PIN=split (producer and consumer on two CPUs); W4_ID names the
-# variant.
+# bench/w4_handoff.c (W4_MODES: ipcref and first, the socket path; chan_spin, chan_sockack,
+# chan_nospin and chan_auto, the channel; peer ipcref_<mode> but for ipcref) and each size (the
+# modes of one size one after the other), one process: w4 as is, w4_1cpu under `taskset -c 0`,
+# w4_2cpu with W4_PIN=split (producer and consumer on two CPUs); W4_ID names the variant. Then
+# the throughput rows once, unpinned: tput_chan and tput_sock, W4_TPUT_N hand-offs of 4096 bytes
+# each (workload w4_tput).
 # W5 runs the same way: for each setup, each mode of bench/w5_stream.c (ipcref: a fresh tensor per
 # item, reused: the bound), each stream (seq, inflight4, mixed) and each size, one process:
 # w5_1cpu under `taskset -c 0`, w5_2cpu with W5_PIN=split; W5_ID names the setup and the
@@ -52,6 +62,9 @@ STEP_TIMEOUT="${STEP_TIMEOUT:-120}"
 export W1_N="${W1_N:-10000000}" W1_REPS="${W1_REPS:-5}" W23_REPS="${W23_REPS:-7}"
 export W4_SECONDS="${W4_SECONDS:-1.0}" W4_SIZES="${W4_SIZES:-4096,1048576,67108864}"
 export W4_VARIANTS="${W4_VARIANTS:-w4 w4_1cpu w4_2cpu}"
+W4_MODES="${W4_MODES:-ipcref first chan_spin chan_sockack chan_nospin chan_auto}"
+export W4_SPIN_US="${W4_SPIN_US:-50}" W4_TPUT_N="${W4_TPUT_N:-1000000}"
+W4_ROUNDS="${W4_ROUNDS:-1}"
 export W5_SECONDS="${W5_SECONDS:-1.0}" W5_SIZES="${W5_SIZES:-4194304,25165824,67108864,268435456}"
 export W5_VARIANTS="${W5_VARIANTS:-w5_1cpu w5_2cpu w5_frames}"
 export W5_STREAMS="${W5_STREAMS:-seq inflight4 mixed}" W5_MIN_ITEMS="${W5_MIN_ITEMS:-8}"
@@ -84,7 +97,21 @@ args_for() { # the command-line arguments of workload $1's program
     esac
 }
 
-run_w4() { # run_w4 EXE: every W4 variant x mode x size, one time-limited process each
+run_w4() { # run_w4 EXE: W4_ROUNDS rounds of run_w4_round, then the throughput rows
+    local exe=$1 mode rc _
+    for _ in $(seq "$W4_ROUNDS"); do run_w4_round "$exe"; done
+    [ "$W4_TPUT_N" != 0 ] || return 0
+    for _ in $(seq "$W4_ROUNDS"); do # throughput: unpinned, once a round
+        for mode in tput_chan tput_sock; do
+            env -u W4_PIN timeout -k 5 "$STEP_TIMEOUT" "$exe" "$mode" 4096 "$W4_TPUT_N"
+            rc=$?
+            [ $rc -eq 0 ] ||
+                echo "peer=ipcref_$mode workload=w4_tput size=4096 status=failed reason=exit-$rc"
+        done
+    done
+}
+
+run_w4_round() { # run_w4_round EXE: every W4 variant x size x mode, one time-limited process each
     local exe=$1 variant mode size peer rc
     local -a pinning
     for variant in $W4_VARIANTS; do
@@ -99,9 +126,11 @@ run_w4() { # run_w4 EXE: every W4 variant x mode x size, one time-limited proces
             w4_2cpu) pinning=(env W4_PIN=split) ;;
             *) echo "# unknown W4 variant $variant"; continue ;;
         esac
-        for mode in ipcref first; do
-            peer=ipcref; [ $mode = first ] && peer=ipcref_first
-            for size in ${W4_SIZES//,/ }; do
+        # sizes outside, modes inside: the rows that one size's goals compare (ipcref and its
+        # channel rows) run one after the other, seconds apart
+        for size in ${W4_SIZES//,/ }; do
+            for mode in $W4_MODES; do
+                peer=ipcref_$mode; [ "$mode" = ipcref ] && peer=ipcref
                 W4_ID=$variant timeout -k 5 "$STEP_TIMEOUT" "${pinning[@]}" \
                     "$exe" "$mode" "$size" "$W4_SECONDS"
                 rc=$?
@@ -185,7 +214,7 @@ run_w6() { # ipcref's W6 rows: bench/w6_python.py, with the package from build/p
 }
 
 {
-    echo "# ipcref bench: WORKLOADS=\"$WORKLOADS\" W1_N=$W1_N W1_REPS=$W1_REPS W23_REPS=$W23_REPS W4_SECONDS=$W4_SECONDS W4_SIZES=$W4_SIZES W4_VARIANTS=\"$W4_VARIANTS\" W5_SECONDS=$W5_SECONDS W5_SIZES=$W5_SIZES W5_VARIANTS=\"$W5_VARIANTS\" W5_STREAMS=\"$W5_STREAMS\" W5_MIN_ITEMS=$W5_MIN_ITEMS W5_MAX_BYTES=$W5_MAX_BYTES W5_FRAMES=$W5_FRAMES W6_SECONDS=$W6_SECONDS W6_SIZES=$W6_SIZES W6_MIN_ITEMS=$W6_MIN_ITEMS W6_WINDOW=$W6_WINDOW W6_WORKLOADS=\"$W6_WORKLOADS\" W6_DL_WORKERS=$W6_DL_WORKERS W6_DL_BATCH=$W6_DL_BATCH W6_DL_BATCHES=$W6_DL_BATCHES W6_DL_EPOCHS=$W6_DL_EPOCHS PY=$PY RECLAIM_ROUNDS=$RECLAIM_ROUNDS RECLAIM_BLOCK=$RECLAIM_BLOCK cc=$($CC -dumpfullversion 2>/dev/null || echo none)"
+    echo "# ipcref bench: WORKLOADS=\"$WORKLOADS\" W1_N=$W1_N W1_REPS=$W1_REPS W23_REPS=$W23_REPS W4_SECONDS=$W4_SECONDS W4_SIZES=$W4_SIZES W4_VARIANTS=\"$W4_VARIANTS\" W4_MODES=\"$W4_MODES\" W4_SPIN_US=$W4_SPIN_US W4_TPUT_N=$W4_TPUT_N W4_RING_BYTES=${W4_RING_BYTES:-default} W4_ROUNDS=$W4_ROUNDS W5_SECONDS=$W5_SECONDS W5_SIZES=$W5_SIZES W5_VARIANTS=\"$W5_VARIANTS\" W5_STREAMS=\"$W5_STREAMS\" W5_MIN_ITEMS=$W5_MIN_ITEMS W5_MAX_BYTES=$W5_MAX_BYTES W5_FRAMES=$W5_FRAMES W6_SECONDS=$W6_SECONDS W6_SIZES=$W6_SIZES W6_MIN_ITEMS=$W6_MIN_ITEMS W6_WINDOW=$W6_WINDOW W6_WORKLOADS=\"$W6_WORKLOADS\" W6_DL_WORKERS=$W6_DL_WORKERS W6_DL_BATCH=$W6_DL_BATCH W6_DL_BATCHES=$W6_DL_BATCHES W6_DL_EPOCHS=$W6_DL_EPOCHS PY=$PY RECLAIM_ROUNDS=$RECLAIM_ROUNDS RECLAIM_BLOCK=$RECLAIM_BLOCK cc=$($CC -dumpfullversion 2>/dev/null || echo none)"
     # ---- ours
     for wl in $WORKLOADS; do
         if [ "$wl" = w6 ]; then
