@@ -13,21 +13,26 @@
  * socket in one setup record ("IPCC", version, ring bytes; three fds):
  *
  *   ring      the sender's: a 64-byte header (magic, version, ring bytes,
- *             `tail`, the bytes published, and `sockets`, the messages
- *             sent on the socket since the setup), then the ring. Sealed
+ *             `tail`, the bytes published, `sockets`, the messages sent
+ *             on the socket since the setup, and `cpus`, the CPUs the
+ *             sender may run on, a hint for the receiver's spin), then
+ *             the ring. Sealed
  *             against resizing and against any new writable mapping
  *             (F_SEAL_FUTURE_WRITE): the receiver maps it read only.
- *   control   the receiver's words: `head`, the bytes it consumed,
- *             `asleep`, set while it sleeps, and `closed`, set when it
- *             frees its peer. The sender only reads them, and trusts
+ *   control   the receiver's words: `head`, the bytes it consumed (its
+ *             own cache line: it moves with every record), then `asleep`,
+ *             set while it sleeps, and `closed`, set when it frees its
+ *             peer (read by the sender on every record: a line that
+ *             rarely changes). The sender only reads them, and trusts
  *             nothing it reads there.
- *   doorbell  a datagram socket: the sender sends one byte on it after a
+ *   doorbell  a stream socket: the sender sends one byte on it after a
  *             record only while `asleep` is set. MSG_DONTWAIT is the
  *             call's own, so the receiver cannot make it block (an
  *             eventfd's O_NONBLOCK is the shared file's, which the
- *             receiver could clear, and its counter it could fill), and
- *             it is an fd, so the peer's poll fd can wait on it (a futex
- *             could not be).
+ *             receiver could clear, and its counter it could fill); it is
+ *             an fd, so the peer's poll fd can wait on it (a futex could
+ *             not be); and a sleeper waits and drains it in one recv,
+ *             which ends too when the sender is gone (end of file).
  *
  * A record is 16 bytes (u32 length, u32 0, u64 the socket messages sent
  * before it) and a message in the wire format, padded to 8 bytes; it may
@@ -56,11 +61,13 @@ typedef struct ipcref__chan_hdr {
   uint32_t magic, version, bytes, zero;
   uint64_t tail;    /* atomic: bytes published */
   uint64_t sockets; /* atomic: messages sent on the socket since setup */
-  uint64_t reserved[4];
+  uint64_t cpus;    /* the sender's CPUs 0..63 (bit i: CPU i; 0: unknown) */
+  uint64_t reserved[3];
 } ipcref__chan_hdr;
 
 typedef struct ipcref__chan_ctl {
-  uint64_t head;   /* atomic: bytes the receiver consumed */
+  uint64_t head; /* atomic: bytes the receiver consumed */
+  uint64_t pad[7];
   uint32_t asleep; /* atomic: nonzero while the receiver sleeps */
   uint32_t closed; /* atomic: nonzero once the receiver freed its peer */
 } ipcref__chan_ctl;
@@ -71,8 +78,9 @@ struct ipcref__chan_tx {
   ipcref__chan_ctl *ctl;
   size_t bytes; /* of the ring (a power of two) */
   uint64_t tail, sockets;
-  int doorbell; /* the sending end */
-  int broken;   /* the receiver's words made no sense: socket only */
+  uint64_t head; /* the receiver's, as last read: reread when full */
+  int doorbell;  /* the sending end */
+  int broken;    /* the receiver's words made no sense: socket only */
 };
 
 /* The receiver's half. */
@@ -82,11 +90,13 @@ struct ipcref__chan_rx {
   size_t bytes;
   uint64_t head, sockets; /* consumed; socket messages read since setup */
   int armed;              /* `asleep` is set */
-  int hung;     /* the sender hung up: the socket is read to its end */
-  int counted;  /* the socket message due next was counted by the sender */
-  long spin;    /* ns the next wait spins first */
-  int spin_opt; /* the peer's spin_us it was set from */
-  int sleeps;   /* waits that slept since the spin was cut to 0 */
+  int hung;      /* the sender hung up: the socket is read to its end */
+  int counted;   /* the socket message due next was counted by the sender */
+  long spin;     /* ns the next wait spins first */
+  int spin_opt;  /* the peer's spin_us it was set from */
+  int wait_ms;   /* the doorbell's SO_RCVTIMEO now (-2: none set yet) */
+  int bell_poll; /* the doorbell does not block: sleep in poll() */
+  int sleeps;    /* waits that slept since the spin was cut to 0 */
   unsigned char *rec; /* the record being imported (a private copy) */
   size_t rec_len;
 };
@@ -140,6 +150,20 @@ IPCREF__PRIVATE void ipcref__chan_tx_free(struct ipcref__chan_tx *t) {
   IPCREF_FREE(t);
 }
 
+/* This process's CPUs 0..63 as a mask (0: unknown), and how many it may
+ * run on (*n, when not NULL). */
+IPCREF__PRIVATE uint64_t ipcref__cpus(int *n) {
+  cpu_set_t set;
+  uint64_t m = 0;
+  int i;
+  if (n) *n = 0;
+  if (sched_getaffinity(0, sizeof set, &set) != 0) return 0;
+  for (i = 0; i < 64; i++)
+    if (CPU_ISSET(i, &set)) m |= (uint64_t)1 << i;
+  if (n) *n = CPU_COUNT(&set);
+  return m;
+}
+
 /* Makes the sender's half and its setup record (fds[3]: the ring, the
  * control words, the doorbell's receiving end, for the socket to carry;
  * the caller closes them once sent). */
@@ -164,7 +188,7 @@ IPCREF__PRIVATE ipcref_result ipcref__chan_make(size_t bytes,
   if (setup->fds[1] < 0) goto fail;
   setup->nfds = 2;
   t->ctl = (ipcref__chan_ctl *)(void *)ctl;
-  if (socketpair(AF_UNIX, SOCK_DGRAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0, sv))
+  if (socketpair(AF_UNIX, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0, sv))
     goto fail;
   setup->fds[2] = sv[0];
   setup->nfds = 3;
@@ -173,6 +197,7 @@ IPCREF__PRIVATE ipcref_result ipcref__chan_make(size_t bytes,
   h->magic = IPCREF__CHAN_MAGIC;
   h->version = IPCREF__MSG_VERSION;
   h->bytes = (uint32_t)bytes;
+  h->cpus = ipcref__cpus(NULL);
   ipcref__wire_init(&w, setup->bytes, sizeof setup->bytes);
   ipcref__wire_put(&w, IPCREF__CHAN_SETUP_MAGIC, 4);
   ipcref__wire_put(&w, IPCREF__MSG_VERSION, 2);
@@ -207,7 +232,9 @@ IPCREF__PRIVATE int ipcref__chan_push(ipcref_peer *p, const unsigned char *msg,
   uint64_t head, used, need = ipcref__chan_need(len);
   ipcref__wire w;
   if (t->broken) return 0;
-  /* Acquire: the receiver copied what it consumed before it said so. */
+  if (need <= t->bytes - (t->tail - t->head)) goto room; /* as last seen */
+  /* Acquire: the receiver copied what it consumed before it said so. Read
+   * only when the ring looks full: the line moves with every record. */
   head = __atomic_load_n(&t->ctl->head, __ATOMIC_ACQUIRE);
   used = t->tail - head;
   if (used > t->bytes || (head & 7u)) { /* it cannot have read that */
@@ -219,7 +246,9 @@ IPCREF__PRIVATE int ipcref__chan_push(ipcref_peer *p, const unsigned char *msg,
     IPCREF__UNLOCK(p->ctx);
     return 0;
   }
+  t->head = head;
   if (need > t->bytes - used) return 0; /* full: the socket takes it */
+room:
   ipcref__wire_init(&w, rec, sizeof rec);
   ipcref__wire_put(&w, len, 4);
   ipcref__wire_put(&w, 0, 4);
@@ -313,18 +342,37 @@ IPCREF__PRIVATE int ipcref__chan_fd_ok(int fd, size_t size, int rw) {
   return (fl & O_ACCMODE) != O_WRONLY;
 }
 
-/* The adaptive spin's first budget: none where this process may run on
- * one CPU only (spinning there would hold off the sender it waits for). */
-IPCREF__PRIVATE long ipcref__chan_spin_start(const ipcref_peer *p) {
-  cpu_set_t set;
+/* The spin's first budget. The adaptive one's: none where this process
+ * and its sender may run on the same one CPU only (spinning there would
+ * hold off the sender it waits for); else the longest. The sender's CPUs
+ * are its word, a hint: a wrong one costs only this side's time. */
+IPCREF__PRIVATE long ipcref__chan_spin_start(const ipcref_peer *p,
+                                             const struct ipcref__chan_rx *x) {
+  const ipcref__chan_hdr *h = (const ipcref__chan_hdr *)(const void *)x->map;
+  uint64_t mine, theirs;
+  int n;
   if (p->opt.spin_us > 0)
     return (long)(p->opt.spin_us > IPCREF__SPIN_CAP_US ? IPCREF__SPIN_CAP_US
                                                        : p->opt.spin_us) *
            1000L;
   if (p->opt.spin_us == 0) return 0;
-  if (sched_getaffinity(0, sizeof set, &set) != 0 || CPU_COUNT(&set) < 2)
-    return 0;
-  return IPCREF__SPIN_MAX_NS;
+  mine = ipcref__cpus(&n);
+  theirs = __atomic_load_n(&h->cpus, __ATOMIC_RELAXED);
+  if (n == 1 && (theirs == 0 || theirs == mine)) return 0;
+  return n > 0 ? IPCREF__SPIN_MAX_NS : 0;
+}
+
+/* 1 when `fd` is a Unix stream socket, made blocking (a sleeper's recv
+ * waits on it; every other read says MSG_DONTWAIT). */
+IPCREF__PRIVATE int ipcref__chan_bell_ok(int fd) {
+  struct stat st;
+  int type = 0, dom = 0, fl = fcntl(fd, F_GETFL);
+  socklen_t len = sizeof type, dlen = sizeof dom;
+  return fstat(fd, &st) == 0 && S_ISSOCK(st.st_mode) &&
+         getsockopt(fd, SOL_SOCKET, SO_TYPE, &type, &len) == 0 &&
+         type == SOCK_STREAM &&
+         getsockopt(fd, SOL_SOCKET, SO_DOMAIN, &dom, &dlen) == 0 &&
+         dom == AF_UNIX && fl >= 0 && fcntl(fd, F_SETFL, fl & ~O_NONBLOCK) == 0;
 }
 
 /* What is wrong with a setup record (NULL: nothing); maps the ring and
@@ -349,9 +397,9 @@ IPCREF__PRIVATE const char *ipcref__chan_adopt_why(struct ipcref__chan_rx *x,
     return "a channel of a size out of range";
   if (!ipcref__chan_fd_ok(fds[0], IPCREF__CHAN_HDR + (size_t)bytes, 0) ||
       !ipcref__chan_fd_ok(fds[1], IPCREF__CHAN_CTL, 1) ||
-      !ipcref__bell_ok(fds[2]))
+      !ipcref__chan_bell_ok(fds[2]))
     return "a channel's fds: not sealed memfds of its size and access, or "
-           "a doorbell that is not a datagram socket";
+           "a doorbell that is not a stream socket";
   m = mmap(NULL, IPCREF__CHAN_HDR + (size_t)bytes, PROT_READ, MAP_SHARED,
            fds[0], 0);
   if (m == MAP_FAILED) return "a channel that cannot be mapped";
@@ -390,8 +438,9 @@ IPCREF__PRIVATE ipcref_result ipcref__chan_adopt(ipcref_peer *p,
   if (!why) {
     p->bell_in = fds[2];
     fds[2] = -1;
-    x->spin = ipcref__chan_spin_start(p);
+    x->spin = ipcref__chan_spin_start(p, x);
     x->spin_opt = p->opt.spin_us;
+    x->wait_ms = -2;
     p->rx = x;
     ipcref__poll_doorbell(p);
     r = IPCREF_OK;
@@ -484,19 +533,38 @@ IPCREF__PRIVATE int ipcref__chan_records(const struct ipcref__chan_rx *x) {
   return __atomic_load_n(&h->tail, __ATOMIC_ACQUIRE) != x->head;
 }
 
+/* The doorbell's end of file: the sender is gone (its socket closes too).
+ * The socket is read to its end from then on, and the poll fd no longer
+ * watches the doorbell (it would stay readable). */
+IPCREF__PRIVATE void ipcref__chan_hang(ipcref_peer *p) {
+  if (p->rx->hung) return;
+  p->rx->hung = 1;
+  if (p->poll_fd >= 0 && p->bell_in >= 0)
+    (void)epoll_ctl(p->poll_fd, EPOLL_CTL_DEL, p->bell_in, NULL);
+}
+
+/* What the doorbell holds, read without waiting: >0 bytes, 0 at its end
+ * of file (then the sender hung up), -1 nothing. */
+IPCREF__PRIVATE ssize_t ipcref__chan_ring_read(ipcref_peer *p) {
+  char b[64];
+  ssize_t k, got = -1;
+  do k = recv(p->bell_in, b, sizeof b, MSG_DONTWAIT);
+  while (k == (ssize_t)sizeof b && (got = k) > 0);
+  if (k == 0) ipcref__chan_hang(p);
+  return k == 0 ? 0 : k > 0 ? k : got;
+}
+
 /* The receiver says it sleeps (1) or is awake (0). Seq-cst, paired with
  * ipcref__chan_knock: after arming, the caller looks at the ring once
  * more, and either sees a record or the sender sees `asleep`. Waking, it
  * reads what the doorbell holds, so the fd sleeps again. */
 IPCREF__PRIVATE void ipcref__chan_arm(ipcref_peer *p, int on) {
   struct ipcref__chan_rx *x = p->rx;
-  char b[64];
   if (x->armed == on) return;
   x->armed = on;
   __atomic_store_n(&x->ctl->asleep, (uint32_t)on, __ATOMIC_SEQ_CST);
   __atomic_thread_fence(__ATOMIC_SEQ_CST);
-  if (!on)
-    while (recv(p->bell_in, b, sizeof b, MSG_DONTWAIT) > 0) continue;
+  if (!on) (void)ipcref__chan_ring_read(p);
 }
 
 /* With a poll fd, the receiver sleeps whenever it leaves a receive with
@@ -528,29 +596,29 @@ IPCREF__PRIVATE void ipcref__cpu_relax(void) {
 }
 
 /* Spins up to x->spin ns for the ring to have something: 1 when it did.
- * The adaptive budget (spin_us IPCREF_SPIN_AUTO) halves after a spin that
- * found nothing and comes back whole after one that did; once it is 0, a
- * whole spin is tried again every 64th sleep. */
+ * The adaptive budget (spin_us IPCREF_SPIN_AUTO) comes back whole after a
+ * spin that found something and halves after one that did not; once it
+ * is 0, a short spin (2 us) is tried every 64th sleep. */
 IPCREF__PRIVATE int ipcref__chan_spin(ipcref_peer *p) {
   struct ipcref__chan_rx *x = p->rx;
   struct timespec t0, t;
   long spent = 0;
-  int i;
+  int i, aut = p->opt.spin_us == IPCREF_SPIN_AUTO;
   if (x->spin_opt != p->opt.spin_us) { /* ipcref_peer_set_options */
     x->spin_opt = p->opt.spin_us;
-    x->spin = ipcref__chan_spin_start(p);
+    x->spin = ipcref__chan_spin_start(p, x);
   }
   if (x->spin <= 0) {
-    if (p->opt.spin_us != IPCREF_SPIN_AUTO || ++x->sleeps < 64) return 0;
+    if (!aut || ++x->sleeps < 64) return 0;
     x->sleeps = 0;
-    x->spin = ipcref__chan_spin_start(p);
-    if (x->spin <= 0) return 0;
+    if (ipcref__chan_spin_start(p, x) <= 0) return 0;
+    x->spin = 2000;
   }
   clock_gettime(CLOCK_MONOTONIC, &t0);
   while (spent < x->spin) {
     for (i = 0; i < 64; i++) {
       if (ipcref__chan_ready(x)) {
-        if (p->opt.spin_us == IPCREF_SPIN_AUTO) x->spin = IPCREF__SPIN_MAX_NS;
+        if (aut) x->spin = IPCREF__SPIN_MAX_NS;
         return 1;
       }
       ipcref__cpu_relax();
@@ -559,39 +627,58 @@ IPCREF__PRIVATE int ipcref__chan_spin(ipcref_peer *p) {
     spent =
         (long)(t.tv_sec - t0.tv_sec) * 1000000000L + (t.tv_nsec - t0.tv_nsec);
   }
-  if (p->opt.spin_us == IPCREF_SPIN_AUTO) x->spin /= 2;
-  if (x->spin < 1000) x->spin = 0;
+  if (aut) x->spin = x->spin / 2 < 1000 ? 0 : x->spin / 2;
   return 0;
 }
 
-/* 1 when the sender hung up (its end of the socket closed). */
-IPCREF__PRIVATE int ipcref__chan_hung(ipcref_peer *p, short revents) {
-  if (revents & (POLLHUP | POLLRDHUP | POLLERR)) p->rx->hung = 1;
-  return p->rx->hung;
+/* Sleeps on the doorbell for up to ms (-1: forever): one blocking recv,
+ * which takes what it holds too (its SO_RCVTIMEO set when ms changes), or
+ * a poll where the doorbell does not block (x->bell_poll). */
+IPCREF__PRIVATE ipcref_result ipcref__chan_sleep(ipcref_peer *p, int ms) {
+  struct ipcref__chan_rx *x = p->rx;
+  char b[64];
+  ssize_t k;
+  if (x->bell_poll) {
+    struct pollfd pfd;
+    pfd.fd = p->bell_in;
+    pfd.events = POLLIN;
+    pfd.revents = 0;
+    if (poll(&pfd, 1, ms) == 0) return IPCREF_ETIMEDOUT;
+    k = ipcref__chan_ring_read(p);
+  } else {
+    if (x->wait_ms != ms) {
+      struct timeval tv;
+      tv.tv_sec = ms > 0 ? ms / 1000 : 0;
+      tv.tv_usec = ms > 0 ? (ms % 1000) * 1000 : 0;
+      if (setsockopt(p->bell_in, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv))
+        x->bell_poll = 1;
+      x->wait_ms = ms;
+    }
+    k = recv(p->bell_in, b, sizeof b, 0);
+    if (k == 0) ipcref__chan_hang(p);
+    if (k < 0 && (errno == EAGAIN || errno == EWOULDBLOCK))
+      return IPCREF_ETIMEDOUT;
+  }
+  if (k > 0) { /* rung, and read: awake */
+    x->armed = 0;
+    __atomic_store_n(&x->ctl->asleep, 0u, __ATOMIC_RELAXED);
+  }
+  return IPCREF_OK;
 }
 
 /* Waits up to ms (-1: as long as it takes; 0: not at all) for the ring to
  * have something, or for the sender to hang up (then the socket is read
- * to its end). OK: look again; ETIMEDOUT; ESYS. Records or not, the
- * receiver is armed when this says ETIMEDOUT, so that its poll fd wakes. */
+ * to its end): spinning first (not for 0), then asleep. OK: look again;
+ * ETIMEDOUT. The receiver stays armed when this says ETIMEDOUT, so that
+ * its poll fd wakes. */
 IPCREF__PRIVATE ipcref_result ipcref__chan_wait(ipcref_peer *p, int ms) {
   struct ipcref__chan_rx *x = p->rx;
-  struct pollfd pfd[2];
-  int pr;
   if (ms != 0 && ipcref__chan_spin(p)) return IPCREF_OK;
   ipcref__chan_arm(p, 1);
   if (ipcref__chan_ready(x)) return IPCREF_OK;
-  pfd[0].fd = p->bell_in;
-  pfd[0].events = POLLIN;
-  pfd[1].fd = p->fd;
-  pfd[1].events = POLLRDHUP;
-  pfd[0].revents = pfd[1].revents = 0;
-  pr = poll(pfd, 2, ms);
-  if (pr < 0) return errno == EINTR ? IPCREF_OK : IPCREF_ESYS;
-  if (ipcref__chan_hung(p, pfd[1].revents)) return IPCREF_OK;
-  if (pr == 0) return IPCREF_ETIMEDOUT;
-  ipcref__chan_arm(p, 0); /* the doorbell rang: read it */
-  return IPCREF_OK;
+  if (ms == 0) /* a rung doorbell: look again; its end: hung */
+    return ipcref__chan_ring_read(p) >= 0 ? IPCREF_OK : IPCREF_ETIMEDOUT;
+  return ipcref__chan_sleep(p, ms);
 }
 
 #endif /* IPCREF__SHARING_IMPL */

@@ -546,6 +546,10 @@ IPCREF__PRIVATE ipcref_result ipcref__recv_chan(ipcref_peer *p, int timeout_ms,
     if (p->ctx->ledgers || p->ctx->deferred) (void)ipcref__pump(p->ctx, 0);
     IPCREF__UNLOCK(p->ctx);
     r = ipcref__chan_wait(p, ipcref__ms_left(timeout_ms, end));
+    if (r == IPCREF_ETIMEDOUT && timeout_ms < 0) { /* it did not block */
+      x->bell_poll = 1;
+      continue;
+    }
     if (r != IPCREF_OK) return r;
   }
 }

@@ -541,7 +541,10 @@ static void test_hostile_setups(void) {
  * receiver */
 
 /* The receiver's read index far ahead, or not a multiple of 8: the sender
- * closes the channel (reported) and goes on over the socket, in order. */
+ * sees it when the ring looks full (it reads the index only then), closes
+ * the channel (reported) and goes on over the socket, in order. (An index
+ * a little past the tail is a lie that is true by the time it is read:
+ * the sender then overwrites what the liar said it read, its own loss.) */
 static void bad_head(uint64_t (*head)(uint64_t tail, size_t bytes)) {
   local_pair l;
   ipcref_view v, got;
@@ -553,12 +556,18 @@ static void bad_head(uint64_t (*head)(uint64_t tail, size_t bytes)) {
   errors_reset();
   __atomic_store_n(&l.cp->rx->ctl->head, head(l.pp->tx->tail, l.pp->tx->bytes),
                    __ATOMIC_RELEASE);
-  for (i = 0; i < 20; i++) CHECK_EQ(send_seq(l.pp, &v, (uint32_t)i), IPCREF_OK);
+  for (i = 0; i < 100; i++)
+    CHECK_EQ(send_seq(l.pp, &v, (uint32_t)i), IPCREF_OK);
   pi = info_of(l.pp);
+  if (pi.channel_out != -1)
+    printf("    head %llx tail %llx: %llu by the channel\n",
+           (unsigned long long)l.cp->rx->ctl->head,
+           (unsigned long long)l.pp->tx->tail,
+           (unsigned long long)pi.sent_channel);
   CHECK_EQ(pi.channel_out, -1);
-  CHECK_EQ(pi.sent_channel, 1); /* hostile_pair's */
+  CHECK(pi.sent_channel > 1 && pi.sent_channel < 50); /* till it looked full */
   CHECK(strstr(err_last, "read index is out of range") != NULL);
-  for (i = 0; i < 20; i++) {
+  for (i = 0; i < 100; i++) {
     if (recv_seq(l.cp, &got, 5000, &seq) != IPCREF_OK || seq != (uint32_t)i ||
         !seeded_is(&got, 11))
       bad++;
@@ -575,14 +584,9 @@ static uint64_t head_odd(uint64_t tail, size_t bytes) {
   (void)bytes;
   return tail - 5;
 }
-static uint64_t head_past_tail(uint64_t tail, size_t bytes) {
-  (void)bytes;
-  return tail + 8; /* more read than written */
-}
 static void test_hostile_receiver_head(void) {
   bad_head(head_far);
   bad_head(head_odd);
-  bad_head(head_past_tail);
 }
 
 /* The receiver's read index moved back (it claims to have read less):
