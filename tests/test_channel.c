@@ -434,34 +434,6 @@ static void test_hostile_sender_announces_nothing(void) {
   local_pair_close(&l);
 }
 
-/* Sends a setup record with fds by hand on the sender's socket. */
-static void raw_setup(int fd, const unsigned char *b, size_t len,
-                      const int *fds, int nfds) {
-  union {
-    char buf[CMSG_SPACE(sizeof(int) * 4)];
-    struct cmsghdr align;
-  } u;
-  struct msghdr mh;
-  struct iovec iov;
-  struct cmsghdr *c;
-  memset(&mh, 0, sizeof mh);
-  memset(&u, 0, sizeof u);
-  iov.iov_base = (void *)(uintptr_t)b;
-  iov.iov_len = len;
-  mh.msg_iov = &iov;
-  mh.msg_iovlen = 1;
-  if (nfds) {
-    mh.msg_control = u.buf;
-    mh.msg_controllen = CMSG_SPACE(sizeof(int) * (size_t)nfds);
-    c = CMSG_FIRSTHDR(&mh);
-    c->cmsg_level = SOL_SOCKET;
-    c->cmsg_type = SCM_RIGHTS;
-    c->cmsg_len = CMSG_LEN(sizeof(int) * (size_t)nfds);
-    memcpy(CMSG_DATA(c), fds, sizeof(int) * (size_t)nfds);
-  }
-  CHECK_EQ(sendmsg(fd, &mh, 0), (ssize_t)len);
-}
-
 enum {
   S_VERSION,
   S_TWO_FDS,
@@ -510,7 +482,7 @@ static void test_hostile_setups(void) {
       break;
     case S_HEADER: ((ipcref__chan_hdr *)(void *)t->map)->magic = 0; break;
     case S_SECOND:
-      raw_setup(l.pp->fd, setup.bytes, setup.len, fds, 3);
+      CHECK_EQ(xfer_send(l.pp->fd, &setup), 0);
       CHECK_EQ(ipcref_recv(l.cp, &got, 0), IPCREF_EAGAIN);
       CHECK_EQ(info_of(l.cp).channel_in, 1);
       for (i = 0; i < 3; i++) close(fds[i]);
@@ -518,7 +490,9 @@ static void test_hostile_setups(void) {
       memcpy(fds, second.fds, sizeof fds);
       break;
     }
-    raw_setup(l.pp->fd, setup.bytes, setup.len, fds, nfds);
+    memcpy(setup.fds, fds, sizeof fds); /* by hand on the sender's socket */
+    setup.nfds = nfds;
+    CHECK_EQ(xfer_send(l.pp->fd, &setup), 0);
     if (c == S_SECOND) /* the first channel counts it: read in order */
       __atomic_store_n(&((ipcref__chan_hdr *)(void *)t->map)->sockets, 1,
                        __ATOMIC_RELEASE);
