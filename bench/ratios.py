@@ -383,8 +383,9 @@ def w5_table(vals):
         print(f"| {wl} | {size} | {held_mib} | " + " | ".join(cells) + " |")
 
 
-def w5_ratio_goal(vals, wl, size, metric, ours_name, peer, bound, note=""):
-    """One goal ours / peer <= bound (a time metric) as a goal row."""
+def ratio_goal(vals, wl, size, metric, ours_name, peer, bound, note="", show=False):
+    """One goal ours / peer <= bound (a time metric) as a goal row (`show`: both
+    figures beside the ratio)."""
     label = size if size else "0 (mixed)"
     name = f"{wl} {metric} @ {label}: {ours_name} <= {bound:.3g}x {peer}{note}"
     ours = vals.get((wl, size, metric, ours_name))
@@ -393,7 +394,8 @@ def w5_ratio_goal(vals, wl, size, metric, ours_name, peer, bound, note=""):
     if c is None:
         missing = [n for n, v in ((ours_name, ours), (peer, theirs)) if v is None]
         return (name, f"not measured: {', '.join(missing) or 'a zero'}")
-    return (name, f"{c[0]:.3g}x", c[0] <= bound, margin(c[0], bound, True))
+    figures = f" ({ours:g} vs {theirs:g} us)" if show else ""
+    return (name, f"{c[0]:.3g}x{figures}", c[0] <= bound, margin(c[0], bound, True))
 
 
 def w5_p99_goal(vals, wl, size):
@@ -444,11 +446,11 @@ def w5_goal_rows(vals):
         sizes = sorted({k[1] for k in vals if k[0] == wl and k[2] == metric})
         if wl != W5_FRAMES:
             for sz in sizes:
-                out.append(w5_ratio_goal(vals, wl, sz, metric, "ipcref", "ipcref_reused",
+                out.append(ratio_goal(vals, wl, sz, metric, "ipcref", "ipcref_reused",
                                          W5_FRESH))
         if wl.endswith("_seq"):
             for peer in W5_TORCH_PEERS:
-                out.append(w5_ratio_goal(vals, wl, W5_TORCH_SIZE, metric, "ipcref", peer,
+                out.append(ratio_goal(vals, wl, W5_TORCH_SIZE, metric, "ipcref", peer,
                                          1 / 10, " (>= 10x faster)"))
         if wl == W5_FRAMES:
             out.append(w5_frames_goal(vals))
@@ -546,7 +548,7 @@ def w6_goal_rows(vals):
     metric = "us_median"
     for wl, size in ((W6_FRESH, W6_TORCH_SIZE), (W6_RESEND, W6_SMALL)):
         for peer in W6_TORCH_PEERS:
-            out.append(w5_ratio_goal(vals, wl, size, metric, "ipcref_py", peer, 1 / 10,
+            out.append(ratio_goal(vals, wl, size, metric, "ipcref_py", peer, 1 / 10,
                                      " (>= 10x faster)"))
     # the Python hand-off against the C library's own, W4 unpinned, same run
     ref_wl, ref_size, ref_metric, ref_peer = W6_C_REF
@@ -565,7 +567,7 @@ def w6_goal_rows(vals):
                     margin(r, W6_C_BOUND, True)))
     sizes = sorted({k[1] for k in vals if k[0] == W6_DATALOADER and k[2] == "us_per_batch"})
     for size in sizes or [W6_TORCH_SIZE]:
-        out.append(w5_ratio_goal(vals, W6_DATALOADER, size, "us_per_batch", "ipcref_dropin",
+        out.append(ratio_goal(vals, W6_DATALOADER, size, "us_per_batch", "ipcref_dropin",
                                  "torch_dataloader", W6_DL_BOUND, " (no slower)"))
     return out
 
@@ -583,15 +585,7 @@ def w4_goal_rows(vals):
         for ours_name, peer, bound, size, note in W4_GOALS:
             sizes = [size] if size is not None else (ours_sizes or [W4_SMALL])
             for sz in sizes:
-                name = f"{wl} {metric} @ {sz}: {ours_name} <= {bound:.3g}x {peer}{note}"
-                ours = vals.get((wl, sz, metric, ours_name))
-                theirs = vals.get((wl, sz, metric, peer))
-                c = None if ours is None or theirs is None else compare(metric, ours, theirs)
-                if c is None:
-                    missing = [n for n, v in ((ours_name, ours), (peer, theirs)) if v is None]
-                    out.append((name, f"not measured: {', '.join(missing) or 'a zero'}"))
-                    continue
-                out.append((name, f"{c[0]:.3g}x", c[0] <= bound, margin(c[0], bound, True)))
+                out.append(ratio_goal(vals, wl, sz, metric, ours_name, peer, bound, note))
         # flatness: ipcref's time at the small and the large size within W4_FLAT of each other
         name = (f"{wl} {metric}: ipcref flat, {W4_LARGE} vs {W4_SMALL} within "
                 f"{(W4_FLAT - 1) * 100:.0f}% (max/min <= {W4_FLAT:g})")
@@ -634,16 +628,8 @@ def w4_chan_goal_rows(vals, notes=()):
             sizes = sorted(k[1] for k in vals if k[0] == wl and k[2] == metric
                            and k[3] == ours_name) or [W4_SMALL]
             for sz in sizes:
-                name = f"{wl} {metric} @ {sz}: {ours_name} <= {bound:.3g}x {peer}{note}"
-                ours = vals.get((wl, sz, metric, ours_name))
-                theirs = vals.get((wl, sz, metric, peer))
-                c = None if ours is None or theirs is None else compare(metric, ours, theirs)
-                if c is None:
-                    missing = [n for n, v in ((ours_name, ours), (peer, theirs)) if v is None]
-                    out.append((name, f"not measured: {', '.join(missing) or 'a zero'}"))
-                    continue
-                out.append((name, f"{c[0]:.3g}x ({ours:g} vs {theirs:g} us)", c[0] <= bound,
-                            margin(c[0], bound, True)))
+                out.append(ratio_goal(vals, wl, sz, metric, ours_name, peer, bound, note,
+                                      show=True))
     # the producer's CPU per hand-off: the channel no higher than the socket path
     for wl in W4_IDS:
         if wl not in workloads:
