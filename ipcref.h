@@ -8842,7 +8842,9 @@ IPCREF__PRIVATE ssize_t ipcref__chan_ring_read(ipcref_peer *p) {
   ssize_t k, got = -1;
   do k = recv(p->bell_in, b, sizeof b, MSG_DONTWAIT);
   while (k == (ssize_t)sizeof b && (got = k) > 0);
-  if (k == 0) ipcref__chan_hang(p);
+  if (k == 0 || (k < 0 && errno != EAGAIN && errno != EWOULDBLOCK &&
+                 errno != EINTR)) /* its end, or broken: look no more */
+    ipcref__chan_hang(p);
   return k == 0 ? 0 : k > 0 ? k : got;
 }
 
@@ -8947,9 +8949,10 @@ IPCREF__PRIVATE ipcref_result ipcref__chan_sleep(ipcref_peer *p, int ms) {
       x->wait_ms = ms;
     }
     k = recv(p->bell_in, b, sizeof b, 0);
-    if (k == 0) ipcref__chan_hang(p);
     if (k < 0 && (errno == EAGAIN || errno == EWOULDBLOCK))
       return IPCREF_ETIMEDOUT;
+    if (k == 0 || (k < 0 && errno != EINTR)) /* its end, or broken */
+      ipcref__chan_hang(p);
   }
   if (k > 0) { /* rung, and read: awake */
     x->armed = 0;
