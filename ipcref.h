@@ -9532,6 +9532,10 @@ IPCREF__PRIVATE ipcref_result ipcref__recv_chan(ipcref_peer *p, int timeout_ms,
       x->bell_poll = 1;
       continue;
     }
+    /* SO_RCVTIMEO counts in clock ticks: it may end a tick early. */
+    if (r == IPCREF_ETIMEDOUT && timeout_ms > 0 &&
+        ipcref__ms_left(timeout_ms, end) > 0)
+      continue;
     if (r != IPCREF_OK) return r;
   }
 }
