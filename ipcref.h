@@ -8308,9 +8308,9 @@ IPCREF_API ipcref_result ipcref_import(ipcref_peer *p, ipcref_msg *msg,
  *             `tail`, the bytes published, `sockets`, the messages sent
  *             on the socket since the setup, and `cpus`, the CPUs the
  *             sender may run on, a hint for the receiver's spin), then
- *             the ring. Sealed
- *             against resizing and against any new writable mapping
- *             (F_SEAL_FUTURE_WRITE): the receiver maps it read only.
+ *             the ring. Sealed against resizing and against any new
+ *             writable mapping (F_SEAL_FUTURE_WRITE): the receiver maps
+ *             it read only.
  *   control   the receiver's words: `head`, the bytes it consumed (its
  *             own cache line: it moves with every record), then `asleep`,
  *             set while it sleeps, and `closed`, set when it frees its
@@ -8335,8 +8335,8 @@ IPCREF_API ipcref_result ipcref_import(ipcref_peer *p, ipcref_msg *msg,
  * whenever it has read fewer of them than the next record (or, with the
  * ring empty, the header) says were sent.
  *
- * Memory: ring_bytes (default 64 KiB, at most 16 MiB) plus 4 KiB per
- * peer and direction, made on the first send. */
+ * Memory: ring_bytes (default 64 KiB, at most 16 MiB) plus 4 KiB and a
+ * socketpair per peer and direction, made on the first send. */
 #define IPCREF__CHAN_MAGIC       0x52435049u /* "IPCR" */
 #define IPCREF__CHAN_SETUP_MAGIC 0x43435049u /* "IPCC" */
 #define IPCREF__CHAN_HDR         64u
