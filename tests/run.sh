@@ -71,11 +71,23 @@ run_tests() {
 # build_suite DIR CC FLAGS...: builds every suite test into $B/DIR.
 build_suite() {
   local dir=$1 cc=$2; shift 2
-  local t ok=0
+  local t n=0 max=${BUILD_JOBS:-$(nproc 2>/dev/null || echo 2)}
   mkdir -p "$B/$dir"
+  # As many compilers at once as there are CPUs: the builds are most of the
+  # run's time.
   for t in $SUITE; do
-    "$cc" "$@" -I"$ROOT" "tests/$t.c" -o "$B/$dir/$t" -pthread -ldl >"$LOG" 2>&1 || ok=1
-    [ $ok = 0 ] || { fail "build $dir/$t with $cc"; return 1; }
+    rm -f "$B/$dir/$t"
+    "$cc" "$@" -I"$ROOT" "tests/$t.c" -o "$B/$dir/$t" -pthread -ldl >"$B/$dir/$t.build.log" 2>&1 &
+    n=$((n + 1))
+    if [ "$n" -ge "$max" ]; then wait -n; n=$((n - 1)); fi
+  done
+  wait
+  for t in $SUITE; do
+    if [ ! -x "$B/$dir/$t" ]; then
+      cp "$B/$dir/$t.build.log" "$LOG"
+      fail "build $dir/$t with $cc"
+      return 1
+    fi
   done
   return 0
 }
