@@ -8291,12 +8291,12 @@ IPCREF_API ipcref_result ipcref_import(ipcref_peer *p, ipcref_msg *msg,
 /* ---- share_channel: implementation (src/share_channel.h) ---------------- */
 
 /* share_channel: the channel, a ring of hand-off records in shared memory
- * from a peer's sender to its receiver, beside the socket. The sender's
- * half (made on its first send, announced over the socket, records pushed
- * without a system call while the receiver is awake) and the receiver's
- * (adopted from that announcement, records copied out and checked, the
- * order of both paths kept, spinning then sleeping). A peer is used by one
- * thread at a time, and its halves are its own: no lock here. */
+ * from a peer's sender to its receiver, beside the socket: its layout; the
+ * sender's half (made on its first send, announced over the socket,
+ * records pushed without a system call while the receiver is awake); the
+ * receiver's adoption of it from that announcement, and closing both.
+ * Reading it is share_chan_recv's. A peer is used by one thread at a time,
+ * and its halves are its own: no lock here. */
 
 #ifdef IPCREF__SHARING_IMPL
 
@@ -8747,6 +8747,18 @@ IPCREF__PRIVATE ipcref_result ipcref__chan_adopt(ipcref_peer *p,
     if (fds[i] >= 0) close(fds[i]);
   return r;
 }
+
+#endif /* IPCREF__SHARING_IMPL */
+
+/* ---- share_chan_recv: implementation (src/share_chan_recv.h) ------------ */
+
+/* share_chan_recv: the receiving side of the channel (see share_channel):
+ * the next record copied out of the ring and checked, or the socket's
+ * turn, so that both paths keep their order; the sleep flag, the poll
+ * fd's flag, the spin and the sleep on the doorbell. The peer's user's
+ * thread only: no lock but the context's where a refusal is reported. */
+
+#ifdef IPCREF__SHARING_IMPL
 
 /* What the receiver finds next. */
 enum {

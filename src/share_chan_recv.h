@@ -1,0 +1,237 @@
+/* share_chan_recv: the receiving side of the channel (see share_channel):
+ * the next record copied out of the ring and checked, or the socket's
+ * turn, so that both paths keep their order; the sleep flag, the poll
+ * fd's flag, the spin and the sleep on the doorbell. The peer's user's
+ * thread only: no lock but the context's where a refusal is reported. */
+
+#ifdef IPCREF__SHARING_IMPL
+
+/* What the receiver finds next. */
+enum {
+  IPCREF__CHAN_EMPTY, /* nothing yet */
+  IPCREF__CHAN_GOT,   /* a record, copied to x->rec (x->rec_len bytes) */
+  IPCREF__CHAN_SOCK,  /* the socket's next message comes first */
+  IPCREF__CHAN_BAD    /* the sender broke the ring (reported) */
+};
+
+IPCREF__PRIVATE int ipcref__chan_bad(ipcref_peer *p, const char *why) {
+  p->rx_broken = 1;
+  IPCREF__LOCK(p->ctx);
+  ipcref__refused(p->ctx, why);
+  IPCREF__UNLOCK(p->ctx);
+  return IPCREF__CHAN_BAD;
+}
+
+/* Takes the next record off the ring, if it is next. Every word the
+ * sender wrote is read once and checked before use; the record is copied
+ * out before it is decoded, so that nothing the sender does later changes
+ * what was checked. */
+IPCREF__PRIVATE int ipcref__chan_next(ipcref_peer *p) {
+  struct ipcref__chan_rx *x = p->rx;
+  const ipcref__chan_hdr *h = (const ipcref__chan_hdr *)(const void *)x->map;
+  const unsigned char *ring = x->map + IPCREF__CHAN_HDR;
+  uint64_t tail, avail, len, before, need;
+  if (p->rx_broken) return IPCREF__CHAN_BAD;
+  /* Acquire: a record's bytes are there before the tail that says so. */
+  tail = __atomic_load_n(&h->tail, __ATOMIC_ACQUIRE);
+  avail = tail - x->head;
+  if (avail > x->bytes || (avail & 7u))
+    return ipcref__chan_bad(p, "the channel's write index out of range");
+  if (avail == 0) {
+    uint64_t socks = __atomic_load_n(&h->sockets, __ATOMIC_ACQUIRE);
+    if (socks - x->sockets > (uint64_t)1 << 62)
+      return ipcref__chan_bad(p, "the channel's socket count went back");
+    x->counted = socks != x->sockets;
+    return x->counted || x->hung ? IPCREF__CHAN_SOCK : IPCREF__CHAN_EMPTY;
+  }
+  len = ipcref__chan_word(ring, x->bytes, x->head);
+  before = ipcref__chan_word(ring, x->bytes, x->head + 8);
+  if (len >> 32) /* its second u32 is 0 */
+    return ipcref__chan_bad(p, "a channel record with its zero word set");
+  need = ipcref__chan_need((size_t)len);
+  if (avail < IPCREF__CHAN_REC || len == 0 || len > IPCREF_MSG_MAX_BYTES ||
+      need > avail)
+    return ipcref__chan_bad(p, "a channel record of a length out of range");
+  if (before < x->sockets)
+    return ipcref__chan_bad(p, "a channel record after fewer socket "
+                               "messages than were read");
+  if (before > x->sockets) {
+    x->counted = 1;
+    return IPCREF__CHAN_SOCK;
+  }
+  ipcref__chan_copy((unsigned char *)(uintptr_t)ring, x->bytes,
+                    x->head + IPCREF__CHAN_REC, x->rec, (size_t)len, 0);
+  x->rec_len = (size_t)len;
+  IPCREF__STEP("channel take");
+  x->head += need;
+  /* Release: the copy is done before the sender may write there again. */
+  __atomic_store_n(&x->ctl->head, x->head, __ATOMIC_RELEASE);
+  return IPCREF__CHAN_GOT;
+}
+
+/* 1 when the ring has something for the receiver (a record, or a socket
+ * message counted): what a spin and a sleeper look at. */
+IPCREF__PRIVATE int ipcref__chan_ready(const struct ipcref__chan_rx *x) {
+  const ipcref__chan_hdr *h = (const ipcref__chan_hdr *)(const void *)x->map;
+  return __atomic_load_n(&h->tail, __ATOMIC_ACQUIRE) != x->head ||
+         __atomic_load_n(&h->sockets, __ATOMIC_ACQUIRE) != x->sockets;
+}
+
+/* 1 when records wait in the ring. */
+IPCREF__PRIVATE int ipcref__chan_records(const struct ipcref__chan_rx *x) {
+  const ipcref__chan_hdr *h = (const ipcref__chan_hdr *)(const void *)x->map;
+  return __atomic_load_n(&h->tail, __ATOMIC_ACQUIRE) != x->head;
+}
+
+/* The doorbell's end of file: the sender is gone (its socket closes too).
+ * The socket is read to its end from then on, and the poll fd no longer
+ * watches the doorbell (it would stay readable). */
+IPCREF__PRIVATE void ipcref__chan_hang(ipcref_peer *p) {
+  if (p->rx->hung) return;
+  p->rx->hung = 1;
+  if (p->poll_fd >= 0 && p->bell_in >= 0)
+    (void)epoll_ctl(p->poll_fd, EPOLL_CTL_DEL, p->bell_in, NULL);
+}
+
+/* What the doorbell holds, read without waiting: >0 bytes, 0 at its end
+ * of file (then the sender hung up), -1 nothing. */
+IPCREF__PRIVATE ssize_t ipcref__chan_ring_read(ipcref_peer *p) {
+  char b[64];
+  ssize_t k, got = -1;
+  do k = recv(p->bell_in, b, sizeof b, MSG_DONTWAIT);
+  while (k == (ssize_t)sizeof b && (got = k) > 0);
+  if (k == 0 || (k < 0 && errno != EAGAIN && errno != EWOULDBLOCK &&
+                 errno != EINTR)) /* its end, or broken: look no more */
+    ipcref__chan_hang(p);
+  return k == 0 ? 0 : k > 0 ? k : got;
+}
+
+/* The receiver says it sleeps (1) or is awake (0). Seq-cst, paired with
+ * ipcref__chan_knock: after arming, the caller looks at the ring once
+ * more, and either sees a record or the sender sees `asleep`. Waking, it
+ * reads what the doorbell holds, so the fd sleeps again. */
+IPCREF__PRIVATE void ipcref__chan_arm(ipcref_peer *p, int on) {
+  struct ipcref__chan_rx *x = p->rx;
+  if (x->armed == on) return;
+  x->armed = on;
+  __atomic_store_n(&x->ctl->asleep, (uint32_t)on, __ATOMIC_SEQ_CST);
+  __atomic_thread_fence(__ATOMIC_SEQ_CST);
+  if (!on) (void)ipcref__chan_ring_read(p);
+}
+
+/* With a poll fd, the receiver sleeps whenever it leaves a receive with
+ * the ring empty (so that the fd wakes for the next record: the sender
+ * then rings for each record sent to an idle receiver), and the fd's flag
+ * stays set while records wait (see ipcref__batch_signal). Without one,
+ * only a receive about to sleep says so. */
+IPCREF__PRIVATE void ipcref__chan_poll(ipcref_peer *p) {
+  struct ipcref__chan_rx *x = p->rx;
+  if (x && p->poll_fd >= 0 && !p->rx_broken) {
+    /* Records only: a socket message due wakes the fd by the socket. */
+    p->ring_left = ipcref__chan_records(x);
+    if (!p->ring_left) {
+      ipcref__chan_arm(p, 1);
+      p->ring_left = ipcref__chan_records(x);
+      if (p->ring_left) ipcref__chan_arm(p, 0);
+    }
+  }
+  ipcref__batch_signal(p);
+}
+
+/* A pause between looks at the ring while spinning. */
+IPCREF__PRIVATE void ipcref__cpu_relax(void) {
+#if defined(__x86_64__) || defined(__i386__)
+  __asm__ __volatile__("pause");
+#elif defined(__aarch64__)
+  __asm__ __volatile__("yield");
+#endif
+}
+
+/* Spins up to x->spin ns for the ring to have something: 1 when it did.
+ * The adaptive budget (spin_us IPCREF_SPIN_AUTO) comes back whole after a
+ * spin that found something and halves after one that did not; once it
+ * is 0, a short spin (2 us) is tried every 64th sleep. */
+IPCREF__PRIVATE int ipcref__chan_spin(ipcref_peer *p) {
+  struct ipcref__chan_rx *x = p->rx;
+  struct timespec t0, t;
+  long spent = 0;
+  int i, aut = p->opt.spin_us == IPCREF_SPIN_AUTO;
+  if (x->spin_opt != p->opt.spin_us) { /* ipcref_peer_set_options */
+    x->spin_opt = p->opt.spin_us;
+    x->spin = ipcref__chan_spin_start(p, x);
+  }
+  if (x->spin <= 0) {
+    if (!aut || ++x->sleeps < 64) return 0;
+    x->sleeps = 0;
+    if (ipcref__chan_spin_start(p, x) <= 0) return 0;
+    x->spin = 2000;
+  }
+  clock_gettime(CLOCK_MONOTONIC, &t0);
+  while (spent < x->spin) {
+    for (i = 0; i < 64; i++) {
+      if (ipcref__chan_ready(x)) {
+        if (aut) x->spin = IPCREF__SPIN_MAX_NS;
+        return 1;
+      }
+      ipcref__cpu_relax();
+    }
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    spent =
+        (long)(t.tv_sec - t0.tv_sec) * 1000000000L + (t.tv_nsec - t0.tv_nsec);
+  }
+  if (aut) x->spin = x->spin / 2 < 1000 ? 0 : x->spin / 2;
+  return 0;
+}
+
+/* Sleeps on the doorbell for up to ms (-1: forever): one blocking recv,
+ * which takes what it holds too (its SO_RCVTIMEO set when ms changes), or
+ * a poll where the doorbell does not block (x->bell_poll). */
+IPCREF__PRIVATE ipcref_result ipcref__chan_sleep(ipcref_peer *p, int ms) {
+  struct ipcref__chan_rx *x = p->rx;
+  char b[64];
+  ssize_t k;
+  if (x->bell_poll) {
+    struct pollfd pfd;
+    pfd.fd = p->bell_in;
+    pfd.events = POLLIN;
+    pfd.revents = 0;
+    if (poll(&pfd, 1, ms) == 0) return IPCREF_ETIMEDOUT;
+    k = ipcref__chan_ring_read(p);
+  } else {
+    if (x->wait_ms != ms) {
+      struct timeval tv;
+      tv.tv_sec = ms > 0 ? ms / 1000 : 0;
+      tv.tv_usec = ms > 0 ? (ms % 1000) * 1000 : 0;
+      if (setsockopt(p->bell_in, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv))
+        x->bell_poll = 1;
+      x->wait_ms = ms;
+    }
+    k = recv(p->bell_in, b, sizeof b, 0);
+    if (k < 0 && (errno == EAGAIN || errno == EWOULDBLOCK))
+      return IPCREF_ETIMEDOUT;
+    if (k == 0 || (k < 0 && errno != EINTR)) /* its end, or broken */
+      ipcref__chan_hang(p);
+  }
+  if (k > 0) { /* rung, and read: awake */
+    x->armed = 0;
+    __atomic_store_n(&x->ctl->asleep, 0u, __ATOMIC_RELAXED);
+  }
+  return IPCREF_OK;
+}
+
+/* Waits up to ms (-1: as long as it takes; 0: not at all) for the ring to
+ * have something, or for the sender to hang up (then the socket is read
+ * to its end): spinning first (not for 0), then asleep. OK: look again;
+ * ETIMEDOUT. The receiver stays armed when this says ETIMEDOUT, so that
+ * its poll fd wakes. */
+IPCREF__PRIVATE ipcref_result ipcref__chan_wait(ipcref_peer *p, int ms) {
+  struct ipcref__chan_rx *x = p->rx;
+  if (ms != 0 && ipcref__chan_spin(p)) return IPCREF_OK;
+  ipcref__chan_arm(p, 1);
+  if (ipcref__chan_ready(x)) return IPCREF_OK;
+  if (ms == 0) /* a rung doorbell: look again; its end: hung */
+    return ipcref__chan_ring_read(p) >= 0 ? IPCREF_OK : IPCREF_ETIMEDOUT;
+  return ipcref__chan_sleep(p, ms);
+}
+
+#endif /* IPCREF__SHARING_IMPL */
