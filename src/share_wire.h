@@ -46,21 +46,42 @@ IPCREF__PRIVATE void ipcref__wire_init(ipcref__wire *w, unsigned char *p,
   w->bad = 0;
 }
 
-IPCREF__PRIVATE void ipcref__wire_put(ipcref__wire *w, uint64_t v, int bytes) {
+/* On a little-endian machine a field's bytes are its memory as it is: one
+ * memcpy of a constant size, which the compiler makes a single move (the
+ * byte loop cost a fifth of a hand-off's CPU). */
+#if defined(__BYTE_ORDER__) && __BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__
+#define IPCREF__WIRE_LE 1
+#else
+#define IPCREF__WIRE_LE 0
+#endif
+
+IPCREF__PRIVATE IPCREF__INLINE void ipcref__wire_put(ipcref__wire *w,
+                                                     uint64_t v, int bytes) {
   int i;
   if (w->pos + (size_t)bytes > w->len) {
     w->bad = 1;
     return;
   }
+  if (IPCREF__WIRE_LE) {
+    memcpy(w->p + w->pos, &v, (size_t)bytes);
+    w->pos += (size_t)bytes;
+    return;
+  }
   for (i = 0; i < bytes; i++) w->p[w->pos++] = (unsigned char)(v >> (8 * i));
 }
 
-IPCREF__PRIVATE uint64_t ipcref__wire_get(ipcref__wire *w, int bytes) {
+IPCREF__PRIVATE IPCREF__INLINE uint64_t ipcref__wire_get(ipcref__wire *w,
+                                                         int bytes) {
   uint64_t v = 0;
   int i;
   if (w->pos + (size_t)bytes > w->len) {
     w->bad = 1;
     return 0;
+  }
+  if (IPCREF__WIRE_LE) {
+    memcpy(&v, w->p + w->pos, (size_t)bytes);
+    w->pos += (size_t)bytes;
+    return v;
   }
   for (i = 0; i < bytes; i++) v |= (uint64_t)w->p[w->pos++] << (8 * i);
   return v;
