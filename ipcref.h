@@ -165,8 +165,10 @@ typedef enum ipcref_result {
                               is its parent's, in a forked child) */
   IPCREF_ENEEDCOPY = -12,  /* not possible without copying the data */
   IPCREF_EDEVICE = -13,    /* device memory: the host cannot touch it */
-  IPCREF_EAGAIN = -14      /* not now: nothing was done; call again once the
+  IPCREF_EAGAIN = -14,     /* not now: nothing was done; call again once the
                               peer can go on (see ipcref_peer_wants) */
+  IPCREF_ENOTSUP = -15     /* the driver or the memory does not support it
+                              (the backend's error says what is missing) */
 } ipcref_result;
 
 /* A short English description of `r`. Unknown values give "unknown error".
@@ -759,6 +761,19 @@ struct ipcref_backend {
   ipcref_result (*fence)(ipcref_backend *be, int32_t dev, void *stream,
                          void **fence);
   int (*fence_done)(ipcref_backend *be, void *fence);
+  /* Segments shared by fd, for memory a handle cannot carry (CUDA's
+   * virtual memory management); both NULL where the backend has none.
+   * seg_export_fd: a shareable fd of the allocation at `base` (made once
+   * per segment; the caller owns it and sends it over SCM_RIGHTS), or
+   * ENOTSUP when that allocation is shared by handle (seg_export).
+   * seg_import_fd: maps `size` bytes of the allocation `fd` shares
+   * (the fd stays the caller's), readable, and writable when `writable`;
+   * an fd that is no such allocation, or one smaller than `size`, is
+   * refused (EPROTO). seg_close undoes it. */
+  ipcref_result (*seg_export_fd)(ipcref_backend *be, int32_t dev, uint64_t base,
+                                 int *fd);
+  ipcref_result (*seg_import_fd)(ipcref_backend *be, int32_t dev, int fd,
+                                 uint64_t size, int writable, uint64_t *addr);
 };
 
 /* Options for ipcref_ctx_new; zero fields take the defaults. A byte cap
@@ -1749,6 +1764,8 @@ IPCREF_API const char *ipcref_strerror(ipcref_result r) {
   case IPCREF_EAGAIN:
     return "not now: nothing to receive, or the peer's socket is full, its "
            "hello has not come, or it holds its max_bytes_held";
+  case IPCREF_ENOTSUP:
+    return "not supported by the driver or by this kind of memory";
   }
   return "unknown error";
 }
@@ -3842,7 +3859,8 @@ struct ipcref__segment {
   unsigned char *base; /* host: the mapping */
   uint64_t daddr;      /* device: the allocation's address */
   unsigned char handle[IPCREF_HANDLE_BYTES]; /* device: its IPC handle */
-  int exported;                              /* handle made */
+  int exported;                              /* handle (or fd) made */
+  int by_fd;       /* device: shared by the fd in `fd` (seg_export_fd) */
   int leaked;      /* device memory still leased when the context went: never
                       freed (a consumer may have it open) */
   uint32_t nwraps; /* foreign: blocks in it */
@@ -3911,7 +3929,9 @@ struct ipcref__ledger {
 enum {
   IPCREF__KIND_SEGMENT = 1,
   IPCREF__KIND_LEDGER = 2,
-  IPCREF__KIND_DEVICE = 3
+  IPCREF__KIND_DEVICE = 3,
+  IPCREF__KIND_DEVICE_FD = 4 /* on the wire only: a device segment by fd
+                                (its map is a KIND_DEVICE one, by_fd) */
 };
 
 typedef struct ipcref__map {
@@ -3930,6 +3950,7 @@ typedef struct ipcref__map {
   int32_t dev_type, dev_id;
   uint64_t daddr;
   unsigned char handle[IPCREF_HANDLE_BYTES]; /* kept for forwarding */
+  int by_fd;   /* device segments: shared by fd (kept in fd), not handle */
   int refs;    /* atomic: imported buffers using it */
   int retired; /* the origin destroyed it: unmap at refs 0 */
   struct ipcref__map *next, *prev;
@@ -4483,6 +4504,7 @@ IPCREF__PRIVATE void ipcref__segment_destroy(ipcref_ctx *ctx,
   if (s->pool->be) { /* a wrapped allocation stays its owner's */
     if (s->cls != IPCREF__FOREIGN && !s->leaked)
       s->pool->be->seg_free(s->pool->be, s->pool->dev, s->daddr);
+    if (s->fd >= 0) close(s->fd); /* its shareable fd, if exported so */
     ctx->st.device_bytes -= s->size;
   } else {
     IPCREF__UNPOISON(s->base, s->size); /* the addresses will be reused */
@@ -5346,6 +5368,7 @@ IPCREF_API ipcref_result ipcref_ctx_new(const ipcref_ctx_options *opt,
 IPCREF__PRIVATE void ipcref__map_drop(ipcref__map *m) {
   if (m->kind == IPCREF__KIND_DEVICE) {
     if (m->be) m->be->seg_close(m->be, m->dev_id, m->daddr);
+    if (m->fd >= 0) close(m->fd); /* shared by fd: kept for forwarding */
   } else {
     munmap(m->base, m->size);
     close(m->fd);
@@ -5966,11 +5989,14 @@ IPCREF_API ipcref_result ipcref_ctx_add_backend(ipcref_ctx *ctx,
   if (!ctx || !be || be->device_type <= IPCREF_DEVICE_CPU || !be->seg_alloc ||
       !be->seg_free || !be->seg_range || !be->seg_export || !be->seg_import ||
       !be->seg_close || !be->event_record || !be->event_free ||
-      !be->event_wait || !be->fence || !be->fence_done)
-    return ipcref__invalid(__func__, !ctx || !be ? "ctx or be is NULL"
-                                     : be->device_type <= IPCREF_DEVICE_CPU
-                                         ? "be->device_type is not a device"
-                                         : "the backend lacks a function");
+      !be->event_wait || !be->fence || !be->fence_done ||
+      !be->seg_export_fd != !be->seg_import_fd)
+    return ipcref__invalid(__func__,
+                           !ctx || !be ? "ctx or be is NULL"
+                           : be->device_type <= IPCREF_DEVICE_CPU
+                               ? "be->device_type is not a device"
+                               : "the backend lacks a function (or has one "
+                                 "of seg_export_fd and seg_import_fd only)");
   if (!IPCREF__CTX_USABLE(ctx)) return IPCREF_EDEAD;
   IPCREF__LOCK(ctx);
   if (!ipcref__backend_of(ctx, be->device_type))
@@ -6116,12 +6142,14 @@ IPCREF_API ipcref_result ipcref_view_new_shared(ipcref_ctx *ctx,
  *
  *   u32 magic "IPCM"  u16 version  u16 nviews  u16 nrecs  u16 nretired
  *   u32 sender pid    u64 sender nonce  u16 meta length
- *   nrecs x     { u8 kind (1 segment, 2 ledger, 3 device segment)
+ *   nrecs x     { u8 kind (1 segment, 2 ledger, 3 device segment by
+ *                 handle, 4 device segment by fd)
  *                 u8 writable  u32 origin pid  u64 origin nonce  u64 id
  *                 u64 size
- *                 kind 3: u32 device type  u32 device id  64 B handle }
- *               (kind 1 comes with one fd, kind 2 with two: the ledger
- *               and its bell; in this order)
+ *                 kinds 3, 4: u32 device type  u32 device id
+ *                 kind 3: 64 B handle }
+ *               (kinds 1 and 4 come with one fd, kind 2 with two: the
+ *               ledger and its bell; in this order)
  *   nretired x  { u64 id }          (sender's segments it has destroyed)
  *   nviews x    { u32 origin pid  u64 origin nonce  u64 segment id
  *                 u64 segment size  u64 block offset  u64 block size
@@ -6206,7 +6234,8 @@ typedef struct ipcref__view_rec {
 
 /* What a message carries for a segment or a ledger: kind 1 (a memfd
  * segment) and 2 (a ledger) come with an fd, in order; kind 3 (a device
- * segment) with its device and IPC handle instead. */
+ * segment) with its device and IPC handle instead; kind 4 (a device
+ * segment shared by fd) with its device and an fd. */
 typedef struct ipcref__fd_rec {
   int kind, writable;
   uint32_t origin_pid;
@@ -6246,10 +6275,12 @@ IPCREF__PRIVATE void ipcref__put_fd_rec(ipcref__wire *w,
   ipcref__wire_put(w, f->origin_nonce, 8);
   ipcref__wire_put(w, f->id, 8);
   ipcref__wire_put(w, f->size, 8);
-  if (f->kind != IPCREF__KIND_DEVICE) return;
+  if (f->kind != IPCREF__KIND_DEVICE && f->kind != IPCREF__KIND_DEVICE_FD)
+    return;
   ipcref__wire_put(w, (uint64_t)(uint32_t)f->dev_type, 4);
   ipcref__wire_put(w, (uint64_t)(uint32_t)f->dev_id, 4);
-  ipcref__put_bytes(w, f->handle, IPCREF_HANDLE_BYTES);
+  if (f->kind == IPCREF__KIND_DEVICE)
+    ipcref__put_bytes(w, f->handle, IPCREF_HANDLE_BYTES);
 }
 
 IPCREF__PRIVATE int ipcref__get_fd_rec(ipcref__wire *w, ipcref__fd_rec *f) {
@@ -6260,14 +6291,15 @@ IPCREF__PRIVATE int ipcref__get_fd_rec(ipcref__wire *w, ipcref__fd_rec *f) {
   f->origin_nonce = ipcref__wire_get(w, 8);
   f->id = ipcref__wire_get(w, 8);
   f->size = ipcref__wire_get(w, 8);
-  if (f->kind == IPCREF__KIND_DEVICE) {
+  if (f->kind == IPCREF__KIND_DEVICE || f->kind == IPCREF__KIND_DEVICE_FD) {
     f->dev_type = (int32_t)(uint32_t)ipcref__wire_get(w, 4);
     f->dev_id = (int32_t)(uint32_t)ipcref__wire_get(w, 4);
-    ipcref__get_bytes(w, f->handle, IPCREF_HANDLE_BYTES);
+    if (f->kind == IPCREF__KIND_DEVICE)
+      ipcref__get_bytes(w, f->handle, IPCREF_HANDLE_BYTES);
     if (f->dev_type <= IPCREF_DEVICE_CPU || f->dev_id < 0) return 0;
   }
   return !w->bad && f->kind >= IPCREF__KIND_SEGMENT &&
-         f->kind <= IPCREF__KIND_DEVICE;
+         f->kind <= IPCREF__KIND_DEVICE_FD;
 }
 
 /* Writes / reads a view record (0 when malformed). */
@@ -6385,8 +6417,8 @@ IPCREF__PRIVATE int ipcref__get_msg_head(ipcref__wire *w, ipcref__msg_head *h) {
 
 /* A whole message, decoded: its header, its segment and ledger records
  * (with the index of each one's fd among those the message carries, -1
- * for a device segment), the ids of the segments its sender retired, and
- * its views. */
+ * for a device segment by handle), the ids of the segments its sender retired,
+ * and its views. */
 typedef struct ipcref__msg_in {
   ipcref__msg_head head;
   int nfds; /* fds the records call for (a ledger's bell after it) */
@@ -6414,9 +6446,9 @@ IPCREF__PRIVATE int ipcref__msg_decode(const unsigned char *bytes, size_t len,
   for (i = 0; i < m->head.nrecs; i++) { /* segments and ledgers: fds */
     if (!ipcref__get_fd_rec(&w, &m->recs[i])) return 0;
     m->fd_index[i] = m->recs[i].kind == IPCREF__KIND_DEVICE ? -1 : m->nfds;
-    m->nfds += m->recs[i].kind == IPCREF__KIND_LEDGER    ? 2
-               : m->recs[i].kind == IPCREF__KIND_SEGMENT ? 1
-                                                         : 0;
+    m->nfds += m->recs[i].kind == IPCREF__KIND_LEDGER   ? 2
+               : m->recs[i].kind == IPCREF__KIND_DEVICE ? 0
+                                                        : 1;
   }
   m->why = "more fds than a message may carry";
   if (m->nfds > IPCREF_MSG_MAX_FDS) return 0;
@@ -7368,8 +7400,9 @@ IPCREF__PRIVATE ipcref_result ipcref__events_record(const ipcref_view *views,
  * lease's taking (own block or forwarded import), read by the record and
  * by ipcref__fd_recs_add. */
 typedef struct ipcref__lease_src {
-  int device;   /* a device segment: sent as its handle, not an fd */
-  int seg_fd;   /* host: the fd the peer gets (-1: none could be made) */
+  int device;   /* a device segment: sent as its handle, or by_fd */
+  int by_fd;    /* a device segment shared by fd (seg_fd) */
+  int seg_fd;   /* host, by_fd: the fd the peer gets (-1: none made) */
   int writable; /* the peer may map it writable */
   int32_t dev_type, dev_id;
   const unsigned char *handle;
@@ -7402,8 +7435,28 @@ IPCREF__PRIVATE ipcref_result ipcref__ledger_with_room(ipcref_peer *p,
   return IPCREF_OK;
 }
 
-/* The device half of leasing block `b` (lease `ls`): the segment's IPC
- * handle, made once, and the event recorded for this hand-off, which the
+/* A device segment's export, made once: a shareable fd where its backend
+ * shares the allocation so (seg_export_fd), else its IPC handle. */
+IPCREF__PRIVATE ipcref_result ipcref__device_export(ipcref__segment *s) {
+  ipcref_backend *be = s->pool->be;
+  ipcref_result r = IPCREF_ENOTSUP;
+  if (be->seg_export_fd) {
+    int fd = -1;
+    r = be->seg_export_fd(be, s->pool->dev, s->daddr, &fd);
+    if (r == IPCREF_OK && fd < 0) r = IPCREF_ESYS; /* a broken backend */
+    if (r == IPCREF_OK) {
+      s->fd = fd;
+      s->by_fd = 1;
+    }
+  }
+  if (r == IPCREF_ENOTSUP)
+    r = be->seg_export(be, s->pool->dev, s->daddr, s->handle);
+  if (r == IPCREF_OK) s->exported = 1;
+  return r;
+}
+
+/* The device half of leasing block `b` (lease `ls`): the segment's
+ * export, made once, and the event recorded for this hand-off, which the
  * lease keeps until it ends. */
 IPCREF__PRIVATE ipcref_result ipcref__lease_device(ipcref__block *b,
                                                    ipcref__lease *ls,
@@ -7412,10 +7465,8 @@ IPCREF__PRIVATE ipcref_result ipcref__lease_device(ipcref__block *b,
                                                    ipcref__lease_src *src) {
   ipcref__pool *pool = b->seg->pool;
   if (!b->seg->exported) {
-    ipcref_result res = pool->be->seg_export(pool->be, pool->dev, b->seg->daddr,
-                                             b->seg->handle);
+    ipcref_result res = ipcref__device_export(b->seg);
     if (res != IPCREF_OK) return res;
-    b->seg->exported = 1;
   }
   ls->be = pool->be;
   ls->event = ev->event;
@@ -7426,7 +7477,8 @@ IPCREF__PRIVATE ipcref_result ipcref__lease_device(ipcref__block *b,
   src->dev_type = pool->be->device_type;
   src->dev_id = pool->dev;
   src->handle = b->seg->handle;
-  src->seg_fd = -1;
+  src->by_fd = b->seg->by_fd;
+  src->seg_fd = b->seg->by_fd ? b->seg->fd : -1;
   return IPCREF_OK;
 }
 
@@ -7529,6 +7581,7 @@ ipcref__lease_take_forward(ipcref_peer *p, const ipcref_view *v,
     src->dev_type = imp->seg->dev_type;
     src->dev_id = imp->seg->dev_id;
     src->handle = imp->seg->handle;
+    src->by_fd = imp->seg->by_fd;
     r->has_event = imp->has_event;
     memcpy(r->event, imp->event, sizeof r->event);
   }
@@ -7561,7 +7614,9 @@ IPCREF__PRIVATE int ipcref__fd_recs_add(ipcref_peer *p,
       !fail) {
     ipcref__fd_rec *f = &fdr[(*nrec)++];
     memset(f, 0, sizeof *f);
-    f->kind = src->device ? IPCREF__KIND_DEVICE : IPCREF__KIND_SEGMENT;
+    f->kind = !src->device ? IPCREF__KIND_SEGMENT
+              : src->by_fd ? IPCREF__KIND_DEVICE_FD
+                           : IPCREF__KIND_DEVICE;
     f->writable = src->writable;
     f->origin_pid = src->origin_pid;
     f->origin_nonce = src->origin_nonce;
@@ -7570,11 +7625,11 @@ IPCREF__PRIVATE int ipcref__fd_recs_add(ipcref_peer *p,
     if (src->device) {
       f->dev_type = src->dev_type;
       f->dev_id = src->dev_id;
-      memcpy(f->handle, src->handle, IPCREF_HANDLE_BYTES);
-    } else {
+      if (!src->by_fd) memcpy(f->handle, src->handle, IPCREF_HANDLE_BYTES);
+    }
+    if (!src->device || src->by_fd)
       fds[(*nfd)++] =
           dup_fds ? fcntl(src->seg_fd, F_DUPFD_CLOEXEC, 0) : src->seg_fd;
-    }
   }
   if (!fail &&
       !ipcref__sent_mark(p, src->origin_nonce,
@@ -7619,7 +7674,7 @@ ipcref__lease_take(ipcref_peer *p, const ipcref_view *v, ipcref__view_event *ev,
   r->writable = src.writable;
   r->view = *v;
   r->view.buf = NULL; /* byte_offset: relative to the block's data */
-  if (!src.device && src.seg_fd < 0)
+  if ((!src.device || src.by_fd) && src.seg_fd < 0)
     res = IPCREF_ESYS;
   else if (!ipcref__fd_recs_add(p, &src, fdr, nrec, fds, nfd, dup_fds))
     res = IPCREF_ENOMEM;
@@ -7892,35 +7947,42 @@ IPCREF__PRIVATE ipcref_result ipcref__map_fd(int fd, int bell,
   return IPCREF_OK;
 }
 
-/* Opens a device segment another process exported (under the lock): the
- * allocation the driver opens must be at least as large as announced.
- * Without a backend for its device here, the map is a placeholder (be
- * NULL): the views in it are refused with ENODEV and their leases given
- * back, and the peer, which counts the segment as sent, stays usable. */
+/* Opens a device segment another process exported (under the lock): by
+ * its handle (fd -1), where the allocation the driver opens must be at
+ * least as large as announced, or by the fd it came with (record kind 4),
+ * which the backend maps at the announced size or refuses. Without a
+ * backend for its device here (or one that takes no fds), the map is a
+ * placeholder (be NULL): the views in it are refused with ENODEV and
+ * their leases given back, and the peer, which counts the segment as
+ * sent, stays usable. The map takes the fd on success. */
 IPCREF__PRIVATE ipcref_result ipcref__map_device(ipcref_ctx *ctx,
                                                  const ipcref__fd_rec *r,
-                                                 ipcref__map **out,
+                                                 int fd, ipcref__map **out,
                                                  const char **why) {
   ipcref_backend *be = ipcref__backend_of(ctx, r->dev_type);
   ipcref__map *m;
-  uint64_t addr, base;
+  uint64_t addr = 0, base;
   size_t size;
   ipcref_result res;
   *why = "a device segment of size 0 or too large";
   if (r->size == 0 || r->size > (uint64_t)PTRDIFF_MAX) return IPCREF_EPROTO;
+  if (fd >= 0 && be && !be->seg_import_fd) be = NULL;
   m = (ipcref__map *)ipcref__zalloc(sizeof *m);
   if (!m) return IPCREF_ENOMEM;
-  if (!be) {
-    addr = 0;
-    goto fill;
-  }
-  res = be->seg_import(be, r->dev_id, r->handle, &addr);
+  if (!be) goto fill;
+  *why = fd >= 0 ? "a device fd that is no shareable allocation of its "
+                   "announced size"
+                 : "a device handle the driver does not open";
+  res = fd >= 0 ? be->seg_import_fd(be, r->dev_id, fd, r->size,
+                                    r->writable != 0, &addr)
+                : be->seg_import(be, r->dev_id, r->handle, &addr);
   if (res != IPCREF_OK) {
     IPCREF_FREE(m);
     return res;
   }
-  if (be->seg_range(be, r->dev_id, addr, &base, &size) != IPCREF_OK ||
-      base != addr || (uint64_t)size < r->size) {
+  if (fd < 0 &&
+      (be->seg_range(be, r->dev_id, addr, &base, &size) != IPCREF_OK ||
+       base != addr || (uint64_t)size < r->size)) {
     be->seg_close(be, r->dev_id, addr);
     IPCREF_FREE(m);
     *why = "a device handle whose allocation is not the one announced";
@@ -7932,7 +7994,8 @@ fill:
   m->origin_nonce = r->origin_nonce;
   m->origin_pid = (int)r->origin_pid;
   m->id = r->id;
-  m->fd = -1;
+  m->fd = fd; /* kept for forwarding */
+  m->by_fd = fd >= 0;
   m->size = (size_t)r->size;
   m->writable = r->writable != 0;
   m->be = be;
@@ -8032,7 +8095,11 @@ IPCREF__PRIVATE ipcref_result ipcref__import_map(ipcref_ctx *ctx,
         ipcref__fresh_find(mm, kind, f->origin_nonce, f->id))
       continue;
     if (f->kind == IPCREF__KIND_DEVICE) {
-      r = ipcref__map_device(ctx, f, &mm->fresh[mm->nfresh], &mm->why);
+      r = ipcref__map_device(ctx, f, -1, &mm->fresh[mm->nfresh], &mm->why);
+    } else if (f->kind == IPCREF__KIND_DEVICE_FD) {
+      int at = m->fd_index[i];
+      r = ipcref__map_device(ctx, f, fds[at], &mm->fresh[mm->nfresh], &mm->why);
+      if (r == IPCREF_OK) fds[at] = -1;
     } else {
       int at = m->fd_index[i], led = f->kind == IPCREF__KIND_LEDGER;
       r = ipcref__map_fd(fds[at], led ? fds[at + 1] : -1, f,

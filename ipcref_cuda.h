@@ -15,9 +15,16 @@
  *     ... write it on `stream`, then ipcref_send_on(peer, &view, stream)
  *
  * What it does for the sharing layer (see ipcref_backend in ipcref.h):
- *   - device segments from cuMemAlloc; blocks are cut from them as host
- *     blocks are from memfds, and an allocation that fails sweeps the limbo
- *     and retries first;
+ *   - device segments, from cuMemAlloc (legacy memory, shared by
+ *     cuIpcGetMemHandle) or made with the virtual memory management calls
+ *     (cuMemCreate, shareable by POSIX fd, reserved and mapped with
+ *     cuMemAddressReserve / cuMemMap / cuMemSetAccess: VMM memory, whose
+ *     fd crosses over SCM_RIGHTS and is imported with
+ *     cuMemImportFromShareableHandle, needing no ptrace rights); by
+ *     default VMM where the device says it can share by fd, legacy
+ *     elsewhere (ipcref_cuda_set_memory). Blocks are cut from them as host
+ *     blocks are from memfds, and an allocation that fails sweeps the
+ *     limbo and retries first;
  *   - a pointer from any other allocator is found in its allocation with
  *     cuMemGetAddressRange; the base is exported once (cuIpcGetMemHandle)
  *     and the offset travels beside the handle. Memory legacy IPC cannot
@@ -73,6 +80,24 @@ IPCREF_API ipcref_backend *ipcref_cuda_backend(ipcref_cuda *cu);
  * pool and the library. Every context the backend was added to must be
  * freed first. NULL: no-op. */
 IPCREF_API void ipcref_cuda_close(ipcref_cuda *cu);
+
+/* What ipcref_cuda_alloc's segments are made of (ipcref_cuda_set_memory). */
+#define IPCREF_CUDA_MEMORY_AUTO                                                \
+  0 /* VMM where the device reports POSIX fd handles                           \
+       (CU_DEVICE_ATTRIBUTE_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED and            \
+       _HANDLE_TYPE_POSIX_FILE_DESCRIPTOR_SUPPORTED), else legacy: the default \
+     */
+#define IPCREF_CUDA_MEMORY_LEGACY                                              \
+  1 /* cuMemAlloc; shared by cuIpcGetMemHandle */
+#define IPCREF_CUDA_MEMORY_VMM                                                 \
+  2 /* cuMemCreate (size rounded up to the allocation granularity), shared by  \
+       fd; a device that cannot share so makes ipcref_cuda_alloc say ENOTSUP   \
+     */
+
+/* Chooses what the segments made from now on are (those made before keep
+ * theirs; a consumer maps either kind, whatever it chose): one of
+ * IPCREF_CUDA_MEMORY_*. Errors: EINVAL (cu NULL, an unknown value). */
+IPCREF_API ipcref_result ipcref_cuda_set_memory(ipcref_cuda *cu, int memory);
 
 /* A shared device buffer of `size` bytes on device `device` (the backend
  * must be added to ctx): ipcref_device_new for CUDA. EINVAL: ctx or out
@@ -213,6 +238,15 @@ typedef CUipcMemHandle ipcref__cu_mem_handle;
 typedef CUipcEventHandle ipcref__cu_event_handle;
 typedef CUpointer_attribute ipcref__cu_attr;
 typedef CUdriverProcAddressQueryResult ipcref__cu_query;
+typedef CUdevice_attribute ipcref__cu_dev_attr;
+typedef CUmemGenericAllocationHandle ipcref__cu_vmm_handle;
+typedef CUmemAllocationProp ipcref__cu_mem_prop;
+typedef CUmemAccessDesc ipcref__cu_access;
+typedef CUmemAllocationHandleType ipcref__cu_handle_type;
+typedef CUmemAllocationGranularity_flags ipcref__cu_granularity;
+typedef CUmemAllocationType ipcref__cu_alloc_type;
+typedef CUmemLocationType ipcref__cu_location_type;
+typedef CUmemAccess_flags ipcref__cu_access_flags;
 #else
 typedef int ipcref__cu_result;
 typedef int ipcref__cu_device;
@@ -228,6 +262,32 @@ typedef struct {
 } ipcref__cu_event_handle;
 typedef int ipcref__cu_attr;
 typedef int ipcref__cu_query;
+typedef int ipcref__cu_dev_attr;
+typedef unsigned long long ipcref__cu_vmm_handle;
+typedef int ipcref__cu_handle_type;
+typedef int ipcref__cu_granularity;
+typedef int ipcref__cu_alloc_type;
+typedef int ipcref__cu_location_type;
+typedef int ipcref__cu_access_flags;
+typedef struct {
+  ipcref__cu_location_type type;
+  int id;
+} ipcref__cu_location;
+typedef struct { /* CUmemAllocationProp's layout */
+  ipcref__cu_alloc_type type;
+  ipcref__cu_handle_type requestedHandleTypes;
+  ipcref__cu_location location;
+  void *win32HandleMetaData;
+  struct {
+    unsigned char compressionType, gpuDirectRDMACapable;
+    unsigned short usage;
+    unsigned char reserved[4];
+  } allocFlags;
+} ipcref__cu_mem_prop;
+typedef struct { /* CUmemAccessDesc's layout */
+  ipcref__cu_location location;
+  ipcref__cu_access_flags flags;
+} ipcref__cu_access;
 #endif
 
 /* The numbers used here (cuda.h), and what the shared part needs. */
@@ -245,6 +305,17 @@ typedef int ipcref__cu_query;
 #define IPCREF__CU_LAZY_PEER        0x1 /* CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS */
 #define IPCREF__CU_ATTR_IPC_CAPABLE 10  /* ..._IS_LEGACY_CUDA_IPC_CAPABLE */
 #define IPCREF__CU_PROC_VERSION     12000 /* covers every symbol used */
+#define IPCREF__CU_VMM              1 /* memory shared by fd (src/gpu_vmm.h) */
+#define IPCREF__CU_ATTR_VMM         102 /* ..._VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED */
+#define IPCREF__CU_ATTR_POSIX_FD                                               \
+  103 /* CU_DEVICE_ATTRIBUTE_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR_SUPPORTED */
+#define IPCREF__CU_HANDLE_POSIX_FD                                             \
+  0x1 /* CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR */
+#define IPCREF__CU_ALLOC_PINNED    0x1 /* CU_MEM_ALLOCATION_TYPE_PINNED */
+#define IPCREF__CU_LOCATION_DEVICE 0x1 /* CU_MEM_LOCATION_TYPE_DEVICE */
+#define IPCREF__CU_GRANULARITY_MIN 0x0 /* CU_MEM_ALLOC_GRANULARITY_MINIMUM */
+#define IPCREF__CU_PROT_READ       0x1 /* CU_MEM_ACCESS_FLAGS_PROT_READ */
+#define IPCREF__CU_PROT_READWRITE  0x3 /* CU_MEM_ACCESS_FLAGS_PROT_READWRITE */
 
 typedef ipcref__cu_result (*ipcref__cu_get_proc_v2)(const char *, void **, int,
                                                     unsigned long long,
@@ -283,6 +354,32 @@ typedef struct ipcref__cu_api {
   ipcref__cu_result (*StreamWaitEvent)(ipcref__cu_stream, ipcref__cu_event,
                                        unsigned int);
   ipcref__cu_result (*StreamSynchronize)(ipcref__cu_stream);
+  /* Virtual memory management: optional (without one of them, no device
+   * shares memory by fd). */
+  ipcref__cu_result (*DeviceGetAttribute)(int *, ipcref__cu_dev_attr,
+                                          ipcref__cu_device);
+  ipcref__cu_result (*CtxSynchronize)(void);
+  ipcref__cu_result (*MemGetAllocationGranularity)(size_t *,
+                                                   const ipcref__cu_mem_prop *,
+                                                   ipcref__cu_granularity);
+  ipcref__cu_result (*MemCreate)(ipcref__cu_vmm_handle *, size_t,
+                                 const ipcref__cu_mem_prop *,
+                                 unsigned long long);
+  ipcref__cu_result (*MemRelease)(ipcref__cu_vmm_handle);
+  ipcref__cu_result (*MemAddressReserve)(ipcref__cu_ptr *, size_t, size_t,
+                                         ipcref__cu_ptr, unsigned long long);
+  ipcref__cu_result (*MemAddressFree)(ipcref__cu_ptr, size_t);
+  ipcref__cu_result (*MemMap)(ipcref__cu_ptr, size_t, size_t,
+                              ipcref__cu_vmm_handle, unsigned long long);
+  ipcref__cu_result (*MemUnmap)(ipcref__cu_ptr, size_t);
+  ipcref__cu_result (*MemSetAccess)(ipcref__cu_ptr, size_t,
+                                    const ipcref__cu_access *, size_t);
+  ipcref__cu_result (*MemExportToShareableHandle)(void *, ipcref__cu_vmm_handle,
+                                                  ipcref__cu_handle_type,
+                                                  unsigned long long);
+  ipcref__cu_result (*MemImportFromShareableHandle)(ipcref__cu_vmm_handle *,
+                                                    void *,
+                                                    ipcref__cu_handle_type);
 } ipcref__cu_api;
 
 #ifdef CUDA_VERSION
@@ -313,6 +410,19 @@ IPCREF__PRIVATE void ipcref__cu_check_prototypes(void) {
   IPCREF__CU_CHECK(IpcOpenEventHandle, cuIpcOpenEventHandle);
   IPCREF__CU_CHECK(StreamWaitEvent, cuStreamWaitEvent);
   IPCREF__CU_CHECK(StreamSynchronize, cuStreamSynchronize);
+  IPCREF__CU_CHECK(DeviceGetAttribute, cuDeviceGetAttribute);
+  IPCREF__CU_CHECK(CtxSynchronize, cuCtxSynchronize);
+  IPCREF__CU_CHECK(MemGetAllocationGranularity, cuMemGetAllocationGranularity);
+  IPCREF__CU_CHECK(MemCreate, cuMemCreate);
+  IPCREF__CU_CHECK(MemRelease, cuMemRelease);
+  IPCREF__CU_CHECK(MemAddressReserve, cuMemAddressReserve);
+  IPCREF__CU_CHECK(MemAddressFree, cuMemAddressFree);
+  IPCREF__CU_CHECK(MemMap, cuMemMap);
+  IPCREF__CU_CHECK(MemUnmap, cuMemUnmap);
+  IPCREF__CU_CHECK(MemSetAccess, cuMemSetAccess);
+  IPCREF__CU_CHECK(MemExportToShareableHandle, cuMemExportToShareableHandle);
+  IPCREF__CU_CHECK(MemImportFromShareableHandle,
+                   cuMemImportFromShareableHandle);
   (void)sizeof(char[sizeof(CUipcMemHandle) == IPCREF_HANDLE_BYTES ? 1 : -1]);
 }
 #endif
@@ -452,6 +562,104 @@ IPCREF__PRIVATE int ipcref__cu_d_stream_sync(ipcref__cu_state *d,
   return (int)d->api.StreamSynchronize((ipcref__cu_stream)stream);
 }
 
+/* Virtual memory management (src/gpu_vmm.h uses these). An allocation is
+ * pinned memory of one device, shareable by POSIX fd. */
+IPCREF__PRIVATE void ipcref__cu_vmm_prop(ipcref__cu_mem_prop *p, int dev) {
+  memset(p, 0, sizeof *p);
+  p->type = (ipcref__cu_alloc_type)IPCREF__CU_ALLOC_PINNED;
+  p->requestedHandleTypes = (ipcref__cu_handle_type)IPCREF__CU_HANDLE_POSIX_FD;
+  p->location.type = (ipcref__cu_location_type)IPCREF__CU_LOCATION_DEVICE;
+  p->location.id = dev;
+}
+/* 1 when device `dev` (current) makes such memory: the driver has every
+ * call, and the device both attributes. */
+IPCREF__PRIVATE int ipcref__cu_d_vmm_supported(ipcref__cu_state *d, int dev) {
+  const ipcref__cu_api *a = &d->api;
+  int vmm = 0, fd = 0;
+  if (!a->DeviceGetAttribute || !a->CtxSynchronize ||
+      !a->MemGetAllocationGranularity || !a->MemCreate || !a->MemRelease ||
+      !a->MemAddressReserve || !a->MemAddressFree || !a->MemMap ||
+      !a->MemUnmap || !a->MemSetAccess || !a->MemExportToShareableHandle ||
+      !a->MemImportFromShareableHandle)
+    return 0;
+  if (a->DeviceGetAttribute(&vmm, (ipcref__cu_dev_attr)IPCREF__CU_ATTR_VMM,
+                            d->devs[dev]) ||
+      a->DeviceGetAttribute(&fd, (ipcref__cu_dev_attr)IPCREF__CU_ATTR_POSIX_FD,
+                            d->devs[dev]))
+    return 0;
+  return vmm && fd;
+}
+IPCREF__PRIVATE int ipcref__cu_d_vmm_granularity(ipcref__cu_state *d, int dev,
+                                                 size_t *g) {
+  ipcref__cu_mem_prop p;
+  ipcref__cu_vmm_prop(&p, dev);
+  return (int)d->api.MemGetAllocationGranularity(
+      g, &p, (ipcref__cu_granularity)IPCREF__CU_GRANULARITY_MIN);
+}
+IPCREF__PRIVATE int ipcref__cu_d_vmm_create(ipcref__cu_state *d, int dev,
+                                            size_t size, uint64_t *h) {
+  ipcref__cu_mem_prop p;
+  ipcref__cu_vmm_handle vh = 0;
+  int code;
+  ipcref__cu_vmm_prop(&p, dev);
+  code = (int)d->api.MemCreate(&vh, size, &p, 0);
+  *h = (uint64_t)vh;
+  return code;
+}
+IPCREF__PRIVATE int ipcref__cu_d_vmm_release(ipcref__cu_state *d, uint64_t h) {
+  return (int)d->api.MemRelease((ipcref__cu_vmm_handle)h);
+}
+IPCREF__PRIVATE int ipcref__cu_d_vmm_reserve(ipcref__cu_state *d, size_t size,
+                                             uint64_t *addr) {
+  ipcref__cu_ptr p = 0;
+  int code = (int)d->api.MemAddressReserve(&p, size, 0, 0, 0);
+  *addr = (uint64_t)p;
+  return code;
+}
+IPCREF__PRIVATE int ipcref__cu_d_vmm_unreserve(ipcref__cu_state *d,
+                                               uint64_t addr, size_t size) {
+  return (int)d->api.MemAddressFree((ipcref__cu_ptr)addr, size);
+}
+IPCREF__PRIVATE int ipcref__cu_d_vmm_map(ipcref__cu_state *d, uint64_t addr,
+                                         size_t size, uint64_t h) {
+  return (int)d->api.MemMap((ipcref__cu_ptr)addr, size, 0,
+                            (ipcref__cu_vmm_handle)h, 0);
+}
+IPCREF__PRIVATE int ipcref__cu_d_vmm_unmap(ipcref__cu_state *d, uint64_t addr,
+                                           size_t size) {
+  return (int)d->api.MemUnmap((ipcref__cu_ptr)addr, size);
+}
+IPCREF__PRIVATE int ipcref__cu_d_vmm_access(ipcref__cu_state *d, uint64_t addr,
+                                            size_t size, int dev,
+                                            int writable) {
+  ipcref__cu_access a;
+  memset(&a, 0, sizeof a);
+  a.location.type = (ipcref__cu_location_type)IPCREF__CU_LOCATION_DEVICE;
+  a.location.id = dev;
+  a.flags = (ipcref__cu_access_flags)(writable ? IPCREF__CU_PROT_READWRITE
+                                               : IPCREF__CU_PROT_READ);
+  return (int)d->api.MemSetAccess((ipcref__cu_ptr)addr, size, &a, 1);
+}
+IPCREF__PRIVATE int ipcref__cu_d_vmm_export(ipcref__cu_state *d, uint64_t h,
+                                            int *fd) {
+  return (int)d->api.MemExportToShareableHandle(
+      fd, (ipcref__cu_vmm_handle)h,
+      (ipcref__cu_handle_type)IPCREF__CU_HANDLE_POSIX_FD, 0);
+}
+/* The fd goes by value, in the pointer (the driver's convention). */
+IPCREF__PRIVATE int ipcref__cu_d_vmm_import(ipcref__cu_state *d, int fd,
+                                            uint64_t *h) {
+  ipcref__cu_vmm_handle vh = 0;
+  int code = (int)d->api.MemImportFromShareableHandle(
+      &vh, (void *)(uintptr_t)fd,
+      (ipcref__cu_handle_type)IPCREF__CU_HANDLE_POSIX_FD);
+  *h = (uint64_t)vh;
+  return code;
+}
+IPCREF__PRIVATE int ipcref__cu_d_sync(ipcref__cu_state *d) {
+  return (int)d->api.CtxSynchronize();
+}
+
 /* The stub library's message (cuda's own text says too little). */
 IPCREF__PRIVATE ipcref_result ipcref__cu_stub(const char *path) {
   snprintf(ipcref__cu_why, sizeof ipcref__cu_why,
@@ -465,6 +673,8 @@ IPCREF__PRIVATE ipcref_result ipcref__cu_stub(const char *path) {
  * lacking several is said to lack the first); every one is required. */
 #define IPCREF__CU_ENTRY(field)                                                \
   { "cu" #field, offsetof(ipcref__cu_api, field), 0 }
+#define IPCREF__CU_OPTIONAL(field)                                             \
+  { "cu" #field, offsetof(ipcref__cu_api, field), 1 }
 static const ipcref__cu_entry ipcref__cu_entries[] = {
     IPCREF__CU_ENTRY(Init),
     IPCREF__CU_ENTRY(GetErrorName),
@@ -488,8 +698,21 @@ static const ipcref__cu_entry ipcref__cu_entries[] = {
     IPCREF__CU_ENTRY(StreamWaitEvent),
     IPCREF__CU_ENTRY(StreamSynchronize),
     IPCREF__CU_ENTRY(DriverGetVersion),
+    IPCREF__CU_OPTIONAL(DeviceGetAttribute),
+    IPCREF__CU_OPTIONAL(CtxSynchronize),
+    IPCREF__CU_OPTIONAL(MemGetAllocationGranularity),
+    IPCREF__CU_OPTIONAL(MemCreate),
+    IPCREF__CU_OPTIONAL(MemRelease),
+    IPCREF__CU_OPTIONAL(MemAddressReserve),
+    IPCREF__CU_OPTIONAL(MemAddressFree),
+    IPCREF__CU_OPTIONAL(MemMap),
+    IPCREF__CU_OPTIONAL(MemUnmap),
+    IPCREF__CU_OPTIONAL(MemSetAccess),
+    IPCREF__CU_OPTIONAL(MemExportToShareableHandle),
+    IPCREF__CU_OPTIONAL(MemImportFromShareableHandle),
 };
 #undef IPCREF__CU_ENTRY
+#undef IPCREF__CU_OPTIONAL
 
 /* cuGetProcAddress (the _v2 one where the driver has it) and the version
  * every entry point is looked up at. */
@@ -638,6 +861,9 @@ struct ipcref_cuda {
   ipcref__cu_ipc_event *free_events; /* the pool: events not in use */
   ipcref__cu_open *opens;
   ipcref__cu_export *exports;
+  int memory; /* IPCREF_CUDA_MEMORY_*: what ipcref_cuda_alloc makes */
+  signed char vmm_able[IPCREF__CU_DEVICES];     /* shares by fd: 1, not: -1 */
+  struct ipcref__cu_vmm *vmm_made, *vmm_opened; /* see src/gpu_vmm.h */
 };
 
 #define IPCREF__CU_OF(be) ((ipcref_cuda *)(void *)(be))
@@ -674,6 +900,338 @@ IPCREF__PRIVATE ipcref_result ipcref__cu_on(ipcref_cuda *g, int dev) {
               : IPCREF_OK;
 }
 
+/* ---- gpu_vmm: memory shared by fd (src/gpu_vmm.h) ----------------------- */
+
+#if IPCREF__CU_VMM
+
+/* One mapped allocation: made here (g->vmm_made) or imported
+ * (g->vmm_opened). */
+typedef struct ipcref__cu_vmm {
+  uint64_t addr, handle; /* the mapping; the allocation's handle */
+  size_t size;           /* of the mapping (whole granules) */
+  int dev;
+  int exported; /* made here and exported: the file its fd opens */
+  dev_t fd_dev; /* (st_dev, st_ino of that fd), to know the fd when */
+  ino_t fd_ino; /* it comes back to this process */
+  struct ipcref__cu_vmm *next;
+} ipcref__cu_vmm;
+
+/* 1 when device `dev` can make memory shareable by fd: asked of the
+ * driver once (its attributes), then remembered. */
+IPCREF__PRIVATE int ipcref__cu_vmm_able(ipcref_cuda *g, int dev) {
+  signed char known;
+  pthread_mutex_lock(&g->lock);
+  known = g->vmm_able[dev];
+  pthread_mutex_unlock(&g->lock);
+  if (known) return known > 0;
+  known = ipcref__cu_d_vmm_supported(&g->drv, dev) ? 1 : -1;
+  pthread_mutex_lock(&g->lock);
+  g->vmm_able[dev] = known;
+  pthread_mutex_unlock(&g->lock);
+  return known > 0;
+}
+
+/* 1 when a segment of device `dev` is to be VMM memory (the device is
+ * current on this thread). */
+IPCREF__PRIVATE int ipcref__cu_vmm_wanted(ipcref_cuda *g, int dev) {
+  int memory;
+  pthread_mutex_lock(&g->lock);
+  memory = g->memory;
+  pthread_mutex_unlock(&g->lock);
+  if (memory == IPCREF_CUDA_MEMORY_LEGACY) return 0;
+  return memory == IPCREF_CUDA_MEMORY_VMM || ipcref__cu_vmm_able(g, dev);
+}
+
+/* `size` rounded up to device `dev`'s granularity into *out: 0, or the
+ * driver's error (or -1 when the sum overflows). */
+IPCREF__PRIVATE int ipcref__cu_vmm_round(ipcref_cuda *g, int dev, uint64_t size,
+                                         size_t *out) {
+  size_t gran = 0;
+  int code = ipcref__cu_d_vmm_granularity(&g->drv, dev, &gran);
+  if (code) return code;
+  if (gran == 0 || size > (uint64_t)PTRDIFF_MAX - gran) return -1;
+  *out = (size_t)((size + gran - 1) / gran * gran);
+  return 0;
+}
+
+/* Undoes a mapping, in the order the driver documents: the work queued on
+ * it is waited for first (unmapping does not wait for it), then unmapped,
+ * the allocation's handle released (the memory goes with its last
+ * mapping and handle, in every process), the range given back. */
+IPCREF__PRIVATE void ipcref__cu_vmm_undo(ipcref_cuda *g,
+                                         const ipcref__cu_vmm *m, int mapped) {
+  if (mapped) {
+    (void)ipcref__cu_d_sync(&g->drv);
+    (void)ipcref__cu_d_vmm_unmap(&g->drv, m->addr, m->size);
+  }
+  if (m->handle) (void)ipcref__cu_d_vmm_release(&g->drv, m->handle);
+  if (m->addr) (void)ipcref__cu_d_vmm_unreserve(&g->drv, m->addr, m->size);
+}
+
+/* Maps allocation m->handle (m->size bytes) into a range of its own, with
+ * the access given; on failure undoes what it did but the handle. 0, or
+ * the driver's error (*what says which step). */
+IPCREF__PRIVATE int ipcref__cu_vmm_place(ipcref_cuda *g, ipcref__cu_vmm *m,
+                                         int writable, const char **what) {
+  int code;
+  *what = "reserving an address range";
+  code = ipcref__cu_d_vmm_reserve(&g->drv, m->size, &m->addr);
+  if (code) {
+    m->addr = 0;
+    return code;
+  }
+  *what = "mapping the allocation";
+  code = ipcref__cu_d_vmm_map(&g->drv, m->addr, m->size, m->handle);
+  if (!code) {
+    *what = "setting the mapping's access";
+    code = ipcref__cu_d_vmm_access(&g->drv, m->addr, m->size, m->dev, writable);
+    if (code) (void)ipcref__cu_d_vmm_unmap(&g->drv, m->addr, m->size);
+  }
+  if (code) {
+    (void)ipcref__cu_d_vmm_unreserve(&g->drv, m->addr, m->size);
+    m->addr = 0;
+  }
+  return code;
+}
+
+/* Puts mapping record `m` on a list (under the lock). */
+IPCREF__PRIVATE void ipcref__cu_vmm_push(ipcref_cuda *g, ipcref__cu_vmm **list,
+                                         ipcref__cu_vmm *m) {
+  pthread_mutex_lock(&g->lock);
+  m->next = *list;
+  *list = m;
+  pthread_mutex_unlock(&g->lock);
+}
+
+/* Takes the record of the mapping at `addr` off a list: NULL when it is
+ * not there. */
+IPCREF__PRIVATE ipcref__cu_vmm *ipcref__cu_vmm_take(ipcref_cuda *g,
+                                                    ipcref__cu_vmm **list,
+                                                    int dev, uint64_t addr) {
+  ipcref__cu_vmm **pp, *m = NULL;
+  pthread_mutex_lock(&g->lock);
+  for (pp = list; *pp; pp = &(*pp)->next)
+    if ((*pp)->addr == addr && (*pp)->dev == dev) {
+      m = *pp;
+      *pp = m->next;
+      break;
+    }
+  pthread_mutex_unlock(&g->lock);
+  return m;
+}
+
+/* A segment of VMM memory: `size` rounded up to whole granules, made
+ * shareable by fd, mapped read-write for device `dev` (current). */
+IPCREF__PRIVATE ipcref_result ipcref__cu_vmm_alloc(ipcref_cuda *g, int dev,
+                                                   size_t size,
+                                                   uint64_t *addr) {
+  ipcref__cu_vmm *m;
+  const char *what = "finding the allocation granularity";
+  int code;
+  if (!ipcref__cu_vmm_able(g, dev))
+    return ipcref__cu_say(IPCREF_ENOTSUP,
+                          "the device cannot share memory by fd (virtual "
+                          "memory management with POSIX fd handles): "
+                          "choose legacy memory (set_memory)");
+  m = (ipcref__cu_vmm *)IPCREF_MALLOC(sizeof *m);
+  if (!m) return IPCREF_ENOMEM;
+  memset(m, 0, sizeof *m);
+  m->dev = dev;
+  code = ipcref__cu_vmm_round(g, dev, size, &m->size);
+  if (!code) {
+    what = "allocating";
+    code = ipcref__cu_d_vmm_create(&g->drv, dev, m->size, &m->handle);
+  }
+  if (!code) code = ipcref__cu_vmm_place(g, m, 1, &what);
+  if (code) {
+    ipcref__cu_vmm_undo(g, m, 0);
+    IPCREF_FREE(m);
+    if (code < 0) return ipcref__cu_say(IPCREF_ENOMEM, "size too large");
+    return ipcref__cu_fail(ipcref__cu_code(code), what, g, code);
+  }
+  ipcref__cu_vmm_push(g, &g->vmm_made, m);
+  *addr = m->addr;
+  return IPCREF_OK;
+}
+
+/* Frees the VMM segment at `addr`: 1, or 0 when it is not one. */
+IPCREF__PRIVATE int ipcref__cu_vmm_free(ipcref_cuda *g, int dev,
+                                        uint64_t addr) {
+  ipcref__cu_vmm *m = ipcref__cu_vmm_take(g, &g->vmm_made, dev, addr);
+  if (!m) return 0;
+  ipcref__cu_vmm_undo(g, m, 1);
+  IPCREF_FREE(m);
+  return 1;
+}
+
+/* The backend's seg_export_fd: an fd for the VMM segment at `base`;
+ * ENOTSUP for memory made otherwise (shared by handle). */
+IPCREF__PRIVATE ipcref_result ipcref__cu_seg_export_fd(ipcref_backend *be,
+                                                       int32_t dev,
+                                                       uint64_t base, int *fd) {
+  ipcref_cuda *g = IPCREF__CU_OF(be);
+  ipcref__cu_vmm *m;
+  uint64_t handle = 0;
+  struct stat st;
+  ipcref_result r = ipcref__cu_on(g, dev);
+  int code;
+  *fd = -1;
+  if (r != IPCREF_OK) return r;
+  pthread_mutex_lock(&g->lock);
+  for (m = g->vmm_made; m; m = m->next)
+    if (m->addr == base && m->dev == dev) handle = m->handle;
+  pthread_mutex_unlock(&g->lock);
+  if (!handle) return IPCREF_ENOTSUP;
+  code = ipcref__cu_d_vmm_export(&g->drv, handle, fd);
+  if (code) {
+    *fd = -1;
+    return ipcref__cu_fail(ipcref__cu_code(code),
+                           "exporting the allocation as an fd", g, code);
+  }
+  if (fstat(*fd, &st) == 0) { /* see ipcref__cu_vmm_own */
+    pthread_mutex_lock(&g->lock);
+    for (m = g->vmm_made; m; m = m->next)
+      if (m->addr == base && m->dev == dev) {
+        m->exported = 1;
+        m->fd_dev = st.st_dev;
+        m->fd_ino = st.st_ino;
+      }
+    pthread_mutex_unlock(&g->lock);
+  }
+  return IPCREF_OK;
+}
+
+/* The address of this process's own VMM segment that `fd` was exported
+ * from (0: none). The sharing layer keeps each exported fd open, and a
+ * peer that sends it back sends the same open file: its identity tells,
+ * whatever the driver's files are. Its own memory resolves to its own
+ * mapping, as a legacy handle does, instead of a second mapping. */
+IPCREF__PRIVATE uint64_t ipcref__cu_vmm_own(ipcref_cuda *g, int dev, int fd,
+                                            size_t *size) {
+  ipcref__cu_vmm *m;
+  struct stat st;
+  uint64_t addr = 0;
+  if (fstat(fd, &st) != 0) return 0;
+  pthread_mutex_lock(&g->lock);
+  for (m = g->vmm_made; m && !addr; m = m->next)
+    if (m->exported && m->dev == dev && m->fd_dev == st.st_dev &&
+        m->fd_ino == st.st_ino) {
+      addr = m->addr;
+      *size = m->size;
+    }
+  pthread_mutex_unlock(&g->lock);
+  return addr;
+}
+
+/* The backend's seg_import_fd: the allocation `fd` shares, mapped at
+ * `size` rounded up to whole granules (the driver refuses a mapping past
+ * the allocation's end, so a record that claims more than was shared is
+ * refused), with read or read-write access for device `dev`. Whatever
+ * the driver refuses of the fd is the peer's fault: EPROTO, but for out
+ * of memory. */
+IPCREF__PRIVATE ipcref_result ipcref__cu_seg_import_fd(ipcref_backend *be,
+                                                       int32_t dev, int fd,
+                                                       uint64_t size,
+                                                       int writable,
+                                                       uint64_t *addr) {
+  ipcref_cuda *g = IPCREF__CU_OF(be);
+  ipcref__cu_vmm *m;
+  const char *what = "importing the fd";
+  size_t own_size = 0;
+  ipcref_result r = ipcref__cu_on(g, dev);
+  int code;
+  if (r != IPCREF_OK) return r;
+  if ((*addr = ipcref__cu_vmm_own(g, dev, fd, &own_size)) != 0)
+    return size <= own_size
+               ? IPCREF_OK
+               : ipcref__cu_say(IPCREF_EPROTO, "a size past the allocation's");
+  if (!ipcref__cu_vmm_able(g, dev))
+    return ipcref__cu_say(IPCREF_ENODEV, "the device cannot map memory "
+                                         "shared by fd");
+  m = (ipcref__cu_vmm *)IPCREF_MALLOC(sizeof *m);
+  if (!m) return IPCREF_ENOMEM;
+  memset(m, 0, sizeof *m);
+  m->dev = dev;
+  code = ipcref__cu_d_vmm_import(&g->drv, fd, &m->handle);
+  if (!code) {
+    what = "finding the allocation granularity";
+    code = ipcref__cu_vmm_round(g, dev, size, &m->size);
+  }
+  if (!code) code = ipcref__cu_vmm_place(g, m, writable, &what);
+  if (code) {
+    ipcref__cu_vmm_undo(g, m, 0);
+    IPCREF_FREE(m);
+    if (code < 0)
+      return ipcref__cu_say(IPCREF_EPROTO, "a shared size out of range");
+    return ipcref__cu_fail(
+        code == IPCREF__CU_OOM ? IPCREF_ENOMEM : IPCREF_EPROTO, what, g, code);
+  }
+  ipcref__cu_vmm_push(g, &g->vmm_opened, m);
+  *addr = m->addr;
+  return IPCREF_OK;
+}
+
+/* Closes an imported VMM mapping at `addr`: 1, or 0 when it is not one. */
+IPCREF__PRIVATE int ipcref__cu_vmm_close(ipcref_cuda *g, int dev,
+                                         uint64_t addr) {
+  ipcref__cu_vmm *m = ipcref__cu_vmm_take(g, &g->vmm_opened, dev, addr);
+  if (!m) return 0;
+  if (ipcref__cu_on(g, dev) == IPCREF_OK) ipcref__cu_vmm_undo(g, m, 1);
+  IPCREF_FREE(m);
+  return 1;
+}
+
+/* At ipcref_cuda_close: what is still mapped goes (the contexts that used
+ * it are gone: see ipcref_cuda_close). */
+IPCREF__PRIVATE void ipcref__cu_vmm_close_all(ipcref_cuda *g) {
+  ipcref__cu_vmm **lists[2], *m;
+  int i;
+  lists[0] = &g->vmm_made;
+  lists[1] = &g->vmm_opened;
+  for (i = 0; i < 2; i++)
+    while ((m = *lists[i]) != NULL) {
+      *lists[i] = m->next;
+      if (ipcref__cu_on(g, m->dev) == IPCREF_OK) ipcref__cu_vmm_undo(g, m, 1);
+      IPCREF_FREE(m);
+    }
+}
+
+#else /* the driver's part has no VMM calls: every device is legacy */
+
+IPCREF__PRIVATE int ipcref__cu_vmm_wanted(ipcref_cuda *g, int dev) {
+  (void)g;
+  (void)dev;
+  return 0;
+}
+IPCREF__PRIVATE ipcref_result ipcref__cu_vmm_alloc(ipcref_cuda *g, int dev,
+                                                   size_t size,
+                                                   uint64_t *addr) {
+  (void)g;
+  (void)dev;
+  (void)size;
+  (void)addr;
+  return IPCREF_ENOTSUP;
+}
+IPCREF__PRIVATE int ipcref__cu_vmm_free(ipcref_cuda *g, int dev,
+                                        uint64_t addr) {
+  (void)g;
+  (void)dev;
+  (void)addr;
+  return 0;
+}
+IPCREF__PRIVATE int ipcref__cu_vmm_close(ipcref_cuda *g, int dev,
+                                         uint64_t addr) {
+  (void)g;
+  (void)dev;
+  (void)addr;
+  return 0;
+}
+IPCREF__PRIVATE void ipcref__cu_vmm_close_all(ipcref_cuda *g) {
+  (void)g;
+}
+
+#endif /* IPCREF__CU_VMM */
+
 /* ---- segments ------------------------------------------------------------ */
 
 IPCREF__PRIVATE ipcref_result ipcref__cu_seg_alloc(ipcref_backend *be,
@@ -683,6 +1241,8 @@ IPCREF__PRIVATE ipcref_result ipcref__cu_seg_alloc(ipcref_backend *be,
   ipcref_result r = ipcref__cu_on(g, dev);
   int code;
   if (r != IPCREF_OK) return r;
+  if (ipcref__cu_vmm_wanted(g, dev))
+    return ipcref__cu_vmm_alloc(g, dev, size, addr);
   code = ipcref__cu_d_alloc(&g->drv, size, addr);
   return code ? ipcref__cu_fail(ipcref__cu_code(code), "allocating", g, code)
               : IPCREF_OK;
@@ -692,7 +1252,7 @@ IPCREF__PRIVATE void ipcref__cu_seg_free(ipcref_backend *be, int32_t dev,
                                          uint64_t addr) {
   ipcref_cuda *g = IPCREF__CU_OF(be);
   ipcref__cu_export **pp;
-  if (ipcref__cu_on(g, dev) == IPCREF_OK)
+  if (ipcref__cu_on(g, dev) == IPCREF_OK && !ipcref__cu_vmm_free(g, dev, addr))
     (void)ipcref__cu_d_free(&g->drv, addr);
   pthread_mutex_lock(&g->lock); /* its handle no longer names it */
   for (pp = &g->exports; *pp; pp = &(*pp)->next)
@@ -804,6 +1364,7 @@ IPCREF__PRIVATE void ipcref__cu_seg_close(ipcref_backend *be, int32_t dev,
                                           uint64_t addr) {
   ipcref_cuda *g = IPCREF__CU_OF(be);
   ipcref__cu_open **pp, *o = NULL;
+  if (ipcref__cu_vmm_close(g, dev, addr)) return; /* imported by fd */
   pthread_mutex_lock(&g->lock);
   for (pp = &g->opens; *pp; pp = &(*pp)->next)
     if ((*pp)->dev == dev && (*pp)->addr == addr) {
@@ -1020,6 +1581,10 @@ IPCREF_API ipcref_result ipcref_cuda_open(const char *driver_path,
   g->backend.event_wait = ipcref__cu_event_wait;
   g->backend.fence = ipcref__cu_fence;
   g->backend.fence_done = ipcref__cu_fence_done;
+#if IPCREF__CU_VMM
+  g->backend.seg_export_fd = ipcref__cu_seg_export_fd;
+  g->backend.seg_import_fd = ipcref__cu_seg_import_fd;
+#endif
   *out = g;
   return IPCREF_OK;
 }
@@ -1055,9 +1620,25 @@ IPCREF_API void ipcref_cuda_close(ipcref_cuda *g) {
     g->exports = x->next;
     IPCREF_FREE(x);
   }
+  ipcref__cu_vmm_close_all(g);
   ipcref__cu_d_unload(&g->drv);
   pthread_mutex_destroy(&g->lock);
   IPCREF_FREE(g);
+}
+
+IPCREF_API ipcref_result ipcref_cuda_set_memory(ipcref_cuda *g, int memory) {
+  if (!g) return ipcref__invalid(__func__, "the backend is NULL");
+  if (memory != IPCREF_CUDA_MEMORY_AUTO &&
+      memory != IPCREF_CUDA_MEMORY_LEGACY && memory != IPCREF_CUDA_MEMORY_VMM)
+    return ipcref__invalid(__func__, "memory is not an IPCREF_*_MEMORY_ value");
+  if (memory == IPCREF_CUDA_MEMORY_VMM && !IPCREF__CU_VMM)
+    return ipcref__cu_say(IPCREF_ENOTSUP,
+                          "this backend shares device memory by legacy IPC "
+                          "only (no virtual memory management here)");
+  pthread_mutex_lock(&g->lock);
+  g->memory = memory;
+  pthread_mutex_unlock(&g->lock);
+  return IPCREF_OK;
 }
 
 /* The arguments a device call checks itself, so that a refusal names it

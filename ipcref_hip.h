@@ -22,7 +22,11 @@
  * events (its header: "Use of this flag will return an error"), so instead
  * of an event travelling with the message, ipcref_send_on synchronizes the
  * producer's stream before the hand-off. The producer's thread waits for
- * its own queued work then, never for a consumer. */
+ * its own queued work then, never for a consumer. Another: device memory
+ * is legacy (hipMalloc) only; the memory shared by fd that the CUDA
+ * backend makes with virtual memory management is not made here, and a
+ * segment shared so by a CUDA peer is refused (ENODEV) as any memory of
+ * another device type. */
 
 #ifndef IPCREF_HIP_H_INCLUDED
 #define IPCREF_HIP_H_INCLUDED
@@ -59,6 +63,20 @@ IPCREF_API ipcref_backend *ipcref_hip_backend(ipcref_hip *hip);
  * library. Every context the backend was added to must be freed first.
  * NULL: no-op. */
 IPCREF_API void ipcref_hip_close(ipcref_hip *hip);
+
+/* What ipcref_hip_alloc's segments are made of (ipcref_hip_set_memory):
+ * the values are those of ipcref_cuda.h, and only legacy memory is made
+ * here. */
+#define IPCREF_HIP_MEMORY_AUTO 0 /* legacy: the default */
+#define IPCREF_HIP_MEMORY_LEGACY                                               \
+  1                             /* hipMalloc; shared by hipIpcGetMemHandle     \
+                                 */
+#define IPCREF_HIP_MEMORY_VMM 2 /* not made by this backend: ENOTSUP */
+
+/* Chooses what the segments made from now on are: AUTO and LEGACY are
+ * hipMalloc. Errors: EINVAL (hip NULL, an unknown value), ENOTSUP (VMM:
+ * ipcref_hip_error() says why). */
+IPCREF_API ipcref_result ipcref_hip_set_memory(ipcref_hip *hip, int memory);
 
 /* A shared device buffer of `size` bytes on device `device` (the backend
  * must be added to ctx): ipcref_device_new for ROCm. EINVAL: ctx or out
@@ -211,6 +229,7 @@ typedef int ipcref__hip_attr;
 #define IPCREF__HIP_INVALID_CONTEXT 201 /* hipErrorInvalidContext */
 #define IPCREF__HIP_NOT_READY       600 /* hipErrorNotReady */
 #define IPCREF__HIP_IPC_EVENTS      0   /* HIP 5: none that work */
+#define IPCREF__HIP_VMM             0   /* no memory shared by fd here */
 #define IPCREF__HIP_DEVICE_TYPE     IPCREF_DEVICE_ROCM
 #define IPCREF__HIP_NAME            "hip"
 #define IPCREF__HIP_DEVICES         64
@@ -507,6 +526,9 @@ struct ipcref_hip {
   ipcref__hip_ipc_event *free_events; /* the pool: events not in use */
   ipcref__hip_open *opens;
   ipcref__hip_export *exports;
+  int memory; /* IPCREF_HIP_MEMORY_*: what ipcref_hip_alloc makes */
+  signed char vmm_able[IPCREF__HIP_DEVICES];     /* shares by fd: 1, not: -1 */
+  struct ipcref__hip_vmm *vmm_made, *vmm_opened; /* see src/gpu_vmm.h */
 };
 
 #define IPCREF__HIP_OF(be) ((ipcref_hip *)(void *)(be))
@@ -544,6 +566,340 @@ IPCREF__PRIVATE ipcref_result ipcref__hip_on(ipcref_hip *g, int dev) {
               : IPCREF_OK;
 }
 
+/* ---- gpu_vmm: memory shared by fd (src/gpu_vmm.h) ----------------------- */
+
+#if IPCREF__HIP_VMM
+
+/* One mapped allocation: made here (g->vmm_made) or imported
+ * (g->vmm_opened). */
+typedef struct ipcref__hip_vmm {
+  uint64_t addr, handle; /* the mapping; the allocation's handle */
+  size_t size;           /* of the mapping (whole granules) */
+  int dev;
+  int exported; /* made here and exported: the file its fd opens */
+  dev_t fd_dev; /* (st_dev, st_ino of that fd), to know the fd when */
+  ino_t fd_ino; /* it comes back to this process */
+  struct ipcref__hip_vmm *next;
+} ipcref__hip_vmm;
+
+/* 1 when device `dev` can make memory shareable by fd: asked of the
+ * driver once (its attributes), then remembered. */
+IPCREF__PRIVATE int ipcref__hip_vmm_able(ipcref_hip *g, int dev) {
+  signed char known;
+  pthread_mutex_lock(&g->lock);
+  known = g->vmm_able[dev];
+  pthread_mutex_unlock(&g->lock);
+  if (known) return known > 0;
+  known = ipcref__hip_d_vmm_supported(&g->drv, dev) ? 1 : -1;
+  pthread_mutex_lock(&g->lock);
+  g->vmm_able[dev] = known;
+  pthread_mutex_unlock(&g->lock);
+  return known > 0;
+}
+
+/* 1 when a segment of device `dev` is to be VMM memory (the device is
+ * current on this thread). */
+IPCREF__PRIVATE int ipcref__hip_vmm_wanted(ipcref_hip *g, int dev) {
+  int memory;
+  pthread_mutex_lock(&g->lock);
+  memory = g->memory;
+  pthread_mutex_unlock(&g->lock);
+  if (memory == IPCREF_HIP_MEMORY_LEGACY) return 0;
+  return memory == IPCREF_HIP_MEMORY_VMM || ipcref__hip_vmm_able(g, dev);
+}
+
+/* `size` rounded up to device `dev`'s granularity into *out: 0, or the
+ * driver's error (or -1 when the sum overflows). */
+IPCREF__PRIVATE int ipcref__hip_vmm_round(ipcref_hip *g, int dev, uint64_t size,
+                                          size_t *out) {
+  size_t gran = 0;
+  int code = ipcref__hip_d_vmm_granularity(&g->drv, dev, &gran);
+  if (code) return code;
+  if (gran == 0 || size > (uint64_t)PTRDIFF_MAX - gran) return -1;
+  *out = (size_t)((size + gran - 1) / gran * gran);
+  return 0;
+}
+
+/* Undoes a mapping, in the order the driver documents: the work queued on
+ * it is waited for first (unmapping does not wait for it), then unmapped,
+ * the allocation's handle released (the memory goes with its last
+ * mapping and handle, in every process), the range given back. */
+IPCREF__PRIVATE void
+ipcref__hip_vmm_undo(ipcref_hip *g, const ipcref__hip_vmm *m, int mapped) {
+  if (mapped) {
+    (void)ipcref__hip_d_sync(&g->drv);
+    (void)ipcref__hip_d_vmm_unmap(&g->drv, m->addr, m->size);
+  }
+  if (m->handle) (void)ipcref__hip_d_vmm_release(&g->drv, m->handle);
+  if (m->addr) (void)ipcref__hip_d_vmm_unreserve(&g->drv, m->addr, m->size);
+}
+
+/* Maps allocation m->handle (m->size bytes) into a range of its own, with
+ * the access given; on failure undoes what it did but the handle. 0, or
+ * the driver's error (*what says which step). */
+IPCREF__PRIVATE int ipcref__hip_vmm_place(ipcref_hip *g, ipcref__hip_vmm *m,
+                                          int writable, const char **what) {
+  int code;
+  *what = "reserving an address range";
+  code = ipcref__hip_d_vmm_reserve(&g->drv, m->size, &m->addr);
+  if (code) {
+    m->addr = 0;
+    return code;
+  }
+  *what = "mapping the allocation";
+  code = ipcref__hip_d_vmm_map(&g->drv, m->addr, m->size, m->handle);
+  if (!code) {
+    *what = "setting the mapping's access";
+    code =
+        ipcref__hip_d_vmm_access(&g->drv, m->addr, m->size, m->dev, writable);
+    if (code) (void)ipcref__hip_d_vmm_unmap(&g->drv, m->addr, m->size);
+  }
+  if (code) {
+    (void)ipcref__hip_d_vmm_unreserve(&g->drv, m->addr, m->size);
+    m->addr = 0;
+  }
+  return code;
+}
+
+/* Puts mapping record `m` on a list (under the lock). */
+IPCREF__PRIVATE void ipcref__hip_vmm_push(ipcref_hip *g, ipcref__hip_vmm **list,
+                                          ipcref__hip_vmm *m) {
+  pthread_mutex_lock(&g->lock);
+  m->next = *list;
+  *list = m;
+  pthread_mutex_unlock(&g->lock);
+}
+
+/* Takes the record of the mapping at `addr` off a list: NULL when it is
+ * not there. */
+IPCREF__PRIVATE ipcref__hip_vmm *ipcref__hip_vmm_take(ipcref_hip *g,
+                                                      ipcref__hip_vmm **list,
+                                                      int dev, uint64_t addr) {
+  ipcref__hip_vmm **pp, *m = NULL;
+  pthread_mutex_lock(&g->lock);
+  for (pp = list; *pp; pp = &(*pp)->next)
+    if ((*pp)->addr == addr && (*pp)->dev == dev) {
+      m = *pp;
+      *pp = m->next;
+      break;
+    }
+  pthread_mutex_unlock(&g->lock);
+  return m;
+}
+
+/* A segment of VMM memory: `size` rounded up to whole granules, made
+ * shareable by fd, mapped read-write for device `dev` (current). */
+IPCREF__PRIVATE ipcref_result ipcref__hip_vmm_alloc(ipcref_hip *g, int dev,
+                                                    size_t size,
+                                                    uint64_t *addr) {
+  ipcref__hip_vmm *m;
+  const char *what = "finding the allocation granularity";
+  int code;
+  if (!ipcref__hip_vmm_able(g, dev))
+    return ipcref__hip_say(IPCREF_ENOTSUP,
+                           "the device cannot share memory by fd (virtual "
+                           "memory management with POSIX fd handles): "
+                           "choose legacy memory (set_memory)");
+  m = (ipcref__hip_vmm *)IPCREF_MALLOC(sizeof *m);
+  if (!m) return IPCREF_ENOMEM;
+  memset(m, 0, sizeof *m);
+  m->dev = dev;
+  code = ipcref__hip_vmm_round(g, dev, size, &m->size);
+  if (!code) {
+    what = "allocating";
+    code = ipcref__hip_d_vmm_create(&g->drv, dev, m->size, &m->handle);
+  }
+  if (!code) code = ipcref__hip_vmm_place(g, m, 1, &what);
+  if (code) {
+    ipcref__hip_vmm_undo(g, m, 0);
+    IPCREF_FREE(m);
+    if (code < 0) return ipcref__hip_say(IPCREF_ENOMEM, "size too large");
+    return ipcref__hip_fail(ipcref__hip_code(code), what, g, code);
+  }
+  ipcref__hip_vmm_push(g, &g->vmm_made, m);
+  *addr = m->addr;
+  return IPCREF_OK;
+}
+
+/* Frees the VMM segment at `addr`: 1, or 0 when it is not one. */
+IPCREF__PRIVATE int ipcref__hip_vmm_free(ipcref_hip *g, int dev,
+                                         uint64_t addr) {
+  ipcref__hip_vmm *m = ipcref__hip_vmm_take(g, &g->vmm_made, dev, addr);
+  if (!m) return 0;
+  ipcref__hip_vmm_undo(g, m, 1);
+  IPCREF_FREE(m);
+  return 1;
+}
+
+/* The backend's seg_export_fd: an fd for the VMM segment at `base`;
+ * ENOTSUP for memory made otherwise (shared by handle). */
+IPCREF__PRIVATE ipcref_result ipcref__hip_seg_export_fd(ipcref_backend *be,
+                                                        int32_t dev,
+                                                        uint64_t base,
+                                                        int *fd) {
+  ipcref_hip *g = IPCREF__HIP_OF(be);
+  ipcref__hip_vmm *m;
+  uint64_t handle = 0;
+  struct stat st;
+  ipcref_result r = ipcref__hip_on(g, dev);
+  int code;
+  *fd = -1;
+  if (r != IPCREF_OK) return r;
+  pthread_mutex_lock(&g->lock);
+  for (m = g->vmm_made; m; m = m->next)
+    if (m->addr == base && m->dev == dev) handle = m->handle;
+  pthread_mutex_unlock(&g->lock);
+  if (!handle) return IPCREF_ENOTSUP;
+  code = ipcref__hip_d_vmm_export(&g->drv, handle, fd);
+  if (code) {
+    *fd = -1;
+    return ipcref__hip_fail(ipcref__hip_code(code),
+                            "exporting the allocation as an fd", g, code);
+  }
+  if (fstat(*fd, &st) == 0) { /* see ipcref__hip_vmm_own */
+    pthread_mutex_lock(&g->lock);
+    for (m = g->vmm_made; m; m = m->next)
+      if (m->addr == base && m->dev == dev) {
+        m->exported = 1;
+        m->fd_dev = st.st_dev;
+        m->fd_ino = st.st_ino;
+      }
+    pthread_mutex_unlock(&g->lock);
+  }
+  return IPCREF_OK;
+}
+
+/* The address of this process's own VMM segment that `fd` was exported
+ * from (0: none). The sharing layer keeps each exported fd open, and a
+ * peer that sends it back sends the same open file: its identity tells,
+ * whatever the driver's files are. Its own memory resolves to its own
+ * mapping, as a legacy handle does, instead of a second mapping. */
+IPCREF__PRIVATE uint64_t ipcref__hip_vmm_own(ipcref_hip *g, int dev, int fd,
+                                             size_t *size) {
+  ipcref__hip_vmm *m;
+  struct stat st;
+  uint64_t addr = 0;
+  if (fstat(fd, &st) != 0) return 0;
+  pthread_mutex_lock(&g->lock);
+  for (m = g->vmm_made; m && !addr; m = m->next)
+    if (m->exported && m->dev == dev && m->fd_dev == st.st_dev &&
+        m->fd_ino == st.st_ino) {
+      addr = m->addr;
+      *size = m->size;
+    }
+  pthread_mutex_unlock(&g->lock);
+  return addr;
+}
+
+/* The backend's seg_import_fd: the allocation `fd` shares, mapped at
+ * `size` rounded up to whole granules (the driver refuses a mapping past
+ * the allocation's end, so a record that claims more than was shared is
+ * refused), with read or read-write access for device `dev`. Whatever
+ * the driver refuses of the fd is the peer's fault: EPROTO, but for out
+ * of memory. */
+IPCREF__PRIVATE ipcref_result ipcref__hip_seg_import_fd(ipcref_backend *be,
+                                                        int32_t dev, int fd,
+                                                        uint64_t size,
+                                                        int writable,
+                                                        uint64_t *addr) {
+  ipcref_hip *g = IPCREF__HIP_OF(be);
+  ipcref__hip_vmm *m;
+  const char *what = "importing the fd";
+  size_t own_size = 0;
+  ipcref_result r = ipcref__hip_on(g, dev);
+  int code;
+  if (r != IPCREF_OK) return r;
+  if ((*addr = ipcref__hip_vmm_own(g, dev, fd, &own_size)) != 0)
+    return size <= own_size
+               ? IPCREF_OK
+               : ipcref__hip_say(IPCREF_EPROTO, "a size past the allocation's");
+  if (!ipcref__hip_vmm_able(g, dev))
+    return ipcref__hip_say(IPCREF_ENODEV, "the device cannot map memory "
+                                          "shared by fd");
+  m = (ipcref__hip_vmm *)IPCREF_MALLOC(sizeof *m);
+  if (!m) return IPCREF_ENOMEM;
+  memset(m, 0, sizeof *m);
+  m->dev = dev;
+  code = ipcref__hip_d_vmm_import(&g->drv, fd, &m->handle);
+  if (!code) {
+    what = "finding the allocation granularity";
+    code = ipcref__hip_vmm_round(g, dev, size, &m->size);
+  }
+  if (!code) code = ipcref__hip_vmm_place(g, m, writable, &what);
+  if (code) {
+    ipcref__hip_vmm_undo(g, m, 0);
+    IPCREF_FREE(m);
+    if (code < 0)
+      return ipcref__hip_say(IPCREF_EPROTO, "a shared size out of range");
+    return ipcref__hip_fail(
+        code == IPCREF__HIP_OOM ? IPCREF_ENOMEM : IPCREF_EPROTO, what, g, code);
+  }
+  ipcref__hip_vmm_push(g, &g->vmm_opened, m);
+  *addr = m->addr;
+  return IPCREF_OK;
+}
+
+/* Closes an imported VMM mapping at `addr`: 1, or 0 when it is not one. */
+IPCREF__PRIVATE int ipcref__hip_vmm_close(ipcref_hip *g, int dev,
+                                          uint64_t addr) {
+  ipcref__hip_vmm *m = ipcref__hip_vmm_take(g, &g->vmm_opened, dev, addr);
+  if (!m) return 0;
+  if (ipcref__hip_on(g, dev) == IPCREF_OK) ipcref__hip_vmm_undo(g, m, 1);
+  IPCREF_FREE(m);
+  return 1;
+}
+
+/* At ipcref_hip_close: what is still mapped goes (the contexts that used
+ * it are gone: see ipcref_hip_close). */
+IPCREF__PRIVATE void ipcref__hip_vmm_close_all(ipcref_hip *g) {
+  ipcref__hip_vmm **lists[2], *m;
+  int i;
+  lists[0] = &g->vmm_made;
+  lists[1] = &g->vmm_opened;
+  for (i = 0; i < 2; i++)
+    while ((m = *lists[i]) != NULL) {
+      *lists[i] = m->next;
+      if (ipcref__hip_on(g, m->dev) == IPCREF_OK) ipcref__hip_vmm_undo(g, m, 1);
+      IPCREF_FREE(m);
+    }
+}
+
+#else /* the driver's part has no VMM calls: every device is legacy */
+
+IPCREF__PRIVATE int ipcref__hip_vmm_wanted(ipcref_hip *g, int dev) {
+  (void)g;
+  (void)dev;
+  return 0;
+}
+IPCREF__PRIVATE ipcref_result ipcref__hip_vmm_alloc(ipcref_hip *g, int dev,
+                                                    size_t size,
+                                                    uint64_t *addr) {
+  (void)g;
+  (void)dev;
+  (void)size;
+  (void)addr;
+  return IPCREF_ENOTSUP;
+}
+IPCREF__PRIVATE int ipcref__hip_vmm_free(ipcref_hip *g, int dev,
+                                         uint64_t addr) {
+  (void)g;
+  (void)dev;
+  (void)addr;
+  return 0;
+}
+IPCREF__PRIVATE int ipcref__hip_vmm_close(ipcref_hip *g, int dev,
+                                          uint64_t addr) {
+  (void)g;
+  (void)dev;
+  (void)addr;
+  return 0;
+}
+IPCREF__PRIVATE void ipcref__hip_vmm_close_all(ipcref_hip *g) {
+  (void)g;
+}
+
+#endif /* IPCREF__HIP_VMM */
+
 /* ---- segments ------------------------------------------------------------ */
 
 IPCREF__PRIVATE ipcref_result ipcref__hip_seg_alloc(ipcref_backend *be,
@@ -553,6 +909,8 @@ IPCREF__PRIVATE ipcref_result ipcref__hip_seg_alloc(ipcref_backend *be,
   ipcref_result r = ipcref__hip_on(g, dev);
   int code;
   if (r != IPCREF_OK) return r;
+  if (ipcref__hip_vmm_wanted(g, dev))
+    return ipcref__hip_vmm_alloc(g, dev, size, addr);
   code = ipcref__hip_d_alloc(&g->drv, size, addr);
   return code ? ipcref__hip_fail(ipcref__hip_code(code), "allocating", g, code)
               : IPCREF_OK;
@@ -562,7 +920,8 @@ IPCREF__PRIVATE void ipcref__hip_seg_free(ipcref_backend *be, int32_t dev,
                                           uint64_t addr) {
   ipcref_hip *g = IPCREF__HIP_OF(be);
   ipcref__hip_export **pp;
-  if (ipcref__hip_on(g, dev) == IPCREF_OK)
+  if (ipcref__hip_on(g, dev) == IPCREF_OK &&
+      !ipcref__hip_vmm_free(g, dev, addr))
     (void)ipcref__hip_d_free(&g->drv, addr);
   pthread_mutex_lock(&g->lock); /* its handle no longer names it */
   for (pp = &g->exports; *pp; pp = &(*pp)->next)
@@ -673,6 +1032,7 @@ IPCREF__PRIVATE void ipcref__hip_seg_close(ipcref_backend *be, int32_t dev,
                                            uint64_t addr) {
   ipcref_hip *g = IPCREF__HIP_OF(be);
   ipcref__hip_open **pp, *o = NULL;
+  if (ipcref__hip_vmm_close(g, dev, addr)) return; /* imported by fd */
   pthread_mutex_lock(&g->lock);
   for (pp = &g->opens; *pp; pp = &(*pp)->next)
     if ((*pp)->dev == dev && (*pp)->addr == addr) {
@@ -891,6 +1251,10 @@ IPCREF_API ipcref_result ipcref_hip_open(const char *driver_path,
   g->backend.event_wait = ipcref__hip_event_wait;
   g->backend.fence = ipcref__hip_fence;
   g->backend.fence_done = ipcref__hip_fence_done;
+#if IPCREF__HIP_VMM
+  g->backend.seg_export_fd = ipcref__hip_seg_export_fd;
+  g->backend.seg_import_fd = ipcref__hip_seg_import_fd;
+#endif
   *out = g;
   return IPCREF_OK;
 }
@@ -926,9 +1290,25 @@ IPCREF_API void ipcref_hip_close(ipcref_hip *g) {
     g->exports = x->next;
     IPCREF_FREE(x);
   }
+  ipcref__hip_vmm_close_all(g);
   ipcref__hip_d_unload(&g->drv);
   pthread_mutex_destroy(&g->lock);
   IPCREF_FREE(g);
+}
+
+IPCREF_API ipcref_result ipcref_hip_set_memory(ipcref_hip *g, int memory) {
+  if (!g) return ipcref__invalid(__func__, "the backend is NULL");
+  if (memory != IPCREF_HIP_MEMORY_AUTO && memory != IPCREF_HIP_MEMORY_LEGACY &&
+      memory != IPCREF_HIP_MEMORY_VMM)
+    return ipcref__invalid(__func__, "memory is not an IPCREF_*_MEMORY_ value");
+  if (memory == IPCREF_HIP_MEMORY_VMM && !IPCREF__HIP_VMM)
+    return ipcref__hip_say(IPCREF_ENOTSUP,
+                           "this backend shares device memory by legacy IPC "
+                           "only (no virtual memory management here)");
+  pthread_mutex_lock(&g->lock);
+  g->memory = memory;
+  pthread_mutex_unlock(&g->lock);
+  return IPCREF_OK;
 }
 
 /* The arguments a device call checks itself, so that a refusal names it

@@ -53,8 +53,10 @@ typedef enum ipcref_result {
                               is its parent's, in a forked child) */
   IPCREF_ENEEDCOPY = -12,  /* not possible without copying the data */
   IPCREF_EDEVICE = -13,    /* device memory: the host cannot touch it */
-  IPCREF_EAGAIN = -14      /* not now: nothing was done; call again once the
+  IPCREF_EAGAIN = -14,     /* not now: nothing was done; call again once the
                               peer can go on (see ipcref_peer_wants) */
+  IPCREF_ENOTSUP = -15     /* the driver or the memory does not support it
+                              (the backend's error says what is missing) */
 } ipcref_result;
 
 /* A short English description of `r`. Unknown values give "unknown error".
@@ -179,6 +181,8 @@ IPCREF_API const char *ipcref_strerror(ipcref_result r) {
   case IPCREF_EAGAIN:
     return "not now: nothing to receive, or the peer's socket is full, its "
            "hello has not come, or it holds its max_bytes_held";
+  case IPCREF_ENOTSUP:
+    return "not supported by the driver or by this kind of memory";
   }
   return "unknown error";
 }

@@ -15,9 +15,16 @@
  *     ... write it on `stream`, then ipcref_send_on(peer, &view, stream)
  *
  * What it does for the sharing layer (see ipcref_backend in ipcref.h):
- *   - device segments from cuMemAlloc; blocks are cut from them as host
- *     blocks are from memfds, and an allocation that fails sweeps the limbo
- *     and retries first;
+ *   - device segments, from cuMemAlloc (legacy memory, shared by
+ *     cuIpcGetMemHandle) or made with the virtual memory management calls
+ *     (cuMemCreate, shareable by POSIX fd, reserved and mapped with
+ *     cuMemAddressReserve / cuMemMap / cuMemSetAccess: VMM memory, whose
+ *     fd crosses over SCM_RIGHTS and is imported with
+ *     cuMemImportFromShareableHandle, needing no ptrace rights); by
+ *     default VMM where the device says it can share by fd, legacy
+ *     elsewhere (ipcref_cuda_set_memory). Blocks are cut from them as host
+ *     blocks are from memfds, and an allocation that fails sweeps the
+ *     limbo and retries first;
  *   - a pointer from any other allocator is found in its allocation with
  *     cuMemGetAddressRange; the base is exported once (cuIpcGetMemHandle)
  *     and the offset travels beside the handle. Memory legacy IPC cannot
@@ -74,6 +81,24 @@ IPCREF_API ipcref_backend *ipcref_cuda_backend(ipcref_cuda *cu);
  * freed first. NULL: no-op. */
 IPCREF_API void ipcref_cuda_close(ipcref_cuda *cu);
 
+/* What ipcref_cuda_alloc's segments are made of (ipcref_cuda_set_memory). */
+#define IPCREF_CUDA_MEMORY_AUTO                                                \
+  0 /* VMM where the device reports POSIX fd handles                           \
+       (CU_DEVICE_ATTRIBUTE_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED and            \
+       _HANDLE_TYPE_POSIX_FILE_DESCRIPTOR_SUPPORTED), else legacy: the default \
+     */
+#define IPCREF_CUDA_MEMORY_LEGACY                                              \
+  1 /* cuMemAlloc; shared by cuIpcGetMemHandle */
+#define IPCREF_CUDA_MEMORY_VMM                                                 \
+  2 /* cuMemCreate (size rounded up to the allocation granularity), shared by  \
+       fd; a device that cannot share so makes ipcref_cuda_alloc say ENOTSUP   \
+     */
+
+/* Chooses what the segments made from now on are (those made before keep
+ * theirs; a consumer maps either kind, whatever it chose): one of
+ * IPCREF_CUDA_MEMORY_*. Errors: EINVAL (cu NULL, an unknown value). */
+IPCREF_API ipcref_result ipcref_cuda_set_memory(ipcref_cuda *cu, int memory);
+
 /* A shared device buffer of `size` bytes on device `device` (the backend
  * must be added to ctx): ipcref_device_new for CUDA. EINVAL: ctx or out
  * NULL, device negative. */
@@ -117,6 +142,15 @@ typedef CUipcMemHandle ipcref__cu_mem_handle;
 typedef CUipcEventHandle ipcref__cu_event_handle;
 typedef CUpointer_attribute ipcref__cu_attr;
 typedef CUdriverProcAddressQueryResult ipcref__cu_query;
+typedef CUdevice_attribute ipcref__cu_dev_attr;
+typedef CUmemGenericAllocationHandle ipcref__cu_vmm_handle;
+typedef CUmemAllocationProp ipcref__cu_mem_prop;
+typedef CUmemAccessDesc ipcref__cu_access;
+typedef CUmemAllocationHandleType ipcref__cu_handle_type;
+typedef CUmemAllocationGranularity_flags ipcref__cu_granularity;
+typedef CUmemAllocationType ipcref__cu_alloc_type;
+typedef CUmemLocationType ipcref__cu_location_type;
+typedef CUmemAccess_flags ipcref__cu_access_flags;
 #else
 typedef int ipcref__cu_result;
 typedef int ipcref__cu_device;
@@ -132,6 +166,32 @@ typedef struct {
 } ipcref__cu_event_handle;
 typedef int ipcref__cu_attr;
 typedef int ipcref__cu_query;
+typedef int ipcref__cu_dev_attr;
+typedef unsigned long long ipcref__cu_vmm_handle;
+typedef int ipcref__cu_handle_type;
+typedef int ipcref__cu_granularity;
+typedef int ipcref__cu_alloc_type;
+typedef int ipcref__cu_location_type;
+typedef int ipcref__cu_access_flags;
+typedef struct {
+  ipcref__cu_location_type type;
+  int id;
+} ipcref__cu_location;
+typedef struct { /* CUmemAllocationProp's layout */
+  ipcref__cu_alloc_type type;
+  ipcref__cu_handle_type requestedHandleTypes;
+  ipcref__cu_location location;
+  void *win32HandleMetaData;
+  struct {
+    unsigned char compressionType, gpuDirectRDMACapable;
+    unsigned short usage;
+    unsigned char reserved[4];
+  } allocFlags;
+} ipcref__cu_mem_prop;
+typedef struct { /* CUmemAccessDesc's layout */
+  ipcref__cu_location location;
+  ipcref__cu_access_flags flags;
+} ipcref__cu_access;
 #endif
 
 /* The numbers used here (cuda.h), and what the shared part needs. */
@@ -149,6 +209,17 @@ typedef int ipcref__cu_query;
 #define IPCREF__CU_LAZY_PEER        0x1 /* CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS */
 #define IPCREF__CU_ATTR_IPC_CAPABLE 10  /* ..._IS_LEGACY_CUDA_IPC_CAPABLE */
 #define IPCREF__CU_PROC_VERSION     12000 /* covers every symbol used */
+#define IPCREF__CU_VMM              1 /* memory shared by fd (src/gpu_vmm.h) */
+#define IPCREF__CU_ATTR_VMM         102 /* ..._VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED */
+#define IPCREF__CU_ATTR_POSIX_FD                                               \
+  103 /* CU_DEVICE_ATTRIBUTE_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR_SUPPORTED */
+#define IPCREF__CU_HANDLE_POSIX_FD                                             \
+  0x1 /* CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR */
+#define IPCREF__CU_ALLOC_PINNED    0x1 /* CU_MEM_ALLOCATION_TYPE_PINNED */
+#define IPCREF__CU_LOCATION_DEVICE 0x1 /* CU_MEM_LOCATION_TYPE_DEVICE */
+#define IPCREF__CU_GRANULARITY_MIN 0x0 /* CU_MEM_ALLOC_GRANULARITY_MINIMUM */
+#define IPCREF__CU_PROT_READ       0x1 /* CU_MEM_ACCESS_FLAGS_PROT_READ */
+#define IPCREF__CU_PROT_READWRITE  0x3 /* CU_MEM_ACCESS_FLAGS_PROT_READWRITE */
 
 typedef ipcref__cu_result (*ipcref__cu_get_proc_v2)(const char *, void **, int,
                                                     unsigned long long,
@@ -187,6 +258,32 @@ typedef struct ipcref__cu_api {
   ipcref__cu_result (*StreamWaitEvent)(ipcref__cu_stream, ipcref__cu_event,
                                        unsigned int);
   ipcref__cu_result (*StreamSynchronize)(ipcref__cu_stream);
+  /* Virtual memory management: optional (without one of them, no device
+   * shares memory by fd). */
+  ipcref__cu_result (*DeviceGetAttribute)(int *, ipcref__cu_dev_attr,
+                                          ipcref__cu_device);
+  ipcref__cu_result (*CtxSynchronize)(void);
+  ipcref__cu_result (*MemGetAllocationGranularity)(size_t *,
+                                                   const ipcref__cu_mem_prop *,
+                                                   ipcref__cu_granularity);
+  ipcref__cu_result (*MemCreate)(ipcref__cu_vmm_handle *, size_t,
+                                 const ipcref__cu_mem_prop *,
+                                 unsigned long long);
+  ipcref__cu_result (*MemRelease)(ipcref__cu_vmm_handle);
+  ipcref__cu_result (*MemAddressReserve)(ipcref__cu_ptr *, size_t, size_t,
+                                         ipcref__cu_ptr, unsigned long long);
+  ipcref__cu_result (*MemAddressFree)(ipcref__cu_ptr, size_t);
+  ipcref__cu_result (*MemMap)(ipcref__cu_ptr, size_t, size_t,
+                              ipcref__cu_vmm_handle, unsigned long long);
+  ipcref__cu_result (*MemUnmap)(ipcref__cu_ptr, size_t);
+  ipcref__cu_result (*MemSetAccess)(ipcref__cu_ptr, size_t,
+                                    const ipcref__cu_access *, size_t);
+  ipcref__cu_result (*MemExportToShareableHandle)(void *, ipcref__cu_vmm_handle,
+                                                  ipcref__cu_handle_type,
+                                                  unsigned long long);
+  ipcref__cu_result (*MemImportFromShareableHandle)(ipcref__cu_vmm_handle *,
+                                                    void *,
+                                                    ipcref__cu_handle_type);
 } ipcref__cu_api;
 
 #ifdef CUDA_VERSION
@@ -217,6 +314,19 @@ IPCREF__PRIVATE void ipcref__cu_check_prototypes(void) {
   IPCREF__CU_CHECK(IpcOpenEventHandle, cuIpcOpenEventHandle);
   IPCREF__CU_CHECK(StreamWaitEvent, cuStreamWaitEvent);
   IPCREF__CU_CHECK(StreamSynchronize, cuStreamSynchronize);
+  IPCREF__CU_CHECK(DeviceGetAttribute, cuDeviceGetAttribute);
+  IPCREF__CU_CHECK(CtxSynchronize, cuCtxSynchronize);
+  IPCREF__CU_CHECK(MemGetAllocationGranularity, cuMemGetAllocationGranularity);
+  IPCREF__CU_CHECK(MemCreate, cuMemCreate);
+  IPCREF__CU_CHECK(MemRelease, cuMemRelease);
+  IPCREF__CU_CHECK(MemAddressReserve, cuMemAddressReserve);
+  IPCREF__CU_CHECK(MemAddressFree, cuMemAddressFree);
+  IPCREF__CU_CHECK(MemMap, cuMemMap);
+  IPCREF__CU_CHECK(MemUnmap, cuMemUnmap);
+  IPCREF__CU_CHECK(MemSetAccess, cuMemSetAccess);
+  IPCREF__CU_CHECK(MemExportToShareableHandle, cuMemExportToShareableHandle);
+  IPCREF__CU_CHECK(MemImportFromShareableHandle,
+                   cuMemImportFromShareableHandle);
   (void)sizeof(char[sizeof(CUipcMemHandle) == IPCREF_HANDLE_BYTES ? 1 : -1]);
 }
 #endif
@@ -356,6 +466,104 @@ IPCREF__PRIVATE int ipcref__cu_d_stream_sync(ipcref__cu_state *d,
   return (int)d->api.StreamSynchronize((ipcref__cu_stream)stream);
 }
 
+/* Virtual memory management (src/gpu_vmm.h uses these). An allocation is
+ * pinned memory of one device, shareable by POSIX fd. */
+IPCREF__PRIVATE void ipcref__cu_vmm_prop(ipcref__cu_mem_prop *p, int dev) {
+  memset(p, 0, sizeof *p);
+  p->type = (ipcref__cu_alloc_type)IPCREF__CU_ALLOC_PINNED;
+  p->requestedHandleTypes = (ipcref__cu_handle_type)IPCREF__CU_HANDLE_POSIX_FD;
+  p->location.type = (ipcref__cu_location_type)IPCREF__CU_LOCATION_DEVICE;
+  p->location.id = dev;
+}
+/* 1 when device `dev` (current) makes such memory: the driver has every
+ * call, and the device both attributes. */
+IPCREF__PRIVATE int ipcref__cu_d_vmm_supported(ipcref__cu_state *d, int dev) {
+  const ipcref__cu_api *a = &d->api;
+  int vmm = 0, fd = 0;
+  if (!a->DeviceGetAttribute || !a->CtxSynchronize ||
+      !a->MemGetAllocationGranularity || !a->MemCreate || !a->MemRelease ||
+      !a->MemAddressReserve || !a->MemAddressFree || !a->MemMap ||
+      !a->MemUnmap || !a->MemSetAccess || !a->MemExportToShareableHandle ||
+      !a->MemImportFromShareableHandle)
+    return 0;
+  if (a->DeviceGetAttribute(&vmm, (ipcref__cu_dev_attr)IPCREF__CU_ATTR_VMM,
+                            d->devs[dev]) ||
+      a->DeviceGetAttribute(&fd, (ipcref__cu_dev_attr)IPCREF__CU_ATTR_POSIX_FD,
+                            d->devs[dev]))
+    return 0;
+  return vmm && fd;
+}
+IPCREF__PRIVATE int ipcref__cu_d_vmm_granularity(ipcref__cu_state *d, int dev,
+                                                 size_t *g) {
+  ipcref__cu_mem_prop p;
+  ipcref__cu_vmm_prop(&p, dev);
+  return (int)d->api.MemGetAllocationGranularity(
+      g, &p, (ipcref__cu_granularity)IPCREF__CU_GRANULARITY_MIN);
+}
+IPCREF__PRIVATE int ipcref__cu_d_vmm_create(ipcref__cu_state *d, int dev,
+                                            size_t size, uint64_t *h) {
+  ipcref__cu_mem_prop p;
+  ipcref__cu_vmm_handle vh = 0;
+  int code;
+  ipcref__cu_vmm_prop(&p, dev);
+  code = (int)d->api.MemCreate(&vh, size, &p, 0);
+  *h = (uint64_t)vh;
+  return code;
+}
+IPCREF__PRIVATE int ipcref__cu_d_vmm_release(ipcref__cu_state *d, uint64_t h) {
+  return (int)d->api.MemRelease((ipcref__cu_vmm_handle)h);
+}
+IPCREF__PRIVATE int ipcref__cu_d_vmm_reserve(ipcref__cu_state *d, size_t size,
+                                             uint64_t *addr) {
+  ipcref__cu_ptr p = 0;
+  int code = (int)d->api.MemAddressReserve(&p, size, 0, 0, 0);
+  *addr = (uint64_t)p;
+  return code;
+}
+IPCREF__PRIVATE int ipcref__cu_d_vmm_unreserve(ipcref__cu_state *d,
+                                               uint64_t addr, size_t size) {
+  return (int)d->api.MemAddressFree((ipcref__cu_ptr)addr, size);
+}
+IPCREF__PRIVATE int ipcref__cu_d_vmm_map(ipcref__cu_state *d, uint64_t addr,
+                                         size_t size, uint64_t h) {
+  return (int)d->api.MemMap((ipcref__cu_ptr)addr, size, 0,
+                            (ipcref__cu_vmm_handle)h, 0);
+}
+IPCREF__PRIVATE int ipcref__cu_d_vmm_unmap(ipcref__cu_state *d, uint64_t addr,
+                                           size_t size) {
+  return (int)d->api.MemUnmap((ipcref__cu_ptr)addr, size);
+}
+IPCREF__PRIVATE int ipcref__cu_d_vmm_access(ipcref__cu_state *d, uint64_t addr,
+                                            size_t size, int dev,
+                                            int writable) {
+  ipcref__cu_access a;
+  memset(&a, 0, sizeof a);
+  a.location.type = (ipcref__cu_location_type)IPCREF__CU_LOCATION_DEVICE;
+  a.location.id = dev;
+  a.flags = (ipcref__cu_access_flags)(writable ? IPCREF__CU_PROT_READWRITE
+                                               : IPCREF__CU_PROT_READ);
+  return (int)d->api.MemSetAccess((ipcref__cu_ptr)addr, size, &a, 1);
+}
+IPCREF__PRIVATE int ipcref__cu_d_vmm_export(ipcref__cu_state *d, uint64_t h,
+                                            int *fd) {
+  return (int)d->api.MemExportToShareableHandle(
+      fd, (ipcref__cu_vmm_handle)h,
+      (ipcref__cu_handle_type)IPCREF__CU_HANDLE_POSIX_FD, 0);
+}
+/* The fd goes by value, in the pointer (the driver's convention). */
+IPCREF__PRIVATE int ipcref__cu_d_vmm_import(ipcref__cu_state *d, int fd,
+                                            uint64_t *h) {
+  ipcref__cu_vmm_handle vh = 0;
+  int code = (int)d->api.MemImportFromShareableHandle(
+      &vh, (void *)(uintptr_t)fd,
+      (ipcref__cu_handle_type)IPCREF__CU_HANDLE_POSIX_FD);
+  *h = (uint64_t)vh;
+  return code;
+}
+IPCREF__PRIVATE int ipcref__cu_d_sync(ipcref__cu_state *d) {
+  return (int)d->api.CtxSynchronize();
+}
+
 /* The stub library's message (cuda's own text says too little). */
 IPCREF__PRIVATE ipcref_result ipcref__cu_stub(const char *path) {
   snprintf(ipcref__cu_why, sizeof ipcref__cu_why,
@@ -369,6 +577,8 @@ IPCREF__PRIVATE ipcref_result ipcref__cu_stub(const char *path) {
  * lacking several is said to lack the first); every one is required. */
 #define IPCREF__CU_ENTRY(field)                                                \
   { "cu" #field, offsetof(ipcref__cu_api, field), 0 }
+#define IPCREF__CU_OPTIONAL(field)                                             \
+  { "cu" #field, offsetof(ipcref__cu_api, field), 1 }
 static const ipcref__cu_entry ipcref__cu_entries[] = {
     IPCREF__CU_ENTRY(Init),
     IPCREF__CU_ENTRY(GetErrorName),
@@ -392,8 +602,21 @@ static const ipcref__cu_entry ipcref__cu_entries[] = {
     IPCREF__CU_ENTRY(StreamWaitEvent),
     IPCREF__CU_ENTRY(StreamSynchronize),
     IPCREF__CU_ENTRY(DriverGetVersion),
+    IPCREF__CU_OPTIONAL(DeviceGetAttribute),
+    IPCREF__CU_OPTIONAL(CtxSynchronize),
+    IPCREF__CU_OPTIONAL(MemGetAllocationGranularity),
+    IPCREF__CU_OPTIONAL(MemCreate),
+    IPCREF__CU_OPTIONAL(MemRelease),
+    IPCREF__CU_OPTIONAL(MemAddressReserve),
+    IPCREF__CU_OPTIONAL(MemAddressFree),
+    IPCREF__CU_OPTIONAL(MemMap),
+    IPCREF__CU_OPTIONAL(MemUnmap),
+    IPCREF__CU_OPTIONAL(MemSetAccess),
+    IPCREF__CU_OPTIONAL(MemExportToShareableHandle),
+    IPCREF__CU_OPTIONAL(MemImportFromShareableHandle),
 };
 #undef IPCREF__CU_ENTRY
+#undef IPCREF__CU_OPTIONAL
 
 /* cuGetProcAddress (the _v2 one where the driver has it) and the version
  * every entry point is looked up at. */

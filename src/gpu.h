@@ -138,6 +138,9 @@ struct ipcref_gpu {
   ipcref__gpu_ipc_event *free_events; /* the pool: events not in use */
   ipcref__gpu_open *opens;
   ipcref__gpu_export *exports;
+  int memory; /* IPCREF_GPU_MEMORY_*: what ipcref_gpu_alloc makes */
+  signed char vmm_able[IPCREF__GPU_DEVICES];     /* shares by fd: 1, not: -1 */
+  struct ipcref__gpu_vmm *vmm_made, *vmm_opened; /* see src/gpu_vmm.h */
 };
 
 #define IPCREF__GPU_OF(be) ((ipcref_gpu *)(void *)(be))
@@ -175,6 +178,8 @@ IPCREF__PRIVATE ipcref_result ipcref__gpu_on(ipcref_gpu *g, int dev) {
               : IPCREF_OK;
 }
 
+/* @vmm */
+
 /* ---- segments ------------------------------------------------------------ */
 
 IPCREF__PRIVATE ipcref_result ipcref__gpu_seg_alloc(ipcref_backend *be,
@@ -184,6 +189,8 @@ IPCREF__PRIVATE ipcref_result ipcref__gpu_seg_alloc(ipcref_backend *be,
   ipcref_result r = ipcref__gpu_on(g, dev);
   int code;
   if (r != IPCREF_OK) return r;
+  if (ipcref__gpu_vmm_wanted(g, dev))
+    return ipcref__gpu_vmm_alloc(g, dev, size, addr);
   code = ipcref__gpu_d_alloc(&g->drv, size, addr);
   return code ? ipcref__gpu_fail(ipcref__gpu_code(code), "allocating", g, code)
               : IPCREF_OK;
@@ -193,7 +200,8 @@ IPCREF__PRIVATE void ipcref__gpu_seg_free(ipcref_backend *be, int32_t dev,
                                           uint64_t addr) {
   ipcref_gpu *g = IPCREF__GPU_OF(be);
   ipcref__gpu_export **pp;
-  if (ipcref__gpu_on(g, dev) == IPCREF_OK)
+  if (ipcref__gpu_on(g, dev) == IPCREF_OK &&
+      !ipcref__gpu_vmm_free(g, dev, addr))
     (void)ipcref__gpu_d_free(&g->drv, addr);
   pthread_mutex_lock(&g->lock); /* its handle no longer names it */
   for (pp = &g->exports; *pp; pp = &(*pp)->next)
@@ -304,6 +312,7 @@ IPCREF__PRIVATE void ipcref__gpu_seg_close(ipcref_backend *be, int32_t dev,
                                            uint64_t addr) {
   ipcref_gpu *g = IPCREF__GPU_OF(be);
   ipcref__gpu_open **pp, *o = NULL;
+  if (ipcref__gpu_vmm_close(g, dev, addr)) return; /* imported by fd */
   pthread_mutex_lock(&g->lock);
   for (pp = &g->opens; *pp; pp = &(*pp)->next)
     if ((*pp)->dev == dev && (*pp)->addr == addr) {
@@ -522,6 +531,10 @@ IPCREF_API ipcref_result ipcref_gpu_open(const char *driver_path,
   g->backend.event_wait = ipcref__gpu_event_wait;
   g->backend.fence = ipcref__gpu_fence;
   g->backend.fence_done = ipcref__gpu_fence_done;
+#if IPCREF__GPU_VMM
+  g->backend.seg_export_fd = ipcref__gpu_seg_export_fd;
+  g->backend.seg_import_fd = ipcref__gpu_seg_import_fd;
+#endif
   *out = g;
   return IPCREF_OK;
 }
@@ -557,9 +570,25 @@ IPCREF_API void ipcref_gpu_close(ipcref_gpu *g) {
     g->exports = x->next;
     IPCREF_FREE(x);
   }
+  ipcref__gpu_vmm_close_all(g);
   ipcref__gpu_d_unload(&g->drv);
   pthread_mutex_destroy(&g->lock);
   IPCREF_FREE(g);
+}
+
+IPCREF_API ipcref_result ipcref_gpu_set_memory(ipcref_gpu *g, int memory) {
+  if (!g) return ipcref__invalid(__func__, "the backend is NULL");
+  if (memory != IPCREF_GPU_MEMORY_AUTO && memory != IPCREF_GPU_MEMORY_LEGACY &&
+      memory != IPCREF_GPU_MEMORY_VMM)
+    return ipcref__invalid(__func__, "memory is not an IPCREF_*_MEMORY_ value");
+  if (memory == IPCREF_GPU_MEMORY_VMM && !IPCREF__GPU_VMM)
+    return ipcref__gpu_say(IPCREF_ENOTSUP,
+                           "this backend shares device memory by legacy IPC "
+                           "only (no virtual memory management here)");
+  pthread_mutex_lock(&g->lock);
+  g->memory = memory;
+  pthread_mutex_unlock(&g->lock);
+  return IPCREF_OK;
 }
 
 /* The arguments a device call checks itself, so that a refusal names it

@@ -22,7 +22,11 @@
  * events (its header: "Use of this flag will return an error"), so instead
  * of an event travelling with the message, ipcref_send_on synchronizes the
  * producer's stream before the hand-off. The producer's thread waits for
- * its own queued work then, never for a consumer. */
+ * its own queued work then, never for a consumer. Another: device memory
+ * is legacy (hipMalloc) only; the memory shared by fd that the CUDA
+ * backend makes with virtual memory management is not made here, and a
+ * segment shared so by a CUDA peer is refused (ENODEV) as any memory of
+ * another device type. */
 
 #ifndef IPCREF_HIP_H_INCLUDED
 #define IPCREF_HIP_H_INCLUDED
@@ -59,6 +63,19 @@ IPCREF_API ipcref_backend *ipcref_hip_backend(ipcref_hip *hip);
  * library. Every context the backend was added to must be freed first.
  * NULL: no-op. */
 IPCREF_API void ipcref_hip_close(ipcref_hip *hip);
+
+/* What ipcref_hip_alloc's segments are made of (ipcref_hip_set_memory):
+ * the values are those of ipcref_cuda.h, and only legacy memory is made
+ * here. */
+#define IPCREF_HIP_MEMORY_AUTO   0 /* legacy: the default */
+#define IPCREF_HIP_MEMORY_LEGACY 1 /* hipMalloc; shared by hipIpcGetMemHandle  \
+                                    */
+#define IPCREF_HIP_MEMORY_VMM 2    /* not made by this backend: ENOTSUP */
+
+/* Chooses what the segments made from now on are: AUTO and LEGACY are
+ * hipMalloc. Errors: EINVAL (hip NULL, an unknown value), ENOTSUP (VMM:
+ * ipcref_hip_error() says why). */
+IPCREF_API ipcref_result ipcref_hip_set_memory(ipcref_hip *hip, int memory);
 
 /* A shared device buffer of `size` bytes on device `device` (the backend
  * must be added to ctx): ipcref_device_new for ROCm. EINVAL: ctx or out
@@ -115,6 +132,7 @@ typedef int ipcref__hip_attr;
 #define IPCREF__HIP_INVALID_CONTEXT 201 /* hipErrorInvalidContext */
 #define IPCREF__HIP_NOT_READY       600 /* hipErrorNotReady */
 #define IPCREF__HIP_IPC_EVENTS      0   /* HIP 5: none that work */
+#define IPCREF__HIP_VMM             0   /* no memory shared by fd here */
 #define IPCREF__HIP_DEVICE_TYPE     IPCREF_DEVICE_ROCM
 #define IPCREF__HIP_NAME            "hip"
 #define IPCREF__HIP_DEVICES         64

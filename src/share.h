@@ -85,6 +85,19 @@ struct ipcref_backend {
   ipcref_result (*fence)(ipcref_backend *be, int32_t dev, void *stream,
                          void **fence);
   int (*fence_done)(ipcref_backend *be, void *fence);
+  /* Segments shared by fd, for memory a handle cannot carry (CUDA's
+   * virtual memory management); both NULL where the backend has none.
+   * seg_export_fd: a shareable fd of the allocation at `base` (made once
+   * per segment; the caller owns it and sends it over SCM_RIGHTS), or
+   * ENOTSUP when that allocation is shared by handle (seg_export).
+   * seg_import_fd: maps `size` bytes of the allocation `fd` shares
+   * (the fd stays the caller's), readable, and writable when `writable`;
+   * an fd that is no such allocation, or one smaller than `size`, is
+   * refused (EPROTO). seg_close undoes it. */
+  ipcref_result (*seg_export_fd)(ipcref_backend *be, int32_t dev, uint64_t base,
+                                 int *fd);
+  ipcref_result (*seg_import_fd)(ipcref_backend *be, int32_t dev, int fd,
+                                 uint64_t size, int writable, uint64_t *addr);
 };
 
 /* Options for ipcref_ctx_new; zero fields take the defaults. A byte cap

@@ -108,6 +108,7 @@ IPCREF_API ipcref_result ipcref_ctx_new(const ipcref_ctx_options *opt,
 IPCREF__PRIVATE void ipcref__map_drop(ipcref__map *m) {
   if (m->kind == IPCREF__KIND_DEVICE) {
     if (m->be) m->be->seg_close(m->be, m->dev_id, m->daddr);
+    if (m->fd >= 0) close(m->fd); /* shared by fd: kept for forwarding */
   } else {
     munmap(m->base, m->size);
     close(m->fd);

@@ -22,11 +22,14 @@ IPCREF_API ipcref_result ipcref_ctx_add_backend(ipcref_ctx *ctx,
   if (!ctx || !be || be->device_type <= IPCREF_DEVICE_CPU || !be->seg_alloc ||
       !be->seg_free || !be->seg_range || !be->seg_export || !be->seg_import ||
       !be->seg_close || !be->event_record || !be->event_free ||
-      !be->event_wait || !be->fence || !be->fence_done)
-    return ipcref__invalid(__func__, !ctx || !be ? "ctx or be is NULL"
-                                     : be->device_type <= IPCREF_DEVICE_CPU
-                                         ? "be->device_type is not a device"
-                                         : "the backend lacks a function");
+      !be->event_wait || !be->fence || !be->fence_done ||
+      !be->seg_export_fd != !be->seg_import_fd)
+    return ipcref__invalid(__func__,
+                           !ctx || !be ? "ctx or be is NULL"
+                           : be->device_type <= IPCREF_DEVICE_CPU
+                               ? "be->device_type is not a device"
+                               : "the backend lacks a function (or has one "
+                                 "of seg_export_fd and seg_import_fd only)");
   if (!IPCREF__CTX_USABLE(ctx)) return IPCREF_EDEAD;
   IPCREF__LOCK(ctx);
   if (!ipcref__backend_of(ctx, be->device_type))

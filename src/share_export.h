@@ -88,8 +88,9 @@ IPCREF__PRIVATE ipcref_result ipcref__events_record(const ipcref_view *views,
  * lease's taking (own block or forwarded import), read by the record and
  * by ipcref__fd_recs_add. */
 typedef struct ipcref__lease_src {
-  int device;   /* a device segment: sent as its handle, not an fd */
-  int seg_fd;   /* host: the fd the peer gets (-1: none could be made) */
+  int device;   /* a device segment: sent as its handle, or by_fd */
+  int by_fd;    /* a device segment shared by fd (seg_fd) */
+  int seg_fd;   /* host, by_fd: the fd the peer gets (-1: none made) */
   int writable; /* the peer may map it writable */
   int32_t dev_type, dev_id;
   const unsigned char *handle;
@@ -122,8 +123,28 @@ IPCREF__PRIVATE ipcref_result ipcref__ledger_with_room(ipcref_peer *p,
   return IPCREF_OK;
 }
 
-/* The device half of leasing block `b` (lease `ls`): the segment's IPC
- * handle, made once, and the event recorded for this hand-off, which the
+/* A device segment's export, made once: a shareable fd where its backend
+ * shares the allocation so (seg_export_fd), else its IPC handle. */
+IPCREF__PRIVATE ipcref_result ipcref__device_export(ipcref__segment *s) {
+  ipcref_backend *be = s->pool->be;
+  ipcref_result r = IPCREF_ENOTSUP;
+  if (be->seg_export_fd) {
+    int fd = -1;
+    r = be->seg_export_fd(be, s->pool->dev, s->daddr, &fd);
+    if (r == IPCREF_OK && fd < 0) r = IPCREF_ESYS; /* a broken backend */
+    if (r == IPCREF_OK) {
+      s->fd = fd;
+      s->by_fd = 1;
+    }
+  }
+  if (r == IPCREF_ENOTSUP)
+    r = be->seg_export(be, s->pool->dev, s->daddr, s->handle);
+  if (r == IPCREF_OK) s->exported = 1;
+  return r;
+}
+
+/* The device half of leasing block `b` (lease `ls`): the segment's
+ * export, made once, and the event recorded for this hand-off, which the
  * lease keeps until it ends. */
 IPCREF__PRIVATE ipcref_result ipcref__lease_device(ipcref__block *b,
                                                    ipcref__lease *ls,
@@ -132,10 +153,8 @@ IPCREF__PRIVATE ipcref_result ipcref__lease_device(ipcref__block *b,
                                                    ipcref__lease_src *src) {
   ipcref__pool *pool = b->seg->pool;
   if (!b->seg->exported) {
-    ipcref_result res = pool->be->seg_export(pool->be, pool->dev, b->seg->daddr,
-                                             b->seg->handle);
+    ipcref_result res = ipcref__device_export(b->seg);
     if (res != IPCREF_OK) return res;
-    b->seg->exported = 1;
   }
   ls->be = pool->be;
   ls->event = ev->event;
@@ -146,7 +165,8 @@ IPCREF__PRIVATE ipcref_result ipcref__lease_device(ipcref__block *b,
   src->dev_type = pool->be->device_type;
   src->dev_id = pool->dev;
   src->handle = b->seg->handle;
-  src->seg_fd = -1;
+  src->by_fd = b->seg->by_fd;
+  src->seg_fd = b->seg->by_fd ? b->seg->fd : -1;
   return IPCREF_OK;
 }
 
@@ -249,6 +269,7 @@ ipcref__lease_take_forward(ipcref_peer *p, const ipcref_view *v,
     src->dev_type = imp->seg->dev_type;
     src->dev_id = imp->seg->dev_id;
     src->handle = imp->seg->handle;
+    src->by_fd = imp->seg->by_fd;
     r->has_event = imp->has_event;
     memcpy(r->event, imp->event, sizeof r->event);
   }
@@ -281,7 +302,9 @@ IPCREF__PRIVATE int ipcref__fd_recs_add(ipcref_peer *p,
       !fail) {
     ipcref__fd_rec *f = &fdr[(*nrec)++];
     memset(f, 0, sizeof *f);
-    f->kind = src->device ? IPCREF__KIND_DEVICE : IPCREF__KIND_SEGMENT;
+    f->kind = !src->device ? IPCREF__KIND_SEGMENT
+              : src->by_fd ? IPCREF__KIND_DEVICE_FD
+                           : IPCREF__KIND_DEVICE;
     f->writable = src->writable;
     f->origin_pid = src->origin_pid;
     f->origin_nonce = src->origin_nonce;
@@ -290,11 +313,11 @@ IPCREF__PRIVATE int ipcref__fd_recs_add(ipcref_peer *p,
     if (src->device) {
       f->dev_type = src->dev_type;
       f->dev_id = src->dev_id;
-      memcpy(f->handle, src->handle, IPCREF_HANDLE_BYTES);
-    } else {
+      if (!src->by_fd) memcpy(f->handle, src->handle, IPCREF_HANDLE_BYTES);
+    }
+    if (!src->device || src->by_fd)
       fds[(*nfd)++] =
           dup_fds ? fcntl(src->seg_fd, F_DUPFD_CLOEXEC, 0) : src->seg_fd;
-    }
   }
   if (!fail &&
       !ipcref__sent_mark(p, src->origin_nonce,
@@ -339,7 +362,7 @@ ipcref__lease_take(ipcref_peer *p, const ipcref_view *v, ipcref__view_event *ev,
   r->writable = src.writable;
   r->view = *v;
   r->view.buf = NULL; /* byte_offset: relative to the block's data */
-  if (!src.device && src.seg_fd < 0)
+  if ((!src.device || src.by_fd) && src.seg_fd < 0)
     res = IPCREF_ESYS;
   else if (!ipcref__fd_recs_add(p, &src, fdr, nrec, fds, nfd, dup_fds))
     res = IPCREF_ENOMEM;

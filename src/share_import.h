@@ -153,35 +153,42 @@ IPCREF__PRIVATE ipcref_result ipcref__map_fd(int fd, int bell,
   return IPCREF_OK;
 }
 
-/* Opens a device segment another process exported (under the lock): the
- * allocation the driver opens must be at least as large as announced.
- * Without a backend for its device here, the map is a placeholder (be
- * NULL): the views in it are refused with ENODEV and their leases given
- * back, and the peer, which counts the segment as sent, stays usable. */
+/* Opens a device segment another process exported (under the lock): by
+ * its handle (fd -1), where the allocation the driver opens must be at
+ * least as large as announced, or by the fd it came with (record kind 4),
+ * which the backend maps at the announced size or refuses. Without a
+ * backend for its device here (or one that takes no fds), the map is a
+ * placeholder (be NULL): the views in it are refused with ENODEV and
+ * their leases given back, and the peer, which counts the segment as
+ * sent, stays usable. The map takes the fd on success. */
 IPCREF__PRIVATE ipcref_result ipcref__map_device(ipcref_ctx *ctx,
                                                  const ipcref__fd_rec *r,
-                                                 ipcref__map **out,
+                                                 int fd, ipcref__map **out,
                                                  const char **why) {
   ipcref_backend *be = ipcref__backend_of(ctx, r->dev_type);
   ipcref__map *m;
-  uint64_t addr, base;
+  uint64_t addr = 0, base;
   size_t size;
   ipcref_result res;
   *why = "a device segment of size 0 or too large";
   if (r->size == 0 || r->size > (uint64_t)PTRDIFF_MAX) return IPCREF_EPROTO;
+  if (fd >= 0 && be && !be->seg_import_fd) be = NULL;
   m = (ipcref__map *)ipcref__zalloc(sizeof *m);
   if (!m) return IPCREF_ENOMEM;
-  if (!be) {
-    addr = 0;
-    goto fill;
-  }
-  res = be->seg_import(be, r->dev_id, r->handle, &addr);
+  if (!be) goto fill;
+  *why = fd >= 0 ? "a device fd that is no shareable allocation of its "
+                   "announced size"
+                 : "a device handle the driver does not open";
+  res = fd >= 0 ? be->seg_import_fd(be, r->dev_id, fd, r->size,
+                                    r->writable != 0, &addr)
+                : be->seg_import(be, r->dev_id, r->handle, &addr);
   if (res != IPCREF_OK) {
     IPCREF_FREE(m);
     return res;
   }
-  if (be->seg_range(be, r->dev_id, addr, &base, &size) != IPCREF_OK ||
-      base != addr || (uint64_t)size < r->size) {
+  if (fd < 0 &&
+      (be->seg_range(be, r->dev_id, addr, &base, &size) != IPCREF_OK ||
+       base != addr || (uint64_t)size < r->size)) {
     be->seg_close(be, r->dev_id, addr);
     IPCREF_FREE(m);
     *why = "a device handle whose allocation is not the one announced";
@@ -193,7 +200,8 @@ fill:
   m->origin_nonce = r->origin_nonce;
   m->origin_pid = (int)r->origin_pid;
   m->id = r->id;
-  m->fd = -1;
+  m->fd = fd; /* kept for forwarding */
+  m->by_fd = fd >= 0;
   m->size = (size_t)r->size;
   m->writable = r->writable != 0;
   m->be = be;
@@ -293,7 +301,11 @@ IPCREF__PRIVATE ipcref_result ipcref__import_map(ipcref_ctx *ctx,
         ipcref__fresh_find(mm, kind, f->origin_nonce, f->id))
       continue;
     if (f->kind == IPCREF__KIND_DEVICE) {
-      r = ipcref__map_device(ctx, f, &mm->fresh[mm->nfresh], &mm->why);
+      r = ipcref__map_device(ctx, f, -1, &mm->fresh[mm->nfresh], &mm->why);
+    } else if (f->kind == IPCREF__KIND_DEVICE_FD) {
+      int at = m->fd_index[i];
+      r = ipcref__map_device(ctx, f, fds[at], &mm->fresh[mm->nfresh], &mm->why);
+      if (r == IPCREF_OK) fds[at] = -1;
     } else {
       int at = m->fd_index[i], led = f->kind == IPCREF__KIND_LEDGER;
       r = ipcref__map_fd(fds[at], led ? fds[at + 1] : -1, f,

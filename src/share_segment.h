@@ -77,6 +77,7 @@ IPCREF__PRIVATE void ipcref__segment_destroy(ipcref_ctx *ctx,
   if (s->pool->be) { /* a wrapped allocation stays its owner's */
     if (s->cls != IPCREF__FOREIGN && !s->leaked)
       s->pool->be->seg_free(s->pool->be, s->pool->dev, s->daddr);
+    if (s->fd >= 0) close(s->fd); /* its shareable fd, if exported so */
     ctx->st.device_bytes -= s->size;
   } else {
     IPCREF__UNPOISON(s->base, s->size); /* the addresses will be reused */

@@ -111,7 +111,8 @@ struct ipcref__segment {
   unsigned char *base; /* host: the mapping */
   uint64_t daddr;      /* device: the allocation's address */
   unsigned char handle[IPCREF_HANDLE_BYTES]; /* device: its IPC handle */
-  int exported;                              /* handle made */
+  int exported;                              /* handle (or fd) made */
+  int by_fd;       /* device: shared by the fd in `fd` (seg_export_fd) */
   int leaked;      /* device memory still leased when the context went: never
                       freed (a consumer may have it open) */
   uint32_t nwraps; /* foreign: blocks in it */
@@ -180,7 +181,9 @@ struct ipcref__ledger {
 enum {
   IPCREF__KIND_SEGMENT = 1,
   IPCREF__KIND_LEDGER = 2,
-  IPCREF__KIND_DEVICE = 3
+  IPCREF__KIND_DEVICE = 3,
+  IPCREF__KIND_DEVICE_FD = 4 /* on the wire only: a device segment by fd
+                                (its map is a KIND_DEVICE one, by_fd) */
 };
 
 typedef struct ipcref__map {
@@ -199,6 +202,7 @@ typedef struct ipcref__map {
   int32_t dev_type, dev_id;
   uint64_t daddr;
   unsigned char handle[IPCREF_HANDLE_BYTES]; /* kept for forwarding */
+  int by_fd;   /* device segments: shared by fd (kept in fd), not handle */
   int refs;    /* atomic: imported buffers using it */
   int retired; /* the origin destroyed it: unmap at refs 0 */
   struct ipcref__map *next, *prev;

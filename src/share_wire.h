@@ -10,12 +10,14 @@
  *
  *   u32 magic "IPCM"  u16 version  u16 nviews  u16 nrecs  u16 nretired
  *   u32 sender pid    u64 sender nonce  u16 meta length
- *   nrecs x     { u8 kind (1 segment, 2 ledger, 3 device segment)
+ *   nrecs x     { u8 kind (1 segment, 2 ledger, 3 device segment by
+ *                 handle, 4 device segment by fd)
  *                 u8 writable  u32 origin pid  u64 origin nonce  u64 id
  *                 u64 size
- *                 kind 3: u32 device type  u32 device id  64 B handle }
- *               (kind 1 comes with one fd, kind 2 with two: the ledger
- *               and its bell; in this order)
+ *                 kinds 3, 4: u32 device type  u32 device id
+ *                 kind 3: 64 B handle }
+ *               (kinds 1 and 4 come with one fd, kind 2 with two: the
+ *               ledger and its bell; in this order)
  *   nretired x  { u64 id }          (sender's segments it has destroyed)
  *   nviews x    { u32 origin pid  u64 origin nonce  u64 segment id
  *                 u64 segment size  u64 block offset  u64 block size
@@ -100,7 +102,8 @@ typedef struct ipcref__view_rec {
 
 /* What a message carries for a segment or a ledger: kind 1 (a memfd
  * segment) and 2 (a ledger) come with an fd, in order; kind 3 (a device
- * segment) with its device and IPC handle instead. */
+ * segment) with its device and IPC handle instead; kind 4 (a device
+ * segment shared by fd) with its device and an fd. */
 typedef struct ipcref__fd_rec {
   int kind, writable;
   uint32_t origin_pid;
@@ -140,10 +143,12 @@ IPCREF__PRIVATE void ipcref__put_fd_rec(ipcref__wire *w,
   ipcref__wire_put(w, f->origin_nonce, 8);
   ipcref__wire_put(w, f->id, 8);
   ipcref__wire_put(w, f->size, 8);
-  if (f->kind != IPCREF__KIND_DEVICE) return;
+  if (f->kind != IPCREF__KIND_DEVICE && f->kind != IPCREF__KIND_DEVICE_FD)
+    return;
   ipcref__wire_put(w, (uint64_t)(uint32_t)f->dev_type, 4);
   ipcref__wire_put(w, (uint64_t)(uint32_t)f->dev_id, 4);
-  ipcref__put_bytes(w, f->handle, IPCREF_HANDLE_BYTES);
+  if (f->kind == IPCREF__KIND_DEVICE)
+    ipcref__put_bytes(w, f->handle, IPCREF_HANDLE_BYTES);
 }
 
 IPCREF__PRIVATE int ipcref__get_fd_rec(ipcref__wire *w, ipcref__fd_rec *f) {
@@ -154,14 +159,15 @@ IPCREF__PRIVATE int ipcref__get_fd_rec(ipcref__wire *w, ipcref__fd_rec *f) {
   f->origin_nonce = ipcref__wire_get(w, 8);
   f->id = ipcref__wire_get(w, 8);
   f->size = ipcref__wire_get(w, 8);
-  if (f->kind == IPCREF__KIND_DEVICE) {
+  if (f->kind == IPCREF__KIND_DEVICE || f->kind == IPCREF__KIND_DEVICE_FD) {
     f->dev_type = (int32_t)(uint32_t)ipcref__wire_get(w, 4);
     f->dev_id = (int32_t)(uint32_t)ipcref__wire_get(w, 4);
-    ipcref__get_bytes(w, f->handle, IPCREF_HANDLE_BYTES);
+    if (f->kind == IPCREF__KIND_DEVICE)
+      ipcref__get_bytes(w, f->handle, IPCREF_HANDLE_BYTES);
     if (f->dev_type <= IPCREF_DEVICE_CPU || f->dev_id < 0) return 0;
   }
   return !w->bad && f->kind >= IPCREF__KIND_SEGMENT &&
-         f->kind <= IPCREF__KIND_DEVICE;
+         f->kind <= IPCREF__KIND_DEVICE_FD;
 }
 
 /* Writes / reads a view record (0 when malformed). */
@@ -279,8 +285,8 @@ IPCREF__PRIVATE int ipcref__get_msg_head(ipcref__wire *w, ipcref__msg_head *h) {
 
 /* A whole message, decoded: its header, its segment and ledger records
  * (with the index of each one's fd among those the message carries, -1
- * for a device segment), the ids of the segments its sender retired, and
- * its views. */
+ * for a device segment by handle), the ids of the segments its sender retired,
+ * and its views. */
 typedef struct ipcref__msg_in {
   ipcref__msg_head head;
   int nfds; /* fds the records call for (a ledger's bell after it) */
@@ -308,9 +314,9 @@ IPCREF__PRIVATE int ipcref__msg_decode(const unsigned char *bytes, size_t len,
   for (i = 0; i < m->head.nrecs; i++) { /* segments and ledgers: fds */
     if (!ipcref__get_fd_rec(&w, &m->recs[i])) return 0;
     m->fd_index[i] = m->recs[i].kind == IPCREF__KIND_DEVICE ? -1 : m->nfds;
-    m->nfds += m->recs[i].kind == IPCREF__KIND_LEDGER    ? 2
-               : m->recs[i].kind == IPCREF__KIND_SEGMENT ? 1
-                                                         : 0;
+    m->nfds += m->recs[i].kind == IPCREF__KIND_LEDGER   ? 2
+               : m->recs[i].kind == IPCREF__KIND_DEVICE ? 0
+                                                        : 1;
   }
   m->why = "more fds than a message may carry";
   if (m->nfds > IPCREF_MSG_MAX_FDS) return 0;

@@ -31,6 +31,7 @@
  *                        (valgrind has no pidfd_open)
  *   IPCREF_GPU_KEEP_LOGS=1   keep the call logs (their directory is
  *                        printed)
+ *   IPCREF_GPU_ONLY=text only the cases whose name holds `text`
  *
  * Rules kept as with a real driver: a process that needs the driver
  * opens it itself, and every fork happens before the forking process
@@ -58,6 +59,7 @@ static int g_tmo; /* ms any single wait may take */
 #define CHILD_ALARM_S 900 /* a child never outlives this */
 
 #include "share_fixture.h"
+#include "xfer.h"
 
 /* ---- configuration ------------------------------------------------------ */
 
@@ -74,6 +76,8 @@ static long g_case_t0;
 /* One kind of GPU: what differs between the two fakes. */
 typedef struct kind {
   int hip;
+  int vmm;         /* CUDA segments made by cuMemCreate, shared by fd */
+  const char *key; /* what names one allocation in every process's log */
   const char *name, *pfx;
   int32_t type, other_type;
   const char *ok; /* the success marker in the log */
@@ -83,6 +87,8 @@ typedef struct kind {
 } kind;
 
 static kind K_CUDA = {0,
+                      0,
+                      "h=",
                       "cuda",
                       "FAKE_CUDA_",
                       IPCREF_DEVICE_CUDA,
@@ -99,6 +105,8 @@ static kind K_CUDA = {0,
                       "CUDA_ERROR_OUT_OF_MEMORY",
                       ""};
 static kind K_HIP = {1,
+                     0,
+                     "h=",
                      "hip",
                      "FAKE_HIP_",
                      IPCREF_DEVICE_ROCM,
@@ -113,6 +121,27 @@ static kind K_HIP = {1,
                      "hipStreamSynchronize",
                      "hipIpcOpenEventHandle",
                      "hipErrorOutOfMemory",
+                     ""};
+/* CUDA again, its segments VMM memory (ipcref_cuda_set_memory): the
+ * allocation is exported as an fd once, and each process that imports it
+ * maps it once and unmaps it once. */
+static kind K_VMM = {0,
+                     1,
+                     "alloc=",
+                     "cuda_vmm",
+                     "FAKE_CUDA_",
+                     IPCREF_DEVICE_CUDA,
+                     IPCREF_DEVICE_ROCM,
+                     "-> CUDA_SUCCESS",
+                     "cuMemExportToShareableHandle",
+                     "cuMemImportFromShareableHandle",
+                     "cuMemRelease",
+                     "cuMemCreate",
+                     "cuMemRelease",
+                     "cuStreamWaitEvent",
+                     "cuStreamSynchronize",
+                     "cuIpcOpenEventHandle",
+                     "CUDA_ERROR_OUT_OF_MEMORY",
                      ""};
 
 /* ---- the fakes' knobs and call log -------------------------------------- */
@@ -134,8 +163,9 @@ static void knob_num(const kind *k, const char *name, long long v) {
 
 static void knobs_reset(void) {
   static const char *const names[] = {
-      "MODE",    "DEVICES", "MEM_LIMIT",  "REOPEN",         "WORK_US",
-      "HOSTPTR", "LOG",     "IPC_EVENTS", "DRIVER_VERSION", "HIDE"};
+      "MODE",    "DEVICES",  "MEM_LIMIT",  "REOPEN",         "WORK_US",
+      "HOSTPTR", "LOG",      "IPC_EVENTS", "DRIVER_VERSION", "HIDE",
+      "VMM",     "POSIX_FD", "GRANULARITY"};
   size_t i;
   for (i = 0; i < sizeof names / sizeof *names; i++) {
     knob(&K_CUDA, names[i], NULL);
@@ -192,6 +222,12 @@ static int log_scan(int pid, const char *call, const char *has,
   }
   free(s);
   return count;
+}
+
+/* What a log line holds for the allocation `value` of kind k's key (the
+ * fake logs alloc= last on a line, h= before other keys). */
+static void key_is(const kind *k, const char *value, char *out, size_t n) {
+  snprintf(out, n, "%s%s%s", k->key, value, k->vmm ? "" : " ");
 }
 
 static int log_count(int pid, const char *call, const char *has) {
@@ -317,6 +353,8 @@ typedef struct gdrv {
   int (*hrecord)(void *, void *);
   int (*hevent_free)(void *);
   int (*vmm)(void **, size_t);
+  int copy_dev;    /* CUDA: the device whose context makes the copies */
+  void *devctx[2]; /* CUDA: device 1's primary context, once retained */
 } gdrv;
 
 /* dlsym gives an object pointer; copied into a function pointer. */
@@ -343,6 +381,10 @@ static ipcref_result g_open(const kind *k, gdrv *d) {
     return r;
   }
   d->be = k->hip ? ipcref_hip_backend(d->hp) : ipcref_cuda_backend(d->cu);
+  if (!k->hip) /* legacy unless the kind says VMM (the default is AUTO) */
+    CHECK_EQ(ipcref_cuda_set_memory(d->cu, k->vmm ? IPCREF_CUDA_MEMORY_VMM
+                                                  : IPCREF_CUDA_MEMORY_LEGACY),
+             IPCREF_OK);
   d->lib = dlopen(k->path, RTLD_NOW | RTLD_LOCAL);
   CHECK(d->lib != NULL);
   if (!d->lib) return IPCREF_ENODEV;
@@ -382,6 +424,7 @@ static ipcref_result g_open(const kind *k, gdrv *d) {
 static void g_close(gdrv *d) {
   if (!d->k) return;
   if (d->cuctx) CHECK_EQ(d->release(0), 0);
+  if (d->devctx[1]) CHECK_EQ(d->release(1), 0);
   if (d->k->hip)
     ipcref_hip_close(d->hp);
   else
@@ -390,8 +433,17 @@ static void g_close(gdrv *d) {
   memset(d, 0, sizeof *d);
 }
 
+/* CUDA: the copies run in device copy_dev's primary context (0 or 1).
+ * VMM memory is reachable only from the devices given access to it, so
+ * its copies run on its own device. */
 static void g_cur(gdrv *d) {
-  if (!d->k->hip) CHECK_EQ(d->setcur(d->cuctx), 0);
+  void *c = d->cuctx;
+  if (d->k->hip) return;
+  if (d->copy_dev == 1) {
+    if (!d->devctx[1]) CHECK_EQ(d->retain(&d->devctx[1], 1), 0);
+    c = d->devctx[1];
+  }
+  CHECK_EQ(d->setcur(c), 0);
 }
 
 static int g_h2d(gdrv *d, void *dst, const void *src, size_t n) {
@@ -680,10 +732,10 @@ static void test_full_flow(const kind *k) {
   /* The driver's view: one segment exported once by A, opened once and
    * closed once in each of B and C (the handle names A's allocation). */
   CHECK_EQ(log_count(getpid(), k->c_get, k->ok), 1);
-  CHECK(log_value(getpid(), k->c_get, k->ok, "h=", NULL, h, sizeof h));
+  CHECK(log_value(getpid(), k->c_get, k->ok, k->key, NULL, h, sizeof h));
   {
     char hh[80];
-    snprintf(hh, sizeof hh, "h=%s ", h);
+    key_is(k, h, hh, sizeof hh);
     CHECK_EQ(log_count(0, k->c_open, hh), 2);
     CHECK_EQ(log_count(0, k->c_close, hh), 2);
   }
@@ -714,6 +766,7 @@ out:
 }
 GPU_TEST(test_full_flow, cuda, &K_CUDA)
 GPU_TEST(test_full_flow, hip, &K_HIP)
+GPU_TEST(test_full_flow, cuda_vmm, &K_VMM)
 
 /* ======================================================================== */
 /* 2. Pointers from another allocator, in the middle of a larger
@@ -845,14 +898,14 @@ static void test_wrap_offset(const kind *k) {
   KID_EXIT0(&ch, "consumer");
   /* One export of the allocation's base, one opening in the consumer. */
   CHECK_EQ(log_count(getpid(), k->c_get, NULL), 1);
-  CHECK(log_value(getpid(), k->c_get, k->ok, "h=", NULL, h, sizeof h));
+  CHECK(log_value(getpid(), k->c_get, k->ok, k->key, NULL, h, sizeof h));
   {
     char base[40];
     snprintf(base, sizeof base, "ptr=%#llx ",
              (unsigned long long)(uintptr_t)alloc);
     CHECK_EQ(log_count(getpid(), k->c_get, base), 1);
   }
-  snprintf(hh, sizeof hh, "h=%s ", h);
+  key_is(k, h, hh, sizeof hh);
   CHECK_EQ(log_count(0, k->c_open, hh), 1);
   CHECK_EQ(log_count(0, k->c_close, hh), 1);
 done:
@@ -981,8 +1034,8 @@ static void test_import_twice(const kind *k) {
       CHECK_EQ(st.limbo_blocks, 0);
     }
     CHECK_EQ(log_count(getpid(), k->c_get, NULL), 1);
-    CHECK(log_value(getpid(), k->c_get, k->ok, "h=", NULL, h, sizeof h));
-    snprintf(hh, sizeof hh, "h=%s ", h);
+    CHECK(log_value(getpid(), k->c_get, k->ok, k->key, NULL, h, sizeof h));
+    key_is(k, h, hh, sizeof hh);
     CHECK_EQ(log_count(pid, k->c_open, hh), 1);
     CHECK_EQ(log_count(pid, k->c_close, hh), 1);
     CHECK_EQ(log_count(0, NULL, "AlreadyMapped"), 0);
@@ -1174,6 +1227,7 @@ out:
 }
 GPU_TEST(test_stream_order, cuda, &K_CUDA)
 GPU_TEST(test_stream_order, hip, &K_HIP)
+GPU_TEST(test_stream_order, cuda_vmm, &K_VMM)
 
 /* A segment already mapped is waited on the same way: each view's event,
  * each time (CUDA); the producer synchronizes before each hand-off (HIP). */
@@ -1272,6 +1326,7 @@ out:
 }
 GPU_TEST(test_wait_cached, cuda, &K_CUDA)
 GPU_TEST(test_wait_cached, hip, &K_HIP)
+GPU_TEST(test_wait_cached, cuda_vmm, &K_VMM)
 
 /* CUDA's interprocess events come from a pool: as many as were ever
  * outstanding at once, each with its handle made once, reused when their
@@ -1411,6 +1466,7 @@ static void test_oom_sweep(const kind *k) {
   uint64_t sweeps;
   ipcref_result r;
   knob_num(k, "MEM_LIMIT", (long long)(2 * OOM_SEG));
+  knob_num(k, "GRANULARITY", (long long)OOM_SEG); /* VMM: no rounding up */
   kid_open(&ch, 1, SOCK_SEQPACKET);
   a.k = k;
   a.peer = ch.their_sock[0];
@@ -1498,6 +1554,7 @@ out:
 }
 GPU_TEST(test_oom_sweep, cuda, &K_CUDA)
 GPU_TEST(test_oom_sweep, hip, &K_HIP)
+GPU_TEST(test_oom_sweep, cuda_vmm, &K_VMM)
 
 /* ======================================================================== */
 /* 6. A consumer SIGKILLed while it holds device blocks: the producer
@@ -1583,6 +1640,7 @@ out:
 }
 GPU_TEST(test_consumer_killed, cuda, &K_CUDA)
 GPU_TEST(test_consumer_killed, hip, &K_HIP)
+GPU_TEST(test_consumer_killed, cuda_vmm, &K_VMM)
 
 /* ======================================================================== */
 /* 7. Errors. */
@@ -1707,6 +1765,7 @@ static void test_self_import(const kind *k) {
 }
 GPU_TEST(test_self_import, cuda, &K_CUDA)
 GPU_TEST(test_self_import, hip, &K_HIP)
+GPU_TEST(test_self_import, cuda_vmm, &K_VMM)
 
 /* One context in this process with both peers of a socketpair in it. */
 typedef struct one_ctx {
@@ -1770,6 +1829,7 @@ static void test_self_import_one_ctx(const kind *k) {
 }
 GPU_TEST(test_self_import_one_ctx, cuda, &K_CUDA)
 GPU_TEST(test_self_import_one_ctx, hip, &K_HIP)
+GPU_TEST(test_self_import_one_ctx, cuda_vmm, &K_VMM)
 
 /* Adds `by` to the little-endian u64 at p. */
 static void bump_le64(unsigned char *p, uint64_t by) {
@@ -1787,7 +1847,9 @@ static void bump_le64(unsigned char *p, uint64_t by) {
  * only the driver's own answer can tell. */
 static void test_lying_size(const kind *k) {
   one_ctx o;
-  size_t pos = 24;
+  size_t pos = 26; /* the records follow the message's header */
+  /* VMM: past the whole granule the allocation was rounded up to */
+  uint64_t more = k->vmm ? (uint64_t)4 << 20 : 4096;
   int i;
   ipcref_buf *b = NULL;
   ipcref_msg msg, lie;
@@ -1804,11 +1866,12 @@ static void test_lying_size(const kind *k) {
       lie.fds[i] = fcntl(msg.fds[i], F_DUPFD_CLOEXEC, 0);
     lie.origin = NULL;
     for (i = 0; i < (int)(lie.bytes[8] | lie.bytes[9] << 8); i++) {
-      if (lie.bytes[pos] == 3) bump_le64(lie.bytes + pos + 22, 4096);
-      pos += 30 + (lie.bytes[pos] == 3 ? 72 : 0);
+      int kd = lie.bytes[pos]; /* 3: device by handle, 4: by fd */
+      if (kd >= 3) bump_le64(lie.bytes + pos + 22, more);
+      pos += 30 + (kd == 3 ? 72 : kd == 4 ? 8 : 0);
     }
     pos += 8 * (size_t)(lie.bytes[10] | lie.bytes[11] << 8);
-    bump_le64(lie.bytes + pos + 20, 4096);
+    bump_le64(lie.bytes + pos + 20, more);
     CHECK_EQ(ipcref_import(o.pb, &lie, &w), IPCREF_EPROTO);
     CHECK(w.buf == NULL);
     CHECK_EQ(ipcref_import(o.pb, &msg, &w), IPCREF_OK);
@@ -1821,6 +1884,219 @@ static void test_lying_size(const kind *k) {
 }
 GPU_TEST(test_lying_size, cuda, &K_CUDA)
 GPU_TEST(test_lying_size, hip, &K_HIP)
+GPU_TEST(test_lying_size, cuda_vmm, &K_VMM)
+
+/* ======================================================================== */
+/* VMM memory from a hostile producer, in another process: the fd of a
+ * segment record replaced by a pipe, or by a memfd that is no allocation,
+ * and a record claiming more than the allocation holds. Each is refused
+ * (EPROTO) where the driver refuses it (the import, the mapping), and
+ * nothing is left mapped. A genuine message goes first (the ledger's
+ * record comes with it); each block is over half a segment, so each
+ * message brings its own segment record and fd. */
+
+#define VH_BLOCK (SEG / 2 + 4096)
+enum { VH_GENUINE, VH_PIPE, VH_MEMFD, VH_SIZE, VH_N };
+
+static int vmm_hostile_child(void *vp) {
+  kid *ch = (kid *)vp;
+  gdrv d;
+  ipcref_ctx *ctx;
+  ipcref_peer *p;
+  int i;
+  if (g_open(&K_VMM, &d) != IPCREF_OK) return 1;
+  ctx = mkctx(SEG, &d);
+  p = make_peer(ctx, ch->their_sock[0]);
+  for (i = 0; i < VH_N; i++) {
+    ipcref_msg m;
+    ipcref_view w;
+    ipcref_result r = IPCREF_ENOMEM;
+    memset(&w, 0, sizeof w);
+    if (xfer_recv(ch->their_sock[1], &m, g_tmo) == 0) {
+      r = ipcref_import(p, &m, &w);
+      if (r == IPCREF_OK) CHECK(dev_check(&d, view_ptr(&w), 4096, 0x3c, 0));
+      ipcref_view_release(&w);
+    }
+    ctl_put(ch->their_ctl, 100 - (int)r);
+  }
+  CHECK_EQ(stats_of(ctx).mapped_segments, 1); /* the genuine one only */
+  CTL_EXPECT(ch->their_ctl, 1);
+  ipcref_peer_free(p);
+  ipcref_ctx_free(ctx);
+  g_close(&d);
+  return 0;
+}
+
+/* Where message m's first segment record is (its kind 4), and the index
+ * of its fd among m's. */
+static size_t vh_record(const ipcref_msg *m, int *fd_at) {
+  size_t pos = 26;
+  int i, fds = 0;
+  for (i = 0; i < (int)(m->bytes[8] | m->bytes[9] << 8); i++) {
+    int kd = m->bytes[pos];
+    if (kd == 4) {
+      *fd_at = fds;
+      return pos;
+    }
+    fds += kd == 2 ? 2 : kd == 3 ? 0 : 1;
+    pos += 30 + (kd == 3 ? 72 : 0);
+  }
+  *fd_at = -1;
+  return 0;
+}
+
+/* Makes message m (an export of a block whose segment is new to the
+ * peer) into lie number `how`. */
+static void vh_lie(ipcref_msg *m, int how) {
+  int at = -1, pfd[2];
+  size_t rec = vh_record(m, &at), view;
+  CHECK(rec > 0 && at >= 0);
+  if (!rec || at < 0) return;
+  if (how == VH_PIPE) {
+    CHECK_EQ(pipe2(pfd, O_CLOEXEC), 0);
+    tclose(pfd[1]);
+    tclose(m->fds[at]);
+    m->fds[at] = pfd[0];
+  } else if (how == VH_MEMFD) {
+    int fd = memfd_create("not_an_allocation", MFD_CLOEXEC);
+    CHECK(fd >= 0 && ftruncate(fd, (off_t)(4 << 20)) == 0);
+    tclose(m->fds[at]);
+    m->fds[at] = fd;
+  } else if (how == VH_SIZE) { /* the record and the view: 4 MiB more */
+    int k2, nrec = m->bytes[8] | m->bytes[9] << 8;
+    bump_le64(m->bytes + rec + 22, (uint64_t)4 << 20);
+    view = 26;
+    for (k2 = 0; k2 < nrec; k2++)
+      view += 30 + (m->bytes[view] == 3 ? 72 : m->bytes[view] == 4 ? 8 : 0);
+    view += 8 * (size_t)(m->bytes[10] | m->bytes[11] << 8);
+    bump_le64(m->bytes + view + 20, (uint64_t)4 << 20);
+  }
+}
+
+static void test_vmm_hostile(const kind *k) {
+  kid ch;
+  gdrv d;
+  ipcref_ctx *ctx;
+  ipcref_peer *p;
+  ipcref_buf *b[VH_N] = {NULL, NULL, NULL, NULL};
+  int i, j, child;
+  kid_open(&ch, 2, SOCK_SEQPACKET);
+  kid_fork(&ch, vmm_hostile_child, &ch, -1);
+  child = (int)ch.pid;
+  if (g_open(k, &d) != IPCREF_OK) goto out;
+  ctx = mkctx(SEG, &d);
+  p = kid_peer(&ch, 0, ctx);
+  for (i = 0; i < VH_N; i++) { /* all held: no segment is used twice */
+    ipcref_view v;
+    ipcref_msg m;
+    CHECK_EQ(g_alloc(ctx, k, 0, VH_BLOCK, &b[i]), IPCREF_OK);
+    if (!b[i]) break;
+    dev_fill(&d, ipcref_buf_data(b[i]), 4096, 0x3c, 0);
+    v = u32_view(b[i], 4096);
+    CHECK_EQ(ipcref_export(p, &v, &m), IPCREF_OK);
+    vh_lie(&m, i);
+    CHECK_EQ(xfer_send(ch.sock[1], &m), 0);
+    for (j = 0; j < m.nfds; j++) tclose(m.fds[j]);
+    CTL_EXPECT(ch.ctl, i == VH_GENUINE ? 100 : 100 - (int)IPCREF_EPROTO);
+    ipcref_view_release(&v);
+  }
+  for (i = 0; i < VH_N; i++) ipcref_buf_release(b[i]);
+  ctl_put(ch.ctl, 1);
+  KID_EXIT0(&ch, "consumer");
+  /* The leases of the refused messages: reclaimed, the consumer died. */
+  ipcref_collect(ctx);
+  CHECK_EQ(stats_of(ctx).live_slots, 0);
+  /* Where the driver refused: the pipe and the memfd at the import, the
+   * size at the mapping; every handle imported was released. */
+  CHECK_EQ(log_count(child, "cuMemImportFromShareableHandle",
+                     "CUDA_ERROR_INVALID_VALUE"),
+           2);
+  CHECK_EQ(log_count(child, "cuMemMap", "CUDA_ERROR_INVALID_VALUE"), 1);
+  CHECK_EQ(log_count(child, "cuMemImportFromShareableHandle", k->ok), 2);
+  CHECK_EQ(log_count(child, "cuMemRelease", k->ok), 2);
+  CHECK_EQ(log_count(child, "cuMemAddressFree", k->ok), 2);
+  ipcref_peer_free(p);
+  ipcref_ctx_free(ctx);
+  g_close(&d);
+out:
+  KID_END(&ch, "consumer");
+}
+GPU_TEST(test_vmm_hostile, cuda_vmm, &K_VMM)
+
+/* ======================================================================== */
+/* What ipcref_cuda_alloc makes: by default (AUTO) VMM memory where the
+ * device reports both VMM and POSIX fd handles, legacy elsewhere; VMM
+ * asked of a device that cannot share so says ENOTSUP, naming why; a VMM
+ * segment is whole granules (8 KiB asked, 64 KiB made); the choice takes
+ * only valid values, and HIP makes legacy memory only. */
+
+/* The allocation calls of one g_open with the fake's knobs as they are:
+ * allocates one 8 KiB segment under `memory` and says which call made it
+ * (1 cuMemCreate, 0 cuMemAlloc) and what the allocation returned. */
+static int vc_alloc(int memory, ipcref_result *r) {
+  gdrv d;
+  ipcref_ctx *ctx;
+  ipcref_buf *b = NULL;
+  int before = log_count(getpid(), "cuMemCreate", K_CUDA.ok), vmm;
+  *r = IPCREF_ENODEV;
+  if (g_open(&K_CUDA, &d) != IPCREF_OK) return -1;
+  CHECK_EQ(ipcref_cuda_set_memory(d.cu, memory), IPCREF_OK);
+  ctx = mkctx(8192, &d);
+  *r = g_alloc(ctx, &K_CUDA, 0, 8192, &b);
+  vmm = log_count(getpid(), "cuMemCreate", K_CUDA.ok) > before;
+  ipcref_buf_release(b);
+  ipcref_ctx_free(ctx);
+  g_close(&d);
+  return vmm;
+}
+
+static void test_vmm_choice(const kind *k) {
+  gdrv d;
+  ipcref_result r;
+  (void)k;
+  knob(&K_CUDA, "GRANULARITY", "65536");
+  CHECK_EQ(vc_alloc(IPCREF_CUDA_MEMORY_AUTO, &r), 1);
+  CHECK_EQ(r, IPCREF_OK);
+  CHECK_EQ(log_count(getpid(), "cuMemCreate", "size=65536 "), 1);
+  CHECK_EQ(vc_alloc(IPCREF_CUDA_MEMORY_LEGACY, &r), 0);
+  CHECK_EQ(r, IPCREF_OK);
+  knob(&K_CUDA, "POSIX_FD", "0"); /* VMM, but no fd handles: legacy */
+  CHECK_EQ(vc_alloc(IPCREF_CUDA_MEMORY_AUTO, &r), 0);
+  CHECK_EQ(r, IPCREF_OK);
+  CHECK_EQ(vc_alloc(IPCREF_CUDA_MEMORY_VMM, &r), 0);
+  CHECK_EQ(r, IPCREF_ENOTSUP);
+  CHECK(strstr(ipcref_cuda_error(), "cannot share memory by fd") != NULL);
+  knob(&K_CUDA, "POSIX_FD", NULL);
+  knob(&K_CUDA, "VMM", "0"); /* no VMM at all */
+  CHECK_EQ(vc_alloc(IPCREF_CUDA_MEMORY_AUTO, &r), 0);
+  CHECK_EQ(r, IPCREF_OK);
+  CHECK_EQ(vc_alloc(IPCREF_CUDA_MEMORY_VMM, &r), 0);
+  CHECK_EQ(r, IPCREF_ENOTSUP);
+  knob(&K_CUDA, "VMM", NULL);
+  /* The device was asked once per instance (its two attributes). */
+  CHECK_EQ(log_count(getpid(), "cuDeviceGetAttribute", "attr=102 "), 5);
+  /* Its arguments. */
+  CHECK_EQ(ipcref_cuda_set_memory(NULL, IPCREF_CUDA_MEMORY_VMM), IPCREF_EINVAL);
+  if (g_open(&K_CUDA, &d) == IPCREF_OK) {
+    CHECK_EQ(ipcref_cuda_set_memory(d.cu, 3), IPCREF_EINVAL);
+    CHECK_EQ(ipcref_cuda_set_memory(d.cu, -1), IPCREF_EINVAL);
+    g_close(&d);
+  }
+}
+GPU_TEST(test_vmm_choice, cuda, &K_CUDA)
+
+static void test_hip_memory(const kind *k) {
+  gdrv d;
+  if (g_open(k, &d) != IPCREF_OK) return;
+  CHECK_EQ(ipcref_hip_set_memory(NULL, IPCREF_HIP_MEMORY_AUTO), IPCREF_EINVAL);
+  CHECK_EQ(ipcref_hip_set_memory(d.hp, 3), IPCREF_EINVAL);
+  CHECK_EQ(ipcref_hip_set_memory(d.hp, IPCREF_HIP_MEMORY_VMM), IPCREF_ENOTSUP);
+  CHECK(strstr(ipcref_hip_error(), "legacy IPC only") != NULL);
+  CHECK_EQ(ipcref_hip_set_memory(d.hp, IPCREF_HIP_MEMORY_LEGACY), IPCREF_OK);
+  CHECK_EQ(ipcref_hip_set_memory(d.hp, IPCREF_HIP_MEMORY_AUTO), IPCREF_OK);
+  g_close(&d);
+}
+GPU_TEST(test_hip_memory, hip, &K_HIP)
 
 /* Memory legacy IPC cannot export (VMM, pools): wrapping works, sending
  * is refused with EINVAL and a message naming legacy IPC, nothing leaks,
@@ -2029,7 +2305,9 @@ static int devop_child(void *vp) {
   CHECK_EQ(ipcref_recv_on(p, &v, g_tmo, NULL), IPCREF_OK);
   if (v.buf) {
     check_dev(v.buf, a->k->type, 1); /* device 1 travelled */
+    d.copy_dev = 1;
     CHECK(dev_check(&d, view_ptr(&v), 4096, 0x1d, 0));
+    d.copy_dev = 0;
     host_ops_refuse(&v);
     ipcref_view_release(&v);
   }
@@ -2065,7 +2343,9 @@ static void test_device_ops(const kind *k) {
     check_dev(b0, k->type, 0);
     check_dev(b1, k->type, 1);
     CHECK(ipcref_buf_data(b0) != ipcref_buf_data(b1));
+    d.copy_dev = 1;
     dev_fill(&d, ipcref_buf_data(b1), 4096, 0x1d, 0);
+    d.copy_dev = 0;
     v = u32_view(b1, 4096);
     host_ops_refuse(&v);
     CHECK_EQ(ipcref_send_on(p, &v, NULL), IPCREF_OK);
@@ -2105,6 +2385,7 @@ out:
 }
 GPU_TEST(test_device_ops, cuda, &K_CUDA)
 GPU_TEST(test_device_ops, hip, &K_HIP)
+GPU_TEST(test_device_ops, cuda_vmm, &K_VMM)
 
 /* A consumer with no backend for the device: ENODEV for the device view,
  * and it goes on receiving host views. */
@@ -2205,6 +2486,7 @@ out:
 }
 GPU_TEST(test_no_backend_consumer, cuda, &K_CUDA)
 GPU_TEST(test_no_backend_consumer, hip, &K_HIP)
+GPU_TEST(test_no_backend_consumer, cuda_vmm, &K_VMM)
 
 /* ======================================================================== */
 /* 9. Wrong arguments to every new function. */
@@ -2414,6 +2696,7 @@ static int read_apis(const char *dir, int *cuda, int *hip) {
 int main(void) {
   const char *dir = getenv("IPCREF_FAKE_GPU_DIR");
   const char *cuda_home = getenv("CUDA_HOME");
+  const char *only = getenv("IPCREF_GPU_ONLY"); /* cases whose name has it */
   static char stub[PATH_MAX];
   struct stat sb;
   int rc, i, cuda = 0, hip = 0, missing = 0;
@@ -2431,6 +2714,7 @@ int main(void) {
     return 1;
   }
   snprintf(K_CUDA.path, sizeof K_CUDA.path, "%s/libcuda.so.1", dir);
+  memcpy(K_VMM.path, K_CUDA.path, sizeof K_VMM.path);
   snprintf(K_HIP.path, sizeof K_HIP.path, "%s/libamdhip64.so.5", dir);
   /* A half that was built must be there: its absence is a failure. */
   for (i = 0; i < 2; i++) {
@@ -2484,29 +2768,42 @@ int main(void) {
   fds_ignore = g_tmp; /* the fakes' logs, whose fds outlive dlclose */
   knobs_reset();
 
-/* A case of each half that runs, CUDA's first. */
+/* A case of each half that runs, CUDA's first; RUN_ALL: CUDA's with
+ * legacy and VMM memory. */
+#define RUN_ONE(test)                                                          \
+  do {                                                                         \
+    if (!only || strstr(#test, only)) RUN(test);                               \
+  } while (0)
 #define RUN_BOTH(test)                                                         \
   do {                                                                         \
-    if (cuda) RUN(test##_cuda);                                                \
-    if (hip) RUN(test##_hip);                                                  \
+    if (cuda) RUN_ONE(test##_cuda);                                            \
+    if (hip) RUN_ONE(test##_hip);                                              \
   } while (0)
-  RUN_BOTH(test_full_flow);
+#define RUN_ALL(test)                                                          \
+  do {                                                                         \
+    if (cuda) RUN_ONE(test##_cuda_vmm);                                        \
+    RUN_BOTH(test);                                                            \
+  } while (0)
+  RUN_ALL(test_full_flow);
   RUN_BOTH(test_wrap_offset);
   RUN_BOTH(test_import_twice);
-  RUN_BOTH(test_stream_order);
-  RUN_BOTH(test_wait_cached);
-  if (cuda) RUN(test_event_pool_cuda);
-  RUN_BOTH(test_oom_sweep);
-  RUN_BOTH(test_consumer_killed);
+  RUN_ALL(test_stream_order);
+  RUN_ALL(test_wait_cached);
+  if (cuda) RUN_ONE(test_event_pool_cuda);
+  RUN_ALL(test_oom_sweep);
+  RUN_ALL(test_consumer_killed);
   RUN_BOTH(test_open_errors);
-  RUN_BOTH(test_self_import);
-  RUN_BOTH(test_self_import_one_ctx);
-  RUN_BOTH(test_lying_size);
+  RUN_ALL(test_self_import);
+  RUN_ALL(test_self_import_one_ctx);
+  RUN_ALL(test_lying_size);
   RUN_BOTH(test_not_ipc_capable);
   RUN_BOTH(test_freed_handle);
-  RUN_BOTH(test_device_ops);
-  RUN_BOTH(test_no_backend_consumer);
+  RUN_ALL(test_device_ops);
+  RUN_ALL(test_no_backend_consumer);
   RUN_BOTH(test_bad_args);
+  if (cuda) RUN_ONE(test_vmm_hostile_cuda_vmm);
+  if (cuda) RUN_ONE(test_vmm_choice_cuda);
+  if (hip) RUN_ONE(test_hip_memory_hip);
 
   if (getenv("IPCREF_GPU_KEEP_LOGS"))
     printf("call logs kept in %s\n", g_tmp);

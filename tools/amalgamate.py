@@ -34,6 +34,7 @@ BACKENDS = {
                                "IPCREF_GPU": "IPCREF_HIP", "IPCREF__GPU": "IPCREF__HIP"}),
 }
 DRIVER_MARKER = "/* @driver */"
+VMM_MARKER = "/* @vmm */"  # where src/gpu_vmm.h goes into src/gpu.h
 
 # Bottom to top: a layer uses only the ones before it.
 LAYERS = ["base", "checked", "buf", "view", "view_ops", "view_copy",
@@ -98,6 +99,11 @@ def build_backend(source, names):
     shared = shared[shared.index("*/") + 2:]  # its comment is about src/
     if shared.count(DRIVER_MARKER) != 1:
         sys.exit(f"amalgamate: src/gpu.h must contain exactly one '{DRIVER_MARKER}' line")
+    vmm = read("gpu_vmm.h")
+    vmm = vmm[vmm.index("*/") + 2:].strip("\n")  # its comment is about src/
+    if shared.count(VMM_MARKER) != 1:
+        sys.exit(f"amalgamate: src/gpu.h must contain exactly one '{VMM_MARKER}' line")
+    shared = shared.replace(VMM_MARKER, banner("memory shared by fd", "gpu_vmm") + "\n\n" + vmm)
     for old, new in names.items():
         shared = shared.replace(old, new)
     prelude, body = (part.strip("\n") for part in shared.split(DRIVER_MARKER))
@@ -149,7 +155,7 @@ def same_code(a, b):
 def check_sources():
     """Every src/*.h is a layer or a backend's part: a file left out of
     every list would silently be missing from the headers."""
-    known = {n + ".h" for n in LAYERS} | {"gpu.h"}
+    known = {n + ".h" for n in LAYERS} | {"gpu.h", "gpu_vmm.h"}
     known |= {source for source, _ in BACKENDS.values()}
     unknown = sorted(f for f in os.listdir(SRC) if f.endswith(".h") and f not in known)
     if unknown:

@@ -38,9 +38,9 @@ static const ipcref_error_hook the_hook = {hook_fn, NULL};
 
 /* ipcref_result's names, by -code (ipcref.h never renumbers them). */
 static const char *const code_names[] = {
-    "OK",         "EINVAL", "ENOMEM",    "ERANGE",  "EBUSY",
-    "EPROTO",     "ESYS",   "ENODEV",    "EPEER",   "ETIMEDOUT",
-    "ESATURATED", "EDEAD",  "ENEEDCOPY", "EDEVICE", "EAGAIN"};
+    "OK",        "EINVAL",  "ENOMEM", "ERANGE",    "EBUSY",      "EPROTO",
+    "ESYS",      "ENODEV",  "EPEER",  "ETIMEDOUT", "ESATURATED", "EDEAD",
+    "ENEEDCOPY", "EDEVICE", "EAGAIN", "ENOTSUP"};
 
 /* Raises the exception for `r` (NULL returned, for `return raise(r)`). */
 static PyObject *raise_result(ipcref_result r) {

@@ -28,7 +28,7 @@ RESULT_NAMES = {
     0: "OK", -1: "EINVAL", -2: "ENOMEM", -3: "ERANGE", -4: "EBUSY",
     -5: "EPROTO", -6: "ESYS", -7: "ENODEV", -8: "EPEER", -9: "ETIMEDOUT",
     -10: "ESATURATED", -11: "EDEAD", -12: "ENEEDCOPY", -13: "EDEVICE",
-    -14: "EAGAIN",
+    -14: "EAGAIN", -15: "ENOTSUP",
 }
 EDEAD = -11
 

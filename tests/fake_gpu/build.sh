@@ -13,7 +13,9 @@
 # What an earlier run left in OUTDIR is removed first, so that nothing stale
 # stands in for a half not built or a build that failed. A half that fails
 # to build does not stop the rest; the exit status is then non-zero.
-# Finding no headers is not an error.
+# Finding no headers is not an error. fake_cuda.c #includes fake_cuda_vmm.c
+# (and fake_core.h, fake_vmm.h); selftest.c #includes selftest_vmm.c: those
+# are not compiled on their own.
 # Usage: tests/fake_gpu/build.sh OUTDIR
 #   CC=clang     another compiler (default gcc)
 #   SANITIZE=1   build everything with -fsanitize=address,undefined

@@ -72,6 +72,8 @@
  *                 cudaVersion cuGetProcAddress accepts, default 13000
  *   FAKE_HIP_IPC_EVENTS=1     (HIP only) accept hipEventInterprocess, as
  *                 ROCm >= 6 does; by default it fails, as HIP 5.2 says
+ *   FAKE_CUDA_VMM, FAKE_CUDA_POSIX_FD, FAKE_CUDA_GRANULARITY  (CUDA only)
+ *                 the virtual memory management calls: see fake_vmm.h
  *
  * Call log. Each call appends exactly one line with a single write() on an
  * O_APPEND fd, so lines from many processes never interleave:
@@ -158,7 +160,9 @@ static int fk_devices(void) {
 
 /* ---- state --------------------------------------------------------------- */
 
-enum { FK_MEM_ALLOC = 1, FK_MEM_VMM, FK_MEM_IMPORT };
+/* FK_MEM_VMM: fake_gpu_alloc_vmm's not-IPC-capable allocation; FK_MEM_VMAP:
+ * a cuMemMap mapping (fake_vmm.h owns it: never freed or reset from here) */
+enum { FK_MEM_ALLOC = 1, FK_MEM_VMM, FK_MEM_IMPORT, FK_MEM_VMAP };
 
 struct fk_mem {
   uintptr_t base; /* device pointer = address of the mapping */
@@ -172,6 +176,8 @@ struct fk_mem {
   pid_t src; /* exporting process */
   uint64_t ino, nonce;
   unsigned long long id; /* BUFFER_ID: unique in the process, never reused */
+  uint64_t vh;           /* VMAP: the allocation handle mapped (fake_vmm.h) */
+  unsigned char access[FK_MAX_DEV]; /* VMAP: per device, 1 = read, 3 = rw */
 };
 
 struct fk_stream {
@@ -392,9 +398,13 @@ static void fk_remove(struct fk_mem *m) {
 }
 
 /* Bytes behind [p, p+n) of device memory, or NULL if that range is not inside
- * one allocation or import (real drivers reject such a copy). */
-static char *fk_bytes(uintptr_t p, size_t n) {
+ * one allocation or import (real drivers reject such a copy), or is a VMM
+ * mapping that device dev may not read (need 1) or write (need 2). */
+static char *fk_bytes(uintptr_t p, size_t n, int need, int dev) {
   struct fk_mem *m = fk_find(p);
+  if (m && m->kind == FK_MEM_VMAP &&
+      (dev < 0 || dev >= FK_MAX_DEV || !(m->access[dev] & need)))
+    return NULL;
   return m && n <= m->size - (p - m->base) ? m->data + (p - m->base) : NULL;
 }
 
@@ -432,7 +442,10 @@ static int fk_mem_free(uintptr_t p) {
   if (!p) return FK_OK; /* freeing NULL is a no-op, as cudaFree/hipFree */
   FK_LOCK();
   struct fk_mem *m = fk_find(p);
-  int e = !m || m->base != p || m->kind == FK_MEM_IMPORT ? FK_EBADFREE : FK_OK;
+  int e =
+      !m || m->base != p || m->kind == FK_MEM_IMPORT || m->kind == FK_MEM_VMAP
+          ? FK_EBADFREE
+          : FK_OK;
   if (!e) fk_remove(m);
   FK_UNLOCK();
   return e;
@@ -464,7 +477,7 @@ static inline int fk_mem_drop_owner(int dev) {
   int n = 0;
   FK_LOCK();
   for (size_t i = fk.nmem; i-- > 0;)
-    if (fk.mem[i].owner == dev) {
+    if (fk.mem[i].owner == dev && fk.mem[i].kind != FK_MEM_VMAP) {
       fk_remove(&fk.mem[i]);
       n++;
     }
@@ -607,8 +620,8 @@ static int fk_copy(uintptr_t dst, int dst_dev, uintptr_t src, int src_dev,
   FK_UNLOCK();
   fk_sleep_until(t);
   FK_LOCK();
-  char *d = dst_dev ? fk_bytes(dst, n) : (char *)dst;
-  const char *s = src_dev ? fk_bytes(src, n) : (const char *)src;
+  char *d = dst_dev ? fk_bytes(dst, n, 2, dev) : (char *)dst;
+  const char *s = src_dev ? fk_bytes(src, n, 1, dev) : (const char *)src;
   if (d && s) memmove(d, s, n);
   FK_UNLOCK();
   return d && s ? FK_OK : FK_EINVAL;
@@ -621,7 +634,7 @@ static int fk_memset(uintptr_t dst, int value, size_t n, int dev) {
   FK_UNLOCK();
   fk_sleep_until(t);
   FK_LOCK();
-  char *d = fk_bytes(dst, n);
+  char *d = fk_bytes(dst, n, 2, dev);
   if (d) memset(d, value, n);
   FK_UNLOCK();
   return d ? FK_OK : FK_EINVAL;

@@ -14,6 +14,10 @@
  *                             cudaVersion cuGetProcAddress accepts (13000)
  *   FAKE_CUDA_HIDE            an entry point cuGetProcAddress does not find,
  *                             as from an older or a partial driver
+ *   FAKE_CUDA_VMM, FAKE_CUDA_POSIX_FD, FAKE_CUDA_GRANULARITY
+ *                             virtual memory management (cuMemCreate,
+ *                             cuMemMap, fd export/import): see fake_vmm.h;
+ *                             the entry points are in fake_cuda_vmm.c
  */
 #define _GNU_SOURCE
 #define __CUDA_API_VERSION_INTERNAL 1
@@ -22,6 +26,7 @@
 #define FK_PREFIX "FAKE_CUDA_"
 #define FK_MAGIC  0x55434b46u /* "FKCU" */
 #include "fake_core.h"
+#include "fake_vmm.h"
 
 _Static_assert(sizeof(CUipcMemHandle) == sizeof(struct fk_handle),
                "handle size");
@@ -183,8 +188,11 @@ CUresult CUDAAPI cuDeviceGetAttribute(int *pi, CUdevice_attribute attrib,
       break; /* IPC needs UVA */
     case CU_DEVICE_ATTRIBUTE_IPC_EVENT_SUPPORTED: *pi = 1; break;
     case CU_DEVICE_ATTRIBUTE_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED:
-      *pi = 0;
-      break; /* no cuMemCreate here */
+      *pi = fk_vmm_on(); /* fake_vmm.h; FAKE_CUDA_VMM=0: no */
+      break;
+    case CU_DEVICE_ATTRIBUTE_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR_SUPPORTED:
+      *pi = fk_vmm_posix_on(); /* FAKE_CUDA_POSIX_FD=0 or VMM=0: no */
+      break;
     default: *pi = 0; break;
     }
   }
@@ -565,6 +573,10 @@ CUresult CUDAAPI cuIpcOpenEventHandle(CUevent *phEvent,
                 fk_hid(id, h.pid, h.nonce), FK_P(ev));
 }
 
+/* ---- virtual memory management, cuCtxSynchronize ------------------------- */
+
+#include "fake_cuda_vmm.c"
+
 /* ---- errors -------------------------------------------------------------- */
 
 /* "If the error code is not recognized, CUDA_ERROR_INVALID_VALUE will be
@@ -613,6 +625,8 @@ static const struct {
     P(cuDevicePrimaryCtxRelease, 11000, cuDevicePrimaryCtxRelease_v2),
     P(cuCtxGetCurrent, 4000, cuCtxGetCurrent),
     P(cuCtxSetCurrent, 4000, cuCtxSetCurrent),
+    P(cuCtxSynchronize, 2000, cuCtxSynchronize),
+    P(cuCtxSynchronize, 13000, cuCtxSynchronize_v2),
     P(cuMemAlloc, 2000, cuMemAlloc),
     P(cuMemAlloc, 3020, cuMemAlloc_v2),
     P(cuMemFree, 2000, cuMemFree),
@@ -635,6 +649,19 @@ static const struct {
     P(cuIpcCloseMemHandle, 4010, cuIpcCloseMemHandle),
     P(cuIpcGetEventHandle, 4010, cuIpcGetEventHandle),
     P(cuIpcOpenEventHandle, 4010, cuIpcOpenEventHandle),
+    P(cuMemAddressReserve, 10020, cuMemAddressReserve),
+    P(cuMemAddressFree, 10020, cuMemAddressFree),
+    P(cuMemCreate, 10020, cuMemCreate),
+    P(cuMemRelease, 10020, cuMemRelease),
+    P(cuMemMap, 10020, cuMemMap),
+    P(cuMemUnmap, 10020, cuMemUnmap),
+    P(cuMemSetAccess, 10020, cuMemSetAccess),
+    P(cuMemExportToShareableHandle, 10020, cuMemExportToShareableHandle),
+    P(cuMemImportFromShareableHandle, 10020, cuMemImportFromShareableHandle),
+    P(cuMemGetAllocationGranularity, 10020, cuMemGetAllocationGranularity),
+    P(cuMemGetAllocationPropertiesFromHandle, 10020,
+      cuMemGetAllocationPropertiesFromHandle),
+    P(cuMemRetainAllocationHandle, 11000, cuMemRetainAllocationHandle),
     P(cuStreamCreate, 2000, cuStreamCreate),
     P(cuStreamDestroy, 2000, cuStreamDestroy),
     P(cuStreamDestroy, 4000, cuStreamDestroy_v2),

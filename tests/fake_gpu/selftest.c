@@ -44,13 +44,18 @@ static struct { int pass, fail; } * T;
 static const char *scenario = "";
 static const struct api *A; /* the library under test */
 
-static void check(int ok, int line, const char *what, long long got,
-                  long long want) {
+/* check(ok, __LINE__, ...): the file is added (selftest_vmm.c is included) */
+#define check(ok, line, what, got, want)                                       \
+  check_at(ok, __FILE__, line, what, got, want)
+static void check_at(int ok, const char *file, int line, const char *what,
+                     long long got, long long want) {
+  const char *base = strrchr(file, '/');
   __atomic_add_fetch(ok ? &T->pass : &T->fail, 1, __ATOMIC_SEQ_CST);
   if (!ok)
-    fprintf(stderr, "FAIL [%s] selftest.c:%d: %s (got %lld, want %lld)\n",
-            scenario, line, what, got, want);
+    fprintf(stderr, "FAIL [%s] %s:%d: %s (got %lld, want %lld)\n", scenario,
+            base ? base + 1 : file, line, what, got, want);
 }
+
 #define EQ(a, b)                                                               \
   do {                                                                         \
     long long a_ = (long long)(a), b_ = (long long)(b);                        \
@@ -488,7 +493,8 @@ static void knob(const char *name, const char *value) {
 static void run(const struct api *api, const char *name, void (*fn)(void)) {
   static const char *knobs[] = {"MODE",   "DEVICES",        "MEM_LIMIT",
                                 "REOPEN", "WORK_US",        "HOSTPTR",
-                                "LOG",    "DRIVER_VERSION", "IPC_EVENTS"};
+                                "LOG",    "DRIVER_VERSION", "IPC_EVENTS",
+                                "VMM",    "POSIX_FD",       "GRANULARITY"};
   static char full[64]; /* "cuda memory": the API's name, then the scenario's */
   A = api;
   snprintf(full, sizeof full, "%s %s", api->name, name);
@@ -916,7 +922,7 @@ static void s_cuda_init_ctx(void) {
   EQ(p_cuDeviceGetAttribute(
          &v, CU_DEVICE_ATTRIBUTE_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED, 0),
      0);
-  EQ(v, 0);
+  EQ(v, 1); /* selftest_vmm.c */
   EQ(p_cuCtxGetCurrent(&c), 0);
   OK(c == NULL);
   EQ(p_cuMemAlloc(&d, 64), CUDA_ERROR_INVALID_CONTEXT); /* no current context */
@@ -1083,6 +1089,9 @@ static void s_cuda_nodevice(void) {
   EQ(p_cuMemAlloc(&d, 64), CUDA_ERROR_NOT_INITIALIZED);
   EQ(p_cuDriverGetVersion(&v), 0);
 }
+
+/* virtual memory management (cuMemCreate, cuMemMap, fd sharing) */
+#include "selftest_vmm.c"
 #endif /* FAKE_GPU_CUDA */
 
 #ifdef FAKE_GPU_HIP
@@ -1186,6 +1195,7 @@ int main(int argc, char **argv) {
            (int)getpid());
 #ifdef FAKE_GPU_CUDA
   load_cuda(argv[1]);
+  load_vmm();
 #endif
 #ifdef FAKE_GPU_HIP
   load_hip(argv[1]);
@@ -1205,6 +1215,7 @@ int main(int argc, char **argv) {
   run(&cuda, "cuGetProcAddress", s_cuda_proc_address);
   run(&cuda, "stub", s_cuda_stub);
   run(&cuda, "nodevice", s_cuda_nodevice);
+  run_vmm();
 #endif
 #ifdef FAKE_GPU_HIP
   run(&hip, "runtime", s_hip_runtime);
