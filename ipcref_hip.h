@@ -731,8 +731,36 @@ IPCREF__PRIVATE int ipcref__hip_vmm_free(ipcref_hip *g, int dev,
   return 1;
 }
 
-/* The backend's seg_export_fd: an fd for the VMM segment at `base`;
- * ENOTSUP for memory made otherwise (shared by handle). */
+/* An fd for the VMM allocation another allocator mapped at `base` (a
+ * wrapped pointer: PyTorch's expandable segments, NCCL's buffers): found
+ * with cuMemRetainAllocationHandle, exported, released. ENOTSUP for
+ * memory that is not VMM; EINVAL, saying so, for VMM memory made without
+ * the POSIX fd handle type (it can never be shared by fd). */
+IPCREF__PRIVATE ipcref_result ipcref__hip_vmm_export_foreign(ipcref_hip *g,
+                                                             uint64_t base,
+                                                             int *fd) {
+  uint64_t h = 0;
+  int fd_ok = 0, code = ipcref__hip_d_vmm_retain(&g->drv, base, &h, &fd_ok);
+  if (code) return IPCREF_ENOTSUP; /* not VMM: legacy IPC's */
+  if (!fd_ok) {
+    (void)ipcref__hip_d_vmm_release(&g->drv, h);
+    return ipcref__hip_say(IPCREF_EINVAL,
+                           "VMM memory made without the POSIX fd handle type "
+                           "(its allocator must ask for it in "
+                           "requestedHandleTypes): it cannot be shared");
+  }
+  code = ipcref__hip_d_vmm_export(&g->drv, h, fd);
+  (void)ipcref__hip_d_vmm_release(&g->drv, h);
+  if (code) {
+    *fd = -1;
+    return ipcref__hip_fail(ipcref__hip_code(code),
+                            "exporting the allocation as an fd", g, code);
+  }
+  return IPCREF_OK;
+}
+
+/* The backend's seg_export_fd: an fd for the VMM segment at `base`, made
+ * here or by another allocator; ENOTSUP for memory shared by handle. */
 IPCREF__PRIVATE ipcref_result ipcref__hip_seg_export_fd(ipcref_backend *be,
                                                         int32_t dev,
                                                         uint64_t base,
@@ -749,7 +777,7 @@ IPCREF__PRIVATE ipcref_result ipcref__hip_seg_export_fd(ipcref_backend *be,
   for (m = g->vmm_made; m; m = m->next)
     if (m->addr == base && m->dev == dev) handle = m->handle;
   pthread_mutex_unlock(&g->lock);
-  if (!handle) return IPCREF_ENOTSUP;
+  if (!handle) return ipcref__hip_vmm_export_foreign(g, base, fd);
   code = ipcref__hip_d_vmm_export(&g->drv, handle, fd);
   if (code) {
     *fd = -1;

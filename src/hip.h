@@ -67,10 +67,11 @@ IPCREF_API void ipcref_hip_close(ipcref_hip *hip);
 /* What ipcref_hip_alloc's segments are made of (ipcref_hip_set_memory):
  * the values are those of ipcref_cuda.h, and only legacy memory is made
  * here. */
-#define IPCREF_HIP_MEMORY_AUTO   0 /* legacy: the default */
-#define IPCREF_HIP_MEMORY_LEGACY 1 /* hipMalloc; shared by hipIpcGetMemHandle  \
-                                    */
-#define IPCREF_HIP_MEMORY_VMM 2    /* not made by this backend: ENOTSUP */
+#define IPCREF_HIP_MEMORY_AUTO 0 /* legacy: the default */
+#define IPCREF_HIP_MEMORY_LEGACY                                               \
+  1                             /* hipMalloc; shared by hipIpcGetMemHandle     \
+                                 */
+#define IPCREF_HIP_MEMORY_VMM 2 /* not made by this backend: ENOTSUP */
 
 /* Chooses what the segments made from now on are: AUTO and LEGACY are
  * hipMalloc. Errors: EINVAL (hip NULL, an unknown value), ENOTSUP (VMM:

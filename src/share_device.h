@@ -109,7 +109,8 @@ IPCREF_API ipcref_result ipcref_device_wrap(
   if (r != IPCREF_OK) return r;
   if (addr < base || __builtin_add_overflow(addr, (uint64_t)size, &end) ||
       end > base + alloc_size)
-    return ipcref__invalid(__func__, "ptr and size not inside one allocation");
+    return ipcref__invalid(__func__, "ptr and size not inside one allocation "
+                                     "(of VMM memory: one mapped chunk)");
   b = (ipcref__block *)ipcref__zalloc(sizeof *b);
   if (!b) return IPCREF_ENOMEM;
   IPCREF__LOCK(ctx);

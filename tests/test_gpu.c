@@ -353,6 +353,17 @@ typedef struct gdrv {
   int (*hrecord)(void *, void *);
   int (*hevent_free)(void *);
   int (*vmm)(void **, size_t);
+  /* CUDA's virtual memory management, for the test's own VMM memory */
+  int (*vcreate)(unsigned long long *, size_t, const void *,
+                 unsigned long long);
+  int (*vrelease)(unsigned long long);
+  int (*vreserve)(unsigned long long *, size_t, size_t, unsigned long long,
+                  unsigned long long);
+  int (*vaddrfree)(unsigned long long, size_t);
+  int (*vmap)(unsigned long long, size_t, size_t, unsigned long long,
+              unsigned long long);
+  int (*vunmap)(unsigned long long, size_t);
+  int (*vaccess)(unsigned long long, size_t, const void *, size_t);
   int copy_dev;    /* CUDA: the device whose context makes the copies */
   void *devctx[2]; /* CUDA: device 1's primary context, once retained */
 } gdrv;
@@ -402,6 +413,13 @@ static ipcref_result g_open(const kind *k, gdrv *d) {
     LOAD(d, cevent, "cuEventCreate");
     LOAD(d, crecord, "cuEventRecord");
     LOAD(d, cevent_free, "cuEventDestroy_v2");
+    LOAD(d, vcreate, "cuMemCreate");
+    LOAD(d, vrelease, "cuMemRelease");
+    LOAD(d, vreserve, "cuMemAddressReserve");
+    LOAD(d, vaddrfree, "cuMemAddressFree");
+    LOAD(d, vmap, "cuMemMap");
+    LOAD(d, vunmap, "cuMemUnmap");
+    LOAD(d, vaccess, "cuMemSetAccess");
     /* The test's own hold on device 0's primary context (a framework
      * would have one): its copies and allocations run in it. */
     CHECK_EQ(d->retain(&d->cuctx, 0), 0);
@@ -456,17 +474,76 @@ static int g_d2h(gdrv *d, void *dst, const void *src, size_t n) {
   g_cur(d);
   return d->dtoh(dst, (unsigned long long)(uintptr_t)src, n);
 }
+/* CUmemAllocationProp's and CUmemAccessDesc's layouts (cuda.h). */
+typedef struct {
+  int type, handle_types, loc_type, loc_id;
+  void *win32;
+  unsigned char compression, rdma;
+  unsigned short usage;
+  unsigned char reserved[4];
+} vmm_prop;
+typedef struct {
+  int loc_type, loc_id, flags;
+} vmm_access;
+
+/* VMM memory as another allocator makes it (PyTorch's expandable
+ * segments): `chunks` allocations of `chunk` bytes each (whole granules),
+ * mapped one after the other in one reserved range, read-write for device
+ * 0; shareable by POSIX fd unless `fd_ok` is 0. *handles gets them. */
+static int g_vmm_make(gdrv *d, size_t chunk, int chunks, int fd_ok,
+                      unsigned long long *handles, void **out) {
+  unsigned long long base = 0;
+  vmm_prop pr;
+  vmm_access ac;
+  int i, e;
+  memset(&pr, 0, sizeof pr);
+  pr.type = 1;                  /* CU_MEM_ALLOCATION_TYPE_PINNED */
+  pr.handle_types = fd_ok != 0; /* CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR */
+  pr.loc_type = 1;              /* CU_MEM_LOCATION_TYPE_DEVICE */
+  ac.loc_type = 1;
+  ac.loc_id = 0;
+  ac.flags = 3; /* CU_MEM_ACCESS_FLAGS_PROT_READWRITE */
+  e = d->vreserve(&base, chunk * (size_t)chunks, 0, 0, 0);
+  for (i = 0; !e && i < chunks; i++) {
+    unsigned long long at = base + chunk * (size_t)i;
+    e = d->vcreate(&handles[i], chunk, &pr, 0);
+    if (!e) e = d->vmap(at, chunk, 0, handles[i], 0);
+    if (!e) e = d->vaccess(at, chunk, &ac, 1);
+  }
+  *out = (void *)(uintptr_t)base;
+  return e;
+}
+static void g_vmm_free(gdrv *d, void *p, size_t chunk, int chunks,
+                       const unsigned long long *handles) {
+  unsigned long long base = (unsigned long long)(uintptr_t)p;
+  int i;
+  for (i = 0; i < chunks; i++) {
+    CHECK_EQ(d->vunmap(base + chunk * (size_t)i, chunk), 0);
+    CHECK_EQ(d->vrelease(handles[i]), 0);
+  }
+  CHECK_EQ(d->vaddrfree(base, chunk * (size_t)chunks), 0);
+}
+
+/* Device memory from "another allocator": cuMemAlloc / hipMalloc, or for
+ * the VMM kind one VMM allocation of n bytes (the granularity, a knob,
+ * must divide n). */
+static unsigned long long g_vmm_handle; /* g_malloc's VMM allocation */
 static int g_malloc(gdrv *d, size_t n, void **out) {
   unsigned long long p = 0;
   int e;
   if (d->k->hip) return d->hmalloc(out, n);
+  if (d->k->vmm) return g_vmm_make(d, n, 1, 1, &g_vmm_handle, out);
   g_cur(d);
   e = d->cmalloc(&p, n);
   *out = (void *)(uintptr_t)p;
   return e;
 }
-static int g_free(gdrv *d, void *p) {
+static int g_free(gdrv *d, void *p, size_t n) {
   if (d->k->hip) return d->hfree(p);
+  if (d->k->vmm) {
+    g_vmm_free(d, p, n, 1, &g_vmm_handle);
+    return 0;
+  }
   g_cur(d);
   return d->cfree((unsigned long long)(uintptr_t)p);
 }
@@ -848,6 +925,7 @@ static void test_wrap_offset(const kind *k) {
   char h[64] = "", hh[80];
   memset(rc, 0, sizeof rc);
   knob(k, "HOSTPTR", "none");
+  knob_num(k, "GRANULARITY", (long long)WRAP_ALLOC); /* VMM: one granule */
   kid_open(&ch, 1, SOCK_SEQPACKET);
   a.k = k;
   a.peer = ch.their_sock[0];
@@ -899,29 +977,37 @@ static void test_wrap_offset(const kind *k) {
   /* One export of the allocation's base, one opening in the consumer. */
   CHECK_EQ(log_count(getpid(), k->c_get, NULL), 1);
   CHECK(log_value(getpid(), k->c_get, k->ok, k->key, NULL, h, sizeof h));
-  {
+  if (!k->vmm) {
     char base[40];
     snprintf(base, sizeof base, "ptr=%#llx ",
              (unsigned long long)(uintptr_t)alloc);
     CHECK_EQ(log_count(getpid(), k->c_get, base), 1);
+  } else { /* the allocation g_malloc made, found by its address */
+    char made[64] = "";
+    CHECK(log_value(getpid(), "cuMemCreate", k->ok, k->key, NULL, made,
+                    sizeof made));
+    CHECK(strcmp(made, h) == 0);
   }
   key_is(k, h, hh, sizeof hh);
   CHECK_EQ(log_count(0, k->c_open, hh), 1);
-  CHECK_EQ(log_count(0, k->c_close, hh), 1);
+  /* (VMM: the export retained the allocation's handle, and released it) */
+  CHECK_EQ(log_count(0, k->c_close, hh) - log_count(getpid(), k->c_close, hh),
+           1);
 done:
   ipcref_peer_free(p);
   ipcref_ctx_free(ctx);
   CHECK_EQ(rc[0].n, 1);
   CHECK_EQ(rc[1].n, 1);
-  /* ipcref never freed the allocation: its owner does. */
-  CHECK_EQ(log_count(getpid(), k->c_free, NULL), 0);
-  CHECK_EQ(g_free(&d, alloc), 0);
+  /* ipcref never freed the allocation (nor unmapped it): its owner does. */
+  CHECK_EQ(log_count(getpid(), k->vmm ? "cuMemUnmap" : k->c_free, NULL), 0);
+  CHECK_EQ(g_free(&d, alloc, WRAP_ALLOC), 0);
   g_close(&d);
 out:
   KID_END(&ch, "consumer");
 }
 GPU_TEST(test_wrap_offset, cuda, &K_CUDA)
 GPU_TEST(test_wrap_offset, hip, &K_HIP)
+GPU_TEST(test_wrap_offset, cuda_vmm, &K_VMM)
 
 /* ======================================================================== */
 /* 3. One allocation reaching a consumer several times (two views on one
@@ -2098,6 +2184,72 @@ static void test_hip_memory(const kind *k) {
 }
 GPU_TEST(test_hip_memory, hip, &K_HIP)
 
+/* ======================================================================== */
+/* VMM memory of another allocator in chunks, as PyTorch's expandable
+ * segments map it (two 64 KiB chunks, one after the other in one range):
+ * a pointer in the second chunk exports that chunk alone, at its offset;
+ * a buffer across both chunks is refused when it is wrapped (one buffer
+ * is one allocation); a chunk made without the POSIX fd handle type is
+ * refused when it is sent, saying so, and the peer goes on. */
+#define VC_CHUNK ((size_t)65536)
+
+static void test_vmm_chunks(const kind *k) {
+  one_ctx o;
+  unsigned long long hs[2], hbad;
+  void *range = NULL, *bad = NULL;
+  ipcref_buf *b = NULL, *x = NULL;
+  ipcref_view v, w;
+  char *in1;
+  memset(&w, 0, sizeof w);
+  knob_num(k, "GRANULARITY", (long long)VC_CHUNK);
+  if (!one_ctx_open(k, &o)) return;
+  CHECK_EQ(g_vmm_make(&o.d, VC_CHUNK, 2, 1, hs, &range), 0);
+  CHECK_EQ(g_vmm_make(&o.d, VC_CHUNK, 1, 0, &hbad, &bad), 0);
+  in1 = (char *)range + VC_CHUNK + 256;
+  dev_fill(&o.d, in1, 4096, 0x77, 0);
+  CHECK_EQ(g_wrap(o.ctx, k, 0, in1, 4096, NULL, NULL, &b), IPCREF_OK);
+  if (b) {
+    v = u32_view(b, 4096);
+    CHECK_EQ(ipcref_send(o.pa, &v), IPCREF_OK);
+    CHECK_EQ(ipcref_recv(o.pb, &w, g_tmo), IPCREF_OK);
+    if (w.buf) CHECK(dev_check(&o.d, view_ptr(&w), 4096, 0x77, 0));
+    ipcref_view_release(&w);
+    ipcref_view_release(&v);
+    ipcref_buf_release(b);
+  }
+  /* The second chunk's allocation, exported once. */
+  CHECK_EQ(log_count(getpid(), k->c_get, k->ok), 1);
+  /* Across the two chunks: not one allocation. */
+  CHECK_EQ(
+      g_wrap(o.ctx, k, 0, (char *)range + VC_CHUNK - 64, 128, NULL, NULL, &x),
+      IPCREF_EINVAL);
+  CHECK(x == NULL);
+  /* Made without the POSIX fd handle type: never shareable by fd. */
+  CHECK_EQ(g_wrap(o.ctx, k, 0, bad, 4096, NULL, NULL, &x), IPCREF_OK);
+  if (x) {
+    v = u32_view(x, 4096);
+    CHECK_EQ(ipcref_send(o.pa, &v), IPCREF_EINVAL);
+    CHECK(strstr(ipcref_cuda_error(), "POSIX fd handle type") != NULL);
+    ipcref_view_release(&v);
+    ipcref_buf_release(x);
+  }
+  /* The peer goes on. */
+  CHECK_EQ(g_alloc(o.ctx, k, 0, 4096, &b), IPCREF_OK);
+  if (b) {
+    v = u32_view(b, 4096);
+    CHECK_EQ(ipcref_send(o.pa, &v), IPCREF_OK);
+    CHECK_EQ(ipcref_recv(o.pb, &w, g_tmo), IPCREF_OK);
+    ipcref_view_release(&w);
+    ipcref_view_release(&v);
+    ipcref_buf_release(b);
+  }
+  /* The owner frees its memory; the import here holds its own mapping. */
+  g_vmm_free(&o.d, range, VC_CHUNK, 2, hs);
+  g_vmm_free(&o.d, bad, VC_CHUNK, 1, &hbad);
+  one_ctx_close(&o);
+}
+GPU_TEST(test_vmm_chunks, cuda_vmm, &K_VMM)
+
 /* Memory legacy IPC cannot export (VMM, pools): wrapping works, sending
  * is refused with EINVAL and a message naming legacy IPC, nothing leaks,
  * and the peer still works afterwards. */
@@ -2167,7 +2319,7 @@ static void test_not_ipc_capable(const kind *k) {
   ipcref_ctx_free(cb);
   ipcref_ctx_free(ca);
   CHECK_EQ(rc.n, 1);
-  CHECK_EQ(g_free(&d, vmm), 0);
+  CHECK_EQ(g_free(&d, vmm, 0), 0);
   g_close(&d);
 }
 GPU_TEST(test_not_ipc_capable, cuda, &K_CUDA)
@@ -2232,7 +2384,7 @@ static void test_freed_handle(const kind *k) {
     ipcref_view_release(&v);
     ipcref_buf_release(b);
   }
-  CHECK_EQ(g_free(&d, alloc), 0); /* under the lease: the misuse */
+  CHECK_EQ(g_free(&d, alloc, 65536), 0); /* under the lease: the misuse */
   ctl_put(ch.ctl, 1);
   CTL_EXPECT(ch.ctl, 2);
   KID_EXIT0(&ch, "consumer");
@@ -2651,7 +2803,7 @@ static void test_bad_args(const kind *k) {
   }
   CHECK_EQ(ipcref_strerror(IPCREF_EDEVICE) != NULL, 1);
   ipcref_ctx_free(ctx);
-  CHECK_EQ(g_free(&d, alloc), 0);
+  CHECK_EQ(g_free(&d, alloc, 65536), 0);
   g_close(&d);
 }
 GPU_TEST(test_bad_args, cuda, &K_CUDA)
@@ -2785,7 +2937,7 @@ int main(void) {
     RUN_BOTH(test);                                                            \
   } while (0)
   RUN_ALL(test_full_flow);
-  RUN_BOTH(test_wrap_offset);
+  RUN_ALL(test_wrap_offset);
   RUN_BOTH(test_import_twice);
   RUN_ALL(test_stream_order);
   RUN_ALL(test_wait_cached);
@@ -2803,6 +2955,7 @@ int main(void) {
   RUN_BOTH(test_bad_args);
   if (cuda) RUN_ONE(test_vmm_hostile_cuda_vmm);
   if (cuda) RUN_ONE(test_vmm_choice_cuda);
+  if (cuda) RUN_ONE(test_vmm_chunks_cuda_vmm);
   if (hip) RUN_ONE(test_hip_memory_hip);
 
   if (getenv("IPCREF_GPU_KEEP_LOGS"))

@@ -33,6 +33,8 @@ BACKENDS = {
     "ipcref_hip.h": ("hip.h", {"ipcref_gpu": "ipcref_hip", "ipcref__gpu": "ipcref__hip",
                                "IPCREF_GPU": "IPCREF_HIP", "IPCREF__GPU": "IPCREF__HIP"}),
 }
+# More of a driver's part, after its file's (implementation only).
+DRIVER_MORE = {"cuda.h": ["cuda_vmm.h"], "hip.h": []}
 DRIVER_MARKER = "/* @driver */"
 VMM_MARKER = "/* @vmm */"  # where src/gpu_vmm.h goes into src/gpu.h
 
@@ -95,6 +97,10 @@ def build_backend(source, names):
     the licence."""
     licence = read("licence.txt").strip("\n")
     api, impl = split_layer(source[:-2])
+    for more in DRIVER_MORE[source]:
+        text = read(more)
+        impl += "\n\n" + banner("driver", more[:-2]) + "\n\n" + \
+            text[text.index("*/") + 2:].strip("\n")
     shared = read("gpu.h")
     shared = shared[shared.index("*/") + 2:]  # its comment is about src/
     if shared.count(DRIVER_MARKER) != 1:
@@ -156,6 +162,7 @@ def check_sources():
     """Every src/*.h is a layer or a backend's part: a file left out of
     every list would silently be missing from the headers."""
     known = {n + ".h" for n in LAYERS} | {"gpu.h", "gpu_vmm.h"}
+    known |= {f for files in DRIVER_MORE.values() for f in files}
     known |= {source for source, _ in BACKENDS.values()}
     unknown = sorted(f for f in os.listdir(SRC) if f.endswith(".h") and f not in known)
     if unknown:
