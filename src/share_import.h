@@ -304,7 +304,10 @@ IPCREF__PRIVATE ipcref_result ipcref__import_map(ipcref_ctx *ctx,
       r = ipcref__map_device(ctx, f, -1, &mm->fresh[mm->nfresh], &mm->why);
     } else if (f->kind == IPCREF__KIND_DEVICE_FD) {
       int at = m->fd_index[i];
-      r = ipcref__map_device(ctx, f, fds[at], &mm->fresh[mm->nfresh], &mm->why);
+      mm->why = "a device segment by fd that came without one";
+      r = fds[at] < 0 ? IPCREF_EPROTO
+                      : ipcref__map_device(ctx, f, fds[at],
+                                           &mm->fresh[mm->nfresh], &mm->why);
       if (r == IPCREF_OK) fds[at] = -1;
     } else {
       int at = m->fd_index[i], led = f->kind == IPCREF__KIND_LEDGER;

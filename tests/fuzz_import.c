@@ -3,10 +3,11 @@
  *
  * Once per process: two producer contexts (read-only and writable shares)
  * holding four blocks (pooled read-only, pooled writable, isolated, large).
- * Per input: a fresh consumer context, a socketpair with a producer peer
- * and a consumer peer, and one or two genuine exports of the chosen block
- * (so a real, live lease exists). The input then says what the consumer is
- * handed:
+ * Per input: a fresh consumer context with a mock CUDA backend (see "the
+ * device": device records, kinds 3 and 4, reach its driver calls), a
+ * socketpair with a producer peer and a consumer peer, and one or two
+ * genuine exports of the chosen block (so a real, live lease exists). The
+ * input then says what the consumer is handed:
  *
  *   byte 0   flags: bits 0-1 the block (0 pooled, 1 pooled writable,
  *            2 isolated, 3 large); bit 2 a second lease; bit 3 patch mode;
@@ -25,13 +26,21 @@
  *
  * After every input:
  *   - the result is one of the documented codes (OK, EPROTO, ENOMEM,
- *     ESYS; with FUZZ_IMPORT_STRICT=1 not ESYS);
- *   - a view imported is valid, lies inside one mapping, and every element
- *     it reaches (up to 65,536, else every corner) lies inside its buffer
- *     and is read; a contiguous copy is made of it; then it is released;
- *   - no fd is left open, no memfd mapping is left, the producers have no
- *     live lease, no limbo and no extra ledger, and no return they got
- *     was refused.
+ *     ESYS, ENODEV for a device without a backend here, e.g. ROCm; with
+ *     FUZZ_IMPORT_STRICT=1 not ESYS);
+ *   - a view imported is valid, lies inside one mapping (a device view:
+ *     inside the segment the mock driver opened, on its device), and every
+ *     element it reaches (up to 65,536, else every corner) lies inside its
+ *     buffer and is read; a contiguous copy is made of it; then it is
+ *     released;
+ *   - no fd is left open, no memfd mapping is left, every device segment
+ *     the driver opened was closed exactly once by the time the consumer
+ *     context is freed, the producers have no live lease, no limbo and no
+ *     extra ledger, and no return they got was refused.
+ * And during it, the driver is never reached with an unchecked argument:
+ * a size of 0, a negative device, an fd not open, or a handle, fd, size,
+ * device or writable flag that no well-formed device record of the message
+ * (with a size of 1..PTRDIFF_MAX) carries.
  * Any violation aborts. Built and run by tests/fuzz.sh (TARGET import).
  *
  * Built without -fsanitize=fuzzer and with -DFUZZ_IMPORT_SEEDS, main()
@@ -408,6 +417,295 @@ static int make_fd(unsigned sel, unsigned c, int seg, int ledger, int prev,
   }
 }
 
+/* ------------------------------------------------------------ the device */
+
+/* A mock driver behind a backend for IPCREF_DEVICE_CUDA, added to every
+ * consumer: it opens a device segment by allocating zeroed host memory,
+ * which the checks can read. Its seg_import and seg_import_fd are the
+ * driver's entry points: reaching them with anything the sharing layer
+ * should have checked (a size of 0, a negative device, a closed fd, or
+ * arguments no well-formed record of the message carries) aborts. A
+ * handle opens when it starts with MOCK_MARKER: u64 at byte 8 the
+ * allocation's size, byte 16 bit 0 set: the driver gives back an address
+ * inside the allocation rather than its base. An fd opens when it is a
+ * memfd. Sizes over MOCK_MAX are refused (EPROTO), as a driver would. */
+#define MOCK_MARKER "ipcMOCK!"
+#define MOCK_MAX    ((uint64_t)64 << 20)
+#define MOCK_MAPS   (2 * IPCREF_MSG_MAX_FDS)
+#define MOCK_SKEW   256 /* the lying driver's offset into its allocation */
+
+typedef struct mock_map {
+  unsigned char *base; /* calloc'd */
+  uint64_t addr;       /* what the driver gave back */
+  size_t size;
+  int32_t dev;
+  int open; /* until seg_close */
+} mock_map;
+
+static mock_map mock_maps[MOCK_MAPS];
+static int mock_nmaps; /* this run's, open or closed */
+
+/* The device records of this run's message as it was handed over (kinds
+ * 3 and 4, with the fd a kind 4 comes with): what the driver may be
+ * asked for. */
+typedef struct dev_rec {
+  int kind, writable, fd;
+  uint32_t dev_type, dev_id;
+  uint64_t size;
+  unsigned char handle[IPCREF_HANDLE_BYTES];
+} dev_rec;
+
+static dev_rec dev_recs[IPCREF_MSG_MAX_FDS];
+static int ndev_recs;
+
+/* Reads the records of message `m` (as the library's decoder does, but
+ * forgiving: what it cannot read is no record). */
+static void dev_recs_scan(const ipcref_msg *m) {
+  size_t at = 26;
+  unsigned n, i, fdi = 0;
+  ndev_recs = 0;
+  if (m->len < 26) return;
+  n = (unsigned)(m->bytes[8] | m->bytes[9] << 8);
+  for (i = 0; i < n && i < IPCREF_MSG_MAX_FDS && at + 30 <= m->len; i++) {
+    dev_rec *d = &dev_recs[ndev_recs];
+    unsigned kind = m->bytes[at];
+    uint64_t size = 0;
+    int k;
+    for (k = 0; k < 8; k++) size |= (uint64_t)m->bytes[at + 22 + k] << (8 * k);
+    memset(d, 0, sizeof *d);
+    d->kind = (int)kind;
+    d->writable = m->bytes[at + 1];
+    d->size = size;
+    d->fd = -1;
+    at += 30;
+    if (kind == 3 || kind == 4) {
+      if (at + 8 > m->len) return;
+      for (k = 0; k < 4; k++) {
+        d->dev_type |= (uint32_t)m->bytes[at + (size_t)k] << (8 * k);
+        d->dev_id |= (uint32_t)m->bytes[at + 4 + (size_t)k] << (8 * k);
+      }
+      at += 8;
+      if (kind == 3) {
+        if (at + IPCREF_HANDLE_BYTES > m->len) return;
+        memcpy(d->handle, m->bytes + at, IPCREF_HANDLE_BYTES);
+        at += IPCREF_HANDLE_BYTES;
+      }
+      if (kind == 4 && fdi < (unsigned)m->nfds) d->fd = m->fds[fdi];
+      ndev_recs++;
+    }
+    fdi += kind == 2 ? 2 : kind == 3 ? 0 : 1;
+  }
+}
+
+/* A device record of this message the driver call may be for. */
+static int dev_rec_fits(int kind, int32_t dev, const unsigned char *handle,
+                        int fd, uint64_t size, int writable) {
+  int i;
+  for (i = 0; i < ndev_recs; i++) {
+    const dev_rec *d = &dev_recs[i];
+    if (d->kind != kind || d->dev_type != IPCREF_DEVICE_CUDA ||
+        d->dev_id != (uint32_t)dev || d->size == 0 ||
+        d->size > (uint64_t)PTRDIFF_MAX)
+      continue;
+    if (kind == 3 && !memcmp(d->handle, handle, IPCREF_HANDLE_BYTES)) return 1;
+    if (kind == 4 && d->fd == fd && d->size == size &&
+        !d->writable == !writable)
+      return 1;
+  }
+  return 0;
+}
+
+/* An open mapping holding [lo, lo + size), or NULL. */
+static mock_map *mock_find(uint64_t lo, size_t size) {
+  int i;
+  for (i = 0; i < mock_nmaps; i++) {
+    mock_map *mm = &mock_maps[i];
+    uint64_t b = (uint64_t)(uintptr_t)mm->base;
+    if (mm->open && lo >= b && lo - b <= mm->size &&
+        mm->size - (lo - b) >= size)
+      return mm;
+  }
+  return NULL;
+}
+
+static ipcref_result mock_open(int32_t dev, uint64_t size, int skew,
+                               uint64_t *addr) {
+  mock_map *mm;
+  if (mock_nmaps == MOCK_MAPS)
+    fail("the driver opened more segments than "
+         "a message has records");
+  mm = &mock_maps[mock_nmaps];
+  memset(mm, 0, sizeof *mm);
+  mm->base = (unsigned char *)calloc(1, (size_t)size);
+  if (!mm->base) return IPCREF_ENOMEM;
+  mm->size = (size_t)size;
+  mm->dev = dev;
+  mm->open = 1;
+  mm->addr = (uint64_t)(uintptr_t)mm->base + (skew ? MOCK_SKEW : 0);
+  mock_nmaps++;
+  *addr = mm->addr;
+  tr("  driver: opened %zu bytes on device %d at %p%s\n", mm->size, (int)dev,
+     (void *)mm->base, skew ? " (gave an inner address)" : "");
+  return IPCREF_OK;
+}
+
+static ipcref_result mock_seg_import(ipcref_backend *be, int32_t dev,
+                                     const unsigned char *handle,
+                                     uint64_t *addr) {
+  uint64_t size = 0;
+  int k;
+  (void)be;
+  if (dev < 0) fail("the driver got a negative device id");
+  if (!handle || !addr) fail("the driver got a NULL handle or address");
+  if (!dev_rec_fits(3, dev, handle, -1, 0, 0))
+    fail("the driver opened a handle no well-formed kind 3 record of "
+         "the message carries (device, handle, size 1..PTRDIFF_MAX)");
+  if (memcmp(handle, MOCK_MARKER, 8) != 0) return IPCREF_EPROTO;
+  for (k = 0; k < 8; k++) size |= (uint64_t)handle[8 + k] << (8 * k);
+  if (size == 0 || size > MOCK_MAX || (size <= MOCK_SKEW && (handle[16] & 1)))
+    return IPCREF_EPROTO;
+  return mock_open(dev, size, handle[16] & 1, addr);
+}
+
+static int is_memfd(int fd) {
+  char path[64], target[64];
+  ssize_t n;
+  snprintf(path, sizeof path, "/proc/self/fd/%d", fd);
+  n = readlink(path, target, sizeof target - 1);
+  if (n < 0) return 0;
+  target[n] = 0;
+  return strncmp(target, "/memfd:", 7) == 0;
+}
+
+static ipcref_result mock_seg_import_fd(ipcref_backend *be, int32_t dev, int fd,
+                                        uint64_t size, int writable,
+                                        uint64_t *addr) {
+  (void)be;
+  if (dev < 0) fail("the driver got a negative device id");
+  if (size == 0) fail("the driver was asked to map 0 bytes");
+  if (!addr) fail("the driver got a NULL address");
+  if (fd < 0 || fcntl(fd, F_GETFD) < 0) fail("the driver got an fd not open");
+  if (!dev_rec_fits(4, dev, NULL, fd, size, writable))
+    fail("the driver mapped an fd no well-formed kind 4 record of the "
+         "message carries (device, its own fd, size, writable)");
+  if (size > MOCK_MAX || !is_memfd(fd)) return IPCREF_EPROTO;
+  return mock_open(dev, size, 0, addr);
+}
+
+static ipcref_result mock_seg_range(ipcref_backend *be, int32_t dev,
+                                    uint64_t addr, uint64_t *base,
+                                    size_t *size) {
+  mock_map *mm = mock_find(addr, 1);
+  (void)be;
+  if (!mm || mm->dev != dev) return IPCREF_EINVAL;
+  *base = (uint64_t)(uintptr_t)mm->base;
+  *size = mm->size;
+  return IPCREF_OK;
+}
+
+static void mock_seg_close(ipcref_backend *be, int32_t dev, uint64_t addr) {
+  int i, closed = 0;
+  (void)be;
+  for (i = 0; i < mock_nmaps; i++) {
+    mock_map *mm = &mock_maps[i];
+    if (mm->addr != addr) continue;
+    if (!mm->open) {
+      closed = 1;
+      continue;
+    }
+    if (mm->dev != dev) fail("a device segment closed on another device");
+    tr("  driver: closed %p\n", (void *)mm->base);
+    free(mm->base);
+    mm->base = NULL;
+    mm->open = 0;
+    return;
+  }
+  fail(closed ? "a device segment closed twice"
+              : "a device address closed that the driver never gave");
+}
+
+static ipcref_result mock_seg_alloc(ipcref_backend *be, int32_t dev,
+                                    size_t size, uint64_t *addr) {
+  (void)be, (void)dev, (void)size, (void)addr;
+  return IPCREF_ENODEV;
+}
+
+static void mock_seg_free(ipcref_backend *be, int32_t dev, uint64_t addr) {
+  (void)be, (void)dev, (void)addr;
+  fail("seg_free of a device segment this process never allocated");
+}
+
+static ipcref_result mock_seg_export(ipcref_backend *be, int32_t dev,
+                                     uint64_t base, unsigned char *handle) {
+  (void)be, (void)dev, (void)base, (void)handle;
+  return IPCREF_ENODEV;
+}
+
+static ipcref_result mock_seg_export_fd(ipcref_backend *be, int32_t dev,
+                                        uint64_t base, int *fd) {
+  (void)be, (void)dev, (void)base, (void)fd;
+  return IPCREF_ENODEV;
+}
+
+static ipcref_result mock_event_record(ipcref_backend *be, int32_t dev,
+                                       void *stream, unsigned char *handle,
+                                       void **event) {
+  (void)be, (void)dev, (void)stream, (void)handle, (void)event;
+  return IPCREF_ENODEV;
+}
+
+static void mock_event_free(ipcref_backend *be, void *event) {
+  (void)be, (void)event;
+}
+
+static ipcref_result mock_event_wait(ipcref_backend *be, int32_t dev,
+                                     void *stream,
+                                     const unsigned char *handle) {
+  (void)be, (void)stream;
+  if (dev < 0 || !handle) fail("event_wait: a negative device or no handle");
+  return IPCREF_OK;
+}
+
+static ipcref_result mock_fence(ipcref_backend *be, int32_t dev, void *stream,
+                                void **fence) {
+  (void)be, (void)dev, (void)stream;
+  *fence = NULL;
+  return IPCREF_OK;
+}
+
+static int mock_fence_done(ipcref_backend *be, void *fence) {
+  (void)be, (void)fence;
+  return 1;
+}
+
+static ipcref_backend mock_backend = {
+    .device_type = IPCREF_DEVICE_CUDA,
+    .name = "fuzz-mock",
+    .seg_alloc = mock_seg_alloc,
+    .seg_free = mock_seg_free,
+    .seg_range = mock_seg_range,
+    .seg_export = mock_seg_export,
+    .seg_import = mock_seg_import,
+    .seg_close = mock_seg_close,
+    .event_record = mock_event_record,
+    .event_free = mock_event_free,
+    .event_wait = mock_event_wait,
+    .fence = mock_fence,
+    .fence_done = mock_fence_done,
+    .seg_export_fd = mock_seg_export_fd,
+    .seg_import_fd = mock_seg_import_fd,
+};
+
+/* After the consumer context is gone: every segment the driver opened was
+ * closed (once: seg_close checks that). */
+static void mock_check_closed(void) {
+  int i;
+  for (i = 0; i < mock_nmaps; i++)
+    if (mock_maps[i].open) fail("a device segment outlived its context");
+  mock_nmaps = 0;
+  ndev_recs = 0;
+}
+
 /* ------------------------------------------------------------ checking */
 
 static volatile unsigned sink;
@@ -426,13 +724,23 @@ static void check_view(const ipcref_view *v) {
   size_t size, item;
   int64_t numel;
   ipcref_view c;
+  ipcref_device dev;
   if (!v->buf) fail("an import succeeded without a buffer");
   if (ipcref__view_check_new(v) != IPCREF_OK) fail("an invalid view imported");
   lo = (const unsigned char *)ipcref_buf_data(v->buf);
   size = ipcref_buf_size(v->buf);
   item = ipcref_dtype_size(v->dtype);
-  if (size && !scan_maps((uintptr_t)lo, (uintptr_t)lo + size))
+  dev = ipcref_buf_device(v->buf);
+  if (dev.type != IPCREF_DEVICE_CPU) { /* the mock driver's host memory */
+    const mock_map *mm = mock_find((uint64_t)(uintptr_t)lo, size);
+    if (!mm)
+      fail("an imported device buffer is not inside the segment "
+           "the driver opened");
+    if (dev.type != IPCREF_DEVICE_CUDA || dev.id != mm->dev)
+      fail("an imported device buffer names another device");
+  } else if (size && !scan_maps((uintptr_t)lo, (uintptr_t)lo + size)) {
     fail("an imported buffer is not inside one mapping");
+  }
   numel = ipcref_view_numel(v);
   tr("  imported: dtype %d ndim %d numel %lld offset %lld in %zu bytes\n",
      (int)v->dtype, v->ndim, (long long)numel, (long long)v->byte_offset, size);
@@ -514,7 +822,9 @@ static ipcref_result run_one(const uint8_t *data, size_t size) {
   kind = flags & 3;
   b = &blocks[kind];
   /* A consumer, a pair of peers, and the genuine exports. */
-  if (ipcref_ctx_new(NULL, &cons) != IPCREF_OK) fail("consumer ctx");
+  if (ipcref_ctx_new(NULL, &cons) != IPCREF_OK ||
+      ipcref_ctx_add_backend(cons, &mock_backend) != IPCREF_OK)
+    fail("consumer ctx");
   if (socketpair(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0, sv) != 0)
     fail("socketpair");
   if (ipcref_peer_new(b->ctx, sv[0], &pp) != IPCREF_OK ||
@@ -582,6 +892,7 @@ static ipcref_result run_one(const uint8_t *data, size_t size) {
     tr("raw message, %zu bytes\n", m.len);
   }
   /* The import. */
+  dev_recs_scan(&m);
   memset(&got, 0, sizeof got);
   rc = ipcref_import(cp, &m, &got);
   tr("import: %s\n", ipcref_strerror(rc));
@@ -608,6 +919,7 @@ static ipcref_result run_one(const uint8_t *data, size_t size) {
   ipcref_msg_free(&e2);
   ipcref_peer_free(cp);
   ipcref_ctx_free(cons);
+  mock_check_closed();
   ipcref_peer_free(pp);
   check_producer(prod_ro, &base_ro);
   check_producer(prod_rw, &base_rw);
@@ -711,6 +1023,184 @@ static void patch_seed(const char *name, unsigned flags, int delta,
   b[n++] = (unsigned char)(int8_t)delta;
   if (plen) memcpy(b + n, patches, plen);
   seed(name, b, n + plen);
+}
+
+/* Device seeds: the genuine message of block 0 (its segment record, then
+ * its ledger's, then its view: a 2048-byte U8 vector) with the segment
+ * record replaced by a device one, and the view moved into it. */
+#define DEV_SEG_ID 0xd1
+#define DEV_HUGE   ((uint64_t)1 << 40)
+
+typedef struct dev_seed {
+  const char *name;
+  int kind;             /* 3 (handle) or 4 (fd) */
+  uint32_t type, id;    /* the record's device */
+  int writable;         /* the record's (and the view's) */
+  uint64_t size;        /* the record's */
+  uint64_t alloc;       /* kind 3: the size the handle opens (0: a handle
+                           without the mock's marker) */
+  int skew;             /* kind 3: the driver gives an inner address */
+  uint64_t off, bsize;  /* the view's block */
+  int event;            /* the view carries an event */
+  unsigned char fd_sel; /* kind 4: its fd (FD_NONE and no fd: fd_none) */
+  unsigned char fd_c;
+  int no_fd; /* kind 4: the message lacks that fd */
+} dev_seed;
+
+/* The bytes of `d` (raw mode) after block 0's templated message `t`. */
+static void dev_seed_write(const dev_seed *d, const unsigned char *t,
+                           size_t tlen) {
+  unsigned char msg[4096], sel[6];
+  size_t n = 0, view = HEAD_BYTES + 60, vlen = tlen - view;
+  unsigned nsel = 0;
+  memcpy(msg, t, HEAD_BYTES);
+  n = HEAD_BYTES;
+  msg[n++] = (unsigned char)d->kind;
+  msg[n++] = (unsigned char)d->writable;
+  put_le(msg, n, PID_TOKEN, 4);
+  put_le(msg, n + 4, TOKEN | T_NONCE, 8);
+  put_le(msg, n + 12, DEV_SEG_ID, 8);
+  put_le(msg, n + 20, d->size, 8);
+  put_le(msg, n + 28, d->type, 4);
+  put_le(msg, n + 32, d->id, 4);
+  n += 36;
+  if (d->kind == 3) {
+    memset(msg + n, 0, IPCREF_HANDLE_BYTES);
+    if (d->alloc) {
+      memcpy(msg + n, MOCK_MARKER, 8);
+      put_le(msg, n + 8, d->alloc, 8);
+      msg[n + 16] = (unsigned char)d->skew;
+    }
+    n += IPCREF_HANDLE_BYTES;
+  }
+  memcpy(msg + n, t + HEAD_BYTES + 30, 30); /* the ledger's record */
+  n += 30;
+  memcpy(msg + n, t + view, vlen);
+  put_le(msg, n + 12, DEV_SEG_ID, 8);
+  put_le(msg, n + 20, d->size, 8);
+  put_le(msg, n + 28, d->off, 8);
+  put_le(msg, n + 36, d->bsize, 8);
+  msg[n + 62] = (unsigned char)d->writable;
+  msg[n + 63] = (unsigned char)d->event;
+  n += vlen;
+  if (d->event) {
+    memset(msg + n, 0xe7, IPCREF_HANDLE_BYTES);
+    n += IPCREF_HANDLE_BYTES;
+  }
+  if (d->kind == 4 && !d->no_fd) {
+    sel[2 * nsel] = d->fd_sel;
+    sel[2 * nsel++ + 1] = d->fd_c;
+  }
+  sel[2 * nsel] = FD_LEDGER;
+  sel[2 * nsel++ + 1] = 0;
+  sel[2 * nsel] = FD_SOCKET;
+  sel[2 * nsel++ + 1] = 1;
+  raw_seed(d->name, 0, sel, nsel, msg, n);
+}
+
+static void dev_seeds(void) {
+  enum { C = IPCREF_DEVICE_CUDA, R = IPCREF_DEVICE_ROCM };
+  const uint64_t P = (uint64_t)PTRDIFF_MAX;
+  const unsigned char S = FD_SEALED | 5 << 4; /* a 4096-byte memfd */
+  static const dev_seed seeds[] = {
+      /* name, kind, type, id, writable, size, alloc, skew, off, bsize,
+       * event, fd, content, no fd */
+      {"dev_handle_ok", 3, C, 0, 0, 4096, 4096, 0, 1024, 2048, 0, 0, 0, 0},
+      {"dev_handle_dev3_writable", 3, C, 3, 1, 4096, 8192, 0, 0, 4096, 0, 0, 0,
+       0},
+      {"dev_handle_event", 3, C, 0, 0, 4096, 4096, 0, 2048, 2048, 1, 0, 0, 0},
+      {"dev_handle_alloc_small", 3, C, 0, 0, 8192, 4096, 0, 4096, 2048, 0, 0, 0,
+       0},
+      {"dev_handle_inner_addr", 3, C, 0, 0, 4096, 4096, 1, 2048, 2048, 0, 0, 0,
+       0},
+      {"dev_handle_no_marker", 3, C, 0, 0, 4096, 0, 0, 0, 2048, 0, 0, 0, 0},
+      {"dev_handle_block_past", 3, C, 0, 0, 4096, 4096, 0, 3072, 2048, 0, 0, 0,
+       0},
+      {"dev_handle_block_wraps", 3, C, 0, 0, 4096, 4096, 0, ~(uint64_t)1023,
+       2048, 0, 0, 0, 0},
+      {"dev_handle_size0", 3, C, 0, 0, 0, 4096, 0, 0, 2048, 0, 0, 0, 0},
+      {"dev_handle_huge", 3, C, 0, 0, DEV_HUGE, 4096, 0, 0, 2048, 0, 0, 0, 0},
+      {"dev_handle_over_ptrdiff", 3, C, 0, 0, P + 1, 4096, 0, 0, 2048, 0, 0, 0,
+       0},
+      {"dev_handle_negative_dev", 3, C, 0xffffffffu, 0, 4096, 4096, 0, 0, 2048,
+       0, 0, 0, 0},
+      {"dev_handle_rocm", 3, R, 0, 0, 4096, 4096, 0, 0, 2048, 0, 0, 0, 0},
+      {"dev_handle_cpu", 3, IPCREF_DEVICE_CPU, 0, 0, 4096, 4096, 0, 0, 2048, 0,
+       0, 0, 0},
+      {"dev_fd_memfd_ok", 4, C, 0, 0, 4096, 0, 0, 1024, 2048, 0, S, 0, 0},
+      {"dev_fd_unsealed_ok", 4, C, 1, 0, 8192, 0, 0, 0, 8192, 0,
+       FD_UNSEALED | 6 << 4, 3, 0},
+      {"dev_fd_writable", 4, C, 0, 1, 4096, 0, 0, 2048, 2048, 0, S, 0, 0},
+      {"dev_fd_event", 4, C, 0, 0, 4096, 0, 0, 0, 2048, 1, S, 0, 0},
+      {"dev_fd_block_past", 4, C, 0, 0, 4096, 0, 0, 2049, 2048, 0, S, 0, 0},
+      {"dev_fd_size0", 4, C, 0, 0, 0, 0, 0, 0, 2048, 0, S, 0, 0},
+      {"dev_fd_size1", 4, C, 0, 0, 1, 0, 0, 0, 1, 0, S, 0, 0},
+      {"dev_fd_over_mock_max", 4, C, 0, 0, MOCK_MAX + 1, 0, 0, 0, 2048, 0, S, 0,
+       0},
+      {"dev_fd_huge", 4, C, 0, 0, DEV_HUGE, 0, 0, 0, 2048, 0, S, 0, 0},
+      {"dev_fd_ptrdiff_max", 4, C, 0, 0, P, 0, 0, 0, 2048, 0, S, 0, 0},
+      {"dev_fd_over_ptrdiff", 4, C, 0, 0, P + 1, 0, 0, 0, 2048, 0, S, 0, 0},
+      {"dev_fd_negative_dev", 4, C, 0x80000000u, 0, 4096, 0, 0, 0, 2048, 0, S,
+       0, 0},
+      {"dev_fd_rocm", 4, R, 0, 0, 4096, 0, 0, 0, 2048, 0, S, 0, 0},
+      {"dev_fd_pipe", 4, C, 0, 0, 4096, 0, 0, 0, 2048, 0, FD_PIPE, 0, 0},
+      {"dev_fd_regular", 4, C, 0, 0, 4096, 0, 0, 0, 2048, 0,
+       FD_REGULAR | 5 << 4, 0, 0},
+      {"dev_fd_socket", 4, C, 0, 0, 4096, 0, 0, 0, 2048, 0, FD_SOCKET, 1, 0},
+      {"dev_fd_devnull", 4, C, 0, 0, 4096, 0, 0, 0, 2048, 0, FD_DEVNULL, 0, 0},
+      {"dev_fd_eventfd", 4, C, 0, 0, 4096, 0, 0, 0, 2048, 0, FD_EVENTFD, 0, 0},
+      {"dev_fd_segment", 4, C, 0, 0, 4096, 0, 0, 0, 2048, 0, FD_SEG, 0, 0},
+      {"dev_fd_ledger", 4, C, 0, 0, 4096, 0, 0, 0, 2048, 0, FD_LEDGER, 0, 0},
+      {"dev_fd_missing", 4, C, 0, 0, 4096, 0, 0, 0, 2048, 0, S, 0, 1},
+      /* its fd slot -1: once taken for a kind 3 record */
+      {"dev_fd_none", 4, C, 0, 0, 4096, 0, 0, 1024, 2048, 0, FD_NONE, 0, 0},
+  };
+  unsigned char t[4096];
+  size_t len;
+  unsigned i;
+  templated(&blocks[0].v, 0, t, &len);
+  for (i = 0; i < sizeof seeds / sizeof seeds[0]; i++)
+    dev_seed_write(&seeds[i], t, len);
+  /* Both kinds in one batch: a segment by handle (lease 1's view) and one
+   * by fd (lease 2's), the second record naming the first's id too. */
+  {
+    static const unsigned char sel[6] = {FD_SEALED | 6 << 4, 0, FD_LEDGER, 0,
+                                         FD_SOCKET,          1};
+    unsigned char msg[4096];
+    size_t n = HEAD_BYTES, view = HEAD_BYTES + 60, vlen = len - view, k;
+    memcpy(msg, t, HEAD_BYTES);
+    put_le(msg, 6, 2, 2); /* nviews */
+    put_le(msg, 8, 3, 2); /* nrecs */
+    for (k = 0; k < 2; k++) {
+      msg[n] = (unsigned char)(3 + k);
+      msg[n + 1] = 0;
+      put_le(msg, n + 2, PID_TOKEN, 4);
+      put_le(msg, n + 6, TOKEN | T_NONCE, 8);
+      put_le(msg, n + 14, DEV_SEG_ID + k, 8);
+      put_le(msg, n + 22, 4096 * (k + 1), 8);
+      put_le(msg, n + 30, IPCREF_DEVICE_CUDA, 4);
+      put_le(msg, n + 34, (uint64_t)k, 4);
+      n += 38;
+      if (k == 0) {
+        memset(msg + n, 0, IPCREF_HANDLE_BYTES);
+        memcpy(msg + n, MOCK_MARKER, 8);
+        put_le(msg, n + 8, 4096, 8);
+        n += IPCREF_HANDLE_BYTES;
+      }
+    }
+    memcpy(msg + n, t + HEAD_BYTES + 30, 30);
+    n += 30;
+    for (k = 0; k < 2; k++) {
+      memcpy(msg + n, t + view, vlen);
+      put_le(msg, n + 12, DEV_SEG_ID + k, 8);
+      put_le(msg, n + 20, 4096 * (k + 1), 8);
+      put_le(msg, n + 28, 2048 * k, 8);
+      put_le(msg, n + 36, 2048 * (k + 1), 8);
+      put_le(msg, n + 52, TOKEN | (k ? T_LEASE2 : T_LEASE1), 8);
+      n += vlen;
+    }
+    raw_seed("dev_batch_handle_and_fd", 4, sel, 3, msg, n);
+  }
 }
 
 int main(int argc, char **argv) {
@@ -905,6 +1395,7 @@ int main(int argc, char **argv) {
     patch_seed("patch_writable_rw", 1, 0, writable, sizeof writable);
     patch_seed("patch_truncated", 0, -9, NULL, 0);
   }
+  dev_seeds();
   printf("%d seeds, %d import\n", nseeds, seeds_ok);
   return 0;
 }
