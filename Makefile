@@ -7,6 +7,9 @@
 #   make format     clang-format the sources (format-check: only look)
 #   make install    headers and ipcref.pc under $(DESTDIR)$(PREFIX)
 #   make python     the Python package, importable from build/python
+#   make gpu-test   tests/test_gpu.c's device flows on the real drivers
+#                   (libcuda.so.1, libamdhip64) instead of the fakes; on a
+#                   machine without a GPU it says so and exits 0
 
 PREFIX   ?= /usr/local
 DESTDIR  ?=
@@ -32,7 +35,7 @@ FORMATTED := $(wildcard src/*.h tests/*.c tests/*.h tests/*/*.c tests/*/*.h \
                         python/ipcref/*.c) $(GENERATED)
 EXAMPLES := threads_demo share_demo object_store
 
-.PHONY: all check test soak demo bench format format-check install uninstall clean python
+.PHONY: all check test soak demo bench format format-check install uninstall clean python gpu-test
 
 all: ipcref.h check
 
@@ -85,6 +88,16 @@ python: ipcref.h
 
 bench: ipcref.h
 	@bash bench/run.sh
+
+# The flows that need none of the fakes' knobs: legacy IPC, VMM memory
+# (where device 0 shares it by fd), wrapping, forwarding, a consumer
+# killed, a lying peer. Built as make test builds test_gpu, with cuda.h's
+# prototypes checked where it is found.
+gpu-test: ipcref.h
+	@mkdir -p $(BUILD_DIR)
+	$(CC) -O2 -g -std=c11 -Wall -Wextra -Wpedantic -Werror -I. -I$(CUDA_INC) \
+	  tests/test_gpu.c -o $(BUILD_DIR)/gpu_test -pthread -ldl
+	IPCREF_GPU_REAL=1 $(BUILD_DIR)/gpu_test
 
 # The style is clang-format 14's (Debian 12's): another major version
 # formats differently, so both targets ask for 14.

@@ -165,6 +165,12 @@ paths_bins() { local d=$1 t; for t in $BOTH_PATHS; do printf '%s ' "$d/$t"; done
 if build_suite gcc gcc -O2 -std=c11 $WARN; then
   run_tests "gcc -O2" -- $(suite_bins gcc)
   IPCREF_TEST_PATH=socket run_tests "gcc -O2, socket only" -- $(paths_bins gcc)
+  # make gpu-test's mode (the drivers found by name, no call log, no
+  # knobs) with the fakes standing in for the real drivers.
+  case " $SUITE " in *" test_gpu "*)
+    LD_LIBRARY_PATH="$FAKE_GPU" IPCREF_GPU_REAL=1 \
+      run_tests "gcc -O2, make gpu-test's flows on the fakes" -- gcc/test_gpu ;;
+  esac
 fi
 
 # clang's sanitizer and libFuzzer runtimes come in their own package.
