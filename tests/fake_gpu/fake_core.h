@@ -74,6 +74,8 @@
  *                 ROCm >= 6 does; by default it fails, as HIP 5.2 says
  *   FAKE_CUDA_VMM, FAKE_CUDA_POSIX_FD, FAKE_CUDA_GRANULARITY  (CUDA only)
  *                 the virtual memory management calls: see fake_vmm.h
+ *   FAKE_CUDA_POOLS  (CUDA only) the stream-ordered memory pool calls: see
+ *                 fake_pool.h (their memory is kinds POOL / PIMPORT here)
  *
  * Call log. Each call appends exactly one line with a single write() on an
  * O_APPEND fd, so lines from many processes never interleave:
@@ -84,6 +86,8 @@
  * h=<exporter pid>:<nonce, 16 hex digits>, the same in the exporter's get and
  * every importer's open and close ("h=-" when the call failed before there
  * was one). Outputs are logged as keys too (ptr=..).
+ * Copies and memsets that touch pool memory (fake_pool.h) add
+ * pending_us=<us until its allocation completes> alloc=<its nonce>.
  * Events: rec=<records so far>, done_in_us=<us until the recorded work
  * completes, 0 if complete>. cuStreamWaitEvent/hipStreamWaitEvent log
  * pending_us = how long the event still had to run when the stream began to
@@ -161,8 +165,17 @@ static int fk_devices(void) {
 /* ---- state --------------------------------------------------------------- */
 
 /* FK_MEM_VMM: fake_gpu_alloc_vmm's not-IPC-capable allocation; FK_MEM_VMAP:
- * a cuMemMap mapping (fake_vmm.h owns it: never freed or reset from here) */
-enum { FK_MEM_ALLOC = 1, FK_MEM_VMM, FK_MEM_IMPORT, FK_MEM_VMAP };
+ * a cuMemMap mapping (fake_vmm.h owns it: never freed or reset from here);
+ * FK_MEM_POOL / FK_MEM_PIMPORT: a memory pool allocation / an imported pool
+ * pointer (fake_pool.h owns them: freed only through it, not with a context) */
+enum {
+  FK_MEM_ALLOC = 1,
+  FK_MEM_VMM,
+  FK_MEM_IMPORT,
+  FK_MEM_VMAP,
+  FK_MEM_POOL,
+  FK_MEM_PIMPORT
+};
 
 struct fk_mem {
   uintptr_t base; /* device pointer = address of the mapping */
@@ -177,7 +190,14 @@ struct fk_mem {
   uint64_t ino, nonce;
   unsigned long long id; /* BUFFER_ID: unique in the process, never reused */
   uint64_t vh;           /* VMAP: the allocation handle mapped (fake_vmm.h) */
-  unsigned char access[FK_MAX_DEV]; /* VMAP: per device, 1 = read, 3 = rw */
+  unsigned char access[FK_MAX_DEV]; /* VMAP, POOL, PIMPORT: per device,
+                                       1 = read, 3 = rw */
+  /* POOL, PIMPORT (fake_pool.h): the pool's handle in this process, its
+   * nonce, when the allocation completes (ns), the shared header page, the
+   * offset of the pointer an import returned */
+  uint64_t pool, pnonce, ready;
+  void *aux;
+  size_t off;
 };
 
 struct fk_stream {
@@ -393,18 +413,38 @@ static void fk_remove(struct fk_mem *m) {
   munmap((void *)m->base, m->size);
   if (m->data != (char *)m->base) munmap(m->data, m->size);
   if (m->fd >= 0) close(m->fd);
-  if (m->kind != FK_MEM_IMPORT) fk.live -= m->size;
+  if (m->kind != FK_MEM_IMPORT && m->kind != FK_MEM_PIMPORT) fk.live -= m->size;
   *m = fk.mem[--fk.nmem];
 }
 
+/* What the last copy or memset of this thread touched of pool memory
+ * (fake_pool.h): the allocation nonce and how long before the allocation
+ * completes (pending_us > 0: it was touched too early). Reset by fk_copy and
+ * fk_memset, read by the skin to log it. */
+static _Thread_local struct {
+  int pool;
+  uint64_t nonce;
+  unsigned long long pending_us;
+} fk_touch;
+
 /* Bytes behind [p, p+n) of device memory, or NULL if that range is not inside
  * one allocation or import (real drivers reject such a copy), or is a VMM
- * mapping that device dev may not read (need 1) or write (need 2). */
+ * mapping or pool memory that device dev may not read (need 1) or write
+ * (need 2). */
 static char *fk_bytes(uintptr_t p, size_t n, int need, int dev) {
   struct fk_mem *m = fk_find(p);
-  if (m && m->kind == FK_MEM_VMAP &&
-      (dev < 0 || dev >= FK_MAX_DEV || !(m->access[dev] & need)))
+  int gated = m && (m->kind == FK_MEM_VMAP || m->kind == FK_MEM_POOL ||
+                    m->kind == FK_MEM_PIMPORT);
+  if (gated && (dev < 0 || dev >= FK_MAX_DEV || !(m->access[dev] & need)))
     return NULL;
+  if (m && (m->kind == FK_MEM_POOL || m->kind == FK_MEM_PIMPORT)) {
+    unsigned long long us = fk_us_left(m->ready);
+    if (!fk_touch.pool || us > fk_touch.pending_us) {
+      fk_touch.nonce = m->nonce;
+      fk_touch.pending_us = us;
+    }
+    fk_touch.pool = 1;
+  }
   return m && n <= m->size - (p - m->base) ? m->data + (p - m->base) : NULL;
 }
 
@@ -443,8 +483,8 @@ static int fk_mem_free(uintptr_t p) {
   FK_LOCK();
   struct fk_mem *m = fk_find(p);
   int e =
-      !m || m->base != p || m->kind == FK_MEM_IMPORT || m->kind == FK_MEM_VMAP
-          ? FK_EBADFREE
+      !m || m->base != p || (m->kind != FK_MEM_ALLOC && m->kind != FK_MEM_VMM)
+          ? FK_EBADFREE /* pool memory: fake_pool.h frees it */
           : FK_OK;
   if (!e) fk_remove(m);
   FK_UNLOCK();
@@ -472,12 +512,17 @@ static int fk_mem_info(uintptr_t p, struct fk_mem *out) {
   return m != NULL;
 }
 
-/* A context (device) went away: its allocations and imports go with it. */
+/* A context (device) went away: its allocations and imports go with it. Not
+ * VMM mappings or pool memory: "::cuCtxDestroy() will not destroy memory
+ * allocations by ::cuMemCreate(), ::cuMemAllocAsync() and
+ * ::cuMemAllocFromPoolAsync()." */
 static inline int fk_mem_drop_owner(int dev) {
   int n = 0;
   FK_LOCK();
   for (size_t i = fk.nmem; i-- > 0;)
-    if (fk.mem[i].owner == dev && fk.mem[i].kind != FK_MEM_VMAP) {
+    if (fk.mem[i].owner == dev &&
+        (fk.mem[i].kind == FK_MEM_ALLOC || fk.mem[i].kind == FK_MEM_VMM ||
+         fk.mem[i].kind == FK_MEM_IMPORT)) {
       fk_remove(&fk.mem[i]);
       n++;
     }
@@ -614,6 +659,7 @@ static inline int fk_device_sync(int dev, unsigned long long *waited_us) {
 /* dst_dev/src_dev: whether that side is device memory. */
 static int fk_copy(uintptr_t dst, int dst_dev, uintptr_t src, int src_dev,
                    size_t n, int dev) {
+  fk_touch.pool = 0;
   if (!n) return FK_OK;
   FK_LOCK();
   uint64_t t = fk_legacy_tail(dev);
@@ -628,6 +674,7 @@ static int fk_copy(uintptr_t dst, int dst_dev, uintptr_t src, int src_dev,
 }
 
 static int fk_memset(uintptr_t dst, int value, size_t n, int dev) {
+  fk_touch.pool = 0;
   if (!n) return FK_OK;
   FK_LOCK();
   uint64_t t = fk_legacy_tail(dev);

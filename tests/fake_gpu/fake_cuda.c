@@ -18,6 +18,10 @@
  *                             virtual memory management (cuMemCreate,
  *                             cuMemMap, fd export/import): see fake_vmm.h;
  *                             the entry points are in fake_cuda_vmm.c
+ *   FAKE_CUDA_POOLS           stream-ordered memory pools (cuMemPoolCreate,
+ *                             cuMemAllocFromPoolAsync, pool and pointer
+ *                             export/import): see fake_pool.h; the entry
+ *                             points are in fake_cuda_pool.c
  */
 #define _GNU_SOURCE
 #define __CUDA_API_VERSION_INTERNAL 1
@@ -27,6 +31,7 @@
 #define FK_MAGIC  0x55434b46u /* "FKCU" */
 #include "fake_core.h"
 #include "fake_vmm.h"
+#include "fake_pool.h"
 
 _Static_assert(sizeof(CUipcMemHandle) == sizeof(struct fk_handle),
                "handle size");
@@ -193,6 +198,13 @@ CUresult CUDAAPI cuDeviceGetAttribute(int *pi, CUdevice_attribute attrib,
     case CU_DEVICE_ATTRIBUTE_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR_SUPPORTED:
       *pi = fk_vmm_posix_on(); /* FAKE_CUDA_POSIX_FD=0 or VMM=0: no */
       break;
+    case CU_DEVICE_ATTRIBUTE_MEMORY_POOLS_SUPPORTED:
+      *pi = fk_pools_on(); /* fake_pool.h; FAKE_CUDA_POOLS=0: no */
+      break;
+    case CU_DEVICE_ATTRIBUTE_MEMPOOL_SUPPORTED_HANDLE_TYPES:
+      /* a bitmask: POSIX_FILE_DESCRIPTOR; POOLS=0 or POSIX_FD=0: none */
+      *pi = (int)fk_pool_htypes_supported();
+      break;
     default: *pi = 0; break;
     }
   }
@@ -282,8 +294,17 @@ int fake_gpu_alloc_vmm(void **ptr, size_t size) {
   return fk_ret("fake_gpu_alloc_vmm", e, "size=%zu ptr=0x%llx", size, FK_P(p));
 }
 
+static CUresult free_pool(const char *call, CUdeviceptr dptr, int now_,
+                          CUstream hStream); /* fake_cuda_pool.c */
+
 CUresult CUDAAPI cuMemFree_v2(CUdeviceptr dptr) {
   GATE(NEED_CTX);
+  uint64_t h, pn, n;
+  /* pool memory (and imported pool pointers: "The pointer may be freed with
+   * cuMemFree or cuMemFreeAsync"): fake_pool.h frees it, logged with its
+   * pool= and alloc= keys */
+  if (!e && fk_pool_of(dptr, &h, &pn, &n))
+    return free_pool("cuMemFree_v2", dptr, 1, NULL);
   if (!e) e = fk_mem_free(dptr);
   return fk_ret("cuMemFree_v2", e, "ptr=0x%llx", FK_P(dptr));
 }
@@ -301,30 +322,49 @@ CUresult CUDAAPI cuMemGetAddressRange_v2(CUdeviceptr *pbase, size_t *psize,
                 FK_P(dptr), FK_P(base), size);
 }
 
+/* Keys a copy or memset that touched pool memory adds to its line (see
+ * fake_pool.h): " pending_us=<us until the allocation completes> alloc=<its
+ * nonce>" (the most pending side); nothing for other memory. */
+static const char *touched(char buf[64]) {
+  buf[0] = 0;
+  if (fk_touch.pool)
+    snprintf(buf, 64, " pending_us=%llu alloc=%016" PRIx64, fk_touch.pending_us,
+             fk_touch.nonce);
+  return buf;
+}
+
 /* Synchronous copies: done before returning (and after the legacy stream). */
 CUresult CUDAAPI cuMemcpyHtoD_v2(CUdeviceptr dst, const void *src, size_t n) {
   GATE(NEED_CTX);
+  char t[64];
+  fk_touch.pool = 0;
   if (!e) e = fk_copy(dst, 1, (uintptr_t)src, 0, n, dev);
-  return fk_ret("cuMemcpyHtoD_v2", e, "dst=0x%llx src=0x%llx n=%zu", FK_P(dst),
-                FK_P(src), n);
+  return fk_ret("cuMemcpyHtoD_v2", e, "dst=0x%llx src=0x%llx n=%zu%s",
+                FK_P(dst), FK_P(src), n, touched(t));
 }
 CUresult CUDAAPI cuMemcpyDtoH_v2(void *dst, CUdeviceptr src, size_t n) {
   GATE(NEED_CTX);
+  char t[64];
+  fk_touch.pool = 0;
   if (!e) e = fk_copy((uintptr_t)dst, 0, src, 1, n, dev);
-  return fk_ret("cuMemcpyDtoH_v2", e, "dst=0x%llx src=0x%llx n=%zu", FK_P(dst),
-                FK_P(src), n);
+  return fk_ret("cuMemcpyDtoH_v2", e, "dst=0x%llx src=0x%llx n=%zu%s",
+                FK_P(dst), FK_P(src), n, touched(t));
 }
 CUresult CUDAAPI cuMemcpyDtoD_v2(CUdeviceptr dst, CUdeviceptr src, size_t n) {
   GATE(NEED_CTX);
+  char t[64];
+  fk_touch.pool = 0;
   if (!e) e = fk_copy(dst, 1, src, 1, n, dev);
-  return fk_ret("cuMemcpyDtoD_v2", e, "dst=0x%llx src=0x%llx n=%zu", FK_P(dst),
-                FK_P(src), n);
+  return fk_ret("cuMemcpyDtoD_v2", e, "dst=0x%llx src=0x%llx n=%zu%s",
+                FK_P(dst), FK_P(src), n, touched(t));
 }
 CUresult CUDAAPI cuMemsetD8_v2(CUdeviceptr dst, unsigned char uc, size_t n) {
   GATE(NEED_CTX);
+  char t[64];
+  fk_touch.pool = 0;
   if (!e) e = fk_memset(dst, uc, n, dev);
-  return fk_ret("cuMemsetD8_v2", e, "dst=0x%llx value=%u n=%zu", FK_P(dst), uc,
-                n);
+  return fk_ret("cuMemsetD8_v2", e, "dst=0x%llx value=%u n=%zu%s", FK_P(dst),
+                uc, n, touched(t));
 }
 
 /* The plain names keep the CUDA 2.x ABI (32-bit device pointers). */
@@ -362,11 +402,24 @@ CUresult CUDAAPI cuMemsetD8(CUdeviceptr_v1 d, unsigned char c, unsigned int n) {
   OLD_ABI("cuMemsetD8");
 }
 
+/* fk_ptr_attr, plus CU_POINTER_ATTRIBUTE_MEMPOOL_HANDLE: "Returns the
+ * mempool handle for the allocation if it was allocated from a mempool.
+ * Otherwise returns NULL." (an imported pointer: the imported pool) */
+static int ptr_attr(void *data, int attr, uintptr_t p) {
+  uint64_t h = 0, pn, n;
+  if (attr != CU_POINTER_ATTRIBUTE_MEMPOOL_HANDLE)
+    return fk_ptr_attr(data, attr, p, CU_MEMORYTYPE_DEVICE, ctx_ptrs);
+  if (!data || !fk_is_device_ptr(p)) return FK_EINVAL;
+  if (!fk_pool_of(p, &h, &pn, &n)) h = 0;
+  *(CUmemoryPool *)data = (CUmemoryPool)(uintptr_t)h;
+  return FK_OK;
+}
+
 CUresult CUDAAPI cuPointerGetAttribute(void *data,
                                        CUpointer_attribute attribute,
                                        CUdeviceptr ptr) {
   GATE(NEED_INIT);
-  if (!e) e = fk_ptr_attr(data, attribute, ptr, CU_MEMORYTYPE_DEVICE, ctx_ptrs);
+  if (!e) e = ptr_attr(data, attribute, ptr);
   return fk_ret("cuPointerGetAttribute", e, "attr=%d ptr=0x%llx",
                 (int)attribute, FK_P(ptr));
 }
@@ -377,24 +430,19 @@ CUresult CUDAAPI cuPointerGetAttributes(unsigned int numAttributes,
                                         CUpointer_attribute *attributes,
                                         void **data, CUdeviceptr ptr) {
   GATE(NEED_INIT);
-  static const unsigned char size[] = {[FK_PA_CONTEXT] = 8,
-                                       [FK_PA_MEMORY_TYPE] = 4,
-                                       [FK_PA_DEVICE_POINTER] = 8,
-                                       [FK_PA_HOST_POINTER] = 8,
-                                       [FK_PA_BUFFER_ID] = 8,
-                                       [FK_PA_IS_MANAGED] = 4,
-                                       [FK_PA_DEVICE_ORDINAL] = 4,
-                                       [FK_PA_IS_LEGACY_IPC_CAPABLE] = 4,
-                                       [FK_PA_RANGE_START_ADDR] = 8,
-                                       [FK_PA_RANGE_SIZE] = 8,
-                                       [FK_PA_MAPPED] = 4};
+  static const unsigned char size[] = {
+      [FK_PA_CONTEXT] = 8,          [FK_PA_MEMORY_TYPE] = 4,
+      [FK_PA_DEVICE_POINTER] = 8,   [FK_PA_HOST_POINTER] = 8,
+      [FK_PA_BUFFER_ID] = 8,        [FK_PA_IS_MANAGED] = 4,
+      [FK_PA_DEVICE_ORDINAL] = 4,   [FK_PA_IS_LEGACY_IPC_CAPABLE] = 4,
+      [FK_PA_RANGE_START_ADDR] = 8, [FK_PA_RANGE_SIZE] = 8,
+      [FK_PA_MAPPED] = 4,           [17] = 8}; /* MEMPOOL_HANDLE */
   if (!e && (!attributes || !data)) e = FK_EINVAL;
   for (unsigned i = 0; !e && i < numAttributes; i++) {
     unsigned a = (unsigned)attributes[i];
     if (a >= sizeof size || !size[a])
       e = FK_ENOTSUP;
-    else if (data[i] &&
-             fk_ptr_attr(data[i], (int)a, ptr, CU_MEMORYTYPE_DEVICE, ctx_ptrs))
+    else if (data[i] && ptr_attr(data[i], (int)a, ptr))
       memset(data[i], 0, size[a]);
   }
   return fk_ret("cuPointerGetAttributes", e, "n=%u ptr=0x%llx", numAttributes,
@@ -577,6 +625,10 @@ CUresult CUDAAPI cuIpcOpenEventHandle(CUevent *phEvent,
 
 #include "fake_cuda_vmm.c"
 
+/* ---- stream-ordered memory pools ----------------------------------------- */
+
+#include "fake_cuda_pool.c"
+
 /* ---- errors -------------------------------------------------------------- */
 
 /* "If the error code is not recognized, CUDA_ERROR_INVALID_VALUE will be
@@ -662,6 +714,18 @@ static const struct {
     P(cuMemGetAllocationPropertiesFromHandle, 10020,
       cuMemGetAllocationPropertiesFromHandle),
     P(cuMemRetainAllocationHandle, 11000, cuMemRetainAllocationHandle),
+    P(cuMemPoolCreate, 11020, cuMemPoolCreate),
+    P(cuMemPoolDestroy, 11020, cuMemPoolDestroy),
+    P(cuMemAllocFromPoolAsync, 11020, cuMemAllocFromPoolAsync),
+    P(cuMemFreeAsync, 11020, cuMemFreeAsync),
+    P(cuMemPoolSetAccess, 11020, cuMemPoolSetAccess),
+    P(cuMemPoolGetAccess, 11020, cuMemPoolGetAccess),
+    P(cuMemPoolExportToShareableHandle, 11020,
+      cuMemPoolExportToShareableHandle),
+    P(cuMemPoolImportFromShareableHandle, 11020,
+      cuMemPoolImportFromShareableHandle),
+    P(cuMemPoolExportPointer, 11020, cuMemPoolExportPointer),
+    P(cuMemPoolImportPointer, 11020, cuMemPoolImportPointer),
     P(cuStreamCreate, 2000, cuStreamCreate),
     P(cuStreamDestroy, 2000, cuStreamDestroy),
     P(cuStreamDestroy, 4000, cuStreamDestroy_v2),
@@ -680,10 +744,21 @@ static const struct {
     P(cuGetProcAddress, 12000, cuGetProcAddress_v2),
 };
 
+/* The per-thread default stream variants (cudaTypedefs.h PFN_<name>_ptsz)
+ * CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM asks for. */
+static const struct {
+  const char *name;
+  void (*fn)(void);
+} ptsz[] = {
+    {"cuMemAllocFromPoolAsync", (void (*)(void))cuMemAllocFromPoolAsync_ptsz},
+    {"cuMemFreeAsync", (void (*)(void))cuMemFreeAsync_ptsz},
+};
+
 /* "returns the newest ABI introduced at or before cudaVersion"; unknown or too
  * new -> CUDA_SUCCESS with *pfn NULL and the reason in symbolStatus; a
  * cudaVersion above the driver's -> CUDA_ERROR_INVALID_VALUE. Works before
- * cuInit. The per-thread-stream flag changes nothing here (no _ptds variants).
+ * cuInit. The per-thread-stream flag picks a _ptsz variant where there is one
+ * (no _ptds variants: none of the calls here has one).
  */
 static CUresult proc_address(const char *call, const char *symbol, void **pfn,
                              int cudaVersion, cuuint64_t flags,
@@ -705,6 +780,10 @@ static CUresult proc_address(const char *call, const char *symbol, void **pfn,
     memcpy(pfn, &procs[i].fn, sizeof *pfn);
     status = CU_GET_PROC_ADDRESS_SUCCESS;
   }
+  for (size_t i = 0; !e && *pfn && i < sizeof ptsz / sizeof *ptsz; i++)
+    if ((flags & CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM) &&
+        !strcmp(ptsz[i].name, symbol))
+      memcpy(pfn, &ptsz[i].fn, sizeof *pfn);
   if (!e && fk_knob("HIDE") && !strcmp(fk_knob("HIDE"), symbol)) {
     *pfn = NULL;
     status = CU_GET_PROC_ADDRESS_SYMBOL_NOT_FOUND;

@@ -44,7 +44,8 @@ static struct { int pass, fail; } * T;
 static const char *scenario = "";
 static const struct api *A; /* the library under test */
 
-/* check(ok, __LINE__, ...): the file is added (selftest_vmm.c is included) */
+/* check(ok, __LINE__, ...): the file is added (selftest_vmm.c and
+ * selftest_pool.c are included) */
 #define check(ok, line, what, got, want)                                       \
   check_at(ok, __FILE__, line, what, got, want)
 static void check_at(int ok, const char *file, int line, const char *what,
@@ -491,10 +492,10 @@ static void knob(const char *name, const char *value) {
 
 /* Run fn in a fresh child (this process never initialises a driver). */
 static void run(const struct api *api, const char *name, void (*fn)(void)) {
-  static const char *knobs[] = {"MODE",   "DEVICES",        "MEM_LIMIT",
-                                "REOPEN", "WORK_US",        "HOSTPTR",
-                                "LOG",    "DRIVER_VERSION", "IPC_EVENTS",
-                                "VMM",    "POSIX_FD",       "GRANULARITY"};
+  static const char *knobs[] = {
+      "MODE",     "DEVICES",     "MEM_LIMIT",      "REOPEN",     "WORK_US",
+      "HOSTPTR",  "LOG",         "DRIVER_VERSION", "IPC_EVENTS", "VMM",
+      "POSIX_FD", "GRANULARITY", "POOLS"};
   static char full[64]; /* "cuda memory": the API's name, then the scenario's */
   A = api;
   snprintf(full, sizeof full, "%s %s", api->name, name);
@@ -1092,6 +1093,8 @@ static void s_cuda_nodevice(void) {
 
 /* virtual memory management (cuMemCreate, cuMemMap, fd sharing) */
 #include "selftest_vmm.c"
+/* stream-ordered memory pools (cuMemPoolCreate, pool and pointer sharing) */
+#include "selftest_pool.c"
 #endif /* FAKE_GPU_CUDA */
 
 #ifdef FAKE_GPU_HIP
@@ -1196,6 +1199,7 @@ int main(int argc, char **argv) {
 #ifdef FAKE_GPU_CUDA
   load_cuda(argv[1]);
   load_vmm();
+  load_pool();
 #endif
 #ifdef FAKE_GPU_HIP
   load_hip(argv[1]);
@@ -1216,6 +1220,7 @@ int main(int argc, char **argv) {
   run(&cuda, "stub", s_cuda_stub);
   run(&cuda, "nodevice", s_cuda_nodevice);
   run_vmm();
+  run_pool();
 #endif
 #ifdef FAKE_GPU_HIP
   run(&hip, "runtime", s_hip_runtime);
