@@ -90,8 +90,8 @@ bench: ipcref.h
 	@bash bench/run.sh
 
 # The flows that need none of the fakes' knobs: legacy IPC, VMM memory
-# (where device 0 shares it by fd), wrapping, forwarding, a consumer
-# killed, a lying peer. Built as make test builds test_gpu, with cuda.h's
+# and pool memory (where device 0 shares them by fd), wrapping,
+# forwarding, a consumer killed, a lying peer. Built as make test builds test_gpu, with cuda.h's
 # prototypes checked where it is found.
 gpu-test: ipcref.h
 	@mkdir -p $(BUILD_DIR)

@@ -762,17 +762,25 @@ struct ipcref_backend {
                          void **fence);
   int (*fence_done)(ipcref_backend *be, void *fence);
   /* Segments shared by fd, for memory a handle cannot carry (CUDA's
-   * virtual memory management); both NULL where the backend has none.
-   * seg_export_fd: a shareable fd of the allocation at `base` (made once
-   * per segment; the caller owns it and sends it over SCM_RIGHTS), or
-   * ENOTSUP when that allocation is shared by handle (seg_export).
-   * seg_import_fd: maps `size` bytes of the allocation `fd` shares
-   * (the fd stays the caller's), readable, and writable when `writable`;
-   * an fd that is no such allocation, or one smaller than `size`, is
-   * refused (EPROTO). seg_close undoes it. */
+   * virtual memory management, stream-ordered pools); both NULL where
+   * the backend has none. seg_export_fd: a shareable fd for the
+   * allocation at `base` (made once per segment; the caller owns it and
+   * sends it over SCM_RIGHTS) and `data` (IPCREF_HANDLE_BYTES) to go
+   * with it, or ENOTSUP when that allocation is shared by handle
+   * (seg_export). Either the fd is the allocation's (data all zero,
+   * *pooled 0), or it is a pool's and `data` names the allocation in it
+   * (*pooled 1): then the segment goes with every hand-off, and each
+   * process lets go of its mapping (seg_close) as soon as its last buffer
+   * in it goes, before that buffer's lease returns, since pool memory must
+   * be freed in every importer before its exporter frees it.
+   * seg_import_fd: maps `size` bytes of what `fd` and `data` share (the
+   * fd stays the caller's), readable, and writable when `writable`; what
+   * is no such allocation, or is smaller than `size`, is refused
+   * (EPROTO). seg_close undoes it. */
   ipcref_result (*seg_export_fd)(ipcref_backend *be, int32_t dev, uint64_t base,
-                                 int *fd);
+                                 int *fd, unsigned char *data, int *pooled);
   ipcref_result (*seg_import_fd)(ipcref_backend *be, int32_t dev, int fd,
+                                 const unsigned char *data, int pooled,
                                  uint64_t size, int writable, uint64_t *addr);
 };
 
@@ -3861,6 +3869,7 @@ struct ipcref__segment {
   unsigned char handle[IPCREF_HANDLE_BYTES]; /* device: its IPC handle */
   int exported;                              /* handle (or fd) made */
   int by_fd;       /* device: shared by the fd in `fd` (seg_export_fd) */
+  int pooled;      /* by_fd: a pool's fd, `handle` its data */
   int leaked;      /* device memory still leased when the context went: never
                       freed (a consumer may have it open) */
   uint32_t nwraps; /* foreign: blocks in it */
@@ -3930,8 +3939,10 @@ enum {
   IPCREF__KIND_SEGMENT = 1,
   IPCREF__KIND_LEDGER = 2,
   IPCREF__KIND_DEVICE = 3,
-  IPCREF__KIND_DEVICE_FD = 4 /* on the wire only: a device segment by fd
+  IPCREF__KIND_DEVICE_FD = 4,  /* on the wire only: a device segment by fd
                                 (its map is a KIND_DEVICE one, by_fd) */
+  IPCREF__KIND_DEVICE_POOL = 5 /* on the wire only: pool memory, by its
+                                  pool's fd and its data (by_fd, pooled) */
 };
 
 typedef struct ipcref__map {
@@ -3951,6 +3962,8 @@ typedef struct ipcref__map {
   uint64_t daddr;
   unsigned char handle[IPCREF_HANDLE_BYTES]; /* kept for forwarding */
   int by_fd;   /* device segments: shared by fd (kept in fd), not handle */
+  int pooled;  /* by_fd: the fd is a pool's, `handle` the allocation's
+                  data; unmapped at its last buffer's release */
   int refs;    /* atomic: imported buffers using it */
   int retired; /* the origin destroyed it: unmap at refs 0 */
   struct ipcref__map *next, *prev;
@@ -6144,13 +6157,13 @@ IPCREF_API ipcref_result ipcref_view_new_shared(ipcref_ctx *ctx,
  *   u32 magic "IPCM"  u16 version  u16 nviews  u16 nrecs  u16 nretired
  *   u32 sender pid    u64 sender nonce  u16 meta length
  *   nrecs x     { u8 kind (1 segment, 2 ledger, 3 device segment by
- *                 handle, 4 device segment by fd)
+ *                 handle, 4 device segment by fd, 5 device pool memory)
  *                 u8 writable  u32 origin pid  u64 origin nonce  u64 id
  *                 u64 size
- *                 kinds 3, 4: u32 device type  u32 device id
- *                 kind 3: 64 B handle }
- *               (kinds 1 and 4 come with one fd, kind 2 with two: the
- *               ledger and its bell; in this order)
+ *                 kinds 3, 4, 5: u32 device type  u32 device id
+ *                 kinds 3, 5: 64 B handle (5: the allocation in its pool) }
+ *               (kinds 1, 4 and 5 come with one fd (5: its pool's), kind
+ *               2 with two: the ledger and its bell; in this order)
  *   nretired x  { u64 id }          (sender's segments it has destroyed)
  *   nviews x    { u32 origin pid  u64 origin nonce  u64 segment id
  *                 u64 segment size  u64 block offset  u64 block size
@@ -6236,7 +6249,9 @@ typedef struct ipcref__view_rec {
 /* What a message carries for a segment or a ledger: kind 1 (a memfd
  * segment) and 2 (a ledger) come with an fd, in order; kind 3 (a device
  * segment) with its device and IPC handle instead; kind 4 (a device
- * segment shared by fd) with its device and an fd. */
+ * segment shared by fd) with its device and an fd; kind 5 (stream-ordered
+ * pool memory) with its device, its pool's fd and the allocation's data
+ * (in `handle`). */
 typedef struct ipcref__fd_rec {
   int kind, writable;
   uint32_t origin_pid;
@@ -6276,11 +6291,10 @@ IPCREF__PRIVATE void ipcref__put_fd_rec(ipcref__wire *w,
   ipcref__wire_put(w, f->origin_nonce, 8);
   ipcref__wire_put(w, f->id, 8);
   ipcref__wire_put(w, f->size, 8);
-  if (f->kind != IPCREF__KIND_DEVICE && f->kind != IPCREF__KIND_DEVICE_FD)
-    return;
+  if (f->kind < IPCREF__KIND_DEVICE) return;
   ipcref__wire_put(w, (uint64_t)(uint32_t)f->dev_type, 4);
   ipcref__wire_put(w, (uint64_t)(uint32_t)f->dev_id, 4);
-  if (f->kind == IPCREF__KIND_DEVICE)
+  if (f->kind != IPCREF__KIND_DEVICE_FD)
     ipcref__put_bytes(w, f->handle, IPCREF_HANDLE_BYTES);
 }
 
@@ -6292,15 +6306,15 @@ IPCREF__PRIVATE int ipcref__get_fd_rec(ipcref__wire *w, ipcref__fd_rec *f) {
   f->origin_nonce = ipcref__wire_get(w, 8);
   f->id = ipcref__wire_get(w, 8);
   f->size = ipcref__wire_get(w, 8);
-  if (f->kind == IPCREF__KIND_DEVICE || f->kind == IPCREF__KIND_DEVICE_FD) {
+  if (f->kind >= IPCREF__KIND_DEVICE && f->kind <= IPCREF__KIND_DEVICE_POOL) {
     f->dev_type = (int32_t)(uint32_t)ipcref__wire_get(w, 4);
     f->dev_id = (int32_t)(uint32_t)ipcref__wire_get(w, 4);
-    if (f->kind == IPCREF__KIND_DEVICE)
+    if (f->kind != IPCREF__KIND_DEVICE_FD)
       ipcref__get_bytes(w, f->handle, IPCREF_HANDLE_BYTES);
     if (f->dev_type <= IPCREF_DEVICE_CPU || f->dev_id < 0) return 0;
   }
   return !w->bad && f->kind >= IPCREF__KIND_SEGMENT &&
-         f->kind <= IPCREF__KIND_DEVICE_FD;
+         f->kind <= IPCREF__KIND_DEVICE_POOL;
 }
 
 /* Writes / reads a view record (0 when malformed). */
@@ -7403,6 +7417,7 @@ IPCREF__PRIVATE ipcref_result ipcref__events_record(const ipcref_view *views,
 typedef struct ipcref__lease_src {
   int device;   /* a device segment: sent as its handle, or by_fd */
   int by_fd;    /* a device segment shared by fd (seg_fd) */
+  int pooled;   /* by_fd: a pool's fd, `handle` the allocation's data */
   int seg_fd;   /* host, by_fd: the fd the peer gets (-1: none made) */
   int writable; /* the peer may map it writable */
   int32_t dev_type, dev_id;
@@ -7436,18 +7451,21 @@ IPCREF__PRIVATE ipcref_result ipcref__ledger_with_room(ipcref_peer *p,
   return IPCREF_OK;
 }
 
-/* A device segment's export, made once: a shareable fd where its backend
- * shares the allocation so (seg_export_fd), else its IPC handle. */
+/* A device segment's export, made once: a shareable fd (and its data)
+ * where its backend shares the allocation so (seg_export_fd), else its
+ * IPC handle. */
 IPCREF__PRIVATE ipcref_result ipcref__device_export(ipcref__segment *s) {
   ipcref_backend *be = s->pool->be;
   ipcref_result r = IPCREF_ENOTSUP;
   if (be->seg_export_fd) {
-    int fd = -1;
-    r = be->seg_export_fd(be, s->pool->dev, s->daddr, &fd);
+    int fd = -1, pooled = 0;
+    memset(s->handle, 0, sizeof s->handle);
+    r = be->seg_export_fd(be, s->pool->dev, s->daddr, &fd, s->handle, &pooled);
     if (r == IPCREF_OK && fd < 0) r = IPCREF_ESYS; /* a broken backend */
     if (r == IPCREF_OK) {
       s->fd = fd;
       s->by_fd = 1;
+      s->pooled = pooled != 0;
     }
   }
   if (r == IPCREF_ENOTSUP)
@@ -7479,6 +7497,7 @@ IPCREF__PRIVATE ipcref_result ipcref__lease_device(ipcref__block *b,
   src->dev_id = pool->dev;
   src->handle = b->seg->handle;
   src->by_fd = b->seg->by_fd;
+  src->pooled = b->seg->pooled;
   src->seg_fd = b->seg->by_fd ? b->seg->fd : -1;
   return IPCREF_OK;
 }
@@ -7583,6 +7602,7 @@ ipcref__lease_take_forward(ipcref_peer *p, const ipcref_view *v,
     src->dev_id = imp->seg->dev_id;
     src->handle = imp->seg->handle;
     src->by_fd = imp->seg->by_fd;
+    src->pooled = imp->seg->pooled;
     r->has_event = imp->has_event;
     memcpy(r->event, imp->event, sizeof r->event);
   }
@@ -7602,22 +7622,24 @@ ipcref__lease_take_forward(ipcref_peer *p, const ipcref_view *v,
 }
 
 /* The records (and fds) of what peer `p` lacks to map a lease from
- * `src`: its segment (an fd, or a device's handle) and its ledger's fd
- * with its bell's.
- * 0 when out of memory. */
+ * `src`: its segment (an fd, or a device's handle; pool memory always,
+ * since its peers unmap it when their last buffer in it goes) and its
+ * ledger's fd with its bell's. 0 when out of memory. */
 IPCREF__PRIVATE int ipcref__fd_recs_add(ipcref_peer *p,
                                         const ipcref__lease_src *src,
                                         ipcref__fd_rec *fdr, int *nrec,
                                         int *fds, int *nfd, int dup_fds) {
   int fail = 0;
-  if (!ipcref__sent_mark(p, src->origin_nonce, ipcref__sent_key(src->seg_id, 0),
-                         &fail) &&
+  if ((src->pooled ||
+       !ipcref__sent_mark(p, src->origin_nonce,
+                          ipcref__sent_key(src->seg_id, 0), &fail)) &&
       !fail) {
     ipcref__fd_rec *f = &fdr[(*nrec)++];
     memset(f, 0, sizeof *f);
-    f->kind = !src->device ? IPCREF__KIND_SEGMENT
-              : src->by_fd ? IPCREF__KIND_DEVICE_FD
-                           : IPCREF__KIND_DEVICE;
+    f->kind = !src->device  ? IPCREF__KIND_SEGMENT
+              : src->pooled ? IPCREF__KIND_DEVICE_POOL
+              : src->by_fd  ? IPCREF__KIND_DEVICE_FD
+                            : IPCREF__KIND_DEVICE;
     f->writable = src->writable;
     f->origin_pid = src->origin_pid;
     f->origin_nonce = src->origin_nonce;
@@ -7626,7 +7648,8 @@ IPCREF__PRIVATE int ipcref__fd_recs_add(ipcref_peer *p,
     if (src->device) {
       f->dev_type = src->dev_type;
       f->dev_id = src->dev_id;
-      if (!src->by_fd) memcpy(f->handle, src->handle, IPCREF_HANDLE_BYTES);
+      if (!src->by_fd || src->pooled)
+        memcpy(f->handle, src->handle, IPCREF_HANDLE_BYTES);
     }
     if (!src->device || src->by_fd)
       fds[(*nfd)++] =
@@ -7689,9 +7712,10 @@ IPCREF__PRIVATE void
 ipcref__sent_forget_recs(ipcref_peer *p, const ipcref__fd_rec *fdr, int n) {
   int i;
   for (i = 0; i < n; i++)
-    (void)ipcref__sent_forget(
-        p, fdr[i].origin_nonce,
-        ipcref__sent_key(fdr[i].id, fdr[i].kind == IPCREF__KIND_LEDGER));
+    if (fdr[i].kind != IPCREF__KIND_DEVICE_POOL) /* never marked sent */
+      (void)ipcref__sent_forget(
+          p, fdr[i].origin_nonce,
+          ipcref__sent_key(fdr[i].id, fdr[i].kind == IPCREF__KIND_LEDGER));
 }
 
 /* Checks the views a public call `fn` was given for peer `p`: EINVAL,
@@ -7802,15 +7826,29 @@ IPCREF__PRIVATE ipcref_result ipcref__export_msg(ipcref_peer *p,
 
 #ifdef IPCREF__SHARING_IMPL
 
+/* Pool memory's last buffer here lets go of its mapping before its lease
+ * returns: the exporter may free the memory once every lease is back, and
+ * its importers must have freed it first (see seg_export_fd). Under the
+ * lock, where an import may be taking the mapping. */
+IPCREF__PRIVATE void ipcref__pooled_done(ipcref_ctx *ctx, ipcref__map *m) {
+  IPCREF__LOCK(ctx);
+  if (__atomic_sub_fetch(&m->refs, 1, __ATOMIC_ACQ_REL) == 0)
+    ipcref__map_evict(ctx, m);
+  IPCREF__UNLOCK(ctx);
+}
+
 /* The release callback of an imported buffer: this process's last
  * reference went, so the lease goes back to its producer. One fetch_add
- * and stores into shared memory, a free: no system call, no lock. */
+ * and stores into shared memory, a free: no system call, no lock (but
+ * for pool memory, above). */
 IPCREF__PRIVATE void ipcref__import_end(ipcref__import *imp) {
   ipcref_ctx *ctx;
   uint64_t e = ipcref__ring_entry(IPCREF__RING_RELEASE, imp->slot, imp->gen);
+  int pooled = imp->seg->pooled;
+  if (pooled) ipcref__pooled_done(imp->ctx, imp->seg); /* first */
   ipcref__ring_push(imp->ledger->base, imp->ledger->nslots, imp->ledger->bell,
                     &e, 1, "release");
-  __atomic_fetch_sub(&imp->seg->refs, 1, __ATOMIC_RELEASE);
+  if (!pooled) __atomic_fetch_sub(&imp->seg->refs, 1, __ATOMIC_RELEASE);
   __atomic_fetch_sub(&imp->ledger->refs, 1, __ATOMIC_RELEASE);
   __atomic_fetch_sub(&imp->ctx->imported_bufs, 1, __ATOMIC_RELEASE);
   ctx = imp->ctx;
@@ -7962,6 +8000,7 @@ IPCREF__PRIVATE ipcref_result ipcref__map_device(ipcref_ctx *ctx,
                                                  const char **why) {
   ipcref_backend *be = ipcref__backend_of(ctx, r->dev_type);
   ipcref__map *m;
+  int pooled = r->kind == IPCREF__KIND_DEVICE_POOL;
   uint64_t addr = 0, base;
   size_t size;
   ipcref_result res;
@@ -7971,11 +8010,13 @@ IPCREF__PRIVATE ipcref_result ipcref__map_device(ipcref_ctx *ctx,
   m = (ipcref__map *)ipcref__zalloc(sizeof *m);
   if (!m) return IPCREF_ENOMEM;
   if (!be) goto fill;
-  *why = fd >= 0 ? "a device fd that is no shareable allocation of its "
-                   "announced size"
-                 : "a device handle the driver does not open";
-  res = fd >= 0 ? be->seg_import_fd(be, r->dev_id, fd, r->size,
-                                    r->writable != 0, &addr)
+  *why = pooled    ? "pool memory that its pool's fd and data do not give, "
+                     "at its announced size"
+         : fd >= 0 ? "a device fd that is no shareable allocation of its "
+                     "announced size"
+                   : "a device handle the driver does not open";
+  res = fd >= 0 ? be->seg_import_fd(be, r->dev_id, fd, r->handle, pooled,
+                                    r->size, r->writable != 0, &addr)
                 : be->seg_import(be, r->dev_id, r->handle, &addr);
   if (res != IPCREF_OK) {
     IPCREF_FREE(m);
@@ -7997,6 +8038,7 @@ fill:
   m->id = r->id;
   m->fd = fd; /* kept for forwarding */
   m->by_fd = fd >= 0;
+  m->pooled = pooled;
   m->size = (size_t)r->size;
   m->writable = r->writable != 0;
   m->be = be;
@@ -8097,7 +8139,8 @@ IPCREF__PRIVATE ipcref_result ipcref__import_map(ipcref_ctx *ctx,
       continue;
     if (f->kind == IPCREF__KIND_DEVICE) {
       r = ipcref__map_device(ctx, f, -1, &mm->fresh[mm->nfresh], &mm->why);
-    } else if (f->kind == IPCREF__KIND_DEVICE_FD) {
+    } else if (f->kind == IPCREF__KIND_DEVICE_FD ||
+               f->kind == IPCREF__KIND_DEVICE_POOL) {
       int at = m->fd_index[i];
       mm->why = "a device segment by fd that came without one";
       r = fds[at] < 0 ? IPCREF_EPROTO

@@ -26,9 +26,11 @@
  *     blocks are from memfds, and an allocation that fails sweeps the
  *     limbo and retries first;
  *   - a pointer from any other allocator is found in its allocation with
- *     cuMemGetAddressRange; the base is exported once (cuIpcGetMemHandle)
- *     and the offset travels beside the handle. Memory legacy IPC cannot
- *     export (VMM, stream-ordered pools) is refused with IPCREF_EINVAL;
+ *     cuMemGetAddressRange; the allocation is exported once and the
+ *     offset travels beside it: legacy memory by cuIpcGetMemHandle, VMM
+ *     memory by fd (cuMemRetainAllocationHandle), memory of a pool
+ *     created shareable by its pool's fd and the pointer's export data
+ *     (src/gpu_pool.h: each importer frees it before its lease returns);
  *   - cuIpcOpenMemHandle runs once per (exporter, allocation) in a process,
  *     counted, and cuIpcCloseMemHandle when the last user goes; a handle
  *     this process exported resolves to its own pointer (the driver refuses
@@ -247,6 +249,8 @@ typedef CUmemAllocationGranularity_flags ipcref__cu_granularity;
 typedef CUmemAllocationType ipcref__cu_alloc_type;
 typedef CUmemLocationType ipcref__cu_location_type;
 typedef CUmemAccess_flags ipcref__cu_access_flags;
+typedef CUmemoryPool ipcref__cu_mempool;
+typedef CUmemPoolPtrExportData ipcref__cu_mempool_data;
 #else
 typedef int ipcref__cu_result;
 typedef int ipcref__cu_device;
@@ -269,6 +273,10 @@ typedef int ipcref__cu_granularity;
 typedef int ipcref__cu_alloc_type;
 typedef int ipcref__cu_location_type;
 typedef int ipcref__cu_access_flags;
+typedef struct ipcref__cu_mempool_st *ipcref__cu_mempool;
+typedef struct {
+  unsigned char reserved[64];
+} ipcref__cu_mempool_data;
 typedef struct {
   ipcref__cu_location_type type;
   int id;
@@ -317,6 +325,7 @@ typedef struct { /* CUmemAccessDesc's layout */
 #define IPCREF__CU_GRANULARITY_MIN 0x0 /* CU_MEM_ALLOC_GRANULARITY_MINIMUM */
 #define IPCREF__CU_PROT_READ       0x1 /* CU_MEM_ACCESS_FLAGS_PROT_READ */
 #define IPCREF__CU_PROT_READWRITE  0x3 /* CU_MEM_ACCESS_FLAGS_PROT_READWRITE */
+#define IPCREF__CU_ATTR_MEMPOOL    17  /* CU_POINTER_ATTRIBUTE_MEMPOOL_HANDLE */
 
 typedef ipcref__cu_result (*ipcref__cu_get_proc_v2)(const char *, void **, int,
                                                     unsigned long long,
@@ -385,6 +394,24 @@ typedef struct ipcref__cu_api {
                                                  void *);
   ipcref__cu_result (*MemGetAllocationPropertiesFromHandle)(
       ipcref__cu_mem_prop *, ipcref__cu_vmm_handle);
+  /* Stream-ordered pools: optional too (without one, no pool memory is
+   * shared). */
+  ipcref__cu_result (*MemPoolExportToShareableHandle)(void *,
+                                                      ipcref__cu_mempool,
+                                                      ipcref__cu_handle_type,
+                                                      unsigned long long);
+  ipcref__cu_result (*MemPoolImportFromShareableHandle)(ipcref__cu_mempool *,
+                                                        void *,
+                                                        ipcref__cu_handle_type,
+                                                        unsigned long long);
+  ipcref__cu_result (*MemPoolExportPointer)(ipcref__cu_mempool_data *,
+                                            ipcref__cu_ptr);
+  ipcref__cu_result (*MemPoolImportPointer)(ipcref__cu_ptr *,
+                                            ipcref__cu_mempool,
+                                            ipcref__cu_mempool_data *);
+  ipcref__cu_result (*MemPoolSetAccess)(ipcref__cu_mempool,
+                                        const ipcref__cu_access *, size_t);
+  ipcref__cu_result (*MemPoolDestroy)(ipcref__cu_mempool);
 } ipcref__cu_api;
 
 #ifdef CUDA_VERSION
@@ -431,6 +458,16 @@ IPCREF__PRIVATE void ipcref__cu_check_prototypes(void) {
   IPCREF__CU_CHECK(MemRetainAllocationHandle, cuMemRetainAllocationHandle);
   IPCREF__CU_CHECK(MemGetAllocationPropertiesFromHandle,
                    cuMemGetAllocationPropertiesFromHandle);
+  IPCREF__CU_CHECK(MemPoolExportToShareableHandle,
+                   cuMemPoolExportToShareableHandle);
+  IPCREF__CU_CHECK(MemPoolImportFromShareableHandle,
+                   cuMemPoolImportFromShareableHandle);
+  IPCREF__CU_CHECK(MemPoolExportPointer, cuMemPoolExportPointer);
+  IPCREF__CU_CHECK(MemPoolImportPointer, cuMemPoolImportPointer);
+  IPCREF__CU_CHECK(MemPoolSetAccess, cuMemPoolSetAccess);
+  IPCREF__CU_CHECK(MemPoolDestroy, cuMemPoolDestroy);
+  (void)sizeof(
+      char[sizeof(CUmemPoolPtrExportData) == IPCREF_HANDLE_BYTES ? 1 : -1]);
   (void)sizeof(char[sizeof(CUipcMemHandle) == IPCREF_HANDLE_BYTES ? 1 : -1]);
 }
 #endif
@@ -570,171 +607,6 @@ IPCREF__PRIVATE int ipcref__cu_d_stream_sync(ipcref__cu_state *d,
   return (int)d->api.StreamSynchronize((ipcref__cu_stream)stream);
 }
 
-/* The stub library's message (cuda's own text says too little). */
-IPCREF__PRIVATE ipcref_result ipcref__cu_stub(const char *path) {
-  snprintf(ipcref__cu_why, sizeof ipcref__cu_why,
-           "%s is the CUDA toolkit's stub library, not a driver "
-           "(CUDA_ERROR_STUB_LIBRARY, 34)",
-           path);
-  return IPCREF_ENODEV;
-}
-
-/* The entry points looked up with cuGetProcAddress, in this order (a driver
- * lacking several is said to lack the first); every one is required. */
-#define IPCREF__CU_ENTRY(field)                                                \
-  { "cu" #field, offsetof(ipcref__cu_api, field), 0 }
-#define IPCREF__CU_OPTIONAL(field)                                             \
-  { "cu" #field, offsetof(ipcref__cu_api, field), 1 }
-static const ipcref__cu_entry ipcref__cu_entries[] = {
-    IPCREF__CU_ENTRY(Init),
-    IPCREF__CU_ENTRY(GetErrorName),
-    IPCREF__CU_ENTRY(DeviceGet),
-    IPCREF__CU_ENTRY(DevicePrimaryCtxRetain),
-    IPCREF__CU_ENTRY(DevicePrimaryCtxRelease),
-    IPCREF__CU_ENTRY(CtxSetCurrent),
-    IPCREF__CU_ENTRY(MemAlloc),
-    IPCREF__CU_ENTRY(MemFree),
-    IPCREF__CU_ENTRY(MemGetAddressRange),
-    IPCREF__CU_ENTRY(PointerGetAttribute),
-    IPCREF__CU_ENTRY(IpcGetMemHandle),
-    IPCREF__CU_ENTRY(IpcOpenMemHandle),
-    IPCREF__CU_ENTRY(IpcCloseMemHandle),
-    IPCREF__CU_ENTRY(EventCreate),
-    IPCREF__CU_ENTRY(EventRecord),
-    IPCREF__CU_ENTRY(EventQuery),
-    IPCREF__CU_ENTRY(EventDestroy),
-    IPCREF__CU_ENTRY(IpcGetEventHandle),
-    IPCREF__CU_ENTRY(IpcOpenEventHandle),
-    IPCREF__CU_ENTRY(StreamWaitEvent),
-    IPCREF__CU_ENTRY(StreamSynchronize),
-    IPCREF__CU_ENTRY(DriverGetVersion),
-    IPCREF__CU_OPTIONAL(DeviceGetAttribute),
-    IPCREF__CU_OPTIONAL(CtxSynchronize),
-    IPCREF__CU_OPTIONAL(MemGetAllocationGranularity),
-    IPCREF__CU_OPTIONAL(MemCreate),
-    IPCREF__CU_OPTIONAL(MemRelease),
-    IPCREF__CU_OPTIONAL(MemAddressReserve),
-    IPCREF__CU_OPTIONAL(MemAddressFree),
-    IPCREF__CU_OPTIONAL(MemMap),
-    IPCREF__CU_OPTIONAL(MemUnmap),
-    IPCREF__CU_OPTIONAL(MemSetAccess),
-    IPCREF__CU_OPTIONAL(MemExportToShareableHandle),
-    IPCREF__CU_OPTIONAL(MemImportFromShareableHandle),
-    IPCREF__CU_OPTIONAL(MemRetainAllocationHandle),
-    IPCREF__CU_OPTIONAL(MemGetAllocationPropertiesFromHandle),
-};
-#undef IPCREF__CU_ENTRY
-#undef IPCREF__CU_OPTIONAL
-
-/* cuGetProcAddress (the _v2 one where the driver has it) and the version
- * every entry point is looked up at. */
-typedef struct ipcref__cu_proc {
-  ipcref__cu_get_proc_v2 get2;
-  ipcref__cu_get_proc_v1 get1;
-  int version;
-} ipcref__cu_proc;
-
-/* An ipcref__cu_lookup: one entry point by cuGetProcAddress. */
-IPCREF__PRIVATE int ipcref__cu_d_lookup(void *user, const char *name,
-                                        void **fn) {
-  ipcref__cu_proc *p = (ipcref__cu_proc *)user;
-  ipcref__cu_query q = (ipcref__cu_query)0;
-  return p->get2 ? (int)p->get2(name, fn, p->version, 0, &q)
-                 : (int)p->get1(name, fn, p->version, 0);
-}
-
-/* Finds cuGetProcAddress and asks the driver its version (capped at the
- * pinned one). Symbols go by their base names at that version: cuda.h's
- * macros do not apply to strings (dlsym "cuMemAlloc" is the 32-bit v1
- * ABI). 0 when it failed, having said why. */
-IPCREF__PRIVATE int ipcref__cu_d_proc(ipcref__cu_state *d, const char *path,
-                                      ipcref__cu_proc *p) {
-  int code;
-  p->version = 0;
-  ipcref__cu_load_symbol(d->lib, "cuGetProcAddress_v2", &p->get2);
-  ipcref__cu_load_symbol(d->lib, "cuGetProcAddress", &p->get1);
-  ipcref__cu_load_symbol(d->lib, "cuDriverGetVersion",
-                         &d->api.DriverGetVersion);
-  if ((!p->get2 && !p->get1) || !d->api.DriverGetVersion) {
-    ipcref__cu_say(IPCREF_ENODEV, "the CUDA driver has no cuGetProcAddress "
-                                  "(it is older than CUDA 11.3)");
-    return 0;
-  }
-  code = (int)d->api.DriverGetVersion(&p->version);
-  if (code == IPCREF__CU_STUB) {
-    ipcref__cu_stub(path);
-    return 0;
-  }
-  if (code) {
-    snprintf(ipcref__cu_why, sizeof ipcref__cu_why,
-             "cuDriverGetVersion failed (%d)", code);
-    return 0;
-  }
-  if (p->version > IPCREF__CU_PROC_VERSION)
-    p->version = IPCREF__CU_PROC_VERSION;
-  return 1;
-}
-
-/* cuInit. 0 when it failed, having said why. */
-IPCREF__PRIVATE int ipcref__cu_d_init(ipcref__cu_state *d, const char *path) {
-  int code = (int)d->api.Init(0);
-  if (code == IPCREF__CU_STUB) {
-    ipcref__cu_stub(path);
-    return 0;
-  }
-  if (code) {
-    snprintf(ipcref__cu_why, sizeof ipcref__cu_why, "cuInit: %s (%d)%s",
-             ipcref__cu_d_errname(d, code), code,
-             code == IPCREF__CU_NO_DEVICE ? ": no CUDA-capable device" : "");
-    return 0;
-  }
-  return 1;
-}
-
-/* Loads the driver and every entry point (each one checked), then cuInit.
- * On failure, says why and leaves nothing loaded. */
-IPCREF__PRIVATE ipcref_result ipcref__cu_d_load(ipcref__cu_state *d,
-                                                const char *driver_path) {
-  static const char *const names[] = {"libcuda.so.1"};
-  const ipcref__cu_entry *lacking;
-  const char *path = driver_path;
-  ipcref__cu_proc proc;
-  int code;
-  d->lib =
-      ipcref__cu_load_library(driver_path, names, sizeof names / sizeof *names,
-                              "CUDA driver", names[0], &path);
-  if (!d->lib) return IPCREF_ENODEV;
-  if (!ipcref__cu_d_proc(d, path, &proc))
-    return ipcref__cu_load_failed(&d->lib);
-  lacking = ipcref__cu_load_entries(&d->api, ipcref__cu_entries,
-                                    sizeof ipcref__cu_entries /
-                                        sizeof *ipcref__cu_entries,
-                                    ipcref__cu_d_lookup, &proc, &code);
-  if (lacking) {
-    if (code == IPCREF__CU_STUB)
-      ipcref__cu_stub(path);
-    else
-      snprintf(ipcref__cu_why, sizeof ipcref__cu_why,
-               "the CUDA driver lacks %s (cuGetProcAddress: %d)", lacking->name,
-               code);
-    return ipcref__cu_load_failed(&d->lib);
-  }
-  if (!ipcref__cu_d_init(d, path)) return ipcref__cu_load_failed(&d->lib);
-  if (pthread_mutex_init(&d->lock, NULL) != 0) {
-    ipcref__cu_say(IPCREF_ESYS, "pthread_mutex_init failed");
-    return ipcref__cu_load_failed(&d->lib);
-  }
-  return IPCREF_OK;
-}
-
-IPCREF__PRIVATE void ipcref__cu_d_unload(ipcref__cu_state *d) {
-  int i;
-  for (i = 0; i < IPCREF__CU_DEVICES; i++)
-    if (d->ctx[i]) (void)d->api.DevicePrimaryCtxRelease(d->devs[i]);
-  pthread_mutex_destroy(&d->lock);
-  dlclose(d->lib);
-}
-
 /* ---- cuda_vmm: driver (src/cuda_vmm.h) ---------------------------------- */
 
 /* Virtual memory management (src/gpu_vmm.h uses these). An allocation is
@@ -854,6 +726,251 @@ IPCREF__PRIVATE int ipcref__cu_d_sync(ipcref__cu_state *d) {
   return (int)d->api.CtxSynchronize();
 }
 
+/* Stream-ordered pools (src/gpu_pool.h uses these). */
+IPCREF__PRIVATE int ipcref__cu_d_pool_supported(ipcref__cu_state *d) {
+  const ipcref__cu_api *a = &d->api;
+  return a->MemPoolExportToShareableHandle &&
+         a->MemPoolImportFromShareableHandle && a->MemPoolExportPointer &&
+         a->MemPoolImportPointer && a->MemPoolSetAccess && a->MemPoolDestroy;
+}
+/* The pool `addr` was allocated from (0: none, or not device memory). */
+IPCREF__PRIVATE uint64_t ipcref__cu_d_pool_of(ipcref__cu_state *d,
+                                              uint64_t addr) {
+  ipcref__cu_mempool pool = NULL;
+  if (d->api.PointerGetAttribute(&pool,
+                                 (ipcref__cu_attr)IPCREF__CU_ATTR_MEMPOOL,
+                                 (ipcref__cu_ptr)addr))
+    return 0;
+  return (uint64_t)(uintptr_t)pool;
+}
+IPCREF__PRIVATE int ipcref__cu_d_pool_export(ipcref__cu_state *d, uint64_t pool,
+                                             int *fd) {
+  return (int)d->api.MemPoolExportToShareableHandle(
+      fd, (ipcref__cu_mempool)(uintptr_t)pool,
+      (ipcref__cu_handle_type)IPCREF__CU_HANDLE_POSIX_FD, 0);
+}
+IPCREF__PRIVATE int ipcref__cu_d_pool_export_ptr(ipcref__cu_state *d,
+                                                 uint64_t addr,
+                                                 unsigned char *data) {
+  ipcref__cu_mempool_data x;
+  int code;
+  memset(&x, 0, sizeof x);
+  code = (int)d->api.MemPoolExportPointer(&x, (ipcref__cu_ptr)addr);
+  memcpy(data, &x, IPCREF_HANDLE_BYTES);
+  return code;
+}
+/* The fd goes by value, in the pointer (the driver's convention). */
+IPCREF__PRIVATE int ipcref__cu_d_pool_import(ipcref__cu_state *d, int fd,
+                                             uint64_t *pool) {
+  ipcref__cu_mempool p = NULL;
+  int code = (int)d->api.MemPoolImportFromShareableHandle(
+      &p, (void *)(uintptr_t)fd,
+      (ipcref__cu_handle_type)IPCREF__CU_HANDLE_POSIX_FD, 0);
+  *pool = (uint64_t)(uintptr_t)p;
+  return code;
+}
+IPCREF__PRIVATE int ipcref__cu_d_pool_access(ipcref__cu_state *d, uint64_t pool,
+                                             int dev, int writable) {
+  ipcref__cu_access a;
+  memset(&a, 0, sizeof a);
+  a.location.type = (ipcref__cu_location_type)IPCREF__CU_LOCATION_DEVICE;
+  a.location.id = dev;
+  a.flags = (ipcref__cu_access_flags)(writable ? IPCREF__CU_PROT_READWRITE
+                                               : IPCREF__CU_PROT_READ);
+  return (int)d->api.MemPoolSetAccess((ipcref__cu_mempool)(uintptr_t)pool, &a,
+                                      1);
+}
+IPCREF__PRIVATE int ipcref__cu_d_pool_import_ptr(ipcref__cu_state *d,
+                                                 uint64_t pool,
+                                                 const unsigned char *data,
+                                                 uint64_t *addr) {
+  ipcref__cu_mempool_data x;
+  ipcref__cu_ptr p = 0;
+  int code;
+  memcpy(&x, data, sizeof x);
+  code = (int)d->api.MemPoolImportPointer(
+      &p, (ipcref__cu_mempool)(uintptr_t)pool, &x);
+  *addr = (uint64_t)p;
+  return code;
+}
+IPCREF__PRIVATE int ipcref__cu_d_pool_destroy(ipcref__cu_state *d,
+                                              uint64_t pool) {
+  return (int)d->api.MemPoolDestroy((ipcref__cu_mempool)(uintptr_t)pool);
+}
+
+/* ---- cuda_load: driver (src/cuda_load.h) -------------------------------- */
+
+/* The stub library's message (cuda's own text says too little). */
+IPCREF__PRIVATE ipcref_result ipcref__cu_stub(const char *path) {
+  snprintf(ipcref__cu_why, sizeof ipcref__cu_why,
+           "%s is the CUDA toolkit's stub library, not a driver "
+           "(CUDA_ERROR_STUB_LIBRARY, 34)",
+           path);
+  return IPCREF_ENODEV;
+}
+
+/* The entry points looked up with cuGetProcAddress, in this order (a driver
+ * lacking several is said to lack the first); every one is required. */
+#define IPCREF__CU_ENTRY(field)                                                \
+  { "cu" #field, offsetof(ipcref__cu_api, field), 0 }
+#define IPCREF__CU_OPTIONAL(field)                                             \
+  { "cu" #field, offsetof(ipcref__cu_api, field), 1 }
+static const ipcref__cu_entry ipcref__cu_entries[] = {
+    IPCREF__CU_ENTRY(Init),
+    IPCREF__CU_ENTRY(GetErrorName),
+    IPCREF__CU_ENTRY(DeviceGet),
+    IPCREF__CU_ENTRY(DevicePrimaryCtxRetain),
+    IPCREF__CU_ENTRY(DevicePrimaryCtxRelease),
+    IPCREF__CU_ENTRY(CtxSetCurrent),
+    IPCREF__CU_ENTRY(MemAlloc),
+    IPCREF__CU_ENTRY(MemFree),
+    IPCREF__CU_ENTRY(MemGetAddressRange),
+    IPCREF__CU_ENTRY(PointerGetAttribute),
+    IPCREF__CU_ENTRY(IpcGetMemHandle),
+    IPCREF__CU_ENTRY(IpcOpenMemHandle),
+    IPCREF__CU_ENTRY(IpcCloseMemHandle),
+    IPCREF__CU_ENTRY(EventCreate),
+    IPCREF__CU_ENTRY(EventRecord),
+    IPCREF__CU_ENTRY(EventQuery),
+    IPCREF__CU_ENTRY(EventDestroy),
+    IPCREF__CU_ENTRY(IpcGetEventHandle),
+    IPCREF__CU_ENTRY(IpcOpenEventHandle),
+    IPCREF__CU_ENTRY(StreamWaitEvent),
+    IPCREF__CU_ENTRY(StreamSynchronize),
+    IPCREF__CU_ENTRY(DriverGetVersion),
+    IPCREF__CU_OPTIONAL(DeviceGetAttribute),
+    IPCREF__CU_OPTIONAL(CtxSynchronize),
+    IPCREF__CU_OPTIONAL(MemGetAllocationGranularity),
+    IPCREF__CU_OPTIONAL(MemCreate),
+    IPCREF__CU_OPTIONAL(MemRelease),
+    IPCREF__CU_OPTIONAL(MemAddressReserve),
+    IPCREF__CU_OPTIONAL(MemAddressFree),
+    IPCREF__CU_OPTIONAL(MemMap),
+    IPCREF__CU_OPTIONAL(MemUnmap),
+    IPCREF__CU_OPTIONAL(MemSetAccess),
+    IPCREF__CU_OPTIONAL(MemExportToShareableHandle),
+    IPCREF__CU_OPTIONAL(MemImportFromShareableHandle),
+    IPCREF__CU_OPTIONAL(MemRetainAllocationHandle),
+    IPCREF__CU_OPTIONAL(MemGetAllocationPropertiesFromHandle),
+    IPCREF__CU_OPTIONAL(MemPoolExportToShareableHandle),
+    IPCREF__CU_OPTIONAL(MemPoolImportFromShareableHandle),
+    IPCREF__CU_OPTIONAL(MemPoolExportPointer),
+    IPCREF__CU_OPTIONAL(MemPoolImportPointer),
+    IPCREF__CU_OPTIONAL(MemPoolSetAccess),
+    IPCREF__CU_OPTIONAL(MemPoolDestroy),
+};
+#undef IPCREF__CU_ENTRY
+#undef IPCREF__CU_OPTIONAL
+
+/* cuGetProcAddress (the _v2 one where the driver has it) and the version
+ * every entry point is looked up at. */
+typedef struct ipcref__cu_proc {
+  ipcref__cu_get_proc_v2 get2;
+  ipcref__cu_get_proc_v1 get1;
+  int version;
+} ipcref__cu_proc;
+
+/* An ipcref__cu_lookup: one entry point by cuGetProcAddress. */
+IPCREF__PRIVATE int ipcref__cu_d_lookup(void *user, const char *name,
+                                        void **fn) {
+  ipcref__cu_proc *p = (ipcref__cu_proc *)user;
+  ipcref__cu_query q = (ipcref__cu_query)0;
+  return p->get2 ? (int)p->get2(name, fn, p->version, 0, &q)
+                 : (int)p->get1(name, fn, p->version, 0);
+}
+
+/* Finds cuGetProcAddress and asks the driver its version (capped at the
+ * pinned one). Symbols go by their base names at that version: cuda.h's
+ * macros do not apply to strings (dlsym "cuMemAlloc" is the 32-bit v1
+ * ABI). 0 when it failed, having said why. */
+IPCREF__PRIVATE int ipcref__cu_d_proc(ipcref__cu_state *d, const char *path,
+                                      ipcref__cu_proc *p) {
+  int code;
+  p->version = 0;
+  ipcref__cu_load_symbol(d->lib, "cuGetProcAddress_v2", &p->get2);
+  ipcref__cu_load_symbol(d->lib, "cuGetProcAddress", &p->get1);
+  ipcref__cu_load_symbol(d->lib, "cuDriverGetVersion",
+                         &d->api.DriverGetVersion);
+  if ((!p->get2 && !p->get1) || !d->api.DriverGetVersion) {
+    ipcref__cu_say(IPCREF_ENODEV, "the CUDA driver has no cuGetProcAddress "
+                                  "(it is older than CUDA 11.3)");
+    return 0;
+  }
+  code = (int)d->api.DriverGetVersion(&p->version);
+  if (code == IPCREF__CU_STUB) {
+    ipcref__cu_stub(path);
+    return 0;
+  }
+  if (code) {
+    snprintf(ipcref__cu_why, sizeof ipcref__cu_why,
+             "cuDriverGetVersion failed (%d)", code);
+    return 0;
+  }
+  if (p->version > IPCREF__CU_PROC_VERSION)
+    p->version = IPCREF__CU_PROC_VERSION;
+  return 1;
+}
+
+/* cuInit. 0 when it failed, having said why. */
+IPCREF__PRIVATE int ipcref__cu_d_init(ipcref__cu_state *d, const char *path) {
+  int code = (int)d->api.Init(0);
+  if (code == IPCREF__CU_STUB) {
+    ipcref__cu_stub(path);
+    return 0;
+  }
+  if (code) {
+    snprintf(ipcref__cu_why, sizeof ipcref__cu_why, "cuInit: %s (%d)%s",
+             ipcref__cu_d_errname(d, code), code,
+             code == IPCREF__CU_NO_DEVICE ? ": no CUDA-capable device" : "");
+    return 0;
+  }
+  return 1;
+}
+
+/* Loads the driver and every entry point (each one checked), then cuInit.
+ * On failure, says why and leaves nothing loaded. */
+IPCREF__PRIVATE ipcref_result ipcref__cu_d_load(ipcref__cu_state *d,
+                                                const char *driver_path) {
+  static const char *const names[] = {"libcuda.so.1"};
+  const ipcref__cu_entry *lacking;
+  const char *path = driver_path;
+  ipcref__cu_proc proc;
+  int code;
+  d->lib =
+      ipcref__cu_load_library(driver_path, names, sizeof names / sizeof *names,
+                              "CUDA driver", names[0], &path);
+  if (!d->lib) return IPCREF_ENODEV;
+  if (!ipcref__cu_d_proc(d, path, &proc))
+    return ipcref__cu_load_failed(&d->lib);
+  lacking = ipcref__cu_load_entries(&d->api, ipcref__cu_entries,
+                                    sizeof ipcref__cu_entries /
+                                        sizeof *ipcref__cu_entries,
+                                    ipcref__cu_d_lookup, &proc, &code);
+  if (lacking) {
+    if (code == IPCREF__CU_STUB)
+      ipcref__cu_stub(path);
+    else
+      snprintf(ipcref__cu_why, sizeof ipcref__cu_why,
+               "the CUDA driver lacks %s (cuGetProcAddress: %d)", lacking->name,
+               code);
+    return ipcref__cu_load_failed(&d->lib);
+  }
+  if (!ipcref__cu_d_init(d, path)) return ipcref__cu_load_failed(&d->lib);
+  if (pthread_mutex_init(&d->lock, NULL) != 0) {
+    ipcref__cu_say(IPCREF_ESYS, "pthread_mutex_init failed");
+    return ipcref__cu_load_failed(&d->lib);
+  }
+  return IPCREF_OK;
+}
+
+IPCREF__PRIVATE void ipcref__cu_d_unload(ipcref__cu_state *d) {
+  int i;
+  for (i = 0; i < IPCREF__CU_DEVICES; i++)
+    if (d->ctx[i]) (void)d->api.DevicePrimaryCtxRelease(d->devs[i]);
+  pthread_mutex_destroy(&d->lock);
+  dlclose(d->lib);
+}
+
 /* ---- gpu: shared backend logic (src/gpu.h) ------------------------------ */
 
 /* ---- the backend's state ------------------------------------------------- */
@@ -895,6 +1012,8 @@ struct ipcref_cuda {
   int memory; /* IPCREF_CUDA_MEMORY_*: what ipcref_cuda_alloc makes */
   signed char vmm_able[IPCREF__CU_DEVICES];     /* shares by fd: 1, not: -1 */
   struct ipcref__cu_vmm *vmm_made, *vmm_opened; /* see src/gpu_vmm.h */
+  struct ipcref__cu_pool *pools_out, *pools_in; /* see src/gpu_pool.h */
+  struct ipcref__cu_pool_ptr *pool_ptrs, *pool_sent;
 };
 
 #define IPCREF__CU_OF(be) ((ipcref_cuda *)(void *)(be))
@@ -930,6 +1049,247 @@ IPCREF__PRIVATE ipcref_result ipcref__cu_on(ipcref_cuda *g, int dev) {
   return code ? ipcref__cu_fail(IPCREF_ENODEV, "selecting the device", g, code)
               : IPCREF_OK;
 }
+
+/* ---- gpu_pool: pool memory shared by fd (src/gpu_pool.h) ---------------- */
+
+#if IPCREF__CU_VMM
+
+/* A pool this process exported, or imported; a pointer exported or
+ * imported. */
+typedef struct ipcref__cu_pool {
+  uint64_t pool;   /* the driver's handle */
+  int fd;          /* exported: the fd every peer gets a copy of */
+  dev_t fd_dev;    /* imported: the file its fd opens */
+  ino_t fd_ino;    /* (see above) */
+  int dev, access; /* imported: the device, and its access (2: read-write) */
+  struct ipcref__cu_pool *next;
+} ipcref__cu_pool;
+
+typedef struct ipcref__cu_pool_ptr {
+  uint64_t addr;
+  int dev;
+  unsigned char data[IPCREF_HANDLE_BYTES]; /* exported: its export data */
+  struct ipcref__cu_pool_ptr *next;
+} ipcref__cu_pool_ptr;
+
+/* The fd of pool `pool`, exported once (under the lock): -1 with *r set
+ * when the pool was not created shareable. */
+IPCREF__PRIVATE int ipcref__cu_pool_fd(ipcref_cuda *g, uint64_t pool,
+                                       ipcref_result *r) {
+  ipcref__cu_pool *p;
+  int code, fd = -1;
+  for (p = g->pools_out; p; p = p->next)
+    if (p->pool == pool) return p->fd;
+  code = ipcref__cu_d_pool_export(&g->drv, pool, &fd);
+  if (code) {
+    *r = ipcref__cu_say(IPCREF_EINVAL,
+                        "memory of a pool not created shareable: create "
+                        "the pool with handleTypes "
+                        "CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR "
+                        "(cuMemPoolCreate; a device's default pool is not)");
+    return -1;
+  }
+  p = (ipcref__cu_pool *)IPCREF_MALLOC(sizeof *p);
+  if (!p) {
+    close(fd);
+    *r = IPCREF_ENOMEM;
+    return -1;
+  }
+  memset(p, 0, sizeof *p);
+  p->pool = pool;
+  p->fd = fd;
+  p->next = g->pools_out;
+  g->pools_out = p;
+  return fd;
+}
+
+/* Remembers that this process exported `addr` as `data` (under the lock;
+ * one record per address, so that the list is as long as the addresses
+ * ever sent). 0 when out of memory. */
+IPCREF__PRIVATE int ipcref__cu_pool_own(ipcref_cuda *g, int dev, uint64_t addr,
+                                        const unsigned char *data) {
+  ipcref__cu_pool_ptr *x;
+  for (x = g->pool_sent; x; x = x->next)
+    if (x->addr == addr && x->dev == dev) break;
+  if (!x) {
+    x = (ipcref__cu_pool_ptr *)IPCREF_MALLOC(sizeof *x);
+    if (!x) return 0;
+    x->addr = addr;
+    x->dev = dev;
+    x->next = g->pool_sent;
+    g->pool_sent = x;
+  }
+  memcpy(x->data, data, IPCREF_HANDLE_BYTES);
+  return 1;
+}
+
+/* Exports the pool memory at `base`: a copy of its pool's fd, and its
+ * data. ENOTSUP for memory that is not from a pool. */
+IPCREF__PRIVATE ipcref_result ipcref__cu_pool_export(ipcref_cuda *g, int dev,
+                                                     uint64_t base, int *fd,
+                                                     unsigned char *data) {
+  uint64_t pool;
+  ipcref_result r = IPCREF_OK;
+  int code, pfd;
+  if (!ipcref__cu_d_pool_supported(&g->drv) ||
+      !(pool = ipcref__cu_d_pool_of(&g->drv, base)))
+    return IPCREF_ENOTSUP;
+  pthread_mutex_lock(&g->lock); /* the pool first: its error says more */
+  pfd = ipcref__cu_pool_fd(g, pool, &r);
+  code = pfd < 0 ? 0 : ipcref__cu_d_pool_export_ptr(&g->drv, base, data);
+  if (code)
+    r = ipcref__cu_fail(ipcref__cu_code(code), "exporting the pointer", g,
+                        code);
+  if (r == IPCREF_OK && !ipcref__cu_pool_own(g, dev, base, data))
+    r = IPCREF_ENOMEM;
+  if (r == IPCREF_OK &&
+      (*fd = fcntl(pfd, F_DUPFD_CLOEXEC, 0)) < 0) /* the same open file */
+    r = ipcref__cu_say(IPCREF_ESYS, "dup of the pool's fd failed");
+  pthread_mutex_unlock(&g->lock);
+  return r;
+}
+
+/* The imported pool that `fd` opens (by its file), imported now if new
+ * and given the access asked (under the lock): 0 with *code set. */
+IPCREF__PRIVATE uint64_t ipcref__cu_pool_in(ipcref_cuda *g, int dev, int fd,
+                                            int writable, int *code) {
+  ipcref__cu_pool *p;
+  struct stat st;
+  int access = writable ? 2 : 1;
+  *code = -1;
+  if (fstat(fd, &st) != 0) return 0;
+  for (p = g->pools_in; p; p = p->next)
+    if (p->fd_dev == st.st_dev && p->fd_ino == st.st_ino && p->dev == dev)
+      break;
+  if (!p) {
+    p = (ipcref__cu_pool *)IPCREF_MALLOC(sizeof *p);
+    if (!p) return 0;
+    memset(p, 0, sizeof *p);
+    *code = ipcref__cu_d_pool_import(&g->drv, fd, &p->pool);
+    if (*code) {
+      IPCREF_FREE(p);
+      return 0;
+    }
+    p->fd = -1;
+    p->fd_dev = st.st_dev;
+    p->fd_ino = st.st_ino;
+    p->dev = dev;
+    p->next = g->pools_in;
+    g->pools_in = p;
+  }
+  if (p->access < access) { /* an imported pool starts with no access */
+    *code = ipcref__cu_d_pool_access(&g->drv, p->pool, dev, writable);
+    if (*code) return 0;
+    p->access = access;
+  }
+  *code = 0;
+  return p->pool;
+}
+
+/* This process's own pointer that `data` names (0: none). */
+IPCREF__PRIVATE uint64_t ipcref__cu_pool_mine(ipcref_cuda *g, int dev,
+                                              const unsigned char *data) {
+  ipcref__cu_pool_ptr *x;
+  uint64_t addr = 0;
+  pthread_mutex_lock(&g->lock);
+  for (x = g->pool_sent; x && !addr; x = x->next)
+    if (x->dev == dev && !memcmp(x->data, data, IPCREF_HANDLE_BYTES))
+      addr = x->addr;
+  pthread_mutex_unlock(&g->lock);
+  return addr;
+}
+
+/* Imports the pool memory `fd` (its pool's) and `data` name, `size` bytes
+ * at least (checked against the allocation the driver gives: EPROTO). */
+IPCREF__PRIVATE ipcref_result ipcref__cu_pool_import(
+    ipcref_cuda *g, int dev, int fd, const unsigned char *data, uint64_t size,
+    int writable, uint64_t *addr) {
+  ipcref__cu_pool_ptr *x;
+  uint64_t pool, base = 0;
+  size_t have = 0;
+  int code;
+  if ((*addr = ipcref__cu_pool_mine(g, dev, data)) != 0) return IPCREF_OK;
+  if (!ipcref__cu_d_pool_supported(&g->drv))
+    return ipcref__cu_say(IPCREF_ENODEV, "the driver shares no pool memory");
+  x = (ipcref__cu_pool_ptr *)IPCREF_MALLOC(sizeof *x);
+  if (!x) return IPCREF_ENOMEM;
+  memset(x, 0, sizeof *x);
+  pthread_mutex_lock(&g->lock);
+  pool = ipcref__cu_pool_in(g, dev, fd, writable, &code);
+  pthread_mutex_unlock(&g->lock);
+  if (pool) code = ipcref__cu_d_pool_import_ptr(&g->drv, pool, data, addr);
+  if (!pool || code) {
+    IPCREF_FREE(x);
+    return code == IPCREF__CU_OOM
+               ? IPCREF_ENOMEM
+               : ipcref__cu_fail(IPCREF_EPROTO,
+                                 pool ? "importing the pointer"
+                                      : "importing the pool",
+                                 g, code);
+  }
+  if (ipcref__cu_d_range(&g->drv, *addr, &base, &have) || base != *addr ||
+      (uint64_t)have < size) {
+    (void)ipcref__cu_d_free(&g->drv, *addr);
+    IPCREF_FREE(x);
+    return ipcref__cu_say(IPCREF_EPROTO, "pool memory smaller than its "
+                                         "record says");
+  }
+  x->addr = *addr;
+  x->dev = dev;
+  pthread_mutex_lock(&g->lock);
+  x->next = g->pool_ptrs;
+  g->pool_ptrs = x;
+  pthread_mutex_unlock(&g->lock);
+  return IPCREF_OK;
+}
+
+/* Frees the imported pool pointer at `addr`: 1, or 0 when it is not one. */
+IPCREF__PRIVATE int ipcref__cu_pool_close(ipcref_cuda *g, int dev,
+                                          uint64_t addr) {
+  ipcref__cu_pool_ptr **pp, *x = NULL;
+  pthread_mutex_lock(&g->lock);
+  for (pp = &g->pool_ptrs; *pp; pp = &(*pp)->next)
+    if ((*pp)->addr == addr && (*pp)->dev == dev) {
+      x = *pp;
+      *pp = x->next;
+      break;
+    }
+  pthread_mutex_unlock(&g->lock);
+  if (!x) return 0;
+  if (ipcref__cu_on(g, dev) == IPCREF_OK)
+    (void)ipcref__cu_d_free(&g->drv, addr);
+  IPCREF_FREE(x);
+  return 1;
+}
+
+/* At ipcref_cuda_close: the pointers imported are freed, the pools
+ * imported destroyed, the exported pools' fds closed. */
+IPCREF__PRIVATE void ipcref__cu_pool_close_all(ipcref_cuda *g) {
+  ipcref__cu_pool *p;
+  ipcref__cu_pool_ptr *x;
+  while ((x = g->pool_ptrs) != NULL) {
+    g->pool_ptrs = x->next;
+    if (ipcref__cu_on(g, x->dev) == IPCREF_OK)
+      (void)ipcref__cu_d_free(&g->drv, x->addr);
+    IPCREF_FREE(x);
+  }
+  while ((x = g->pool_sent) != NULL) {
+    g->pool_sent = x->next;
+    IPCREF_FREE(x);
+  }
+  while ((p = g->pools_in) != NULL) {
+    g->pools_in = p->next;
+    (void)ipcref__cu_d_pool_destroy(&g->drv, p->pool);
+    IPCREF_FREE(p);
+  }
+  while ((p = g->pools_out) != NULL) {
+    g->pools_out = p->next;
+    close(p->fd);
+    IPCREF_FREE(p);
+  }
+}
+
+#endif /* IPCREF__CU_VMM */
 
 /* ---- gpu_vmm: memory shared by fd (src/gpu_vmm.h) ----------------------- */
 
@@ -1124,10 +1484,13 @@ IPCREF__PRIVATE ipcref_result ipcref__cu_vmm_export_foreign(ipcref_cuda *g,
 }
 
 /* The backend's seg_export_fd: an fd for the VMM segment at `base`, made
- * here or by another allocator; ENOTSUP for memory shared by handle. */
+ * here or by another allocator, or for the pool memory there (its pool's
+ * fd and its data: *pooled); ENOTSUP for memory shared by handle. */
 IPCREF__PRIVATE ipcref_result ipcref__cu_seg_export_fd(ipcref_backend *be,
                                                        int32_t dev,
-                                                       uint64_t base, int *fd) {
+                                                       uint64_t base, int *fd,
+                                                       unsigned char *data,
+                                                       int *pooled) {
   ipcref_cuda *g = IPCREF__CU_OF(be);
   ipcref__cu_vmm *m;
   uint64_t handle = 0;
@@ -1140,7 +1503,13 @@ IPCREF__PRIVATE ipcref_result ipcref__cu_seg_export_fd(ipcref_backend *be,
   for (m = g->vmm_made; m; m = m->next)
     if (m->addr == base && m->dev == dev) handle = m->handle;
   pthread_mutex_unlock(&g->lock);
-  if (!handle) return ipcref__cu_vmm_export_foreign(g, base, fd);
+  *pooled = 0;
+  if (!handle) r = ipcref__cu_vmm_export_foreign(g, base, fd);
+  if (!handle && r == IPCREF_ENOTSUP) {
+    r = ipcref__cu_pool_export(g, dev, base, fd, data);
+    *pooled = r == IPCREF_OK;
+  }
+  if (!handle) return r;
   code = ipcref__cu_d_vmm_export(&g->drv, handle, fd);
   if (code) {
     *fd = -1;
@@ -1185,14 +1554,12 @@ IPCREF__PRIVATE uint64_t ipcref__cu_vmm_own(ipcref_cuda *g, int dev, int fd,
 /* The backend's seg_import_fd: the allocation `fd` shares, mapped at
  * `size` rounded up to whole granules (the driver refuses a mapping past
  * the allocation's end, so a record that claims more than was shared is
- * refused), with read or read-write access for device `dev`. Whatever
- * the driver refuses of the fd is the peer's fault: EPROTO, but for out
- * of memory. */
-IPCREF__PRIVATE ipcref_result ipcref__cu_seg_import_fd(ipcref_backend *be,
-                                                       int32_t dev, int fd,
-                                                       uint64_t size,
-                                                       int writable,
-                                                       uint64_t *addr) {
+ * refused), with read or read-write access for device `dev`; or the pool
+ * memory `fd` (its pool's) and `data` name. Whatever the driver refuses
+ * of the fd is the peer's fault: EPROTO, but for out of memory. */
+IPCREF__PRIVATE ipcref_result ipcref__cu_seg_import_fd(
+    ipcref_backend *be, int32_t dev, int fd, const unsigned char *data,
+    int pooled, uint64_t size, int writable, uint64_t *addr) {
   ipcref_cuda *g = IPCREF__CU_OF(be);
   ipcref__cu_vmm *m;
   const char *what = "importing the fd";
@@ -1200,6 +1567,8 @@ IPCREF__PRIVATE ipcref_result ipcref__cu_seg_import_fd(ipcref_backend *be,
   ipcref_result r = ipcref__cu_on(g, dev);
   int code;
   if (r != IPCREF_OK) return r;
+  if (pooled)
+    return ipcref__cu_pool_import(g, dev, fd, data, size, writable, addr);
   if ((*addr = ipcref__cu_vmm_own(g, dev, fd, &own_size)) != 0)
     return size <= own_size
                ? IPCREF_OK
@@ -1230,11 +1599,12 @@ IPCREF__PRIVATE ipcref_result ipcref__cu_seg_import_fd(ipcref_backend *be,
   return IPCREF_OK;
 }
 
-/* Closes an imported VMM mapping at `addr`: 1, or 0 when it is not one. */
+/* Closes an imported VMM mapping or pool pointer at `addr`: 1, or 0 when
+ * it is neither. */
 IPCREF__PRIVATE int ipcref__cu_vmm_close(ipcref_cuda *g, int dev,
                                          uint64_t addr) {
   ipcref__cu_vmm *m = ipcref__cu_vmm_take(g, &g->vmm_opened, dev, addr);
-  if (!m) return 0;
+  if (!m) return ipcref__cu_pool_close(g, dev, addr);
   if (ipcref__cu_on(g, dev) == IPCREF_OK) ipcref__cu_vmm_undo(g, m, 1);
   IPCREF_FREE(m);
   return 1;
@@ -1245,6 +1615,7 @@ IPCREF__PRIVATE int ipcref__cu_vmm_close(ipcref_cuda *g, int dev,
 IPCREF__PRIVATE void ipcref__cu_vmm_close_all(ipcref_cuda *g) {
   ipcref__cu_vmm **lists[2], *m;
   int i;
+  ipcref__cu_pool_close_all(g);
   lists[0] = &g->vmm_made;
   lists[1] = &g->vmm_opened;
   for (i = 0; i < 2; i++)

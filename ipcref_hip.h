@@ -529,6 +529,8 @@ struct ipcref_hip {
   int memory; /* IPCREF_HIP_MEMORY_*: what ipcref_hip_alloc makes */
   signed char vmm_able[IPCREF__HIP_DEVICES];     /* shares by fd: 1, not: -1 */
   struct ipcref__hip_vmm *vmm_made, *vmm_opened; /* see src/gpu_vmm.h */
+  struct ipcref__hip_pool *pools_out, *pools_in; /* see src/gpu_pool.h */
+  struct ipcref__hip_pool_ptr *pool_ptrs, *pool_sent;
 };
 
 #define IPCREF__HIP_OF(be) ((ipcref_hip *)(void *)(be))
@@ -565,6 +567,247 @@ IPCREF__PRIVATE ipcref_result ipcref__hip_on(ipcref_hip *g, int dev) {
   return code ? ipcref__hip_fail(IPCREF_ENODEV, "selecting the device", g, code)
               : IPCREF_OK;
 }
+
+/* ---- gpu_pool: pool memory shared by fd (src/gpu_pool.h) ---------------- */
+
+#if IPCREF__HIP_VMM
+
+/* A pool this process exported, or imported; a pointer exported or
+ * imported. */
+typedef struct ipcref__hip_pool {
+  uint64_t pool;   /* the driver's handle */
+  int fd;          /* exported: the fd every peer gets a copy of */
+  dev_t fd_dev;    /* imported: the file its fd opens */
+  ino_t fd_ino;    /* (see above) */
+  int dev, access; /* imported: the device, and its access (2: read-write) */
+  struct ipcref__hip_pool *next;
+} ipcref__hip_pool;
+
+typedef struct ipcref__hip_pool_ptr {
+  uint64_t addr;
+  int dev;
+  unsigned char data[IPCREF_HANDLE_BYTES]; /* exported: its export data */
+  struct ipcref__hip_pool_ptr *next;
+} ipcref__hip_pool_ptr;
+
+/* The fd of pool `pool`, exported once (under the lock): -1 with *r set
+ * when the pool was not created shareable. */
+IPCREF__PRIVATE int ipcref__hip_pool_fd(ipcref_hip *g, uint64_t pool,
+                                        ipcref_result *r) {
+  ipcref__hip_pool *p;
+  int code, fd = -1;
+  for (p = g->pools_out; p; p = p->next)
+    if (p->pool == pool) return p->fd;
+  code = ipcref__hip_d_pool_export(&g->drv, pool, &fd);
+  if (code) {
+    *r = ipcref__hip_say(IPCREF_EINVAL,
+                         "memory of a pool not created shareable: create "
+                         "the pool with handleTypes "
+                         "CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR "
+                         "(cuMemPoolCreate; a device's default pool is not)");
+    return -1;
+  }
+  p = (ipcref__hip_pool *)IPCREF_MALLOC(sizeof *p);
+  if (!p) {
+    close(fd);
+    *r = IPCREF_ENOMEM;
+    return -1;
+  }
+  memset(p, 0, sizeof *p);
+  p->pool = pool;
+  p->fd = fd;
+  p->next = g->pools_out;
+  g->pools_out = p;
+  return fd;
+}
+
+/* Remembers that this process exported `addr` as `data` (under the lock;
+ * one record per address, so that the list is as long as the addresses
+ * ever sent). 0 when out of memory. */
+IPCREF__PRIVATE int ipcref__hip_pool_own(ipcref_hip *g, int dev, uint64_t addr,
+                                         const unsigned char *data) {
+  ipcref__hip_pool_ptr *x;
+  for (x = g->pool_sent; x; x = x->next)
+    if (x->addr == addr && x->dev == dev) break;
+  if (!x) {
+    x = (ipcref__hip_pool_ptr *)IPCREF_MALLOC(sizeof *x);
+    if (!x) return 0;
+    x->addr = addr;
+    x->dev = dev;
+    x->next = g->pool_sent;
+    g->pool_sent = x;
+  }
+  memcpy(x->data, data, IPCREF_HANDLE_BYTES);
+  return 1;
+}
+
+/* Exports the pool memory at `base`: a copy of its pool's fd, and its
+ * data. ENOTSUP for memory that is not from a pool. */
+IPCREF__PRIVATE ipcref_result ipcref__hip_pool_export(ipcref_hip *g, int dev,
+                                                      uint64_t base, int *fd,
+                                                      unsigned char *data) {
+  uint64_t pool;
+  ipcref_result r = IPCREF_OK;
+  int code, pfd;
+  if (!ipcref__hip_d_pool_supported(&g->drv) ||
+      !(pool = ipcref__hip_d_pool_of(&g->drv, base)))
+    return IPCREF_ENOTSUP;
+  pthread_mutex_lock(&g->lock); /* the pool first: its error says more */
+  pfd = ipcref__hip_pool_fd(g, pool, &r);
+  code = pfd < 0 ? 0 : ipcref__hip_d_pool_export_ptr(&g->drv, base, data);
+  if (code)
+    r = ipcref__hip_fail(ipcref__hip_code(code), "exporting the pointer", g,
+                         code);
+  if (r == IPCREF_OK && !ipcref__hip_pool_own(g, dev, base, data))
+    r = IPCREF_ENOMEM;
+  if (r == IPCREF_OK &&
+      (*fd = fcntl(pfd, F_DUPFD_CLOEXEC, 0)) < 0) /* the same open file */
+    r = ipcref__hip_say(IPCREF_ESYS, "dup of the pool's fd failed");
+  pthread_mutex_unlock(&g->lock);
+  return r;
+}
+
+/* The imported pool that `fd` opens (by its file), imported now if new
+ * and given the access asked (under the lock): 0 with *code set. */
+IPCREF__PRIVATE uint64_t ipcref__hip_pool_in(ipcref_hip *g, int dev, int fd,
+                                             int writable, int *code) {
+  ipcref__hip_pool *p;
+  struct stat st;
+  int access = writable ? 2 : 1;
+  *code = -1;
+  if (fstat(fd, &st) != 0) return 0;
+  for (p = g->pools_in; p; p = p->next)
+    if (p->fd_dev == st.st_dev && p->fd_ino == st.st_ino && p->dev == dev)
+      break;
+  if (!p) {
+    p = (ipcref__hip_pool *)IPCREF_MALLOC(sizeof *p);
+    if (!p) return 0;
+    memset(p, 0, sizeof *p);
+    *code = ipcref__hip_d_pool_import(&g->drv, fd, &p->pool);
+    if (*code) {
+      IPCREF_FREE(p);
+      return 0;
+    }
+    p->fd = -1;
+    p->fd_dev = st.st_dev;
+    p->fd_ino = st.st_ino;
+    p->dev = dev;
+    p->next = g->pools_in;
+    g->pools_in = p;
+  }
+  if (p->access < access) { /* an imported pool starts with no access */
+    *code = ipcref__hip_d_pool_access(&g->drv, p->pool, dev, writable);
+    if (*code) return 0;
+    p->access = access;
+  }
+  *code = 0;
+  return p->pool;
+}
+
+/* This process's own pointer that `data` names (0: none). */
+IPCREF__PRIVATE uint64_t ipcref__hip_pool_mine(ipcref_hip *g, int dev,
+                                               const unsigned char *data) {
+  ipcref__hip_pool_ptr *x;
+  uint64_t addr = 0;
+  pthread_mutex_lock(&g->lock);
+  for (x = g->pool_sent; x && !addr; x = x->next)
+    if (x->dev == dev && !memcmp(x->data, data, IPCREF_HANDLE_BYTES))
+      addr = x->addr;
+  pthread_mutex_unlock(&g->lock);
+  return addr;
+}
+
+/* Imports the pool memory `fd` (its pool's) and `data` name, `size` bytes
+ * at least (checked against the allocation the driver gives: EPROTO). */
+IPCREF__PRIVATE ipcref_result ipcref__hip_pool_import(
+    ipcref_hip *g, int dev, int fd, const unsigned char *data, uint64_t size,
+    int writable, uint64_t *addr) {
+  ipcref__hip_pool_ptr *x;
+  uint64_t pool, base = 0;
+  size_t have = 0;
+  int code;
+  if ((*addr = ipcref__hip_pool_mine(g, dev, data)) != 0) return IPCREF_OK;
+  if (!ipcref__hip_d_pool_supported(&g->drv))
+    return ipcref__hip_say(IPCREF_ENODEV, "the driver shares no pool memory");
+  x = (ipcref__hip_pool_ptr *)IPCREF_MALLOC(sizeof *x);
+  if (!x) return IPCREF_ENOMEM;
+  memset(x, 0, sizeof *x);
+  pthread_mutex_lock(&g->lock);
+  pool = ipcref__hip_pool_in(g, dev, fd, writable, &code);
+  pthread_mutex_unlock(&g->lock);
+  if (pool) code = ipcref__hip_d_pool_import_ptr(&g->drv, pool, data, addr);
+  if (!pool || code) {
+    IPCREF_FREE(x);
+    return code == IPCREF__HIP_OOM
+               ? IPCREF_ENOMEM
+               : ipcref__hip_fail(IPCREF_EPROTO,
+                                  pool ? "importing the pointer"
+                                       : "importing the pool",
+                                  g, code);
+  }
+  if (ipcref__hip_d_range(&g->drv, *addr, &base, &have) || base != *addr ||
+      (uint64_t)have < size) {
+    (void)ipcref__hip_d_free(&g->drv, *addr);
+    IPCREF_FREE(x);
+    return ipcref__hip_say(IPCREF_EPROTO, "pool memory smaller than its "
+                                          "record says");
+  }
+  x->addr = *addr;
+  x->dev = dev;
+  pthread_mutex_lock(&g->lock);
+  x->next = g->pool_ptrs;
+  g->pool_ptrs = x;
+  pthread_mutex_unlock(&g->lock);
+  return IPCREF_OK;
+}
+
+/* Frees the imported pool pointer at `addr`: 1, or 0 when it is not one. */
+IPCREF__PRIVATE int ipcref__hip_pool_close(ipcref_hip *g, int dev,
+                                           uint64_t addr) {
+  ipcref__hip_pool_ptr **pp, *x = NULL;
+  pthread_mutex_lock(&g->lock);
+  for (pp = &g->pool_ptrs; *pp; pp = &(*pp)->next)
+    if ((*pp)->addr == addr && (*pp)->dev == dev) {
+      x = *pp;
+      *pp = x->next;
+      break;
+    }
+  pthread_mutex_unlock(&g->lock);
+  if (!x) return 0;
+  if (ipcref__hip_on(g, dev) == IPCREF_OK)
+    (void)ipcref__hip_d_free(&g->drv, addr);
+  IPCREF_FREE(x);
+  return 1;
+}
+
+/* At ipcref_hip_close: the pointers imported are freed, the pools
+ * imported destroyed, the exported pools' fds closed. */
+IPCREF__PRIVATE void ipcref__hip_pool_close_all(ipcref_hip *g) {
+  ipcref__hip_pool *p;
+  ipcref__hip_pool_ptr *x;
+  while ((x = g->pool_ptrs) != NULL) {
+    g->pool_ptrs = x->next;
+    if (ipcref__hip_on(g, x->dev) == IPCREF_OK)
+      (void)ipcref__hip_d_free(&g->drv, x->addr);
+    IPCREF_FREE(x);
+  }
+  while ((x = g->pool_sent) != NULL) {
+    g->pool_sent = x->next;
+    IPCREF_FREE(x);
+  }
+  while ((p = g->pools_in) != NULL) {
+    g->pools_in = p->next;
+    (void)ipcref__hip_d_pool_destroy(&g->drv, p->pool);
+    IPCREF_FREE(p);
+  }
+  while ((p = g->pools_out) != NULL) {
+    g->pools_out = p->next;
+    close(p->fd);
+    IPCREF_FREE(p);
+  }
+}
+
+#endif /* IPCREF__HIP_VMM */
 
 /* ---- gpu_vmm: memory shared by fd (src/gpu_vmm.h) ----------------------- */
 
@@ -760,11 +1003,13 @@ IPCREF__PRIVATE ipcref_result ipcref__hip_vmm_export_foreign(ipcref_hip *g,
 }
 
 /* The backend's seg_export_fd: an fd for the VMM segment at `base`, made
- * here or by another allocator; ENOTSUP for memory shared by handle. */
+ * here or by another allocator, or for the pool memory there (its pool's
+ * fd and its data: *pooled); ENOTSUP for memory shared by handle. */
 IPCREF__PRIVATE ipcref_result ipcref__hip_seg_export_fd(ipcref_backend *be,
                                                         int32_t dev,
-                                                        uint64_t base,
-                                                        int *fd) {
+                                                        uint64_t base, int *fd,
+                                                        unsigned char *data,
+                                                        int *pooled) {
   ipcref_hip *g = IPCREF__HIP_OF(be);
   ipcref__hip_vmm *m;
   uint64_t handle = 0;
@@ -777,7 +1022,13 @@ IPCREF__PRIVATE ipcref_result ipcref__hip_seg_export_fd(ipcref_backend *be,
   for (m = g->vmm_made; m; m = m->next)
     if (m->addr == base && m->dev == dev) handle = m->handle;
   pthread_mutex_unlock(&g->lock);
-  if (!handle) return ipcref__hip_vmm_export_foreign(g, base, fd);
+  *pooled = 0;
+  if (!handle) r = ipcref__hip_vmm_export_foreign(g, base, fd);
+  if (!handle && r == IPCREF_ENOTSUP) {
+    r = ipcref__hip_pool_export(g, dev, base, fd, data);
+    *pooled = r == IPCREF_OK;
+  }
+  if (!handle) return r;
   code = ipcref__hip_d_vmm_export(&g->drv, handle, fd);
   if (code) {
     *fd = -1;
@@ -822,14 +1073,12 @@ IPCREF__PRIVATE uint64_t ipcref__hip_vmm_own(ipcref_hip *g, int dev, int fd,
 /* The backend's seg_import_fd: the allocation `fd` shares, mapped at
  * `size` rounded up to whole granules (the driver refuses a mapping past
  * the allocation's end, so a record that claims more than was shared is
- * refused), with read or read-write access for device `dev`. Whatever
- * the driver refuses of the fd is the peer's fault: EPROTO, but for out
- * of memory. */
-IPCREF__PRIVATE ipcref_result ipcref__hip_seg_import_fd(ipcref_backend *be,
-                                                        int32_t dev, int fd,
-                                                        uint64_t size,
-                                                        int writable,
-                                                        uint64_t *addr) {
+ * refused), with read or read-write access for device `dev`; or the pool
+ * memory `fd` (its pool's) and `data` name. Whatever the driver refuses
+ * of the fd is the peer's fault: EPROTO, but for out of memory. */
+IPCREF__PRIVATE ipcref_result ipcref__hip_seg_import_fd(
+    ipcref_backend *be, int32_t dev, int fd, const unsigned char *data,
+    int pooled, uint64_t size, int writable, uint64_t *addr) {
   ipcref_hip *g = IPCREF__HIP_OF(be);
   ipcref__hip_vmm *m;
   const char *what = "importing the fd";
@@ -837,6 +1086,8 @@ IPCREF__PRIVATE ipcref_result ipcref__hip_seg_import_fd(ipcref_backend *be,
   ipcref_result r = ipcref__hip_on(g, dev);
   int code;
   if (r != IPCREF_OK) return r;
+  if (pooled)
+    return ipcref__hip_pool_import(g, dev, fd, data, size, writable, addr);
   if ((*addr = ipcref__hip_vmm_own(g, dev, fd, &own_size)) != 0)
     return size <= own_size
                ? IPCREF_OK
@@ -867,11 +1118,12 @@ IPCREF__PRIVATE ipcref_result ipcref__hip_seg_import_fd(ipcref_backend *be,
   return IPCREF_OK;
 }
 
-/* Closes an imported VMM mapping at `addr`: 1, or 0 when it is not one. */
+/* Closes an imported VMM mapping or pool pointer at `addr`: 1, or 0 when
+ * it is neither. */
 IPCREF__PRIVATE int ipcref__hip_vmm_close(ipcref_hip *g, int dev,
                                           uint64_t addr) {
   ipcref__hip_vmm *m = ipcref__hip_vmm_take(g, &g->vmm_opened, dev, addr);
-  if (!m) return 0;
+  if (!m) return ipcref__hip_pool_close(g, dev, addr);
   if (ipcref__hip_on(g, dev) == IPCREF_OK) ipcref__hip_vmm_undo(g, m, 1);
   IPCREF_FREE(m);
   return 1;
@@ -882,6 +1134,7 @@ IPCREF__PRIVATE int ipcref__hip_vmm_close(ipcref_hip *g, int dev,
 IPCREF__PRIVATE void ipcref__hip_vmm_close_all(ipcref_hip *g) {
   ipcref__hip_vmm **lists[2], *m;
   int i;
+  ipcref__hip_pool_close_all(g);
   lists[0] = &g->vmm_made;
   lists[1] = &g->vmm_opened;
   for (i = 0; i < 2; i++)

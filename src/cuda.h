@@ -26,9 +26,11 @@
  *     blocks are from memfds, and an allocation that fails sweeps the
  *     limbo and retries first;
  *   - a pointer from any other allocator is found in its allocation with
- *     cuMemGetAddressRange; the base is exported once (cuIpcGetMemHandle)
- *     and the offset travels beside the handle. Memory legacy IPC cannot
- *     export (VMM, stream-ordered pools) is refused with IPCREF_EINVAL;
+ *     cuMemGetAddressRange; the allocation is exported once and the
+ *     offset travels beside it: legacy memory by cuIpcGetMemHandle, VMM
+ *     memory by fd (cuMemRetainAllocationHandle), memory of a pool
+ *     created shareable by its pool's fd and the pointer's export data
+ *     (src/gpu_pool.h: each importer frees it before its lease returns);
  *   - cuIpcOpenMemHandle runs once per (exporter, allocation) in a process,
  *     counted, and cuIpcCloseMemHandle when the last user goes; a handle
  *     this process exported resolves to its own pointer (the driver refuses
@@ -151,6 +153,8 @@ typedef CUmemAllocationGranularity_flags ipcref__cu_granularity;
 typedef CUmemAllocationType ipcref__cu_alloc_type;
 typedef CUmemLocationType ipcref__cu_location_type;
 typedef CUmemAccess_flags ipcref__cu_access_flags;
+typedef CUmemoryPool ipcref__cu_mempool;
+typedef CUmemPoolPtrExportData ipcref__cu_mempool_data;
 #else
 typedef int ipcref__cu_result;
 typedef int ipcref__cu_device;
@@ -173,6 +177,10 @@ typedef int ipcref__cu_granularity;
 typedef int ipcref__cu_alloc_type;
 typedef int ipcref__cu_location_type;
 typedef int ipcref__cu_access_flags;
+typedef struct ipcref__cu_mempool_st *ipcref__cu_mempool;
+typedef struct {
+  unsigned char reserved[64];
+} ipcref__cu_mempool_data;
 typedef struct {
   ipcref__cu_location_type type;
   int id;
@@ -221,6 +229,7 @@ typedef struct { /* CUmemAccessDesc's layout */
 #define IPCREF__CU_GRANULARITY_MIN 0x0 /* CU_MEM_ALLOC_GRANULARITY_MINIMUM */
 #define IPCREF__CU_PROT_READ       0x1 /* CU_MEM_ACCESS_FLAGS_PROT_READ */
 #define IPCREF__CU_PROT_READWRITE  0x3 /* CU_MEM_ACCESS_FLAGS_PROT_READWRITE */
+#define IPCREF__CU_ATTR_MEMPOOL    17  /* CU_POINTER_ATTRIBUTE_MEMPOOL_HANDLE */
 
 typedef ipcref__cu_result (*ipcref__cu_get_proc_v2)(const char *, void **, int,
                                                     unsigned long long,
@@ -289,6 +298,24 @@ typedef struct ipcref__cu_api {
                                                  void *);
   ipcref__cu_result (*MemGetAllocationPropertiesFromHandle)(
       ipcref__cu_mem_prop *, ipcref__cu_vmm_handle);
+  /* Stream-ordered pools: optional too (without one, no pool memory is
+   * shared). */
+  ipcref__cu_result (*MemPoolExportToShareableHandle)(void *,
+                                                      ipcref__cu_mempool,
+                                                      ipcref__cu_handle_type,
+                                                      unsigned long long);
+  ipcref__cu_result (*MemPoolImportFromShareableHandle)(ipcref__cu_mempool *,
+                                                        void *,
+                                                        ipcref__cu_handle_type,
+                                                        unsigned long long);
+  ipcref__cu_result (*MemPoolExportPointer)(ipcref__cu_mempool_data *,
+                                            ipcref__cu_ptr);
+  ipcref__cu_result (*MemPoolImportPointer)(ipcref__cu_ptr *,
+                                            ipcref__cu_mempool,
+                                            ipcref__cu_mempool_data *);
+  ipcref__cu_result (*MemPoolSetAccess)(ipcref__cu_mempool,
+                                        const ipcref__cu_access *, size_t);
+  ipcref__cu_result (*MemPoolDestroy)(ipcref__cu_mempool);
 } ipcref__cu_api;
 
 #ifdef CUDA_VERSION
@@ -335,6 +362,16 @@ IPCREF__PRIVATE void ipcref__cu_check_prototypes(void) {
   IPCREF__CU_CHECK(MemRetainAllocationHandle, cuMemRetainAllocationHandle);
   IPCREF__CU_CHECK(MemGetAllocationPropertiesFromHandle,
                    cuMemGetAllocationPropertiesFromHandle);
+  IPCREF__CU_CHECK(MemPoolExportToShareableHandle,
+                   cuMemPoolExportToShareableHandle);
+  IPCREF__CU_CHECK(MemPoolImportFromShareableHandle,
+                   cuMemPoolImportFromShareableHandle);
+  IPCREF__CU_CHECK(MemPoolExportPointer, cuMemPoolExportPointer);
+  IPCREF__CU_CHECK(MemPoolImportPointer, cuMemPoolImportPointer);
+  IPCREF__CU_CHECK(MemPoolSetAccess, cuMemPoolSetAccess);
+  IPCREF__CU_CHECK(MemPoolDestroy, cuMemPoolDestroy);
+  (void)sizeof(
+      char[sizeof(CUmemPoolPtrExportData) == IPCREF_HANDLE_BYTES ? 1 : -1]);
   (void)sizeof(char[sizeof(CUipcMemHandle) == IPCREF_HANDLE_BYTES ? 1 : -1]);
 }
 #endif
@@ -472,169 +509,4 @@ IPCREF__PRIVATE int ipcref__cu_d_stream_wait(ipcref__cu_state *d, void *stream,
 IPCREF__PRIVATE int ipcref__cu_d_stream_sync(ipcref__cu_state *d,
                                              void *stream) {
   return (int)d->api.StreamSynchronize((ipcref__cu_stream)stream);
-}
-
-/* The stub library's message (cuda's own text says too little). */
-IPCREF__PRIVATE ipcref_result ipcref__cu_stub(const char *path) {
-  snprintf(ipcref__cu_why, sizeof ipcref__cu_why,
-           "%s is the CUDA toolkit's stub library, not a driver "
-           "(CUDA_ERROR_STUB_LIBRARY, 34)",
-           path);
-  return IPCREF_ENODEV;
-}
-
-/* The entry points looked up with cuGetProcAddress, in this order (a driver
- * lacking several is said to lack the first); every one is required. */
-#define IPCREF__CU_ENTRY(field)                                                \
-  { "cu" #field, offsetof(ipcref__cu_api, field), 0 }
-#define IPCREF__CU_OPTIONAL(field)                                             \
-  { "cu" #field, offsetof(ipcref__cu_api, field), 1 }
-static const ipcref__cu_entry ipcref__cu_entries[] = {
-    IPCREF__CU_ENTRY(Init),
-    IPCREF__CU_ENTRY(GetErrorName),
-    IPCREF__CU_ENTRY(DeviceGet),
-    IPCREF__CU_ENTRY(DevicePrimaryCtxRetain),
-    IPCREF__CU_ENTRY(DevicePrimaryCtxRelease),
-    IPCREF__CU_ENTRY(CtxSetCurrent),
-    IPCREF__CU_ENTRY(MemAlloc),
-    IPCREF__CU_ENTRY(MemFree),
-    IPCREF__CU_ENTRY(MemGetAddressRange),
-    IPCREF__CU_ENTRY(PointerGetAttribute),
-    IPCREF__CU_ENTRY(IpcGetMemHandle),
-    IPCREF__CU_ENTRY(IpcOpenMemHandle),
-    IPCREF__CU_ENTRY(IpcCloseMemHandle),
-    IPCREF__CU_ENTRY(EventCreate),
-    IPCREF__CU_ENTRY(EventRecord),
-    IPCREF__CU_ENTRY(EventQuery),
-    IPCREF__CU_ENTRY(EventDestroy),
-    IPCREF__CU_ENTRY(IpcGetEventHandle),
-    IPCREF__CU_ENTRY(IpcOpenEventHandle),
-    IPCREF__CU_ENTRY(StreamWaitEvent),
-    IPCREF__CU_ENTRY(StreamSynchronize),
-    IPCREF__CU_ENTRY(DriverGetVersion),
-    IPCREF__CU_OPTIONAL(DeviceGetAttribute),
-    IPCREF__CU_OPTIONAL(CtxSynchronize),
-    IPCREF__CU_OPTIONAL(MemGetAllocationGranularity),
-    IPCREF__CU_OPTIONAL(MemCreate),
-    IPCREF__CU_OPTIONAL(MemRelease),
-    IPCREF__CU_OPTIONAL(MemAddressReserve),
-    IPCREF__CU_OPTIONAL(MemAddressFree),
-    IPCREF__CU_OPTIONAL(MemMap),
-    IPCREF__CU_OPTIONAL(MemUnmap),
-    IPCREF__CU_OPTIONAL(MemSetAccess),
-    IPCREF__CU_OPTIONAL(MemExportToShareableHandle),
-    IPCREF__CU_OPTIONAL(MemImportFromShareableHandle),
-    IPCREF__CU_OPTIONAL(MemRetainAllocationHandle),
-    IPCREF__CU_OPTIONAL(MemGetAllocationPropertiesFromHandle),
-};
-#undef IPCREF__CU_ENTRY
-#undef IPCREF__CU_OPTIONAL
-
-/* cuGetProcAddress (the _v2 one where the driver has it) and the version
- * every entry point is looked up at. */
-typedef struct ipcref__cu_proc {
-  ipcref__cu_get_proc_v2 get2;
-  ipcref__cu_get_proc_v1 get1;
-  int version;
-} ipcref__cu_proc;
-
-/* An ipcref__cu_lookup: one entry point by cuGetProcAddress. */
-IPCREF__PRIVATE int ipcref__cu_d_lookup(void *user, const char *name,
-                                        void **fn) {
-  ipcref__cu_proc *p = (ipcref__cu_proc *)user;
-  ipcref__cu_query q = (ipcref__cu_query)0;
-  return p->get2 ? (int)p->get2(name, fn, p->version, 0, &q)
-                 : (int)p->get1(name, fn, p->version, 0);
-}
-
-/* Finds cuGetProcAddress and asks the driver its version (capped at the
- * pinned one). Symbols go by their base names at that version: cuda.h's
- * macros do not apply to strings (dlsym "cuMemAlloc" is the 32-bit v1
- * ABI). 0 when it failed, having said why. */
-IPCREF__PRIVATE int ipcref__cu_d_proc(ipcref__cu_state *d, const char *path,
-                                      ipcref__cu_proc *p) {
-  int code;
-  p->version = 0;
-  ipcref__cu_load_symbol(d->lib, "cuGetProcAddress_v2", &p->get2);
-  ipcref__cu_load_symbol(d->lib, "cuGetProcAddress", &p->get1);
-  ipcref__cu_load_symbol(d->lib, "cuDriverGetVersion",
-                         &d->api.DriverGetVersion);
-  if ((!p->get2 && !p->get1) || !d->api.DriverGetVersion) {
-    ipcref__cu_say(IPCREF_ENODEV, "the CUDA driver has no cuGetProcAddress "
-                                  "(it is older than CUDA 11.3)");
-    return 0;
-  }
-  code = (int)d->api.DriverGetVersion(&p->version);
-  if (code == IPCREF__CU_STUB) {
-    ipcref__cu_stub(path);
-    return 0;
-  }
-  if (code) {
-    snprintf(ipcref__cu_why, sizeof ipcref__cu_why,
-             "cuDriverGetVersion failed (%d)", code);
-    return 0;
-  }
-  if (p->version > IPCREF__CU_PROC_VERSION)
-    p->version = IPCREF__CU_PROC_VERSION;
-  return 1;
-}
-
-/* cuInit. 0 when it failed, having said why. */
-IPCREF__PRIVATE int ipcref__cu_d_init(ipcref__cu_state *d, const char *path) {
-  int code = (int)d->api.Init(0);
-  if (code == IPCREF__CU_STUB) {
-    ipcref__cu_stub(path);
-    return 0;
-  }
-  if (code) {
-    snprintf(ipcref__cu_why, sizeof ipcref__cu_why, "cuInit: %s (%d)%s",
-             ipcref__cu_d_errname(d, code), code,
-             code == IPCREF__CU_NO_DEVICE ? ": no CUDA-capable device" : "");
-    return 0;
-  }
-  return 1;
-}
-
-/* Loads the driver and every entry point (each one checked), then cuInit.
- * On failure, says why and leaves nothing loaded. */
-IPCREF__PRIVATE ipcref_result ipcref__cu_d_load(ipcref__cu_state *d,
-                                                const char *driver_path) {
-  static const char *const names[] = {"libcuda.so.1"};
-  const ipcref__cu_entry *lacking;
-  const char *path = driver_path;
-  ipcref__cu_proc proc;
-  int code;
-  d->lib =
-      ipcref__cu_load_library(driver_path, names, sizeof names / sizeof *names,
-                              "CUDA driver", names[0], &path);
-  if (!d->lib) return IPCREF_ENODEV;
-  if (!ipcref__cu_d_proc(d, path, &proc))
-    return ipcref__cu_load_failed(&d->lib);
-  lacking = ipcref__cu_load_entries(&d->api, ipcref__cu_entries,
-                                    sizeof ipcref__cu_entries /
-                                        sizeof *ipcref__cu_entries,
-                                    ipcref__cu_d_lookup, &proc, &code);
-  if (lacking) {
-    if (code == IPCREF__CU_STUB)
-      ipcref__cu_stub(path);
-    else
-      snprintf(ipcref__cu_why, sizeof ipcref__cu_why,
-               "the CUDA driver lacks %s (cuGetProcAddress: %d)", lacking->name,
-               code);
-    return ipcref__cu_load_failed(&d->lib);
-  }
-  if (!ipcref__cu_d_init(d, path)) return ipcref__cu_load_failed(&d->lib);
-  if (pthread_mutex_init(&d->lock, NULL) != 0) {
-    ipcref__cu_say(IPCREF_ESYS, "pthread_mutex_init failed");
-    return ipcref__cu_load_failed(&d->lib);
-  }
-  return IPCREF_OK;
-}
-
-IPCREF__PRIVATE void ipcref__cu_d_unload(ipcref__cu_state *d) {
-  int i;
-  for (i = 0; i < IPCREF__CU_DEVICES; i++)
-    if (d->ctx[i]) (void)d->api.DevicePrimaryCtxRelease(d->devs[i]);
-  pthread_mutex_destroy(&d->lock);
-  dlclose(d->lib);
 }

@@ -120,3 +120,75 @@ IPCREF__PRIVATE int ipcref__cu_d_vmm_retain(ipcref__cu_state *d, uint64_t addr,
 IPCREF__PRIVATE int ipcref__cu_d_sync(ipcref__cu_state *d) {
   return (int)d->api.CtxSynchronize();
 }
+
+/* Stream-ordered pools (src/gpu_pool.h uses these). */
+IPCREF__PRIVATE int ipcref__cu_d_pool_supported(ipcref__cu_state *d) {
+  const ipcref__cu_api *a = &d->api;
+  return a->MemPoolExportToShareableHandle &&
+         a->MemPoolImportFromShareableHandle && a->MemPoolExportPointer &&
+         a->MemPoolImportPointer && a->MemPoolSetAccess && a->MemPoolDestroy;
+}
+/* The pool `addr` was allocated from (0: none, or not device memory). */
+IPCREF__PRIVATE uint64_t ipcref__cu_d_pool_of(ipcref__cu_state *d,
+                                              uint64_t addr) {
+  ipcref__cu_mempool pool = NULL;
+  if (d->api.PointerGetAttribute(&pool,
+                                 (ipcref__cu_attr)IPCREF__CU_ATTR_MEMPOOL,
+                                 (ipcref__cu_ptr)addr))
+    return 0;
+  return (uint64_t)(uintptr_t)pool;
+}
+IPCREF__PRIVATE int ipcref__cu_d_pool_export(ipcref__cu_state *d, uint64_t pool,
+                                             int *fd) {
+  return (int)d->api.MemPoolExportToShareableHandle(
+      fd, (ipcref__cu_mempool)(uintptr_t)pool,
+      (ipcref__cu_handle_type)IPCREF__CU_HANDLE_POSIX_FD, 0);
+}
+IPCREF__PRIVATE int ipcref__cu_d_pool_export_ptr(ipcref__cu_state *d,
+                                                 uint64_t addr,
+                                                 unsigned char *data) {
+  ipcref__cu_mempool_data x;
+  int code;
+  memset(&x, 0, sizeof x);
+  code = (int)d->api.MemPoolExportPointer(&x, (ipcref__cu_ptr)addr);
+  memcpy(data, &x, IPCREF_HANDLE_BYTES);
+  return code;
+}
+/* The fd goes by value, in the pointer (the driver's convention). */
+IPCREF__PRIVATE int ipcref__cu_d_pool_import(ipcref__cu_state *d, int fd,
+                                             uint64_t *pool) {
+  ipcref__cu_mempool p = NULL;
+  int code = (int)d->api.MemPoolImportFromShareableHandle(
+      &p, (void *)(uintptr_t)fd,
+      (ipcref__cu_handle_type)IPCREF__CU_HANDLE_POSIX_FD, 0);
+  *pool = (uint64_t)(uintptr_t)p;
+  return code;
+}
+IPCREF__PRIVATE int ipcref__cu_d_pool_access(ipcref__cu_state *d, uint64_t pool,
+                                             int dev, int writable) {
+  ipcref__cu_access a;
+  memset(&a, 0, sizeof a);
+  a.location.type = (ipcref__cu_location_type)IPCREF__CU_LOCATION_DEVICE;
+  a.location.id = dev;
+  a.flags = (ipcref__cu_access_flags)(writable ? IPCREF__CU_PROT_READWRITE
+                                               : IPCREF__CU_PROT_READ);
+  return (int)d->api.MemPoolSetAccess((ipcref__cu_mempool)(uintptr_t)pool, &a,
+                                      1);
+}
+IPCREF__PRIVATE int ipcref__cu_d_pool_import_ptr(ipcref__cu_state *d,
+                                                 uint64_t pool,
+                                                 const unsigned char *data,
+                                                 uint64_t *addr) {
+  ipcref__cu_mempool_data x;
+  ipcref__cu_ptr p = 0;
+  int code;
+  memcpy(&x, data, sizeof x);
+  code = (int)d->api.MemPoolImportPointer(
+      &p, (ipcref__cu_mempool)(uintptr_t)pool, &x);
+  *addr = (uint64_t)p;
+  return code;
+}
+IPCREF__PRIVATE int ipcref__cu_d_pool_destroy(ipcref__cu_state *d,
+                                              uint64_t pool) {
+  return (int)d->api.MemPoolDestroy((ipcref__cu_mempool)(uintptr_t)pool);
+}

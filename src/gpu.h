@@ -141,6 +141,8 @@ struct ipcref_gpu {
   int memory; /* IPCREF_GPU_MEMORY_*: what ipcref_gpu_alloc makes */
   signed char vmm_able[IPCREF__GPU_DEVICES];     /* shares by fd: 1, not: -1 */
   struct ipcref__gpu_vmm *vmm_made, *vmm_opened; /* see src/gpu_vmm.h */
+  struct ipcref__gpu_pool *pools_out, *pools_in; /* see src/gpu_pool.h */
+  struct ipcref__gpu_pool_ptr *pool_ptrs, *pool_sent;
 };
 
 #define IPCREF__GPU_OF(be) ((ipcref_gpu *)(void *)(be))

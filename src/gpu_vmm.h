@@ -207,11 +207,13 @@ IPCREF__PRIVATE ipcref_result ipcref__gpu_vmm_export_foreign(ipcref_gpu *g,
 }
 
 /* The backend's seg_export_fd: an fd for the VMM segment at `base`, made
- * here or by another allocator; ENOTSUP for memory shared by handle. */
+ * here or by another allocator, or for the pool memory there (its pool's
+ * fd and its data: *pooled); ENOTSUP for memory shared by handle. */
 IPCREF__PRIVATE ipcref_result ipcref__gpu_seg_export_fd(ipcref_backend *be,
                                                         int32_t dev,
-                                                        uint64_t base,
-                                                        int *fd) {
+                                                        uint64_t base, int *fd,
+                                                        unsigned char *data,
+                                                        int *pooled) {
   ipcref_gpu *g = IPCREF__GPU_OF(be);
   ipcref__gpu_vmm *m;
   uint64_t handle = 0;
@@ -224,7 +226,13 @@ IPCREF__PRIVATE ipcref_result ipcref__gpu_seg_export_fd(ipcref_backend *be,
   for (m = g->vmm_made; m; m = m->next)
     if (m->addr == base && m->dev == dev) handle = m->handle;
   pthread_mutex_unlock(&g->lock);
-  if (!handle) return ipcref__gpu_vmm_export_foreign(g, base, fd);
+  *pooled = 0;
+  if (!handle) r = ipcref__gpu_vmm_export_foreign(g, base, fd);
+  if (!handle && r == IPCREF_ENOTSUP) {
+    r = ipcref__gpu_pool_export(g, dev, base, fd, data);
+    *pooled = r == IPCREF_OK;
+  }
+  if (!handle) return r;
   code = ipcref__gpu_d_vmm_export(&g->drv, handle, fd);
   if (code) {
     *fd = -1;
@@ -269,14 +277,12 @@ IPCREF__PRIVATE uint64_t ipcref__gpu_vmm_own(ipcref_gpu *g, int dev, int fd,
 /* The backend's seg_import_fd: the allocation `fd` shares, mapped at
  * `size` rounded up to whole granules (the driver refuses a mapping past
  * the allocation's end, so a record that claims more than was shared is
- * refused), with read or read-write access for device `dev`. Whatever
- * the driver refuses of the fd is the peer's fault: EPROTO, but for out
- * of memory. */
-IPCREF__PRIVATE ipcref_result ipcref__gpu_seg_import_fd(ipcref_backend *be,
-                                                        int32_t dev, int fd,
-                                                        uint64_t size,
-                                                        int writable,
-                                                        uint64_t *addr) {
+ * refused), with read or read-write access for device `dev`; or the pool
+ * memory `fd` (its pool's) and `data` name. Whatever the driver refuses
+ * of the fd is the peer's fault: EPROTO, but for out of memory. */
+IPCREF__PRIVATE ipcref_result ipcref__gpu_seg_import_fd(
+    ipcref_backend *be, int32_t dev, int fd, const unsigned char *data,
+    int pooled, uint64_t size, int writable, uint64_t *addr) {
   ipcref_gpu *g = IPCREF__GPU_OF(be);
   ipcref__gpu_vmm *m;
   const char *what = "importing the fd";
@@ -284,6 +290,8 @@ IPCREF__PRIVATE ipcref_result ipcref__gpu_seg_import_fd(ipcref_backend *be,
   ipcref_result r = ipcref__gpu_on(g, dev);
   int code;
   if (r != IPCREF_OK) return r;
+  if (pooled)
+    return ipcref__gpu_pool_import(g, dev, fd, data, size, writable, addr);
   if ((*addr = ipcref__gpu_vmm_own(g, dev, fd, &own_size)) != 0)
     return size <= own_size
                ? IPCREF_OK
@@ -314,11 +322,12 @@ IPCREF__PRIVATE ipcref_result ipcref__gpu_seg_import_fd(ipcref_backend *be,
   return IPCREF_OK;
 }
 
-/* Closes an imported VMM mapping at `addr`: 1, or 0 when it is not one. */
+/* Closes an imported VMM mapping or pool pointer at `addr`: 1, or 0 when
+ * it is neither. */
 IPCREF__PRIVATE int ipcref__gpu_vmm_close(ipcref_gpu *g, int dev,
                                           uint64_t addr) {
   ipcref__gpu_vmm *m = ipcref__gpu_vmm_take(g, &g->vmm_opened, dev, addr);
-  if (!m) return 0;
+  if (!m) return ipcref__gpu_pool_close(g, dev, addr);
   if (ipcref__gpu_on(g, dev) == IPCREF_OK) ipcref__gpu_vmm_undo(g, m, 1);
   IPCREF_FREE(m);
   return 1;
@@ -329,6 +338,7 @@ IPCREF__PRIVATE int ipcref__gpu_vmm_close(ipcref_gpu *g, int dev,
 IPCREF__PRIVATE void ipcref__gpu_vmm_close_all(ipcref_gpu *g) {
   ipcref__gpu_vmm **lists[2], *m;
   int i;
+  ipcref__gpu_pool_close_all(g);
   lists[0] = &g->vmm_made;
   lists[1] = &g->vmm_opened;
   for (i = 0; i < 2; i++)

@@ -86,17 +86,25 @@ struct ipcref_backend {
                          void **fence);
   int (*fence_done)(ipcref_backend *be, void *fence);
   /* Segments shared by fd, for memory a handle cannot carry (CUDA's
-   * virtual memory management); both NULL where the backend has none.
-   * seg_export_fd: a shareable fd of the allocation at `base` (made once
-   * per segment; the caller owns it and sends it over SCM_RIGHTS), or
-   * ENOTSUP when that allocation is shared by handle (seg_export).
-   * seg_import_fd: maps `size` bytes of the allocation `fd` shares
-   * (the fd stays the caller's), readable, and writable when `writable`;
-   * an fd that is no such allocation, or one smaller than `size`, is
-   * refused (EPROTO). seg_close undoes it. */
+   * virtual memory management, stream-ordered pools); both NULL where
+   * the backend has none. seg_export_fd: a shareable fd for the
+   * allocation at `base` (made once per segment; the caller owns it and
+   * sends it over SCM_RIGHTS) and `data` (IPCREF_HANDLE_BYTES) to go
+   * with it, or ENOTSUP when that allocation is shared by handle
+   * (seg_export). Either the fd is the allocation's (data all zero,
+   * *pooled 0), or it is a pool's and `data` names the allocation in it
+   * (*pooled 1): then the segment goes with every hand-off, and each
+   * process lets go of its mapping (seg_close) as soon as its last buffer
+   * in it goes, before that buffer's lease returns, since pool memory must
+   * be freed in every importer before its exporter frees it.
+   * seg_import_fd: maps `size` bytes of what `fd` and `data` share (the
+   * fd stays the caller's), readable, and writable when `writable`; what
+   * is no such allocation, or is smaller than `size`, is refused
+   * (EPROTO). seg_close undoes it. */
   ipcref_result (*seg_export_fd)(ipcref_backend *be, int32_t dev, uint64_t base,
-                                 int *fd);
+                                 int *fd, unsigned char *data, int *pooled);
   ipcref_result (*seg_import_fd)(ipcref_backend *be, int32_t dev, int fd,
+                                 const unsigned char *data, int pooled,
                                  uint64_t size, int writable, uint64_t *addr);
 };
 

@@ -90,6 +90,7 @@ IPCREF__PRIVATE ipcref_result ipcref__events_record(const ipcref_view *views,
 typedef struct ipcref__lease_src {
   int device;   /* a device segment: sent as its handle, or by_fd */
   int by_fd;    /* a device segment shared by fd (seg_fd) */
+  int pooled;   /* by_fd: a pool's fd, `handle` the allocation's data */
   int seg_fd;   /* host, by_fd: the fd the peer gets (-1: none made) */
   int writable; /* the peer may map it writable */
   int32_t dev_type, dev_id;
@@ -123,18 +124,21 @@ IPCREF__PRIVATE ipcref_result ipcref__ledger_with_room(ipcref_peer *p,
   return IPCREF_OK;
 }
 
-/* A device segment's export, made once: a shareable fd where its backend
- * shares the allocation so (seg_export_fd), else its IPC handle. */
+/* A device segment's export, made once: a shareable fd (and its data)
+ * where its backend shares the allocation so (seg_export_fd), else its
+ * IPC handle. */
 IPCREF__PRIVATE ipcref_result ipcref__device_export(ipcref__segment *s) {
   ipcref_backend *be = s->pool->be;
   ipcref_result r = IPCREF_ENOTSUP;
   if (be->seg_export_fd) {
-    int fd = -1;
-    r = be->seg_export_fd(be, s->pool->dev, s->daddr, &fd);
+    int fd = -1, pooled = 0;
+    memset(s->handle, 0, sizeof s->handle);
+    r = be->seg_export_fd(be, s->pool->dev, s->daddr, &fd, s->handle, &pooled);
     if (r == IPCREF_OK && fd < 0) r = IPCREF_ESYS; /* a broken backend */
     if (r == IPCREF_OK) {
       s->fd = fd;
       s->by_fd = 1;
+      s->pooled = pooled != 0;
     }
   }
   if (r == IPCREF_ENOTSUP)
@@ -166,6 +170,7 @@ IPCREF__PRIVATE ipcref_result ipcref__lease_device(ipcref__block *b,
   src->dev_id = pool->dev;
   src->handle = b->seg->handle;
   src->by_fd = b->seg->by_fd;
+  src->pooled = b->seg->pooled;
   src->seg_fd = b->seg->by_fd ? b->seg->fd : -1;
   return IPCREF_OK;
 }
@@ -270,6 +275,7 @@ ipcref__lease_take_forward(ipcref_peer *p, const ipcref_view *v,
     src->dev_id = imp->seg->dev_id;
     src->handle = imp->seg->handle;
     src->by_fd = imp->seg->by_fd;
+    src->pooled = imp->seg->pooled;
     r->has_event = imp->has_event;
     memcpy(r->event, imp->event, sizeof r->event);
   }
@@ -289,22 +295,24 @@ ipcref__lease_take_forward(ipcref_peer *p, const ipcref_view *v,
 }
 
 /* The records (and fds) of what peer `p` lacks to map a lease from
- * `src`: its segment (an fd, or a device's handle) and its ledger's fd
- * with its bell's.
- * 0 when out of memory. */
+ * `src`: its segment (an fd, or a device's handle; pool memory always,
+ * since its peers unmap it when their last buffer in it goes) and its
+ * ledger's fd with its bell's. 0 when out of memory. */
 IPCREF__PRIVATE int ipcref__fd_recs_add(ipcref_peer *p,
                                         const ipcref__lease_src *src,
                                         ipcref__fd_rec *fdr, int *nrec,
                                         int *fds, int *nfd, int dup_fds) {
   int fail = 0;
-  if (!ipcref__sent_mark(p, src->origin_nonce, ipcref__sent_key(src->seg_id, 0),
-                         &fail) &&
+  if ((src->pooled ||
+       !ipcref__sent_mark(p, src->origin_nonce,
+                          ipcref__sent_key(src->seg_id, 0), &fail)) &&
       !fail) {
     ipcref__fd_rec *f = &fdr[(*nrec)++];
     memset(f, 0, sizeof *f);
-    f->kind = !src->device ? IPCREF__KIND_SEGMENT
-              : src->by_fd ? IPCREF__KIND_DEVICE_FD
-                           : IPCREF__KIND_DEVICE;
+    f->kind = !src->device  ? IPCREF__KIND_SEGMENT
+              : src->pooled ? IPCREF__KIND_DEVICE_POOL
+              : src->by_fd  ? IPCREF__KIND_DEVICE_FD
+                            : IPCREF__KIND_DEVICE;
     f->writable = src->writable;
     f->origin_pid = src->origin_pid;
     f->origin_nonce = src->origin_nonce;
@@ -313,7 +321,8 @@ IPCREF__PRIVATE int ipcref__fd_recs_add(ipcref_peer *p,
     if (src->device) {
       f->dev_type = src->dev_type;
       f->dev_id = src->dev_id;
-      if (!src->by_fd) memcpy(f->handle, src->handle, IPCREF_HANDLE_BYTES);
+      if (!src->by_fd || src->pooled)
+        memcpy(f->handle, src->handle, IPCREF_HANDLE_BYTES);
     }
     if (!src->device || src->by_fd)
       fds[(*nfd)++] =
@@ -376,9 +385,10 @@ IPCREF__PRIVATE void
 ipcref__sent_forget_recs(ipcref_peer *p, const ipcref__fd_rec *fdr, int n) {
   int i;
   for (i = 0; i < n; i++)
-    (void)ipcref__sent_forget(
-        p, fdr[i].origin_nonce,
-        ipcref__sent_key(fdr[i].id, fdr[i].kind == IPCREF__KIND_LEDGER));
+    if (fdr[i].kind != IPCREF__KIND_DEVICE_POOL) /* never marked sent */
+      (void)ipcref__sent_forget(
+          p, fdr[i].origin_nonce,
+          ipcref__sent_key(fdr[i].id, fdr[i].kind == IPCREF__KIND_LEDGER));
 }
 
 /* Checks the views a public call `fn` was given for peer `p`: EINVAL,

@@ -7,15 +7,29 @@
 
 #ifdef IPCREF__SHARING_IMPL
 
+/* Pool memory's last buffer here lets go of its mapping before its lease
+ * returns: the exporter may free the memory once every lease is back, and
+ * its importers must have freed it first (see seg_export_fd). Under the
+ * lock, where an import may be taking the mapping. */
+IPCREF__PRIVATE void ipcref__pooled_done(ipcref_ctx *ctx, ipcref__map *m) {
+  IPCREF__LOCK(ctx);
+  if (__atomic_sub_fetch(&m->refs, 1, __ATOMIC_ACQ_REL) == 0)
+    ipcref__map_evict(ctx, m);
+  IPCREF__UNLOCK(ctx);
+}
+
 /* The release callback of an imported buffer: this process's last
  * reference went, so the lease goes back to its producer. One fetch_add
- * and stores into shared memory, a free: no system call, no lock. */
+ * and stores into shared memory, a free: no system call, no lock (but
+ * for pool memory, above). */
 IPCREF__PRIVATE void ipcref__import_end(ipcref__import *imp) {
   ipcref_ctx *ctx;
   uint64_t e = ipcref__ring_entry(IPCREF__RING_RELEASE, imp->slot, imp->gen);
+  int pooled = imp->seg->pooled;
+  if (pooled) ipcref__pooled_done(imp->ctx, imp->seg); /* first */
   ipcref__ring_push(imp->ledger->base, imp->ledger->nslots, imp->ledger->bell,
                     &e, 1, "release");
-  __atomic_fetch_sub(&imp->seg->refs, 1, __ATOMIC_RELEASE);
+  if (!pooled) __atomic_fetch_sub(&imp->seg->refs, 1, __ATOMIC_RELEASE);
   __atomic_fetch_sub(&imp->ledger->refs, 1, __ATOMIC_RELEASE);
   __atomic_fetch_sub(&imp->ctx->imported_bufs, 1, __ATOMIC_RELEASE);
   ctx = imp->ctx;
@@ -167,6 +181,7 @@ IPCREF__PRIVATE ipcref_result ipcref__map_device(ipcref_ctx *ctx,
                                                  const char **why) {
   ipcref_backend *be = ipcref__backend_of(ctx, r->dev_type);
   ipcref__map *m;
+  int pooled = r->kind == IPCREF__KIND_DEVICE_POOL;
   uint64_t addr = 0, base;
   size_t size;
   ipcref_result res;
@@ -176,11 +191,13 @@ IPCREF__PRIVATE ipcref_result ipcref__map_device(ipcref_ctx *ctx,
   m = (ipcref__map *)ipcref__zalloc(sizeof *m);
   if (!m) return IPCREF_ENOMEM;
   if (!be) goto fill;
-  *why = fd >= 0 ? "a device fd that is no shareable allocation of its "
-                   "announced size"
-                 : "a device handle the driver does not open";
-  res = fd >= 0 ? be->seg_import_fd(be, r->dev_id, fd, r->size,
-                                    r->writable != 0, &addr)
+  *why = pooled    ? "pool memory that its pool's fd and data do not give, "
+                     "at its announced size"
+         : fd >= 0 ? "a device fd that is no shareable allocation of its "
+                     "announced size"
+                   : "a device handle the driver does not open";
+  res = fd >= 0 ? be->seg_import_fd(be, r->dev_id, fd, r->handle, pooled,
+                                    r->size, r->writable != 0, &addr)
                 : be->seg_import(be, r->dev_id, r->handle, &addr);
   if (res != IPCREF_OK) {
     IPCREF_FREE(m);
@@ -202,6 +219,7 @@ fill:
   m->id = r->id;
   m->fd = fd; /* kept for forwarding */
   m->by_fd = fd >= 0;
+  m->pooled = pooled;
   m->size = (size_t)r->size;
   m->writable = r->writable != 0;
   m->be = be;
@@ -302,7 +320,8 @@ IPCREF__PRIVATE ipcref_result ipcref__import_map(ipcref_ctx *ctx,
       continue;
     if (f->kind == IPCREF__KIND_DEVICE) {
       r = ipcref__map_device(ctx, f, -1, &mm->fresh[mm->nfresh], &mm->why);
-    } else if (f->kind == IPCREF__KIND_DEVICE_FD) {
+    } else if (f->kind == IPCREF__KIND_DEVICE_FD ||
+               f->kind == IPCREF__KIND_DEVICE_POOL) {
       int at = m->fd_index[i];
       mm->why = "a device segment by fd that came without one";
       r = fds[at] < 0 ? IPCREF_EPROTO

@@ -113,6 +113,7 @@ struct ipcref__segment {
   unsigned char handle[IPCREF_HANDLE_BYTES]; /* device: its IPC handle */
   int exported;                              /* handle (or fd) made */
   int by_fd;       /* device: shared by the fd in `fd` (seg_export_fd) */
+  int pooled;      /* by_fd: a pool's fd, `handle` its data */
   int leaked;      /* device memory still leased when the context went: never
                       freed (a consumer may have it open) */
   uint32_t nwraps; /* foreign: blocks in it */
@@ -182,8 +183,10 @@ enum {
   IPCREF__KIND_SEGMENT = 1,
   IPCREF__KIND_LEDGER = 2,
   IPCREF__KIND_DEVICE = 3,
-  IPCREF__KIND_DEVICE_FD = 4 /* on the wire only: a device segment by fd
+  IPCREF__KIND_DEVICE_FD = 4,  /* on the wire only: a device segment by fd
                                 (its map is a KIND_DEVICE one, by_fd) */
+  IPCREF__KIND_DEVICE_POOL = 5 /* on the wire only: pool memory, by its
+                                  pool's fd and its data (by_fd, pooled) */
 };
 
 typedef struct ipcref__map {
@@ -203,6 +206,8 @@ typedef struct ipcref__map {
   uint64_t daddr;
   unsigned char handle[IPCREF_HANDLE_BYTES]; /* kept for forwarding */
   int by_fd;   /* device segments: shared by fd (kept in fd), not handle */
+  int pooled;  /* by_fd: the fd is a pool's, `handle` the allocation's
+                  data; unmapped at its last buffer's release */
   int refs;    /* atomic: imported buffers using it */
   int retired; /* the origin destroyed it: unmap at refs 0 */
   struct ipcref__map *next, *prev;

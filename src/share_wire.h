@@ -11,13 +11,13 @@
  *   u32 magic "IPCM"  u16 version  u16 nviews  u16 nrecs  u16 nretired
  *   u32 sender pid    u64 sender nonce  u16 meta length
  *   nrecs x     { u8 kind (1 segment, 2 ledger, 3 device segment by
- *                 handle, 4 device segment by fd)
+ *                 handle, 4 device segment by fd, 5 device pool memory)
  *                 u8 writable  u32 origin pid  u64 origin nonce  u64 id
  *                 u64 size
- *                 kinds 3, 4: u32 device type  u32 device id
- *                 kind 3: 64 B handle }
- *               (kinds 1 and 4 come with one fd, kind 2 with two: the
- *               ledger and its bell; in this order)
+ *                 kinds 3, 4, 5: u32 device type  u32 device id
+ *                 kinds 3, 5: 64 B handle (5: the allocation in its pool) }
+ *               (kinds 1, 4 and 5 come with one fd (5: its pool's), kind
+ *               2 with two: the ledger and its bell; in this order)
  *   nretired x  { u64 id }          (sender's segments it has destroyed)
  *   nviews x    { u32 origin pid  u64 origin nonce  u64 segment id
  *                 u64 segment size  u64 block offset  u64 block size
@@ -103,7 +103,9 @@ typedef struct ipcref__view_rec {
 /* What a message carries for a segment or a ledger: kind 1 (a memfd
  * segment) and 2 (a ledger) come with an fd, in order; kind 3 (a device
  * segment) with its device and IPC handle instead; kind 4 (a device
- * segment shared by fd) with its device and an fd. */
+ * segment shared by fd) with its device and an fd; kind 5 (stream-ordered
+ * pool memory) with its device, its pool's fd and the allocation's data
+ * (in `handle`). */
 typedef struct ipcref__fd_rec {
   int kind, writable;
   uint32_t origin_pid;
@@ -143,11 +145,10 @@ IPCREF__PRIVATE void ipcref__put_fd_rec(ipcref__wire *w,
   ipcref__wire_put(w, f->origin_nonce, 8);
   ipcref__wire_put(w, f->id, 8);
   ipcref__wire_put(w, f->size, 8);
-  if (f->kind != IPCREF__KIND_DEVICE && f->kind != IPCREF__KIND_DEVICE_FD)
-    return;
+  if (f->kind < IPCREF__KIND_DEVICE) return;
   ipcref__wire_put(w, (uint64_t)(uint32_t)f->dev_type, 4);
   ipcref__wire_put(w, (uint64_t)(uint32_t)f->dev_id, 4);
-  if (f->kind == IPCREF__KIND_DEVICE)
+  if (f->kind != IPCREF__KIND_DEVICE_FD)
     ipcref__put_bytes(w, f->handle, IPCREF_HANDLE_BYTES);
 }
 
@@ -159,15 +160,15 @@ IPCREF__PRIVATE int ipcref__get_fd_rec(ipcref__wire *w, ipcref__fd_rec *f) {
   f->origin_nonce = ipcref__wire_get(w, 8);
   f->id = ipcref__wire_get(w, 8);
   f->size = ipcref__wire_get(w, 8);
-  if (f->kind == IPCREF__KIND_DEVICE || f->kind == IPCREF__KIND_DEVICE_FD) {
+  if (f->kind >= IPCREF__KIND_DEVICE && f->kind <= IPCREF__KIND_DEVICE_POOL) {
     f->dev_type = (int32_t)(uint32_t)ipcref__wire_get(w, 4);
     f->dev_id = (int32_t)(uint32_t)ipcref__wire_get(w, 4);
-    if (f->kind == IPCREF__KIND_DEVICE)
+    if (f->kind != IPCREF__KIND_DEVICE_FD)
       ipcref__get_bytes(w, f->handle, IPCREF_HANDLE_BYTES);
     if (f->dev_type <= IPCREF_DEVICE_CPU || f->dev_id < 0) return 0;
   }
   return !w->bad && f->kind >= IPCREF__KIND_SEGMENT &&
-         f->kind <= IPCREF__KIND_DEVICE_FD;
+         f->kind <= IPCREF__KIND_DEVICE_POOL;
 }
 
 /* Writes / reads a view record (0 when malformed). */

@@ -77,6 +77,7 @@ static long g_case_t0;
 typedef struct kind {
   int hip;
   int vmm;         /* CUDA segments made by cuMemCreate, shared by fd */
+  int pool;        /* CUDA: every buffer wraps memory of a shareable pool */
   const char *key; /* what names one allocation in every process's log */
   const char *name, *pfx;
   int32_t type, other_type;
@@ -87,6 +88,7 @@ typedef struct kind {
 } kind;
 
 static kind K_CUDA = {0,
+                      0,
                       0,
                       "h=",
                       "cuda",
@@ -105,6 +107,7 @@ static kind K_CUDA = {0,
                       "CUDA_ERROR_OUT_OF_MEMORY",
                       ""};
 static kind K_HIP = {1,
+                     0,
                      0,
                      "h=",
                      "hip",
@@ -127,6 +130,7 @@ static kind K_HIP = {1,
  * maps it once and unmaps it once. */
 static kind K_VMM = {0,
                      1,
+                     0,
                      "alloc=",
                      "cuda_vmm",
                      "FAKE_CUDA_",
@@ -143,6 +147,28 @@ static kind K_VMM = {0,
                      "cuIpcOpenEventHandle",
                      "CUDA_ERROR_OUT_OF_MEMORY",
                      ""};
+/* CUDA again, every buffer a pointer of a stream-ordered pool created
+ * shareable (cuMemAllocFromPoolAsync), wrapped, its release callback the
+ * free (g_alloc): the pool goes as its fd, each pointer as its data. */
+static kind K_POOL = {0,
+                      0,
+                      1,
+                      "alloc=",
+                      "cuda_pool",
+                      "FAKE_CUDA_",
+                      IPCREF_DEVICE_CUDA,
+                      IPCREF_DEVICE_ROCM,
+                      "-> CUDA_SUCCESS",
+                      "cuMemPoolExportPointer",
+                      "cuMemPoolImportPointer",
+                      "cuMemFree_v2",
+                      "cuMemAllocFromPoolAsync",
+                      "cuMemFree_v2",
+                      "cuStreamWaitEvent",
+                      "cuStreamSynchronize",
+                      "cuIpcOpenEventHandle",
+                      "CUDA_ERROR_OUT_OF_MEMORY",
+                      ""};
 
 /* ---- the fakes' knobs and call log -------------------------------------- */
 
@@ -376,9 +402,17 @@ typedef struct gdrv {
               unsigned long long);
   int (*vunmap)(unsigned long long, size_t);
   int (*vaccess)(unsigned long long, size_t, const void *, size_t);
+  /* CUDA's stream-ordered pools, for the pool kind's buffers */
+  int (*pcreate)(void **, const void *);
+  int (*pdestroy)(void *);
+  int (*palloc)(unsigned long long *, size_t, void *, void *);
+  void *pools[2];  /* the pool kind's: one per device, made at first use */
   int copy_dev;    /* CUDA: the device whose context makes the copies */
   void *devctx[2]; /* CUDA: device 1's primary context, once retained */
 } gdrv;
+
+static gdrv *g_drv; /* the one open now: the pool kind's g_alloc uses it */
+static int g_pool_alloc(gdrv *d, int dev, size_t n, void **out);
 
 /* dlsym gives an object pointer; copied into a function pointer. */
 #define LOAD(d, field, name)                                                   \
@@ -432,6 +466,9 @@ static ipcref_result g_open(const kind *k, gdrv *d) {
     LOAD(d, vmap, "cuMemMap");
     LOAD(d, vunmap, "cuMemUnmap");
     LOAD(d, vaccess, "cuMemSetAccess");
+    LOAD(d, pcreate, "cuMemPoolCreate");
+    LOAD(d, pdestroy, "cuMemPoolDestroy");
+    LOAD(d, palloc, "cuMemAllocFromPoolAsync");
     /* The test's own hold on device 0's primary context (a framework
      * would have one): its copies and allocations run in it. */
     CHECK_EQ(d->retain(&d->cuctx, 0), 0);
@@ -448,11 +485,16 @@ static ipcref_result g_open(const kind *k, gdrv *d) {
     LOAD(d, hevent_free, "hipEventDestroy");
   }
   if (!g_real) LOAD(d, vmm, "fake_gpu_alloc_vmm"); /* the fakes' hook */
+  g_drv = d;
   return IPCREF_OK;
 }
 
 static void g_close(gdrv *d) {
+  int i;
   if (!d->k) return;
+  for (i = 0; i < 2; i++)
+    if (d->pools[i]) CHECK_EQ(d->pdestroy(d->pools[i]), 0);
+  if (g_drv == d) g_drv = NULL;
   if (d->cuctx) CHECK_EQ(d->release(0), 0);
   if (d->devctx[1]) CHECK_EQ(d->release(1), 0);
   if (d->k->hip)
@@ -545,6 +587,7 @@ static int g_malloc(gdrv *d, size_t n, void **out) {
   int e;
   if (d->k->hip) return d->hmalloc(out, n);
   if (d->k->vmm) return g_vmm_make(d, n, 1, 1, &g_vmm_handle, out);
+  if (d->k->pool) return g_pool_alloc(d, 0, n, out);
   g_cur(d);
   e = d->cmalloc(&p, n);
   *out = (void *)(uintptr_t)p;
@@ -595,10 +638,61 @@ static void g_work(gdrv *d, void *stream) {
   }
 }
 
+/* CUmemPoolProps' layout (cuda.h). */
+typedef struct {
+  int alloc_type, handle_types, loc_type, loc_id;
+  void *win32;
+  size_t max_size;
+  unsigned short usage;
+  unsigned char reserved[54];
+} pool_props;
+
+/* A pointer of device dev's shareable pool (made at first use), on the
+ * legacy stream: 0, or the driver's error. */
+static int g_pool_alloc(gdrv *d, int dev, size_t n, void **out) {
+  unsigned long long p = 0;
+  int e = 0;
+  if (dev < 0 || dev > 1) return 101; /* CUDA_ERROR_INVALID_DEVICE */
+  d->copy_dev = dev;
+  g_cur(d);
+  d->copy_dev = 0;
+  if (!d->pools[dev]) {
+    pool_props pr;
+    memset(&pr, 0, sizeof pr);
+    pr.alloc_type = 1;   /* CU_MEM_ALLOCATION_TYPE_PINNED */
+    pr.handle_types = 1; /* CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR */
+    pr.loc_type = 1;     /* CU_MEM_LOCATION_TYPE_DEVICE */
+    pr.loc_id = dev;
+    e = d->pcreate(&d->pools[dev], &pr);
+  }
+  if (!e) e = d->palloc(&p, n, d->pools[dev], NULL);
+  *out = (void *)(uintptr_t)p;
+  return e;
+}
+/* The pool kind's release callback: the owner frees its pointer, once
+ * every lease came back (and every importer freed its import). */
+static void g_pool_free(void *user, void *ptr) {
+  gdrv *d = (gdrv *)user;
+  g_cur(d);
+  CHECK_EQ(d->cfree((unsigned long long)(uintptr_t)ptr), 0);
+}
+
 static ipcref_result g_alloc(ipcref_ctx *ctx, const kind *k, int dev, size_t n,
                              ipcref_buf **out) {
-  return k->hip ? ipcref_hip_alloc(ctx, dev, n, out)
-                : ipcref_cuda_alloc(ctx, dev, n, out);
+  void *p = NULL;
+  ipcref_result r;
+  int e;
+  if (k->hip) return ipcref_hip_alloc(ctx, dev, n, out);
+  if (!k->pool) return ipcref_cuda_alloc(ctx, dev, n, out);
+  /* The pool kind: a pointer of a shareable pool, wrapped. */
+  *out = NULL;
+  if (!g_drv) return IPCREF_ENODEV;
+  e = g_pool_alloc(g_drv, dev, n, &p);
+  if (e == 2) return IPCREF_ENOMEM; /* CUDA_ERROR_OUT_OF_MEMORY */
+  if (e) return IPCREF_ENODEV;
+  r = ipcref_cuda_wrap(ctx, dev, p, n, g_pool_free, g_drv, out);
+  if (r != IPCREF_OK) g_pool_free(g_drv, p);
+  return r;
 }
 static ipcref_result g_wrap(ipcref_ctx *ctx, const kind *k, int dev, void *p,
                             size_t n, void (*rel)(void *, void *), void *user,
@@ -794,7 +888,8 @@ static void test_full_flow(const kind *k) {
   CHECK_EQ(st.live_bufs, 0);
   CHECK_EQ(st.limbo_blocks, 2);
   CHECK(st.live_slots >= 2);
-  CHECK_EQ(st.device_bytes, SEG);
+  /* (pool memory: the two pointers wrapped) */
+  CHECK_EQ(st.device_bytes, k->pool ? flow_size[0] + flow_size[1] : SEG);
   CTL_EXPECT(kb.ctl, 1); /* B read them and forwarded them to C */
   CTL_EXPECT(kc.ctl, 1); /* C read them */
   st = stats_of(ctx);
@@ -813,21 +908,26 @@ static void test_full_flow(const kind *k) {
   CHECK_EQ(st.limbo_blocks, 0);
   CHECK_EQ(st.live_bufs, 0);
   CHECK(st.sweeps > 0);
-  CHECK_EQ(st.device_bytes, SEG); /* the empty segment, cached */
+  /* the empty segment, cached (pool memory: back to its owner) */
+  CHECK_EQ(st.device_bytes, k->pool ? 0 : SEG);
   ctl_put(kb.ctl, 4);
   ctl_put(kc.ctl, 4);
   KID_EXIT0(&kb, "B");
   KID_EXIT0(&kc, "C");
   /* The driver's view: one segment exported once by A, opened once and
-   * closed once in each of B and C (the handle names A's allocation). */
-  LOG_EQ(log_count(getpid(), k->c_get, k->ok), 1);
+   * closed once in each of B and C (the handle names A's allocation).
+   * Pool memory: a pointer each, each freed once in B and in C, then by
+   * its owner (A's release callback): never before an importer's. */
+  LOG_EQ(log_count(getpid(), k->c_get, k->ok), k->pool ? 2 : 1);
   LOG_OK(log_value(getpid(), k->c_get, k->ok, k->key, NULL, h, sizeof h));
   {
     char hh[80];
     key_is(k, h, hh, sizeof hh);
     LOG_EQ(log_count(0, k->c_open, hh), 2);
-    LOG_EQ(log_count(0, k->c_close, hh), 2);
+    LOG_EQ(log_count(0, k->c_close, hh), k->pool ? 3 : 2);
   }
+  LOG_EQ(log_count(0, NULL, "imported_elsewhere="),
+         log_count(0, NULL, "imported_elsewhere=0 "));
   if (!k->hip) { /* each consumer's stream waited on each view's event */
     LOG_EQ(log_count(0, k->c_evopen, k->ok), 4);
     LOG_EQ(log_count(0, k->c_wait, k->ok), 4);
@@ -838,15 +938,17 @@ static void test_full_flow(const kind *k) {
     LOG_EQ(log_count(getpid(), k->c_sync, k->ok), 2);
   }
   /* The empty segment stays until the context goes. */
-  LOG_EQ(log_count(getpid(), k->c_free, NULL), 0);
+  LOG_EQ(log_count(getpid(), k->c_free, NULL), k->pool ? 2 : 0);
 done:
   ipcref_peer_free(p);
   ipcref_ctx_free(ctx);
   g_close(&d);
-  /* Every segment A allocated was freed, once. */
-  LOG_EQ(log_count(getpid(), k->c_alloc, k->ok), 1);
-  LOG_EQ(log_count(getpid(), k->c_free, k->ok), 1);
-  LOG_EQ(log_count(getpid(), k->c_free, NULL), 1);
+  /* Every segment A allocated was freed, once (pool memory: each
+   * buffer's pointer, by its owner, after every importer freed it). */
+  LOG_EQ(log_count(getpid(), k->c_alloc, k->ok), k->pool ? 2 : 1);
+  LOG_EQ(log_count(getpid(), k->c_free, k->ok), k->pool ? 2 : 1);
+  LOG_EQ(log_count(getpid(), k->c_free, NULL), k->pool ? 2 : 1);
+
 out:
   kid_close(&kb);
   kid_close(&kc);
@@ -856,6 +958,7 @@ out:
 GPU_TEST(test_full_flow, cuda, &K_CUDA)
 GPU_TEST(test_full_flow, hip, &K_HIP)
 GPU_TEST(test_full_flow, cuda_vmm, &K_VMM)
+GPU_TEST(test_full_flow, cuda_pool, &K_POOL)
 
 /* ======================================================================== */
 /* 2. Pointers from another allocator, in the middle of a larger
@@ -1018,6 +1121,7 @@ out:
 GPU_TEST(test_wrap_offset, cuda, &K_CUDA)
 GPU_TEST(test_wrap_offset, hip, &K_HIP)
 GPU_TEST(test_wrap_offset, cuda_vmm, &K_VMM)
+GPU_TEST(test_wrap_offset, cuda_pool, &K_POOL)
 
 /* ======================================================================== */
 /* 3. One allocation reaching a consumer several times (two views on one
@@ -1323,6 +1427,7 @@ out:
 GPU_TEST(test_stream_order, cuda, &K_CUDA)
 GPU_TEST(test_stream_order, hip, &K_HIP)
 GPU_TEST(test_stream_order, cuda_vmm, &K_VMM)
+GPU_TEST(test_stream_order, cuda_pool, &K_POOL)
 
 /* A segment already mapped is waited on the same way: each view's event,
  * each time (CUDA); the producer synchronizes before each hand-off (HIP). */
@@ -1348,7 +1453,9 @@ static int cached_child(void *vp) {
     CHECK(dev_check(&d, view_ptr(&v[i]), 4096, 0x50 + (uint32_t)i, 0));
     ctl_put(a->ctl, 1 + i);
   }
-  LOG_EQ(log_count(me, a->k->c_open, NULL), 1); /* the second: cached */
+  /* the second: cached (pool memory: imported again, the first import
+   * was freed with its buffer) */
+  LOG_EQ(log_count(me, a->k->c_open, NULL), a->k->pool ? 2 : 1);
   if (!a->k->hip) {
     LOG_EQ(log_values(me, a->k->c_wait, a->k->ok, "pending_us=", pending, 4),
            2);
@@ -1409,7 +1516,7 @@ static void test_wait_cached(const kind *k) {
   CHECK_EQ(stats_of(ctx).limbo_blocks, 0);
   ctl_put(ch.ctl, 4);
   KID_EXIT0(&ch, "consumer");
-  LOG_EQ(log_count(getpid(), k->c_get, NULL), 1);
+  LOG_EQ(log_count(getpid(), k->c_get, NULL), k->pool ? 2 : 1);
   if (k->hip) LOG_EQ(log_count(getpid(), k->c_sync, k->ok), 2);
 done:
   ipcref_peer_free(p);
@@ -1422,6 +1529,7 @@ out:
 GPU_TEST(test_wait_cached, cuda, &K_CUDA)
 GPU_TEST(test_wait_cached, hip, &K_HIP)
 GPU_TEST(test_wait_cached, cuda_vmm, &K_VMM)
+GPU_TEST(test_wait_cached, cuda_pool, &K_POOL)
 
 /* CUDA's interprocess events come from a pool: as many as were ever
  * outstanding at once, each with its handle made once, reused when their
@@ -1688,7 +1796,7 @@ static void test_consumer_killed(const kind *k) {
   st = stats_of(ctx);
   CHECK_EQ(st.limbo_blocks, n);
   CHECK_EQ(st.live_slots, n);
-  CHECK_EQ(st.device_bytes, 2 * OOM_SEG);
+  if (!k->pool) CHECK_EQ(st.device_bytes, 2 * OOM_SEG);
   KID_KILL(&ch, "consumer");
   if (!under_valgrind) {
     struct pollfd pf;
@@ -1716,26 +1824,33 @@ static void test_consumer_killed(const kind *k) {
   CHECK(st.reclaimed >= (uint64_t)n);
   CHECK(st.peer_deaths >= 1);
   /* Both emptied segments are kept for reuse; a trim gives back the
-   * oldest to the driver, then the other. */
+   * oldest to the driver, then the other. (Pool memory went back to its
+   * owner, each pointer once its lease was reclaimed.) */
+  if (k->pool) {
+    LOG_EQ(log_count(getpid(), k->c_free, k->ok), n);
+    goto freed;
+  }
   CHECK_EQ(st.cached_bytes, 2 * OOM_SEG);
   CHECK_EQ(st.device_bytes, 2 * OOM_SEG);
   CHECK_EQ(ipcref_ctx_trim(ctx, OOM_SEG), OOM_SEG);
   LOG_EQ(log_count(getpid(), k->c_free, k->ok), 1);
   CHECK_EQ(ipcref_ctx_trim(ctx, 0), OOM_SEG);
+freed:
   st = stats_of(ctx);
   CHECK_EQ(st.device_bytes, 0);
   CHECK_EQ(st.cached_bytes, 0);
   ipcref_peer_free(p);
   ipcref_ctx_free(ctx);
   g_close(&d);
-  LOG_EQ(log_count(getpid(), k->c_alloc, k->ok), 2);
-  LOG_EQ(log_count(getpid(), k->c_free, k->ok), 2);
+  LOG_EQ(log_count(getpid(), k->c_alloc, k->ok), k->pool ? n : 2);
+  LOG_EQ(log_count(getpid(), k->c_free, k->ok), k->pool ? n : 2);
 out:
   KID_END(&ch, "consumer");
 }
 GPU_TEST(test_consumer_killed, cuda, &K_CUDA)
 GPU_TEST(test_consumer_killed, hip, &K_HIP)
 GPU_TEST(test_consumer_killed, cuda_vmm, &K_VMM)
+GPU_TEST(test_consumer_killed, cuda_pool, &K_POOL)
 
 /* ======================================================================== */
 /* 7. Errors. */
@@ -1861,6 +1976,7 @@ static void test_self_import(const kind *k) {
 GPU_TEST(test_self_import, cuda, &K_CUDA)
 GPU_TEST(test_self_import, hip, &K_HIP)
 GPU_TEST(test_self_import, cuda_vmm, &K_VMM)
+GPU_TEST(test_self_import, cuda_pool, &K_POOL)
 
 /* One context in this process with both peers of a socketpair in it. */
 typedef struct one_ctx {
@@ -1925,6 +2041,7 @@ static void test_self_import_one_ctx(const kind *k) {
 GPU_TEST(test_self_import_one_ctx, cuda, &K_CUDA)
 GPU_TEST(test_self_import_one_ctx, hip, &K_HIP)
 GPU_TEST(test_self_import_one_ctx, cuda_vmm, &K_VMM)
+GPU_TEST(test_self_import_one_ctx, cuda_pool, &K_POOL)
 
 /* Adds `by` to the little-endian u64 at p. */
 static void bump_le64(unsigned char *p, uint64_t by) {
@@ -1980,6 +2097,7 @@ static void test_lying_size(const kind *k) {
 GPU_TEST(test_lying_size, cuda, &K_CUDA)
 GPU_TEST(test_lying_size, hip, &K_HIP)
 GPU_TEST(test_lying_size, cuda_vmm, &K_VMM)
+GPU_TEST(test_lying_size, cuda_pool, &K_POOL)
 
 /* ======================================================================== */
 /* VMM memory from a hostile producer, in another process: the fd of a
@@ -1991,30 +2109,30 @@ GPU_TEST(test_lying_size, cuda_vmm, &K_VMM)
  * message brings its own segment record and fd. */
 
 #define VH_BLOCK (SEG / 2 + 4096)
-enum { VH_GENUINE, VH_PIPE, VH_MEMFD, VH_SIZE, VH_N };
+/* The lies: VH_DATA (pool memory only) changes the pointer's data. */
+enum { VH_GENUINE, VH_PIPE, VH_MEMFD, VH_SIZE, VH_DATA, VH_N };
+static const kind *vh_kind; /* the kind of the case running */
 
 static int vmm_hostile_child(void *vp) {
   kid *ch = (kid *)vp;
   gdrv d;
   ipcref_ctx *ctx;
   ipcref_peer *p;
-  int i;
-  if (g_open(&K_VMM, &d) != IPCREF_OK) return 1;
+  ipcref_msg m;
+  if (g_open(vh_kind, &d) != IPCREF_OK) return 1;
   ctx = mkctx(SEG, &d);
   p = make_peer(ctx, ch->their_sock[0]);
-  for (i = 0; i < VH_N; i++) {
-    ipcref_msg m;
+  while (xfer_recv(ch->their_sock[1], &m, g_tmo) == 0) { /* to its end */
     ipcref_view w;
-    ipcref_result r = IPCREF_ENOMEM;
+    ipcref_result r;
     memset(&w, 0, sizeof w);
-    if (xfer_recv(ch->their_sock[1], &m, g_tmo) == 0) {
-      r = ipcref_import(p, &m, &w);
-      if (r == IPCREF_OK) CHECK(dev_check(&d, view_ptr(&w), 4096, 0x3c, 0));
-      ipcref_view_release(&w);
-    }
+    r = ipcref_import(p, &m, &w);
+    if (r == IPCREF_OK) CHECK(dev_check(&d, view_ptr(&w), 4096, 0x3c, 0));
+    ipcref_view_release(&w);
     ctl_put(ch->their_ctl, 100 - (int)r);
   }
-  CHECK_EQ(stats_of(ctx).mapped_segments, 1); /* the genuine one only */
+  /* The genuine one only (pool memory: freed with its buffer) */
+  CHECK_EQ(stats_of(ctx).mapped_segments, vh_kind->pool ? 0 : 1);
   CTL_EXPECT(ch->their_ctl, 1);
   ipcref_peer_free(p);
   ipcref_ctx_free(ctx);
@@ -2024,17 +2142,22 @@ static int vmm_hostile_child(void *vp) {
 
 /* Where message m's first segment record is (its kind 4), and the index
  * of its fd among m's. */
+/* The bytes of a segment or ledger record of kind kd (src/share_wire.h). */
+static size_t rec_bytes(int kd) {
+  return 30 + (kd == 3 || kd == 5 ? 72 : kd == 4 ? 8 : 0);
+}
+
 static size_t vh_record(const ipcref_msg *m, int *fd_at) {
   size_t pos = 26;
   int i, fds = 0;
   for (i = 0; i < (int)(m->bytes[8] | m->bytes[9] << 8); i++) {
     int kd = m->bytes[pos];
-    if (kd == 4) {
+    if (kd == 4 || kd == 5) { /* by fd: VMM, pool */
       *fd_at = fds;
       return pos;
     }
     fds += kd == 2 ? 2 : kd == 3 ? 0 : 1;
-    pos += 30 + (kd == 3 ? 72 : 0);
+    pos += rec_bytes(kd);
   }
   *fd_at = -1;
   return 0;
@@ -2061,10 +2184,12 @@ static void vh_lie(ipcref_msg *m, int how) {
     int k2, nrec = m->bytes[8] | m->bytes[9] << 8;
     bump_le64(m->bytes + rec + 22, (uint64_t)4 << 20);
     view = 26;
-    for (k2 = 0; k2 < nrec; k2++)
-      view += 30 + (m->bytes[view] == 3 ? 72 : m->bytes[view] == 4 ? 8 : 0);
+    for (k2 = 0; k2 < nrec; k2++) view += rec_bytes(m->bytes[view]);
     view += 8 * (size_t)(m->bytes[10] | m->bytes[11] << 8);
     bump_le64(m->bytes + view + 20, (uint64_t)4 << 20);
+  } else if (how == VH_DATA) { /* the pointer's data, after the device */
+    int j;
+    for (j = 0; j < 8; j++) m->bytes[rec + 38 + j] ^= 0x5a;
   }
 }
 
@@ -2073,15 +2198,16 @@ static void test_vmm_hostile(const kind *k) {
   gdrv d;
   ipcref_ctx *ctx;
   ipcref_peer *p;
-  ipcref_buf *b[VH_N] = {NULL, NULL, NULL, NULL};
-  int i, j, child;
+  ipcref_buf *b[VH_N] = {NULL, NULL, NULL, NULL, NULL};
+  int i, j, child, n = k->pool ? VH_N : VH_DATA; /* VMM: no data */
+  vh_kind = k;
   kid_open(&ch, 2, SOCK_SEQPACKET);
   kid_fork(&ch, vmm_hostile_child, &ch, -1);
   child = (int)ch.pid;
   if (g_open(k, &d) != IPCREF_OK) goto out;
   ctx = mkctx(SEG, &d);
   p = kid_peer(&ch, 0, ctx);
-  for (i = 0; i < VH_N; i++) { /* all held: no segment is used twice */
+  for (i = 0; i < n; i++) { /* all held: no segment is used twice */
     ipcref_view v;
     ipcref_msg m;
     CHECK_EQ(g_alloc(ctx, k, 0, VH_BLOCK, &b[i]), IPCREF_OK);
@@ -2096,20 +2222,36 @@ static void test_vmm_hostile(const kind *k) {
     ipcref_view_release(&v);
   }
   for (i = 0; i < VH_N; i++) ipcref_buf_release(b[i]);
+  tclose(ch.sock[1]); /* the child's loop ends */
   ctl_put(ch.ctl, 1);
   KID_EXIT0(&ch, "consumer");
   /* The leases of the refused messages: reclaimed, the consumer died. */
   ipcref_collect(ctx);
   CHECK_EQ(stats_of(ctx).live_slots, 0);
   /* Where the driver refused: the pipe and the memfd at the import, the
-   * size at the mapping; every handle imported was released. */
-  LOG_EQ(log_count(child, "cuMemImportFromShareableHandle",
-                   "CUDA_ERROR_INVALID_VALUE"),
-         2);
-  LOG_EQ(log_count(child, "cuMemMap", "CUDA_ERROR_INVALID_VALUE"), 1);
-  LOG_EQ(log_count(child, "cuMemImportFromShareableHandle", k->ok), 2);
-  LOG_EQ(log_count(child, "cuMemRelease", k->ok), 2);
-  LOG_EQ(log_count(child, "cuMemAddressFree", k->ok), 2);
+   * size at the mapping; every handle imported was released. Pool
+   * memory: the pipe and the memfd at the pool's import, the data at the
+   * pointer's; the size is checked against the allocation imported,
+   * which is freed; the pool was imported once. */
+  if (k->vmm) {
+    LOG_EQ(log_count(child, "cuMemImportFromShareableHandle",
+                     "CUDA_ERROR_INVALID_VALUE"),
+           2);
+    LOG_EQ(log_count(child, "cuMemMap", "CUDA_ERROR_INVALID_VALUE"), 1);
+    LOG_EQ(log_count(child, "cuMemImportFromShareableHandle", k->ok), 2);
+    LOG_EQ(log_count(child, "cuMemRelease", k->ok), 2);
+    LOG_EQ(log_count(child, "cuMemAddressFree", k->ok), 2);
+  } else {
+    LOG_EQ(log_count(child, "cuMemPoolImportFromShareableHandle",
+                     "CUDA_ERROR_INVALID_VALUE"),
+           2);
+    LOG_EQ(log_count(child, "cuMemPoolImportFromShareableHandle", k->ok), 1);
+    LOG_EQ(
+        log_count(child, "cuMemPoolImportPointer", "CUDA_ERROR_INVALID_VALUE"),
+        1);
+    LOG_EQ(log_count(child, "cuMemPoolImportPointer", k->ok), 2);
+    LOG_EQ(log_count(child, "cuMemFree_v2", k->ok), 2);
+  }
   ipcref_peer_free(p);
   ipcref_ctx_free(ctx);
   g_close(&d);
@@ -2117,6 +2259,7 @@ out:
   KID_END(&ch, "consumer");
 }
 GPU_TEST(test_vmm_hostile, cuda_vmm, &K_VMM)
+GPU_TEST(test_vmm_hostile, cuda_pool, &K_POOL)
 
 /* ======================================================================== */
 /* What ipcref_cuda_alloc makes: by default (AUTO) VMM memory where the
@@ -2258,6 +2401,49 @@ static void test_vmm_chunks(const kind *k) {
   one_ctx_close(&o);
 }
 GPU_TEST(test_vmm_chunks, cuda_vmm, &K_VMM)
+
+/* ======================================================================== */
+/* Pool memory of a pool not created shareable: wrapped, and refused when
+ * it is sent (EINVAL), saying how to make one; the peer goes on. */
+static void test_pool_unshareable(const kind *k) {
+  one_ctx o;
+  pool_props pr;
+  void *pool = NULL;
+  unsigned long long ptr = 0;
+  ipcref_buf *b = NULL;
+  ipcref_view v, w;
+  memset(&w, 0, sizeof w);
+  if (!one_ctx_open(k, &o)) return;
+  memset(&pr, 0, sizeof pr);
+  pr.alloc_type = 1; /* CU_MEM_ALLOCATION_TYPE_PINNED, no handle type */
+  pr.loc_type = 1;   /* CU_MEM_LOCATION_TYPE_DEVICE */
+  g_cur(&o.d);
+  CHECK_EQ(o.d.pcreate(&pool, &pr), 0);
+  CHECK_EQ(o.d.palloc(&ptr, 4096, pool, NULL), 0);
+  CHECK_EQ(g_wrap(o.ctx, k, 0, (void *)(uintptr_t)ptr, 4096, NULL, NULL, &b),
+           IPCREF_OK);
+  if (b) {
+    v = u32_view(b, 4096);
+    CHECK_EQ(ipcref_send(o.pa, &v), IPCREF_EINVAL);
+    CHECK(strstr(ipcref_cuda_error(), "handleTypes") != NULL);
+    ipcref_view_release(&v);
+    ipcref_buf_release(b);
+  }
+  CHECK_EQ(g_alloc(o.ctx, k, 0, 4096, &b), IPCREF_OK); /* a shareable one */
+  if (b) {
+    v = u32_view(b, 4096);
+    CHECK_EQ(ipcref_send(o.pa, &v), IPCREF_OK);
+    CHECK_EQ(ipcref_recv(o.pb, &w, g_tmo), IPCREF_OK);
+    ipcref_view_release(&w);
+    ipcref_view_release(&v);
+    ipcref_buf_release(b);
+  }
+  g_cur(&o.d);
+  CHECK_EQ(o.d.cfree(ptr), 0);
+  CHECK_EQ(o.d.pdestroy(pool), 0);
+  one_ctx_close(&o);
+}
+GPU_TEST(test_pool_unshareable, cuda_pool, &K_POOL)
 
 /* Memory legacy IPC cannot export (VMM, pools): wrapping works, sending
  * is refused with EINVAL and a message naming legacy IPC, nothing leaks,
@@ -2547,6 +2733,7 @@ out:
 GPU_TEST(test_device_ops, cuda, &K_CUDA)
 GPU_TEST(test_device_ops, hip, &K_HIP)
 GPU_TEST(test_device_ops, cuda_vmm, &K_VMM)
+GPU_TEST(test_device_ops, cuda_pool, &K_POOL)
 
 /* A consumer with no backend for the device: ENODEV for the device view,
  * and it goes on receiving host views. */
@@ -2648,6 +2835,7 @@ out:
 GPU_TEST(test_no_backend_consumer, cuda, &K_CUDA)
 GPU_TEST(test_no_backend_consumer, hip, &K_HIP)
 GPU_TEST(test_no_backend_consumer, cuda_vmm, &K_VMM)
+GPU_TEST(test_no_backend_consumer, cuda_pool, &K_POOL)
 
 /* ======================================================================== */
 /* 9. Wrong arguments to every new function. */
@@ -2857,7 +3045,24 @@ static int read_apis(const char *dir, int *cuda, int *hip) {
 /* make gpu-test (IPCREF_GPU_REAL=1): the real drivers instead of the
  * fakes. Each half whose driver opens and finds a device runs, and VMM
  * memory where device 0 can share it by fd; 0 when none does (said so). */
-static int real_drivers(int *cuda, int *hip, int *vmm) {
+/* 1 when device 0 has shareable pools (CU_DEVICE_ATTRIBUTE_MEMORY_POOLS_
+ * SUPPORTED, and POSIX fds among MEMPOOL_SUPPORTED_HANDLE_TYPES). */
+static int real_pools(void) {
+  void *lib = dlopen(K_CUDA.path, RTLD_NOW | RTLD_LOCAL), *sym;
+  int (*get)(int *, int) = NULL, (*attr)(int *, int, int) = NULL;
+  int dev = 0, pools = 0, types = 0;
+  if (!lib) return 0;
+  sym = dlsym(lib, "cuDeviceGet");
+  memcpy(&get, &sym, sizeof sym);
+  sym = dlsym(lib, "cuDeviceGetAttribute");
+  memcpy(&attr, &sym, sizeof sym);
+  if (get && attr && !get(&dev, 0) && !attr(&pools, 115, dev))
+    (void)attr(&types, 119, dev);
+  dlclose(lib);
+  return pools && (types & 1);
+}
+
+static int real_drivers(int *cuda, int *hip, int *vmm, int *pool) {
   static const char *const hips[] = {"libamdhip64.so", "libamdhip64.so.6",
                                      "libamdhip64.so.5"};
   char why_cuda[300], why_hip[300] = "no libamdhip64 found";
@@ -2866,6 +3071,7 @@ static int real_drivers(int *cuda, int *hip, int *vmm) {
   size_t i;
   snprintf(K_CUDA.path, sizeof K_CUDA.path, "libcuda.so.1");
   memcpy(K_VMM.path, K_CUDA.path, sizeof K_VMM.path);
+  memcpy(K_POOL.path, K_CUDA.path, sizeof K_POOL.path);
   *cuda = ipcref_cuda_open(K_CUDA.path, &cu) == IPCREF_OK;
   snprintf(why_cuda, sizeof why_cuda, "%s", ipcref_cuda_error());
   if (*cuda) { /* VMM where device 0 makes memory shareable by fd */
@@ -2877,6 +3083,10 @@ static int real_drivers(int *cuda, int *hip, int *vmm) {
     if (!*vmm) printf("gpu-test: no VMM runs: %s\n", ipcref_cuda_error());
     ipcref_buf_release(b);
     ipcref_ctx_free(ctx);
+    *pool = real_pools();
+    if (!*pool)
+      printf("gpu-test: no pool runs: device 0 has no pools "
+             "shareable by fd\n");
     ipcref_cuda_close(cu);
   }
   for (i = 0; i < sizeof hips / sizeof *hips && !*hip; i++) {
@@ -2903,11 +3113,11 @@ int main(void) {
   const char *only = getenv("IPCREF_GPU_ONLY"); /* cases whose name has it */
   static char stub[PATH_MAX];
   struct stat sb;
-  int rc, i, cuda = 0, hip = 0, vmm = 0, missing = 0;
+  int rc, i, cuda = 0, hip = 0, vmm = 0, pool = 0, missing = 0;
   setvbuf(stdout, NULL, _IOLBF, 0);
   g_real = getenv("IPCREF_GPU_REAL") && !strcmp(getenv("IPCREF_GPU_REAL"), "1");
   if (g_real) {
-    if (!real_drivers(&cuda, &hip, &vmm)) return 0; /* no GPU: said so */
+    if (!real_drivers(&cuda, &hip, &vmm, &pool)) return 0; /* said so */
     goto run;
   }
   if (!dir || !*dir) {
@@ -2924,6 +3134,7 @@ int main(void) {
   }
   snprintf(K_CUDA.path, sizeof K_CUDA.path, "%s/libcuda.so.1", dir);
   memcpy(K_VMM.path, K_CUDA.path, sizeof K_VMM.path);
+  memcpy(K_POOL.path, K_CUDA.path, sizeof K_POOL.path);
   snprintf(K_HIP.path, sizeof K_HIP.path, "%s/libamdhip64.so.5", dir);
   /* A half that was built must be there: its absence is a failure. */
   for (i = 0; i < 2; i++) {
@@ -2965,7 +3176,7 @@ int main(void) {
   g_hip_real = getenv("IPCREF_HIP_REAL");
   if (!g_hip_real) g_hip_real = "/usr/lib/x86_64-linux-gnu/libamdhip64.so.5";
   if (!*g_hip_real || stat(g_hip_real, &sb) != 0) g_hip_real = NULL;
-  vmm = cuda;
+  vmm = pool = cuda;
 run:
   fixture_start(); /* under_valgrind: IPCREF_UNDER_VALGRIND=1 */
   g_tmo = under_valgrind ? 60000 : 10000;
@@ -2993,6 +3204,7 @@ run:
 #define RUN_ALL(test)                                                          \
   do {                                                                         \
     if (vmm) RUN_ONE(test##_cuda_vmm);                                         \
+    if (pool) RUN_ONE(test##_cuda_pool);                                       \
     RUN_BOTH(test);                                                            \
   } while (0)
 /* The cases that need the fakes' knobs (timed work, a memory limit, a
@@ -3007,7 +3219,8 @@ run:
   FAKE_ONLY(RUN_ALL(test_stream_order));
   FAKE_ONLY(RUN_ALL(test_wait_cached));
   FAKE_ONLY(if (cuda) RUN_ONE(test_event_pool_cuda));
-  FAKE_ONLY(RUN_ALL(test_oom_sweep));
+  FAKE_ONLY(if (vmm) RUN_ONE(test_oom_sweep_cuda_vmm));
+  FAKE_ONLY(RUN_BOTH(test_oom_sweep)); /* pool memory: the owner's to get */
   RUN_ALL(test_consumer_killed);
   FAKE_ONLY(RUN_BOTH(test_open_errors));
   RUN_ALL(test_self_import);
@@ -3019,6 +3232,8 @@ run:
   RUN_ALL(test_no_backend_consumer);
   RUN_BOTH(test_bad_args);
   if (vmm) RUN_ONE(test_vmm_hostile_cuda_vmm);
+  if (pool) RUN_ONE(test_vmm_hostile_cuda_pool);
+  if (pool) RUN_ONE(test_pool_unshareable_cuda_pool);
   FAKE_ONLY(if (cuda) RUN_ONE(test_vmm_choice_cuda));
   FAKE_ONLY(if (cuda) RUN_ONE(test_vmm_chunks_cuda_vmm));
   if (hip) RUN_ONE(test_hip_memory_hip);

@@ -34,7 +34,7 @@ BACKENDS = {
                                "IPCREF_GPU": "IPCREF_HIP", "IPCREF__GPU": "IPCREF__HIP"}),
 }
 # More of a driver's part, after its file's (implementation only).
-DRIVER_MORE = {"cuda.h": ["cuda_vmm.h"], "hip.h": []}
+DRIVER_MORE = {"cuda.h": ["cuda_vmm.h", "cuda_load.h"], "hip.h": []}
 DRIVER_MARKER = "/* @driver */"
 VMM_MARKER = "/* @vmm */"  # where src/gpu_vmm.h goes into src/gpu.h
 
@@ -105,11 +105,15 @@ def build_backend(source, names):
     shared = shared[shared.index("*/") + 2:]  # its comment is about src/
     if shared.count(DRIVER_MARKER) != 1:
         sys.exit(f"amalgamate: src/gpu.h must contain exactly one '{DRIVER_MARKER}' line")
-    vmm = read("gpu_vmm.h")
-    vmm = vmm[vmm.index("*/") + 2:].strip("\n")  # its comment is about src/
     if shared.count(VMM_MARKER) != 1:
         sys.exit(f"amalgamate: src/gpu.h must contain exactly one '{VMM_MARKER}' line")
-    shared = shared.replace(VMM_MARKER, banner("memory shared by fd", "gpu_vmm") + "\n\n" + vmm)
+    by_fd = []
+    for name, what in (("gpu_pool", "pool memory shared by fd"),
+                       ("gpu_vmm", "memory shared by fd")):
+        text = read(name + ".h")
+        by_fd.append(banner(what, name) + "\n\n" +
+                     text[text.index("*/") + 2:].strip("\n"))  # its comment is about src/
+    shared = shared.replace(VMM_MARKER, "\n\n".join(by_fd))
     for old, new in names.items():
         shared = shared.replace(old, new)
     prelude, body = (part.strip("\n") for part in shared.split(DRIVER_MARKER))
@@ -161,7 +165,7 @@ def same_code(a, b):
 def check_sources():
     """Every src/*.h is a layer or a backend's part: a file left out of
     every list would silently be missing from the headers."""
-    known = {n + ".h" for n in LAYERS} | {"gpu.h", "gpu_vmm.h"}
+    known = {n + ".h" for n in LAYERS} | {"gpu.h", "gpu_vmm.h", "gpu_pool.h"}
     known |= {f for files in DRIVER_MORE.values() for f in files}
     known |= {source for source, _ in BACKENDS.values()}
     unknown = sorted(f for f in os.listdir(SRC) if f.endswith(".h") and f not in known)
