@@ -478,19 +478,19 @@ static void dev_recs_scan(const ipcref_msg *m) {
     d->size = size;
     d->fd = -1;
     at += 30;
-    if (kind == 3 || kind == 4) {
+    if (kind >= 3 && kind <= 5) { /* device: handle, fd, pool */
       if (at + 8 > m->len) return;
       for (k = 0; k < 4; k++) {
         d->dev_type |= (uint32_t)m->bytes[at + (size_t)k] << (8 * k);
         d->dev_id |= (uint32_t)m->bytes[at + 4 + (size_t)k] << (8 * k);
       }
       at += 8;
-      if (kind == 3) {
+      if (kind != 4) { /* 3: the handle; 5: the pointer's data */
         if (at + IPCREF_HANDLE_BYTES > m->len) return;
         memcpy(d->handle, m->bytes + at, IPCREF_HANDLE_BYTES);
         at += IPCREF_HANDLE_BYTES;
       }
-      if (kind == 4 && fdi < (unsigned)m->nfds) d->fd = m->fds[fdi];
+      if (kind != 3 && fdi < (unsigned)m->nfds) d->fd = m->fds[fdi];
       ndev_recs++;
     }
     fdi += kind == 2 ? 2 : kind == 3 ? 0 : 1;
@@ -508,8 +508,9 @@ static int dev_rec_fits(int kind, int32_t dev, const unsigned char *handle,
         d->size > (uint64_t)PTRDIFF_MAX)
       continue;
     if (kind == 3 && !memcmp(d->handle, handle, IPCREF_HANDLE_BYTES)) return 1;
-    if (kind == 4 && d->fd == fd && d->size == size &&
-        !d->writable == !writable)
+    if (kind != 3 && d->fd == fd && d->size == size &&
+        !d->writable == !writable &&
+        (kind == 4 || !memcmp(d->handle, handle, IPCREF_HANDLE_BYTES)))
       return 1;
   }
   return 0;
@@ -577,18 +578,22 @@ static int is_memfd(int fd) {
   return strncmp(target, "/memfd:", 7) == 0;
 }
 
+/* Kind 4 (an allocation's fd) and 5 (a pool's fd and a pointer's data,
+ * which must carry the mock's marker, as a handle does). */
 static ipcref_result mock_seg_import_fd(ipcref_backend *be, int32_t dev, int fd,
+                                        const unsigned char *data, int pooled,
                                         uint64_t size, int writable,
                                         uint64_t *addr) {
   (void)be;
   if (dev < 0) fail("the driver got a negative device id");
   if (size == 0) fail("the driver was asked to map 0 bytes");
-  if (!addr) fail("the driver got a NULL address");
+  if (!addr || !data) fail("the driver got a NULL address or data");
   if (fd < 0 || fcntl(fd, F_GETFD) < 0) fail("the driver got an fd not open");
-  if (!dev_rec_fits(4, dev, NULL, fd, size, writable))
-    fail("the driver mapped an fd no well-formed kind 4 record of the "
-         "message carries (device, its own fd, size, writable)");
+  if (!dev_rec_fits(pooled ? 5 : 4, dev, data, fd, size, writable))
+    fail("the driver mapped an fd no well-formed kind 4 or 5 record of the "
+         "message carries (device, its own fd, data, size, writable)");
   if (size > MOCK_MAX || !is_memfd(fd)) return IPCREF_EPROTO;
+  if (pooled && memcmp(data, MOCK_MARKER, 8) != 0) return IPCREF_EPROTO;
   return mock_open(dev, size, 0, addr);
 }
 
@@ -642,8 +647,9 @@ static ipcref_result mock_seg_export(ipcref_backend *be, int32_t dev,
 }
 
 static ipcref_result mock_seg_export_fd(ipcref_backend *be, int32_t dev,
-                                        uint64_t base, int *fd) {
-  (void)be, (void)dev, (void)base, (void)fd;
+                                        uint64_t base, int *fd,
+                                        unsigned char *data, int *pooled) {
+  (void)be, (void)dev, (void)base, (void)fd, (void)data, (void)pooled;
   return IPCREF_ENODEV;
 }
 
@@ -1033,18 +1039,18 @@ static void patch_seed(const char *name, unsigned flags, int delta,
 
 typedef struct dev_seed {
   const char *name;
-  int kind;             /* 3 (handle) or 4 (fd) */
+  int kind;             /* 3 (handle), 4 (fd) or 5 (pool: fd and data) */
   uint32_t type, id;    /* the record's device */
   int writable;         /* the record's (and the view's) */
   uint64_t size;        /* the record's */
-  uint64_t alloc;       /* kind 3: the size the handle opens (0: a handle
+  uint64_t alloc;       /* kinds 3, 5: the size the handle opens (0: one
                            without the mock's marker) */
   int skew;             /* kind 3: the driver gives an inner address */
   uint64_t off, bsize;  /* the view's block */
   int event;            /* the view carries an event */
-  unsigned char fd_sel; /* kind 4: its fd (FD_NONE and no fd: fd_none) */
+  unsigned char fd_sel; /* kinds 4, 5: its fd (FD_NONE and no fd: fd_none) */
   unsigned char fd_c;
-  int no_fd; /* kind 4: the message lacks that fd */
+  int no_fd; /* kinds 4, 5: the message lacks that fd */
 } dev_seed;
 
 /* The bytes of `d` (raw mode) after block 0's templated message `t`. */
@@ -1064,7 +1070,7 @@ static void dev_seed_write(const dev_seed *d, const unsigned char *t,
   put_le(msg, n + 28, d->type, 4);
   put_le(msg, n + 32, d->id, 4);
   n += 36;
-  if (d->kind == 3) {
+  if (d->kind != 4) { /* 3: the handle; 5: the pool pointer's data */
     memset(msg + n, 0, IPCREF_HANDLE_BYTES);
     if (d->alloc) {
       memcpy(msg + n, MOCK_MARKER, 8);
@@ -1087,7 +1093,7 @@ static void dev_seed_write(const dev_seed *d, const unsigned char *t,
     memset(msg + n, 0xe7, IPCREF_HANDLE_BYTES);
     n += IPCREF_HANDLE_BYTES;
   }
-  if (d->kind == 4 && !d->no_fd) {
+  if (d->kind != 3 && !d->no_fd) {
     sel[2 * nsel] = d->fd_sel;
     sel[2 * nsel++ + 1] = d->fd_c;
   }
@@ -1154,6 +1160,16 @@ static void dev_seeds(void) {
       {"dev_fd_missing", 4, C, 0, 0, 4096, 0, 0, 0, 2048, 0, S, 0, 1},
       /* its fd slot -1: once taken for a kind 3 record */
       {"dev_fd_none", 4, C, 0, 0, 4096, 0, 0, 1024, 2048, 0, FD_NONE, 0, 0},
+      /* pool memory: a pool's fd and a pointer's data (the marker) */
+      {"dev_pool_ok", 5, C, 0, 0, 4096, 4096, 0, 1024, 2048, 0, S, 0, 0},
+      {"dev_pool_writable", 5, C, 0, 1, 4096, 4096, 0, 0, 4096, 0, S, 0, 0},
+      {"dev_pool_no_marker", 5, C, 0, 0, 4096, 0, 0, 0, 2048, 0, S, 0, 0},
+      {"dev_pool_block_past", 5, C, 0, 0, 4096, 4096, 0, 3072, 2048, 0, S, 0,
+       0},
+      {"dev_pool_size0", 5, C, 0, 0, 0, 4096, 0, 0, 2048, 0, S, 0, 0},
+      {"dev_pool_pipe", 5, C, 0, 0, 4096, 4096, 0, 0, 2048, 0, FD_PIPE, 0, 0},
+      {"dev_pool_none", 5, C, 0, 0, 4096, 4096, 0, 0, 2048, 0, FD_NONE, 0, 0},
+      {"dev_pool_missing", 5, C, 0, 0, 4096, 4096, 0, 0, 2048, 0, S, 0, 1},
   };
   unsigned char t[4096];
   size_t len;
