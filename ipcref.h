@@ -722,6 +722,7 @@ typedef struct ipcref_peer ipcref_peer;
  * IPC handle is 64 opaque bytes. Every function returns IPCREF_OK or an
  * error code, and may be called from any thread. */
 #define IPCREF_HANDLE_BYTES 64
+#define IPCREF_CHUNKS_MAX   16 /* VMM chunks one wrapped buffer may span */
 typedef struct ipcref_backend ipcref_backend;
 struct ipcref_backend {
   int32_t device_type; /* IPCREF_DEVICE_CUDA, IPCREF_DEVICE_ROCM */
@@ -782,6 +783,21 @@ struct ipcref_backend {
   ipcref_result (*seg_import_fd)(ipcref_backend *be, int32_t dev, int fd,
                                  const unsigned char *data, int pooled,
                                  uint64_t size, int writable, uint64_t *addr);
+  /* VMM memory mapped from several allocations (chunks) one after the
+   * other in one range, as PyTorch's expandable segments map it: a
+   * wrapped buffer across chunks (IPCREF_CHUNKS_MAX at most) is one
+   * segment of them all; both NULL where the backend has none.
+   * seg_export_chunks: an fd for each of the `n` chunks of sizes[i]
+   * bytes one after the other from `base` (the caller owns them).
+   * seg_import_chunks: maps the `n` chunks the fds share, one after the
+   * other in one range of its own, readable, and writable when asked;
+   * refused (EPROTO) as seg_import_fd refuses. seg_close undoes it. */
+  ipcref_result (*seg_export_chunks)(ipcref_backend *be, int32_t dev,
+                                     uint64_t base, const uint64_t *sizes,
+                                     int n, int *fds);
+  ipcref_result (*seg_import_chunks)(ipcref_backend *be, int32_t dev,
+                                     const int *fds, const uint64_t *sizes,
+                                     int n, int writable, uint64_t *addr);
 };
 
 /* Options for ipcref_ctx_new; zero fields take the defaults. A byte cap
@@ -3859,6 +3875,14 @@ typedef struct ipcref__pool {
   struct ipcref__pool *next;
 } ipcref__pool;
 
+/* A device segment of several VMM allocations (chunks) mapped one after
+ * the other: their sizes, and each one's fd once exported (-1 before). */
+typedef struct ipcref__chunks {
+  int n;
+  uint64_t size[IPCREF_CHUNKS_MAX];
+  int fd[IPCREF_CHUNKS_MAX];
+} ipcref__chunks;
+
 struct ipcref__segment {
   ipcref_ctx *ctx;
   ipcref__pool *pool;
@@ -3868,8 +3892,9 @@ struct ipcref__segment {
   uint64_t daddr;      /* device: the allocation's address */
   unsigned char handle[IPCREF_HANDLE_BYTES]; /* device: its IPC handle */
   int exported;                              /* handle (or fd) made */
-  int by_fd;       /* device: shared by the fd in `fd` (seg_export_fd) */
-  int pooled;      /* by_fd: a pool's fd, `handle` its data */
+  int by_fd;  /* device: shared by the fd in `fd` (seg_export_fd) */
+  int pooled; /* by_fd: a pool's fd, `handle` its data */
+  ipcref__chunks *vmm_chunks; /* foreign, in several chunks (else NULL) */
   int leaked;      /* device memory still leased when the context went: never
                       freed (a consumer may have it open) */
   uint32_t nwraps; /* foreign: blocks in it */
@@ -3939,10 +3964,12 @@ enum {
   IPCREF__KIND_SEGMENT = 1,
   IPCREF__KIND_LEDGER = 2,
   IPCREF__KIND_DEVICE = 3,
-  IPCREF__KIND_DEVICE_FD = 4,  /* on the wire only: a device segment by fd
-                                (its map is a KIND_DEVICE one, by_fd) */
-  IPCREF__KIND_DEVICE_POOL = 5 /* on the wire only: pool memory, by its
-                                  pool's fd and its data (by_fd, pooled) */
+  IPCREF__KIND_DEVICE_FD = 4,    /* on the wire only: a device segment by fd
+                                  (its map is a KIND_DEVICE one, by_fd) */
+  IPCREF__KIND_DEVICE_POOL = 5,  /* on the wire only: pool memory, by its
+                                    pool's fd and its data (by_fd, pooled) */
+  IPCREF__KIND_DEVICE_CHUNKS = 6 /* on the wire only: VMM chunks, by an fd
+                                    each (by_fd, chunks) */
 };
 
 typedef struct ipcref__map {
@@ -3961,11 +3988,13 @@ typedef struct ipcref__map {
   int32_t dev_type, dev_id;
   uint64_t daddr;
   unsigned char handle[IPCREF_HANDLE_BYTES]; /* kept for forwarding */
-  int by_fd;   /* device segments: shared by fd (kept in fd), not handle */
-  int pooled;  /* by_fd: the fd is a pool's, `handle` the allocation's
-                  data; unmapped at its last buffer's release */
-  int refs;    /* atomic: imported buffers using it */
-  int retired; /* the origin destroyed it: unmap at refs 0 */
+  int by_fd;  /* device segments: shared by fd (kept in fd), not handle */
+  int pooled; /* by_fd: the fd is a pool's, `handle` the allocation's
+                 data; unmapped at its last buffer's release */
+  ipcref__chunks *vmm_chunks; /* by_fd, in chunks: their fds (kept for
+                             forwarding) and sizes; `fd` is -1 */
+  int refs;                   /* atomic: imported buffers using it */
+  int retired;                /* the origin destroyed it: unmap at refs 0 */
   struct ipcref__map *next, *prev;
 } ipcref__map;
 
@@ -4518,6 +4547,12 @@ IPCREF__PRIVATE void ipcref__segment_destroy(ipcref_ctx *ctx,
     if (s->cls != IPCREF__FOREIGN && !s->leaked)
       s->pool->be->seg_free(s->pool->be, s->pool->dev, s->daddr);
     if (s->fd >= 0) close(s->fd); /* its shareable fd, if exported so */
+    if (s->vmm_chunks) {
+      int i;
+      for (i = 0; i < s->vmm_chunks->n; i++)
+        if (s->vmm_chunks->fd[i] >= 0) close(s->vmm_chunks->fd[i]);
+      IPCREF_FREE(s->vmm_chunks);
+    }
     ctx->st.device_bytes -= s->size;
   } else {
     IPCREF__UNPOISON(s->base, s->size); /* the addresses will be reused */
@@ -5382,6 +5417,11 @@ IPCREF__PRIVATE void ipcref__map_drop(ipcref__map *m) {
   if (m->kind == IPCREF__KIND_DEVICE) {
     if (m->be) m->be->seg_close(m->be, m->dev_id, m->daddr);
     if (m->fd >= 0) close(m->fd); /* shared by fd: kept for forwarding */
+    if (m->vmm_chunks) {
+      int i;
+      for (i = 0; i < m->vmm_chunks->n; i++) close(m->vmm_chunks->fd[i]);
+      IPCREF_FREE(m->vmm_chunks);
+    }
   } else {
     munmap(m->base, m->size);
     close(m->fd);
@@ -6003,13 +6043,16 @@ IPCREF_API ipcref_result ipcref_ctx_add_backend(ipcref_ctx *ctx,
       !be->seg_free || !be->seg_range || !be->seg_export || !be->seg_import ||
       !be->seg_close || !be->event_record || !be->event_free ||
       !be->event_wait || !be->fence || !be->fence_done ||
-      !be->seg_export_fd != !be->seg_import_fd)
+      !be->seg_export_fd != !be->seg_import_fd ||
+      !be->seg_export_chunks != !be->seg_import_chunks)
     return ipcref__invalid(__func__,
                            !ctx || !be ? "ctx or be is NULL"
                            : be->device_type <= IPCREF_DEVICE_CPU
                                ? "be->device_type is not a device"
                                : "the backend lacks a function (or has one "
-                                 "of seg_export_fd and seg_import_fd only)");
+                                 "of a pair: seg_export_fd and "
+                                 "seg_import_fd, seg_export_chunks and "
+                                 "seg_import_chunks)");
   if (!IPCREF__CTX_USABLE(ctx)) return IPCREF_EDEAD;
   IPCREF__LOCK(ctx);
   if (!ipcref__backend_of(ctx, be->device_type))
@@ -6066,6 +6109,67 @@ IPCREF_API ipcref_result ipcref_device_new(ipcref_ctx *ctx, ipcref_device dev,
   return ipcref__shared_new_in(ctx, pool, size, ctx->opt.isolate, out);
 }
 
+/* Extends chunk list `c` (its first: the allocation at `base`) with the
+ * allocations that follow it one after the other up to `end`: VMM chunks
+ * mapped in one range, found as the first was. EINVAL when there is a
+ * gap, more than IPCREF_CHUNKS_MAX would be needed, or the backend maps
+ * no chunks. */
+IPCREF__PRIVATE ipcref_result ipcref__wrap_chunks(ipcref__pool *pool,
+                                                  int32_t dev, uint64_t base,
+                                                  uint64_t end,
+                                                  ipcref__chunks *c) {
+  ipcref_backend *be = pool->be;
+  uint64_t top = base + c->size[0], next;
+  size_t size;
+  while (top < end) {
+    if (!be->seg_export_chunks || c->n == IPCREF_CHUNKS_MAX ||
+        be->seg_range(be, dev, top, &next, &size) != IPCREF_OK || next != top ||
+        size == 0)
+      return ipcref__invalid("ipcref_device_wrap",
+                             "ptr and size not inside one allocation (nor "
+                             "in IPCREF_CHUNKS_MAX VMM chunks mapped one "
+                             "after the other)");
+    c->fd[c->n] = -1;
+    c->size[c->n++] = size;
+    top += size;
+  }
+  return IPCREF_OK;
+}
+
+/* The wrapped allocation's segment (under the lock): the one made for it
+ * before, else a new one (of its chunks, when several). */
+IPCREF__PRIVATE ipcref_result ipcref__wrap_segment(ipcref_ctx *ctx,
+                                                   ipcref__pool *pool,
+                                                   uint64_t base,
+                                                   const ipcref__chunks *c,
+                                                   ipcref__segment **out) {
+  ipcref__segment *s;
+  ipcref_result r;
+  uint64_t total = 0;
+  int i;
+  for (i = 0; i < c->n; i++) total += c->size[i];
+  for (s = ctx->segments; s; s = s->next)
+    if (s->pool == pool && s->cls == IPCREF__FOREIGN && s->daddr == base &&
+        s->size == total && (s->vmm_chunks ? s->vmm_chunks->n : 1) == c->n) {
+      *out = s;
+      return IPCREF_OK;
+    }
+  r = ipcref__segment_new(ctx, pool, (size_t)total, 0, IPCREF__FOREIGN, base,
+                          &s);
+  if (r != IPCREF_OK || c->n == 1) {
+    *out = s;
+    return r;
+  }
+  s->vmm_chunks = (ipcref__chunks *)ipcref__zalloc(sizeof *s->vmm_chunks);
+  if (!s->vmm_chunks) {
+    ipcref__segment_destroy(ctx, s);
+    return IPCREF_ENOMEM;
+  }
+  *s->vmm_chunks = *c;
+  *out = s;
+  return IPCREF_OK;
+}
+
 IPCREF_API ipcref_result ipcref_device_wrap(
     ipcref_ctx *ctx, ipcref_device dev, void *ptr, size_t size,
     void (*release)(void *user, void *ptr), void *user, ipcref_buf **out) {
@@ -6075,6 +6179,7 @@ IPCREF_API ipcref_result ipcref_device_wrap(
   ipcref_result r = IPCREF_OK;
   uint64_t addr = (uint64_t)(uintptr_t)ptr, base, end;
   size_t alloc_size;
+  ipcref__chunks c;
   if (!ctx || !out || !ptr || dev.type <= IPCREF_DEVICE_CPU || dev.id < 0)
     return ipcref__invalid(__func__, !ctx || !out || !ptr
                                          ? "ctx, ptr or out is NULL"
@@ -6087,20 +6192,17 @@ IPCREF_API ipcref_result ipcref_device_wrap(
   /* The allocation that holds it (a driver call: not under the lock). */
   r = pool->be->seg_range(pool->be, dev.id, addr, &base, &alloc_size);
   if (r != IPCREF_OK) return r;
-  if (addr < base || __builtin_add_overflow(addr, (uint64_t)size, &end) ||
-      end > base + alloc_size)
-    return ipcref__invalid(__func__, "ptr and size not inside one allocation "
-                                     "(of VMM memory: one mapped chunk)");
+  if (addr < base || __builtin_add_overflow(addr, (uint64_t)size, &end))
+    return ipcref__invalid(__func__, "ptr and size not inside one allocation");
+  c.n = 1;
+  c.size[0] = alloc_size;
+  c.fd[0] = -1;
+  r = ipcref__wrap_chunks(pool, dev.id, base, end, &c); /* VMM: several? */
+  if (r != IPCREF_OK) return r;
   b = (ipcref__block *)ipcref__zalloc(sizeof *b);
   if (!b) return IPCREF_ENOMEM;
   IPCREF__LOCK(ctx);
-  for (s = ctx->segments; s; s = s->next) /* the allocation's segment */
-    if (s->pool == pool && s->cls == IPCREF__FOREIGN && s->daddr == base &&
-        s->size == alloc_size)
-      break;
-  if (!s)
-    r = ipcref__segment_new(ctx, pool, alloc_size, 0, IPCREF__FOREIGN, base,
-                            &s);
+  r = ipcref__wrap_segment(ctx, pool, base, &c, &s);
   if (r == IPCREF_OK) {
     s->nwraps++;
     b->seg = s;
@@ -6157,13 +6259,16 @@ IPCREF_API ipcref_result ipcref_view_new_shared(ipcref_ctx *ctx,
  *   u32 magic "IPCM"  u16 version  u16 nviews  u16 nrecs  u16 nretired
  *   u32 sender pid    u64 sender nonce  u16 meta length
  *   nrecs x     { u8 kind (1 segment, 2 ledger, 3 device segment by
- *                 handle, 4 device segment by fd, 5 device pool memory)
+ *                 handle, 4 device segment by fd, 5 device pool memory,
+ *                 6 device segment in chunks)
  *                 u8 writable  u32 origin pid  u64 origin nonce  u64 id
  *                 u64 size
- *                 kinds 3, 4, 5: u32 device type  u32 device id
- *                 kinds 3, 5: 64 B handle (5: the allocation in its pool) }
+ *                 kinds 3 to 6: u32 device type  u32 device id
+ *                 kinds 3, 5: 64 B handle (5: the allocation in its pool)
+ *                 kind 6: u32 n (2..IPCREF_CHUNKS_MAX)  n x u64 size }
  *               (kinds 1, 4 and 5 come with one fd (5: its pool's), kind
- *               2 with two: the ledger and its bell; in this order)
+ *               2 with two: the ledger and its bell, kind 6 with n: one
+ *               per chunk; in this order)
  *   nretired x  { u64 id }          (sender's segments it has destroyed)
  *   nviews x    { u32 origin pid  u64 origin nonce  u64 segment id
  *                 u64 segment size  u64 block offset  u64 block size
@@ -6251,13 +6356,16 @@ typedef struct ipcref__view_rec {
  * segment) with its device and IPC handle instead; kind 4 (a device
  * segment shared by fd) with its device and an fd; kind 5 (stream-ordered
  * pool memory) with its device, its pool's fd and the allocation's data
- * (in `handle`). */
+ * (in `handle`); kind 6 (VMM chunks) with its device, the chunks' sizes
+ * (adding up to `size`) and an fd each. */
 typedef struct ipcref__fd_rec {
   int kind, writable;
   uint32_t origin_pid;
   uint64_t origin_nonce, id, size;
-  int32_t dev_type, dev_id; /* kind 3 */
+  int32_t dev_type, dev_id; /* kinds 3 to 6 */
   unsigned char handle[IPCREF_HANDLE_BYTES];
+  int nchunks; /* kind 6 */
+  uint64_t chunk[IPCREF_CHUNKS_MAX];
 } ipcref__fd_rec;
 
 /* Writes / reads `n` bytes as they are. */
@@ -6294,8 +6402,28 @@ IPCREF__PRIVATE void ipcref__put_fd_rec(ipcref__wire *w,
   if (f->kind < IPCREF__KIND_DEVICE) return;
   ipcref__wire_put(w, (uint64_t)(uint32_t)f->dev_type, 4);
   ipcref__wire_put(w, (uint64_t)(uint32_t)f->dev_id, 4);
-  if (f->kind != IPCREF__KIND_DEVICE_FD)
+  if (f->kind == IPCREF__KIND_DEVICE || f->kind == IPCREF__KIND_DEVICE_POOL)
     ipcref__put_bytes(w, f->handle, IPCREF_HANDLE_BYTES);
+  if (f->kind == IPCREF__KIND_DEVICE_CHUNKS) {
+    int i;
+    ipcref__wire_put(w, (uint64_t)f->nchunks, 4);
+    for (i = 0; i < f->nchunks; i++) ipcref__wire_put(w, f->chunk[i], 8);
+  }
+}
+
+/* Reads kind 6's chunk sizes: 0 unless 2..IPCREF_CHUNKS_MAX of them,
+ * none 0, adding up to the record's size. */
+IPCREF__PRIVATE int ipcref__get_chunks(ipcref__wire *w, ipcref__fd_rec *f) {
+  uint64_t sum = 0, n = ipcref__wire_get(w, 4);
+  int i;
+  if (n < 2 || n > IPCREF_CHUNKS_MAX) return 0;
+  f->nchunks = (int)n;
+  for (i = 0; i < f->nchunks; i++) {
+    f->chunk[i] = ipcref__wire_get(w, 8);
+    if (f->chunk[i] == 0 || __builtin_add_overflow(sum, f->chunk[i], &sum))
+      return 0;
+  }
+  return !w->bad && sum == f->size;
 }
 
 IPCREF__PRIVATE int ipcref__get_fd_rec(ipcref__wire *w, ipcref__fd_rec *f) {
@@ -6306,15 +6434,17 @@ IPCREF__PRIVATE int ipcref__get_fd_rec(ipcref__wire *w, ipcref__fd_rec *f) {
   f->origin_nonce = ipcref__wire_get(w, 8);
   f->id = ipcref__wire_get(w, 8);
   f->size = ipcref__wire_get(w, 8);
-  if (f->kind >= IPCREF__KIND_DEVICE && f->kind <= IPCREF__KIND_DEVICE_POOL) {
+  if (f->kind >= IPCREF__KIND_DEVICE && f->kind <= IPCREF__KIND_DEVICE_CHUNKS) {
     f->dev_type = (int32_t)(uint32_t)ipcref__wire_get(w, 4);
     f->dev_id = (int32_t)(uint32_t)ipcref__wire_get(w, 4);
-    if (f->kind != IPCREF__KIND_DEVICE_FD)
+    if (f->kind == IPCREF__KIND_DEVICE || f->kind == IPCREF__KIND_DEVICE_POOL)
       ipcref__get_bytes(w, f->handle, IPCREF_HANDLE_BYTES);
+    if (f->kind == IPCREF__KIND_DEVICE_CHUNKS && !ipcref__get_chunks(w, f))
+      return 0;
     if (f->dev_type <= IPCREF_DEVICE_CPU || f->dev_id < 0) return 0;
   }
   return !w->bad && f->kind >= IPCREF__KIND_SEGMENT &&
-         f->kind <= IPCREF__KIND_DEVICE_POOL;
+         f->kind <= IPCREF__KIND_DEVICE_CHUNKS;
 }
 
 /* Writes / reads a view record (0 when malformed). */
@@ -6463,7 +6593,9 @@ IPCREF__PRIVATE int ipcref__msg_decode(const unsigned char *bytes, size_t len,
     m->fd_index[i] = m->recs[i].kind == IPCREF__KIND_DEVICE ? -1 : m->nfds;
     m->nfds += m->recs[i].kind == IPCREF__KIND_LEDGER   ? 2
                : m->recs[i].kind == IPCREF__KIND_DEVICE ? 0
-                                                        : 1;
+               : m->recs[i].kind == IPCREF__KIND_DEVICE_CHUNKS
+                   ? m->recs[i].nchunks
+                   : 1;
   }
   m->why = "more fds than a message may carry";
   if (m->nfds > IPCREF_MSG_MAX_FDS) return 0;
@@ -7415,9 +7547,10 @@ IPCREF__PRIVATE ipcref_result ipcref__events_record(const ipcref_view *views,
  * lease's taking (own block or forwarded import), read by the record and
  * by ipcref__fd_recs_add. */
 typedef struct ipcref__lease_src {
-  int device;   /* a device segment: sent as its handle, or by_fd */
-  int by_fd;    /* a device segment shared by fd (seg_fd) */
-  int pooled;   /* by_fd: a pool's fd, `handle` the allocation's data */
+  int device; /* a device segment: sent as its handle, or by_fd */
+  int by_fd;  /* a device segment shared by fd (seg_fd) */
+  int pooled; /* by_fd: a pool's fd, `handle` the allocation's data */
+  const ipcref__chunks *chunks; /* by_fd, in chunks: their fds, sizes */
   int seg_fd;   /* host, by_fd: the fd the peer gets (-1: none made) */
   int writable; /* the peer may map it writable */
   int32_t dev_type, dev_id;
@@ -7457,7 +7590,22 @@ IPCREF__PRIVATE ipcref_result ipcref__ledger_with_room(ipcref_peer *p,
 IPCREF__PRIVATE ipcref_result ipcref__device_export(ipcref__segment *s) {
   ipcref_backend *be = s->pool->be;
   ipcref_result r = IPCREF_ENOTSUP;
-  if (be->seg_export_fd) {
+  if (s->vmm_chunks) { /* a wrap across VMM chunks: an fd each */
+    ipcref__chunks *c = s->vmm_chunks;
+    int i;
+    r = be->seg_export_chunks(be, s->pool->dev, s->daddr, c->size, c->n, c->fd);
+    for (i = 0; i < c->n; i++)
+      if (r != IPCREF_OK || c->fd[i] < 0) { /* all, or none */
+        int k;
+        for (k = 0; k < c->n; k++) {
+          if (r == IPCREF_OK && c->fd[k] >= 0) close(c->fd[k]);
+          c->fd[k] = -1;
+        }
+        if (r == IPCREF_OK) r = IPCREF_ESYS; /* a broken backend */
+        break;
+      }
+    s->by_fd = r == IPCREF_OK;
+  } else if (be->seg_export_fd) {
     int fd = -1, pooled = 0;
     memset(s->handle, 0, sizeof s->handle);
     r = be->seg_export_fd(be, s->pool->dev, s->daddr, &fd, s->handle, &pooled);
@@ -7498,7 +7646,10 @@ IPCREF__PRIVATE ipcref_result ipcref__lease_device(ipcref__block *b,
   src->handle = b->seg->handle;
   src->by_fd = b->seg->by_fd;
   src->pooled = b->seg->pooled;
-  src->seg_fd = b->seg->by_fd ? b->seg->fd : -1;
+  src->chunks = b->seg->vmm_chunks;
+  src->seg_fd = !b->seg->by_fd       ? -1
+                : b->seg->vmm_chunks ? b->seg->vmm_chunks->fd[0]
+                                     : b->seg->fd;
   return IPCREF_OK;
 }
 
@@ -7603,10 +7754,12 @@ ipcref__lease_take_forward(ipcref_peer *p, const ipcref_view *v,
     src->handle = imp->seg->handle;
     src->by_fd = imp->seg->by_fd;
     src->pooled = imp->seg->pooled;
+    src->chunks = imp->seg->vmm_chunks;
     r->has_event = imp->has_event;
     memcpy(r->event, imp->event, sizeof r->event);
   }
-  src->seg_fd = imp->seg->fd;
+  src->seg_fd =
+      imp->seg->vmm_chunks ? imp->seg->vmm_chunks->fd[0] : imp->seg->fd;
   src->writable = imp->seg->writable;
   src->origin_pid = (uint32_t)imp->seg->origin_pid;
   src->origin_nonce = imp->seg->origin_nonce;
@@ -7625,11 +7778,22 @@ ipcref__lease_take_forward(ipcref_peer *p, const ipcref_view *v,
  * `src`: its segment (an fd, or a device's handle; pool memory always,
  * since its peers unmap it when their last buffer in it goes) and its
  * ledger's fd with its bell's. 0 when out of memory. */
-IPCREF__PRIVATE int ipcref__fd_recs_add(ipcref_peer *p,
-                                        const ipcref__lease_src *src,
-                                        ipcref__fd_rec *fdr, int *nrec,
-                                        int *fds, int *nfd, int dup_fds) {
-  int fail = 0;
+IPCREF__PRIVATE ipcref_result ipcref__fd_recs_add(ipcref_peer *p,
+                                                  const ipcref__lease_src *src,
+                                                  ipcref__fd_rec *fdr,
+                                                  int *nrec, int *fds, int *nfd,
+                                                  int dup_fds) {
+  int fail = 0, i,
+      nseg = !src->device  ? 1
+             : !src->by_fd ? 0
+             : src->chunks ? src->chunks->n
+                           : 1;
+  /* Room for the segment's fds and the ledger's two, before anything is
+   * marked sent: a batch of views in many VMM chunks may not fit. */
+  if (*nfd + nseg + 2 > IPCREF_MSG_MAX_FDS)
+    return ipcref__invalid("ipcref_send_batch",
+                           "more fds than one message carries (views in "
+                           "many VMM chunks): send fewer views at once");
   if ((src->pooled ||
        !ipcref__sent_mark(p, src->origin_nonce,
                           ipcref__sent_key(src->seg_id, 0), &fail)) &&
@@ -7638,6 +7802,7 @@ IPCREF__PRIVATE int ipcref__fd_recs_add(ipcref_peer *p,
     memset(f, 0, sizeof *f);
     f->kind = !src->device  ? IPCREF__KIND_SEGMENT
               : src->pooled ? IPCREF__KIND_DEVICE_POOL
+              : src->chunks ? IPCREF__KIND_DEVICE_CHUNKS
               : src->by_fd  ? IPCREF__KIND_DEVICE_FD
                             : IPCREF__KIND_DEVICE;
     f->writable = src->writable;
@@ -7651,9 +7816,17 @@ IPCREF__PRIVATE int ipcref__fd_recs_add(ipcref_peer *p,
       if (!src->by_fd || src->pooled)
         memcpy(f->handle, src->handle, IPCREF_HANDLE_BYTES);
     }
-    if (!src->device || src->by_fd)
+    if (src->chunks) { /* an fd per chunk */
+      f->nchunks = src->chunks->n;
+      for (i = 0; i < f->nchunks; i++) {
+        int cfd = src->chunks->fd[i];
+        f->chunk[i] = src->chunks->size[i];
+        fds[(*nfd)++] = dup_fds ? fcntl(cfd, F_DUPFD_CLOEXEC, 0) : cfd;
+      }
+    } else if (!src->device || src->by_fd) {
       fds[(*nfd)++] =
           dup_fds ? fcntl(src->seg_fd, F_DUPFD_CLOEXEC, 0) : src->seg_fd;
+    }
   }
   if (!fail &&
       !ipcref__sent_mark(p, src->origin_nonce,
@@ -7672,7 +7845,7 @@ IPCREF__PRIVATE int ipcref__fd_recs_add(ipcref_peer *p,
     fds[(*nfd)++] =
         dup_fds ? fcntl(src->bell_fd, F_DUPFD_CLOEXEC, 0) : src->bell_fd;
   }
-  return !fail;
+  return fail ? IPCREF_ENOMEM : IPCREF_OK;
 }
 
 /* Takes a lease for view `v` for peer `p` and fills its record `r`, and
@@ -7700,8 +7873,8 @@ ipcref__lease_take(ipcref_peer *p, const ipcref_view *v, ipcref__view_event *ev,
   r->view.buf = NULL; /* byte_offset: relative to the block's data */
   if ((!src.device || src.by_fd) && src.seg_fd < 0)
     res = IPCREF_ESYS;
-  else if (!ipcref__fd_recs_add(p, &src, fdr, nrec, fds, nfd, dup_fds))
-    res = IPCREF_ENOMEM;
+  else
+    res = ipcref__fd_recs_add(p, &src, fdr, nrec, fds, nfd, dup_fds);
   if (res != IPCREF_OK) ipcref__lease_cancel(p->ctx, r);
   return res;
 }
@@ -7811,6 +7984,148 @@ IPCREF__PRIVATE ipcref_result ipcref__export_msg(ipcref_peer *p,
   msg->origin = p;
   ctx->st.fds_sent += (uint64_t)nfd;
   return IPCREF_OK;
+}
+
+#endif /* IPCREF__SHARING_IMPL */
+
+/* ---- share_devmap: implementation (src/share_devmap.h) ------------------ */
+
+/* share_devmap: device segments another process exported, opened for an
+ * import: by their IPC handle, by the fd of a VMM allocation or of a pool
+ * (with the pointer's data), or as VMM chunks by an fd each; each opening
+ * the backend's, checked against what its record announces. Under
+ * ctx->lock (share_import's step 2). */
+
+#ifdef IPCREF__SHARING_IMPL
+
+/* Opens a device segment another process exported (under the lock): by
+ * its handle (fd -1), where the allocation the driver opens must be at
+ * least as large as announced, or by the fd it came with (record kind 4),
+ * which the backend maps at the announced size or refuses. Without a
+ * backend for its device here (or one that takes no fds), the map is a
+ * placeholder (be NULL): the views in it are refused with ENODEV and
+ * their leases given back, and the peer, which counts the segment as
+ * sent, stays usable. The map takes the fd on success. */
+IPCREF__PRIVATE ipcref_result ipcref__map_device(ipcref_ctx *ctx,
+                                                 const ipcref__fd_rec *r,
+                                                 int fd, ipcref__map **out,
+                                                 const char **why) {
+  ipcref_backend *be = ipcref__backend_of(ctx, r->dev_type);
+  ipcref__map *m;
+  int pooled = r->kind == IPCREF__KIND_DEVICE_POOL;
+  uint64_t addr = 0, base;
+  size_t size;
+  ipcref_result res;
+  *why = "a device segment of size 0 or too large";
+  if (r->size == 0 || r->size > (uint64_t)PTRDIFF_MAX) return IPCREF_EPROTO;
+  if (fd >= 0 && be && !be->seg_import_fd) be = NULL;
+  m = (ipcref__map *)ipcref__zalloc(sizeof *m);
+  if (!m) return IPCREF_ENOMEM;
+  if (!be) goto fill;
+  *why = pooled    ? "pool memory that its pool's fd and data do not give, "
+                     "at its announced size"
+         : fd >= 0 ? "a device fd that is no shareable allocation of its "
+                     "announced size"
+                   : "a device handle the driver does not open";
+  res = fd >= 0 ? be->seg_import_fd(be, r->dev_id, fd, r->handle, pooled,
+                                    r->size, r->writable != 0, &addr)
+                : be->seg_import(be, r->dev_id, r->handle, &addr);
+  if (res != IPCREF_OK) {
+    IPCREF_FREE(m);
+    return res;
+  }
+  if (fd < 0 &&
+      (be->seg_range(be, r->dev_id, addr, &base, &size) != IPCREF_OK ||
+       base != addr || (uint64_t)size < r->size)) {
+    be->seg_close(be, r->dev_id, addr);
+    IPCREF_FREE(m);
+    *why = "a device handle whose allocation is not the one announced";
+    return IPCREF_EPROTO;
+  }
+fill:
+  m->kind = IPCREF__KIND_DEVICE;
+  m->bell = -1;
+  m->origin_nonce = r->origin_nonce;
+  m->origin_pid = (int)r->origin_pid;
+  m->id = r->id;
+  m->fd = fd; /* kept for forwarding */
+  m->by_fd = fd >= 0;
+  m->pooled = pooled;
+  m->size = (size_t)r->size;
+  m->writable = r->writable != 0;
+  m->be = be;
+  m->dev_type = r->dev_type;
+  m->dev_id = r->dev_id;
+  m->daddr = addr;
+  memcpy(m->handle, r->handle, sizeof m->handle);
+  *out = m;
+  return IPCREF_OK;
+}
+
+/* Opens a device segment of VMM chunks another process exported, by the
+ * fds it came with (record kind 6, the map takes them on success; with
+ * no backend here that maps chunks, a placeholder, as ipcref__map_device
+ * makes). */
+IPCREF__PRIVATE ipcref_result ipcref__map_chunks(ipcref_ctx *ctx,
+                                                 const ipcref__fd_rec *r,
+                                                 const int *fds,
+                                                 ipcref__map **out,
+                                                 const char **why) {
+  ipcref_backend *be = ipcref__backend_of(ctx, r->dev_type);
+  ipcref__map *m;
+  ipcref__chunks *c;
+  uint64_t addr = 0;
+  int i;
+  *why = "a device segment of size 0 or too large";
+  if (r->size > (uint64_t)PTRDIFF_MAX) return IPCREF_EPROTO;
+  m = (ipcref__map *)ipcref__zalloc(sizeof *m);
+  c = (ipcref__chunks *)ipcref__zalloc(sizeof *c);
+  if (!m || !c) {
+    IPCREF_FREE(m);
+    IPCREF_FREE(c);
+    return IPCREF_ENOMEM;
+  }
+  if (be && be->seg_import_chunks) {
+    ipcref_result res;
+    *why = "device chunks whose fds are no shareable allocations of their "
+           "announced sizes";
+    res = be->seg_import_chunks(be, r->dev_id, fds, r->chunk, r->nchunks,
+                                r->writable != 0, &addr);
+    if (res != IPCREF_OK) {
+      IPCREF_FREE(m);
+      IPCREF_FREE(c);
+      return res;
+    }
+  } else {
+    be = NULL;
+  }
+  c->n = r->nchunks;
+  for (i = 0; i < c->n; i++) {
+    c->size[i] = r->chunk[i];
+    c->fd[i] = fds[i]; /* kept for forwarding */
+  }
+  m->kind = IPCREF__KIND_DEVICE;
+  m->bell = -1;
+  m->origin_nonce = r->origin_nonce;
+  m->origin_pid = (int)r->origin_pid;
+  m->id = r->id;
+  m->fd = -1;
+  m->by_fd = 1;
+  m->vmm_chunks = c;
+  m->size = (size_t)r->size;
+  m->writable = r->writable != 0;
+  m->be = be;
+  m->dev_type = r->dev_type;
+  m->dev_id = r->dev_id;
+  m->daddr = addr;
+  *out = m;
+  return IPCREF_OK;
+}
+
+/* The address of `offset` in a mapped segment, host or device. */
+IPCREF__PRIVATE void *ipcref__map_addr(const ipcref__map *m, uint64_t offset) {
+  return m->kind == IPCREF__KIND_DEVICE ? (void *)(uintptr_t)(m->daddr + offset)
+                                        : (void *)(m->base + offset);
 }
 
 #endif /* IPCREF__SHARING_IMPL */
@@ -7986,76 +8301,6 @@ IPCREF__PRIVATE ipcref_result ipcref__map_fd(int fd, int bell,
   return IPCREF_OK;
 }
 
-/* Opens a device segment another process exported (under the lock): by
- * its handle (fd -1), where the allocation the driver opens must be at
- * least as large as announced, or by the fd it came with (record kind 4),
- * which the backend maps at the announced size or refuses. Without a
- * backend for its device here (or one that takes no fds), the map is a
- * placeholder (be NULL): the views in it are refused with ENODEV and
- * their leases given back, and the peer, which counts the segment as
- * sent, stays usable. The map takes the fd on success. */
-IPCREF__PRIVATE ipcref_result ipcref__map_device(ipcref_ctx *ctx,
-                                                 const ipcref__fd_rec *r,
-                                                 int fd, ipcref__map **out,
-                                                 const char **why) {
-  ipcref_backend *be = ipcref__backend_of(ctx, r->dev_type);
-  ipcref__map *m;
-  int pooled = r->kind == IPCREF__KIND_DEVICE_POOL;
-  uint64_t addr = 0, base;
-  size_t size;
-  ipcref_result res;
-  *why = "a device segment of size 0 or too large";
-  if (r->size == 0 || r->size > (uint64_t)PTRDIFF_MAX) return IPCREF_EPROTO;
-  if (fd >= 0 && be && !be->seg_import_fd) be = NULL;
-  m = (ipcref__map *)ipcref__zalloc(sizeof *m);
-  if (!m) return IPCREF_ENOMEM;
-  if (!be) goto fill;
-  *why = pooled    ? "pool memory that its pool's fd and data do not give, "
-                     "at its announced size"
-         : fd >= 0 ? "a device fd that is no shareable allocation of its "
-                     "announced size"
-                   : "a device handle the driver does not open";
-  res = fd >= 0 ? be->seg_import_fd(be, r->dev_id, fd, r->handle, pooled,
-                                    r->size, r->writable != 0, &addr)
-                : be->seg_import(be, r->dev_id, r->handle, &addr);
-  if (res != IPCREF_OK) {
-    IPCREF_FREE(m);
-    return res;
-  }
-  if (fd < 0 &&
-      (be->seg_range(be, r->dev_id, addr, &base, &size) != IPCREF_OK ||
-       base != addr || (uint64_t)size < r->size)) {
-    be->seg_close(be, r->dev_id, addr);
-    IPCREF_FREE(m);
-    *why = "a device handle whose allocation is not the one announced";
-    return IPCREF_EPROTO;
-  }
-fill:
-  m->kind = IPCREF__KIND_DEVICE;
-  m->bell = -1;
-  m->origin_nonce = r->origin_nonce;
-  m->origin_pid = (int)r->origin_pid;
-  m->id = r->id;
-  m->fd = fd; /* kept for forwarding */
-  m->by_fd = fd >= 0;
-  m->pooled = pooled;
-  m->size = (size_t)r->size;
-  m->writable = r->writable != 0;
-  m->be = be;
-  m->dev_type = r->dev_type;
-  m->dev_id = r->dev_id;
-  m->daddr = addr;
-  memcpy(m->handle, r->handle, sizeof m->handle);
-  *out = m;
-  return IPCREF_OK;
-}
-
-/* The address of `offset` in a mapped segment, host or device. */
-IPCREF__PRIVATE void *ipcref__map_addr(const ipcref__map *m, uint64_t offset) {
-  return m->kind == IPCREF__KIND_DEVICE ? (void *)(uintptr_t)(m->daddr + offset)
-                                        : (void *)(m->base + offset);
-}
-
 /* Fresh mappings join the cache (under the lock). */
 IPCREF__PRIVATE void ipcref__maps_commit(ipcref_ctx *ctx, ipcref__map **fresh,
                                          int n) {
@@ -8139,6 +8384,16 @@ IPCREF__PRIVATE ipcref_result ipcref__import_map(ipcref_ctx *ctx,
       continue;
     if (f->kind == IPCREF__KIND_DEVICE) {
       r = ipcref__map_device(ctx, f, -1, &mm->fresh[mm->nfresh], &mm->why);
+    } else if (f->kind == IPCREF__KIND_DEVICE_CHUNKS) {
+      int at = m->fd_index[i], k;
+      mm->why = "a device segment in chunks that came without their fds";
+      r = IPCREF_OK;
+      for (k = 0; k < f->nchunks; k++)
+        if (fds[at + k] < 0) r = IPCREF_EPROTO;
+      if (r == IPCREF_OK)
+        r = ipcref__map_chunks(ctx, f, fds + at, &mm->fresh[mm->nfresh],
+                               &mm->why);
+      for (k = 0; r == IPCREF_OK && k < f->nchunks; k++) fds[at + k] = -1;
     } else if (f->kind == IPCREF__KIND_DEVICE_FD ||
                f->kind == IPCREF__KIND_DEVICE_POOL) {
       int at = m->fd_index[i];

@@ -28,7 +28,8 @@
  *   - a pointer from any other allocator is found in its allocation with
  *     cuMemGetAddressRange; the allocation is exported once and the
  *     offset travels beside it: legacy memory by cuIpcGetMemHandle, VMM
- *     memory by fd (cuMemRetainAllocationHandle), memory of a pool
+ *     memory by fd (cuMemRetainAllocationHandle; a buffer across several
+ *     chunks of one range, by an fd each), memory of a pool
  *     created shareable by its pool's fd and the pointer's export data
  *     (src/gpu_pool.h: each importer frees it before its lease returns);
  *   - cuIpcOpenMemHandle runs once per (exporter, allocation) in a process,
@@ -1301,6 +1302,9 @@ typedef struct ipcref__cu_vmm {
   uint64_t addr, handle; /* the mapping; the allocation's handle */
   size_t size;           /* of the mapping (whole granules) */
   int dev;
+  int n; /* imported in chunks: how many were mapped (handle unused) */
+  uint64_t chunk_h[IPCREF_CHUNKS_MAX];
+  size_t chunk_size[IPCREF_CHUNKS_MAX];
   int exported; /* made here and exported: the file its fd opens */
   dev_t fd_dev; /* (st_dev, st_ino of that fd), to know the fd when */
   ino_t fd_ino; /* it comes back to this process */
@@ -1351,6 +1355,18 @@ IPCREF__PRIVATE int ipcref__cu_vmm_round(ipcref_cuda *g, int dev, uint64_t size,
  * mapping and handle, in every process), the range given back. */
 IPCREF__PRIVATE void ipcref__cu_vmm_undo(ipcref_cuda *g,
                                          const ipcref__cu_vmm *m, int mapped) {
+  if (m->n) { /* chunks: each mapped one, then the range */
+    uint64_t at = m->addr;
+    int i;
+    (void)ipcref__cu_d_sync(&g->drv);
+    for (i = 0; i < m->n; i++) {
+      (void)ipcref__cu_d_vmm_unmap(&g->drv, at, m->chunk_size[i]);
+      (void)ipcref__cu_d_vmm_release(&g->drv, m->chunk_h[i]);
+      at += m->chunk_size[i];
+    }
+    (void)ipcref__cu_d_vmm_unreserve(&g->drv, m->addr, m->size);
+    return;
+  }
   if (mapped) {
     (void)ipcref__cu_d_sync(&g->drv);
     (void)ipcref__cu_d_vmm_unmap(&g->drv, m->addr, m->size);
@@ -1591,6 +1607,101 @@ IPCREF__PRIVATE ipcref_result ipcref__cu_seg_import_fd(
     IPCREF_FREE(m);
     if (code < 0)
       return ipcref__cu_say(IPCREF_EPROTO, "a shared size out of range");
+    return ipcref__cu_fail(
+        code == IPCREF__CU_OOM ? IPCREF_ENOMEM : IPCREF_EPROTO, what, g, code);
+  }
+  ipcref__cu_vmm_push(g, &g->vmm_opened, m);
+  *addr = m->addr;
+  return IPCREF_OK;
+}
+
+/* The backend's seg_export_chunks: an fd for each VMM chunk another
+ * allocator mapped one after the other from `base` (PyTorch's expandable
+ * segments), each found and exported as a single one is; all or none. */
+IPCREF__PRIVATE ipcref_result
+ipcref__cu_seg_export_chunks(ipcref_backend *be, int32_t dev, uint64_t base,
+                             const uint64_t *sizes, int n, int *fds) {
+  ipcref_cuda *g = IPCREF__CU_OF(be);
+  ipcref_result r = ipcref__cu_on(g, dev);
+  uint64_t at = base;
+  int i;
+  for (i = 0; i < n; i++) fds[i] = -1;
+  for (i = 0; i < n && r == IPCREF_OK; i++) {
+    r = ipcref__cu_vmm_export_foreign(g, at, &fds[i]);
+    if (r == IPCREF_ENOTSUP)
+      r = ipcref__cu_say(IPCREF_EINVAL, "a buffer across allocations that "
+                                        "are not VMM memory");
+    at += sizes[i];
+  }
+  if (r != IPCREF_OK)
+    for (i = 0; i < n; i++)
+      if (fds[i] >= 0) {
+        close(fds[i]);
+        fds[i] = -1;
+      }
+  return r;
+}
+
+/* Maps chunk i of `m` (imported from fds[i]) at its place: 0, or the
+ * driver's error (*what says which step). */
+IPCREF__PRIVATE int ipcref__cu_vmm_chunk(ipcref_cuda *g, ipcref__cu_vmm *m,
+                                         int fd, uint64_t at, int writable,
+                                         const char **what) {
+  size_t size = m->chunk_size[m->n];
+  uint64_t h = 0;
+  int code;
+  *what = "importing a chunk's fd";
+  code = ipcref__cu_d_vmm_import(&g->drv, fd, &h);
+  if (code) return code;
+  *what = "mapping a chunk";
+  code = ipcref__cu_d_vmm_map(&g->drv, at, size, h);
+  if (!code) {
+    *what = "setting a chunk's access";
+    code = ipcref__cu_d_vmm_access(&g->drv, at, size, m->dev, writable);
+    if (code) (void)ipcref__cu_d_vmm_unmap(&g->drv, at, size);
+  }
+  if (code) {
+    (void)ipcref__cu_d_vmm_release(&g->drv, h);
+    return code;
+  }
+  m->chunk_h[m->n++] = h;
+  return 0;
+}
+
+/* The backend's seg_import_chunks: the `n` chunks the fds share, mapped
+ * one after the other in one range of this process's, with read or
+ * read-write access for device `dev`. What the driver refuses is the
+ * peer's fault (EPROTO), but for out of memory. */
+IPCREF__PRIVATE ipcref_result ipcref__cu_seg_import_chunks(
+    ipcref_backend *be, int32_t dev, const int *fds, const uint64_t *sizes,
+    int n, int writable, uint64_t *addr) {
+  ipcref_cuda *g = IPCREF__CU_OF(be);
+  ipcref__cu_vmm *m;
+  const char *what = "reserving an address range";
+  ipcref_result r = ipcref__cu_on(g, dev);
+  uint64_t at;
+  int i, code;
+  if (r != IPCREF_OK) return r;
+  if (n < 1 || n > IPCREF_CHUNKS_MAX || !ipcref__cu_vmm_able(g, dev))
+    return ipcref__cu_say(IPCREF_ENODEV, "the device cannot map memory "
+                                         "shared by fd");
+  m = (ipcref__cu_vmm *)IPCREF_MALLOC(sizeof *m);
+  if (!m) return IPCREF_ENOMEM;
+  memset(m, 0, sizeof *m);
+  m->dev = dev;
+  for (i = 0; i < n; i++) { /* the sum was checked against the record's */
+    m->chunk_size[i] = (size_t)sizes[i];
+    m->size += (size_t)sizes[i];
+  }
+  code = ipcref__cu_d_vmm_reserve(&g->drv, m->size, &m->addr);
+  for (i = 0, at = m->addr; !code && i < n; at += sizes[i++])
+    code = ipcref__cu_vmm_chunk(g, m, fds[i], at, writable, &what);
+  if (code) {
+    if (m->addr && m->n)
+      ipcref__cu_vmm_undo(g, m, 1);
+    else if (m->addr)
+      (void)ipcref__cu_d_vmm_unreserve(&g->drv, m->addr, m->size);
+    IPCREF_FREE(m);
     return ipcref__cu_fail(
         code == IPCREF__CU_OOM ? IPCREF_ENOMEM : IPCREF_EPROTO, what, g, code);
   }
@@ -2014,6 +2125,8 @@ IPCREF_API ipcref_result ipcref_cuda_open(const char *driver_path,
 #if IPCREF__CU_VMM
   g->backend.seg_export_fd = ipcref__cu_seg_export_fd;
   g->backend.seg_import_fd = ipcref__cu_seg_import_fd;
+  g->backend.seg_export_chunks = ipcref__cu_seg_export_chunks;
+  g->backend.seg_import_chunks = ipcref__cu_seg_import_chunks;
 #endif
   *out = g;
   return IPCREF_OK;

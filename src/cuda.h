@@ -28,7 +28,8 @@
  *   - a pointer from any other allocator is found in its allocation with
  *     cuMemGetAddressRange; the allocation is exported once and the
  *     offset travels beside it: legacy memory by cuIpcGetMemHandle, VMM
- *     memory by fd (cuMemRetainAllocationHandle), memory of a pool
+ *     memory by fd (cuMemRetainAllocationHandle; a buffer across several
+ *     chunks of one range, by an fd each), memory of a pool
  *     created shareable by its pool's fd and the pointer's export data
  *     (src/gpu_pool.h: each importer frees it before its lease returns);
  *   - cuIpcOpenMemHandle runs once per (exporter, allocation) in a process,

@@ -536,6 +536,8 @@ IPCREF_API ipcref_result ipcref_gpu_open(const char *driver_path,
 #if IPCREF__GPU_VMM
   g->backend.seg_export_fd = ipcref__gpu_seg_export_fd;
   g->backend.seg_import_fd = ipcref__gpu_seg_import_fd;
+  g->backend.seg_export_chunks = ipcref__gpu_seg_export_chunks;
+  g->backend.seg_import_chunks = ipcref__gpu_seg_import_chunks;
 #endif
   *out = g;
   return IPCREF_OK;

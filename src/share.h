@@ -46,6 +46,7 @@ typedef struct ipcref_peer ipcref_peer;
  * IPC handle is 64 opaque bytes. Every function returns IPCREF_OK or an
  * error code, and may be called from any thread. */
 #define IPCREF_HANDLE_BYTES 64
+#define IPCREF_CHUNKS_MAX   16 /* VMM chunks one wrapped buffer may span */
 typedef struct ipcref_backend ipcref_backend;
 struct ipcref_backend {
   int32_t device_type; /* IPCREF_DEVICE_CUDA, IPCREF_DEVICE_ROCM */
@@ -106,6 +107,21 @@ struct ipcref_backend {
   ipcref_result (*seg_import_fd)(ipcref_backend *be, int32_t dev, int fd,
                                  const unsigned char *data, int pooled,
                                  uint64_t size, int writable, uint64_t *addr);
+  /* VMM memory mapped from several allocations (chunks) one after the
+   * other in one range, as PyTorch's expandable segments map it: a
+   * wrapped buffer across chunks (IPCREF_CHUNKS_MAX at most) is one
+   * segment of them all; both NULL where the backend has none.
+   * seg_export_chunks: an fd for each of the `n` chunks of sizes[i]
+   * bytes one after the other from `base` (the caller owns them).
+   * seg_import_chunks: maps the `n` chunks the fds share, one after the
+   * other in one range of its own, readable, and writable when asked;
+   * refused (EPROTO) as seg_import_fd refuses. seg_close undoes it. */
+  ipcref_result (*seg_export_chunks)(ipcref_backend *be, int32_t dev,
+                                     uint64_t base, const uint64_t *sizes,
+                                     int n, int *fds);
+  ipcref_result (*seg_import_chunks)(ipcref_backend *be, int32_t dev,
+                                     const int *fds, const uint64_t *sizes,
+                                     int n, int writable, uint64_t *addr);
 };
 
 /* Options for ipcref_ctx_new; zero fields take the defaults. A byte cap

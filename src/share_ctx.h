@@ -109,6 +109,11 @@ IPCREF__PRIVATE void ipcref__map_drop(ipcref__map *m) {
   if (m->kind == IPCREF__KIND_DEVICE) {
     if (m->be) m->be->seg_close(m->be, m->dev_id, m->daddr);
     if (m->fd >= 0) close(m->fd); /* shared by fd: kept for forwarding */
+    if (m->vmm_chunks) {
+      int i;
+      for (i = 0; i < m->vmm_chunks->n; i++) close(m->vmm_chunks->fd[i]);
+      IPCREF_FREE(m->vmm_chunks);
+    }
   } else {
     munmap(m->base, m->size);
     close(m->fd);

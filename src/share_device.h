@@ -23,13 +23,16 @@ IPCREF_API ipcref_result ipcref_ctx_add_backend(ipcref_ctx *ctx,
       !be->seg_free || !be->seg_range || !be->seg_export || !be->seg_import ||
       !be->seg_close || !be->event_record || !be->event_free ||
       !be->event_wait || !be->fence || !be->fence_done ||
-      !be->seg_export_fd != !be->seg_import_fd)
+      !be->seg_export_fd != !be->seg_import_fd ||
+      !be->seg_export_chunks != !be->seg_import_chunks)
     return ipcref__invalid(__func__,
                            !ctx || !be ? "ctx or be is NULL"
                            : be->device_type <= IPCREF_DEVICE_CPU
                                ? "be->device_type is not a device"
                                : "the backend lacks a function (or has one "
-                                 "of seg_export_fd and seg_import_fd only)");
+                                 "of a pair: seg_export_fd and "
+                                 "seg_import_fd, seg_export_chunks and "
+                                 "seg_import_chunks)");
   if (!IPCREF__CTX_USABLE(ctx)) return IPCREF_EDEAD;
   IPCREF__LOCK(ctx);
   if (!ipcref__backend_of(ctx, be->device_type))
@@ -86,6 +89,67 @@ IPCREF_API ipcref_result ipcref_device_new(ipcref_ctx *ctx, ipcref_device dev,
   return ipcref__shared_new_in(ctx, pool, size, ctx->opt.isolate, out);
 }
 
+/* Extends chunk list `c` (its first: the allocation at `base`) with the
+ * allocations that follow it one after the other up to `end`: VMM chunks
+ * mapped in one range, found as the first was. EINVAL when there is a
+ * gap, more than IPCREF_CHUNKS_MAX would be needed, or the backend maps
+ * no chunks. */
+IPCREF__PRIVATE ipcref_result ipcref__wrap_chunks(ipcref__pool *pool,
+                                                  int32_t dev, uint64_t base,
+                                                  uint64_t end,
+                                                  ipcref__chunks *c) {
+  ipcref_backend *be = pool->be;
+  uint64_t top = base + c->size[0], next;
+  size_t size;
+  while (top < end) {
+    if (!be->seg_export_chunks || c->n == IPCREF_CHUNKS_MAX ||
+        be->seg_range(be, dev, top, &next, &size) != IPCREF_OK || next != top ||
+        size == 0)
+      return ipcref__invalid("ipcref_device_wrap",
+                             "ptr and size not inside one allocation (nor "
+                             "in IPCREF_CHUNKS_MAX VMM chunks mapped one "
+                             "after the other)");
+    c->fd[c->n] = -1;
+    c->size[c->n++] = size;
+    top += size;
+  }
+  return IPCREF_OK;
+}
+
+/* The wrapped allocation's segment (under the lock): the one made for it
+ * before, else a new one (of its chunks, when several). */
+IPCREF__PRIVATE ipcref_result ipcref__wrap_segment(ipcref_ctx *ctx,
+                                                   ipcref__pool *pool,
+                                                   uint64_t base,
+                                                   const ipcref__chunks *c,
+                                                   ipcref__segment **out) {
+  ipcref__segment *s;
+  ipcref_result r;
+  uint64_t total = 0;
+  int i;
+  for (i = 0; i < c->n; i++) total += c->size[i];
+  for (s = ctx->segments; s; s = s->next)
+    if (s->pool == pool && s->cls == IPCREF__FOREIGN && s->daddr == base &&
+        s->size == total && (s->vmm_chunks ? s->vmm_chunks->n : 1) == c->n) {
+      *out = s;
+      return IPCREF_OK;
+    }
+  r = ipcref__segment_new(ctx, pool, (size_t)total, 0, IPCREF__FOREIGN, base,
+                          &s);
+  if (r != IPCREF_OK || c->n == 1) {
+    *out = s;
+    return r;
+  }
+  s->vmm_chunks = (ipcref__chunks *)ipcref__zalloc(sizeof *s->vmm_chunks);
+  if (!s->vmm_chunks) {
+    ipcref__segment_destroy(ctx, s);
+    return IPCREF_ENOMEM;
+  }
+  *s->vmm_chunks = *c;
+  *out = s;
+  return IPCREF_OK;
+}
+
 IPCREF_API ipcref_result ipcref_device_wrap(
     ipcref_ctx *ctx, ipcref_device dev, void *ptr, size_t size,
     void (*release)(void *user, void *ptr), void *user, ipcref_buf **out) {
@@ -95,6 +159,7 @@ IPCREF_API ipcref_result ipcref_device_wrap(
   ipcref_result r = IPCREF_OK;
   uint64_t addr = (uint64_t)(uintptr_t)ptr, base, end;
   size_t alloc_size;
+  ipcref__chunks c;
   if (!ctx || !out || !ptr || dev.type <= IPCREF_DEVICE_CPU || dev.id < 0)
     return ipcref__invalid(__func__, !ctx || !out || !ptr
                                          ? "ctx, ptr or out is NULL"
@@ -107,20 +172,17 @@ IPCREF_API ipcref_result ipcref_device_wrap(
   /* The allocation that holds it (a driver call: not under the lock). */
   r = pool->be->seg_range(pool->be, dev.id, addr, &base, &alloc_size);
   if (r != IPCREF_OK) return r;
-  if (addr < base || __builtin_add_overflow(addr, (uint64_t)size, &end) ||
-      end > base + alloc_size)
-    return ipcref__invalid(__func__, "ptr and size not inside one allocation "
-                                     "(of VMM memory: one mapped chunk)");
+  if (addr < base || __builtin_add_overflow(addr, (uint64_t)size, &end))
+    return ipcref__invalid(__func__, "ptr and size not inside one allocation");
+  c.n = 1;
+  c.size[0] = alloc_size;
+  c.fd[0] = -1;
+  r = ipcref__wrap_chunks(pool, dev.id, base, end, &c); /* VMM: several? */
+  if (r != IPCREF_OK) return r;
   b = (ipcref__block *)ipcref__zalloc(sizeof *b);
   if (!b) return IPCREF_ENOMEM;
   IPCREF__LOCK(ctx);
-  for (s = ctx->segments; s; s = s->next) /* the allocation's segment */
-    if (s->pool == pool && s->cls == IPCREF__FOREIGN && s->daddr == base &&
-        s->size == alloc_size)
-      break;
-  if (!s)
-    r = ipcref__segment_new(ctx, pool, alloc_size, 0, IPCREF__FOREIGN, base,
-                            &s);
+  r = ipcref__wrap_segment(ctx, pool, base, &c, &s);
   if (r == IPCREF_OK) {
     s->nwraps++;
     b->seg = s;

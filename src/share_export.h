@@ -88,9 +88,10 @@ IPCREF__PRIVATE ipcref_result ipcref__events_record(const ipcref_view *views,
  * lease's taking (own block or forwarded import), read by the record and
  * by ipcref__fd_recs_add. */
 typedef struct ipcref__lease_src {
-  int device;   /* a device segment: sent as its handle, or by_fd */
-  int by_fd;    /* a device segment shared by fd (seg_fd) */
-  int pooled;   /* by_fd: a pool's fd, `handle` the allocation's data */
+  int device; /* a device segment: sent as its handle, or by_fd */
+  int by_fd;  /* a device segment shared by fd (seg_fd) */
+  int pooled; /* by_fd: a pool's fd, `handle` the allocation's data */
+  const ipcref__chunks *chunks; /* by_fd, in chunks: their fds, sizes */
   int seg_fd;   /* host, by_fd: the fd the peer gets (-1: none made) */
   int writable; /* the peer may map it writable */
   int32_t dev_type, dev_id;
@@ -130,7 +131,22 @@ IPCREF__PRIVATE ipcref_result ipcref__ledger_with_room(ipcref_peer *p,
 IPCREF__PRIVATE ipcref_result ipcref__device_export(ipcref__segment *s) {
   ipcref_backend *be = s->pool->be;
   ipcref_result r = IPCREF_ENOTSUP;
-  if (be->seg_export_fd) {
+  if (s->vmm_chunks) { /* a wrap across VMM chunks: an fd each */
+    ipcref__chunks *c = s->vmm_chunks;
+    int i;
+    r = be->seg_export_chunks(be, s->pool->dev, s->daddr, c->size, c->n, c->fd);
+    for (i = 0; i < c->n; i++)
+      if (r != IPCREF_OK || c->fd[i] < 0) { /* all, or none */
+        int k;
+        for (k = 0; k < c->n; k++) {
+          if (r == IPCREF_OK && c->fd[k] >= 0) close(c->fd[k]);
+          c->fd[k] = -1;
+        }
+        if (r == IPCREF_OK) r = IPCREF_ESYS; /* a broken backend */
+        break;
+      }
+    s->by_fd = r == IPCREF_OK;
+  } else if (be->seg_export_fd) {
     int fd = -1, pooled = 0;
     memset(s->handle, 0, sizeof s->handle);
     r = be->seg_export_fd(be, s->pool->dev, s->daddr, &fd, s->handle, &pooled);
@@ -171,7 +187,10 @@ IPCREF__PRIVATE ipcref_result ipcref__lease_device(ipcref__block *b,
   src->handle = b->seg->handle;
   src->by_fd = b->seg->by_fd;
   src->pooled = b->seg->pooled;
-  src->seg_fd = b->seg->by_fd ? b->seg->fd : -1;
+  src->chunks = b->seg->vmm_chunks;
+  src->seg_fd = !b->seg->by_fd       ? -1
+                : b->seg->vmm_chunks ? b->seg->vmm_chunks->fd[0]
+                                     : b->seg->fd;
   return IPCREF_OK;
 }
 
@@ -276,10 +295,12 @@ ipcref__lease_take_forward(ipcref_peer *p, const ipcref_view *v,
     src->handle = imp->seg->handle;
     src->by_fd = imp->seg->by_fd;
     src->pooled = imp->seg->pooled;
+    src->chunks = imp->seg->vmm_chunks;
     r->has_event = imp->has_event;
     memcpy(r->event, imp->event, sizeof r->event);
   }
-  src->seg_fd = imp->seg->fd;
+  src->seg_fd =
+      imp->seg->vmm_chunks ? imp->seg->vmm_chunks->fd[0] : imp->seg->fd;
   src->writable = imp->seg->writable;
   src->origin_pid = (uint32_t)imp->seg->origin_pid;
   src->origin_nonce = imp->seg->origin_nonce;
@@ -298,11 +319,22 @@ ipcref__lease_take_forward(ipcref_peer *p, const ipcref_view *v,
  * `src`: its segment (an fd, or a device's handle; pool memory always,
  * since its peers unmap it when their last buffer in it goes) and its
  * ledger's fd with its bell's. 0 when out of memory. */
-IPCREF__PRIVATE int ipcref__fd_recs_add(ipcref_peer *p,
-                                        const ipcref__lease_src *src,
-                                        ipcref__fd_rec *fdr, int *nrec,
-                                        int *fds, int *nfd, int dup_fds) {
-  int fail = 0;
+IPCREF__PRIVATE ipcref_result ipcref__fd_recs_add(ipcref_peer *p,
+                                                  const ipcref__lease_src *src,
+                                                  ipcref__fd_rec *fdr,
+                                                  int *nrec, int *fds, int *nfd,
+                                                  int dup_fds) {
+  int fail = 0, i,
+      nseg = !src->device  ? 1
+             : !src->by_fd ? 0
+             : src->chunks ? src->chunks->n
+                           : 1;
+  /* Room for the segment's fds and the ledger's two, before anything is
+   * marked sent: a batch of views in many VMM chunks may not fit. */
+  if (*nfd + nseg + 2 > IPCREF_MSG_MAX_FDS)
+    return ipcref__invalid("ipcref_send_batch",
+                           "more fds than one message carries (views in "
+                           "many VMM chunks): send fewer views at once");
   if ((src->pooled ||
        !ipcref__sent_mark(p, src->origin_nonce,
                           ipcref__sent_key(src->seg_id, 0), &fail)) &&
@@ -311,6 +343,7 @@ IPCREF__PRIVATE int ipcref__fd_recs_add(ipcref_peer *p,
     memset(f, 0, sizeof *f);
     f->kind = !src->device  ? IPCREF__KIND_SEGMENT
               : src->pooled ? IPCREF__KIND_DEVICE_POOL
+              : src->chunks ? IPCREF__KIND_DEVICE_CHUNKS
               : src->by_fd  ? IPCREF__KIND_DEVICE_FD
                             : IPCREF__KIND_DEVICE;
     f->writable = src->writable;
@@ -324,9 +357,17 @@ IPCREF__PRIVATE int ipcref__fd_recs_add(ipcref_peer *p,
       if (!src->by_fd || src->pooled)
         memcpy(f->handle, src->handle, IPCREF_HANDLE_BYTES);
     }
-    if (!src->device || src->by_fd)
+    if (src->chunks) { /* an fd per chunk */
+      f->nchunks = src->chunks->n;
+      for (i = 0; i < f->nchunks; i++) {
+        int cfd = src->chunks->fd[i];
+        f->chunk[i] = src->chunks->size[i];
+        fds[(*nfd)++] = dup_fds ? fcntl(cfd, F_DUPFD_CLOEXEC, 0) : cfd;
+      }
+    } else if (!src->device || src->by_fd) {
       fds[(*nfd)++] =
           dup_fds ? fcntl(src->seg_fd, F_DUPFD_CLOEXEC, 0) : src->seg_fd;
+    }
   }
   if (!fail &&
       !ipcref__sent_mark(p, src->origin_nonce,
@@ -345,7 +386,7 @@ IPCREF__PRIVATE int ipcref__fd_recs_add(ipcref_peer *p,
     fds[(*nfd)++] =
         dup_fds ? fcntl(src->bell_fd, F_DUPFD_CLOEXEC, 0) : src->bell_fd;
   }
-  return !fail;
+  return fail ? IPCREF_ENOMEM : IPCREF_OK;
 }
 
 /* Takes a lease for view `v` for peer `p` and fills its record `r`, and
@@ -373,8 +414,8 @@ ipcref__lease_take(ipcref_peer *p, const ipcref_view *v, ipcref__view_event *ev,
   r->view.buf = NULL; /* byte_offset: relative to the block's data */
   if ((!src.device || src.by_fd) && src.seg_fd < 0)
     res = IPCREF_ESYS;
-  else if (!ipcref__fd_recs_add(p, &src, fdr, nrec, fds, nfd, dup_fds))
-    res = IPCREF_ENOMEM;
+  else
+    res = ipcref__fd_recs_add(p, &src, fdr, nrec, fds, nfd, dup_fds);
   if (res != IPCREF_OK) ipcref__lease_cancel(p->ctx, r);
   return res;
 }

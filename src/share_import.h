@@ -167,76 +167,6 @@ IPCREF__PRIVATE ipcref_result ipcref__map_fd(int fd, int bell,
   return IPCREF_OK;
 }
 
-/* Opens a device segment another process exported (under the lock): by
- * its handle (fd -1), where the allocation the driver opens must be at
- * least as large as announced, or by the fd it came with (record kind 4),
- * which the backend maps at the announced size or refuses. Without a
- * backend for its device here (or one that takes no fds), the map is a
- * placeholder (be NULL): the views in it are refused with ENODEV and
- * their leases given back, and the peer, which counts the segment as
- * sent, stays usable. The map takes the fd on success. */
-IPCREF__PRIVATE ipcref_result ipcref__map_device(ipcref_ctx *ctx,
-                                                 const ipcref__fd_rec *r,
-                                                 int fd, ipcref__map **out,
-                                                 const char **why) {
-  ipcref_backend *be = ipcref__backend_of(ctx, r->dev_type);
-  ipcref__map *m;
-  int pooled = r->kind == IPCREF__KIND_DEVICE_POOL;
-  uint64_t addr = 0, base;
-  size_t size;
-  ipcref_result res;
-  *why = "a device segment of size 0 or too large";
-  if (r->size == 0 || r->size > (uint64_t)PTRDIFF_MAX) return IPCREF_EPROTO;
-  if (fd >= 0 && be && !be->seg_import_fd) be = NULL;
-  m = (ipcref__map *)ipcref__zalloc(sizeof *m);
-  if (!m) return IPCREF_ENOMEM;
-  if (!be) goto fill;
-  *why = pooled    ? "pool memory that its pool's fd and data do not give, "
-                     "at its announced size"
-         : fd >= 0 ? "a device fd that is no shareable allocation of its "
-                     "announced size"
-                   : "a device handle the driver does not open";
-  res = fd >= 0 ? be->seg_import_fd(be, r->dev_id, fd, r->handle, pooled,
-                                    r->size, r->writable != 0, &addr)
-                : be->seg_import(be, r->dev_id, r->handle, &addr);
-  if (res != IPCREF_OK) {
-    IPCREF_FREE(m);
-    return res;
-  }
-  if (fd < 0 &&
-      (be->seg_range(be, r->dev_id, addr, &base, &size) != IPCREF_OK ||
-       base != addr || (uint64_t)size < r->size)) {
-    be->seg_close(be, r->dev_id, addr);
-    IPCREF_FREE(m);
-    *why = "a device handle whose allocation is not the one announced";
-    return IPCREF_EPROTO;
-  }
-fill:
-  m->kind = IPCREF__KIND_DEVICE;
-  m->bell = -1;
-  m->origin_nonce = r->origin_nonce;
-  m->origin_pid = (int)r->origin_pid;
-  m->id = r->id;
-  m->fd = fd; /* kept for forwarding */
-  m->by_fd = fd >= 0;
-  m->pooled = pooled;
-  m->size = (size_t)r->size;
-  m->writable = r->writable != 0;
-  m->be = be;
-  m->dev_type = r->dev_type;
-  m->dev_id = r->dev_id;
-  m->daddr = addr;
-  memcpy(m->handle, r->handle, sizeof m->handle);
-  *out = m;
-  return IPCREF_OK;
-}
-
-/* The address of `offset` in a mapped segment, host or device. */
-IPCREF__PRIVATE void *ipcref__map_addr(const ipcref__map *m, uint64_t offset) {
-  return m->kind == IPCREF__KIND_DEVICE ? (void *)(uintptr_t)(m->daddr + offset)
-                                        : (void *)(m->base + offset);
-}
-
 /* Fresh mappings join the cache (under the lock). */
 IPCREF__PRIVATE void ipcref__maps_commit(ipcref_ctx *ctx, ipcref__map **fresh,
                                          int n) {
@@ -320,6 +250,16 @@ IPCREF__PRIVATE ipcref_result ipcref__import_map(ipcref_ctx *ctx,
       continue;
     if (f->kind == IPCREF__KIND_DEVICE) {
       r = ipcref__map_device(ctx, f, -1, &mm->fresh[mm->nfresh], &mm->why);
+    } else if (f->kind == IPCREF__KIND_DEVICE_CHUNKS) {
+      int at = m->fd_index[i], k;
+      mm->why = "a device segment in chunks that came without their fds";
+      r = IPCREF_OK;
+      for (k = 0; k < f->nchunks; k++)
+        if (fds[at + k] < 0) r = IPCREF_EPROTO;
+      if (r == IPCREF_OK)
+        r = ipcref__map_chunks(ctx, f, fds + at, &mm->fresh[mm->nfresh],
+                               &mm->why);
+      for (k = 0; r == IPCREF_OK && k < f->nchunks; k++) fds[at + k] = -1;
     } else if (f->kind == IPCREF__KIND_DEVICE_FD ||
                f->kind == IPCREF__KIND_DEVICE_POOL) {
       int at = m->fd_index[i];

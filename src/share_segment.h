@@ -78,6 +78,12 @@ IPCREF__PRIVATE void ipcref__segment_destroy(ipcref_ctx *ctx,
     if (s->cls != IPCREF__FOREIGN && !s->leaked)
       s->pool->be->seg_free(s->pool->be, s->pool->dev, s->daddr);
     if (s->fd >= 0) close(s->fd); /* its shareable fd, if exported so */
+    if (s->vmm_chunks) {
+      int i;
+      for (i = 0; i < s->vmm_chunks->n; i++)
+        if (s->vmm_chunks->fd[i] >= 0) close(s->vmm_chunks->fd[i]);
+      IPCREF_FREE(s->vmm_chunks);
+    }
     ctx->st.device_bytes -= s->size;
   } else {
     IPCREF__UNPOISON(s->base, s->size); /* the addresses will be reused */

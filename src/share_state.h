@@ -103,6 +103,14 @@ typedef struct ipcref__pool {
   struct ipcref__pool *next;
 } ipcref__pool;
 
+/* A device segment of several VMM allocations (chunks) mapped one after
+ * the other: their sizes, and each one's fd once exported (-1 before). */
+typedef struct ipcref__chunks {
+  int n;
+  uint64_t size[IPCREF_CHUNKS_MAX];
+  int fd[IPCREF_CHUNKS_MAX];
+} ipcref__chunks;
+
 struct ipcref__segment {
   ipcref_ctx *ctx;
   ipcref__pool *pool;
@@ -112,8 +120,9 @@ struct ipcref__segment {
   uint64_t daddr;      /* device: the allocation's address */
   unsigned char handle[IPCREF_HANDLE_BYTES]; /* device: its IPC handle */
   int exported;                              /* handle (or fd) made */
-  int by_fd;       /* device: shared by the fd in `fd` (seg_export_fd) */
-  int pooled;      /* by_fd: a pool's fd, `handle` its data */
+  int by_fd;  /* device: shared by the fd in `fd` (seg_export_fd) */
+  int pooled; /* by_fd: a pool's fd, `handle` its data */
+  ipcref__chunks *vmm_chunks; /* foreign, in several chunks (else NULL) */
   int leaked;      /* device memory still leased when the context went: never
                       freed (a consumer may have it open) */
   uint32_t nwraps; /* foreign: blocks in it */
@@ -183,10 +192,12 @@ enum {
   IPCREF__KIND_SEGMENT = 1,
   IPCREF__KIND_LEDGER = 2,
   IPCREF__KIND_DEVICE = 3,
-  IPCREF__KIND_DEVICE_FD = 4,  /* on the wire only: a device segment by fd
-                                (its map is a KIND_DEVICE one, by_fd) */
-  IPCREF__KIND_DEVICE_POOL = 5 /* on the wire only: pool memory, by its
-                                  pool's fd and its data (by_fd, pooled) */
+  IPCREF__KIND_DEVICE_FD = 4,    /* on the wire only: a device segment by fd
+                                  (its map is a KIND_DEVICE one, by_fd) */
+  IPCREF__KIND_DEVICE_POOL = 5,  /* on the wire only: pool memory, by its
+                                    pool's fd and its data (by_fd, pooled) */
+  IPCREF__KIND_DEVICE_CHUNKS = 6 /* on the wire only: VMM chunks, by an fd
+                                    each (by_fd, chunks) */
 };
 
 typedef struct ipcref__map {
@@ -205,11 +216,13 @@ typedef struct ipcref__map {
   int32_t dev_type, dev_id;
   uint64_t daddr;
   unsigned char handle[IPCREF_HANDLE_BYTES]; /* kept for forwarding */
-  int by_fd;   /* device segments: shared by fd (kept in fd), not handle */
-  int pooled;  /* by_fd: the fd is a pool's, `handle` the allocation's
-                  data; unmapped at its last buffer's release */
-  int refs;    /* atomic: imported buffers using it */
-  int retired; /* the origin destroyed it: unmap at refs 0 */
+  int by_fd;  /* device segments: shared by fd (kept in fd), not handle */
+  int pooled; /* by_fd: the fd is a pool's, `handle` the allocation's
+                 data; unmapped at its last buffer's release */
+  ipcref__chunks *vmm_chunks; /* by_fd, in chunks: their fds (kept for
+                             forwarding) and sizes; `fd` is -1 */
+  int refs;                   /* atomic: imported buffers using it */
+  int retired;                /* the origin destroyed it: unmap at refs 0 */
   struct ipcref__map *next, *prev;
 } ipcref__map;
 

@@ -11,13 +11,16 @@
  *   u32 magic "IPCM"  u16 version  u16 nviews  u16 nrecs  u16 nretired
  *   u32 sender pid    u64 sender nonce  u16 meta length
  *   nrecs x     { u8 kind (1 segment, 2 ledger, 3 device segment by
- *                 handle, 4 device segment by fd, 5 device pool memory)
+ *                 handle, 4 device segment by fd, 5 device pool memory,
+ *                 6 device segment in chunks)
  *                 u8 writable  u32 origin pid  u64 origin nonce  u64 id
  *                 u64 size
- *                 kinds 3, 4, 5: u32 device type  u32 device id
- *                 kinds 3, 5: 64 B handle (5: the allocation in its pool) }
+ *                 kinds 3 to 6: u32 device type  u32 device id
+ *                 kinds 3, 5: 64 B handle (5: the allocation in its pool)
+ *                 kind 6: u32 n (2..IPCREF_CHUNKS_MAX)  n x u64 size }
  *               (kinds 1, 4 and 5 come with one fd (5: its pool's), kind
- *               2 with two: the ledger and its bell; in this order)
+ *               2 with two: the ledger and its bell, kind 6 with n: one
+ *               per chunk; in this order)
  *   nretired x  { u64 id }          (sender's segments it has destroyed)
  *   nviews x    { u32 origin pid  u64 origin nonce  u64 segment id
  *                 u64 segment size  u64 block offset  u64 block size
@@ -105,13 +108,16 @@ typedef struct ipcref__view_rec {
  * segment) with its device and IPC handle instead; kind 4 (a device
  * segment shared by fd) with its device and an fd; kind 5 (stream-ordered
  * pool memory) with its device, its pool's fd and the allocation's data
- * (in `handle`). */
+ * (in `handle`); kind 6 (VMM chunks) with its device, the chunks' sizes
+ * (adding up to `size`) and an fd each. */
 typedef struct ipcref__fd_rec {
   int kind, writable;
   uint32_t origin_pid;
   uint64_t origin_nonce, id, size;
-  int32_t dev_type, dev_id; /* kind 3 */
+  int32_t dev_type, dev_id; /* kinds 3 to 6 */
   unsigned char handle[IPCREF_HANDLE_BYTES];
+  int nchunks; /* kind 6 */
+  uint64_t chunk[IPCREF_CHUNKS_MAX];
 } ipcref__fd_rec;
 
 /* Writes / reads `n` bytes as they are. */
@@ -148,8 +154,28 @@ IPCREF__PRIVATE void ipcref__put_fd_rec(ipcref__wire *w,
   if (f->kind < IPCREF__KIND_DEVICE) return;
   ipcref__wire_put(w, (uint64_t)(uint32_t)f->dev_type, 4);
   ipcref__wire_put(w, (uint64_t)(uint32_t)f->dev_id, 4);
-  if (f->kind != IPCREF__KIND_DEVICE_FD)
+  if (f->kind == IPCREF__KIND_DEVICE || f->kind == IPCREF__KIND_DEVICE_POOL)
     ipcref__put_bytes(w, f->handle, IPCREF_HANDLE_BYTES);
+  if (f->kind == IPCREF__KIND_DEVICE_CHUNKS) {
+    int i;
+    ipcref__wire_put(w, (uint64_t)f->nchunks, 4);
+    for (i = 0; i < f->nchunks; i++) ipcref__wire_put(w, f->chunk[i], 8);
+  }
+}
+
+/* Reads kind 6's chunk sizes: 0 unless 2..IPCREF_CHUNKS_MAX of them,
+ * none 0, adding up to the record's size. */
+IPCREF__PRIVATE int ipcref__get_chunks(ipcref__wire *w, ipcref__fd_rec *f) {
+  uint64_t sum = 0, n = ipcref__wire_get(w, 4);
+  int i;
+  if (n < 2 || n > IPCREF_CHUNKS_MAX) return 0;
+  f->nchunks = (int)n;
+  for (i = 0; i < f->nchunks; i++) {
+    f->chunk[i] = ipcref__wire_get(w, 8);
+    if (f->chunk[i] == 0 || __builtin_add_overflow(sum, f->chunk[i], &sum))
+      return 0;
+  }
+  return !w->bad && sum == f->size;
 }
 
 IPCREF__PRIVATE int ipcref__get_fd_rec(ipcref__wire *w, ipcref__fd_rec *f) {
@@ -160,15 +186,17 @@ IPCREF__PRIVATE int ipcref__get_fd_rec(ipcref__wire *w, ipcref__fd_rec *f) {
   f->origin_nonce = ipcref__wire_get(w, 8);
   f->id = ipcref__wire_get(w, 8);
   f->size = ipcref__wire_get(w, 8);
-  if (f->kind >= IPCREF__KIND_DEVICE && f->kind <= IPCREF__KIND_DEVICE_POOL) {
+  if (f->kind >= IPCREF__KIND_DEVICE && f->kind <= IPCREF__KIND_DEVICE_CHUNKS) {
     f->dev_type = (int32_t)(uint32_t)ipcref__wire_get(w, 4);
     f->dev_id = (int32_t)(uint32_t)ipcref__wire_get(w, 4);
-    if (f->kind != IPCREF__KIND_DEVICE_FD)
+    if (f->kind == IPCREF__KIND_DEVICE || f->kind == IPCREF__KIND_DEVICE_POOL)
       ipcref__get_bytes(w, f->handle, IPCREF_HANDLE_BYTES);
+    if (f->kind == IPCREF__KIND_DEVICE_CHUNKS && !ipcref__get_chunks(w, f))
+      return 0;
     if (f->dev_type <= IPCREF_DEVICE_CPU || f->dev_id < 0) return 0;
   }
   return !w->bad && f->kind >= IPCREF__KIND_SEGMENT &&
-         f->kind <= IPCREF__KIND_DEVICE_POOL;
+         f->kind <= IPCREF__KIND_DEVICE_CHUNKS;
 }
 
 /* Writes / reads a view record (0 when malformed). */
@@ -317,7 +345,9 @@ IPCREF__PRIVATE int ipcref__msg_decode(const unsigned char *bytes, size_t len,
     m->fd_index[i] = m->recs[i].kind == IPCREF__KIND_DEVICE ? -1 : m->nfds;
     m->nfds += m->recs[i].kind == IPCREF__KIND_LEDGER   ? 2
                : m->recs[i].kind == IPCREF__KIND_DEVICE ? 0
-                                                        : 1;
+               : m->recs[i].kind == IPCREF__KIND_DEVICE_CHUNKS
+                   ? m->recs[i].nchunks
+                   : 1;
   }
   m->why = "more fds than a message may carry";
   if (m->nfds > IPCREF_MSG_MAX_FDS) return 0;

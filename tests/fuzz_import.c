@@ -453,6 +453,8 @@ typedef struct dev_rec {
   uint32_t dev_type, dev_id;
   uint64_t size;
   unsigned char handle[IPCREF_HANDLE_BYTES];
+  int nchunks, chunk_fd[IPCREF_CHUNKS_MAX]; /* kind 6 */
+  uint64_t chunk[IPCREF_CHUNKS_MAX];
 } dev_rec;
 
 static dev_rec dev_recs[IPCREF_MSG_MAX_FDS];
@@ -478,22 +480,39 @@ static void dev_recs_scan(const ipcref_msg *m) {
     d->size = size;
     d->fd = -1;
     at += 30;
-    if (kind >= 3 && kind <= 5) { /* device: handle, fd, pool */
+    if (kind >= 3 && kind <= 6) { /* device: handle, fd, pool, chunks */
       if (at + 8 > m->len) return;
       for (k = 0; k < 4; k++) {
         d->dev_type |= (uint32_t)m->bytes[at + (size_t)k] << (8 * k);
         d->dev_id |= (uint32_t)m->bytes[at + 4 + (size_t)k] << (8 * k);
       }
       at += 8;
-      if (kind != 4) { /* 3: the handle; 5: the pointer's data */
+      if (kind == 3 || kind == 5) { /* the handle; the pointer's data */
         if (at + IPCREF_HANDLE_BYTES > m->len) return;
         memcpy(d->handle, m->bytes + at, IPCREF_HANDLE_BYTES);
         at += IPCREF_HANDLE_BYTES;
       }
-      if (kind != 3 && fdi < (unsigned)m->nfds) d->fd = m->fds[fdi];
+      if (kind == 6) { /* u32 n, n x u64 size; an fd each */
+        unsigned c;
+        if (at + 4 > m->len) return;
+        d->nchunks = (int)le(m->bytes, at, 4);
+        at += 4;
+        if (d->nchunks < 2 || d->nchunks > IPCREF_CHUNKS_MAX) return;
+        if (at + 8 * (size_t)d->nchunks > m->len) return;
+        for (c = 0; c < (unsigned)d->nchunks; c++) {
+          d->chunk[c] = le(m->bytes, at + 8 * c, 8);
+          d->chunk_fd[c] = fdi + c < (unsigned)m->nfds ? m->fds[fdi + c] : -1;
+        }
+        at += 8 * (size_t)d->nchunks;
+      } else if (kind != 3 && fdi < (unsigned)m->nfds) {
+        d->fd = m->fds[fdi];
+      }
       ndev_recs++;
     }
-    fdi += kind == 2 ? 2 : kind == 3 ? 0 : 1;
+    fdi += kind == 2   ? 2
+           : kind == 3 ? 0
+           : kind == 6 ? (unsigned)dev_recs[ndev_recs - 1].nchunks
+                       : 1;
   }
 }
 
@@ -595,6 +614,53 @@ static ipcref_result mock_seg_import_fd(ipcref_backend *be, int32_t dev, int fd,
   if (size > MOCK_MAX || !is_memfd(fd)) return IPCREF_EPROTO;
   if (pooled && memcmp(data, MOCK_MARKER, 8) != 0) return IPCREF_EPROTO;
   return mock_open(dev, size, 0, addr);
+}
+
+/* Kind 6: the chunks, each a memfd, mapped one after the other (the mock
+ * gives one mapping of their sum). */
+static ipcref_result mock_seg_import_chunks(ipcref_backend *be, int32_t dev,
+                                            const int *fds,
+                                            const uint64_t *sizes, int n,
+                                            int writable, uint64_t *addr) {
+  uint64_t sum = 0;
+  int i, k, found = 0;
+  (void)be;
+  if (dev < 0) fail("the driver got a negative device id");
+  if (n < 2 || n > IPCREF_CHUNKS_MAX)
+    fail("the driver got a chunk count "
+         "out of range");
+  for (i = 0; i < n; i++) {
+    if (sizes[i] == 0) fail("the driver was asked to map a chunk of 0 bytes");
+    if (fds[i] < 0 || fcntl(fds[i], F_GETFD) < 0)
+      fail("the driver got a chunk's fd not open");
+    if (__builtin_add_overflow(sum, sizes[i], &sum) ||
+        sum > (uint64_t)PTRDIFF_MAX)
+      fail("the driver got chunks adding up past PTRDIFF_MAX");
+  }
+  for (i = 0; i < ndev_recs && !found; i++) {
+    const dev_rec *d = &dev_recs[i];
+    if (d->kind != 6 || d->nchunks != n || d->dev_id != (uint32_t)dev ||
+        d->size != sum || !d->writable != !writable)
+      continue;
+    found = 1;
+    for (k = 0; k < n; k++)
+      if (d->chunk[k] != sizes[k] || d->chunk_fd[k] != fds[k]) found = 0;
+  }
+  if (!found)
+    fail("the driver mapped chunks no well-formed kind 6 record of the "
+         "message carries (device, sizes, their own fds, writable)");
+  for (i = 0; i < n; i++)
+    if (!is_memfd(fds[i])) return IPCREF_EPROTO;
+  if (sum > MOCK_MAX) return IPCREF_EPROTO;
+  return mock_open(dev, sum, 0, addr);
+}
+
+static ipcref_result mock_seg_export_chunks(ipcref_backend *be, int32_t dev,
+                                            uint64_t base,
+                                            const uint64_t *sizes, int n,
+                                            int *fds) {
+  (void)be, (void)dev, (void)base, (void)sizes, (void)n, (void)fds;
+  return IPCREF_ENODEV;
 }
 
 static ipcref_result mock_seg_range(ipcref_backend *be, int32_t dev,
@@ -700,6 +766,8 @@ static ipcref_backend mock_backend = {
     .fence_done = mock_fence_done,
     .seg_export_fd = mock_seg_export_fd,
     .seg_import_fd = mock_seg_import_fd,
+    .seg_export_chunks = mock_seg_export_chunks,
+    .seg_import_chunks = mock_seg_import_chunks,
 };
 
 /* After the consumer context is gone: every segment the driver opened was
@@ -1039,7 +1107,7 @@ static void patch_seed(const char *name, unsigned flags, int delta,
 
 typedef struct dev_seed {
   const char *name;
-  int kind;             /* 3 (handle), 4 (fd) or 5 (pool: fd and data) */
+  int kind; /* 3 (handle), 4 (fd), 5 (pool: fd and data), 6 (two chunks) */
   uint32_t type, id;    /* the record's device */
   int writable;         /* the record's (and the view's) */
   uint64_t size;        /* the record's */
@@ -1056,7 +1124,7 @@ typedef struct dev_seed {
 /* The bytes of `d` (raw mode) after block 0's templated message `t`. */
 static void dev_seed_write(const dev_seed *d, const unsigned char *t,
                            size_t tlen) {
-  unsigned char msg[4096], sel[6];
+  unsigned char msg[4096], sel[8];
   size_t n = 0, view = HEAD_BYTES + 60, vlen = tlen - view;
   unsigned nsel = 0;
   memcpy(msg, t, HEAD_BYTES);
@@ -1070,7 +1138,12 @@ static void dev_seed_write(const dev_seed *d, const unsigned char *t,
   put_le(msg, n + 28, d->type, 4);
   put_le(msg, n + 32, d->id, 4);
   n += 36;
-  if (d->kind != 4) { /* 3: the handle; 5: the pool pointer's data */
+  if (d->kind == 6) { /* two chunks, halves of the size */
+    put_le(msg, n, 2, 4);
+    put_le(msg, n + 4, d->size / 2, 8);
+    put_le(msg, n + 12, d->size - d->size / 2, 8);
+    n += 20;
+  } else if (d->kind != 4) { /* 3: the handle; 5: the pool pointer's data */
     memset(msg + n, 0, IPCREF_HANDLE_BYTES);
     if (d->alloc) {
       memcpy(msg + n, MOCK_MARKER, 8);
@@ -1094,6 +1167,10 @@ static void dev_seed_write(const dev_seed *d, const unsigned char *t,
     n += IPCREF_HANDLE_BYTES;
   }
   if (d->kind != 3 && !d->no_fd) {
+    sel[2 * nsel] = d->fd_sel;
+    sel[2 * nsel++ + 1] = d->fd_c;
+  }
+  if (d->kind == 6 && !d->no_fd) { /* the second chunk's: the same kind */
     sel[2 * nsel] = d->fd_sel;
     sel[2 * nsel++ + 1] = d->fd_c;
   }
@@ -1170,6 +1247,11 @@ static void dev_seeds(void) {
       {"dev_pool_pipe", 5, C, 0, 0, 4096, 4096, 0, 0, 2048, 0, FD_PIPE, 0, 0},
       {"dev_pool_none", 5, C, 0, 0, 4096, 4096, 0, 0, 2048, 0, FD_NONE, 0, 0},
       {"dev_pool_missing", 5, C, 0, 0, 4096, 4096, 0, 0, 2048, 0, S, 0, 1},
+      /* VMM chunks: two, an fd each (4096-byte memfds, 8192 in all) */
+      {"dev_chunks_ok", 6, C, 0, 0, 8192, 0, 0, 3072, 2048, 0, S, 0, 0},
+      {"dev_chunks_block_past", 6, C, 0, 0, 8192, 0, 0, 7168, 2048, 0, S, 0, 0},
+      {"dev_chunks_pipe", 6, C, 0, 0, 8192, 0, 0, 0, 2048, 0, FD_PIPE, 0, 0},
+      {"dev_chunks_missing", 6, C, 0, 0, 8192, 0, 0, 0, 2048, 0, S, 0, 1},
   };
   unsigned char t[4096];
   size_t len;

@@ -2338,43 +2338,77 @@ GPU_TEST(test_hip_memory, hip, &K_HIP)
 
 /* ======================================================================== */
 /* VMM memory of another allocator in chunks, as PyTorch's expandable
- * segments map it (two 64 KiB chunks, one after the other in one range):
- * a pointer in the second chunk exports that chunk alone, at its offset;
- * a buffer across both chunks is refused when it is wrapped (one buffer
- * is one allocation); a chunk made without the POSIX fd handle type is
- * refused when it is sent, saying so, and the peer goes on. */
+ * segments map it (64 KiB chunks, one after the other in one range): a
+ * pointer in one chunk exports that chunk alone, at its offset; a buffer
+ * across three chunks exports the three (an fd each) and the peer maps
+ * them one after the other; one across more than IPCREF_CHUNKS_MAX is
+ * refused when it is wrapped; a chunk made without the POSIX fd handle
+ * type is refused when it is sent, saying so, and the peer goes on. */
 #define VC_CHUNK ((size_t)65536)
+#define VC_N     (IPCREF_CHUNKS_MAX + 1)
+
+/* Fills (or checks) bytes [from, from + n) of a chunked range, a chunk's
+ * part at a time (a copy stays in one mapping), with the pattern's words
+ * numbered from the range's start. */
+static int vc_pattern(gdrv *d, char *range, size_t from, size_t n, int fill) {
+  int ok = 1;
+  while (n > 0) {
+    size_t part = VC_CHUNK - from % VC_CHUNK;
+    if (part > n) part = n;
+    if (fill)
+      dev_fill(d, range + from, part, 0x77, (uint32_t)(from / 4));
+    else
+      ok &= dev_check(d, range + from, part, 0x77, (uint32_t)(from / 4));
+    from += part;
+    n -= part;
+  }
+  return ok;
+}
+
+/* Sends [from, from + n) of `range`, wrapped; the peer (in this process)
+ * checks it, through its own mapping of the chunks. */
+static void vc_send(one_ctx *o, const kind *k, char *range, size_t from,
+                    size_t n) {
+  ipcref_buf *b = NULL;
+  ipcref_view v, w;
+  memset(&w, 0, sizeof w);
+  vc_pattern(&o->d, range, from, n, 1);
+  CHECK_EQ(g_wrap(o->ctx, k, 0, range + from, n, NULL, NULL, &b), IPCREF_OK);
+  if (!b) return;
+  v = u32_view(b, n);
+  CHECK_EQ(ipcref_send(o->pa, &v), IPCREF_OK);
+  CHECK_EQ(ipcref_recv(o->pb, &w, g_tmo), IPCREF_OK);
+  if (w.buf) /* the peer's chunks lie as the owner's do: a part at a time */
+    CHECK(vc_pattern(&o->d, (char *)(uintptr_t)((uintptr_t)view_ptr(&w) - from),
+                     from, n, 0));
+  ipcref_view_release(&w);
+  ipcref_view_release(&v);
+  ipcref_buf_release(b);
+}
 
 static void test_vmm_chunks(const kind *k) {
   one_ctx o;
-  unsigned long long hs[2], hbad;
+  unsigned long long hs[VC_N], hbad;
   void *range = NULL, *bad = NULL;
   ipcref_buf *b = NULL, *x = NULL;
   ipcref_view v, w;
-  char *in1;
+  int before;
   memset(&w, 0, sizeof w);
   knob_num(k, "GRANULARITY", (long long)VC_CHUNK);
   if (!one_ctx_open(k, &o)) return;
-  CHECK_EQ(g_vmm_make(&o.d, VC_CHUNK, 2, 1, hs, &range), 0);
+  CHECK_EQ(g_vmm_make(&o.d, VC_CHUNK, VC_N, 1, hs, &range), 0);
   CHECK_EQ(g_vmm_make(&o.d, VC_CHUNK, 1, 0, &hbad, &bad), 0);
-  in1 = (char *)range + VC_CHUNK + 256;
-  dev_fill(&o.d, in1, 4096, 0x77, 0);
-  CHECK_EQ(g_wrap(o.ctx, k, 0, in1, 4096, NULL, NULL, &b), IPCREF_OK);
-  if (b) {
-    v = u32_view(b, 4096);
-    CHECK_EQ(ipcref_send(o.pa, &v), IPCREF_OK);
-    CHECK_EQ(ipcref_recv(o.pb, &w, g_tmo), IPCREF_OK);
-    if (w.buf) CHECK(dev_check(&o.d, view_ptr(&w), 4096, 0x77, 0));
-    ipcref_view_release(&w);
-    ipcref_view_release(&v);
-    ipcref_buf_release(b);
-  }
-  /* The second chunk's allocation, exported once. */
+  /* In the second chunk: that chunk's allocation, exported once. */
+  vc_send(&o, k, (char *)range, VC_CHUNK + 256, 4096);
   LOG_EQ(log_count(getpid(), k->c_get, k->ok), 1);
-  /* Across the two chunks: not one allocation. */
-  CHECK_EQ(
-      g_wrap(o.ctx, k, 0, (char *)range + VC_CHUNK - 64, 128, NULL, NULL, &x),
-      IPCREF_EINVAL);
+  /* Across three chunks: an fd each, mapped one after the other. */
+  before = log_count(getpid(), "cuMemMap", k->ok);
+  vc_send(&o, k, (char *)range, VC_CHUNK - 64, VC_CHUNK + 128);
+  LOG_EQ(log_count(getpid(), k->c_get, k->ok), 4);
+  LOG_EQ(log_count(getpid(), "cuMemMap", k->ok) - before, 3);
+  /* Across more chunks than a buffer may span. */
+  CHECK_EQ(g_wrap(o.ctx, k, 0, range, VC_N * VC_CHUNK, NULL, NULL, &x),
+           IPCREF_EINVAL);
   CHECK(x == NULL);
   /* Made without the POSIX fd handle type: never shareable by fd. */
   CHECK_EQ(g_wrap(o.ctx, k, 0, bad, 4096, NULL, NULL, &x), IPCREF_OK);
@@ -2395,12 +2429,119 @@ static void test_vmm_chunks(const kind *k) {
     ipcref_view_release(&v);
     ipcref_buf_release(b);
   }
-  /* The owner frees its memory; the import here holds its own mapping. */
-  g_vmm_free(&o.d, range, VC_CHUNK, 2, hs);
+  /* The owner frees its memory; the imports here hold their mappings. */
+  g_vmm_free(&o.d, range, VC_CHUNK, VC_N, hs);
   g_vmm_free(&o.d, bad, VC_CHUNK, 1, &hbad);
   one_ctx_close(&o);
 }
 GPU_TEST(test_vmm_chunks, cuda_vmm, &K_VMM)
+
+/* The same across processes: A wraps a buffer across three chunks and
+ * sends it to B, which checks it and forwards it to C, which checks it;
+ * each maps the three chunks once and unmaps them once. */
+#define VF_FROM (VC_CHUNK - 64)
+#define VF_LEN  (VC_CHUNK + 128)
+
+static int vf_child(void *vp) {
+  struct flow_arg *a = (struct flow_arg *)vp;
+  gdrv d;
+  ipcref_ctx *ctx;
+  ipcref_peer *pin, *pout = NULL;
+  ipcref_view v;
+  memset(&v, 0, sizeof v);
+  if (g_open(a->k, &d) != IPCREF_OK) return 1;
+  ctx = mkctx(SEG, &d);
+  pin = make_peer(ctx, a->in);
+  if (a->out >= 0) pout = make_peer(ctx, a->out);
+  CHECK_EQ(ipcref_recv_on(pin, &v, g_tmo, NULL), IPCREF_OK);
+  if (v.buf) {
+    CHECK_EQ(ipcref_buf_size(v.buf), VF_LEN);
+    CHECK(vc_pattern(&d, (char *)(uintptr_t)((uintptr_t)view_ptr(&v) - VF_FROM),
+                     VF_FROM, VF_LEN, 0));
+    if (pout) CHECK_EQ(ipcref_send_on(pout, &v, NULL), IPCREF_OK);
+  }
+  ctl_put(a->ctl, 1);
+  CTL_EXPECT(a->ctl, 2);
+  ipcref_view_release(&v);
+  ctl_put(a->ctl, 3);
+  CTL_EXPECT(a->ctl, 4);
+  ipcref_peer_free(pin);
+  ipcref_peer_free(pout);
+  ipcref_ctx_free(ctx);
+  g_close(&d);
+  return 0;
+}
+
+static void test_vmm_chunks_forward(const kind *k) {
+  int bc[2], i;
+  struct flow_arg b, c;
+  kid kb, kc;
+  gdrv d;
+  ipcref_ctx *ctx;
+  ipcref_peer *p;
+  ipcref_buf *buf = NULL;
+  ipcref_view v;
+  unsigned long long hs[3];
+  void *range = NULL;
+  knob_num(k, "GRANULARITY", (long long)VC_CHUNK);
+  knob(k, "HOSTPTR", "none");
+  xsocketpair(SOCK_SEQPACKET, bc);
+  kid_open(&kb, 1, SOCK_SEQPACKET);
+  kid_open(&kc, 0, SOCK_SEQPACKET);
+  b.k = c.k = k;
+  b.in = kb.their_sock[0];
+  b.out = bc[0];
+  b.ctl = kb.their_ctl;
+  c.in = bc[1];
+  c.out = -1;
+  c.ctl = kc.their_ctl;
+  kid_fork(&kb, vf_child, &b, bc[0]);
+  kid_fork(&kc, vf_child, &c, bc[1]);
+  tclose(bc[0]);
+  tclose(bc[1]);
+  if (g_open(k, &d) != IPCREF_OK) goto out;
+  CHECK_EQ(g_vmm_make(&d, VC_CHUNK, 3, 1, hs, &range), 0);
+  vc_pattern(&d, (char *)range, VF_FROM, VF_LEN, 1);
+  ctx = mkctx(SEG, &d);
+  p = kid_peer(&kb, 0, ctx);
+  CHECK_EQ(g_wrap(ctx, k, 0, (char *)range + VF_FROM, VF_LEN, NULL, NULL, &buf),
+           IPCREF_OK);
+  if (buf) {
+    v = u32_view(buf, VF_LEN);
+    CHECK_EQ(ipcref_send_on(p, &v, NULL), IPCREF_OK);
+    ipcref_view_release(&v);
+    ipcref_buf_release(buf);
+  }
+  CTL_EXPECT(kb.ctl, 1); /* B checked it and forwarded it */
+  CTL_EXPECT(kc.ctl, 1); /* C checked it */
+  for (i = 0; i < 2; i++) {
+    kid *kk = i ? &kc : &kb;
+    ctl_put(kk->ctl, 2);
+    CTL_EXPECT(kk->ctl, 3);
+  }
+  ipcref_collect(ctx);
+  CHECK_EQ(stats_of(ctx).live_slots, 0);
+  CHECK_EQ(stats_of(ctx).limbo_blocks, 0);
+  ctl_put(kb.ctl, 4);
+  ctl_put(kc.ctl, 4);
+  KID_EXIT0(&kb, "B");
+  KID_EXIT0(&kc, "C");
+  /* Three chunks exported once by A; mapped and unmapped three times in
+   * each of B and C. */
+  LOG_EQ(log_count(getpid(), k->c_get, k->ok), 3);
+  LOG_EQ(log_count(0, k->c_open, k->ok), 6);
+  LOG_EQ(log_count(0, "cuMemUnmap", k->ok), 6);
+  ipcref_peer_free(p);
+  ipcref_ctx_free(ctx);
+  g_vmm_free(&d, range, VC_CHUNK, 3, hs);
+  g_close(&d);
+out:
+  kid_close(&kb);
+  kid_close(&kc);
+  KID_EXIT0(&kb, "B");
+  KID_EXIT0(&kc, "C");
+}
+GPU_TEST(test_vmm_chunks_forward, cuda_vmm, &K_VMM)
 
 /* ======================================================================== */
 /* Pool memory of a pool not created shareable: wrapped, and refused when
@@ -3236,6 +3377,7 @@ run:
   if (pool) RUN_ONE(test_pool_unshareable_cuda_pool);
   FAKE_ONLY(if (cuda) RUN_ONE(test_vmm_choice_cuda));
   FAKE_ONLY(if (cuda) RUN_ONE(test_vmm_chunks_cuda_vmm));
+  FAKE_ONLY(if (cuda) RUN_ONE(test_vmm_chunks_forward_cuda_vmm));
   if (hip) RUN_ONE(test_hip_memory_hip);
 
   if (getenv("IPCREF_GPU_KEEP_LOGS"))
