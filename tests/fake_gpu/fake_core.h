@@ -72,8 +72,9 @@
  *                 cudaVersion cuGetProcAddress accepts, default 13000
  *   FAKE_HIP_IPC_EVENTS=1     (HIP only) accept hipEventInterprocess, as
  *                 ROCm >= 6 does; by default it fails, as HIP 5.2 says
- *   FAKE_CUDA_VMM, FAKE_CUDA_POSIX_FD, FAKE_CUDA_GRANULARITY  (CUDA only)
- *                 the virtual memory management calls: see fake_vmm.h
+ *   <P>VMM, <P>POSIX_FD, <P>GRANULARITY  the virtual memory management
+ *                 calls (cuMemCreate & co., hipMemCreate & co.): see
+ *                 fake_vmm.h
  *   FAKE_CUDA_POOLS  (CUDA only) the stream-ordered memory pool calls: see
  *                 fake_pool.h (their memory is kinds POOL / PIMPORT here)
  *

@@ -12,6 +12,10 @@
  *   FAKE_HIP_IPC_EVENTS=1  let hipEventCreateWithFlags accept
  *                          hipEventInterprocess (as ROCm >= 6 does); by
  *                          default it fails as the 5.2 header says.
+ *   FAKE_HIP_VMM, FAKE_HIP_POSIX_FD, FAKE_HIP_GRANULARITY  the virtual memory
+ *                          management calls (hipMemCreate & co.): see
+ *                          fake_vmm.h; the entry points are in
+ *                          fake_hip_vmm.c
  */
 #define _GNU_SOURCE
 #include <hip/hip_runtime_api.h>
@@ -19,6 +23,8 @@
 #define FK_PREFIX "FAKE_HIP_"
 #define FK_MAGIC  0x50484b46u /* "FKHP" */
 #include "fake_core.h"
+#define FK_VMM_GRAN_MIN 4096 /* AMD: 4 KiB minimum, 2 MiB recommended */
+#include "fake_vmm.h"
 
 _Static_assert(sizeof(hipIpcMemHandle_t) == sizeof(struct fk_handle),
                "handle size");
@@ -193,8 +199,12 @@ int fake_gpu_alloc_vmm(void **ptr, size_t size) {
   RET("fake_gpu_alloc_vmm", e, "size=%zu ptr=0x%llx", size, FK_P(p));
 }
 
+/* A VMM address (hipMemAddressReserve / hipMemMap, fake_vmm.h) is not
+ * hipFree's: hipErrorInvalidValue (undo it with hipMemUnmap,
+ * hipMemAddressFree, hipMemRelease). */
 hipError_t hipFree(void *ptr) {
   GATE();
+  if (!e && ptr && fk_vmm_owns((uintptr_t)ptr)) e = FK_EINVAL;
   if (!e) e = fk_mem_free((uintptr_t)ptr);
   RET("hipFree", e, "ptr=0x%llx", FK_P(ptr));
 }
@@ -421,6 +431,10 @@ hipError_t hipIpcOpenEventHandle(hipEvent_t *event,
   RET("hipIpcOpenEventHandle", e, "h=%s event=0x%llx",
       fk_hid(id, h.pid, h.nonce), FK_P(ev));
 }
+
+/* ---- virtual memory management ------------------------------------------ */
+
+#include "fake_hip_vmm.c"
 
 /* ---- errors -------------------------------------------------------------- */
 

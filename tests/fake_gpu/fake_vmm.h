@@ -1,52 +1,63 @@
-/* fake_vmm.h - the CUDA virtual memory management (VMM) engine of ipcref's
- * fake driver (tests only): cuMemCreate, cuMemAddressReserve, cuMemMap,
- * cuMemSetAccess, POSIX fd export/import. Included by fake_cuda.c after
- * fake_core.h; API-neutral like it (the skin, fake_cuda_vmm.c, checks the
- * CUDA structures and maps errors). Everything here runs under fk.mu.
+/* fake_vmm.h - the virtual memory management (VMM) engine of ipcref's fake
+ * drivers (tests only), shared by both skins: fake_cuda_vmm.c (cuMemCreate,
+ * cuMemAddressReserve, cuMemMap, cuMemSetAccess, POSIX fd export/import, in
+ * fake_cuda.c) and fake_hip_vmm.c (the same hipMem* calls, in fake_hip.c).
+ * Included after fake_core.h; API-neutral like it (each skin checks its
+ * API's structures, quotes its header and maps errors). The rules quoted
+ * here are cuda.h's, whose wording the HIP header (terser) does not
+ * contradict. Everything here runs under fk.mu.
  *
- * Allocations. cuMemCreate makes a record (struct fk_valloc) owning a memfd
- * named "fake_gpu_vmm:<nonce, 16 hex>:<device ordinal>" (MFD_CLOEXEC) of the
- * requested size; it counts against MEM_LIMIT like cuMemAlloc. The handle is
- * an opaque value 0xfa4e<48-bit sequence number> (never 0, never reused in a
- * process, not an address) naming the record. The record has refs (the
- * creation or import, plus each cuMemRetainAllocationHandle) and maps (live
- * cuMemMap mappings); the handle is valid while refs > 0; the record and its
- * memory go when both are 0. An import is a new record (new handle) over a
- * new open of the same memfd; it does not count against MEM_LIMIT.
+ * Allocations. Creating one (cuMemCreate / hipMemCreate) makes a record
+ * (struct fk_valloc) owning a memfd named
+ * "fake_gpu_vmm:<nonce, 16 hex>:<device ordinal>" (MFD_CLOEXEC) of the
+ * requested size; it counts against MEM_LIMIT like a plain allocation. The
+ * handle is an opaque value 0xfa4e<48-bit sequence number> (never 0, never
+ * reused in a process, not an address) naming the record. The record has
+ * refs (the creation or import, plus each retain of the handle by address)
+ * and maps (live mappings); the handle is valid while refs > 0; the record
+ * and its memory go when both are 0. An import is a new record (new handle)
+ * over a new open of the same memfd; it does not count against MEM_LIMIT.
  *
- * Address space. cuMemAddressReserve makes a PROT_NONE anonymous mapping
- * (struct fk_vres); cuMemMap replaces part of it with the memfd, MAP_SHARED |
- * MAP_FIXED, PROT_NONE, and adds an FK_MEM_VMAP entry to fake_core.h's table
- * (so address-range and pointer-attribute queries and copies find it);
- * cuMemSetAccess records per-device access in that entry (copies check it,
- * see fk_bytes) and mprotects the mapping to the union of the devices'
- * rights, unless HOSTPTR=none, where it stays PROT_NONE and copies go
- * through a second read-write mapping of the memfd. cuMemUnmap puts PROT_NONE
- * anonymous memory back (the range is a reservation again).
+ * Address space. A reservation is a PROT_NONE anonymous mapping (struct
+ * fk_vres); mapping an allocation replaces part of it with the memfd,
+ * MAP_SHARED | MAP_FIXED, PROT_NONE, and adds an FK_MEM_VMAP entry to
+ * fake_core.h's table (so address-range and pointer-attribute queries and
+ * copies find it); setting access records per-device access in that entry
+ * (copies check it, see fk_bytes) and mprotects the mapping to the union of
+ * the devices' rights, unless HOSTPTR=none, where it stays PROT_NONE and
+ * copies go through a second read-write mapping of the memfd. Unmapping puts
+ * PROT_NONE anonymous memory back (the range is a reservation again).
  *
- * Knobs (read on every call):
- *   FAKE_CUDA_VMM=0          CU_DEVICE_ATTRIBUTE_VIRTUAL_MEMORY_MANAGEMENT_
- *                            SUPPORTED and ..._POSIX_FILE_DESCRIPTOR_SUPPORTED
- *                            answer 0; cuMemCreate, cuMemAddressReserve,
- *                            cuMemGetAllocationGranularity and
- *                            cuMemImportFromShareableHandle fail NOT_SUPPORTED
- *   FAKE_CUDA_POSIX_FD=0     only ..._POSIX_FILE_DESCRIPTOR_SUPPORTED is 0;
- *                            cuMemCreate asking for POSIX_FILE_DESCRIPTOR
- *                            fails NOT_SUPPORTED
- *   FAKE_CUDA_GRANULARITY    bytes, a power of two >= 4096 (else the default),
- *                            default 2097152: MINIMUM and RECOMMENDED
- *                            granularity, and what sizes, addresses and
- *                            alignments must be multiples of
+ * Knobs (read on every call; <P> is FK_PREFIX, FAKE_CUDA_ or FAKE_HIP_):
+ *   <P>VMM=0          no VMM: creating, reserving, importing and asking the
+ *                     granularity fail not-supported (CUDA: the device
+ *                     attributes ..._VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED and
+ *                     ..._POSIX_FILE_DESCRIPTOR_SUPPORTED answer 0; HIP 5.2
+ *                     has no such attribute)
+ *   <P>POSIX_FD=0     creating an allocation that asks for the POSIX fd
+ *                     handle type fails not-supported (CUDA: only
+ *                     ..._POSIX_FILE_DESCRIPTOR_SUPPORTED is 0)
+ *   <P>GRANULARITY    bytes, a power of two >= 4096 (else the default),
+ *                     default 2097152: the RECOMMENDED granularity and the
+ *                     default alignment of reservations. The MINIMUM one
+ *                     (what sizes, addresses and offsets must be multiples
+ *                     of) is the same, unless the skin fixes it with
+ *                     FK_VMM_GRAN_MIN (HIP: 4096, AMD's page).
  */
 #ifndef FAKE_VMM_H
 #define FAKE_VMM_H
 
 #include <stdio.h>
 
-#define FK_VMM_HTAG  0xfa4e000000000000ull /* handle = tag | sequence */
-#define FK_VMM_NAME  "fake_gpu_vmm:"
-#define FK_VH_POSIX  0x1 /* CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR */
+#define FK_VMM_HTAG 0xfa4e000000000000ull /* handle = tag | sequence */
+#define FK_VMM_NAME "fake_gpu_vmm:"
+#define FK_VH_POSIX                                                            \
+  0x1 /* CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR ==                           \
+           hipMemHandleTypePosixFileDescriptor */
 #define FK_VMM_GRAN0 2097152u
+#ifndef FK_VMM_GRAN_MIN
+#define FK_VMM_GRAN_MIN 0 /* the minimum granularity is the recommended one */
+#endif
 
 struct fk_valloc {
   uint64_t h, nonce;
@@ -76,6 +87,11 @@ static int fk_vmm_posix_on(void) {
 static size_t fk_vmm_gran(void) {
   long long g = fk_knob_num("GRANULARITY", FK_VMM_GRAN0);
   return g >= 4096 && !(g & (g - 1)) ? (size_t)g : FK_VMM_GRAN0;
+}
+/* What sizes, addresses and offsets must be multiples of. */
+static inline size_t fk_vmm_gran_min(void) {
+  size_t g = fk_vmm_gran();
+  return FK_VMM_GRAN_MIN && FK_VMM_GRAN_MIN < g ? (size_t)FK_VMM_GRAN_MIN : g;
 }
 
 /* Grow a table by one slot (fkv's arrays). */
@@ -131,7 +147,7 @@ static int fk_vmm_create(uint64_t *h, size_t size, int dev, unsigned htypes,
   snprintf(name, sizeof name, FK_VMM_NAME "%016" PRIx64 ":%d", a.nonce, dev);
   if (limit >= 0 && (size > (unsigned long long)limit ||
                      fk.live > (unsigned long long)limit - size)) {
-    e = FK_ENOMEM; /* as cuMemAlloc: CUDA_ERROR_OUT_OF_MEMORY */
+    e = FK_ENOMEM; /* as a plain allocation: out of memory */
   } else if ((a.fd = memfd_create(name, MFD_CLOEXEC)) < 0 ||
              ftruncate(a.fd, (off_t)size)) {
     e = FK_ENOMEM;
@@ -163,7 +179,7 @@ static int fk_vmm_release(uint64_t h, uint64_t *nonce) {
   }
   FK_UNLOCK();
   /* "If handle is not a valid handle the behavior is undefined": the fake
-   * answers CUDA_ERROR_INVALID_VALUE (also for a second release). */
+   * answers invalid value (also for a second release). */
   return a ? FK_OK : FK_EINVAL;
 }
 
@@ -220,7 +236,7 @@ static int fk_vmm_address_free(uintptr_t p, size_t size) {
      * given must match what was returned from memAddressReserve." */
     if (fkv.r[i].base != p || fkv.r[i].size != size) continue;
     /* The documentation does not say what happens to mappings still in the
-     * range: the fake refuses (CUDA_ERROR_INVALID_VALUE); unmap first. */
+     * range: the fake refuses (invalid value); unmap first. */
     if (!fk_vmap_overlap(p, size)) {
       munmap((void *)p, size);
       fkv.r[i] = fkv.r[--fkv.nr];
@@ -389,7 +405,7 @@ static int fk_vmm_export_fd(int *out, uint64_t h, uint64_t *nonce) {
     /* attribute 103: "Device supports exporting memory to a posix file
      * descriptor with ::cuMemExportToShareableHandle, if requested via
      * ::cuMemCreate"; the error for an allocation that did not request it
-     * is not documented: CUDA_ERROR_INVALID_VALUE */
+     * is not documented: invalid value */
     e = FK_EINVAL;
   } else if ((*out = fcntl(a->fd, F_DUPFD_CLOEXEC, 0)) < 0) {
     e = FK_ENOMEM;
@@ -421,7 +437,7 @@ static int fk_vmm_import_fd(uint64_t *h, int fd, uint64_t *nonce,
     return FK_EINVAL; /* a pipe, a socket, another memfd, a closed fd */
   /* "If the current process cannot support the memory described by this
    * shareable handle, this API will error as ::CUDA_ERROR_NOT_SUPPORTED."
-   * (an allocation on a device this process does not have) */
+   * (an allocation on a device this process does not have): not supported */
   if (dev < 0 || dev >= fk_devices()) return FK_ENOTSUP;
   char path[64];
   snprintf(path, sizeof path, "/proc/self/fd/%d", fd);
@@ -447,6 +463,28 @@ static int fk_vmm_import_fd(uint64_t *h, int fd, uint64_t *nonce,
   FK_UNLOCK();
   if (!a) close(own);
   return a ? FK_OK : FK_ENOMEM;
+}
+
+/* The access device dev has to the mapping containing p (0, 1 = read,
+ * 3 = read-write); invalid value if p is not in a mapping. */
+static inline int fk_vmm_get_access(uintptr_t p, int dev, int *acc) {
+  FK_LOCK();
+  struct fk_mem *m = fk_find(p);
+  int ok = m && m->kind == FK_MEM_VMAP && dev >= 0 && dev < FK_MAX_DEV;
+  if (ok) *acc = m->access[dev];
+  FK_UNLOCK();
+  return ok ? FK_OK : FK_EINVAL;
+}
+
+/* Whether p is in a reservation (mapped or not): a plain free must not take
+ * it. */
+static inline int fk_vmm_owns(uintptr_t p) {
+  FK_LOCK();
+  int yes = 0;
+  for (size_t i = 0; i < fkv.nr && !yes; i++)
+    yes = p >= fkv.r[i].base && p - fkv.r[i].base < fkv.r[i].size;
+  FK_UNLOCK();
+  return yes;
 }
 
 /* What dlclose must release (see fk_fini). */

@@ -14,6 +14,8 @@
  *   -DFAKE_GPU_CUDA  <cuda.h>, tests libcuda.so.1
  *   -DFAKE_GPU_HIP   <hip/hip_runtime_api.h> (with -D__HIP_PLATFORM_AMD__),
  *                    tests libamdhip64.so.5
+ * The VMM and pool scenarios are in selftest_vmm.c, selftest_pool.c (CUDA)
+ * and selftest_hip_vmm.c (HIP), #included below.
  */
 #if !defined(FAKE_GPU_CUDA) && !defined(FAKE_GPU_HIP)
 #error "define FAKE_GPU_CUDA and/or FAKE_GPU_HIP (tests/fake_gpu/build.sh)"
@@ -34,6 +36,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <sys/socket.h>
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
@@ -545,6 +548,37 @@ static void close_pipes(void) {
   close(to_imp[1]);
   close(to_exp[0]);
   close(to_exp[1]);
+}
+
+/* A VMM allocation's fd and its size over a socketpair (SCM_RIGHTS), as
+ * the VMM cross-process scenarios of both APIs send it. */
+static void send_fd(int sock, int fd, uint64_t size) {
+  char cbuf[CMSG_SPACE(sizeof(int))];
+  struct iovec iov = {&size, sizeof size};
+  struct msghdr mh = {.msg_iov = &iov,
+                      .msg_iovlen = 1,
+                      .msg_control = cbuf,
+                      .msg_controllen = sizeof cbuf};
+  memset(cbuf, 0, sizeof cbuf);
+  struct cmsghdr *c = CMSG_FIRSTHDR(&mh);
+  c->cmsg_level = SOL_SOCKET;
+  c->cmsg_type = SCM_RIGHTS;
+  c->cmsg_len = CMSG_LEN(sizeof(int));
+  memcpy(CMSG_DATA(c), &fd, sizeof fd);
+  if (sendmsg(sock, &mh, 0) != (ssize_t)sizeof size) abort();
+}
+static int recv_fd(int sock, uint64_t *size) {
+  char cbuf[CMSG_SPACE(sizeof(int))];
+  struct iovec iov = {size, sizeof *size};
+  struct msghdr mh = {.msg_iov = &iov,
+                      .msg_iovlen = 1,
+                      .msg_control = cbuf,
+                      .msg_controllen = sizeof cbuf};
+  int fd = -1;
+  if (recvmsg(sock, &mh, 0) != (ssize_t)sizeof *size) return -1;
+  struct cmsghdr *c = CMSG_FIRSTHDR(&mh);
+  if (c && c->cmsg_type == SCM_RIGHTS) memcpy(&fd, CMSG_DATA(c), sizeof fd);
+  return fd;
 }
 
 /* The log id of a handle: "<pid>:<nonce as 16 hex>" (layout in fake_core.h). */
@@ -1155,6 +1189,8 @@ static void s_hip_nodevice(void) {
   EQ(p_hipMalloc(&p, 64), hipErrorInvalidDevice);
   EQ(p_hipRuntimeGetVersion(&v), 0);
 }
+
+#include "selftest_hip_vmm.c"
 #endif /* FAKE_GPU_HIP */
 
 static void s_log_lines(void) {
@@ -1203,6 +1239,7 @@ int main(int argc, char **argv) {
 #endif
 #ifdef FAKE_GPU_HIP
   load_hip(argv[1]);
+  load_hip_vmm();
 #endif
   for (size_t i = 0; i < sizeof apis / sizeof *apis; i++) {
     const struct api *api = apis[i];
@@ -1225,6 +1262,7 @@ int main(int argc, char **argv) {
 #ifdef FAKE_GPU_HIP
   run(&hip, "runtime", s_hip_runtime);
   run(&hip, "nodevice", s_hip_nodevice);
+  run_hip_vmm();
 #endif
   unlink(logpath);
   printf("%d passed, %d failed\n", T->pass, T->fail);

@@ -4,7 +4,6 @@
  * spawn(), knob() and the log helpers there).
  */
 #include <fcntl.h>
-#include <sys/socket.h>
 
 // clang-format off
 #define VMM_FUNCS(X)                                                           \
@@ -445,35 +444,6 @@ static void s_vmm_fork_after_init(void) {
 
 static int vmm_sock[2];
 static unsigned char vmm_pat[8192];
-
-static void send_fd(int sock, int fd, uint64_t size) {
-  char cbuf[CMSG_SPACE(sizeof(int))];
-  struct iovec iov = {&size, sizeof size};
-  struct msghdr mh = {.msg_iov = &iov,
-                      .msg_iovlen = 1,
-                      .msg_control = cbuf,
-                      .msg_controllen = sizeof cbuf};
-  memset(cbuf, 0, sizeof cbuf);
-  struct cmsghdr *c = CMSG_FIRSTHDR(&mh);
-  c->cmsg_level = SOL_SOCKET;
-  c->cmsg_type = SCM_RIGHTS;
-  c->cmsg_len = CMSG_LEN(sizeof(int));
-  memcpy(CMSG_DATA(c), &fd, sizeof fd);
-  if (sendmsg(sock, &mh, 0) != (ssize_t)sizeof size) abort();
-}
-static int recv_fd(int sock, uint64_t *size) {
-  char cbuf[CMSG_SPACE(sizeof(int))];
-  struct iovec iov = {size, sizeof *size};
-  struct msghdr mh = {.msg_iov = &iov,
-                      .msg_iovlen = 1,
-                      .msg_control = cbuf,
-                      .msg_controllen = sizeof cbuf};
-  int fd = -1;
-  if (recvmsg(sock, &mh, 0) != (ssize_t)sizeof *size) return -1;
-  struct cmsghdr *c = CMSG_FIRSTHDR(&mh);
-  if (c && c->cmsg_type == SCM_RIGHTS) memcpy(&fd, CMSG_DATA(c), sizeof fd);
-  return fd;
-}
 
 static void vmm_exporter(void) {
   CUmemGenericAllocationHandle h, h0;
