@@ -316,6 +316,8 @@ typedef struct { /* CUmemAccessDesc's layout */
 #define IPCREF__CU_ATTR_IPC_CAPABLE 10  /* ..._IS_LEGACY_CUDA_IPC_CAPABLE */
 #define IPCREF__CU_PROC_VERSION     12000 /* covers every symbol used */
 #define IPCREF__CU_VMM              1 /* memory shared by fd (src/gpu_vmm.h) */
+#define IPCREF__CU_VMM_AUTO         1 /* VMM by default where it can share */
+#define IPCREF__CU_POOLS            1 /* pool memory too (src/gpu_pool.h) */
 #define IPCREF__CU_ATTR_VMM         102 /* ..._VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED */
 #define IPCREF__CU_ATTR_POSIX_FD                                               \
   103 /* CU_DEVICE_ATTRIBUTE_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR_SUPPORTED */
@@ -1053,7 +1055,7 @@ IPCREF__PRIVATE ipcref_result ipcref__cu_on(ipcref_cuda *g, int dev) {
 
 /* ---- gpu_pool: pool memory shared by fd (src/gpu_pool.h) ---------------- */
 
-#if IPCREF__CU_VMM
+#if IPCREF__CU_POOLS
 
 /* A pool this process exported, or imported; a pointer exported or
  * imported. */
@@ -1290,7 +1292,31 @@ IPCREF__PRIVATE void ipcref__cu_pool_close_all(ipcref_cuda *g) {
   }
 }
 
-#endif /* IPCREF__CU_VMM */
+#elif IPCREF__CU_VMM /* the driver's part shares no pools */
+
+IPCREF__PRIVATE ipcref_result ipcref__cu_pool_export(ipcref_cuda *g, int dev,
+                                                     uint64_t base, int *fd,
+                                                     unsigned char *data) {
+  (void)g, (void)dev, (void)base, (void)fd, (void)data;
+  return IPCREF_ENOTSUP; /* then legacy IPC's, which says what it is */
+}
+IPCREF__PRIVATE ipcref_result ipcref__cu_pool_import(
+    ipcref_cuda *g, int dev, int fd, const unsigned char *data, uint64_t size,
+    int writable, uint64_t *addr) {
+  (void)g, (void)dev, (void)fd, (void)data, (void)size, (void)writable;
+  (void)addr;
+  return ipcref__cu_say(IPCREF_ENODEV, "pool memory is not shared here");
+}
+IPCREF__PRIVATE int ipcref__cu_pool_close(ipcref_cuda *g, int dev,
+                                          uint64_t addr) {
+  (void)g, (void)dev, (void)addr;
+  return 0;
+}
+IPCREF__PRIVATE void ipcref__cu_pool_close_all(ipcref_cuda *g) {
+  (void)g;
+}
+
+#endif /* IPCREF__CU_POOLS */
 
 /* ---- gpu_vmm: memory shared by fd (src/gpu_vmm.h) ----------------------- */
 
@@ -1334,7 +1360,8 @@ IPCREF__PRIVATE int ipcref__cu_vmm_wanted(ipcref_cuda *g, int dev) {
   memory = g->memory;
   pthread_mutex_unlock(&g->lock);
   if (memory == IPCREF_CUDA_MEMORY_LEGACY) return 0;
-  return memory == IPCREF_CUDA_MEMORY_VMM || ipcref__cu_vmm_able(g, dev);
+  return memory == IPCREF_CUDA_MEMORY_VMM ||
+         (IPCREF__CU_VMM_AUTO && ipcref__cu_vmm_able(g, dev));
 }
 
 /* `size` rounded up to device `dev`'s granularity into *out: 0, or the

@@ -23,10 +23,10 @@
  * of an event travelling with the message, ipcref_send_on synchronizes the
  * producer's stream before the hand-off. The producer's thread waits for
  * its own queued work then, never for a consumer. Another: device memory
- * is legacy (hipMalloc) only; the memory shared by fd that the CUDA
- * backend makes with virtual memory management is not made here, and a
- * segment shared so by a CUDA peer is refused (ENODEV) as any memory of
- * another device type. */
+ * is legacy (hipMalloc) unless VMM memory is asked for
+ * (ipcref_hip_set_memory: hipMemCreate, shared by fd, as the CUDA backend
+ * does), since HIP has no device attribute that says it works; memory of
+ * stream-ordered pools is not shared (legacy IPC refuses it). */
 
 #ifndef IPCREF_HIP_H_INCLUDED
 #define IPCREF_HIP_H_INCLUDED
@@ -65,17 +65,17 @@ IPCREF_API ipcref_backend *ipcref_hip_backend(ipcref_hip *hip);
 IPCREF_API void ipcref_hip_close(ipcref_hip *hip);
 
 /* What ipcref_hip_alloc's segments are made of (ipcref_hip_set_memory):
- * the values are those of ipcref_cuda.h, and only legacy memory is made
- * here. */
-#define IPCREF_HIP_MEMORY_AUTO 0 /* legacy: the default */
-#define IPCREF_HIP_MEMORY_LEGACY                                               \
-  1                             /* hipMalloc; shared by hipIpcGetMemHandle     \
-                                 */
-#define IPCREF_HIP_MEMORY_VMM 2 /* not made by this backend: ENOTSUP */
+ * the values are those of ipcref_cuda.h. AUTO, the default, is legacy
+ * memory (hipMalloc, shared by hipIpcGetMemHandle); VMM is hipMemCreate
+ * (whole granules), shared by fd, and a runtime without those calls makes
+ * ipcref_hip_alloc say ENOTSUP. */
+#define IPCREF_HIP_MEMORY_AUTO   0
+#define IPCREF_HIP_MEMORY_LEGACY 1
+#define IPCREF_HIP_MEMORY_VMM    2
 
-/* Chooses what the segments made from now on are: AUTO and LEGACY are
- * hipMalloc. Errors: EINVAL (hip NULL, an unknown value), ENOTSUP (VMM:
- * ipcref_hip_error() says why). */
+/* Chooses what the segments made from now on are (those made before keep
+ * theirs; a consumer maps either kind). Errors: EINVAL (hip NULL, an
+ * unknown value). */
 IPCREF_API ipcref_result ipcref_hip_set_memory(ipcref_hip *hip, int memory);
 
 /* A shared device buffer of `size` bytes on device `device` (the backend
@@ -212,6 +212,11 @@ typedef hipEvent_t ipcref__hip_event;
 typedef hipStream_t ipcref__hip_stream;
 typedef hipIpcMemHandle_t ipcref__hip_mem_handle;
 typedef hipPointer_attribute ipcref__hip_attr;
+typedef hipMemGenericAllocationHandle_t ipcref__hip_vmm_handle;
+typedef hipMemAllocationProp ipcref__hip_mem_prop;
+typedef hipMemAccessDesc ipcref__hip_access;
+typedef hipMemAllocationHandleType ipcref__hip_handle_type;
+typedef hipMemAllocationGranularity_flags ipcref__hip_granularity;
 #else
 typedef int ipcref__hip_result;
 typedef struct ipcref__hip_event_st *ipcref__hip_event;
@@ -220,6 +225,14 @@ typedef struct {
   char reserved[64];
 } ipcref__hip_mem_handle;
 typedef int ipcref__hip_attr;
+typedef struct ipcref__hip_vmm_st *ipcref__hip_vmm_handle;
+typedef struct ipcref__hip_mem_prop_st ipcref__hip_mem_prop; /* see below */
+typedef struct {
+  int type, id;
+  int flags;
+} ipcref__hip_access; /* hipMemAccessDesc's layout */
+typedef int ipcref__hip_handle_type;
+typedef int ipcref__hip_granularity;
 #endif
 
 /* The numbers used here (hip_runtime_api.h), and what the shared part
@@ -229,7 +242,10 @@ typedef int ipcref__hip_attr;
 #define IPCREF__HIP_INVALID_CONTEXT 201 /* hipErrorInvalidContext */
 #define IPCREF__HIP_NOT_READY       600 /* hipErrorNotReady */
 #define IPCREF__HIP_IPC_EVENTS      0   /* HIP 5: none that work */
-#define IPCREF__HIP_VMM             0   /* no memory shared by fd here */
+#define IPCREF__HIP_VMM             1 /* memory shared by fd (src/gpu_vmm.h) */
+#define IPCREF__HIP_VMM_AUTO                                                   \
+  0 /* legacy by default: HIP has no device attribute that says VMM works */
+#define IPCREF__HIP_POOLS           0 /* pools are not shared here (src/gpu_pool.h) */
 #define IPCREF__HIP_DEVICE_TYPE     IPCREF_DEVICE_ROCM
 #define IPCREF__HIP_NAME            "hip"
 #define IPCREF__HIP_DEVICES         64
@@ -260,6 +276,33 @@ typedef struct ipcref__hip_api {
   ipcref__hip_result (*StreamWaitEvent)(ipcref__hip_stream, ipcref__hip_event,
                                         unsigned int);
   ipcref__hip_result (*StreamSynchronize)(ipcref__hip_stream);
+  /* Virtual memory management: optional (src/hip_vmm.h). */
+  ipcref__hip_result (*DeviceSynchronize)(void);
+  ipcref__hip_result (*MemGetAllocationGranularity)(
+      size_t *, const ipcref__hip_mem_prop *, ipcref__hip_granularity);
+  ipcref__hip_result (*MemCreate)(ipcref__hip_vmm_handle *, size_t,
+                                  const ipcref__hip_mem_prop *,
+                                  unsigned long long);
+  ipcref__hip_result (*MemRelease)(ipcref__hip_vmm_handle);
+  ipcref__hip_result (*MemAddressReserve)(void **, size_t, size_t, void *,
+                                          unsigned long long);
+  ipcref__hip_result (*MemAddressFree)(void *, size_t);
+  ipcref__hip_result (*MemMap)(void *, size_t, size_t, ipcref__hip_vmm_handle,
+                               unsigned long long);
+  ipcref__hip_result (*MemUnmap)(void *, size_t);
+  ipcref__hip_result (*MemSetAccess)(void *, size_t, const ipcref__hip_access *,
+                                     size_t);
+  ipcref__hip_result (*MemExportToShareableHandle)(void *,
+                                                   ipcref__hip_vmm_handle,
+                                                   ipcref__hip_handle_type,
+                                                   unsigned long long);
+  ipcref__hip_result (*MemImportFromShareableHandle)(ipcref__hip_vmm_handle *,
+                                                     void *,
+                                                     ipcref__hip_handle_type);
+  ipcref__hip_result (*MemRetainAllocationHandle)(ipcref__hip_vmm_handle *,
+                                                  void *);
+  ipcref__hip_result (*MemGetAllocationPropertiesFromHandle)(
+      ipcref__hip_mem_prop *, ipcref__hip_vmm_handle);
 } ipcref__hip_api;
 
 #if defined(HIP_IPC_HANDLE_SIZE) && !defined(__cplusplus)
@@ -286,6 +329,22 @@ IPCREF__PRIVATE void ipcref__hip_check_prototypes(void) {
   IPCREF__HIP_CHECK(EventDestroy, hipEventDestroy);
   IPCREF__HIP_CHECK(StreamWaitEvent, hipStreamWaitEvent);
   IPCREF__HIP_CHECK(StreamSynchronize, hipStreamSynchronize);
+  IPCREF__HIP_CHECK(DeviceSynchronize, hipDeviceSynchronize);
+  IPCREF__HIP_CHECK(MemGetAllocationGranularity,
+                    hipMemGetAllocationGranularity);
+  IPCREF__HIP_CHECK(MemCreate, hipMemCreate);
+  IPCREF__HIP_CHECK(MemRelease, hipMemRelease);
+  IPCREF__HIP_CHECK(MemAddressReserve, hipMemAddressReserve);
+  IPCREF__HIP_CHECK(MemAddressFree, hipMemAddressFree);
+  IPCREF__HIP_CHECK(MemMap, hipMemMap);
+  IPCREF__HIP_CHECK(MemUnmap, hipMemUnmap);
+  IPCREF__HIP_CHECK(MemSetAccess, hipMemSetAccess);
+  IPCREF__HIP_CHECK(MemExportToShareableHandle, hipMemExportToShareableHandle);
+  IPCREF__HIP_CHECK(MemImportFromShareableHandle,
+                    hipMemImportFromShareableHandle);
+  IPCREF__HIP_CHECK(MemRetainAllocationHandle, hipMemRetainAllocationHandle);
+  IPCREF__HIP_CHECK(MemGetAllocationPropertiesFromHandle,
+                    hipMemGetAllocationPropertiesFromHandle);
   (void)sizeof(char[sizeof(hipIpcMemHandle_t) == IPCREF_HANDLE_BYTES ? 1 : -1]);
 }
 #endif
@@ -296,6 +355,7 @@ typedef struct ipcref__hip_state {
   ipcref__hip_api api;
   unsigned int lazy_peer; /* hipIpcMemLazyEnablePeerAccess: 0 in HIP 5,
                              1 from HIP 6 on, which insists on it */
+  int version;            /* hipRuntimeGetVersion's */
 } ipcref__hip_state;
 
 IPCREF__PRIVATE const char *ipcref__hip_d_errname(ipcref__hip_state *d,
@@ -427,6 +487,19 @@ static const ipcref__hip_entry ipcref__hip_entries[] = {
     IPCREF__HIP_ENTRY(EventDestroy, 0),
     IPCREF__HIP_ENTRY(StreamWaitEvent, 0),
     IPCREF__HIP_ENTRY(StreamSynchronize, 0),
+    IPCREF__HIP_ENTRY(DeviceSynchronize, 1),
+    IPCREF__HIP_ENTRY(MemGetAllocationGranularity, 1),
+    IPCREF__HIP_ENTRY(MemCreate, 1),
+    IPCREF__HIP_ENTRY(MemRelease, 1),
+    IPCREF__HIP_ENTRY(MemAddressReserve, 1),
+    IPCREF__HIP_ENTRY(MemAddressFree, 1),
+    IPCREF__HIP_ENTRY(MemMap, 1),
+    IPCREF__HIP_ENTRY(MemUnmap, 1),
+    IPCREF__HIP_ENTRY(MemSetAccess, 1),
+    IPCREF__HIP_ENTRY(MemExportToShareableHandle, 1),
+    IPCREF__HIP_ENTRY(MemImportFromShareableHandle, 1),
+    IPCREF__HIP_ENTRY(MemRetainAllocationHandle, 1),
+    IPCREF__HIP_ENTRY(MemGetAllocationPropertiesFromHandle, 1),
 };
 #undef IPCREF__HIP_ENTRY
 
@@ -453,6 +526,7 @@ IPCREF__PRIVATE int ipcref__hip_d_init(ipcref__hip_state *d) {
     return 0;
   }
   (void)d->api.RuntimeGetVersion(&version);
+  d->version = version;
   d->lazy_peer = version >= IPCREF__HIP_VERSION_6 ? 1u : 0u;
   return 1;
 }
@@ -486,6 +560,166 @@ IPCREF__PRIVATE ipcref_result ipcref__hip_d_load(ipcref__hip_state *d,
 
 IPCREF__PRIVATE void ipcref__hip_d_unload(ipcref__hip_state *d) {
   dlclose(d->lib);
+}
+
+/* ---- hip_vmm: driver (src/hip_vmm.h) ------------------------------------ */
+
+/* hipMemAllocationProp up to HIP 5.2, and from HIP 5.3 on. */
+typedef struct {
+  unsigned char compressionType;
+  struct {
+    int type, id;
+  } location;
+  int requestedHandleType, type;
+  unsigned short usage;
+  void *win32HandleMetaData;
+} ipcref__hip_prop52;
+typedef struct {
+  int type, requestedHandleType;
+  struct {
+    int type, id;
+  } location;
+  void *win32HandleMetaData;
+  struct {
+    unsigned char compressionType, gpuDirectRDMACapable;
+    unsigned short usage;
+  } allocFlags;
+} ipcref__hip_prop53;
+typedef union {
+  ipcref__hip_prop52 v52;
+  ipcref__hip_prop53 v53;
+  unsigned char room[64]; /* what a later layout may add */
+} ipcref__hip_prop;
+
+#define IPCREF__HIP_VERSION_5_3     50300000 /* the layout's change */
+#define IPCREF__HIP_HANDLE_POSIX_FD 0x1      /* ...PosixFileDescriptor */
+#define IPCREF__HIP_NOT_SUPPORTED   801      /* hipErrorNotSupported */
+
+/* Pinned memory of device `dev`, shareable by POSIX fd, in the loaded
+ * runtime's layout. */
+IPCREF__PRIVATE const ipcref__hip_mem_prop *
+ipcref__hip_vmm_prop(const ipcref__hip_state *d, ipcref__hip_prop *p, int dev) {
+  memset(p, 0, sizeof *p);
+  if (d->version < IPCREF__HIP_VERSION_5_3) {
+    p->v52.type = 1; /* hipMemAllocationTypePinned */
+    p->v52.requestedHandleType = IPCREF__HIP_HANDLE_POSIX_FD;
+    p->v52.location.type = 1; /* hipMemLocationTypeDevice */
+    p->v52.location.id = dev;
+  } else {
+    p->v53.type = 1;
+    p->v53.requestedHandleType = IPCREF__HIP_HANDLE_POSIX_FD;
+    p->v53.location.type = 1;
+    p->v53.location.id = dev;
+  }
+  return (const ipcref__hip_mem_prop *)(const void *)p;
+}
+
+IPCREF__PRIVATE int ipcref__hip_d_vmm_granularity(ipcref__hip_state *d, int dev,
+                                                  size_t *g) {
+  ipcref__hip_prop p;
+  return (int)d->api.MemGetAllocationGranularity(
+      g, ipcref__hip_vmm_prop(d, &p, dev),
+      (ipcref__hip_granularity)0 /* hipMemAllocationGranularityMinimum */);
+}
+/* 1 when device `dev` (current) makes such memory: the runtime has every
+ * call and answers a granularity (HIP has no attribute to ask). */
+IPCREF__PRIVATE int ipcref__hip_d_vmm_supported(ipcref__hip_state *d, int dev) {
+  const ipcref__hip_api *a = &d->api;
+  size_t g = 0;
+  if (!a->DeviceSynchronize || !a->MemGetAllocationGranularity ||
+      !a->MemCreate || !a->MemRelease || !a->MemAddressReserve ||
+      !a->MemAddressFree || !a->MemMap || !a->MemUnmap || !a->MemSetAccess ||
+      !a->MemExportToShareableHandle || !a->MemImportFromShareableHandle ||
+      !a->MemRetainAllocationHandle || !a->MemGetAllocationPropertiesFromHandle)
+    return 0;
+  return ipcref__hip_d_vmm_granularity(d, dev, &g) == 0 && g > 0;
+}
+IPCREF__PRIVATE int ipcref__hip_d_vmm_create(ipcref__hip_state *d, int dev,
+                                             size_t size, uint64_t *h) {
+  ipcref__hip_prop p;
+  ipcref__hip_vmm_handle vh = NULL;
+  int code =
+      (int)d->api.MemCreate(&vh, size, ipcref__hip_vmm_prop(d, &p, dev), 0);
+  *h = (uint64_t)(uintptr_t)vh;
+  return code;
+}
+IPCREF__PRIVATE int ipcref__hip_d_vmm_release(ipcref__hip_state *d,
+                                              uint64_t h) {
+  return (int)d->api.MemRelease((ipcref__hip_vmm_handle)(uintptr_t)h);
+}
+IPCREF__PRIVATE int ipcref__hip_d_vmm_reserve(ipcref__hip_state *d, size_t size,
+                                              uint64_t *addr) {
+  void *p = NULL;
+  int code = (int)d->api.MemAddressReserve(&p, size, 0, NULL, 0);
+  *addr = (uint64_t)(uintptr_t)p;
+  return code;
+}
+IPCREF__PRIVATE int ipcref__hip_d_vmm_unreserve(ipcref__hip_state *d,
+                                                uint64_t addr, size_t size) {
+  return (int)d->api.MemAddressFree((void *)(uintptr_t)addr, size);
+}
+IPCREF__PRIVATE int ipcref__hip_d_vmm_map(ipcref__hip_state *d, uint64_t addr,
+                                          size_t size, uint64_t h) {
+  return (int)d->api.MemMap((void *)(uintptr_t)addr, size, 0,
+                            (ipcref__hip_vmm_handle)(uintptr_t)h, 0);
+}
+IPCREF__PRIVATE int ipcref__hip_d_vmm_unmap(ipcref__hip_state *d, uint64_t addr,
+                                            size_t size) {
+  return (int)d->api.MemUnmap((void *)(uintptr_t)addr, size);
+}
+IPCREF__PRIVATE int ipcref__hip_d_vmm_access(ipcref__hip_state *d,
+                                             uint64_t addr, size_t size,
+                                             int dev, int writable) {
+  struct {
+    int type, id, flags;
+  } a;        /* hipMemAccessDesc: a hipMemLocation, then the flags */
+  a.type = 1; /* hipMemLocationTypeDevice */
+  a.id = dev;
+  a.flags = writable ? 3 : 1; /* hipMemAccessFlagsProtReadWrite, ...Read */
+  return (int)d->api.MemSetAccess((void *)(uintptr_t)addr, size,
+                                  (const ipcref__hip_access *)(const void *)&a,
+                                  1);
+}
+IPCREF__PRIVATE int ipcref__hip_d_vmm_export(ipcref__hip_state *d, uint64_t h,
+                                             int *fd) {
+  return (int)d->api.MemExportToShareableHandle(
+      fd, (ipcref__hip_vmm_handle)(uintptr_t)h,
+      (ipcref__hip_handle_type)IPCREF__HIP_HANDLE_POSIX_FD, 0);
+}
+/* The fd goes by value, in the pointer (the runtime's convention). */
+IPCREF__PRIVATE int ipcref__hip_d_vmm_import(ipcref__hip_state *d, int fd,
+                                             uint64_t *h) {
+  ipcref__hip_vmm_handle vh = NULL;
+  int code = (int)d->api.MemImportFromShareableHandle(
+      &vh, (void *)(uintptr_t)fd,
+      (ipcref__hip_handle_type)IPCREF__HIP_HANDLE_POSIX_FD);
+  *h = (uint64_t)(uintptr_t)vh;
+  return code;
+}
+/* The allocation handle of the VMM mapping holding `addr`, retained; an
+ * error for memory that is not VMM. *fd_ok: made shareable by fd. */
+IPCREF__PRIVATE int ipcref__hip_d_vmm_retain(ipcref__hip_state *d,
+                                             uint64_t addr, uint64_t *h,
+                                             int *fd_ok) {
+  ipcref__hip_vmm_handle vh = NULL;
+  ipcref__hip_prop p;
+  int code, types;
+  *fd_ok = 0;
+  if (!d->api.MemRetainAllocationHandle) return IPCREF__HIP_NOT_SUPPORTED;
+  code = (int)d->api.MemRetainAllocationHandle(&vh, (void *)(uintptr_t)addr);
+  *h = (uint64_t)(uintptr_t)vh;
+  if (code) return code;
+  memset(&p, 0, sizeof p);
+  if (d->api.MemGetAllocationPropertiesFromHandle(
+          (ipcref__hip_mem_prop *)(void *)&p, vh) == 0) {
+    types = d->version < IPCREF__HIP_VERSION_5_3 ? p.v52.requestedHandleType
+                                                 : p.v53.requestedHandleType;
+    *fd_ok = (types & IPCREF__HIP_HANDLE_POSIX_FD) != 0;
+  }
+  return 0;
+}
+IPCREF__PRIVATE int ipcref__hip_d_sync(ipcref__hip_state *d) {
+  return (int)d->api.DeviceSynchronize();
 }
 
 /* ---- gpu: shared backend logic (src/gpu.h) ------------------------------ */
@@ -570,7 +804,7 @@ IPCREF__PRIVATE ipcref_result ipcref__hip_on(ipcref_hip *g, int dev) {
 
 /* ---- gpu_pool: pool memory shared by fd (src/gpu_pool.h) ---------------- */
 
-#if IPCREF__HIP_VMM
+#if IPCREF__HIP_POOLS
 
 /* A pool this process exported, or imported; a pointer exported or
  * imported. */
@@ -807,7 +1041,31 @@ IPCREF__PRIVATE void ipcref__hip_pool_close_all(ipcref_hip *g) {
   }
 }
 
-#endif /* IPCREF__HIP_VMM */
+#elif IPCREF__HIP_VMM /* the driver's part shares no pools */
+
+IPCREF__PRIVATE ipcref_result ipcref__hip_pool_export(ipcref_hip *g, int dev,
+                                                      uint64_t base, int *fd,
+                                                      unsigned char *data) {
+  (void)g, (void)dev, (void)base, (void)fd, (void)data;
+  return IPCREF_ENOTSUP; /* then legacy IPC's, which says what it is */
+}
+IPCREF__PRIVATE ipcref_result ipcref__hip_pool_import(
+    ipcref_hip *g, int dev, int fd, const unsigned char *data, uint64_t size,
+    int writable, uint64_t *addr) {
+  (void)g, (void)dev, (void)fd, (void)data, (void)size, (void)writable;
+  (void)addr;
+  return ipcref__hip_say(IPCREF_ENODEV, "pool memory is not shared here");
+}
+IPCREF__PRIVATE int ipcref__hip_pool_close(ipcref_hip *g, int dev,
+                                           uint64_t addr) {
+  (void)g, (void)dev, (void)addr;
+  return 0;
+}
+IPCREF__PRIVATE void ipcref__hip_pool_close_all(ipcref_hip *g) {
+  (void)g;
+}
+
+#endif /* IPCREF__HIP_POOLS */
 
 /* ---- gpu_vmm: memory shared by fd (src/gpu_vmm.h) ----------------------- */
 
@@ -851,7 +1109,8 @@ IPCREF__PRIVATE int ipcref__hip_vmm_wanted(ipcref_hip *g, int dev) {
   memory = g->memory;
   pthread_mutex_unlock(&g->lock);
   if (memory == IPCREF_HIP_MEMORY_LEGACY) return 0;
-  return memory == IPCREF_HIP_MEMORY_VMM || ipcref__hip_vmm_able(g, dev);
+  return memory == IPCREF_HIP_MEMORY_VMM ||
+         (IPCREF__HIP_VMM_AUTO && ipcref__hip_vmm_able(g, dev));
 }
 
 /* `size` rounded up to device `dev`'s granularity into *out: 0, or the

@@ -55,7 +55,8 @@ IPCREF__PRIVATE int ipcref__gpu_vmm_wanted(ipcref_gpu *g, int dev) {
   memory = g->memory;
   pthread_mutex_unlock(&g->lock);
   if (memory == IPCREF_GPU_MEMORY_LEGACY) return 0;
-  return memory == IPCREF_GPU_MEMORY_VMM || ipcref__gpu_vmm_able(g, dev);
+  return memory == IPCREF_GPU_MEMORY_VMM ||
+         (IPCREF__GPU_VMM_AUTO && ipcref__gpu_vmm_able(g, dev));
 }
 
 /* `size` rounded up to device `dev`'s granularity into *out: 0, or the

@@ -23,10 +23,10 @@
  * of an event travelling with the message, ipcref_send_on synchronizes the
  * producer's stream before the hand-off. The producer's thread waits for
  * its own queued work then, never for a consumer. Another: device memory
- * is legacy (hipMalloc) only; the memory shared by fd that the CUDA
- * backend makes with virtual memory management is not made here, and a
- * segment shared so by a CUDA peer is refused (ENODEV) as any memory of
- * another device type. */
+ * is legacy (hipMalloc) unless VMM memory is asked for
+ * (ipcref_hip_set_memory: hipMemCreate, shared by fd, as the CUDA backend
+ * does), since HIP has no device attribute that says it works; memory of
+ * stream-ordered pools is not shared (legacy IPC refuses it). */
 
 #ifndef IPCREF_HIP_H_INCLUDED
 #define IPCREF_HIP_H_INCLUDED
@@ -65,17 +65,17 @@ IPCREF_API ipcref_backend *ipcref_hip_backend(ipcref_hip *hip);
 IPCREF_API void ipcref_hip_close(ipcref_hip *hip);
 
 /* What ipcref_hip_alloc's segments are made of (ipcref_hip_set_memory):
- * the values are those of ipcref_cuda.h, and only legacy memory is made
- * here. */
-#define IPCREF_HIP_MEMORY_AUTO 0 /* legacy: the default */
-#define IPCREF_HIP_MEMORY_LEGACY                                               \
-  1                             /* hipMalloc; shared by hipIpcGetMemHandle     \
-                                 */
-#define IPCREF_HIP_MEMORY_VMM 2 /* not made by this backend: ENOTSUP */
+ * the values are those of ipcref_cuda.h. AUTO, the default, is legacy
+ * memory (hipMalloc, shared by hipIpcGetMemHandle); VMM is hipMemCreate
+ * (whole granules), shared by fd, and a runtime without those calls makes
+ * ipcref_hip_alloc say ENOTSUP. */
+#define IPCREF_HIP_MEMORY_AUTO   0
+#define IPCREF_HIP_MEMORY_LEGACY 1
+#define IPCREF_HIP_MEMORY_VMM    2
 
-/* Chooses what the segments made from now on are: AUTO and LEGACY are
- * hipMalloc. Errors: EINVAL (hip NULL, an unknown value), ENOTSUP (VMM:
- * ipcref_hip_error() says why). */
+/* Chooses what the segments made from now on are (those made before keep
+ * theirs; a consumer maps either kind). Errors: EINVAL (hip NULL, an
+ * unknown value). */
 IPCREF_API ipcref_result ipcref_hip_set_memory(ipcref_hip *hip, int memory);
 
 /* A shared device buffer of `size` bytes on device `device` (the backend
@@ -116,6 +116,11 @@ typedef hipEvent_t ipcref__hip_event;
 typedef hipStream_t ipcref__hip_stream;
 typedef hipIpcMemHandle_t ipcref__hip_mem_handle;
 typedef hipPointer_attribute ipcref__hip_attr;
+typedef hipMemGenericAllocationHandle_t ipcref__hip_vmm_handle;
+typedef hipMemAllocationProp ipcref__hip_mem_prop;
+typedef hipMemAccessDesc ipcref__hip_access;
+typedef hipMemAllocationHandleType ipcref__hip_handle_type;
+typedef hipMemAllocationGranularity_flags ipcref__hip_granularity;
 #else
 typedef int ipcref__hip_result;
 typedef struct ipcref__hip_event_st *ipcref__hip_event;
@@ -124,6 +129,14 @@ typedef struct {
   char reserved[64];
 } ipcref__hip_mem_handle;
 typedef int ipcref__hip_attr;
+typedef struct ipcref__hip_vmm_st *ipcref__hip_vmm_handle;
+typedef struct ipcref__hip_mem_prop_st ipcref__hip_mem_prop; /* see below */
+typedef struct {
+  int type, id;
+  int flags;
+} ipcref__hip_access; /* hipMemAccessDesc's layout */
+typedef int ipcref__hip_handle_type;
+typedef int ipcref__hip_granularity;
 #endif
 
 /* The numbers used here (hip_runtime_api.h), and what the shared part
@@ -133,7 +146,10 @@ typedef int ipcref__hip_attr;
 #define IPCREF__HIP_INVALID_CONTEXT 201 /* hipErrorInvalidContext */
 #define IPCREF__HIP_NOT_READY       600 /* hipErrorNotReady */
 #define IPCREF__HIP_IPC_EVENTS      0   /* HIP 5: none that work */
-#define IPCREF__HIP_VMM             0   /* no memory shared by fd here */
+#define IPCREF__HIP_VMM             1 /* memory shared by fd (src/gpu_vmm.h) */
+#define IPCREF__HIP_VMM_AUTO                                                   \
+  0 /* legacy by default: HIP has no device attribute that says VMM works */
+#define IPCREF__HIP_POOLS           0 /* pools are not shared here (src/gpu_pool.h) */
 #define IPCREF__HIP_DEVICE_TYPE     IPCREF_DEVICE_ROCM
 #define IPCREF__HIP_NAME            "hip"
 #define IPCREF__HIP_DEVICES         64
@@ -164,6 +180,33 @@ typedef struct ipcref__hip_api {
   ipcref__hip_result (*StreamWaitEvent)(ipcref__hip_stream, ipcref__hip_event,
                                         unsigned int);
   ipcref__hip_result (*StreamSynchronize)(ipcref__hip_stream);
+  /* Virtual memory management: optional (src/hip_vmm.h). */
+  ipcref__hip_result (*DeviceSynchronize)(void);
+  ipcref__hip_result (*MemGetAllocationGranularity)(
+      size_t *, const ipcref__hip_mem_prop *, ipcref__hip_granularity);
+  ipcref__hip_result (*MemCreate)(ipcref__hip_vmm_handle *, size_t,
+                                  const ipcref__hip_mem_prop *,
+                                  unsigned long long);
+  ipcref__hip_result (*MemRelease)(ipcref__hip_vmm_handle);
+  ipcref__hip_result (*MemAddressReserve)(void **, size_t, size_t, void *,
+                                          unsigned long long);
+  ipcref__hip_result (*MemAddressFree)(void *, size_t);
+  ipcref__hip_result (*MemMap)(void *, size_t, size_t, ipcref__hip_vmm_handle,
+                               unsigned long long);
+  ipcref__hip_result (*MemUnmap)(void *, size_t);
+  ipcref__hip_result (*MemSetAccess)(void *, size_t, const ipcref__hip_access *,
+                                     size_t);
+  ipcref__hip_result (*MemExportToShareableHandle)(void *,
+                                                   ipcref__hip_vmm_handle,
+                                                   ipcref__hip_handle_type,
+                                                   unsigned long long);
+  ipcref__hip_result (*MemImportFromShareableHandle)(ipcref__hip_vmm_handle *,
+                                                     void *,
+                                                     ipcref__hip_handle_type);
+  ipcref__hip_result (*MemRetainAllocationHandle)(ipcref__hip_vmm_handle *,
+                                                  void *);
+  ipcref__hip_result (*MemGetAllocationPropertiesFromHandle)(
+      ipcref__hip_mem_prop *, ipcref__hip_vmm_handle);
 } ipcref__hip_api;
 
 #if defined(HIP_IPC_HANDLE_SIZE) && !defined(__cplusplus)
@@ -190,6 +233,22 @@ IPCREF__PRIVATE void ipcref__hip_check_prototypes(void) {
   IPCREF__HIP_CHECK(EventDestroy, hipEventDestroy);
   IPCREF__HIP_CHECK(StreamWaitEvent, hipStreamWaitEvent);
   IPCREF__HIP_CHECK(StreamSynchronize, hipStreamSynchronize);
+  IPCREF__HIP_CHECK(DeviceSynchronize, hipDeviceSynchronize);
+  IPCREF__HIP_CHECK(MemGetAllocationGranularity,
+                    hipMemGetAllocationGranularity);
+  IPCREF__HIP_CHECK(MemCreate, hipMemCreate);
+  IPCREF__HIP_CHECK(MemRelease, hipMemRelease);
+  IPCREF__HIP_CHECK(MemAddressReserve, hipMemAddressReserve);
+  IPCREF__HIP_CHECK(MemAddressFree, hipMemAddressFree);
+  IPCREF__HIP_CHECK(MemMap, hipMemMap);
+  IPCREF__HIP_CHECK(MemUnmap, hipMemUnmap);
+  IPCREF__HIP_CHECK(MemSetAccess, hipMemSetAccess);
+  IPCREF__HIP_CHECK(MemExportToShareableHandle, hipMemExportToShareableHandle);
+  IPCREF__HIP_CHECK(MemImportFromShareableHandle,
+                    hipMemImportFromShareableHandle);
+  IPCREF__HIP_CHECK(MemRetainAllocationHandle, hipMemRetainAllocationHandle);
+  IPCREF__HIP_CHECK(MemGetAllocationPropertiesFromHandle,
+                    hipMemGetAllocationPropertiesFromHandle);
   (void)sizeof(char[sizeof(hipIpcMemHandle_t) == IPCREF_HANDLE_BYTES ? 1 : -1]);
 }
 #endif
@@ -200,6 +259,7 @@ typedef struct ipcref__hip_state {
   ipcref__hip_api api;
   unsigned int lazy_peer; /* hipIpcMemLazyEnablePeerAccess: 0 in HIP 5,
                              1 from HIP 6 on, which insists on it */
+  int version;            /* hipRuntimeGetVersion's */
 } ipcref__hip_state;
 
 IPCREF__PRIVATE const char *ipcref__hip_d_errname(ipcref__hip_state *d,
@@ -331,6 +391,19 @@ static const ipcref__hip_entry ipcref__hip_entries[] = {
     IPCREF__HIP_ENTRY(EventDestroy, 0),
     IPCREF__HIP_ENTRY(StreamWaitEvent, 0),
     IPCREF__HIP_ENTRY(StreamSynchronize, 0),
+    IPCREF__HIP_ENTRY(DeviceSynchronize, 1),
+    IPCREF__HIP_ENTRY(MemGetAllocationGranularity, 1),
+    IPCREF__HIP_ENTRY(MemCreate, 1),
+    IPCREF__HIP_ENTRY(MemRelease, 1),
+    IPCREF__HIP_ENTRY(MemAddressReserve, 1),
+    IPCREF__HIP_ENTRY(MemAddressFree, 1),
+    IPCREF__HIP_ENTRY(MemMap, 1),
+    IPCREF__HIP_ENTRY(MemUnmap, 1),
+    IPCREF__HIP_ENTRY(MemSetAccess, 1),
+    IPCREF__HIP_ENTRY(MemExportToShareableHandle, 1),
+    IPCREF__HIP_ENTRY(MemImportFromShareableHandle, 1),
+    IPCREF__HIP_ENTRY(MemRetainAllocationHandle, 1),
+    IPCREF__HIP_ENTRY(MemGetAllocationPropertiesFromHandle, 1),
 };
 #undef IPCREF__HIP_ENTRY
 
@@ -357,6 +430,7 @@ IPCREF__PRIVATE int ipcref__hip_d_init(ipcref__hip_state *d) {
     return 0;
   }
   (void)d->api.RuntimeGetVersion(&version);
+  d->version = version;
   d->lazy_peer = version >= IPCREF__HIP_VERSION_6 ? 1u : 0u;
   return 1;
 }

@@ -169,6 +169,27 @@ static kind K_POOL = {0,
                       "cuIpcOpenEventHandle",
                       "CUDA_ERROR_OUT_OF_MEMORY",
                       ""};
+/* HIP again, its segments VMM memory (ipcref_hip_set_memory: hipMemCreate,
+ * shared by fd). */
+static kind K_HIP_VMM = {1,
+                         1,
+                         0,
+                         "alloc=",
+                         "hip_vmm",
+                         "FAKE_HIP_",
+                         IPCREF_DEVICE_ROCM,
+                         IPCREF_DEVICE_CUDA,
+                         "-> hipSuccess",
+                         "hipMemExportToShareableHandle",
+                         "hipMemImportFromShareableHandle",
+                         "hipMemRelease",
+                         "hipMemCreate",
+                         "hipMemRelease",
+                         "hipStreamWaitEvent",
+                         "hipStreamSynchronize",
+                         "hipIpcOpenEventHandle",
+                         "hipErrorOutOfMemory",
+                         ""};
 
 /* ---- the fakes' knobs and call log -------------------------------------- */
 
@@ -442,6 +463,8 @@ static ipcref_result g_open(const kind *k, gdrv *d) {
     CHECK_EQ(ipcref_cuda_set_memory(d->cu, k->vmm ? IPCREF_CUDA_MEMORY_VMM
                                                   : IPCREF_CUDA_MEMORY_LEGACY),
              IPCREF_OK);
+  else if (k->vmm)
+    CHECK_EQ(ipcref_hip_set_memory(d->hp, IPCREF_HIP_MEMORY_VMM), IPCREF_OK);
   d->lib = dlopen(k->path, RTLD_NOW | RTLD_LOCAL);
   CHECK(d->lib != NULL);
   if (!d->lib) return IPCREF_ENODEV;
@@ -958,6 +981,7 @@ out:
 GPU_TEST(test_full_flow, cuda, &K_CUDA)
 GPU_TEST(test_full_flow, hip, &K_HIP)
 GPU_TEST(test_full_flow, cuda_vmm, &K_VMM)
+GPU_TEST(test_full_flow, hip_vmm, &K_HIP_VMM)
 GPU_TEST(test_full_flow, cuda_pool, &K_POOL)
 
 /* ======================================================================== */
@@ -1427,6 +1451,7 @@ out:
 GPU_TEST(test_stream_order, cuda, &K_CUDA)
 GPU_TEST(test_stream_order, hip, &K_HIP)
 GPU_TEST(test_stream_order, cuda_vmm, &K_VMM)
+GPU_TEST(test_stream_order, hip_vmm, &K_HIP_VMM)
 GPU_TEST(test_stream_order, cuda_pool, &K_POOL)
 
 /* A segment already mapped is waited on the same way: each view's event,
@@ -1529,6 +1554,7 @@ out:
 GPU_TEST(test_wait_cached, cuda, &K_CUDA)
 GPU_TEST(test_wait_cached, hip, &K_HIP)
 GPU_TEST(test_wait_cached, cuda_vmm, &K_VMM)
+GPU_TEST(test_wait_cached, hip_vmm, &K_HIP_VMM)
 GPU_TEST(test_wait_cached, cuda_pool, &K_POOL)
 
 /* CUDA's interprocess events come from a pool: as many as were ever
@@ -1758,6 +1784,7 @@ out:
 GPU_TEST(test_oom_sweep, cuda, &K_CUDA)
 GPU_TEST(test_oom_sweep, hip, &K_HIP)
 GPU_TEST(test_oom_sweep, cuda_vmm, &K_VMM)
+GPU_TEST(test_oom_sweep, hip_vmm, &K_HIP_VMM)
 
 /* ======================================================================== */
 /* 6. A consumer SIGKILLed while it holds device blocks: the producer
@@ -1850,6 +1877,7 @@ out:
 GPU_TEST(test_consumer_killed, cuda, &K_CUDA)
 GPU_TEST(test_consumer_killed, hip, &K_HIP)
 GPU_TEST(test_consumer_killed, cuda_vmm, &K_VMM)
+GPU_TEST(test_consumer_killed, hip_vmm, &K_HIP_VMM)
 GPU_TEST(test_consumer_killed, cuda_pool, &K_POOL)
 
 /* ======================================================================== */
@@ -1976,6 +2004,7 @@ static void test_self_import(const kind *k) {
 GPU_TEST(test_self_import, cuda, &K_CUDA)
 GPU_TEST(test_self_import, hip, &K_HIP)
 GPU_TEST(test_self_import, cuda_vmm, &K_VMM)
+GPU_TEST(test_self_import, hip_vmm, &K_HIP_VMM)
 GPU_TEST(test_self_import, cuda_pool, &K_POOL)
 
 /* One context in this process with both peers of a socketpair in it. */
@@ -2041,6 +2070,7 @@ static void test_self_import_one_ctx(const kind *k) {
 GPU_TEST(test_self_import_one_ctx, cuda, &K_CUDA)
 GPU_TEST(test_self_import_one_ctx, hip, &K_HIP)
 GPU_TEST(test_self_import_one_ctx, cuda_vmm, &K_VMM)
+GPU_TEST(test_self_import_one_ctx, hip_vmm, &K_HIP_VMM)
 GPU_TEST(test_self_import_one_ctx, cuda_pool, &K_POOL)
 
 /* Adds `by` to the little-endian u64 at p. */
@@ -2097,6 +2127,7 @@ static void test_lying_size(const kind *k) {
 GPU_TEST(test_lying_size, cuda, &K_CUDA)
 GPU_TEST(test_lying_size, hip, &K_HIP)
 GPU_TEST(test_lying_size, cuda_vmm, &K_VMM)
+GPU_TEST(test_lying_size, hip_vmm, &K_HIP_VMM)
 GPU_TEST(test_lying_size, cuda_pool, &K_POOL)
 
 /* ======================================================================== */
@@ -2328,8 +2359,7 @@ static void test_hip_memory(const kind *k) {
   if (g_open(k, &d) != IPCREF_OK) return;
   CHECK_EQ(ipcref_hip_set_memory(NULL, IPCREF_HIP_MEMORY_AUTO), IPCREF_EINVAL);
   CHECK_EQ(ipcref_hip_set_memory(d.hp, 3), IPCREF_EINVAL);
-  CHECK_EQ(ipcref_hip_set_memory(d.hp, IPCREF_HIP_MEMORY_VMM), IPCREF_ENOTSUP);
-  CHECK(strstr(ipcref_hip_error(), "legacy IPC only") != NULL);
+  CHECK_EQ(ipcref_hip_set_memory(d.hp, IPCREF_HIP_MEMORY_VMM), IPCREF_OK);
   CHECK_EQ(ipcref_hip_set_memory(d.hp, IPCREF_HIP_MEMORY_LEGACY), IPCREF_OK);
   CHECK_EQ(ipcref_hip_set_memory(d.hp, IPCREF_HIP_MEMORY_AUTO), IPCREF_OK);
   g_close(&d);
@@ -2874,6 +2904,7 @@ out:
 GPU_TEST(test_device_ops, cuda, &K_CUDA)
 GPU_TEST(test_device_ops, hip, &K_HIP)
 GPU_TEST(test_device_ops, cuda_vmm, &K_VMM)
+GPU_TEST(test_device_ops, hip_vmm, &K_HIP_VMM)
 GPU_TEST(test_device_ops, cuda_pool, &K_POOL)
 
 /* A consumer with no backend for the device: ENODEV for the device view,
@@ -2976,6 +3007,7 @@ out:
 GPU_TEST(test_no_backend_consumer, cuda, &K_CUDA)
 GPU_TEST(test_no_backend_consumer, hip, &K_HIP)
 GPU_TEST(test_no_backend_consumer, cuda_vmm, &K_VMM)
+GPU_TEST(test_no_backend_consumer, hip_vmm, &K_HIP_VMM)
 GPU_TEST(test_no_backend_consumer, cuda_pool, &K_POOL)
 
 /* ======================================================================== */
@@ -3254,7 +3286,7 @@ int main(void) {
   const char *only = getenv("IPCREF_GPU_ONLY"); /* cases whose name has it */
   static char stub[PATH_MAX];
   struct stat sb;
-  int rc, i, cuda = 0, hip = 0, vmm = 0, pool = 0, missing = 0;
+  int rc, i, cuda = 0, hip = 0, vmm = 0, pool = 0, hip_vmm = 0, missing = 0;
   setvbuf(stdout, NULL, _IOLBF, 0);
   g_real = getenv("IPCREF_GPU_REAL") && !strcmp(getenv("IPCREF_GPU_REAL"), "1");
   if (g_real) {
@@ -3277,6 +3309,7 @@ int main(void) {
   memcpy(K_VMM.path, K_CUDA.path, sizeof K_VMM.path);
   memcpy(K_POOL.path, K_CUDA.path, sizeof K_POOL.path);
   snprintf(K_HIP.path, sizeof K_HIP.path, "%s/libamdhip64.so.5", dir);
+  memcpy(K_HIP_VMM.path, K_HIP.path, sizeof K_HIP_VMM.path);
   /* A half that was built must be there: its absence is a failure. */
   for (i = 0; i < 2; i++) {
     const kind *k = i ? &K_HIP : &K_CUDA;
@@ -3318,6 +3351,7 @@ int main(void) {
   if (!g_hip_real) g_hip_real = "/usr/lib/x86_64-linux-gnu/libamdhip64.so.5";
   if (!*g_hip_real || stat(g_hip_real, &sb) != 0) g_hip_real = NULL;
   vmm = pool = cuda;
+  hip_vmm = hip;
 run:
   fixture_start(); /* under_valgrind: IPCREF_UNDER_VALGRIND=1 */
   g_tmo = under_valgrind ? 60000 : 10000;
@@ -3347,6 +3381,12 @@ run:
     if (vmm) RUN_ONE(test##_cuda_vmm);                                         \
     if (pool) RUN_ONE(test##_cuda_pool);                                       \
     RUN_BOTH(test);                                                            \
+  } while (0)
+/* ... and HIP's with VMM memory (the flows that need no foreign VMM
+ * memory made by the test itself: that is CUDA's, above) */
+#define RUN_HIP_VMM(test)                                                      \
+  do {                                                                         \
+    if (hip_vmm) RUN_ONE(test##_hip_vmm);                                      \
   } while (0)
 /* The cases that need the fakes' knobs (timed work, a memory limit, a
  * driver's failures, a second device, granularities) run on them only. */
@@ -3379,6 +3419,16 @@ run:
   FAKE_ONLY(if (cuda) RUN_ONE(test_vmm_chunks_cuda_vmm));
   FAKE_ONLY(if (cuda) RUN_ONE(test_vmm_chunks_forward_cuda_vmm));
   if (hip) RUN_ONE(test_hip_memory_hip);
+  RUN_HIP_VMM(test_full_flow);
+  FAKE_ONLY(RUN_HIP_VMM(test_stream_order));
+  FAKE_ONLY(RUN_HIP_VMM(test_wait_cached));
+  FAKE_ONLY(RUN_HIP_VMM(test_oom_sweep));
+  RUN_HIP_VMM(test_consumer_killed);
+  RUN_HIP_VMM(test_self_import);
+  RUN_HIP_VMM(test_self_import_one_ctx);
+  RUN_HIP_VMM(test_lying_size);
+  FAKE_ONLY(RUN_HIP_VMM(test_device_ops));
+  RUN_HIP_VMM(test_no_backend_consumer);
 
   if (getenv("IPCREF_GPU_KEEP_LOGS"))
     printf("call logs kept in %s\n", g_tmp);

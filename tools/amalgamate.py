@@ -34,7 +34,7 @@ BACKENDS = {
                                "IPCREF_GPU": "IPCREF_HIP", "IPCREF__GPU": "IPCREF__HIP"}),
 }
 # More of a driver's part, after its file's (implementation only).
-DRIVER_MORE = {"cuda.h": ["cuda_vmm.h", "cuda_load.h"], "hip.h": []}
+DRIVER_MORE = {"cuda.h": ["cuda_vmm.h", "cuda_load.h"], "hip.h": ["hip_vmm.h"]}
 DRIVER_MARKER = "/* @driver */"
 VMM_MARKER = "/* @vmm */"  # where src/gpu_vmm.h goes into src/gpu.h
 
