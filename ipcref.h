@@ -8023,6 +8023,25 @@ IPCREF__PRIVATE ipcref_result ipcref__export_msg(ipcref_peer *p,
 
 #ifdef IPCREF__SHARING_IMPL
 
+/* What every device map takes from its record: origin, id, size, device,
+ * and where the backend (NULL: none here) opened it. */
+IPCREF__PRIVATE void ipcref__map_device_fill(ipcref__map *m,
+                                             const ipcref__fd_rec *r,
+                                             ipcref_backend *be,
+                                             uint64_t addr) {
+  m->kind = IPCREF__KIND_DEVICE;
+  m->bell = -1;
+  m->origin_nonce = r->origin_nonce;
+  m->origin_pid = (int)r->origin_pid;
+  m->id = r->id;
+  m->size = (size_t)r->size;
+  m->writable = r->writable != 0;
+  m->be = be;
+  m->dev_type = r->dev_type;
+  m->dev_id = r->dev_id;
+  m->daddr = addr;
+}
+
 /* Opens a device segment another process exported (under the lock): by
  * its handle (fd -1), where the allocation the driver opens must be at
  * least as large as announced, or by the fd it came with (record kind 4),
@@ -8068,20 +8087,10 @@ IPCREF__PRIVATE ipcref_result ipcref__map_device(ipcref_ctx *ctx,
     return IPCREF_EPROTO;
   }
 fill:
-  m->kind = IPCREF__KIND_DEVICE;
-  m->bell = -1;
-  m->origin_nonce = r->origin_nonce;
-  m->origin_pid = (int)r->origin_pid;
-  m->id = r->id;
+  ipcref__map_device_fill(m, r, be, addr);
   m->fd = fd; /* kept for forwarding */
   m->by_fd = fd >= 0;
   m->pooled = pooled;
-  m->size = (size_t)r->size;
-  m->writable = r->writable != 0;
-  m->be = be;
-  m->dev_type = r->dev_type;
-  m->dev_id = r->dev_id;
-  m->daddr = addr;
   memcpy(m->handle, r->handle, sizeof m->handle);
   *out = m;
   return IPCREF_OK;
@@ -8129,20 +8138,10 @@ IPCREF__PRIVATE ipcref_result ipcref__map_chunks(ipcref_ctx *ctx,
     c->size[i] = r->chunk[i];
     c->fd[i] = fds[i]; /* kept for forwarding */
   }
-  m->kind = IPCREF__KIND_DEVICE;
-  m->bell = -1;
-  m->origin_nonce = r->origin_nonce;
-  m->origin_pid = (int)r->origin_pid;
-  m->id = r->id;
+  ipcref__map_device_fill(m, r, be, addr);
   m->fd = -1;
   m->by_fd = 1;
   m->vmm_chunks = c;
-  m->size = (size_t)r->size;
-  m->writable = r->writable != 0;
-  m->be = be;
-  m->dev_type = r->dev_type;
-  m->dev_id = r->dev_id;
-  m->daddr = addr;
   *out = m;
   return IPCREF_OK;
 }

@@ -621,6 +621,15 @@ IPCREF__PRIVATE void ipcref__cu_vmm_prop(ipcref__cu_mem_prop *p, int dev) {
   p->location.type = (ipcref__cu_location_type)IPCREF__CU_LOCATION_DEVICE;
   p->location.id = dev;
 }
+/* Read (or read-write) access for device `dev`. */
+IPCREF__PRIVATE void ipcref__cu_access_of(ipcref__cu_access *a, int dev,
+                                          int writable) {
+  memset(a, 0, sizeof *a);
+  a->location.type = (ipcref__cu_location_type)IPCREF__CU_LOCATION_DEVICE;
+  a->location.id = dev;
+  a->flags = (ipcref__cu_access_flags)(writable ? IPCREF__CU_PROT_READWRITE
+                                                : IPCREF__CU_PROT_READ);
+}
 /* 1 when device `dev` (current) makes such memory: the driver has every
  * call, and the device both attributes. */
 IPCREF__PRIVATE int ipcref__cu_d_vmm_supported(ipcref__cu_state *d, int dev) {
@@ -684,11 +693,7 @@ IPCREF__PRIVATE int ipcref__cu_d_vmm_access(ipcref__cu_state *d, uint64_t addr,
                                             size_t size, int dev,
                                             int writable) {
   ipcref__cu_access a;
-  memset(&a, 0, sizeof a);
-  a.location.type = (ipcref__cu_location_type)IPCREF__CU_LOCATION_DEVICE;
-  a.location.id = dev;
-  a.flags = (ipcref__cu_access_flags)(writable ? IPCREF__CU_PROT_READWRITE
-                                               : IPCREF__CU_PROT_READ);
+  ipcref__cu_access_of(&a, dev, writable);
   return (int)d->api.MemSetAccess((ipcref__cu_ptr)addr, size, &a, 1);
 }
 IPCREF__PRIVATE int ipcref__cu_d_vmm_export(ipcref__cu_state *d, uint64_t h,
@@ -775,11 +780,7 @@ IPCREF__PRIVATE int ipcref__cu_d_pool_import(ipcref__cu_state *d, int fd,
 IPCREF__PRIVATE int ipcref__cu_d_pool_access(ipcref__cu_state *d, uint64_t pool,
                                              int dev, int writable) {
   ipcref__cu_access a;
-  memset(&a, 0, sizeof a);
-  a.location.type = (ipcref__cu_location_type)IPCREF__CU_LOCATION_DEVICE;
-  a.location.id = dev;
-  a.flags = (ipcref__cu_access_flags)(writable ? IPCREF__CU_PROT_READWRITE
-                                               : IPCREF__CU_PROT_READ);
+  ipcref__cu_access_of(&a, dev, writable);
   return (int)d->api.MemPoolSetAccess((ipcref__cu_mempool)(uintptr_t)pool, &a,
                                       1);
 }
@@ -1594,6 +1595,22 @@ IPCREF__PRIVATE uint64_t ipcref__cu_vmm_own(ipcref_cuda *g, int dev, int fd,
   return addr;
 }
 
+/* A new record of an import on device `dev`, which must map memory shared
+ * by fd: ENODEV, said, when it cannot. */
+IPCREF__PRIVATE ipcref_result ipcref__cu_vmm_new(ipcref_cuda *g, int dev,
+                                                 ipcref__cu_vmm **out) {
+  ipcref__cu_vmm *m;
+  if (!ipcref__cu_vmm_able(g, dev))
+    return ipcref__cu_say(IPCREF_ENODEV, "the device cannot map memory "
+                                         "shared by fd");
+  m = (ipcref__cu_vmm *)IPCREF_MALLOC(sizeof *m);
+  if (!m) return IPCREF_ENOMEM;
+  memset(m, 0, sizeof *m);
+  m->dev = dev;
+  *out = m;
+  return IPCREF_OK;
+}
+
 /* The backend's seg_import_fd: the allocation `fd` shares, mapped at
  * `size` rounded up to whole granules (the driver refuses a mapping past
  * the allocation's end, so a record that claims more than was shared is
@@ -1616,13 +1633,7 @@ IPCREF__PRIVATE ipcref_result ipcref__cu_seg_import_fd(
     return size <= own_size
                ? IPCREF_OK
                : ipcref__cu_say(IPCREF_EPROTO, "a size past the allocation's");
-  if (!ipcref__cu_vmm_able(g, dev))
-    return ipcref__cu_say(IPCREF_ENODEV, "the device cannot map memory "
-                                         "shared by fd");
-  m = (ipcref__cu_vmm *)IPCREF_MALLOC(sizeof *m);
-  if (!m) return IPCREF_ENOMEM;
-  memset(m, 0, sizeof *m);
-  m->dev = dev;
+  if ((r = ipcref__cu_vmm_new(g, dev, &m)) != IPCREF_OK) return r;
   code = ipcref__cu_d_vmm_import(&g->drv, fd, &m->handle);
   if (!code) {
     what = "finding the allocation granularity";
@@ -1709,13 +1720,8 @@ IPCREF__PRIVATE ipcref_result ipcref__cu_seg_import_chunks(
   uint64_t at;
   int i, code;
   if (r != IPCREF_OK) return r;
-  if (n < 1 || n > IPCREF_CHUNKS_MAX || !ipcref__cu_vmm_able(g, dev))
-    return ipcref__cu_say(IPCREF_ENODEV, "the device cannot map memory "
-                                         "shared by fd");
-  m = (ipcref__cu_vmm *)IPCREF_MALLOC(sizeof *m);
-  if (!m) return IPCREF_ENOMEM;
-  memset(m, 0, sizeof *m);
-  m->dev = dev;
+  if (n < 1 || n > IPCREF_CHUNKS_MAX) return IPCREF_EPROTO; /* checked */
+  if ((r = ipcref__cu_vmm_new(g, dev, &m)) != IPCREF_OK) return r;
   for (i = 0; i < n; i++) { /* the sum was checked against the record's */
     m->chunk_size[i] = (size_t)sizes[i];
     m->size += (size_t)sizes[i];

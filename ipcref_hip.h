@@ -1344,6 +1344,22 @@ IPCREF__PRIVATE uint64_t ipcref__hip_vmm_own(ipcref_hip *g, int dev, int fd,
   return addr;
 }
 
+/* A new record of an import on device `dev`, which must map memory shared
+ * by fd: ENODEV, said, when it cannot. */
+IPCREF__PRIVATE ipcref_result ipcref__hip_vmm_new(ipcref_hip *g, int dev,
+                                                  ipcref__hip_vmm **out) {
+  ipcref__hip_vmm *m;
+  if (!ipcref__hip_vmm_able(g, dev))
+    return ipcref__hip_say(IPCREF_ENODEV, "the device cannot map memory "
+                                          "shared by fd");
+  m = (ipcref__hip_vmm *)IPCREF_MALLOC(sizeof *m);
+  if (!m) return IPCREF_ENOMEM;
+  memset(m, 0, sizeof *m);
+  m->dev = dev;
+  *out = m;
+  return IPCREF_OK;
+}
+
 /* The backend's seg_import_fd: the allocation `fd` shares, mapped at
  * `size` rounded up to whole granules (the driver refuses a mapping past
  * the allocation's end, so a record that claims more than was shared is
@@ -1366,13 +1382,7 @@ IPCREF__PRIVATE ipcref_result ipcref__hip_seg_import_fd(
     return size <= own_size
                ? IPCREF_OK
                : ipcref__hip_say(IPCREF_EPROTO, "a size past the allocation's");
-  if (!ipcref__hip_vmm_able(g, dev))
-    return ipcref__hip_say(IPCREF_ENODEV, "the device cannot map memory "
-                                          "shared by fd");
-  m = (ipcref__hip_vmm *)IPCREF_MALLOC(sizeof *m);
-  if (!m) return IPCREF_ENOMEM;
-  memset(m, 0, sizeof *m);
-  m->dev = dev;
+  if ((r = ipcref__hip_vmm_new(g, dev, &m)) != IPCREF_OK) return r;
   code = ipcref__hip_d_vmm_import(&g->drv, fd, &m->handle);
   if (!code) {
     what = "finding the allocation granularity";
@@ -1459,13 +1469,8 @@ IPCREF__PRIVATE ipcref_result ipcref__hip_seg_import_chunks(
   uint64_t at;
   int i, code;
   if (r != IPCREF_OK) return r;
-  if (n < 1 || n > IPCREF_CHUNKS_MAX || !ipcref__hip_vmm_able(g, dev))
-    return ipcref__hip_say(IPCREF_ENODEV, "the device cannot map memory "
-                                          "shared by fd");
-  m = (ipcref__hip_vmm *)IPCREF_MALLOC(sizeof *m);
-  if (!m) return IPCREF_ENOMEM;
-  memset(m, 0, sizeof *m);
-  m->dev = dev;
+  if (n < 1 || n > IPCREF_CHUNKS_MAX) return IPCREF_EPROTO; /* checked */
+  if ((r = ipcref__hip_vmm_new(g, dev, &m)) != IPCREF_OK) return r;
   for (i = 0; i < n; i++) { /* the sum was checked against the record's */
     m->chunk_size[i] = (size_t)sizes[i];
     m->size += (size_t)sizes[i];

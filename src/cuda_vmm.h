@@ -13,6 +13,15 @@ IPCREF__PRIVATE void ipcref__cu_vmm_prop(ipcref__cu_mem_prop *p, int dev) {
   p->location.type = (ipcref__cu_location_type)IPCREF__CU_LOCATION_DEVICE;
   p->location.id = dev;
 }
+/* Read (or read-write) access for device `dev`. */
+IPCREF__PRIVATE void ipcref__cu_access_of(ipcref__cu_access *a, int dev,
+                                          int writable) {
+  memset(a, 0, sizeof *a);
+  a->location.type = (ipcref__cu_location_type)IPCREF__CU_LOCATION_DEVICE;
+  a->location.id = dev;
+  a->flags = (ipcref__cu_access_flags)(writable ? IPCREF__CU_PROT_READWRITE
+                                                : IPCREF__CU_PROT_READ);
+}
 /* 1 when device `dev` (current) makes such memory: the driver has every
  * call, and the device both attributes. */
 IPCREF__PRIVATE int ipcref__cu_d_vmm_supported(ipcref__cu_state *d, int dev) {
@@ -76,11 +85,7 @@ IPCREF__PRIVATE int ipcref__cu_d_vmm_access(ipcref__cu_state *d, uint64_t addr,
                                             size_t size, int dev,
                                             int writable) {
   ipcref__cu_access a;
-  memset(&a, 0, sizeof a);
-  a.location.type = (ipcref__cu_location_type)IPCREF__CU_LOCATION_DEVICE;
-  a.location.id = dev;
-  a.flags = (ipcref__cu_access_flags)(writable ? IPCREF__CU_PROT_READWRITE
-                                               : IPCREF__CU_PROT_READ);
+  ipcref__cu_access_of(&a, dev, writable);
   return (int)d->api.MemSetAccess((ipcref__cu_ptr)addr, size, &a, 1);
 }
 IPCREF__PRIVATE int ipcref__cu_d_vmm_export(ipcref__cu_state *d, uint64_t h,
@@ -167,11 +172,7 @@ IPCREF__PRIVATE int ipcref__cu_d_pool_import(ipcref__cu_state *d, int fd,
 IPCREF__PRIVATE int ipcref__cu_d_pool_access(ipcref__cu_state *d, uint64_t pool,
                                              int dev, int writable) {
   ipcref__cu_access a;
-  memset(&a, 0, sizeof a);
-  a.location.type = (ipcref__cu_location_type)IPCREF__CU_LOCATION_DEVICE;
-  a.location.id = dev;
-  a.flags = (ipcref__cu_access_flags)(writable ? IPCREF__CU_PROT_READWRITE
-                                               : IPCREF__CU_PROT_READ);
+  ipcref__cu_access_of(&a, dev, writable);
   return (int)d->api.MemPoolSetAccess((ipcref__cu_mempool)(uintptr_t)pool, &a,
                                       1);
 }

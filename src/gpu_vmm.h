@@ -290,6 +290,22 @@ IPCREF__PRIVATE uint64_t ipcref__gpu_vmm_own(ipcref_gpu *g, int dev, int fd,
   return addr;
 }
 
+/* A new record of an import on device `dev`, which must map memory shared
+ * by fd: ENODEV, said, when it cannot. */
+IPCREF__PRIVATE ipcref_result ipcref__gpu_vmm_new(ipcref_gpu *g, int dev,
+                                                  ipcref__gpu_vmm **out) {
+  ipcref__gpu_vmm *m;
+  if (!ipcref__gpu_vmm_able(g, dev))
+    return ipcref__gpu_say(IPCREF_ENODEV, "the device cannot map memory "
+                                          "shared by fd");
+  m = (ipcref__gpu_vmm *)IPCREF_MALLOC(sizeof *m);
+  if (!m) return IPCREF_ENOMEM;
+  memset(m, 0, sizeof *m);
+  m->dev = dev;
+  *out = m;
+  return IPCREF_OK;
+}
+
 /* The backend's seg_import_fd: the allocation `fd` shares, mapped at
  * `size` rounded up to whole granules (the driver refuses a mapping past
  * the allocation's end, so a record that claims more than was shared is
@@ -312,13 +328,7 @@ IPCREF__PRIVATE ipcref_result ipcref__gpu_seg_import_fd(
     return size <= own_size
                ? IPCREF_OK
                : ipcref__gpu_say(IPCREF_EPROTO, "a size past the allocation's");
-  if (!ipcref__gpu_vmm_able(g, dev))
-    return ipcref__gpu_say(IPCREF_ENODEV, "the device cannot map memory "
-                                          "shared by fd");
-  m = (ipcref__gpu_vmm *)IPCREF_MALLOC(sizeof *m);
-  if (!m) return IPCREF_ENOMEM;
-  memset(m, 0, sizeof *m);
-  m->dev = dev;
+  if ((r = ipcref__gpu_vmm_new(g, dev, &m)) != IPCREF_OK) return r;
   code = ipcref__gpu_d_vmm_import(&g->drv, fd, &m->handle);
   if (!code) {
     what = "finding the allocation granularity";
@@ -405,13 +415,8 @@ IPCREF__PRIVATE ipcref_result ipcref__gpu_seg_import_chunks(
   uint64_t at;
   int i, code;
   if (r != IPCREF_OK) return r;
-  if (n < 1 || n > IPCREF_CHUNKS_MAX || !ipcref__gpu_vmm_able(g, dev))
-    return ipcref__gpu_say(IPCREF_ENODEV, "the device cannot map memory "
-                                          "shared by fd");
-  m = (ipcref__gpu_vmm *)IPCREF_MALLOC(sizeof *m);
-  if (!m) return IPCREF_ENOMEM;
-  memset(m, 0, sizeof *m);
-  m->dev = dev;
+  if (n < 1 || n > IPCREF_CHUNKS_MAX) return IPCREF_EPROTO; /* checked */
+  if ((r = ipcref__gpu_vmm_new(g, dev, &m)) != IPCREF_OK) return r;
   for (i = 0; i < n; i++) { /* the sum was checked against the record's */
     m->chunk_size[i] = (size_t)sizes[i];
     m->size += (size_t)sizes[i];
