@@ -3789,10 +3789,6 @@ IPCREF_API void ipcref_test_set_step_hook(void (*fn)(const char *step)) {
 
 #endif /* IPCREF__SHARING_IMPL */
 
-/* ---- share_backend: implementation (src/share_backend.h) ---------------- */
-
-
-
 /* ---- share_state: implementation (src/share_state.h) -------------------- */
 
 /* share_state: the sharing layer's data, and the helpers every file after

@@ -86,7 +86,8 @@ def build():
             "#if defined(IPCREF_IMPLEMENTATION) && !defined(IPCREF_IMPLEMENTATION_INCLUDED)",
             "#define IPCREF_IMPLEMENTATION_INCLUDED", ""]
     for name, (_, impl) in zip(LAYERS, parts):
-        out += [banner("implementation", name), "", impl, ""]
+        if impl.strip():  # a layer may be API only (share_backend)
+            out += [banner("implementation", name), "", impl, ""]
     out += ["#endif /* IPCREF_IMPLEMENTATION */", "", licence, ""]
     return "\n".join(out)
 
