@@ -26,7 +26,8 @@
  * is legacy (hipMalloc) unless VMM memory is asked for
  * (ipcref_hip_set_memory: hipMemCreate, shared by fd, as the CUDA backend
  * does), since HIP has no device attribute that says it works; memory of
- * stream-ordered pools is not shared (legacy IPC refuses it). */
+ * a stream-ordered pool created shareable goes as with CUDA (its pool's
+ * fd and the pointer's export data: src/gpu_pool.h). */
 
 #ifndef IPCREF_HIP_H_INCLUDED
 #define IPCREF_HIP_H_INCLUDED
@@ -217,6 +218,8 @@ typedef hipMemAllocationProp ipcref__hip_mem_prop;
 typedef hipMemAccessDesc ipcref__hip_access;
 typedef hipMemAllocationHandleType ipcref__hip_handle_type;
 typedef hipMemAllocationGranularity_flags ipcref__hip_granularity;
+typedef hipMemPool_t ipcref__hip_mempool;
+typedef hipMemPoolPtrExportData ipcref__hip_mempool_data;
 #else
 typedef int ipcref__hip_result;
 typedef struct ipcref__hip_event_st *ipcref__hip_event;
@@ -233,6 +236,10 @@ typedef struct {
 } ipcref__hip_access; /* hipMemAccessDesc's layout */
 typedef int ipcref__hip_handle_type;
 typedef int ipcref__hip_granularity;
+typedef struct ipcref__hip_mempool_st *ipcref__hip_mempool;
+typedef struct {
+  unsigned char reserved[64];
+} ipcref__hip_mempool_data;
 #endif
 
 /* The numbers used here (hip_runtime_api.h), and what the shared part
@@ -245,7 +252,7 @@ typedef int ipcref__hip_granularity;
 #define IPCREF__HIP_VMM             1 /* memory shared by fd (src/gpu_vmm.h) */
 #define IPCREF__HIP_VMM_AUTO                                                   \
   0 /* legacy by default: HIP has no device attribute that says VMM works */
-#define IPCREF__HIP_POOLS           0 /* pools are not shared here (src/gpu_pool.h) */
+#define IPCREF__HIP_POOLS           1 /* pool memory too (src/gpu_pool.h) */
 #define IPCREF__HIP_DEVICE_TYPE     IPCREF_DEVICE_ROCM
 #define IPCREF__HIP_NAME            "hip"
 #define IPCREF__HIP_DEVICES         64
@@ -303,6 +310,20 @@ typedef struct ipcref__hip_api {
                                                   void *);
   ipcref__hip_result (*MemGetAllocationPropertiesFromHandle)(
       ipcref__hip_mem_prop *, ipcref__hip_vmm_handle);
+  /* Stream-ordered pools: optional too (src/hip_vmm.h). */
+  ipcref__hip_result (*MemPoolExportToShareableHandle)(void *,
+                                                       ipcref__hip_mempool,
+                                                       ipcref__hip_handle_type,
+                                                       unsigned int);
+  ipcref__hip_result (*MemPoolImportFromShareableHandle)(
+      ipcref__hip_mempool *, void *, ipcref__hip_handle_type, unsigned int);
+  ipcref__hip_result (*MemPoolExportPointer)(ipcref__hip_mempool_data *,
+                                             void *);
+  ipcref__hip_result (*MemPoolImportPointer)(void **, ipcref__hip_mempool,
+                                             ipcref__hip_mempool_data *);
+  ipcref__hip_result (*MemPoolSetAccess)(ipcref__hip_mempool,
+                                         const ipcref__hip_access *, size_t);
+  ipcref__hip_result (*MemPoolDestroy)(ipcref__hip_mempool);
 } ipcref__hip_api;
 
 #if defined(HIP_IPC_HANDLE_SIZE) && !defined(__cplusplus)
@@ -345,6 +366,14 @@ IPCREF__PRIVATE void ipcref__hip_check_prototypes(void) {
   IPCREF__HIP_CHECK(MemRetainAllocationHandle, hipMemRetainAllocationHandle);
   IPCREF__HIP_CHECK(MemGetAllocationPropertiesFromHandle,
                     hipMemGetAllocationPropertiesFromHandle);
+  IPCREF__HIP_CHECK(MemPoolExportToShareableHandle,
+                    hipMemPoolExportToShareableHandle);
+  IPCREF__HIP_CHECK(MemPoolImportFromShareableHandle,
+                    hipMemPoolImportFromShareableHandle);
+  IPCREF__HIP_CHECK(MemPoolExportPointer, hipMemPoolExportPointer);
+  IPCREF__HIP_CHECK(MemPoolImportPointer, hipMemPoolImportPointer);
+  IPCREF__HIP_CHECK(MemPoolSetAccess, hipMemPoolSetAccess);
+  IPCREF__HIP_CHECK(MemPoolDestroy, hipMemPoolDestroy);
   (void)sizeof(char[sizeof(hipIpcMemHandle_t) == IPCREF_HANDLE_BYTES ? 1 : -1]);
 }
 #endif
@@ -500,6 +529,12 @@ static const ipcref__hip_entry ipcref__hip_entries[] = {
     IPCREF__HIP_ENTRY(MemImportFromShareableHandle, 1),
     IPCREF__HIP_ENTRY(MemRetainAllocationHandle, 1),
     IPCREF__HIP_ENTRY(MemGetAllocationPropertiesFromHandle, 1),
+    IPCREF__HIP_ENTRY(MemPoolExportToShareableHandle, 1),
+    IPCREF__HIP_ENTRY(MemPoolImportFromShareableHandle, 1),
+    IPCREF__HIP_ENTRY(MemPoolExportPointer, 1),
+    IPCREF__HIP_ENTRY(MemPoolImportPointer, 1),
+    IPCREF__HIP_ENTRY(MemPoolSetAccess, 1),
+    IPCREF__HIP_ENTRY(MemPoolDestroy, 1),
 };
 #undef IPCREF__HIP_ENTRY
 
@@ -595,6 +630,19 @@ typedef union {
 #define IPCREF__HIP_HANDLE_POSIX_FD 0x1      /* ...PosixFileDescriptor */
 #define IPCREF__HIP_NOT_SUPPORTED   801      /* hipErrorNotSupported */
 
+/* hipMemAccessDesc's layout (a hipMemLocation, then the flags): read (or
+ * read-write) access for device `dev`. */
+typedef struct {
+  int type, id, flags;
+} ipcref__hip_access_desc;
+IPCREF__PRIVATE const ipcref__hip_access *
+ipcref__hip_access_of(ipcref__hip_access_desc *a, int dev, int writable) {
+  a->type = 1; /* hipMemLocationTypeDevice */
+  a->id = dev;
+  a->flags = writable ? 3 : 1; /* hipMemAccessFlagsProtReadWrite, ...Read */
+  return (const ipcref__hip_access *)(const void *)a;
+}
+
 /* Pinned memory of device `dev`, shareable by POSIX fd, in the loaded
  * runtime's layout. */
 IPCREF__PRIVATE const ipcref__hip_mem_prop *
@@ -670,15 +718,9 @@ IPCREF__PRIVATE int ipcref__hip_d_vmm_unmap(ipcref__hip_state *d, uint64_t addr,
 IPCREF__PRIVATE int ipcref__hip_d_vmm_access(ipcref__hip_state *d,
                                              uint64_t addr, size_t size,
                                              int dev, int writable) {
-  struct {
-    int type, id, flags;
-  } a;        /* hipMemAccessDesc: a hipMemLocation, then the flags */
-  a.type = 1; /* hipMemLocationTypeDevice */
-  a.id = dev;
-  a.flags = writable ? 3 : 1; /* hipMemAccessFlagsProtReadWrite, ...Read */
+  ipcref__hip_access_desc a;
   return (int)d->api.MemSetAccess((void *)(uintptr_t)addr, size,
-                                  (const ipcref__hip_access *)(const void *)&a,
-                                  1);
+                                  ipcref__hip_access_of(&a, dev, writable), 1);
 }
 IPCREF__PRIVATE int ipcref__hip_d_vmm_export(ipcref__hip_state *d, uint64_t h,
                                              int *fd) {
@@ -720,6 +762,76 @@ IPCREF__PRIVATE int ipcref__hip_d_vmm_retain(ipcref__hip_state *d,
 }
 IPCREF__PRIVATE int ipcref__hip_d_sync(ipcref__hip_state *d) {
   return (int)d->api.DeviceSynchronize();
+}
+
+/* Stream-ordered pools (src/gpu_pool.h uses these). */
+#define IPCREF__HIP_ATTR_MEMPOOL 17 /* HIP_POINTER_ATTRIBUTE_MEMPOOL_HANDLE */
+IPCREF__PRIVATE int ipcref__hip_d_pool_supported(ipcref__hip_state *d) {
+  const ipcref__hip_api *a = &d->api;
+  return a->PointerGetAttribute && a->MemPoolExportToShareableHandle &&
+         a->MemPoolImportFromShareableHandle && a->MemPoolExportPointer &&
+         a->MemPoolImportPointer && a->MemPoolSetAccess && a->MemPoolDestroy;
+}
+/* The pool `addr` was allocated from (0: none, or no answer). */
+IPCREF__PRIVATE uint64_t ipcref__hip_d_pool_of(ipcref__hip_state *d,
+                                               uint64_t addr) {
+  ipcref__hip_mempool pool = NULL;
+  if (d->api.PointerGetAttribute(&pool,
+                                 (ipcref__hip_attr)IPCREF__HIP_ATTR_MEMPOOL,
+                                 (void *)(uintptr_t)addr))
+    return 0;
+  return (uint64_t)(uintptr_t)pool;
+}
+IPCREF__PRIVATE int ipcref__hip_d_pool_export(ipcref__hip_state *d,
+                                              uint64_t pool, int *fd) {
+  return (int)d->api.MemPoolExportToShareableHandle(
+      fd, (ipcref__hip_mempool)(uintptr_t)pool,
+      (ipcref__hip_handle_type)IPCREF__HIP_HANDLE_POSIX_FD, 0);
+}
+IPCREF__PRIVATE int ipcref__hip_d_pool_export_ptr(ipcref__hip_state *d,
+                                                  uint64_t addr,
+                                                  unsigned char *data) {
+  ipcref__hip_mempool_data x;
+  int code;
+  memset(&x, 0, sizeof x);
+  code = (int)d->api.MemPoolExportPointer(&x, (void *)(uintptr_t)addr);
+  memcpy(data, &x, IPCREF_HANDLE_BYTES);
+  return code;
+}
+/* The fd goes by value, in the pointer (the runtime's convention). */
+IPCREF__PRIVATE int ipcref__hip_d_pool_import(ipcref__hip_state *d, int fd,
+                                              uint64_t *pool) {
+  ipcref__hip_mempool p = NULL;
+  int code = (int)d->api.MemPoolImportFromShareableHandle(
+      &p, (void *)(uintptr_t)fd,
+      (ipcref__hip_handle_type)IPCREF__HIP_HANDLE_POSIX_FD, 0);
+  *pool = (uint64_t)(uintptr_t)p;
+  return code;
+}
+IPCREF__PRIVATE int ipcref__hip_d_pool_access(ipcref__hip_state *d,
+                                              uint64_t pool, int dev,
+                                              int writable) {
+  ipcref__hip_access_desc a;
+  return (int)d->api.MemPoolSetAccess((ipcref__hip_mempool)(uintptr_t)pool,
+                                      ipcref__hip_access_of(&a, dev, writable),
+                                      1);
+}
+IPCREF__PRIVATE int ipcref__hip_d_pool_import_ptr(ipcref__hip_state *d,
+                                                  uint64_t pool,
+                                                  const unsigned char *data,
+                                                  uint64_t *addr) {
+  ipcref__hip_mempool_data x;
+  void *p = NULL;
+  int code;
+  memcpy(&x, data, sizeof x);
+  code = (int)d->api.MemPoolImportPointer(
+      &p, (ipcref__hip_mempool)(uintptr_t)pool, &x);
+  *addr = (uint64_t)(uintptr_t)p;
+  return code;
+}
+IPCREF__PRIVATE int ipcref__hip_d_pool_destroy(ipcref__hip_state *d,
+                                               uint64_t pool) {
+  return (int)d->api.MemPoolDestroy((ipcref__hip_mempool)(uintptr_t)pool);
 }
 
 /* ---- gpu: shared backend logic (src/gpu.h) ------------------------------ */

@@ -26,7 +26,8 @@
  * is legacy (hipMalloc) unless VMM memory is asked for
  * (ipcref_hip_set_memory: hipMemCreate, shared by fd, as the CUDA backend
  * does), since HIP has no device attribute that says it works; memory of
- * stream-ordered pools is not shared (legacy IPC refuses it). */
+ * a stream-ordered pool created shareable goes as with CUDA (its pool's
+ * fd and the pointer's export data: src/gpu_pool.h). */
 
 #ifndef IPCREF_HIP_H_INCLUDED
 #define IPCREF_HIP_H_INCLUDED
@@ -121,6 +122,8 @@ typedef hipMemAllocationProp ipcref__hip_mem_prop;
 typedef hipMemAccessDesc ipcref__hip_access;
 typedef hipMemAllocationHandleType ipcref__hip_handle_type;
 typedef hipMemAllocationGranularity_flags ipcref__hip_granularity;
+typedef hipMemPool_t ipcref__hip_mempool;
+typedef hipMemPoolPtrExportData ipcref__hip_mempool_data;
 #else
 typedef int ipcref__hip_result;
 typedef struct ipcref__hip_event_st *ipcref__hip_event;
@@ -137,6 +140,10 @@ typedef struct {
 } ipcref__hip_access; /* hipMemAccessDesc's layout */
 typedef int ipcref__hip_handle_type;
 typedef int ipcref__hip_granularity;
+typedef struct ipcref__hip_mempool_st *ipcref__hip_mempool;
+typedef struct {
+  unsigned char reserved[64];
+} ipcref__hip_mempool_data;
 #endif
 
 /* The numbers used here (hip_runtime_api.h), and what the shared part
@@ -149,7 +156,7 @@ typedef int ipcref__hip_granularity;
 #define IPCREF__HIP_VMM             1 /* memory shared by fd (src/gpu_vmm.h) */
 #define IPCREF__HIP_VMM_AUTO                                                   \
   0 /* legacy by default: HIP has no device attribute that says VMM works */
-#define IPCREF__HIP_POOLS           0 /* pools are not shared here (src/gpu_pool.h) */
+#define IPCREF__HIP_POOLS           1 /* pool memory too (src/gpu_pool.h) */
 #define IPCREF__HIP_DEVICE_TYPE     IPCREF_DEVICE_ROCM
 #define IPCREF__HIP_NAME            "hip"
 #define IPCREF__HIP_DEVICES         64
@@ -207,6 +214,20 @@ typedef struct ipcref__hip_api {
                                                   void *);
   ipcref__hip_result (*MemGetAllocationPropertiesFromHandle)(
       ipcref__hip_mem_prop *, ipcref__hip_vmm_handle);
+  /* Stream-ordered pools: optional too (src/hip_vmm.h). */
+  ipcref__hip_result (*MemPoolExportToShareableHandle)(void *,
+                                                       ipcref__hip_mempool,
+                                                       ipcref__hip_handle_type,
+                                                       unsigned int);
+  ipcref__hip_result (*MemPoolImportFromShareableHandle)(
+      ipcref__hip_mempool *, void *, ipcref__hip_handle_type, unsigned int);
+  ipcref__hip_result (*MemPoolExportPointer)(ipcref__hip_mempool_data *,
+                                             void *);
+  ipcref__hip_result (*MemPoolImportPointer)(void **, ipcref__hip_mempool,
+                                             ipcref__hip_mempool_data *);
+  ipcref__hip_result (*MemPoolSetAccess)(ipcref__hip_mempool,
+                                         const ipcref__hip_access *, size_t);
+  ipcref__hip_result (*MemPoolDestroy)(ipcref__hip_mempool);
 } ipcref__hip_api;
 
 #if defined(HIP_IPC_HANDLE_SIZE) && !defined(__cplusplus)
@@ -249,6 +270,14 @@ IPCREF__PRIVATE void ipcref__hip_check_prototypes(void) {
   IPCREF__HIP_CHECK(MemRetainAllocationHandle, hipMemRetainAllocationHandle);
   IPCREF__HIP_CHECK(MemGetAllocationPropertiesFromHandle,
                     hipMemGetAllocationPropertiesFromHandle);
+  IPCREF__HIP_CHECK(MemPoolExportToShareableHandle,
+                    hipMemPoolExportToShareableHandle);
+  IPCREF__HIP_CHECK(MemPoolImportFromShareableHandle,
+                    hipMemPoolImportFromShareableHandle);
+  IPCREF__HIP_CHECK(MemPoolExportPointer, hipMemPoolExportPointer);
+  IPCREF__HIP_CHECK(MemPoolImportPointer, hipMemPoolImportPointer);
+  IPCREF__HIP_CHECK(MemPoolSetAccess, hipMemPoolSetAccess);
+  IPCREF__HIP_CHECK(MemPoolDestroy, hipMemPoolDestroy);
   (void)sizeof(char[sizeof(hipIpcMemHandle_t) == IPCREF_HANDLE_BYTES ? 1 : -1]);
 }
 #endif
@@ -404,6 +433,12 @@ static const ipcref__hip_entry ipcref__hip_entries[] = {
     IPCREF__HIP_ENTRY(MemImportFromShareableHandle, 1),
     IPCREF__HIP_ENTRY(MemRetainAllocationHandle, 1),
     IPCREF__HIP_ENTRY(MemGetAllocationPropertiesFromHandle, 1),
+    IPCREF__HIP_ENTRY(MemPoolExportToShareableHandle, 1),
+    IPCREF__HIP_ENTRY(MemPoolImportFromShareableHandle, 1),
+    IPCREF__HIP_ENTRY(MemPoolExportPointer, 1),
+    IPCREF__HIP_ENTRY(MemPoolImportPointer, 1),
+    IPCREF__HIP_ENTRY(MemPoolSetAccess, 1),
+    IPCREF__HIP_ENTRY(MemPoolDestroy, 1),
 };
 #undef IPCREF__HIP_ENTRY
 

@@ -40,6 +40,19 @@ typedef union {
 #define IPCREF__HIP_HANDLE_POSIX_FD 0x1      /* ...PosixFileDescriptor */
 #define IPCREF__HIP_NOT_SUPPORTED   801      /* hipErrorNotSupported */
 
+/* hipMemAccessDesc's layout (a hipMemLocation, then the flags): read (or
+ * read-write) access for device `dev`. */
+typedef struct {
+  int type, id, flags;
+} ipcref__hip_access_desc;
+IPCREF__PRIVATE const ipcref__hip_access *
+ipcref__hip_access_of(ipcref__hip_access_desc *a, int dev, int writable) {
+  a->type = 1; /* hipMemLocationTypeDevice */
+  a->id = dev;
+  a->flags = writable ? 3 : 1; /* hipMemAccessFlagsProtReadWrite, ...Read */
+  return (const ipcref__hip_access *)(const void *)a;
+}
+
 /* Pinned memory of device `dev`, shareable by POSIX fd, in the loaded
  * runtime's layout. */
 IPCREF__PRIVATE const ipcref__hip_mem_prop *
@@ -115,15 +128,9 @@ IPCREF__PRIVATE int ipcref__hip_d_vmm_unmap(ipcref__hip_state *d, uint64_t addr,
 IPCREF__PRIVATE int ipcref__hip_d_vmm_access(ipcref__hip_state *d,
                                              uint64_t addr, size_t size,
                                              int dev, int writable) {
-  struct {
-    int type, id, flags;
-  } a;        /* hipMemAccessDesc: a hipMemLocation, then the flags */
-  a.type = 1; /* hipMemLocationTypeDevice */
-  a.id = dev;
-  a.flags = writable ? 3 : 1; /* hipMemAccessFlagsProtReadWrite, ...Read */
+  ipcref__hip_access_desc a;
   return (int)d->api.MemSetAccess((void *)(uintptr_t)addr, size,
-                                  (const ipcref__hip_access *)(const void *)&a,
-                                  1);
+                                  ipcref__hip_access_of(&a, dev, writable), 1);
 }
 IPCREF__PRIVATE int ipcref__hip_d_vmm_export(ipcref__hip_state *d, uint64_t h,
                                              int *fd) {
@@ -165,4 +172,74 @@ IPCREF__PRIVATE int ipcref__hip_d_vmm_retain(ipcref__hip_state *d,
 }
 IPCREF__PRIVATE int ipcref__hip_d_sync(ipcref__hip_state *d) {
   return (int)d->api.DeviceSynchronize();
+}
+
+/* Stream-ordered pools (src/gpu_pool.h uses these). */
+#define IPCREF__HIP_ATTR_MEMPOOL 17 /* HIP_POINTER_ATTRIBUTE_MEMPOOL_HANDLE */
+IPCREF__PRIVATE int ipcref__hip_d_pool_supported(ipcref__hip_state *d) {
+  const ipcref__hip_api *a = &d->api;
+  return a->PointerGetAttribute && a->MemPoolExportToShareableHandle &&
+         a->MemPoolImportFromShareableHandle && a->MemPoolExportPointer &&
+         a->MemPoolImportPointer && a->MemPoolSetAccess && a->MemPoolDestroy;
+}
+/* The pool `addr` was allocated from (0: none, or no answer). */
+IPCREF__PRIVATE uint64_t ipcref__hip_d_pool_of(ipcref__hip_state *d,
+                                               uint64_t addr) {
+  ipcref__hip_mempool pool = NULL;
+  if (d->api.PointerGetAttribute(&pool,
+                                 (ipcref__hip_attr)IPCREF__HIP_ATTR_MEMPOOL,
+                                 (void *)(uintptr_t)addr))
+    return 0;
+  return (uint64_t)(uintptr_t)pool;
+}
+IPCREF__PRIVATE int ipcref__hip_d_pool_export(ipcref__hip_state *d,
+                                              uint64_t pool, int *fd) {
+  return (int)d->api.MemPoolExportToShareableHandle(
+      fd, (ipcref__hip_mempool)(uintptr_t)pool,
+      (ipcref__hip_handle_type)IPCREF__HIP_HANDLE_POSIX_FD, 0);
+}
+IPCREF__PRIVATE int ipcref__hip_d_pool_export_ptr(ipcref__hip_state *d,
+                                                  uint64_t addr,
+                                                  unsigned char *data) {
+  ipcref__hip_mempool_data x;
+  int code;
+  memset(&x, 0, sizeof x);
+  code = (int)d->api.MemPoolExportPointer(&x, (void *)(uintptr_t)addr);
+  memcpy(data, &x, IPCREF_HANDLE_BYTES);
+  return code;
+}
+/* The fd goes by value, in the pointer (the runtime's convention). */
+IPCREF__PRIVATE int ipcref__hip_d_pool_import(ipcref__hip_state *d, int fd,
+                                              uint64_t *pool) {
+  ipcref__hip_mempool p = NULL;
+  int code = (int)d->api.MemPoolImportFromShareableHandle(
+      &p, (void *)(uintptr_t)fd,
+      (ipcref__hip_handle_type)IPCREF__HIP_HANDLE_POSIX_FD, 0);
+  *pool = (uint64_t)(uintptr_t)p;
+  return code;
+}
+IPCREF__PRIVATE int ipcref__hip_d_pool_access(ipcref__hip_state *d,
+                                              uint64_t pool, int dev,
+                                              int writable) {
+  ipcref__hip_access_desc a;
+  return (int)d->api.MemPoolSetAccess((ipcref__hip_mempool)(uintptr_t)pool,
+                                      ipcref__hip_access_of(&a, dev, writable),
+                                      1);
+}
+IPCREF__PRIVATE int ipcref__hip_d_pool_import_ptr(ipcref__hip_state *d,
+                                                  uint64_t pool,
+                                                  const unsigned char *data,
+                                                  uint64_t *addr) {
+  ipcref__hip_mempool_data x;
+  void *p = NULL;
+  int code;
+  memcpy(&x, data, sizeof x);
+  code = (int)d->api.MemPoolImportPointer(
+      &p, (ipcref__hip_mempool)(uintptr_t)pool, &x);
+  *addr = (uint64_t)(uintptr_t)p;
+  return code;
+}
+IPCREF__PRIVATE int ipcref__hip_d_pool_destroy(ipcref__hip_state *d,
+                                               uint64_t pool) {
+  return (int)d->api.MemPoolDestroy((ipcref__hip_mempool)(uintptr_t)pool);
 }

@@ -190,6 +190,27 @@ static kind K_HIP_VMM = {1,
                          "hipIpcOpenEventHandle",
                          "hipErrorOutOfMemory",
                          ""};
+/* HIP again, every buffer a pointer of a pool created shareable
+ * (hipMallocFromPoolAsync), wrapped, as K_POOL. */
+static kind K_HIP_POOL = {1,
+                          0,
+                          1,
+                          "alloc=",
+                          "hip_pool",
+                          "FAKE_HIP_",
+                          IPCREF_DEVICE_ROCM,
+                          IPCREF_DEVICE_CUDA,
+                          "-> hipSuccess",
+                          "hipMemPoolExportPointer",
+                          "hipMemPoolImportPointer",
+                          "hipFree",
+                          "hipMallocFromPoolAsync",
+                          "hipFree",
+                          "hipStreamWaitEvent",
+                          "hipStreamSynchronize",
+                          "hipIpcOpenEventHandle",
+                          "hipErrorOutOfMemory",
+                          ""};
 
 /* ---- the fakes' knobs and call log -------------------------------------- */
 
@@ -427,12 +448,18 @@ typedef struct gdrv {
   int (*pcreate)(void **, const void *);
   int (*pdestroy)(void *);
   int (*palloc)(unsigned long long *, size_t, void *, void *);
+  int (*hpcreate)(void **, const void *); /* HIP's */
+  int (*hpdestroy)(void *);
+  int (*hpalloc)(void **, size_t, void *, void *);
   void *pools[2];  /* the pool kind's: one per device, made at first use */
   int copy_dev;    /* CUDA: the device whose context makes the copies */
   void *devctx[2]; /* CUDA: device 1's primary context, once retained */
 } gdrv;
 
 static gdrv *g_drv; /* the one open now: the pool kind's g_alloc uses it */
+static ipcref_result g_wrap(ipcref_ctx *ctx, const struct kind *k, int dev,
+                            void *p, size_t n, void (*rel)(void *, void *),
+                            void *user, ipcref_buf **out);
 static int g_pool_alloc(gdrv *d, int dev, size_t n, void **out);
 
 /* dlsym gives an object pointer; copied into a function pointer. */
@@ -506,6 +533,11 @@ static ipcref_result g_open(const kind *k, gdrv *d) {
     LOAD(d, hevent, "hipEventCreateWithFlags");
     LOAD(d, hrecord, "hipEventRecord");
     LOAD(d, hevent_free, "hipEventDestroy");
+    if (k->pool) { /* the HIP pool kind's (the runtime may lack them) */
+      LOAD(d, hpcreate, "hipMemPoolCreate");
+      LOAD(d, hpdestroy, "hipMemPoolDestroy");
+      LOAD(d, hpalloc, "hipMallocFromPoolAsync");
+    }
   }
   if (!g_real) LOAD(d, vmm, "fake_gpu_alloc_vmm"); /* the fakes' hook */
   g_drv = d;
@@ -516,7 +548,9 @@ static void g_close(gdrv *d) {
   int i;
   if (!d->k) return;
   for (i = 0; i < 2; i++)
-    if (d->pools[i]) CHECK_EQ(d->pdestroy(d->pools[i]), 0);
+    if (d->pools[i])
+      CHECK_EQ(d->k->hip ? d->hpdestroy(d->pools[i]) : d->pdestroy(d->pools[i]),
+               0);
   if (g_drv == d) g_drv = NULL;
   if (d->cuctx) CHECK_EQ(d->release(0), 0);
   if (d->devctx[1]) CHECK_EQ(d->release(1), 0);
@@ -608,9 +642,9 @@ static unsigned long long g_vmm_handle; /* g_malloc's VMM allocation */
 static int g_malloc(gdrv *d, size_t n, void **out) {
   unsigned long long p = 0;
   int e;
+  if (d->k->pool) return g_pool_alloc(d, 0, n, out);
   if (d->k->hip) return d->hmalloc(out, n);
   if (d->k->vmm) return g_vmm_make(d, n, 1, 1, &g_vmm_handle, out);
-  if (d->k->pool) return g_pool_alloc(d, 0, n, out);
   g_cur(d);
   e = d->cmalloc(&p, n);
   *out = (void *)(uintptr_t)p;
@@ -661,7 +695,8 @@ static void g_work(gdrv *d, void *stream) {
   }
 }
 
-/* CUmemPoolProps' layout (cuda.h). */
+/* CUmemPoolProps' layout (cuda.h); hipMemPoolProps' (HIP 5.2: no maxSize,
+ * 64 bytes reserved) fits in it, its reserved bytes all zero. */
 typedef struct {
   int alloc_type, handle_types, loc_type, loc_id;
   void *win32;
@@ -686,8 +721,10 @@ static int g_pool_alloc(gdrv *d, int dev, size_t n, void **out) {
     pr.handle_types = 1; /* CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR */
     pr.loc_type = 1;     /* CU_MEM_LOCATION_TYPE_DEVICE */
     pr.loc_id = dev;
-    e = d->pcreate(&d->pools[dev], &pr);
+    e = d->k->hip ? d->hpcreate(&d->pools[dev], &pr)
+                  : d->pcreate(&d->pools[dev], &pr);
   }
+  if (!e && d->k->hip) return d->hpalloc(out, n, d->pools[dev], NULL);
   if (!e) e = d->palloc(&p, n, d->pools[dev], NULL);
   *out = (void *)(uintptr_t)p;
   return e;
@@ -697,7 +734,10 @@ static int g_pool_alloc(gdrv *d, int dev, size_t n, void **out) {
 static void g_pool_free(void *user, void *ptr) {
   gdrv *d = (gdrv *)user;
   g_cur(d);
-  CHECK_EQ(d->cfree((unsigned long long)(uintptr_t)ptr), 0);
+  if (d->k->hip)
+    CHECK_EQ(d->hfree(ptr), 0);
+  else
+    CHECK_EQ(d->cfree((unsigned long long)(uintptr_t)ptr), 0);
 }
 
 static ipcref_result g_alloc(ipcref_ctx *ctx, const kind *k, int dev, size_t n,
@@ -705,15 +745,16 @@ static ipcref_result g_alloc(ipcref_ctx *ctx, const kind *k, int dev, size_t n,
   void *p = NULL;
   ipcref_result r;
   int e;
-  if (k->hip) return ipcref_hip_alloc(ctx, dev, n, out);
-  if (!k->pool) return ipcref_cuda_alloc(ctx, dev, n, out);
+  if (!k->pool)
+    return k->hip ? ipcref_hip_alloc(ctx, dev, n, out)
+                  : ipcref_cuda_alloc(ctx, dev, n, out);
   /* The pool kind: a pointer of a shareable pool, wrapped. */
   *out = NULL;
   if (!g_drv) return IPCREF_ENODEV;
   e = g_pool_alloc(g_drv, dev, n, &p);
-  if (e == 2) return IPCREF_ENOMEM; /* CUDA_ERROR_OUT_OF_MEMORY */
+  if (e == 2) return IPCREF_ENOMEM; /* ..._OUT_OF_MEMORY, both APIs */
   if (e) return IPCREF_ENODEV;
-  r = ipcref_cuda_wrap(ctx, dev, p, n, g_pool_free, g_drv, out);
+  r = g_wrap(ctx, k, dev, p, n, g_pool_free, g_drv, out);
   if (r != IPCREF_OK) g_pool_free(g_drv, p);
   return r;
 }
@@ -983,6 +1024,7 @@ GPU_TEST(test_full_flow, hip, &K_HIP)
 GPU_TEST(test_full_flow, cuda_vmm, &K_VMM)
 GPU_TEST(test_full_flow, hip_vmm, &K_HIP_VMM)
 GPU_TEST(test_full_flow, cuda_pool, &K_POOL)
+GPU_TEST(test_full_flow, hip_pool, &K_HIP_POOL)
 
 /* ======================================================================== */
 /* 2. Pointers from another allocator, in the middle of a larger
@@ -1146,6 +1188,7 @@ GPU_TEST(test_wrap_offset, cuda, &K_CUDA)
 GPU_TEST(test_wrap_offset, hip, &K_HIP)
 GPU_TEST(test_wrap_offset, cuda_vmm, &K_VMM)
 GPU_TEST(test_wrap_offset, cuda_pool, &K_POOL)
+GPU_TEST(test_wrap_offset, hip_pool, &K_HIP_POOL)
 
 /* ======================================================================== */
 /* 3. One allocation reaching a consumer several times (two views on one
@@ -1453,6 +1496,7 @@ GPU_TEST(test_stream_order, hip, &K_HIP)
 GPU_TEST(test_stream_order, cuda_vmm, &K_VMM)
 GPU_TEST(test_stream_order, hip_vmm, &K_HIP_VMM)
 GPU_TEST(test_stream_order, cuda_pool, &K_POOL)
+GPU_TEST(test_stream_order, hip_pool, &K_HIP_POOL)
 
 /* A segment already mapped is waited on the same way: each view's event,
  * each time (CUDA); the producer synchronizes before each hand-off (HIP). */
@@ -1556,6 +1600,7 @@ GPU_TEST(test_wait_cached, hip, &K_HIP)
 GPU_TEST(test_wait_cached, cuda_vmm, &K_VMM)
 GPU_TEST(test_wait_cached, hip_vmm, &K_HIP_VMM)
 GPU_TEST(test_wait_cached, cuda_pool, &K_POOL)
+GPU_TEST(test_wait_cached, hip_pool, &K_HIP_POOL)
 
 /* CUDA's interprocess events come from a pool: as many as were ever
  * outstanding at once, each with its handle made once, reused when their
@@ -1879,6 +1924,7 @@ GPU_TEST(test_consumer_killed, hip, &K_HIP)
 GPU_TEST(test_consumer_killed, cuda_vmm, &K_VMM)
 GPU_TEST(test_consumer_killed, hip_vmm, &K_HIP_VMM)
 GPU_TEST(test_consumer_killed, cuda_pool, &K_POOL)
+GPU_TEST(test_consumer_killed, hip_pool, &K_HIP_POOL)
 
 /* ======================================================================== */
 /* 7. Errors. */
@@ -2006,6 +2052,7 @@ GPU_TEST(test_self_import, hip, &K_HIP)
 GPU_TEST(test_self_import, cuda_vmm, &K_VMM)
 GPU_TEST(test_self_import, hip_vmm, &K_HIP_VMM)
 GPU_TEST(test_self_import, cuda_pool, &K_POOL)
+GPU_TEST(test_self_import, hip_pool, &K_HIP_POOL)
 
 /* One context in this process with both peers of a socketpair in it. */
 typedef struct one_ctx {
@@ -2072,6 +2119,7 @@ GPU_TEST(test_self_import_one_ctx, hip, &K_HIP)
 GPU_TEST(test_self_import_one_ctx, cuda_vmm, &K_VMM)
 GPU_TEST(test_self_import_one_ctx, hip_vmm, &K_HIP_VMM)
 GPU_TEST(test_self_import_one_ctx, cuda_pool, &K_POOL)
+GPU_TEST(test_self_import_one_ctx, hip_pool, &K_HIP_POOL)
 
 /* Adds `by` to the little-endian u64 at p. */
 static void bump_le64(unsigned char *p, uint64_t by) {
@@ -2129,6 +2177,7 @@ GPU_TEST(test_lying_size, hip, &K_HIP)
 GPU_TEST(test_lying_size, cuda_vmm, &K_VMM)
 GPU_TEST(test_lying_size, hip_vmm, &K_HIP_VMM)
 GPU_TEST(test_lying_size, cuda_pool, &K_POOL)
+GPU_TEST(test_lying_size, hip_pool, &K_HIP_POOL)
 
 /* ======================================================================== */
 /* VMM memory from a hostile producer, in another process: the fd of a
@@ -2906,6 +2955,7 @@ GPU_TEST(test_device_ops, hip, &K_HIP)
 GPU_TEST(test_device_ops, cuda_vmm, &K_VMM)
 GPU_TEST(test_device_ops, hip_vmm, &K_HIP_VMM)
 GPU_TEST(test_device_ops, cuda_pool, &K_POOL)
+GPU_TEST(test_device_ops, hip_pool, &K_HIP_POOL)
 
 /* A consumer with no backend for the device: ENODEV for the device view,
  * and it goes on receiving host views. */
@@ -3009,6 +3059,7 @@ GPU_TEST(test_no_backend_consumer, hip, &K_HIP)
 GPU_TEST(test_no_backend_consumer, cuda_vmm, &K_VMM)
 GPU_TEST(test_no_backend_consumer, hip_vmm, &K_HIP_VMM)
 GPU_TEST(test_no_backend_consumer, cuda_pool, &K_POOL)
+GPU_TEST(test_no_backend_consumer, hip_pool, &K_HIP_POOL)
 
 /* ======================================================================== */
 /* 9. Wrong arguments to every new function. */
@@ -3235,7 +3286,35 @@ static int real_pools(void) {
   return pools && (types & 1);
 }
 
-static int real_drivers(int *cuda, int *hip, int *vmm, int *pool) {
+/* 1 when HIP's runtime `path` makes VMM memory for ipcref_hip_alloc
+ * (*vmm), and shareable pools on device 0 (*pool). */
+static void real_hip_kinds(ipcref_hip *hp, int *vmm, int *pool) {
+  ipcref_ctx *ctx = mkctx(SEG, NULL);
+  ipcref_buf *b = NULL;
+  void *lib = dlopen(K_HIP.path, RTLD_NOW | RTLD_LOCAL), *sym, *pl = NULL;
+  int (*create)(void **, const void *) = NULL, (*destroy)(void *) = NULL;
+  pool_props pr;
+  CHECK_EQ(ipcref_ctx_add_backend(ctx, ipcref_hip_backend(hp)), IPCREF_OK);
+  CHECK_EQ(ipcref_hip_set_memory(hp, IPCREF_HIP_MEMORY_VMM), IPCREF_OK);
+  *vmm = ipcref_hip_alloc(ctx, 0, 4096, &b) == IPCREF_OK;
+  ipcref_buf_release(b);
+  ipcref_ctx_free(ctx);
+  CHECK_EQ(ipcref_hip_set_memory(hp, IPCREF_HIP_MEMORY_AUTO), IPCREF_OK);
+  sym = lib ? dlsym(lib, "hipMemPoolCreate") : NULL;
+  memcpy(&create, &sym, sizeof sym);
+  sym = lib ? dlsym(lib, "hipMemPoolDestroy") : NULL;
+  memcpy(&destroy, &sym, sizeof sym);
+  memset(&pr, 0, sizeof pr);
+  pr.alloc_type = pr.handle_types = pr.loc_type = 1; /* pinned, fd, device */
+  *pool = create && destroy && create(&pl, &pr) == 0;
+  if (*pool) (void)destroy(pl);
+  if (lib) dlclose(lib);
+  if (!*vmm) printf("gpu-test: no HIP VMM runs: %s\n", ipcref_hip_error());
+  if (!*pool) printf("gpu-test: no HIP pool runs: no shareable pool\n");
+}
+
+static int real_drivers(int *cuda, int *hip, int *vmm, int *pool, int *hip_vmm,
+                        int *hip_pool) {
   static const char *const hips[] = {"libamdhip64.so", "libamdhip64.so.6",
                                      "libamdhip64.so.5"};
   char why_cuda[300], why_hip[300] = "no libamdhip64 found";
@@ -3269,6 +3348,9 @@ static int real_drivers(int *cuda, int *hip, int *vmm, int *pool) {
     snprintf(K_HIP.path, sizeof K_HIP.path, "%s", hips[i]);
     *hip = ipcref_hip_open(K_HIP.path, &hp) == IPCREF_OK;
     snprintf(why_hip, sizeof why_hip, "%s", ipcref_hip_error());
+    memcpy(K_HIP_VMM.path, K_HIP.path, sizeof K_HIP_VMM.path);
+    memcpy(K_HIP_POOL.path, K_HIP.path, sizeof K_HIP_POOL.path);
+    if (*hip) real_hip_kinds(hp, hip_vmm, hip_pool);
     ipcref_hip_close(hp);
     break;
   }
@@ -3286,11 +3368,13 @@ int main(void) {
   const char *only = getenv("IPCREF_GPU_ONLY"); /* cases whose name has it */
   static char stub[PATH_MAX];
   struct stat sb;
-  int rc, i, cuda = 0, hip = 0, vmm = 0, pool = 0, hip_vmm = 0, missing = 0;
+  int rc, i, cuda = 0, hip = 0, vmm = 0, pool = 0, hip_vmm = 0, hip_pool = 0;
+  int missing = 0;
   setvbuf(stdout, NULL, _IOLBF, 0);
   g_real = getenv("IPCREF_GPU_REAL") && !strcmp(getenv("IPCREF_GPU_REAL"), "1");
   if (g_real) {
-    if (!real_drivers(&cuda, &hip, &vmm, &pool)) return 0; /* said so */
+    if (!real_drivers(&cuda, &hip, &vmm, &pool, &hip_vmm, &hip_pool))
+      return 0; /* no GPU: said so */
     goto run;
   }
   if (!dir || !*dir) {
@@ -3310,6 +3394,7 @@ int main(void) {
   memcpy(K_POOL.path, K_CUDA.path, sizeof K_POOL.path);
   snprintf(K_HIP.path, sizeof K_HIP.path, "%s/libamdhip64.so.5", dir);
   memcpy(K_HIP_VMM.path, K_HIP.path, sizeof K_HIP_VMM.path);
+  memcpy(K_HIP_POOL.path, K_HIP.path, sizeof K_HIP_POOL.path);
   /* A half that was built must be there: its absence is a failure. */
   for (i = 0; i < 2; i++) {
     const kind *k = i ? &K_HIP : &K_CUDA;
@@ -3351,7 +3436,7 @@ int main(void) {
   if (!g_hip_real) g_hip_real = "/usr/lib/x86_64-linux-gnu/libamdhip64.so.5";
   if (!*g_hip_real || stat(g_hip_real, &sb) != 0) g_hip_real = NULL;
   vmm = pool = cuda;
-  hip_vmm = hip;
+  hip_vmm = hip_pool = hip;
 run:
   fixture_start(); /* under_valgrind: IPCREF_UNDER_VALGRIND=1 */
   g_tmo = under_valgrind ? 60000 : 10000;
@@ -3387,6 +3472,10 @@ run:
 #define RUN_HIP_VMM(test)                                                      \
   do {                                                                         \
     if (hip_vmm) RUN_ONE(test##_hip_vmm);                                      \
+  } while (0)
+#define RUN_HIP_POOL(test)                                                     \
+  do {                                                                         \
+    if (hip_pool) RUN_ONE(test##_hip_pool);                                    \
   } while (0)
 /* The cases that need the fakes' knobs (timed work, a memory limit, a
  * driver's failures, a second device, granularities) run on them only. */
@@ -3429,6 +3518,16 @@ run:
   RUN_HIP_VMM(test_lying_size);
   FAKE_ONLY(RUN_HIP_VMM(test_device_ops));
   RUN_HIP_VMM(test_no_backend_consumer);
+  RUN_HIP_POOL(test_full_flow);
+  RUN_HIP_POOL(test_wrap_offset);
+  FAKE_ONLY(RUN_HIP_POOL(test_stream_order));
+  FAKE_ONLY(RUN_HIP_POOL(test_wait_cached));
+  RUN_HIP_POOL(test_consumer_killed);
+  RUN_HIP_POOL(test_self_import);
+  RUN_HIP_POOL(test_self_import_one_ctx);
+  RUN_HIP_POOL(test_lying_size);
+  FAKE_ONLY(RUN_HIP_POOL(test_device_ops));
+  RUN_HIP_POOL(test_no_backend_consumer);
 
   if (getenv("IPCREF_GPU_KEEP_LOGS"))
     printf("call logs kept in %s\n", g_tmp);

@@ -15,9 +15,10 @@
 # to build does not stop the rest; the exit status is then non-zero.
 # Finding no headers is not an error. fake_cuda.c #includes fake_cuda_vmm.c
 # and fake_cuda_pool.c (and fake_core.h, fake_vmm.h, fake_pool.h);
-# fake_hip.c #includes fake_hip_vmm.c (and fake_core.h, fake_vmm.h);
-# selftest.c #includes selftest_vmm.c, selftest_pool.c and
-# selftest_hip_vmm.c: those are not compiled on their own.
+# fake_hip.c #includes fake_hip_vmm.c and fake_hip_pool.c (and fake_core.h,
+# fake_vmm.h, fake_pool.h); selftest.c #includes selftest_vmm.c,
+# selftest_pool.c, selftest_hip_vmm.c and selftest_hip_pool.c: those are not
+# compiled on their own.
 # Usage: tests/fake_gpu/build.sh OUTDIR
 #   CC=clang     another compiler (default gcc)
 #   SANITIZE=1   build everything with -fsanitize=address,undefined

@@ -75,8 +75,9 @@
  *   <P>VMM, <P>POSIX_FD, <P>GRANULARITY  the virtual memory management
  *                 calls (cuMemCreate & co., hipMemCreate & co.): see
  *                 fake_vmm.h
- *   FAKE_CUDA_POOLS  (CUDA only) the stream-ordered memory pool calls: see
- *                 fake_pool.h (their memory is kinds POOL / PIMPORT here)
+ *   <P>POOLS      the stream-ordered memory pool calls (cuMemPoolCreate &
+ *                 co., hipMemPoolCreate & co.): see fake_pool.h (their
+ *                 memory is kinds POOL / PIMPORT here)
  *
  * Call log. Each call appends exactly one line with a single write() on an
  * O_APPEND fd, so lines from many processes never interleave:

@@ -325,13 +325,7 @@ CUresult CUDAAPI cuMemGetAddressRange_v2(CUdeviceptr *pbase, size_t *psize,
 /* Keys a copy or memset that touched pool memory adds to its line (see
  * fake_pool.h): " pending_us=<us until the allocation completes> alloc=<its
  * nonce>" (the most pending side); nothing for other memory. */
-static const char *touched(char buf[64]) {
-  buf[0] = 0;
-  if (fk_touch.pool)
-    snprintf(buf, 64, " pending_us=%llu alloc=%016" PRIx64, fk_touch.pending_us,
-             fk_touch.nonce);
-  return buf;
-}
+#define touched fk_pool_touched
 
 /* Synchronous copies: done before returning (and after the legacy stream). */
 CUresult CUDAAPI cuMemcpyHtoD_v2(CUdeviceptr dst, const void *src, size_t n) {

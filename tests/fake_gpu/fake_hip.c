@@ -3,7 +3,7 @@
  * memory). Built against the real <hip/hip_runtime_api.h>
  * (-D__HIP_PLATFORM_AMD__), so prototypes match; exported with the real
  * library's ELF symbol versions (fake_hip.map: hip_4.2, hipPointerGetAttribute
- * @hip_5.0).
+ * @hip_5.0, the VMM and memory pool calls @hip_5.1).
  *
  * HIP has no current-context rule: calls use the thread's device
  * (hipSetDevice, default 0) and initialise implicitly.
@@ -16,6 +16,12 @@
  *                          management calls (hipMemCreate & co.): see
  *                          fake_vmm.h; the entry points are in
  *                          fake_hip_vmm.c
+ *   FAKE_HIP_POOLS         the stream-ordered memory pool calls
+ *                          (hipMemPoolCreate, hipMallocFromPoolAsync,
+ *                          hipFreeAsync, pool and pointer export/import):
+ *                          see fake_pool.h; the entry points are in
+ *                          fake_hip_pool.c (hipMemPool*, hipMallocFromPoolAsync
+ *                          and hipFreeAsync at version node hip_5.1)
  */
 #define _GNU_SOURCE
 #include <hip/hip_runtime_api.h>
@@ -25,6 +31,7 @@
 #include "fake_core.h"
 #define FK_VMM_GRAN_MIN 4096 /* AMD: 4 KiB minimum, 2 MiB recommended */
 #include "fake_vmm.h"
+#include "fake_pool.h"
 
 _Static_assert(sizeof(hipIpcMemHandle_t) == sizeof(struct fk_handle),
                "handle size");
@@ -199,16 +206,27 @@ int fake_gpu_alloc_vmm(void **ptr, size_t size) {
   RET("fake_gpu_alloc_vmm", e, "size=%zu ptr=0x%llx", size, FK_P(p));
 }
 
+static hipError_t hpool_free(const char *call, void *dev_ptr, int now_,
+                             hipStream_t stream); /* fake_hip_pool.c */
+
 /* A VMM address (hipMemAddressReserve / hipMemMap, fake_vmm.h) is not
  * hipFree's: hipErrorInvalidValue (undo it with hipMemUnmap,
- * hipMemAddressFree, hipMemRelease). */
+ * hipMemAddressFree, hipMemRelease). Pool memory, and an imported pool
+ * pointer (hipMemPoolImportPointer: "The pointer may be freed with @p
+ * hipFree or @p hipFreeAsync."): fake_pool.h frees it, logged with its
+ * imported_elsewhere=, pool= and alloc= keys (fake_hip_pool.c). */
 hipError_t hipFree(void *ptr) {
   GATE();
+  uint64_t h, pn, n;
+  if (!e && ptr && fk_pool_of((uintptr_t)ptr, &h, &pn, &n))
+    return hpool_free("hipFree", ptr, 1, NULL);
   if (!e && ptr && fk_vmm_owns((uintptr_t)ptr)) e = FK_EINVAL;
   if (!e) e = fk_mem_free((uintptr_t)ptr);
   RET("hipFree", e, "ptr=0x%llx", FK_P(ptr));
 }
 
+/* Pool memory (fake_pool.h), imported pool pointers too: the allocation's
+ * base and size. */
 hipError_t hipMemGetAddressRange(hipDeviceptr_t *pbase, size_t *psize,
                                  hipDeviceptr_t dptr) {
   GATE();
@@ -226,10 +244,13 @@ hipError_t hipMemGetAddressRange(hipDeviceptr_t *pbase, size_t *psize,
 }
 
 /* Synchronous: done before returning. The kind must match where the pointers
- * are (hipMemcpyDefault: whatever they are). */
+ * are (hipMemcpyDefault: whatever they are). A copy or memset that touches
+ * pool memory adds " pending_us=<us> alloc=<nonce>" (fk_pool_touched). */
 hipError_t hipMemcpy(void *dst, const void *src, size_t sizeBytes,
                      hipMemcpyKind kind) {
   GATE();
+  char t[64];
+  fk_touch.pool = 0;
   int d_dev = kind == hipMemcpyHostToDevice || kind == hipMemcpyDeviceToDevice;
   int s_dev = kind == hipMemcpyDeviceToHost || kind == hipMemcpyDeviceToDevice;
   if (kind == hipMemcpyDefault) {
@@ -239,33 +260,60 @@ hipError_t hipMemcpy(void *dst, const void *src, size_t sizeBytes,
   if (!e && (unsigned)kind > hipMemcpyDefault) e = FK_EINVAL;
   if (!e)
     e = fk_copy((uintptr_t)dst, d_dev, (uintptr_t)src, s_dev, sizeBytes, dev);
-  RET("hipMemcpy", e, "dst=0x%llx src=0x%llx n=%zu kind=%d", FK_P(dst),
-      FK_P(src), sizeBytes, (int)kind);
+  RET("hipMemcpy", e, "dst=0x%llx src=0x%llx n=%zu kind=%d%s", FK_P(dst),
+      FK_P(src), sizeBytes, (int)kind, fk_pool_touched(t));
 }
 
 hipError_t hipMemset(void *dst, int value, size_t sizeBytes) {
   GATE();
+  char t[64];
+  fk_touch.pool = 0;
   if (!e) e = fk_memset((uintptr_t)dst, value, sizeBytes, dev);
-  RET("hipMemset", e, "dst=0x%llx value=%d n=%zu", FK_P(dst), value, sizeBytes);
+  RET("hipMemset", e, "dst=0x%llx value=%d n=%zu%s", FK_P(dst), value,
+      sizeBytes, fk_pool_touched(t));
 }
 
+/* fk_ptr_attr (unknown memory -> hipErrorInvalidValue; HOST_POINTER of device
+ * memory -> hipErrorInvalidValue; P2P_TOKENS, SYNC_MEMOPS,
+ * ALLOWED_HANDLE_TYPES, IS_GPU_DIRECT_RDMA_CAPABLE, ACCESS_FLAGS ->
+ * hipErrorNotSupported), plus HIP_POINTER_ATTRIBUTE_MEMPOOL_HANDLE: "Returns
+ * the mempool handle for the allocation if it was allocated from a mempool"
+ * (marked "not supported in HIP" in 5.2; the fake answers as CUDA: the pool
+ * of pool memory, the imported pool for an imported pointer, NULL for other
+ * device memory). IS_LEGACY_HIP_IPC_CAPABLE is 0 for pool memory. */
 hipError_t hipPointerGetAttribute(void *data, hipPointer_attribute attribute,
                                   hipDeviceptr_t ptr) {
   GATE();
-  if (!e)
+  uint64_t h = 0, pn, n;
+  if (!e && attribute == HIP_POINTER_ATTRIBUTE_MEMPOOL_HANDLE) {
+    if (!data || !fk_is_device_ptr((uintptr_t)ptr)) {
+      e = FK_EINVAL;
+    } else {
+      if (!fk_pool_of((uintptr_t)ptr, &h, &pn, &n)) h = 0;
+      *(hipMemPool_t *)data = (hipMemPool_t)(uintptr_t)h;
+    }
+  } else if (!e) {
     e = fk_ptr_attr(data, attribute, (uintptr_t)ptr, hipMemoryTypeDevice,
                     ctx_ptrs);
+  }
   RET("hipPointerGetAttribute", e, "attr=%d ptr=0x%llx", (int)attribute,
       FK_P(ptr));
 }
 
 /* ---- IPC memory ---------------------------------------------------------- */
 
+/* "Takes a pointer to the base of an existing device memory allocation
+ * created with hipMalloc": other memory -> hipErrorInvalidHandle, except pool
+ * memory (fake_pool.h; share it with hipMemPoolExportPointer) ->
+ * hipErrorInvalidValue (not in the header's list; as CUDA answers for
+ * cudaMallocAsync memory). */
 hipError_t hipIpcGetMemHandle(hipIpcMemHandle_t *handle, void *devPtr) {
   GATE();
   struct fk_handle h = {0};
   char id[40];
+  uint64_t ph, pn, n;
   if (!e && (!handle || !devPtr)) e = FK_EINVAL;
+  if (!e && fk_pool_of((uintptr_t)devPtr, &ph, &pn, &n)) e = FK_EINVAL;
   if (!e) e = fk_ipc_get_mem(&h, (uintptr_t)devPtr);
   if (!e) memcpy(handle, &h, sizeof h);
   RET("hipIpcGetMemHandle", e, "ptr=0x%llx h=%s", FK_P(devPtr),
@@ -435,6 +483,10 @@ hipError_t hipIpcOpenEventHandle(hipEvent_t *event,
 /* ---- virtual memory management ------------------------------------------ */
 
 #include "fake_hip_vmm.c"
+
+/* ---- stream-ordered memory pools ----------------------------------------- */
+
+#include "fake_hip_pool.c"
 
 /* ---- errors -------------------------------------------------------------- */
 

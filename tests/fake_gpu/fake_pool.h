@@ -1,9 +1,13 @@
-/* fake_pool.h - the CUDA stream-ordered memory pool engine of ipcref's fake
- * driver (tests only): cuMemPoolCreate, cuMemAllocFromPoolAsync,
- * cuMemFreeAsync, pool export/import by POSIX fd, pointer export/import.
- * Included by fake_cuda.c after fake_core.h; API-neutral like it (the skin,
- * fake_cuda_pool.c, checks the CUDA structures and maps errors). Everything
- * here runs under fk.mu.
+/* fake_pool.h - the stream-ordered memory pool engine of ipcref's fake
+ * drivers (tests only): pool create/destroy, allocate and free on a stream,
+ * pool export/import by POSIX fd, pointer export/import. API-neutral like
+ * fake_core.h: the skins check the API's structures, map errors and log -
+ * fake_cuda_pool.c (cuMemPoolCreate, cuMemAllocFromPoolAsync, cuMemFreeAsync,
+ * cuMemPool{Export,Import}*, #included by fake_cuda.c) and fake_hip_pool.c
+ * (hipMemPoolCreate, hipMallocFromPoolAsync, hipFreeAsync,
+ * hipMemPool{Export,Import}*, #included by fake_hip.c). Included after
+ * fake_core.h. The doc quotes below are cuda.h's; the HIP 5.2 header says
+ * the same in the same words (hip for cu). Everything here runs under fk.mu.
  *
  * Pools. A pool is a per-process record (struct fk_pool) named by an opaque
  * handle 0xfa50<48-bit sequence number> (never 0, never reused in a process,
@@ -13,13 +17,14 @@
  *
  * Pool memory. Every allocation is its own memfd named
  * "fake_gpu_pool:<pool nonce>:<ptr nonce>" (16 hex digits each, MFD_CLOEXEC),
- * counted against MEM_LIMIT (and the pool's maxSize), held open while it
- * lives and mapped MAP_SHARED (honouring HOSTPTR=none) as an FK_MEM_POOL
- * entry of fake_core.h's table. The memfd is the size rounded up to 4096
- * plus one page: that last page is a header shared by the exporter and every
- * importer (struct fk_pshm): when the allocation completes and, per importing
- * process, when its import is released (a time in the future for a
- * cuMemFreeAsync whose stream has not reached it; UINT64_MAX while held).
+ * counted against MEM_LIMIT (and the pool's maxSize, CUDA only), held open
+ * while it lives and mapped MAP_SHARED (honouring HOSTPTR=none) as an
+ * FK_MEM_POOL entry of fake_core.h's table. The memfd is the size rounded up
+ * to 4096 plus one page: that last page is a header shared by the exporter
+ * and every importer (struct fk_pshm): when the allocation completes and,
+ * per importing process, when its import is released (a time in the future
+ * for a stream-ordered free whose stream has not reached it; UINT64_MAX
+ * while held).
  *
  * Stream order. Allocating or freeing on a stream is work like an event
  * record: it completes at max(now + WORK_US, the stream's done time) and
@@ -27,15 +32,17 @@
  * kept in its table entries (exporter and importers); a copy or memset that
  * touches pool memory before then logs pending_us=<us still to go> (> 0: the
  * memory was touched before the allocation completed; the copy is still
- * done). The mapping itself goes at the free call (API queries on a freed
- * pointer are undefined in CUDA; the fake answers as for unknown memory);
- * only the shared release time follows the stream.
+ * done; fk_pool_touched gives the keys). The mapping itself goes at the free
+ * call (API queries on a freed pointer are undefined; the fake answers as
+ * for unknown memory); only the shared release time follows the stream.
  *
- * Sharing. cuMemPoolExportToShareableHandle makes a new memfd
+ * Sharing. Exporting a pool (cuMemPoolExportToShareableHandle /
+ * hipMemPoolExportToShareableHandle) makes a new memfd
  * "fake_gpu_poolfd:<pool nonce>:<device>" holding a struct fk_poolfd (magic,
  * exporter pid, pool nonce, device); the caller owns it. The importer checks
- * its name and contents. cuMemPoolExportPointer writes struct fk_pexport (64
- * bytes, native byte order):
+ * its name and contents. Exporting a pointer writes struct fk_pexport (64
+ * bytes = CUmemPoolPtrExportData = hipMemPoolPtrExportData, native byte
+ * order):
  *    0 u32 magic  "FKPP"
  *    4 i32 pid    exporting process
  *    8 i32 fd     the allocation's memfd in the exporter
@@ -46,7 +53,7 @@
  *   40 u64 size   allocation size
  *   48 u64 off    offset of the exported pointer in its allocation
  *   56 8 bytes of zeros
- * cuMemPoolImportPointer opens /proc/<pid>/fd/<fd> as legacy IPC does and
+ * Importing a pointer opens /proc/<pid>/fd/<fd> as legacy IPC does and
  * checks name, inode and size; it fails once the exporter exited, freed the
  * allocation (its header says so) or closed the memfd.
  *
@@ -57,13 +64,14 @@
  * how many such processes there were (imported_elsewhere=N in the log). An
  * importer that exited counts as released.
  *
- * Knobs (read on every call):
- *   FAKE_CUDA_POOLS=0     CU_DEVICE_ATTRIBUTE_MEMORY_POOLS_SUPPORTED and
- *                         ..._MEMPOOL_SUPPORTED_HANDLE_TYPES answer 0;
- *                         cuMemPoolCreate fails NOT_SUPPORTED
- *   FAKE_CUDA_POSIX_FD=0  (shared with fake_vmm.h) ..._MEMPOOL_SUPPORTED_
- *                         HANDLE_TYPES answers 0; a pool asking for
- *                         POSIX_FILE_DESCRIPTOR fails NOT_SUPPORTED
+ * Knobs (read on every call; <P> is FK_PREFIX, FAKE_CUDA_ or FAKE_HIP_):
+ *   <P>POOLS=0     pools are not supported: creating one fails NOT_SUPPORTED
+ *                  (CUDA: CU_DEVICE_ATTRIBUTE_MEMORY_POOLS_SUPPORTED and
+ *                  ..._MEMPOOL_SUPPORTED_HANDLE_TYPES answer 0; HIP: see
+ *                  fake_hip_pool.c)
+ *   <P>POSIX_FD=0  (shared with fake_vmm.h) no shareable pools: a pool asking
+ *                  for the POSIX fd handle type fails NOT_SUPPORTED (CUDA:
+ *                  ..._MEMPOOL_SUPPORTED_HANDLE_TYPES answers 0)
  */
 #ifndef FAKE_POOL_H
 #define FAKE_POOL_H
@@ -74,10 +82,12 @@
 #define FK_POOL_HTAG   0xfa50000000000000ull /* handle = tag | sequence */
 #define FK_POOL_NAME   "fake_gpu_pool:"
 #define FK_POOLFD_NAME "fake_gpu_poolfd:"
-#define FK_POOL_POSIX  0x1 /* CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR */
-#define FK_PAGE        4096u
-#define FK_PSHM_SLOTS  64
-#define FK_HELD        UINT64_MAX
+#define FK_POOL_POSIX                                                          \
+  0x1 /* CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR ==                           \
+           hipMemHandleTypePosixFileDescriptor */
+#define FK_PAGE       4096u
+#define FK_PSHM_SLOTS 64
+#define FK_HELD       UINT64_MAX
 
 struct fk_pool {
   struct fk_pool *next;
@@ -115,7 +125,7 @@ struct fk_pexport {
   uint64_t ino, pool, alloc, size, off;
   uint8_t zero[8];
 };
-_Static_assert(sizeof(struct fk_pexport) == 64, "CUmemPoolPtrExportData");
+_Static_assert(sizeof(struct fk_pexport) == 64, "pointer export data size");
 #define FK_PEXPORT_MAGIC 0x50504b46u /* "FKPP" */
 
 static struct {
@@ -126,7 +136,8 @@ static struct {
 static int fk_pools_on(void) {
   return fk_knob_num("POOLS", 1) != 0;
 }
-/* CU_DEVICE_ATTRIBUTE_MEMPOOL_SUPPORTED_HANDLE_TYPES */
+/* The handle types pools may ask for (CUDA:
+ * CU_DEVICE_ATTRIBUTE_MEMPOOL_SUPPORTED_HANDLE_TYPES) */
 static unsigned fk_pool_htypes_supported(void) {
   return fk_pools_on() && fk_knob_num("POSIX_FD", 1) != 0 ? FK_POOL_POSIX : 0;
 }
@@ -146,8 +157,9 @@ static struct fk_pool *fk_pool_any(uint64_t h) {
     if (p->h == h) return p;
   return NULL;
 }
-/* cuMemPoolDestroy: "the resources associated with the pool will be released
- * automatically once there are no more outstanding allocations." */
+/* cuMemPoolDestroy / hipMemPoolDestroy: "the resources associated with the
+ * pool will be released automatically once there are no more outstanding
+ * allocations." */
 static void fk_pool_maybe_free(struct fk_pool *pool) {
   if (!pool->destroyed || pool->nptrs > 0) return;
   for (struct fk_pool **p = &fkp.pools; *p; p = &(*p)->next)
@@ -242,7 +254,7 @@ static int fk_pool_alloc(uintptr_t *out, size_t size, uint64_t h, void *stream,
   } else if ((limit >= 0 && (size > (unsigned long long)limit ||
                              fk.live > (unsigned long long)limit - size)) ||
              (p->max && (size > p->max || p->used > p->max - size))) {
-    e = FK_ENOMEM; /* CUDA_ERROR_OUT_OF_MEMORY */
+    e = FK_ENOMEM; /* out of memory */
   } else if ((e = fk_pool_stream_op(stream, dev, &done)) == FK_OK) {
     *pnonce = p->nonce;
     m.nonce = fk_nonce();
@@ -291,7 +303,7 @@ static int fk_pid_alive(pid_t pid) {
 }
 
 /* Free pool memory p (the base, or the pointer an import returned): now if
- * stream is NULL and now_ = 1 (cuMemFree), else in stream order. */
+ * stream is NULL and now_ = 1 (cuMemFree, hipFree), else in stream order. */
 static int fk_pool_free(uintptr_t p, int now_, void *stream, int dev,
                         uint64_t *nonce, uint64_t *pnonce,
                         unsigned long long *done_in_us, int *elsewhere) {
@@ -312,7 +324,8 @@ static int fk_pool_free(uintptr_t p, int now_, void *stream, int dev,
     *done_in_us = fk_us_left(done);
     int gone = 1;
     if (m->kind == FK_MEM_PIMPORT) {
-      /* "The pointer may be freed with cuMemFree or cuMemFreeAsync." */
+      /* "The pointer may be freed with cuMemFree or cuMemFreeAsync." (HIP:
+       * "with @p hipFree or @p hipFreeAsync.") */
       if (--m->refs > 0) {
         gone = 0;
       } else {
@@ -442,7 +455,7 @@ static int fk_pool_import_fd(uint64_t *h, int fd, uint64_t *nonce, int *dev) {
     p->imported = 1;
     p->htypes = FK_POOL_POSIX;
     p->src = rec.pid;
-    /* no access until cuMemPoolSetAccess (see fake_cuda_pool.c) */
+    /* no access until the skin's SetAccess (see fake_cuda_pool.c) */
     *h = p->h;
     *nonce = n;
     *dev = d;
@@ -570,6 +583,17 @@ static int fk_pool_import_ptr(uintptr_t *out, uint64_t h,
   if (fd >= 0) close(fd); /* the mappings keep the memory */
   FK_UNLOCK();
   return e;
+}
+
+/* The keys a copy or memset that touched pool memory adds to its line:
+ * " pending_us=<us until the allocation completes> alloc=<its nonce>" (the
+ * most pending side, from fake_core.h's fk_touch); "" for other memory. */
+static const char *fk_pool_touched(char buf[64]) {
+  buf[0] = 0;
+  if (fk_touch.pool)
+    snprintf(buf, 64, " pending_us=%llu alloc=%016" PRIx64, fk_touch.pending_us,
+             fk_touch.nonce);
+  return buf;
 }
 
 /* What dlclose must release (see fk_fini). */

@@ -14,8 +14,8 @@
  *   -DFAKE_GPU_CUDA  <cuda.h>, tests libcuda.so.1
  *   -DFAKE_GPU_HIP   <hip/hip_runtime_api.h> (with -D__HIP_PLATFORM_AMD__),
  *                    tests libamdhip64.so.5
- * The VMM and pool scenarios are in selftest_vmm.c, selftest_pool.c (CUDA)
- * and selftest_hip_vmm.c (HIP), #included below.
+ * The VMM and pool scenarios are in selftest_vmm.c, selftest_pool.c (CUDA),
+ * selftest_hip_vmm.c and selftest_hip_pool.c (HIP), #included below.
  */
 #if !defined(FAKE_GPU_CUDA) && !defined(FAKE_GPU_HIP)
 #error "define FAKE_GPU_CUDA and/or FAKE_GPU_HIP (tests/fake_gpu/build.sh)"
@@ -626,6 +626,37 @@ static int log_malformed(void) {
   return bad;
 }
 
+/* Pool scenarios of both APIs: the first fd of this process whose link starts
+ * with prefix. */
+static int fd_named(const char *prefix) {
+  char path[64], link[160];
+  for (int fd = 3; fd < 1024; fd++) {
+    snprintf(path, sizeof path, "/proc/self/fd/%d", fd);
+    ssize_t n = readlink(path, link, sizeof link - 1);
+    if (n > 0 && (link[n] = 0, !strncmp(link, prefix, strlen(prefix))))
+      return fd;
+  }
+  return -1;
+}
+/* The value of key (e.g. " pool=") on the last log line of pid holding call
+ * and with; "" if none. */
+static void log_key(char *out, size_t n, pid_t pid, const char *call,
+                    const char *with, const char *key) {
+  char pfx[16], line[1024];
+  snprintf(pfx, sizeof pfx, "%d ", (int)pid);
+  out[0] = 0;
+  FILE *f = fopen(logpath, "r");
+  while (f && fgets(line, sizeof line, f)) {
+    char *k = strstr(line, key);
+    if (!strncmp(line, pfx, strlen(pfx)) && strstr(line, call) &&
+        (!with || strstr(line, with)) && k) {
+      snprintf(out, n, "%s", k + strlen(key));
+      out[strcspn(out, " \n")] = 0;
+    }
+  }
+  if (f) fclose(f);
+}
+
 /* ---- scenarios common to both APIs --------------------------------------- */
 
 static void s_memory(void) {
@@ -1191,6 +1222,8 @@ static void s_hip_nodevice(void) {
 }
 
 #include "selftest_hip_vmm.c"
+/* stream-ordered memory pools (hipMemPoolCreate, pool and pointer sharing) */
+#include "selftest_hip_pool.c"
 #endif /* FAKE_GPU_HIP */
 
 static void s_log_lines(void) {
@@ -1240,6 +1273,7 @@ int main(int argc, char **argv) {
 #ifdef FAKE_GPU_HIP
   load_hip(argv[1]);
   load_hip_vmm();
+  load_hip_pool();
 #endif
   for (size_t i = 0; i < sizeof apis / sizeof *apis; i++) {
     const struct api *api = apis[i];
@@ -1263,6 +1297,7 @@ int main(int argc, char **argv) {
   run(&hip, "runtime", s_hip_runtime);
   run(&hip, "nodevice", s_hip_nodevice);
   run_hip_vmm();
+  run_hip_pool();
 #endif
   unlink(logpath);
   printf("%d passed, %d failed\n", T->pass, T->fail);

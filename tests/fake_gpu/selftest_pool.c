@@ -44,36 +44,6 @@ static CUmemoryPool mempool_of(CUdeviceptr p) {
   EQ(p_cuPointerGetAttribute(&h, CU_POINTER_ATTRIBUTE_MEMPOOL_HANDLE, p), 0);
   return h;
 }
-/* The first fd of this process whose link starts with prefix. */
-static int fd_named(const char *prefix) {
-  char path[64], link[160];
-  for (int fd = 3; fd < 1024; fd++) {
-    snprintf(path, sizeof path, "/proc/self/fd/%d", fd);
-    ssize_t n = readlink(path, link, sizeof link - 1);
-    if (n > 0 && (link[n] = 0, !strncmp(link, prefix, strlen(prefix))))
-      return fd;
-  }
-  return -1;
-}
-/* The value of key (e.g. " pool=") on the last log line of pid holding call
- * and with; "" if none. */
-static void log_key(char *out, size_t n, pid_t pid, const char *call,
-                    const char *with, const char *key) {
-  char pfx[16], line[1024];
-  snprintf(pfx, sizeof pfx, "%d ", (int)pid);
-  out[0] = 0;
-  FILE *f = fopen(logpath, "r");
-  while (f && fgets(line, sizeof line, f)) {
-    char *k = strstr(line, key);
-    if (!strncmp(line, pfx, strlen(pfx)) && strstr(line, call) &&
-        (!with || strstr(line, with)) && k) {
-      snprintf(out, n, "%s", k + strlen(key));
-      out[strcspn(out, " \n")] = 0;
-    }
-  }
-  if (f) fclose(f);
-}
-
 /* ---- one process --------------------------------------------------------- */
 
 static void pool_forked_child(void) {
