@@ -315,9 +315,7 @@ typedef struct { /* CUmemAccessDesc's layout */
 #define IPCREF__CU_LAZY_PEER        0x1 /* CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS */
 #define IPCREF__CU_ATTR_IPC_CAPABLE 10  /* ..._IS_LEGACY_CUDA_IPC_CAPABLE */
 #define IPCREF__CU_PROC_VERSION     12000 /* covers every symbol used */
-#define IPCREF__CU_VMM              1 /* memory shared by fd (src/gpu_vmm.h) */
 #define IPCREF__CU_VMM_AUTO         1 /* VMM by default where it can share */
-#define IPCREF__CU_POOLS            1 /* pool memory too (src/gpu_pool.h) */
 #define IPCREF__CU_ATTR_VMM         102 /* ..._VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED */
 #define IPCREF__CU_ATTR_POSIX_FD                                               \
   103 /* CU_DEVICE_ATTRIBUTE_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR_SUPPORTED */
@@ -1056,8 +1054,6 @@ IPCREF__PRIVATE ipcref_result ipcref__cu_on(ipcref_cuda *g, int dev) {
 
 /* ---- gpu_pool: pool memory shared by fd (src/gpu_pool.h) ---------------- */
 
-#if IPCREF__CU_POOLS
-
 /* A pool this process exported, or imported; a pointer exported or
  * imported. */
 typedef struct ipcref__cu_pool {
@@ -1293,35 +1289,7 @@ IPCREF__PRIVATE void ipcref__cu_pool_close_all(ipcref_cuda *g) {
   }
 }
 
-#elif IPCREF__CU_VMM /* the driver's part shares no pools */
-
-IPCREF__PRIVATE ipcref_result ipcref__cu_pool_export(ipcref_cuda *g, int dev,
-                                                     uint64_t base, int *fd,
-                                                     unsigned char *data) {
-  (void)g, (void)dev, (void)base, (void)fd, (void)data;
-  return IPCREF_ENOTSUP; /* then legacy IPC's, which says what it is */
-}
-IPCREF__PRIVATE ipcref_result ipcref__cu_pool_import(
-    ipcref_cuda *g, int dev, int fd, const unsigned char *data, uint64_t size,
-    int writable, uint64_t *addr) {
-  (void)g, (void)dev, (void)fd, (void)data, (void)size, (void)writable;
-  (void)addr;
-  return ipcref__cu_say(IPCREF_ENODEV, "pool memory is not shared here");
-}
-IPCREF__PRIVATE int ipcref__cu_pool_close(ipcref_cuda *g, int dev,
-                                          uint64_t addr) {
-  (void)g, (void)dev, (void)addr;
-  return 0;
-}
-IPCREF__PRIVATE void ipcref__cu_pool_close_all(ipcref_cuda *g) {
-  (void)g;
-}
-
-#endif /* IPCREF__CU_POOLS */
-
 /* ---- gpu_vmm: memory shared by fd (src/gpu_vmm.h) ----------------------- */
-
-#if IPCREF__CU_VMM
 
 /* One mapped allocation: made here (g->vmm_made) or imported
  * (g->vmm_opened). */
@@ -1529,7 +1497,9 @@ IPCREF__PRIVATE ipcref_result ipcref__cu_vmm_export_foreign(ipcref_cuda *g,
 
 /* The backend's seg_export_fd: an fd for the VMM segment at `base`, made
  * here or by another allocator, or for the pool memory there (its pool's
- * fd and its data: *pooled); ENOTSUP for memory shared by handle. */
+ * fd and its data: *pooled); ENOTSUP for memory shared by handle. The
+ * sharing layer exports and frees a segment under its context's lock, so
+ * the record found stays while it is used. */
 IPCREF__PRIVATE ipcref_result ipcref__cu_seg_export_fd(ipcref_backend *be,
                                                        int32_t dev,
                                                        uint64_t base, int *fd,
@@ -1537,24 +1507,24 @@ IPCREF__PRIVATE ipcref_result ipcref__cu_seg_export_fd(ipcref_backend *be,
                                                        int *pooled) {
   ipcref_cuda *g = IPCREF__CU_OF(be);
   ipcref__cu_vmm *m;
-  uint64_t handle = 0;
   struct stat st;
   ipcref_result r = ipcref__cu_on(g, dev);
   int code;
   *fd = -1;
+  *pooled = 0;
   if (r != IPCREF_OK) return r;
   pthread_mutex_lock(&g->lock);
-  for (m = g->vmm_made; m; m = m->next)
-    if (m->addr == base && m->dev == dev) handle = m->handle;
+  for (m = g->vmm_made; m && (m->addr != base || m->dev != dev); m = m->next) {
+  }
   pthread_mutex_unlock(&g->lock);
-  *pooled = 0;
-  if (!handle) r = ipcref__cu_vmm_export_foreign(g, base, fd);
-  if (!handle && r == IPCREF_ENOTSUP) {
+  if (!m) { /* another allocator's: VMM, or a pool's */
+    r = ipcref__cu_vmm_export_foreign(g, base, fd);
+    if (r != IPCREF_ENOTSUP) return r;
     r = ipcref__cu_pool_export(g, dev, base, fd, data);
     *pooled = r == IPCREF_OK;
+    return r;
   }
-  if (!handle) return r;
-  code = ipcref__cu_d_vmm_export(&g->drv, handle, fd);
+  code = ipcref__cu_d_vmm_export(&g->drv, m->handle, fd);
   if (code) {
     *fd = -1;
     return ipcref__cu_fail(ipcref__cu_code(code),
@@ -1562,12 +1532,9 @@ IPCREF__PRIVATE ipcref_result ipcref__cu_seg_export_fd(ipcref_backend *be,
   }
   if (fstat(*fd, &st) == 0) { /* see ipcref__cu_vmm_own */
     pthread_mutex_lock(&g->lock);
-    for (m = g->vmm_made; m; m = m->next)
-      if (m->addr == base && m->dev == dev) {
-        m->exported = 1;
-        m->fd_dev = st.st_dev;
-        m->fd_ino = st.st_ino;
-      }
+    m->exported = 1;
+    m->fd_dev = st.st_dev;
+    m->fd_ino = st.st_ino;
     pthread_mutex_unlock(&g->lock);
   }
   return IPCREF_OK;
@@ -1769,42 +1736,6 @@ IPCREF__PRIVATE void ipcref__cu_vmm_close_all(ipcref_cuda *g) {
       IPCREF_FREE(m);
     }
 }
-
-#else /* the driver's part has no VMM calls: every device is legacy */
-
-IPCREF__PRIVATE int ipcref__cu_vmm_wanted(ipcref_cuda *g, int dev) {
-  (void)g;
-  (void)dev;
-  return 0;
-}
-IPCREF__PRIVATE ipcref_result ipcref__cu_vmm_alloc(ipcref_cuda *g, int dev,
-                                                   size_t size,
-                                                   uint64_t *addr) {
-  (void)g;
-  (void)dev;
-  (void)size;
-  (void)addr;
-  return IPCREF_ENOTSUP;
-}
-IPCREF__PRIVATE int ipcref__cu_vmm_free(ipcref_cuda *g, int dev,
-                                        uint64_t addr) {
-  (void)g;
-  (void)dev;
-  (void)addr;
-  return 0;
-}
-IPCREF__PRIVATE int ipcref__cu_vmm_close(ipcref_cuda *g, int dev,
-                                         uint64_t addr) {
-  (void)g;
-  (void)dev;
-  (void)addr;
-  return 0;
-}
-IPCREF__PRIVATE void ipcref__cu_vmm_close_all(ipcref_cuda *g) {
-  (void)g;
-}
-
-#endif /* IPCREF__CU_VMM */
 
 /* ---- segments ------------------------------------------------------------ */
 
@@ -2155,12 +2086,10 @@ IPCREF_API ipcref_result ipcref_cuda_open(const char *driver_path,
   g->backend.event_wait = ipcref__cu_event_wait;
   g->backend.fence = ipcref__cu_fence;
   g->backend.fence_done = ipcref__cu_fence_done;
-#if IPCREF__CU_VMM
   g->backend.seg_export_fd = ipcref__cu_seg_export_fd;
   g->backend.seg_import_fd = ipcref__cu_seg_import_fd;
   g->backend.seg_export_chunks = ipcref__cu_seg_export_chunks;
   g->backend.seg_import_chunks = ipcref__cu_seg_import_chunks;
-#endif
   *out = g;
   return IPCREF_OK;
 }
@@ -2207,10 +2136,6 @@ IPCREF_API ipcref_result ipcref_cuda_set_memory(ipcref_cuda *g, int memory) {
   if (memory != IPCREF_CUDA_MEMORY_AUTO &&
       memory != IPCREF_CUDA_MEMORY_LEGACY && memory != IPCREF_CUDA_MEMORY_VMM)
     return ipcref__invalid(__func__, "memory is not an IPCREF_*_MEMORY_ value");
-  if (memory == IPCREF_CUDA_MEMORY_VMM && !IPCREF__CU_VMM)
-    return ipcref__cu_say(IPCREF_ENOTSUP,
-                          "this backend shares device memory by legacy IPC "
-                          "only (no virtual memory management here)");
   pthread_mutex_lock(&g->lock);
   g->memory = memory;
   pthread_mutex_unlock(&g->lock);

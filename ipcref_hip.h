@@ -249,10 +249,8 @@ typedef struct {
 #define IPCREF__HIP_INVALID_CONTEXT 201 /* hipErrorInvalidContext */
 #define IPCREF__HIP_NOT_READY       600 /* hipErrorNotReady */
 #define IPCREF__HIP_IPC_EVENTS      0   /* HIP 5: none that work */
-#define IPCREF__HIP_VMM             1 /* memory shared by fd (src/gpu_vmm.h) */
 #define IPCREF__HIP_VMM_AUTO                                                   \
   0 /* legacy by default: HIP has no device attribute that says VMM works */
-#define IPCREF__HIP_POOLS           1 /* pool memory too (src/gpu_pool.h) */
 #define IPCREF__HIP_DEVICE_TYPE     IPCREF_DEVICE_ROCM
 #define IPCREF__HIP_NAME            "hip"
 #define IPCREF__HIP_DEVICES         64
@@ -916,8 +914,6 @@ IPCREF__PRIVATE ipcref_result ipcref__hip_on(ipcref_hip *g, int dev) {
 
 /* ---- gpu_pool: pool memory shared by fd (src/gpu_pool.h) ---------------- */
 
-#if IPCREF__HIP_POOLS
-
 /* A pool this process exported, or imported; a pointer exported or
  * imported. */
 typedef struct ipcref__hip_pool {
@@ -1153,35 +1149,7 @@ IPCREF__PRIVATE void ipcref__hip_pool_close_all(ipcref_hip *g) {
   }
 }
 
-#elif IPCREF__HIP_VMM /* the driver's part shares no pools */
-
-IPCREF__PRIVATE ipcref_result ipcref__hip_pool_export(ipcref_hip *g, int dev,
-                                                      uint64_t base, int *fd,
-                                                      unsigned char *data) {
-  (void)g, (void)dev, (void)base, (void)fd, (void)data;
-  return IPCREF_ENOTSUP; /* then legacy IPC's, which says what it is */
-}
-IPCREF__PRIVATE ipcref_result ipcref__hip_pool_import(
-    ipcref_hip *g, int dev, int fd, const unsigned char *data, uint64_t size,
-    int writable, uint64_t *addr) {
-  (void)g, (void)dev, (void)fd, (void)data, (void)size, (void)writable;
-  (void)addr;
-  return ipcref__hip_say(IPCREF_ENODEV, "pool memory is not shared here");
-}
-IPCREF__PRIVATE int ipcref__hip_pool_close(ipcref_hip *g, int dev,
-                                           uint64_t addr) {
-  (void)g, (void)dev, (void)addr;
-  return 0;
-}
-IPCREF__PRIVATE void ipcref__hip_pool_close_all(ipcref_hip *g) {
-  (void)g;
-}
-
-#endif /* IPCREF__HIP_POOLS */
-
 /* ---- gpu_vmm: memory shared by fd (src/gpu_vmm.h) ----------------------- */
-
-#if IPCREF__HIP_VMM
 
 /* One mapped allocation: made here (g->vmm_made) or imported
  * (g->vmm_opened). */
@@ -1390,7 +1358,9 @@ IPCREF__PRIVATE ipcref_result ipcref__hip_vmm_export_foreign(ipcref_hip *g,
 
 /* The backend's seg_export_fd: an fd for the VMM segment at `base`, made
  * here or by another allocator, or for the pool memory there (its pool's
- * fd and its data: *pooled); ENOTSUP for memory shared by handle. */
+ * fd and its data: *pooled); ENOTSUP for memory shared by handle. The
+ * sharing layer exports and frees a segment under its context's lock, so
+ * the record found stays while it is used. */
 IPCREF__PRIVATE ipcref_result ipcref__hip_seg_export_fd(ipcref_backend *be,
                                                         int32_t dev,
                                                         uint64_t base, int *fd,
@@ -1398,24 +1368,24 @@ IPCREF__PRIVATE ipcref_result ipcref__hip_seg_export_fd(ipcref_backend *be,
                                                         int *pooled) {
   ipcref_hip *g = IPCREF__HIP_OF(be);
   ipcref__hip_vmm *m;
-  uint64_t handle = 0;
   struct stat st;
   ipcref_result r = ipcref__hip_on(g, dev);
   int code;
   *fd = -1;
+  *pooled = 0;
   if (r != IPCREF_OK) return r;
   pthread_mutex_lock(&g->lock);
-  for (m = g->vmm_made; m; m = m->next)
-    if (m->addr == base && m->dev == dev) handle = m->handle;
+  for (m = g->vmm_made; m && (m->addr != base || m->dev != dev); m = m->next) {
+  }
   pthread_mutex_unlock(&g->lock);
-  *pooled = 0;
-  if (!handle) r = ipcref__hip_vmm_export_foreign(g, base, fd);
-  if (!handle && r == IPCREF_ENOTSUP) {
+  if (!m) { /* another allocator's: VMM, or a pool's */
+    r = ipcref__hip_vmm_export_foreign(g, base, fd);
+    if (r != IPCREF_ENOTSUP) return r;
     r = ipcref__hip_pool_export(g, dev, base, fd, data);
     *pooled = r == IPCREF_OK;
+    return r;
   }
-  if (!handle) return r;
-  code = ipcref__hip_d_vmm_export(&g->drv, handle, fd);
+  code = ipcref__hip_d_vmm_export(&g->drv, m->handle, fd);
   if (code) {
     *fd = -1;
     return ipcref__hip_fail(ipcref__hip_code(code),
@@ -1423,12 +1393,9 @@ IPCREF__PRIVATE ipcref_result ipcref__hip_seg_export_fd(ipcref_backend *be,
   }
   if (fstat(*fd, &st) == 0) { /* see ipcref__hip_vmm_own */
     pthread_mutex_lock(&g->lock);
-    for (m = g->vmm_made; m; m = m->next)
-      if (m->addr == base && m->dev == dev) {
-        m->exported = 1;
-        m->fd_dev = st.st_dev;
-        m->fd_ino = st.st_ino;
-      }
+    m->exported = 1;
+    m->fd_dev = st.st_dev;
+    m->fd_ino = st.st_ino;
     pthread_mutex_unlock(&g->lock);
   }
   return IPCREF_OK;
@@ -1630,42 +1597,6 @@ IPCREF__PRIVATE void ipcref__hip_vmm_close_all(ipcref_hip *g) {
       IPCREF_FREE(m);
     }
 }
-
-#else /* the driver's part has no VMM calls: every device is legacy */
-
-IPCREF__PRIVATE int ipcref__hip_vmm_wanted(ipcref_hip *g, int dev) {
-  (void)g;
-  (void)dev;
-  return 0;
-}
-IPCREF__PRIVATE ipcref_result ipcref__hip_vmm_alloc(ipcref_hip *g, int dev,
-                                                    size_t size,
-                                                    uint64_t *addr) {
-  (void)g;
-  (void)dev;
-  (void)size;
-  (void)addr;
-  return IPCREF_ENOTSUP;
-}
-IPCREF__PRIVATE int ipcref__hip_vmm_free(ipcref_hip *g, int dev,
-                                         uint64_t addr) {
-  (void)g;
-  (void)dev;
-  (void)addr;
-  return 0;
-}
-IPCREF__PRIVATE int ipcref__hip_vmm_close(ipcref_hip *g, int dev,
-                                          uint64_t addr) {
-  (void)g;
-  (void)dev;
-  (void)addr;
-  return 0;
-}
-IPCREF__PRIVATE void ipcref__hip_vmm_close_all(ipcref_hip *g) {
-  (void)g;
-}
-
-#endif /* IPCREF__HIP_VMM */
 
 /* ---- segments ------------------------------------------------------------ */
 
@@ -2018,12 +1949,10 @@ IPCREF_API ipcref_result ipcref_hip_open(const char *driver_path,
   g->backend.event_wait = ipcref__hip_event_wait;
   g->backend.fence = ipcref__hip_fence;
   g->backend.fence_done = ipcref__hip_fence_done;
-#if IPCREF__HIP_VMM
   g->backend.seg_export_fd = ipcref__hip_seg_export_fd;
   g->backend.seg_import_fd = ipcref__hip_seg_import_fd;
   g->backend.seg_export_chunks = ipcref__hip_seg_export_chunks;
   g->backend.seg_import_chunks = ipcref__hip_seg_import_chunks;
-#endif
   *out = g;
   return IPCREF_OK;
 }
@@ -2070,10 +1999,6 @@ IPCREF_API ipcref_result ipcref_hip_set_memory(ipcref_hip *g, int memory) {
   if (memory != IPCREF_HIP_MEMORY_AUTO && memory != IPCREF_HIP_MEMORY_LEGACY &&
       memory != IPCREF_HIP_MEMORY_VMM)
     return ipcref__invalid(__func__, "memory is not an IPCREF_*_MEMORY_ value");
-  if (memory == IPCREF_HIP_MEMORY_VMM && !IPCREF__HIP_VMM)
-    return ipcref__hip_say(IPCREF_ENOTSUP,
-                           "this backend shares device memory by legacy IPC "
-                           "only (no virtual memory management here)");
   pthread_mutex_lock(&g->lock);
   g->memory = memory;
   pthread_mutex_unlock(&g->lock);

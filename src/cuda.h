@@ -219,9 +219,7 @@ typedef struct { /* CUmemAccessDesc's layout */
 #define IPCREF__CU_LAZY_PEER        0x1 /* CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS */
 #define IPCREF__CU_ATTR_IPC_CAPABLE 10  /* ..._IS_LEGACY_CUDA_IPC_CAPABLE */
 #define IPCREF__CU_PROC_VERSION     12000 /* covers every symbol used */
-#define IPCREF__CU_VMM              1 /* memory shared by fd (src/gpu_vmm.h) */
 #define IPCREF__CU_VMM_AUTO         1 /* VMM by default where it can share */
-#define IPCREF__CU_POOLS            1 /* pool memory too (src/gpu_pool.h) */
 #define IPCREF__CU_ATTR_VMM         102 /* ..._VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED */
 #define IPCREF__CU_ATTR_POSIX_FD                                               \
   103 /* CU_DEVICE_ATTRIBUTE_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR_SUPPORTED */

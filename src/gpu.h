@@ -533,12 +533,10 @@ IPCREF_API ipcref_result ipcref_gpu_open(const char *driver_path,
   g->backend.event_wait = ipcref__gpu_event_wait;
   g->backend.fence = ipcref__gpu_fence;
   g->backend.fence_done = ipcref__gpu_fence_done;
-#if IPCREF__GPU_VMM
   g->backend.seg_export_fd = ipcref__gpu_seg_export_fd;
   g->backend.seg_import_fd = ipcref__gpu_seg_import_fd;
   g->backend.seg_export_chunks = ipcref__gpu_seg_export_chunks;
   g->backend.seg_import_chunks = ipcref__gpu_seg_import_chunks;
-#endif
   *out = g;
   return IPCREF_OK;
 }
@@ -585,10 +583,6 @@ IPCREF_API ipcref_result ipcref_gpu_set_memory(ipcref_gpu *g, int memory) {
   if (memory != IPCREF_GPU_MEMORY_AUTO && memory != IPCREF_GPU_MEMORY_LEGACY &&
       memory != IPCREF_GPU_MEMORY_VMM)
     return ipcref__invalid(__func__, "memory is not an IPCREF_*_MEMORY_ value");
-  if (memory == IPCREF_GPU_MEMORY_VMM && !IPCREF__GPU_VMM)
-    return ipcref__gpu_say(IPCREF_ENOTSUP,
-                           "this backend shares device memory by legacy IPC "
-                           "only (no virtual memory management here)");
   pthread_mutex_lock(&g->lock);
   g->memory = memory;
   pthread_mutex_unlock(&g->lock);

@@ -19,8 +19,6 @@
  * pointers exported (their data, so that one coming back to this process
  * resolves to its own address: the driver refuses to import it here). */
 
-#if IPCREF__GPU_POOLS
-
 /* A pool this process exported, or imported; a pointer exported or
  * imported. */
 typedef struct ipcref__gpu_pool {
@@ -255,29 +253,3 @@ IPCREF__PRIVATE void ipcref__gpu_pool_close_all(ipcref_gpu *g) {
     IPCREF_FREE(p);
   }
 }
-
-#elif IPCREF__GPU_VMM /* the driver's part shares no pools */
-
-IPCREF__PRIVATE ipcref_result ipcref__gpu_pool_export(ipcref_gpu *g, int dev,
-                                                      uint64_t base, int *fd,
-                                                      unsigned char *data) {
-  (void)g, (void)dev, (void)base, (void)fd, (void)data;
-  return IPCREF_ENOTSUP; /* then legacy IPC's, which says what it is */
-}
-IPCREF__PRIVATE ipcref_result ipcref__gpu_pool_import(
-    ipcref_gpu *g, int dev, int fd, const unsigned char *data, uint64_t size,
-    int writable, uint64_t *addr) {
-  (void)g, (void)dev, (void)fd, (void)data, (void)size, (void)writable;
-  (void)addr;
-  return ipcref__gpu_say(IPCREF_ENODEV, "pool memory is not shared here");
-}
-IPCREF__PRIVATE int ipcref__gpu_pool_close(ipcref_gpu *g, int dev,
-                                           uint64_t addr) {
-  (void)g, (void)dev, (void)addr;
-  return 0;
-}
-IPCREF__PRIVATE void ipcref__gpu_pool_close_all(ipcref_gpu *g) {
-  (void)g;
-}
-
-#endif /* IPCREF__GPU_POOLS */

@@ -9,13 +9,12 @@
  * (cuMemImportFromShareableHandle) and maps it into a range of its own,
  * with the access it sets itself (a mapping starts with none).
  *
- * The driver's part says whether it has these calls (IPCREF__GPU_VMM) and
- * makes each one (ipcref__gpu_d_vmm_*); without them, every device is
- * legacy and asking for VMM says ENOTSUP. The allocations this process
+ * The driver's part makes each call (ipcref__gpu_d_vmm_*) and says
+ * whether a device has them all (ipcref__gpu_d_vmm_supported); a device
+ * without them is legacy, and asking it for VMM says ENOTSUP. The
+ * allocations this process
  * made and the ones it imported are two lists under g->lock, each record
  * holding what its release needs. */
-
-#if IPCREF__GPU_VMM
 
 /* One mapped allocation: made here (g->vmm_made) or imported
  * (g->vmm_opened). */
@@ -224,7 +223,9 @@ IPCREF__PRIVATE ipcref_result ipcref__gpu_vmm_export_foreign(ipcref_gpu *g,
 
 /* The backend's seg_export_fd: an fd for the VMM segment at `base`, made
  * here or by another allocator, or for the pool memory there (its pool's
- * fd and its data: *pooled); ENOTSUP for memory shared by handle. */
+ * fd and its data: *pooled); ENOTSUP for memory shared by handle. The
+ * sharing layer exports and frees a segment under its context's lock, so
+ * the record found stays while it is used. */
 IPCREF__PRIVATE ipcref_result ipcref__gpu_seg_export_fd(ipcref_backend *be,
                                                         int32_t dev,
                                                         uint64_t base, int *fd,
@@ -232,24 +233,24 @@ IPCREF__PRIVATE ipcref_result ipcref__gpu_seg_export_fd(ipcref_backend *be,
                                                         int *pooled) {
   ipcref_gpu *g = IPCREF__GPU_OF(be);
   ipcref__gpu_vmm *m;
-  uint64_t handle = 0;
   struct stat st;
   ipcref_result r = ipcref__gpu_on(g, dev);
   int code;
   *fd = -1;
+  *pooled = 0;
   if (r != IPCREF_OK) return r;
   pthread_mutex_lock(&g->lock);
-  for (m = g->vmm_made; m; m = m->next)
-    if (m->addr == base && m->dev == dev) handle = m->handle;
+  for (m = g->vmm_made; m && (m->addr != base || m->dev != dev); m = m->next) {
+  }
   pthread_mutex_unlock(&g->lock);
-  *pooled = 0;
-  if (!handle) r = ipcref__gpu_vmm_export_foreign(g, base, fd);
-  if (!handle && r == IPCREF_ENOTSUP) {
+  if (!m) { /* another allocator's: VMM, or a pool's */
+    r = ipcref__gpu_vmm_export_foreign(g, base, fd);
+    if (r != IPCREF_ENOTSUP) return r;
     r = ipcref__gpu_pool_export(g, dev, base, fd, data);
     *pooled = r == IPCREF_OK;
+    return r;
   }
-  if (!handle) return r;
-  code = ipcref__gpu_d_vmm_export(&g->drv, handle, fd);
+  code = ipcref__gpu_d_vmm_export(&g->drv, m->handle, fd);
   if (code) {
     *fd = -1;
     return ipcref__gpu_fail(ipcref__gpu_code(code),
@@ -257,12 +258,9 @@ IPCREF__PRIVATE ipcref_result ipcref__gpu_seg_export_fd(ipcref_backend *be,
   }
   if (fstat(*fd, &st) == 0) { /* see ipcref__gpu_vmm_own */
     pthread_mutex_lock(&g->lock);
-    for (m = g->vmm_made; m; m = m->next)
-      if (m->addr == base && m->dev == dev) {
-        m->exported = 1;
-        m->fd_dev = st.st_dev;
-        m->fd_ino = st.st_ino;
-      }
+    m->exported = 1;
+    m->fd_dev = st.st_dev;
+    m->fd_ino = st.st_ino;
     pthread_mutex_unlock(&g->lock);
   }
   return IPCREF_OK;
@@ -464,39 +462,3 @@ IPCREF__PRIVATE void ipcref__gpu_vmm_close_all(ipcref_gpu *g) {
       IPCREF_FREE(m);
     }
 }
-
-#else /* the driver's part has no VMM calls: every device is legacy */
-
-IPCREF__PRIVATE int ipcref__gpu_vmm_wanted(ipcref_gpu *g, int dev) {
-  (void)g;
-  (void)dev;
-  return 0;
-}
-IPCREF__PRIVATE ipcref_result ipcref__gpu_vmm_alloc(ipcref_gpu *g, int dev,
-                                                    size_t size,
-                                                    uint64_t *addr) {
-  (void)g;
-  (void)dev;
-  (void)size;
-  (void)addr;
-  return IPCREF_ENOTSUP;
-}
-IPCREF__PRIVATE int ipcref__gpu_vmm_free(ipcref_gpu *g, int dev,
-                                         uint64_t addr) {
-  (void)g;
-  (void)dev;
-  (void)addr;
-  return 0;
-}
-IPCREF__PRIVATE int ipcref__gpu_vmm_close(ipcref_gpu *g, int dev,
-                                          uint64_t addr) {
-  (void)g;
-  (void)dev;
-  (void)addr;
-  return 0;
-}
-IPCREF__PRIVATE void ipcref__gpu_vmm_close_all(ipcref_gpu *g) {
-  (void)g;
-}
-
-#endif /* IPCREF__GPU_VMM */

@@ -153,10 +153,8 @@ typedef struct {
 #define IPCREF__HIP_INVALID_CONTEXT 201 /* hipErrorInvalidContext */
 #define IPCREF__HIP_NOT_READY       600 /* hipErrorNotReady */
 #define IPCREF__HIP_IPC_EVENTS      0   /* HIP 5: none that work */
-#define IPCREF__HIP_VMM             1 /* memory shared by fd (src/gpu_vmm.h) */
 #define IPCREF__HIP_VMM_AUTO                                                   \
   0 /* legacy by default: HIP has no device attribute that says VMM works */
-#define IPCREF__HIP_POOLS           1 /* pool memory too (src/gpu_pool.h) */
 #define IPCREF__HIP_DEVICE_TYPE     IPCREF_DEVICE_ROCM
 #define IPCREF__HIP_NAME            "hip"
 #define IPCREF__HIP_DEVICES         64

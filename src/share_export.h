@@ -135,16 +135,12 @@ IPCREF__PRIVATE ipcref_result ipcref__device_export(ipcref__segment *s) {
     ipcref__chunks *c = s->vmm_chunks;
     int i;
     r = be->seg_export_chunks(be, s->pool->dev, s->daddr, c->size, c->n, c->fd);
-    for (i = 0; i < c->n; i++)
-      if (r != IPCREF_OK || c->fd[i] < 0) { /* all, or none */
-        int k;
-        for (k = 0; k < c->n; k++) {
-          if (r == IPCREF_OK && c->fd[k] >= 0) close(c->fd[k]);
-          c->fd[k] = -1;
-        }
-        if (r == IPCREF_OK) r = IPCREF_ESYS; /* a broken backend */
-        break;
-      }
+    for (i = 0; r == IPCREF_OK && i < c->n; i++)
+      if (c->fd[i] < 0) r = IPCREF_ESYS;           /* a broken backend */
+    for (i = 0; r != IPCREF_OK && i < c->n; i++) { /* all, or none */
+      if (c->fd[i] >= 0) close(c->fd[i]);
+      c->fd[i] = -1;
+    }
     s->by_fd = r == IPCREF_OK;
   } else if (be->seg_export_fd) {
     int fd = -1, pooled = 0;
