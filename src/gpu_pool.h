@@ -164,16 +164,29 @@ IPCREF__PRIVATE uint64_t ipcref__gpu_pool_mine(ipcref_gpu *g, int dev,
   return addr;
 }
 
+/* 1 when the pool allocation at `addr` starts there and holds `size`
+ * bytes, as the driver says. */
+IPCREF__PRIVATE int ipcref__gpu_pool_fits(ipcref_gpu *g, uint64_t addr,
+                                          uint64_t size) {
+  uint64_t base = 0;
+  size_t have = 0;
+  return !ipcref__gpu_d_range(&g->drv, addr, &base, &have) && base == addr &&
+         (uint64_t)have >= size;
+}
+
 /* Imports the pool memory `fd` (its pool's) and `data` name, `size` bytes
  * at least (checked against the allocation the driver gives: EPROTO). */
 IPCREF__PRIVATE ipcref_result ipcref__gpu_pool_import(
     ipcref_gpu *g, int dev, int fd, const unsigned char *data, uint64_t size,
     int writable, uint64_t *addr) {
   ipcref__gpu_pool_ptr *x;
-  uint64_t pool, base = 0;
-  size_t have = 0;
+  uint64_t pool;
   int code;
-  if ((*addr = ipcref__gpu_pool_mine(g, dev, data)) != 0) return IPCREF_OK;
+  if ((*addr = ipcref__gpu_pool_mine(g, dev, data)) != 0) /* our own */
+    return ipcref__gpu_pool_fits(g, *addr, size)
+               ? IPCREF_OK
+               : ipcref__gpu_say(IPCREF_EPROTO, "pool memory smaller than "
+                                                "its record says");
   if (!ipcref__gpu_d_pool_supported(&g->drv))
     return ipcref__gpu_say(IPCREF_ENODEV, "the driver shares no pool memory");
   x = (ipcref__gpu_pool_ptr *)IPCREF_MALLOC(sizeof *x);
@@ -192,8 +205,7 @@ IPCREF__PRIVATE ipcref_result ipcref__gpu_pool_import(
                                        : "importing the pool",
                                   g, code);
   }
-  if (ipcref__gpu_d_range(&g->drv, *addr, &base, &have) || base != *addr ||
-      (uint64_t)have < size) {
+  if (!ipcref__gpu_pool_fits(g, *addr, size)) {
     (void)ipcref__gpu_d_free(&g->drv, *addr);
     IPCREF_FREE(x);
     return ipcref__gpu_say(IPCREF_EPROTO, "pool memory smaller than its "

@@ -909,7 +909,7 @@ static int flow_child(void *vp) {
 }
 
 static void test_full_flow(const kind *k) {
-  int bc[2], i;
+  int bc[2], i, pids[2];
   struct flow_arg b, c;
   kid kb, kc; /* B: a peer socket to A; C: its control socket only */
   gdrv d;
@@ -930,8 +930,8 @@ static void test_full_flow(const kind *k) {
   c.in = bc[1];
   c.out = -1;
   c.ctl = kc.their_ctl;
-  kid_fork(&kb, flow_child, &b, bc[0]); /* before the driver is opened */
-  kid_fork(&kc, flow_child, &c, bc[1]);
+  pids[0] = (int)kid_fork(&kb, flow_child, &b, bc[0]); /* before the driver */
+  pids[1] = (int)kid_fork(&kc, flow_child, &c, bc[1]); /* is opened */
   tclose(bc[0]);
   tclose(bc[1]);
   if (g_open(k, &d) != IPCREF_OK) goto out;
@@ -1001,6 +1001,19 @@ static void test_full_flow(const kind *k) {
     LOG_EQ(log_count(0, k->c_wait, NULL), 0);
     LOG_EQ(log_count(getpid(), k->c_sync, k->ok), 2);
   }
+  if (k->vmm) /* B and C mapped it read only; each release waited for
+                 the context's work, then unmapped */
+    for (i = 0; i < 2; i++) {
+      int sync = log_index(pids[i],
+                           k->hip ? "hipDeviceSynchronize" : "cuCtxSynchronize",
+                           NULL, 0);
+      LOG_EQ(log_count(pids[i], k->hip ? "hipMemSetAccess" : "cuMemSetAccess",
+                       "flags=1 "),
+             1);
+      LOG_OK(sync >= 0 &&
+             sync < log_index(pids[i], k->hip ? "hipMemUnmap" : "cuMemUnmap",
+                              NULL, 0));
+    }
   /* The empty segment stays until the context goes. */
   LOG_EQ(log_count(getpid(), k->c_free, NULL), k->pool ? 2 : 0);
 done:
@@ -2121,6 +2134,29 @@ GPU_TEST(test_self_import_one_ctx, hip_vmm, &K_HIP_VMM)
 GPU_TEST(test_self_import_one_ctx, cuda_pool, &K_POOL)
 GPU_TEST(test_self_import_one_ctx, hip_pool, &K_HIP_POOL)
 
+/* The bytes of the segment or ledger record at `rec` (src/share_wire.h):
+ * kinds 3 and 5 carry 64 bytes more, kind 4 a device, kind 6 a device and
+ * its chunks' sizes. */
+static size_t rec_bytes(const unsigned char *rec) {
+  switch (rec[0]) {
+  case 3:
+  case 5: return 30 + 72;
+  case 4: return 30 + 8;
+  case 6: return 30 + 12 + 8 * (size_t)(rec[38] | rec[39] << 8);
+  default: return 30;
+  }
+}
+
+/* Where message m's first view record is: past its header (26 bytes), its
+ * segment and ledger records and the ids of the segments it retired. */
+static size_t view_at(const ipcref_msg *m) {
+  size_t pos = 26;
+  int i;
+  for (i = 0; i < (int)(m->bytes[8] | m->bytes[9] << 8); i++)
+    pos += rec_bytes(m->bytes + pos);
+  return pos + 8 * (size_t)(m->bytes[10] | m->bytes[11] << 8);
+}
+
 /* Adds `by` to the little-endian u64 at p. */
 static void bump_le64(unsigned char *p, uint64_t by) {
   uint64_t v = 0;
@@ -2131,15 +2167,21 @@ static void bump_le64(unsigned char *p, uint64_t by) {
 }
 
 /* A producer that claims a device segment larger than the allocation the
- * driver opens is refused (EPROTO, nothing kept); the genuine message
- * still imports. The sizes are patched in a copy: the segment record's
- * (kind 3, at 22) and the view's (at 20, past the retired ids), so that
- * only the driver's own answer can tell. */
+ * driver opens is refused (EPROTO, nothing kept), for that reason; the
+ * genuine message still imports. The sizes are patched in a copy: the
+ * segment record's (at 22) and the view's (at 20), so that only the
+ * driver's own answer can tell. */
 static void test_lying_size(const kind *k) {
   one_ctx o;
   size_t pos = 26; /* the records follow the message's header */
   /* VMM: past the whole granule the allocation was rounded up to */
   uint64_t more = k->vmm ? (uint64_t)4 << 20 : 4096;
+  const char *why = k->pool  ? "pool memory that its pool's fd and data do "
+                               "not give, at its announced size"
+                    : k->vmm ? "a device fd that is no shareable allocation "
+                               "of its announced size"
+                             : "a device handle whose allocation is not the "
+                               "one announced";
   int i;
   ipcref_buf *b = NULL;
   ipcref_msg msg, lie;
@@ -2156,14 +2198,17 @@ static void test_lying_size(const kind *k) {
       lie.fds[i] = fcntl(msg.fds[i], F_DUPFD_CLOEXEC, 0);
     lie.origin = NULL;
     for (i = 0; i < (int)(lie.bytes[8] | lie.bytes[9] << 8); i++) {
-      int kd = lie.bytes[pos]; /* 3: device by handle, 4: by fd */
-      if (kd >= 3) bump_le64(lie.bytes + pos + 22, more);
-      pos += 30 + (kd == 3 ? 72 : kd == 4 ? 8 : 0);
+      if (lie.bytes[pos] >= 3) bump_le64(lie.bytes + pos + 22, more);
+      pos += rec_bytes(lie.bytes + pos); /* a device's, or the ledger's */
     }
-    pos += 8 * (size_t)(lie.bytes[10] | lie.bytes[11] << 8);
-    bump_le64(lie.bytes + pos + 20, more);
+    bump_le64(lie.bytes + view_at(&lie) + 20, more);
+    ipcref_set_error_hook(&error_hook);
+    errors_reset();
     CHECK_EQ(ipcref_import(o.pb, &lie, &w), IPCREF_EPROTO);
     CHECK(w.buf == NULL);
+    if (!strstr(err_last, why)) printf("    refused: %s\n", err_last);
+    CHECK(strstr(err_last, why) != NULL);
+    ipcref_set_error_hook(NULL);
     CHECK_EQ(ipcref_import(o.pb, &msg, &w), IPCREF_OK);
     if (w.buf) CHECK(dev_check(&o.d, view_ptr(&w), 4096, 0x5a, 0));
     ipcref_view_release(&v);
@@ -2220,13 +2265,8 @@ static int vmm_hostile_child(void *vp) {
   return 0;
 }
 
-/* Where message m's first segment record is (its kind 4), and the index
- * of its fd among m's. */
-/* The bytes of a segment or ledger record of kind kd (src/share_wire.h). */
-static size_t rec_bytes(int kd) {
-  return 30 + (kd == 3 || kd == 5 ? 72 : kd == 4 ? 8 : 0);
-}
-
+/* Where message m's first segment record by fd is (kind 4 or 5), and the
+ * index of its fd among m's. */
 static size_t vh_record(const ipcref_msg *m, int *fd_at) {
   size_t pos = 26;
   int i, fds = 0;
@@ -2237,7 +2277,7 @@ static size_t vh_record(const ipcref_msg *m, int *fd_at) {
       return pos;
     }
     fds += kd == 2 ? 2 : kd == 3 ? 0 : 1;
-    pos += rec_bytes(kd);
+    pos += rec_bytes(m->bytes + pos);
   }
   *fd_at = -1;
   return 0;
@@ -2247,7 +2287,7 @@ static size_t vh_record(const ipcref_msg *m, int *fd_at) {
  * peer) into lie number `how`. */
 static void vh_lie(ipcref_msg *m, int how) {
   int at = -1, pfd[2];
-  size_t rec = vh_record(m, &at), view;
+  size_t rec = vh_record(m, &at);
   CHECK(rec > 0 && at >= 0);
   if (!rec || at < 0) return;
   if (how == VH_PIPE) {
@@ -2261,12 +2301,8 @@ static void vh_lie(ipcref_msg *m, int how) {
     tclose(m->fds[at]);
     m->fds[at] = fd;
   } else if (how == VH_SIZE) { /* the record and the view: 4 MiB more */
-    int k2, nrec = m->bytes[8] | m->bytes[9] << 8;
     bump_le64(m->bytes + rec + 22, (uint64_t)4 << 20);
-    view = 26;
-    for (k2 = 0; k2 < nrec; k2++) view += rec_bytes(m->bytes[view]);
-    view += 8 * (size_t)(m->bytes[10] | m->bytes[11] << 8);
-    bump_le64(m->bytes + view + 20, (uint64_t)4 << 20);
+    bump_le64(m->bytes + view_at(m) + 20, (uint64_t)4 << 20);
   } else if (how == VH_DATA) { /* the pointer's data, after the device */
     int j;
     for (j = 0; j < 8; j++) m->bytes[rec + 38 + j] ^= 0x5a;
@@ -2393,6 +2429,27 @@ static void test_vmm_choice(const kind *k) {
   knob(&K_CUDA, "VMM", NULL);
   /* The device was asked once per instance (its two attributes). */
   LOG_EQ(log_count(getpid(), "cuDeviceGetAttribute", "attr=102 "), 5);
+  /* A choice holds for the segments made after it: a VMM one, then a
+   * legacy one, each freed its own way. */
+  if (g_open(&K_CUDA, &d) == IPCREF_OK) {
+    ipcref_ctx *ctx = mkctx(8192, &d);
+    ipcref_buf *b[2] = {NULL, NULL};
+    int made = log_count(getpid(), "cuMemCreate", K_CUDA.ok);
+    int unmaps = log_count(getpid(), "cuMemUnmap", K_CUDA.ok);
+    int frees = log_count(getpid(), "cuMemFree_v2", K_CUDA.ok);
+    CHECK_EQ(ipcref_cuda_set_memory(d.cu, IPCREF_CUDA_MEMORY_VMM), IPCREF_OK);
+    CHECK_EQ(g_alloc(ctx, &K_CUDA, 0, 8192, &b[0]), IPCREF_OK);
+    CHECK_EQ(ipcref_cuda_set_memory(d.cu, IPCREF_CUDA_MEMORY_LEGACY),
+             IPCREF_OK);
+    CHECK_EQ(g_alloc(ctx, &K_CUDA, 0, 8192, &b[1]), IPCREF_OK);
+    ipcref_buf_release(b[0]);
+    ipcref_buf_release(b[1]);
+    ipcref_ctx_free(ctx);
+    g_close(&d);
+    LOG_EQ(log_count(getpid(), "cuMemCreate", K_CUDA.ok) - made, 1);
+    LOG_EQ(log_count(getpid(), "cuMemUnmap", K_CUDA.ok) - unmaps, 1);
+    LOG_EQ(log_count(getpid(), "cuMemFree_v2", K_CUDA.ok) - frees, 1);
+  }
   /* Its arguments. */
   CHECK_EQ(ipcref_cuda_set_memory(NULL, IPCREF_CUDA_MEMORY_VMM), IPCREF_EINVAL);
   if (g_open(&K_CUDA, &d) == IPCREF_OK) {
@@ -2465,6 +2522,38 @@ static void vc_send(one_ctx *o, const kind *k, char *range, size_t from,
   ipcref_buf_release(b);
 }
 
+/* A batch whose chunks' fds would pass a message's 48 (16 + 16 + 15, and
+ * a ledger's 2 each) is refused whole (EINVAL, nothing leased); its first
+ * two views go in a batch of their own. */
+static void vc_batch(one_ctx *o, const kind *k, char *range) {
+  static const int first[3] = {0, 1, 0}, chunks[3] = {16, 16, 15};
+  ipcref_buf *b[3] = {NULL, NULL, NULL};
+  ipcref_view v[3], w;
+  size_t slots;
+  int i;
+  memset(&w, 0, sizeof w);
+  for (i = 0; i < 3; i++) { /* three segments: each its own base or size */
+    CHECK_EQ(g_wrap(o->ctx, k, 0, range + first[i] * VC_CHUNK,
+                    (size_t)chunks[i] * VC_CHUNK, NULL, NULL, &b[i]),
+             IPCREF_OK);
+    if (!b[i]) return;
+    v[i] = u32_view(b[i], (size_t)chunks[i] * VC_CHUNK);
+  }
+  slots = stats_of(o->ctx).live_slots;
+  CHECK_EQ(ipcref_send_batch(o->pa, v, 3), IPCREF_EINVAL);
+  CHECK_EQ(stats_of(o->ctx).live_slots, slots);
+  CHECK_EQ(ipcref_send_batch(o->pa, v, 2), IPCREF_OK);
+  for (i = 0; i < 2; i++) {
+    CHECK_EQ(ipcref_recv(o->pb, &w, g_tmo), IPCREF_OK);
+    CHECK_EQ(w.buf ? ipcref_buf_size(w.buf) : 0, (size_t)16 * VC_CHUNK);
+    ipcref_view_release(&w);
+  }
+  for (i = 0; i < 3; i++) {
+    ipcref_view_release(&v[i]);
+    ipcref_buf_release(b[i]);
+  }
+}
+
 static void test_vmm_chunks(const kind *k) {
   one_ctx o;
   unsigned long long hs[VC_N], hbad;
@@ -2489,6 +2578,7 @@ static void test_vmm_chunks(const kind *k) {
   CHECK_EQ(g_wrap(o.ctx, k, 0, range, VC_N * VC_CHUNK, NULL, NULL, &x),
            IPCREF_EINVAL);
   CHECK(x == NULL);
+  vc_batch(&o, k, (char *)range);
   /* Made without the POSIX fd handle type: never shareable by fd. */
   CHECK_EQ(g_wrap(o.ctx, k, 0, bad, 4096, NULL, NULL, &x), IPCREF_OK);
   if (x) {
