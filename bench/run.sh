@@ -4,9 +4,11 @@
 # bench/peers/README.md) restricted to the same workloads; prints every result line on stdout,
 # then the ratio table of bench/ratios.py.
 # Usage: bash bench/run.sh
-# Knobs (env): WORKLOADS (default "w1 w2 w3 w4 w5 w6 limbo reclaim doorbell"; also the peers' ONLY;
-#              doorbell is bench/doorbell.c, what waking a sleeper costs with each primitive the
-#              channel's doorbell could be, DOORBELL_N round trips each), PEERS
+# Knobs (env): WORKLOADS (default "w1 w2 w3 w4 lines w5 w6 limbo reclaim doorbell"; also the
+#              peers' ONLY; doorbell is bench/doorbell.c, what waking a sleeper costs with each
+#              primitive the channel's doorbell could be, DOORBELL_N round trips each; lines is
+#              bench/lines.c, W4's chan_spin hand-off with the library's shared-memory traffic
+#              and none of its code, W4_SECONDS per row: the protocol's floor), PEERS
 #              (the peers' folder, default bench/peers; it holds run_peers.sh, or a run_all.sh that
 #              takes the same knobs), W1_N, W1_REPS, W23_REPS (W2 and W3 repetitions, ours and
 #              the peers'), W4_SECONDS (timed seconds per peer and size), W4_SIZES (comma
@@ -58,7 +60,7 @@ set -u
 HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 REPO="$(dirname "$HERE")"
 PEERS="${PEERS:-$HERE/peers}"
-WORKLOADS="${WORKLOADS:-w1 w2 w3 w4 w5 w6 limbo reclaim doorbell}"
+WORKLOADS="${WORKLOADS:-w1 w2 w3 w4 lines w5 w6 limbo reclaim doorbell}"
 CC="${CC:-gcc}"
 STEP_TIMEOUT="${STEP_TIMEOUT:-120}"
 export W1_N="${W1_N:-10000000}" W1_REPS="${W1_REPS:-5}" W23_REPS="${W23_REPS:-7}"
@@ -94,6 +96,7 @@ args_for() { # the command-line arguments of workload $1's program
         w1) echo "$W1_N $W1_REPS" ;;
         w2 | w3) echo "$W23_REPS" ;;
         limbo) echo "5" ;;
+        lines) echo "$W4_SECONDS" ;;
         reclaim) echo "$RECLAIM_ROUNDS $RECLAIM_BLOCK" ;;
         *) echo "" ;;
     esac

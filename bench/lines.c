@@ -1,0 +1,252 @@
+/* The floor of the channel's protocol: W4's chan_spin hand-off (a 4 KiB
+ * buffer the consumer reads two bytes of, the ack through shared memory)
+ * with ipcref's shared-memory traffic and none of its code. What each side
+ * touches, in order, is what the library touches in the steady state of
+ * bench/w4_handoff.c chan_spin (one reused buffer, a 4096-slot ledger, the
+ * 64 KiB ring, a one-dimensional view: a 136-byte record):
+ *
+ *   producer  writes the buffer's first and last byte (the bench's
+ *             "produce"); takes and drops a process-private mutex (the
+ *             context's lock) around the lease: the slot's generation
+ *             word and its holder (16 bytes of the ledger, the next of
+ *             2048 slots); copies the record into the ring, publishes its
+ *             tail (release), then a seq-cst fence and a look at the
+ *             receiver's sleep word (the doorbell's check); spins on the
+ *             ack. Every 2048 hand-offs, the sweep: it reads and clears
+ *             the returned entries and frees their slots.
+ *   consumer  spins on the tail (acquire); copies the record out and
+ *             stores its head (release); under its own mutex, reads the
+ *             slot's word (the import's liveness check); reads the two
+ *             bytes; returns the lease: a fetch_add on the ledger's ring
+ *             position, the entry stored (release), a seq-cst fence and a
+ *             look at the producer's `waiting`; stores the ack.
+ *
+ * So the row peer=ipcref_lines is what a chan_spin hand-off would cost if
+ * the library's own instructions took no time: compare it with c_shm_spin
+ * (the same hand-off with one word each way) to see what the protocol's
+ * cache lines cost, and with ipcref_chan_spin to see what the code adds.
+ * Both processes pinned to two CPUs, as c_shm_spin and chan_spin are
+ * (skipped with one). Timed one by one for SECONDS after 3 warm-ups: the
+ * median (n, mean, p99 as extras), printed for workload ids w4 and w4_2cpu
+ * (each timed on its own: the two setups pin the same way here).
+ * Build: gcc -O2 -std=c11 -pthread lines.c -o lines
+ * Run:   ./lines [SECONDS=1.0] */
+#define _GNU_SOURCE /* sched_setaffinity, CPU_* */
+#include <pthread.h>
+#include <sched.h>
+#include <signal.h>
+#include <stdatomic.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "bench.h"
+
+#define SIZE       4096
+#define WARMUPS    3
+#define MAX_N      50000000
+#define SLOTS      2048  /* the producer's half of a 4096-slot ledger */
+#define RING       65536 /* the channel's default ring */
+#define RECORD     136   /* 16-byte record header + a 1-D view's message */
+#define LEDGER_HDR 64
+
+/* The shared memory, in the library's files' proportions: the buffer, the
+ * ring's header and ring, the receiver's control words, the ledger's
+ * header, slots and return ring, and the ack. */
+struct shared {
+  _Alignas(64) unsigned char buf[SIZE];
+  _Alignas(64) _Atomic uint64_t tail; /* the ring's header */
+  _Alignas(64) unsigned char ring[RING];
+  _Alignas(64) _Atomic uint64_t head; /* the receiver's control page */
+  _Alignas(64) _Atomic uint32_t asleep;
+  _Alignas(4096) _Atomic uint64_t ledger_head; /* the ledger's header */
+  _Atomic uint64_t waiting;
+  _Alignas(64) _Atomic uint64_t slots[2 * 2 * SLOTS];
+  _Atomic uint64_t returns[2 * 2 * SLOTS];
+  _Alignas(64) _Atomic uint64_t taken; /* the ack */
+};
+
+static volatile unsigned g_sink;
+static uint64_t g_pid; /* the holder a slot names */
+
+static void relax(void) {
+#if defined(__x86_64__) || defined(__i386__)
+  __asm__ __volatile__("pause");
+#elif defined(__aarch64__)
+  __asm__ __volatile__("yield");
+#endif
+}
+
+static int g_cpu[2];
+
+/* 1 when two CPUs are allowed (g_cpu: the first two). */
+static int two_cpus(void) {
+  cpu_set_t set;
+  int i, k = 0;
+  if (sched_getaffinity(0, sizeof set, &set)) return 0;
+  for (i = 0; i < CPU_SETSIZE && k < 2; i++)
+    if (CPU_ISSET(i, &set)) g_cpu[k++] = i;
+  return k == 2;
+}
+
+static void pin(int which) {
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  CPU_SET(g_cpu[which], &set);
+  (void)sched_setaffinity(0, sizeof set, &set);
+}
+
+/* Copies a record between `rec` and the ring at byte `at`, where it may
+ * wrap: into the ring (`put`) or out of it. */
+static void ring_copy(unsigned char *ring, uint64_t at, unsigned char *rec,
+                      int put) {
+  size_t off = (size_t)(at % RING), first = RING - off;
+  if (first > RECORD) first = RECORD;
+  if (put) {
+    memcpy(ring + off, rec, first);
+    memcpy(ring, rec + first, RECORD - first);
+  } else {
+    memcpy(rec, ring + off, first);
+    memcpy(rec + first, ring, RECORD - first);
+  }
+}
+
+/* Until the producer's SIGKILL. */
+static _Noreturn void consumer(struct shared *s) {
+  pthread_mutex_t lock = PTHREAD_MUTEX_INITIALIZER;
+  unsigned char rec[RECORD];
+  uint64_t head = 0, k;
+  for (k = 0;; k++) {
+    uint64_t slot, word;
+    while (atomic_load_explicit(&s->tail, memory_order_acquire) == head)
+      relax();
+    ring_copy(s->ring, head, rec, 0);
+    head += RECORD;
+    atomic_store_explicit(&s->head, head, memory_order_release);
+    memcpy(&slot, rec, sizeof slot);
+    pthread_mutex_lock(&lock);
+    word = atomic_load_explicit(&s->slots[2 * slot], memory_order_acquire);
+    pthread_mutex_unlock(&lock);
+    if (word != ((k + 1) << 2 | 1)) _exit(3); /* live at its generation */
+    g_sink += s->buf[0] + s->buf[SIZE - 1];
+    {
+      uint64_t pos =
+          atomic_fetch_add_explicit(&s->ledger_head, 1, memory_order_release);
+      atomic_store_explicit(&s->returns[pos % (2 * SLOTS)], slot + 1,
+                            memory_order_release);
+      atomic_thread_fence(memory_order_seq_cst);
+      g_sink +=
+          (unsigned)atomic_load_explicit(&s->waiting, memory_order_relaxed);
+    }
+    atomic_store_explicit(&s->taken, k + 1, memory_order_release);
+  }
+}
+
+/* The producer's sweep: what came back frees its slot. */
+static void sweep(struct shared *s, uint64_t *drained) {
+  uint64_t head = atomic_load_explicit(&s->ledger_head, memory_order_acquire);
+  for (; *drained < head; (*drained)++) {
+    _Atomic uint64_t *cell = &s->returns[*drained % (2 * SLOTS)];
+    uint64_t e = atomic_load_explicit(cell, memory_order_acquire);
+    atomic_store_explicit(cell, 0, memory_order_relaxed);
+    if (e)
+      atomic_store_explicit(&s->slots[2 * (e - 1)], 0, memory_order_relaxed);
+  }
+}
+
+/* One hand-off number i (from 0); its time in ns. */
+static double handoff(struct shared *s, pthread_mutex_t *lock, uint64_t i,
+                      uint64_t *drained) {
+  unsigned char rec[RECORD];
+  uint64_t slot = i % SLOTS, tail = i * RECORD;
+  double t0;
+  s->buf[0] = s->buf[SIZE - 1] = (unsigned char)i; /* "produce" */
+  t0 = now_ns();
+  pthread_mutex_lock(lock);
+  if (slot == 0 && i) sweep(s, drained); /* the free slots ran out */
+  atomic_store_explicit(&s->slots[2 * slot + 1], g_pid, memory_order_relaxed);
+  atomic_store_explicit(&s->slots[2 * slot], (i + 1) << 2 | 1,
+                        memory_order_release);
+  pthread_mutex_unlock(lock);
+  memset(rec, 0x5a, sizeof rec);
+  memcpy(rec, &slot, sizeof slot);
+  ring_copy(s->ring, tail, rec, 1);
+  atomic_store_explicit(&s->tail, tail + RECORD, memory_order_release);
+  atomic_thread_fence(memory_order_seq_cst);
+  g_sink += atomic_load_explicit(&s->asleep, memory_order_relaxed);
+  while (atomic_load_explicit(&s->taken, memory_order_acquire) != i + 1)
+    relax();
+  return now_ns() - t0;
+}
+
+/* Times one row: SECONDS of hand-offs after the warm-ups. */
+static int row(const char *id, double secs) {
+  struct shared *s;
+  pthread_mutex_t lock = PTHREAD_MUTEX_INITIALIZER;
+  uint64_t i, n = 0, cap = 1 << 16, drained = 0;
+  double *v, total = 0, start, med;
+  pid_t child;
+  int st;
+  s = mmap(NULL, sizeof *s, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS,
+           -1, 0);
+  v = malloc(cap * sizeof *v);
+  if (s == MAP_FAILED || !v) return 1;
+  memset(s->buf, 1, SIZE);
+  fflush(stdout);
+  child = fork();
+  if (child < 0) return 1;
+  if (child == 0) {
+    pin(1);
+    consumer(s);
+  }
+  pin(0);
+  for (i = 0; i < WARMUPS; i++) (void)handoff(s, &lock, i, &drained);
+  start = now_ns();
+  do {
+    double dt = handoff(s, &lock, i++, &drained);
+    if (n == cap) {
+      double *w = realloc(v, 2 * cap * sizeof *v);
+      if (!w) return 1;
+      v = w;
+      cap *= 2;
+    }
+    v[n++] = dt;
+    total += dt;
+  } while ((n < 5 || now_ns() - start < secs * 1e9) && i < MAX_N);
+  kill(child, SIGKILL);
+  waitpid(child, &st, 0);
+  if (!WIFSIGNALED(st)) { /* it found a slot not live: exit 3 */
+    printf("peer=ipcref_lines workload=%s size=%d status=failed "
+           "reason=consumer-exit-%d\n",
+           id, SIZE, WIFEXITED(st) ? WEXITSTATUS(st) : -1);
+    return 1;
+  }
+  med = median(v, (int)n);
+  printf("peer=ipcref_lines workload=%s size=%d metric=us_per_handoff "
+         "value=%.3f n=%llu mean=%.3f p99=%.3f pin=split\n",
+         id, SIZE, med / 1e3, (unsigned long long)n, total / (double)n / 1e3,
+         v[(size_t)(0.99 * (double)(n - 1))] / 1e3);
+  free(v);
+  munmap(s, sizeof *s);
+  return 0;
+}
+
+int main(int argc, char **argv) {
+  double secs = argc > 1 ? atof(argv[1]) : 1.0;
+  int bad = 0;
+  g_pid = (uint64_t)getpid();
+  if (!two_cpus()) {
+    printf("peer=ipcref_lines workload=w4_2cpu size=%d status=skipped "
+           "reason=needs-2-cpus\n",
+           SIZE);
+    return 0;
+  }
+  bad |= row("w4", secs);
+  bad |= row("w4_2cpu", secs);
+  (void)g_sink;
+  return bad;
+}
