@@ -8,7 +8,9 @@
 #              peers' ONLY; doorbell is bench/doorbell.c, what waking a sleeper costs with each
 #              primitive the channel's doorbell could be, DOORBELL_N round trips each; lines is
 #              bench/lines.c, W4's chan_spin hand-off with the library's shared-memory traffic
-#              and none of its code, W4_SECONDS per row: the protocol's floor), PEERS
+#              and none of its code, W4_SECONDS per row: the protocol's floor; maps is
+#              bench/maps.c, a hand-off with 1, 100 and 1000 segments mapped, MAPS_REPS
+#              each), PEERS
 #              (the peers' folder, default bench/peers; it holds run_peers.sh, or a run_all.sh that
 #              takes the same knobs), W1_N, W1_REPS, W23_REPS (W2 and W3 repetitions, ours and
 #              the peers'), W4_SECONDS (timed seconds per peer and size), W4_SIZES (comma
@@ -60,7 +62,8 @@ set -u
 HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 REPO="$(dirname "$HERE")"
 PEERS="${PEERS:-$HERE/peers}"
-WORKLOADS="${WORKLOADS:-w1 w2 w3 w4 lines w5 w6 limbo reclaim doorbell}"
+WORKLOADS="${WORKLOADS:-w1 w2 w3 w4 lines maps w5 w6 limbo reclaim doorbell}"
+MAPS_REPS="${MAPS_REPS:-200000}"
 CC="${CC:-gcc}"
 STEP_TIMEOUT="${STEP_TIMEOUT:-120}"
 export W1_N="${W1_N:-10000000}" W1_REPS="${W1_REPS:-5}" W23_REPS="${W23_REPS:-7}"
@@ -97,6 +100,7 @@ args_for() { # the command-line arguments of workload $1's program
         w2 | w3) echo "$W23_REPS" ;;
         limbo) echo "5" ;;
         lines) echo "$W4_SECONDS" ;;
+        maps) echo "$MAPS_REPS" ;;
         reclaim) echo "$RECLAIM_ROUNDS $RECLAIM_BLOCK" ;;
         *) echo "" ;;
     esac
@@ -219,7 +223,7 @@ run_w6() { # ipcref's W6 rows: bench/w6_python.py, with the package from build/p
 }
 
 {
-    echo "# ipcref bench: WORKLOADS=\"$WORKLOADS\" W1_N=$W1_N W1_REPS=$W1_REPS W23_REPS=$W23_REPS W4_SECONDS=$W4_SECONDS W4_SIZES=$W4_SIZES W4_VARIANTS=\"$W4_VARIANTS\" W4_MODES=\"$W4_MODES\" W4_SPIN_US=$W4_SPIN_US W4_TPUT_N=$W4_TPUT_N W4_RING_BYTES=${W4_RING_BYTES:-default} W4_ROUNDS=$W4_ROUNDS W5_SECONDS=$W5_SECONDS W5_SIZES=$W5_SIZES W5_VARIANTS=\"$W5_VARIANTS\" W5_STREAMS=\"$W5_STREAMS\" W5_MIN_ITEMS=$W5_MIN_ITEMS W5_MAX_BYTES=$W5_MAX_BYTES W5_FRAMES=$W5_FRAMES W6_SECONDS=$W6_SECONDS W6_SIZES=$W6_SIZES W6_MIN_ITEMS=$W6_MIN_ITEMS W6_WINDOW=$W6_WINDOW W6_WORKLOADS=\"$W6_WORKLOADS\" W6_DL_WORKERS=$W6_DL_WORKERS W6_DL_BATCH=$W6_DL_BATCH W6_DL_BATCHES=$W6_DL_BATCHES W6_DL_EPOCHS=$W6_DL_EPOCHS PY=$PY RECLAIM_ROUNDS=$RECLAIM_ROUNDS RECLAIM_BLOCK=$RECLAIM_BLOCK cc=$($CC -dumpfullversion 2>/dev/null || echo none)"
+    echo "# ipcref bench: WORKLOADS=\"$WORKLOADS\" W1_N=$W1_N W1_REPS=$W1_REPS W23_REPS=$W23_REPS W4_SECONDS=$W4_SECONDS W4_SIZES=$W4_SIZES W4_VARIANTS=\"$W4_VARIANTS\" W4_MODES=\"$W4_MODES\" W4_SPIN_US=$W4_SPIN_US W4_TPUT_N=$W4_TPUT_N W4_RING_BYTES=${W4_RING_BYTES:-default} W4_ROUNDS=$W4_ROUNDS W5_SECONDS=$W5_SECONDS W5_SIZES=$W5_SIZES W5_VARIANTS=\"$W5_VARIANTS\" W5_STREAMS=\"$W5_STREAMS\" W5_MIN_ITEMS=$W5_MIN_ITEMS W5_MAX_BYTES=$W5_MAX_BYTES W5_FRAMES=$W5_FRAMES W6_SECONDS=$W6_SECONDS W6_SIZES=$W6_SIZES W6_MIN_ITEMS=$W6_MIN_ITEMS W6_WINDOW=$W6_WINDOW W6_WORKLOADS=\"$W6_WORKLOADS\" W6_DL_WORKERS=$W6_DL_WORKERS W6_DL_BATCH=$W6_DL_BATCH W6_DL_BATCHES=$W6_DL_BATCHES W6_DL_EPOCHS=$W6_DL_EPOCHS PY=$PY RECLAIM_ROUNDS=$RECLAIM_ROUNDS RECLAIM_BLOCK=$RECLAIM_BLOCK MAPS_REPS=$MAPS_REPS cc=$($CC -dumpfullversion 2>/dev/null || echo none)"
     # ---- ours
     for wl in $WORKLOADS; do
         if [ "$wl" = w6 ]; then

@@ -125,7 +125,7 @@ IPCREF__PRIVATE void ipcref__map_drop(ipcref__map *m) {
 
 /* Takes a mapping out of the cache and lets go of it (under the lock). */
 IPCREF__PRIVATE void ipcref__map_evict(ipcref_ctx *ctx, ipcref__map *m) {
-  IPCREF__LIST_REMOVE(ctx->maps, m, next, prev);
+  ipcref__map_index_del(ctx, m);
   if (m->kind == IPCREF__KIND_LEDGER)
     ctx->st.counter_files--;
   else
@@ -141,14 +141,14 @@ IPCREF__PRIVATE void ipcref__map_evict(ipcref_ctx *ctx, ipcref__map *m) {
 IPCREF__PRIVATE void ipcref__maps_trim(ipcref_ctx *ctx, size_t min_bytes) {
   ipcref__map *m, *next;
   size_t idle = 0, count = 0;
-  for (m = ctx->maps; m; m = m->next)
-    if (m->retired && __atomic_load_n(&m->refs, __ATOMIC_ACQUIRE) == 0)
+  for (m = ctx->maps_retired; m; m = m->next)
+    if (__atomic_load_n(&m->refs, __ATOMIC_ACQUIRE) == 0)
       idle += m->size, count++;
-  /* Many small ones cost lookups: trim past 64 of them too. */
+  /* Many small ones hold fds and address space: trim past 64 of them too. */
   if (count == 0 || (idle < min_bytes && count < 64)) return;
-  for (m = ctx->maps; m; m = next) {
+  for (m = ctx->maps_retired; m; m = next) {
     next = m->next;
-    if (m->retired && __atomic_load_n(&m->refs, __ATOMIC_ACQUIRE) == 0)
+    if (__atomic_load_n(&m->refs, __ATOMIC_ACQUIRE) == 0)
       ipcref__map_evict(ctx, m);
   }
 }
@@ -175,6 +175,10 @@ IPCREF__PRIVATE void ipcref__ctx_destroy(ipcref_ctx *ctx) {
   while (ctx->ledgers) ipcref__ledger_destroy(ctx, ctx->ledgers);
   while (ctx->segments) ipcref__segment_destroy(ctx, ctx->segments);
   while (ctx->maps) ipcref__map_evict(ctx, ctx->maps);
+  while (ctx->maps_retired) ipcref__map_evict(ctx, ctx->maps_retired);
+  IPCREF_FREE(ctx->map_index);
+  ctx->map_index = NULL;
+  ctx->map_buckets = 0;
   IPCREF__UNLOCK(ctx);
   while ((pool = ctx->pools) != NULL) {
     ctx->pools = pool->next;
@@ -267,14 +271,16 @@ IPCREF__PRIVATE int ipcref__process_gone(int pidfd, int pid) {
  * context comes from the same one, which may still use them; nor before
  * the peer is freed (messages it sent may still be queued). 1 if it did. */
 IPCREF__PRIVATE int ipcref__retire_origin(ipcref_ctx *ctx, ipcref_peer *p) {
-  ipcref__map *m;
+  ipcref__map *m, *next;
   ipcref_peer *q;
   if (p->origin_retired || p->hello <= 0) return 0;
   for (q = ctx->peers; q; q = q->next)
     if (q != p && q->hello > 0 && q->nonce == p->nonce) return 0;
   p->origin_retired = 1;
-  for (m = ctx->maps; m; m = m->next)
-    if (m->origin_nonce == p->nonce) m->retired = 1;
+  for (m = ctx->maps; m; m = next) {
+    next = m->next;
+    if (m->origin_nonce == p->nonce) ipcref__map_retire(ctx, m);
+  }
   return 1;
 }
 

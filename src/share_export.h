@@ -6,19 +6,6 @@
 
 #ifdef IPCREF__SHARING_IMPL
 
-/* A cached mapping of (origin nonce, id), or NULL (under the lock). A
- * segment is found whether it is host or device memory. */
-IPCREF__PRIVATE ipcref__map *ipcref__map_find(ipcref_ctx *ctx, int kind,
-                                              uint64_t nonce, uint64_t id) {
-  ipcref__map *m;
-  for (m = ctx->maps; m; m = m->next)
-    if ((m->kind == kind ||
-         (kind == IPCREF__KIND_SEGMENT && m->kind == IPCREF__KIND_DEVICE)) &&
-        m->origin_nonce == nonce && m->id == id)
-      return m;
-  return NULL;
-}
-
 /* A ledger of this context by its id, or NULL (under the lock). */
 IPCREF__PRIVATE ipcref__ledger *ipcref__ledger_find(ipcref_ctx *ctx,
                                                     uint64_t id) {

@@ -172,7 +172,7 @@ IPCREF__PRIVATE void ipcref__maps_commit(ipcref_ctx *ctx, ipcref__map **fresh,
                                          int n) {
   int k;
   for (k = 0; k < n; k++) {
-    IPCREF__LIST_PUSH(ctx->maps, fresh[k], next, prev);
+    ipcref__map_index_add(ctx, fresh[k]);
     if (fresh[k]->kind == IPCREF__KIND_LEDGER)
       ctx->st.counter_files++;
     else
@@ -227,7 +227,7 @@ IPCREF__PRIVATE void ipcref__import_retire(ipcref_ctx *ctx,
   for (i = 0; i < m->head.nretired; i++) {
     ipcref__map *s = ipcref__map_find(ctx, IPCREF__KIND_SEGMENT,
                                       m->head.sender_nonce, m->retired[i]);
-    if (s) s->retired = 1;
+    if (s) ipcref__map_retire(ctx, s);
   }
   ipcref__maps_trim(ctx, ctx->opt.retired_maps);
 }

@@ -223,7 +223,8 @@ typedef struct ipcref__map {
                              forwarding) and sizes; `fd` is -1 */
   int refs;                   /* atomic: imported buffers using it */
   int retired;                /* the origin destroyed it: unmap at refs 0 */
-  struct ipcref__map *next, *prev;
+  struct ipcref__map *next, *prev; /* ctx->maps, or ctx->maps_retired */
+  struct ipcref__map *hnext;       /* its chain in ctx->map_index */
 } ipcref__map;
 
 typedef struct ipcref__import {
@@ -242,6 +243,7 @@ typedef struct ipcref__import {
  * key: its id, shifted to make room for a bit that is 1 for a ledger. */
 typedef struct ipcref__sent {
   uint64_t nonce, key;
+  int used; /* a slot of the peer's set (see share_index) */
 } ipcref__sent;
 IPCREF__PRIVATE uint64_t ipcref__sent_key(uint64_t id, int is_ledger) {
   return (id << 1) | (uint64_t)(is_ledger ? 1 : 0);
@@ -263,7 +265,8 @@ struct ipcref_peer {
   unsigned char *out; /* a stream's record the socket took only in part: */
   size_t out_len, out_pos; /* the rest, sent before anything else */
   ipcref__ledger *ledger;  /* the current one for exports to this peer */
-  ipcref__sent *sent;      /* what the other side has been sent */
+  ipcref__sent *sent;      /* what the other side has been sent: a set of
+                              capsent slots, nsent used (share_index) */
   size_t nsent, capsent;
   uint64_t *retired; /* own segments destroyed since, to announce */
   size_t nretired, capretired;
@@ -321,7 +324,10 @@ struct ipcref_ctx {
   struct ipcref__import *finished; /* and those to return after the unlock */
   int owner_gone;                  /* atomic: ipcref_ctx_free was called */
   ipcref__ledger *ledgers;
-  ipcref__map *maps;
+  ipcref__map *maps, *maps_retired; /* the cache (see share_index) */
+  ipcref__map **map_index;          /* by (ledger?, nonce, id), chained */
+  size_t map_buckets, nmaps_indexed;
+  int map_index_off; /* out of memory once: lookups walk the lists */
   ipcref_peer *peers;
   ipcref__block *limbo;
   ipcref__segment *cache, *cache_oldest; /* empty segments kept, newest
@@ -472,37 +478,6 @@ IPCREF__PRIVATE int ipcref__memfd(const char *name, size_t size,
 fail:
   close(fd);
   return -1;
-}
-
-/* 1 when peer `p` was sent the segment or ledger (nonce, key) already;
- * else notes it and gives 0 (with *fail set when out of memory). Under the
- * lock, as the next. */
-IPCREF__PRIVATE int ipcref__sent_mark(ipcref_peer *p, uint64_t nonce,
-                                      uint64_t key, int *fail) {
-  size_t i;
-  for (i = 0; i < p->nsent; i++)
-    if (p->sent[i].nonce == nonce && p->sent[i].key == key) return 1;
-  if (!ipcref__grow((void **)&p->sent, &p->capsent, p->nsent + 1,
-                    sizeof *p->sent)) {
-    *fail = 1;
-    return 0;
-  }
-  p->sent[p->nsent].nonce = nonce;
-  p->sent[p->nsent].key = key;
-  p->nsent++;
-  return 0;
-}
-
-/* Forgets that peer `p` was sent (nonce, key): 1 when it had been. */
-IPCREF__PRIVATE int ipcref__sent_forget(ipcref_peer *p, uint64_t nonce,
-                                        uint64_t key) {
-  size_t i;
-  for (i = 0; i < p->nsent; i++)
-    if (p->sent[i].nonce == nonce && p->sent[i].key == key) {
-      p->sent[i] = p->sent[--p->nsent];
-      return 1;
-    }
-  return 0;
 }
 
 /* What a peer did wrong, to the context's hook (or the process-wide one). */

@@ -535,6 +535,177 @@ static void test_consumer_frees_its_peer(void) {
   local_pair_close(&l);
 }
 
+/* ---- many segments: the lookups of share_index ------------------------
+ */
+
+#define MANY 300 /* segments: two fds each across the pair, under 1024 */
+
+/* What each side finds, with a segment per view: 300 segments cross once
+ * and are found again without their fds; half of them destroyed are
+ * unmapped by the consumer, the others still found, and new ones cross. */
+static void test_many_segments(void) {
+  static ipcref_view v[MANY];
+  ipcref_ctx_options po;
+  local_pair l;
+  ipcref_view got;
+  const int64_t n = 4096;
+  uint64_t fds0;
+  int i, ok = 1;
+  memset(&po, 0, sizeof po);
+  po.segment_size = 4096;              /* a segment per 4 KiB view */
+  po.segment_cache = IPCREF_KEEP_NONE; /* freed segments are destroyed */
+  local_pair_open(&l, &po, NULL);
+  if (!l.pp || !l.cp) return;
+  for (i = 0; i < MANY; i++) {
+    CHECK_EQ(ipcref_view_new_shared(l.prod, IPCREF_U8, 1, &n, &v[i]),
+             IPCREF_OK);
+    memset(ipcref_buf_data(v[i].buf), i & 0xff, 4096);
+  }
+  CHECK_EQ(stats_of(l.prod).mapped_segments, MANY);
+  for (i = 0; i < MANY && ok; i++) { /* each segment's fd crosses once */
+    ok = ipcref_send(l.pp, &v[i]) == IPCREF_OK &&
+         ipcref_recv(l.cp, &got, 5000) == IPCREF_OK;
+    CHECK(ok);
+    if (!ok) break;
+    CHECK_EQ(((unsigned char *)ipcref_buf_data(got.buf))[4095], i & 0xff);
+    ipcref_view_release(&got);
+  }
+  CHECK_EQ(stats_of(l.cons).mapped_segments, MANY);
+  fds0 = stats_of(l.prod).fds_sent;
+  for (i = MANY - 1; i >= 0 && ok; i--) { /* found again: no fd crosses */
+    ok = ipcref_send(l.pp, &v[i]) == IPCREF_OK &&
+         ipcref_recv(l.cp, &got, 5000) == IPCREF_OK;
+    CHECK(ok);
+    if (!ok) break;
+    CHECK_EQ(((unsigned char *)ipcref_buf_data(got.buf))[0], i & 0xff);
+    ipcref_view_release(&got);
+  }
+  CHECK_EQ(stats_of(l.prod).fds_sent, fds0);
+  for (i = 0; i < MANY; i += 2) ipcref_view_release(&v[i]);
+  ipcref_collect(l.prod); /* every other segment destroyed */
+  CHECK_EQ(stats_of(l.prod).mapped_segments, MANY / 2);
+  for (i = 1; i < MANY && ok; i += 2) { /* the retired ones go with these */
+    ok = ipcref_send(l.pp, &v[i]) == IPCREF_OK &&
+         ipcref_recv(l.cp, &got, 5000) == IPCREF_OK;
+    CHECK(ok);
+    if (!ok) break;
+    CHECK_EQ(((unsigned char *)ipcref_buf_data(got.buf))[4095], i & 0xff);
+    ipcref_view_release(&got);
+  }
+  CHECK_EQ(stats_of(l.prod).fds_sent, fds0);
+  (void)ipcref_ctx_trim(l.cons, 0);
+  CHECK_EQ(stats_of(l.cons).mapped_segments, MANY / 2);
+  for (i = 0; i < MANY; i += 2) { /* new segments, in the freed ids' place */
+    CHECK_EQ(ipcref_view_new_shared(l.prod, IPCREF_U8, 1, &n, &v[i]),
+             IPCREF_OK);
+    memset(ipcref_buf_data(v[i].buf), (i + 1) & 0xff, 4096);
+  }
+  for (i = 0; i < MANY && ok; i++) {
+    ok = ipcref_send(l.pp, &v[i]) == IPCREF_OK &&
+         ipcref_recv(l.cp, &got, 5000) == IPCREF_OK;
+    CHECK(ok);
+    if (!ok) break;
+    CHECK_EQ(((unsigned char *)ipcref_buf_data(got.buf))[7],
+             (i + (i % 2 == 0)) & 0xff);
+    ipcref_view_release(&got);
+  }
+  CHECK_EQ(stats_of(l.prod).fds_sent, fds0 + MANY / 2); /* the new ones */
+  CHECK_EQ(stats_of(l.cons).mapped_segments, MANY);
+  for (i = 0; i < MANY; i++) ipcref_view_release(&v[i]);
+  local_pair_close(&l);
+}
+
+/* The set of what a peer was sent, against a list: marks and forgets of
+ * random keys in a few hundred slots (runs that wrap, entries moved back
+ * over a forgotten one), then everything forgotten. */
+static void test_sent_set_model(void) {
+  enum { KEYS = 700, OPS = 20000 };
+  static char in[KEYS];
+  ipcref_peer p;
+  int i, fail = 0, bad = 0;
+  memset(&p, 0, sizeof p);
+  memset(in, 0, sizeof in);
+  for (i = 0; i < OPS; i++) {
+    int k = (int)(((rng = rng * 1103515245u + 12345u) >> 8) % KEYS);
+    uint64_t nonce = 0x1234u + (uint64_t)(k % 7), key = (uint64_t)k * 2u;
+    if (i % 3 != 2) {
+      bad |= ipcref__sent_mark(&p, nonce, key, &fail) != in[k];
+      in[k] = 1;
+    } else {
+      bad |= ipcref__sent_forget(&p, nonce, key) != in[k];
+      in[k] = 0;
+    }
+    if (i % 997 == 0) { /* every key answers as the list does */
+      int j, n = 0;
+      for (j = 0; j < KEYS; j++) {
+        size_t at = ipcref__sent_slot(&p, 0x1234u + (uint64_t)(j % 7),
+                                      (uint64_t)j * 2u);
+        bad |= p.sent[at].used != in[j];
+        n += in[j];
+      }
+      bad |= (size_t)n != p.nsent;
+    }
+  }
+  CHECK(!fail);
+  CHECK(!bad);
+  CHECK(p.capsent >= 2 * p.nsent && (p.capsent & (p.capsent - 1)) == 0);
+  for (i = 0; i < KEYS; i++)
+    if (in[i])
+      CHECK(ipcref__sent_forget(&p, 0x1234u + (uint64_t)(i % 7),
+                                (uint64_t)i * 2u));
+  CHECK_EQ(p.nsent, 0);
+  IPCREF_FREE(p.sent);
+}
+
+/* The mappings' table, against a list: mappings of random kinds, origins
+ * and ids added, retired and taken out (chains, growth), each lookup
+ * answering as a walk of every mapping would. */
+static void test_map_index_model(void) {
+  enum { MAPS = 500, OPS = 6000 };
+  static ipcref__map *all[MAPS];
+  static ipcref__map *live[MAPS];
+  ipcref_ctx *ctx = make_ctx(NULL);
+  int nlive = 0, i, bad = 0;
+  if (!ctx) return;
+  for (i = 0; i < MAPS; i++) {
+    all[i] = (ipcref__map *)calloc(1, sizeof **all);
+    if (!all[i]) return;
+    all[i]->kind = i % 3 == 0   ? IPCREF__KIND_LEDGER
+                   : i % 3 == 1 ? IPCREF__KIND_SEGMENT
+                                : IPCREF__KIND_DEVICE;
+    all[i]->origin_nonce = 77u + (uint64_t)(i % 5);
+    all[i]->id = (uint64_t)(i / 3); /* a ledger and a segment share ids */
+  }
+  IPCREF__LOCK(ctx);
+  for (i = 0; i < OPS; i++) {
+    int k = (int)(((rng = rng * 1103515245u + 12345u) >> 8) % MAPS), j;
+    ipcref__map *m = all[k], *want = NULL;
+    int kind = m->kind == IPCREF__KIND_LEDGER ? IPCREF__KIND_LEDGER
+                                              : IPCREF__KIND_SEGMENT;
+    for (j = 0; j < nlive && !want; j++)
+      if (ipcref__map_is(live[j], kind, m->origin_nonce, m->id)) want = live[j];
+    bad |= ipcref__map_find(ctx, kind, m->origin_nonce, m->id) != want;
+    for (j = 0; j < nlive && live[j] != m; j++) continue;
+    if (j == nlive && !want) { /* one per key, as the cache keeps */
+      ipcref__map_index_add(ctx, m);
+      live[nlive++] = m;
+    } else if (j < nlive && i % 4 == 0) {
+      ipcref__map_retire(ctx, m); /* still found */
+    } else if (j < nlive) {
+      ipcref__map_index_del(ctx, m);
+      m->retired = 0;
+      live[j] = live[--nlive];
+    }
+  }
+  bad |= ctx->nmaps_indexed != (size_t)nlive;
+  while (nlive) ipcref__map_index_del(ctx, live[--nlive]);
+  bad |= ctx->maps || ctx->maps_retired || ctx->nmaps_indexed;
+  IPCREF__UNLOCK(ctx);
+  CHECK(!bad);
+  for (i = 0; i < MAPS; i++) free(all[i]);
+  ipcref_ctx_free(ctx);
+}
+
 int main(void) {
   long seed;
   fixture_start();
@@ -550,5 +721,8 @@ int main(void) {
   RUN(test_consumer_mappings_bounded);
   RUN(test_consumer_frees_its_peer);
   RUN(test_consumer_trim);
+  RUN(test_many_segments);
+  RUN(test_sent_set_model);
+  RUN(test_map_index_model);
   return harness_finish();
 }

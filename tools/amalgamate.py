@@ -40,7 +40,7 @@ VMM_MARKER = "/* @vmm */"  # where src/gpu_vmm.h goes into src/gpu.h
 
 # Bottom to top: a layer uses only the ones before it.
 LAYERS = ["base", "checked", "buf", "view", "view_ops", "view_copy",
-          "share", "share_backend", "share_state", "share_watch", "share_segment", "share_ledger",
+          "share", "share_backend", "share_state", "share_index", "share_watch", "share_segment", "share_ledger",
           "share_ctx", "share_buf", "share_device", "share_wire", "share_peer",
           "share_loop",
           "share_export", "share_devmap", "share_import", "share_channel", "share_chan_recv", "share_send", "share_path",

@@ -1,0 +1,210 @@
+/* share_index: what a hand-off looks up, found in constant time however
+ * many segments a process shares. A consumer's mappings, by origin and id
+ * (a hash table over ctx->maps and ctx->maps_retired, chained through
+ * `hnext`; retired mappings on a list of their own, so that a receive's
+ * trim looks at those alone); and what each peer has been sent (an
+ * open-addressing set in the peer). Both under ctx->lock. Out of memory,
+ * the mappings are found by walking their lists instead (correct, only
+ * slower), and a peer's set says so to its caller (*fail). */
+
+#ifdef IPCREF__SHARING_IMPL
+
+/* A 64-bit mix of a key (a finalizer of splitmix64's). */
+IPCREF__PRIVATE uint64_t ipcref__hash3(uint64_t a, uint64_t b, uint64_t c) {
+  uint64_t h = a ^ (b * 0x9e3779b97f4a7c15u) ^ (c * 0xc2b2ae3d27d4eb4fu);
+  h ^= h >> 30;
+  h *= 0xbf58476d1ce4e5b9u;
+  h ^= h >> 27;
+  h *= 0x94d049bb133111ebu;
+  return h ^ (h >> 31);
+}
+
+/* ---- mappings -------------------------------------------------------------
+ * A lookup asks for a ledger or a segment; a segment is host or device
+ * memory, so the table's key is (is a ledger, origin nonce, id). */
+
+IPCREF__PRIVATE size_t ipcref__map_bucket(const ipcref_ctx *ctx, int ledger,
+                                          uint64_t nonce, uint64_t id) {
+  return (size_t)(ipcref__hash3((uint64_t)ledger, nonce, id) &
+                  (ctx->map_buckets - 1));
+}
+
+/* Gives up the table for good (out of memory): lookups walk the lists. */
+IPCREF__PRIVATE void ipcref__map_index_drop(ipcref_ctx *ctx) {
+  IPCREF_FREE(ctx->map_index);
+  ctx->map_index = NULL;
+  ctx->map_buckets = 0;
+  ctx->map_index_off = 1;
+}
+
+/* Rehashes into twice the buckets (16 at first). 0 when out of memory. */
+IPCREF__PRIVATE int ipcref__map_index_grow(ipcref_ctx *ctx) {
+  size_t n = ctx->map_buckets ? 2 * ctx->map_buckets : 16, i, old;
+  ipcref__map **t = (ipcref__map **)ipcref__zalloc(n * sizeof *t), **prev;
+  if (!t) return 0;
+  prev = ctx->map_index;
+  old = ctx->map_buckets;
+  ctx->map_index = t;
+  ctx->map_buckets = n;
+  for (i = 0; i < old; i++)
+    while (prev[i]) {
+      ipcref__map *m = prev[i];
+      size_t b = ipcref__map_bucket(ctx, m->kind == IPCREF__KIND_LEDGER,
+                                    m->origin_nonce, m->id);
+      prev[i] = m->hnext;
+      m->hnext = t[b];
+      t[b] = m;
+    }
+  IPCREF_FREE(prev);
+  return 1;
+}
+
+/* A mapping joins the cache: its list, and the table. */
+IPCREF__PRIVATE void ipcref__map_index_add(ipcref_ctx *ctx, ipcref__map *m) {
+  size_t b;
+  IPCREF__LIST_PUSH(ctx->maps, m, next, prev);
+  m->hnext = NULL;
+  if (ctx->map_index_off) return;
+  /* A full table grows; one that cannot still takes it, in longer chains. */
+  if (ctx->nmaps_indexed >= ctx->map_buckets && !ipcref__map_index_grow(ctx) &&
+      !ctx->map_buckets) {
+    ipcref__map_index_drop(ctx);
+    return;
+  }
+  b = ipcref__map_bucket(ctx, m->kind == IPCREF__KIND_LEDGER, m->origin_nonce,
+                         m->id);
+  m->hnext = ctx->map_index[b];
+  ctx->map_index[b] = m;
+  ctx->nmaps_indexed++;
+}
+
+/* A mapping leaves the cache: its list, and the table. */
+IPCREF__PRIVATE void ipcref__map_index_del(ipcref_ctx *ctx, ipcref__map *m) {
+  ipcref__map **pp;
+  if (m->retired)
+    IPCREF__LIST_REMOVE(ctx->maps_retired, m, next, prev);
+  else
+    IPCREF__LIST_REMOVE(ctx->maps, m, next, prev);
+  if (ctx->map_index_off) return;
+  pp = &ctx->map_index[ipcref__map_bucket(ctx, m->kind == IPCREF__KIND_LEDGER,
+                                          m->origin_nonce, m->id)];
+  while (*pp && *pp != m) pp = &(*pp)->hnext;
+  if (*pp) {
+    *pp = m->hnext;
+    ctx->nmaps_indexed--;
+  }
+}
+
+/* Its origin destroyed the segment: it moves to the retired list, where
+ * the trim finds it (and a view of it is refused). */
+IPCREF__PRIVATE void ipcref__map_retire(ipcref_ctx *ctx, ipcref__map *m) {
+  if (m->retired) return;
+  IPCREF__LIST_REMOVE(ctx->maps, m, next, prev);
+  m->retired = 1;
+  IPCREF__LIST_PUSH(ctx->maps_retired, m, next, prev);
+}
+
+/* 1 when mapping `m` is what a lookup of (kind, nonce, id) asks for: a
+ * segment lookup finds host and device segments. */
+IPCREF__PRIVATE int ipcref__map_is(const ipcref__map *m, int kind,
+                                   uint64_t nonce, uint64_t id) {
+  return (m->kind == kind ||
+          (kind == IPCREF__KIND_SEGMENT && m->kind == IPCREF__KIND_DEVICE)) &&
+         m->origin_nonce == nonce && m->id == id;
+}
+
+/* A cached mapping of (origin nonce, id), or NULL (under the lock). A
+ * segment is found whether it is host or device memory. */
+IPCREF__PRIVATE ipcref__map *ipcref__map_find(ipcref_ctx *ctx, int kind,
+                                              uint64_t nonce, uint64_t id) {
+  ipcref__map *m;
+  if (ctx->map_index_off) {
+    for (m = ctx->maps; m; m = m->next)
+      if (ipcref__map_is(m, kind, nonce, id)) return m;
+    for (m = ctx->maps_retired; m; m = m->next)
+      if (ipcref__map_is(m, kind, nonce, id)) return m;
+    return NULL;
+  }
+  if (!ctx->map_buckets) return NULL;
+  m = ctx->map_index[ipcref__map_bucket(ctx, kind == IPCREF__KIND_LEDGER, nonce,
+                                        id)];
+  while (m && !ipcref__map_is(m, kind, nonce, id)) m = m->hnext;
+  return m;
+}
+
+/* ---- what a peer was sent -------------------------------------------------
+ * Linear probing, at most half full, deleted by moving the later entries
+ * of a run back (no tombstones): p->sent holds p->capsent entries (0 or a
+ * power of two), p->nsent of them used. */
+
+IPCREF__PRIVATE size_t ipcref__sent_home(const ipcref_peer *p, uint64_t nonce,
+                                         uint64_t key) {
+  return (size_t)(ipcref__hash3(0, nonce, key) & (p->capsent - 1));
+}
+
+/* Where (nonce, key) is in the set, or where it would go. */
+IPCREF__PRIVATE size_t ipcref__sent_slot(const ipcref_peer *p, uint64_t nonce,
+                                         uint64_t key) {
+  size_t i = ipcref__sent_home(p, nonce, key);
+  while (p->sent[i].used &&
+         (p->sent[i].nonce != nonce || p->sent[i].key != key))
+    i = (i + 1) & (p->capsent - 1);
+  return i;
+}
+
+/* Doubles the set (16 at first). 0 when out of memory. */
+IPCREF__PRIVATE int ipcref__sent_grow(ipcref_peer *p) {
+  size_t n = p->capsent ? 2 * p->capsent : 16, old = p->capsent, i;
+  ipcref__sent *t = (ipcref__sent *)ipcref__zalloc(n * sizeof *t),
+               *prev = p->sent;
+  if (!t) return 0;
+  p->sent = t;
+  p->capsent = n;
+  for (i = 0; i < old; i++)
+    if (prev[i].used)
+      t[ipcref__sent_slot(p, prev[i].nonce, prev[i].key)] = prev[i];
+  IPCREF_FREE(prev);
+  return 1;
+}
+
+/* 1 when peer `p` was sent the segment or ledger (nonce, key) already;
+ * else notes it and gives 0 (with *fail set when out of memory). Under the
+ * lock, as the next. */
+IPCREF__PRIVATE int ipcref__sent_mark(ipcref_peer *p, uint64_t nonce,
+                                      uint64_t key, int *fail) {
+  size_t i;
+  if (p->capsent && p->sent[ipcref__sent_slot(p, nonce, key)].used) return 1;
+  if (2 * (p->nsent + 1) > p->capsent && !ipcref__sent_grow(p)) {
+    *fail = 1;
+    return 0;
+  }
+  i = ipcref__sent_slot(p, nonce, key);
+  p->sent[i].nonce = nonce;
+  p->sent[i].key = key;
+  p->sent[i].used = 1;
+  p->nsent++;
+  return 0;
+}
+
+/* Forgets that peer `p` was sent (nonce, key): 1 when it had been. The
+ * entries after it in its run move back where a lookup still finds them
+ * (each one whose home is not cyclically in (hole, its place]). */
+IPCREF__PRIVATE int ipcref__sent_forget(ipcref_peer *p, uint64_t nonce,
+                                        uint64_t key) {
+  size_t hole, j, home, mask = p->capsent - 1;
+  if (!p->capsent) return 0;
+  hole = ipcref__sent_slot(p, nonce, key);
+  if (!p->sent[hole].used) return 0;
+  for (j = (hole + 1) & mask; p->sent[j].used; j = (j + 1) & mask) {
+    home = ipcref__sent_home(p, p->sent[j].nonce, p->sent[j].key);
+    if (((j - home) & mask) >= ((j - hole) & mask)) {
+      p->sent[hole] = p->sent[j];
+      hole = j;
+    }
+  }
+  p->sent[hole].used = 0;
+  p->nsent--;
+  return 1;
+}
+
+#endif /* IPCREF__SHARING_IMPL */
