@@ -458,6 +458,15 @@ IPCREF__PRIVATE void ipcref__buf_set_read_only(ipcref_buf *b) {
   __atomic_fetch_or(&b->flags, IPCREF__BUF_READ_ONLY, __ATOMIC_RELEASE);
 }
 
+/* As ipcref__buf_set_read_only, for a buffer just made, which no other
+ * thread can see yet: no read-modify-write. */
+IPCREF__PRIVATE void ipcref__buf_new_read_only(ipcref_buf *b) {
+  __atomic_store_n(&b->flags,
+                   __atomic_load_n(&b->flags, __ATOMIC_RELAXED) |
+                       IPCREF__BUF_READ_ONLY,
+                   __ATOMIC_RELAXED);
+}
+
 IPCREF__PRIVATE int ipcref__buf_read_only(const ipcref_buf *b) {
   return (__atomic_load_n(&b->flags, __ATOMIC_ACQUIRE) &
           IPCREF__BUF_READ_ONLY) != 0;

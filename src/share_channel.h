@@ -99,6 +99,8 @@ struct ipcref__chan_rx {
   int sleeps;    /* waits that slept since the spin was cut to 0 */
   unsigned char *rec; /* the record being imported (a private copy) */
   size_t rec_len;
+  uintptr_t lease_at; /* the ledger word of the last lease imported (a
+                         hint: see ipcref__chan_prefetch) */
 };
 
 /* The wire word at `at` (a multiple of 8) of a ring of `bytes`. */

@@ -425,6 +425,22 @@ IPCREF_API ipcref_result ipcref_ctx_poll(ipcref_ctx *ctx, int timeout_ms,
   return reaped ? IPCREF_OK : IPCREF_ETIMEDOUT;
 }
 
+/* Imported buffers alive here (under the lock): each holds its segment's
+ * mapping (refs), so they are the sum of those, counted when asked rather
+ * than on every import and release. */
+IPCREF__PRIVATE size_t ipcref__imports_alive(const ipcref_ctx *ctx) {
+  const ipcref__map *lists[2], *m;
+  size_t n = 0;
+  int i;
+  lists[0] = ctx->maps;
+  lists[1] = ctx->maps_retired;
+  for (i = 0; i < 2; i++)
+    for (m = lists[i]; m; m = m->next)
+      if (m->kind != IPCREF__KIND_LEDGER)
+        n += (size_t)__atomic_load_n(&m->refs, __ATOMIC_ACQUIRE);
+  return n;
+}
+
 IPCREF_API ipcref_result ipcref_ctx_stats(ipcref_ctx *ctx, ipcref_stats *out) {
   if (!ctx || !out) return ipcref__invalid(__func__, "ctx or out is NULL");
   if (!IPCREF__CTX_USABLE(ctx)) return IPCREF_EDEAD;
@@ -433,8 +449,7 @@ IPCREF_API ipcref_result ipcref_ctx_stats(ipcref_ctx *ctx, ipcref_stats *out) {
   (void)ipcref__pump(ctx, 1); /* and what the dead held as free */
   *out = ctx->st;
   out->refused = __atomic_load_n(&ctx->refused, __ATOMIC_RELAXED);
-  out->imported_bufs =
-      (size_t)__atomic_load_n(&ctx->imported_bufs, __ATOMIC_ACQUIRE);
+  out->imported_bufs = ipcref__imports_alive(ctx);
   IPCREF__UNLOCK(ctx);
   return IPCREF_OK;
 }

@@ -382,7 +382,7 @@ ipcref__lease_take(ipcref_peer *p, const ipcref_view *v, ipcref__view_event *ev,
   ipcref__block *local = ipcref__local_block(v->buf);
   ipcref__lease_src src;
   ipcref_result res;
-  memset(r, 0, sizeof *r);
+  r->has_event = 0; /* every other field of r is written below */
   memset(&src, 0, sizeof src);
   res = local ? ipcref__lease_take_own(p, local, v->buf, ev, r, &src)
               : ipcref__lease_take_forward(p, v, r, &src);

@@ -31,7 +31,6 @@ IPCREF__PRIVATE void ipcref__import_end(ipcref__import *imp) {
                     &e, 1, "release");
   if (!pooled) __atomic_fetch_sub(&imp->seg->refs, 1, __ATOMIC_RELEASE);
   __atomic_fetch_sub(&imp->ledger->refs, 1, __ATOMIC_RELEASE);
-  __atomic_fetch_sub(&imp->ctx->imported_bufs, 1, __ATOMIC_RELEASE);
   ctx = imp->ctx;
   IPCREF_FREE(imp);
   ipcref__ctx_unref(ctx); /* only the last one after ctx_free tears down */
@@ -367,7 +366,7 @@ IPCREF__PRIVATE int ipcref__import_view(ipcref_ctx *ctx,
                                         const ipcref__view_rec *v,
                                         ipcref__map *seg, ipcref__map *led,
                                         void *stream, ipcref_view *out) {
-  ipcref__import *imp = (ipcref__import *)ipcref__zalloc(sizeof *imp);
+  ipcref__import *imp = (ipcref__import *)IPCREF_MALLOC(sizeof *imp);
   ipcref_buf *b = NULL;
   ipcref_device dev;
   int device = seg->kind == IPCREF__KIND_DEVICE;
@@ -380,7 +379,7 @@ IPCREF__PRIVATE int ipcref__import_view(ipcref_ctx *ctx,
     return 0;
   }
   /* A read-only mapping is never writable, however unique. */
-  if (!seg->writable) ipcref__buf_set_read_only(b);
+  if (!seg->writable) ipcref__buf_new_read_only(b);
   imp->ctx = ctx;
   imp->seg = seg;
   imp->ledger = led;
@@ -391,10 +390,11 @@ IPCREF__PRIVATE int ipcref__import_view(ipcref_ctx *ctx,
   imp->stream = stream;
   imp->has_event = v->has_event;
   memcpy(imp->event, v->event, sizeof imp->event);
+  imp->next = NULL;
+  imp->fence = NULL;
   led->imported[v->slot] = v->gen + 1u;
   __atomic_fetch_add(&seg->refs, 1, __ATOMIC_RELAXED);
   __atomic_fetch_add(&led->refs, 1, __ATOMIC_RELAXED);
-  __atomic_fetch_add(&ctx->imported_bufs, 1, __ATOMIC_RELAXED);
   __atomic_fetch_add(&ctx->refs, 1, __ATOMIC_RELAXED);
   *out = v->view;
   out->buf = b;

@@ -116,6 +116,18 @@ IPCREF__PRIVATE void ipcref__send_deadline_ms(struct timespec *end, int ms) {
   if (end->tv_nsec >= 1000000000) end->tv_sec++, end->tv_nsec -= 1000000000;
 }
 
+/* Milliseconds left of a receive's timeout_ms (-1: forever), its deadline
+ * *end set at the first call (*dated): a receive that finds a record
+ * waiting reads no clock. */
+IPCREF__PRIVATE int ipcref__ms_until(int timeout_ms, struct timespec *end,
+                                     int *dated) {
+  if (timeout_ms <= 0) return timeout_ms;
+  if (*dated) return ipcref__ms_left(timeout_ms, end);
+  ipcref__send_deadline_ms(end, timeout_ms);
+  *dated = 1;
+  return timeout_ms;
+}
+
 /* The send's deadline: now + opt.send_timeout_ms, set when it first has
  * to wait (a send that finds room reads no clock). */
 IPCREF__PRIVATE void ipcref__send_deadline(const ipcref_peer *p,
@@ -522,8 +534,9 @@ IPCREF__PRIVATE ipcref_result ipcref__recv_socket(ipcref_peer *p,
  * death check (ipcref__pump), for a context with leases out or device
  * releases pending, runs when the ring is found empty. */
 IPCREF__PRIVATE ipcref_result ipcref__recv_chan(ipcref_peer *p, int timeout_ms,
-                                                const struct timespec *end,
-                                                void *stream, int *n) {
+                                                struct timespec *end,
+                                                int *dated, void *stream,
+                                                int *n) {
   struct ipcref__chan_rx *x = p->rx;
   for (;;) {
     int k = ipcref__chan_next(p), took, counted = x->counted;
@@ -533,19 +546,22 @@ IPCREF__PRIVATE ipcref_result ipcref__recv_chan(ipcref_peer *p, int timeout_ms,
     if (k == IPCREF__CHAN_GOT) {
       r = ipcref__import_bytes(p, x->rec, x->rec_len, NULL, 0, stream,
                                p->pending, n, 0);
-      if (r == IPCREF_OK) ipcref__meta_keep(p, x->rec, x->rec_len);
+      if (r == IPCREF_OK) {
+        ipcref__meta_keep(p, x->rec, x->rec_len);
+        ipcref__chan_lease_seen(x, &p->pending[0]);
+      }
       return r;
     }
     if (k == IPCREF__CHAN_SOCK) {
-      r = ipcref__recv_socket(p, ipcref__ms_left(timeout_ms, end), stream, n,
-                              &took);
+      r = ipcref__recv_socket(p, ipcref__ms_until(timeout_ms, end, dated),
+                              stream, n, &took);
       if (took && counted) x->sockets++;
       return r;
     }
     IPCREF__LOCK(p->ctx); /* where it has leases out to reclaim */
     if (p->ctx->ledgers || p->ctx->deferred) (void)ipcref__pump(p->ctx, 0);
     IPCREF__UNLOCK(p->ctx);
-    r = ipcref__chan_wait(p, ipcref__ms_left(timeout_ms, end));
+    r = ipcref__chan_wait(p, ipcref__ms_until(timeout_ms, end, dated));
     if (r == IPCREF_ETIMEDOUT && timeout_ms < 0) { /* it did not block */
       x->bell_poll = 1;
       continue;
@@ -564,16 +580,15 @@ IPCREF__PRIVATE ipcref_result ipcref__recv_chan(ipcref_peer *p, int timeout_ms,
 IPCREF__PRIVATE ipcref_result ipcref__recv_one(ipcref_peer *p, int timeout_ms,
                                                void *stream, int *n) {
   struct timespec end;
-  int took;
+  int took, dated = 0;
   ipcref_result r = ipcref__hello_within(p, &timeout_ms);
   if (r != IPCREF_OK) return r;
   if (p->hello < 0) return ipcref__hello_result(p);
-  if (timeout_ms > 0) ipcref__send_deadline_ms(&end, timeout_ms);
   for (;;) {
     if (p->rx_broken) return IPCREF_EPROTO;
-    if (p->rx) return ipcref__recv_chan(p, timeout_ms, &end, stream, n);
-    r = ipcref__recv_socket(p, ipcref__ms_left(timeout_ms, &end), stream, n,
-                            &took);
+    if (p->rx) return ipcref__recv_chan(p, timeout_ms, &end, &dated, stream, n);
+    r = ipcref__recv_socket(p, ipcref__ms_until(timeout_ms, &end, &dated),
+                            stream, n, &took);
     if (r != IPCREF_OK || *n || !p->rx) return r; /* else a channel came */
   }
 }

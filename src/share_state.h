@@ -334,9 +334,8 @@ struct ipcref_ctx {
                                             first (bytes: st.cached_bytes) */
   int ncached;
   ipcref_stats st;
-  int imported_bufs; /* atomic */
-  int no_pidfd;      /* pidfd_open is missing here: deaths seen by pid */
-  int epfd;          /* the poll fd: the watches' pidfds */
+  int no_pidfd; /* pidfd_open is missing here: deaths seen by pid */
+  int epfd;     /* the poll fd: the watches' pidfds */
   ipcref__watch *watches;
   uint64_t reaped;  /* peer_deaths when the last reap ran */
   long pump_tick;   /* the clock tick of the last death check */

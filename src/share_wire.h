@@ -227,7 +227,8 @@ IPCREF__PRIVATE void ipcref__put_view(ipcref__wire *w,
 IPCREF__PRIVATE int ipcref__get_view(ipcref__wire *w, ipcref__view_rec *r) {
   uint64_t dt, nd, flags;
   int d;
-  memset(r, 0, sizeof *r);
+  /* Field by field, not a memset of the whole record: the reads that
+   * follow would wait for a string store to land. */
   r->origin_pid = (uint32_t)ipcref__wire_get(w, 4);
   r->origin_nonce = ipcref__wire_get(w, 8);
   r->seg_id = ipcref__wire_get(w, 8);
@@ -243,15 +244,19 @@ IPCREF__PRIVATE int ipcref__get_view(ipcref__wire *w, ipcref__view_rec *r) {
   flags = ipcref__wire_get(w, 1);
   if (w->bad || dt >= IPCREF_DTYPE_COUNT || nd > IPCREF_MAX_DIMS || flags > 1)
     return 0;
+  r->view.buf = NULL;
   r->view.dtype = (ipcref_dtype)dt;
   r->view.ndim = (int)nd;
   r->view.byte_offset = (int64_t)ipcref__wire_get(w, 8);
-  for (d = 0; d < (int)nd; d++)
-    r->view.shape[d] = (int64_t)ipcref__wire_get(w, 8);
-  for (d = 0; d < (int)nd; d++)
-    r->view.strides[d] = (int64_t)ipcref__wire_get(w, 8);
+  for (d = 0; d < IPCREF_MAX_DIMS; d++) /* the dimensions past ndim: 0 */
+    r->view.shape[d] = d < (int)nd ? (int64_t)ipcref__wire_get(w, 8) : 0;
+  for (d = 0; d < IPCREF_MAX_DIMS; d++)
+    r->view.strides[d] = d < (int)nd ? (int64_t)ipcref__wire_get(w, 8) : 0;
   r->has_event = (int)flags;
-  if (flags) ipcref__get_bytes(w, r->event, IPCREF_HANDLE_BYTES);
+  if (flags)
+    ipcref__get_bytes(w, r->event, IPCREF_HANDLE_BYTES);
+  else
+    memset(r->event, 0, sizeof r->event);
   return !w->bad;
 }
 
