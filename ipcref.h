@@ -3750,6 +3750,7 @@ IPCREF_API ipcref_result ipcref_view_make_mut(ipcref_view *v) {
 #include <errno.h>
 #include <fcntl.h>
 #include <limits.h>
+#include <linux/futex.h>
 #include <poll.h>
 #include <stddef.h>
 #include <pthread.h>
@@ -8928,18 +8929,29 @@ IPCREF_API ipcref_result ipcref_import(ipcref_peer *p, ipcref_msg *msg,
  *             it read only.
  *   control   the receiver's words: `head`, the bytes it consumed (its
  *             own cache line: it moves with every record), then `asleep`,
- *             set while it sleeps, and `closed`, set when it frees its
- *             peer (read by the sender on every record: a line that
- *             rarely changes). The sender only reads them, and trusts
- *             nothing it reads there.
+ *             set while it sleeps (how: 1 on the doorbell, 2 on the
+ *             futex), and `closed`, set when it frees its peer (read by
+ *             the sender on every record: a line that rarely changes).
+ *             The sender trusts nothing it reads there, and writes only
+ *             `asleep`, from 2 to 0, to wake a dozing receiver.
  *   doorbell  a stream socket: the sender sends one byte on it after a
- *             record only while `asleep` is set. MSG_DONTWAIT is the
- *             call's own, so the receiver cannot make it block (an
- *             eventfd's O_NONBLOCK is the shared file's, which the
- *             receiver could clear, and its counter it could fill); it is
- *             an fd, so the peer's poll fd can wait on it (a futex could
- *             not be); and a sleeper waits and drains it in one recv,
- *             which ends too when the sender is gone (end of file).
+ *             record while `asleep` is 1 (or anything but 0 and 2).
+ *             MSG_DONTWAIT is the call's own, so the receiver cannot make
+ *             it block (an eventfd's O_NONBLOCK is the shared file's,
+ *             which the receiver could clear, and its counter it could
+ *             fill); it is an fd, so the peer's poll fd can wait on it;
+ *             and a sleeper waits and drains it in one recv, which ends
+ *             too when the sender is gone (end of file).
+ *
+ * Two ways to sleep, then. A receive that finds the ring empty, once it
+ * has spun, first dozes: `asleep` 2 and a FUTEX_WAIT on that word, which
+ * the sender ends by a compare-and-swap of it to 0 (a receiver that
+ * changed it meanwhile gets the doorbell instead) and a FUTEX_WAKE:
+ * nothing to allocate, queue and drain, a tenth off a sleeping hand-off
+ * (bench/, chan_nospin). But a futex is no fd and does not end when its
+ * sender dies: a receiver dozes the first IPCREF__DOZE_MS of an idle
+ * stretch only, then sleeps on the doorbell, as the poll fd always does;
+ * a sender's death is seen within that much.
  *
  * A record is 16 bytes (u32 length, u32 0, u64 the socket messages sent
  * before it) and a message in the wire format, padded to 8 bytes; it may
@@ -8963,6 +8975,9 @@ IPCREF_API ipcref_result ipcref_import(ipcref_peer *p, ipcref_msg *msg,
 #define IPCREF__CHAN_MAX         ((size_t)16 << 20)
 #define IPCREF__SPIN_MAX_NS      50000L /* the adaptive spin's longest */
 #define IPCREF__SPIN_CAP_US      10000  /* the longest spin an option asks */
+#define IPCREF__DOZE_MS          50     /* an idle stretch's futex doze */
+#define IPCREF__ASLEEP_BELL      1u     /* `asleep`: ring the doorbell */
+#define IPCREF__ASLEEP_FUTEX     2u     /* `asleep`: wake the futex */
 
 typedef struct ipcref__chan_hdr {
   uint32_t magic, version, bytes, zero;
@@ -8975,7 +8990,7 @@ typedef struct ipcref__chan_hdr {
 typedef struct ipcref__chan_ctl {
   uint64_t head; /* atomic: bytes the receiver consumed */
   uint64_t pad[7];
-  uint32_t asleep; /* atomic: nonzero while the receiver sleeps */
+  uint32_t asleep; /* atomic: nonzero while the receiver sleeps (how) */
   uint32_t closed; /* atomic: nonzero once the receiver freed its peer */
 } ipcref__chan_ctl;
 
@@ -8996,14 +9011,15 @@ struct ipcref__chan_rx {
   ipcref__chan_ctl *ctl;
   size_t bytes;
   uint64_t head, sockets; /* consumed; socket messages read since setup */
-  int armed;              /* `asleep` is set */
-  int hung;      /* the sender hung up: the socket is read to its end */
-  int counted;   /* the socket message due next was counted by the sender */
-  long spin;     /* ns the next wait spins first */
-  int spin_opt;  /* the peer's spin_us it was set from */
-  int wait_ms;   /* the doorbell's SO_RCVTIMEO now (-2: none set yet) */
-  int bell_poll; /* the doorbell does not block: sleep in poll() */
-  int sleeps;    /* waits that slept since the spin was cut to 0 */
+  int armed;              /* what `asleep` was set to (0: awake) */
+  int hung;         /* the sender hung up: the socket is read to its end */
+  int counted;      /* the socket message due next was counted by the sender */
+  long spin;        /* ns the next wait spins first */
+  int spin_opt;     /* the peer's spin_us it was set from */
+  int wait_ms;      /* the doorbell's SO_RCVTIMEO now (-2: none set yet) */
+  int bell_poll;    /* the doorbell does not block: sleep in poll() */
+  int sleeps;       /* waits that slept since the spin was cut to 0 */
+  int64_t dozed_ns; /* this idle stretch's futex doze so far */
   unsigned char *rec; /* the record being imported (a private copy) */
   size_t rec_len;
   uintptr_t lease_at; /* the ledger word of the last lease imported (a
@@ -9122,13 +9138,26 @@ fail:
   return IPCREF_ESYS;
 }
 
-/* After a record or a socket message: the doorbell, if the receiver
- * sleeps. Seq-cst, paired with the receiver's in ipcref__chan_arm: either
- * this load sees `asleep`, or its look after setting it sees the record. */
+/* After a record or a socket message: a dozing receiver's futex woken,
+ * or a sleeping one's doorbell rung. Seq-cst, paired with the receiver's
+ * in ipcref__chan_arm: either this load sees `asleep`, or its look after
+ * setting it sees the record. A dozer's word goes to 0 before the wake,
+ * so that a FUTEX_WAIT not yet begun returns at once. Neither call can
+ * block, whatever the receiver wrote. */
 IPCREF__PRIVATE void ipcref__chan_knock(struct ipcref__chan_tx *t) {
+  uint32_t a;
   __atomic_thread_fence(__ATOMIC_SEQ_CST);
-  if (__atomic_load_n(&t->ctl->asleep, __ATOMIC_RELAXED))
-    (void)send(t->doorbell, "", 1, MSG_DONTWAIT | MSG_NOSIGNAL);
+  a = __atomic_load_n(&t->ctl->asleep, __ATOMIC_RELAXED);
+  if (a == 0) return;
+  if (a == IPCREF__ASLEEP_FUTEX) {
+    if (__atomic_compare_exchange_n(&t->ctl->asleep, &a, 0u, 0,
+                                    __ATOMIC_SEQ_CST, __ATOMIC_RELAXED)) {
+      (void)syscall(SYS_futex, &t->ctl->asleep, FUTEX_WAKE, 1, NULL, NULL, 0);
+      return;
+    }
+    if (a == 0) return; /* it woke meanwhile */
+  }
+  (void)send(t->doorbell, "", 1, MSG_DONTWAIT | MSG_NOSIGNAL);
 }
 
 /* Pushes a message of `len` bytes: 1 when it is in the ring, 0 when it
@@ -9477,17 +9506,19 @@ IPCREF__PRIVATE ssize_t ipcref__chan_ring_read(ipcref_peer *p) {
   return k == 0 ? 0 : k > 0 ? k : got;
 }
 
-/* The receiver says it sleeps (1) or is awake (0). Seq-cst, paired with
- * ipcref__chan_knock: after arming, the caller looks at the ring once
- * more, and either sees a record or the sender sees `asleep`. Waking, it
- * reads what the doorbell holds, so the fd sleeps again. */
-IPCREF__PRIVATE void ipcref__chan_arm(ipcref_peer *p, int on) {
+/* The receiver says how it sleeps (`how`: IPCREF__ASLEEP_BELL or _FUTEX)
+ * or that it is awake (0). Seq-cst, paired with ipcref__chan_knock: after
+ * arming, the caller looks at the ring once more, and either sees a
+ * record or the sender sees `asleep`. Leaving the doorbell, it reads what
+ * the doorbell holds, so the fd sleeps again. */
+IPCREF__PRIVATE void ipcref__chan_arm(ipcref_peer *p, int how) {
   struct ipcref__chan_rx *x = p->rx;
-  if (x->armed == on) return;
-  x->armed = on;
-  __atomic_store_n(&x->ctl->asleep, (uint32_t)on, __ATOMIC_SEQ_CST);
+  int was = x->armed;
+  if (was == how) return;
+  x->armed = how;
+  __atomic_store_n(&x->ctl->asleep, (uint32_t)how, __ATOMIC_SEQ_CST);
   __atomic_thread_fence(__ATOMIC_SEQ_CST);
-  if (!on) (void)ipcref__chan_ring_read(p);
+  if (was == (int)IPCREF__ASLEEP_BELL) (void)ipcref__chan_ring_read(p);
 }
 
 /* With a poll fd, the receiver sleeps whenever it leaves a receive with
@@ -9501,7 +9532,7 @@ IPCREF__PRIVATE void ipcref__chan_poll(ipcref_peer *p) {
     /* Records only: a socket message due wakes the fd by the socket. */
     p->ring_left = ipcref__chan_records(x);
     if (!p->ring_left) {
-      ipcref__chan_arm(p, 1);
+      ipcref__chan_arm(p, (int)IPCREF__ASLEEP_BELL);
       p->ring_left = ipcref__chan_records(x);
       if (p->ring_left) ipcref__chan_arm(p, 0);
     }
@@ -9614,15 +9645,46 @@ IPCREF__PRIVATE ipcref_result ipcref__chan_sleep(ipcref_peer *p, int ms) {
   return IPCREF_OK;
 }
 
+/* Dozes on the futex for up to ms (-1: as long as it takes), at most
+ * what is left of this idle stretch's IPCREF__DOZE_MS (see share_channel):
+ * OK, look again (woken, or the doze is over); ETIMEDOUT, ms passed. A
+ * system without the futex call never dozes again. */
+IPCREF__PRIVATE ipcref_result ipcref__chan_doze(ipcref_peer *p, int ms) {
+  struct ipcref__chan_rx *x = p->rx;
+  int64_t left = (int64_t)IPCREF__DOZE_MS * 1000000 - x->dozed_ns, spent;
+  struct timespec t0, t1, tmo;
+  int e = 0, by_ms = ms >= 0 && (int64_t)ms * 1000000 <= left;
+  if (by_ms) left = (int64_t)ms * 1000000;
+  ipcref__chan_arm(p, (int)IPCREF__ASLEEP_FUTEX);
+  if (ipcref__chan_ready(x)) return IPCREF_OK;
+  tmo.tv_sec = (time_t)(left / 1000000000);
+  tmo.tv_nsec = (long)(left % 1000000000);
+  clock_gettime(CLOCK_MONOTONIC, &t0);
+  if (syscall(SYS_futex, &x->ctl->asleep, FUTEX_WAIT, IPCREF__ASLEEP_FUTEX,
+              &tmo, NULL, 0) != 0)
+    e = errno;
+  clock_gettime(CLOCK_MONOTONIC, &t1);
+  spent =
+      (int64_t)(t1.tv_sec - t0.tv_sec) * 1000000000 + (t1.tv_nsec - t0.tv_nsec);
+  x->dozed_ns += spent > 0 ? spent : 1;
+  ipcref__chan_arm(p, 0); /* the sender may have set 0: say it again */
+  if (e == ENOSYS || e == EPERM || e == EFAULT || e == EINVAL)
+    x->dozed_ns = (int64_t)IPCREF__DOZE_MS * 1000000; /* no futex here */
+  return e == ETIMEDOUT && by_ms ? IPCREF_ETIMEDOUT : IPCREF_OK;
+}
+
 /* Waits up to ms (-1: as long as it takes; 0: not at all) for the ring to
  * have something, or for the sender to hang up (then the socket is read
- * to its end): spinning first (not for 0), then asleep. OK: look again;
- * ETIMEDOUT. The receiver stays armed when this says ETIMEDOUT, so that
- * its poll fd wakes. */
+ * to its end): spinning first (not for 0), then dozing on the futex for
+ * the first IPCREF__DOZE_MS of an idle stretch, then asleep on the
+ * doorbell. OK: look again; ETIMEDOUT. The receiver stays armed when this
+ * says ETIMEDOUT after the doorbell, so that its poll fd wakes. */
 IPCREF__PRIVATE ipcref_result ipcref__chan_wait(ipcref_peer *p, int ms) {
   struct ipcref__chan_rx *x = p->rx;
   if (ms != 0 && ipcref__chan_spin(p)) return IPCREF_OK;
-  ipcref__chan_arm(p, 1);
+  if (ms != 0 && x->dozed_ns < (int64_t)IPCREF__DOZE_MS * 1000000)
+    return ipcref__chan_doze(p, ms);
+  ipcref__chan_arm(p, (int)IPCREF__ASLEEP_BELL);
   if (ipcref__chan_ready(x)) return IPCREF_OK;
   if (ms == 0) /* a rung doorbell: look again; its end: hung */
     return ipcref__chan_ring_read(p) >= 0 ? IPCREF_OK : IPCREF_ETIMEDOUT;
@@ -10176,7 +10238,10 @@ IPCREF__PRIVATE ipcref_result ipcref__recv_chan(ipcref_peer *p, int timeout_ms,
   for (;;) {
     int k = ipcref__chan_next(p), took, counted = x->counted;
     ipcref_result r;
-    if (k != IPCREF__CHAN_EMPTY && x->armed) ipcref__chan_arm(p, 0);
+    if (k != IPCREF__CHAN_EMPTY) {
+      x->dozed_ns = 0; /* the idle stretch is over */
+      if (x->armed) ipcref__chan_arm(p, 0);
+    }
     if (k == IPCREF__CHAN_BAD) return IPCREF_EPROTO;
     if (k == IPCREF__CHAN_GOT) {
       r = ipcref__import_bytes(p, x->rec, x->rec_len, NULL, 0, stream,

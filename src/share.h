@@ -521,6 +521,7 @@ IPCREF_API void ipcref_test_set_step_hook(void (*fn)(const char *step));
 #include <errno.h>
 #include <fcntl.h>
 #include <limits.h>
+#include <linux/futex.h>
 #include <poll.h>
 #include <stddef.h>
 #include <pthread.h>

@@ -106,17 +106,19 @@ IPCREF__PRIVATE ssize_t ipcref__chan_ring_read(ipcref_peer *p) {
   return k == 0 ? 0 : k > 0 ? k : got;
 }
 
-/* The receiver says it sleeps (1) or is awake (0). Seq-cst, paired with
- * ipcref__chan_knock: after arming, the caller looks at the ring once
- * more, and either sees a record or the sender sees `asleep`. Waking, it
- * reads what the doorbell holds, so the fd sleeps again. */
-IPCREF__PRIVATE void ipcref__chan_arm(ipcref_peer *p, int on) {
+/* The receiver says how it sleeps (`how`: IPCREF__ASLEEP_BELL or _FUTEX)
+ * or that it is awake (0). Seq-cst, paired with ipcref__chan_knock: after
+ * arming, the caller looks at the ring once more, and either sees a
+ * record or the sender sees `asleep`. Leaving the doorbell, it reads what
+ * the doorbell holds, so the fd sleeps again. */
+IPCREF__PRIVATE void ipcref__chan_arm(ipcref_peer *p, int how) {
   struct ipcref__chan_rx *x = p->rx;
-  if (x->armed == on) return;
-  x->armed = on;
-  __atomic_store_n(&x->ctl->asleep, (uint32_t)on, __ATOMIC_SEQ_CST);
+  int was = x->armed;
+  if (was == how) return;
+  x->armed = how;
+  __atomic_store_n(&x->ctl->asleep, (uint32_t)how, __ATOMIC_SEQ_CST);
   __atomic_thread_fence(__ATOMIC_SEQ_CST);
-  if (!on) (void)ipcref__chan_ring_read(p);
+  if (was == (int)IPCREF__ASLEEP_BELL) (void)ipcref__chan_ring_read(p);
 }
 
 /* With a poll fd, the receiver sleeps whenever it leaves a receive with
@@ -130,7 +132,7 @@ IPCREF__PRIVATE void ipcref__chan_poll(ipcref_peer *p) {
     /* Records only: a socket message due wakes the fd by the socket. */
     p->ring_left = ipcref__chan_records(x);
     if (!p->ring_left) {
-      ipcref__chan_arm(p, 1);
+      ipcref__chan_arm(p, (int)IPCREF__ASLEEP_BELL);
       p->ring_left = ipcref__chan_records(x);
       if (p->ring_left) ipcref__chan_arm(p, 0);
     }
@@ -243,15 +245,46 @@ IPCREF__PRIVATE ipcref_result ipcref__chan_sleep(ipcref_peer *p, int ms) {
   return IPCREF_OK;
 }
 
+/* Dozes on the futex for up to ms (-1: as long as it takes), at most
+ * what is left of this idle stretch's IPCREF__DOZE_MS (see share_channel):
+ * OK, look again (woken, or the doze is over); ETIMEDOUT, ms passed. A
+ * system without the futex call never dozes again. */
+IPCREF__PRIVATE ipcref_result ipcref__chan_doze(ipcref_peer *p, int ms) {
+  struct ipcref__chan_rx *x = p->rx;
+  int64_t left = (int64_t)IPCREF__DOZE_MS * 1000000 - x->dozed_ns, spent;
+  struct timespec t0, t1, tmo;
+  int e = 0, by_ms = ms >= 0 && (int64_t)ms * 1000000 <= left;
+  if (by_ms) left = (int64_t)ms * 1000000;
+  ipcref__chan_arm(p, (int)IPCREF__ASLEEP_FUTEX);
+  if (ipcref__chan_ready(x)) return IPCREF_OK;
+  tmo.tv_sec = (time_t)(left / 1000000000);
+  tmo.tv_nsec = (long)(left % 1000000000);
+  clock_gettime(CLOCK_MONOTONIC, &t0);
+  if (syscall(SYS_futex, &x->ctl->asleep, FUTEX_WAIT, IPCREF__ASLEEP_FUTEX,
+              &tmo, NULL, 0) != 0)
+    e = errno;
+  clock_gettime(CLOCK_MONOTONIC, &t1);
+  spent =
+      (int64_t)(t1.tv_sec - t0.tv_sec) * 1000000000 + (t1.tv_nsec - t0.tv_nsec);
+  x->dozed_ns += spent > 0 ? spent : 1;
+  ipcref__chan_arm(p, 0); /* the sender may have set 0: say it again */
+  if (e == ENOSYS || e == EPERM || e == EFAULT || e == EINVAL)
+    x->dozed_ns = (int64_t)IPCREF__DOZE_MS * 1000000; /* no futex here */
+  return e == ETIMEDOUT && by_ms ? IPCREF_ETIMEDOUT : IPCREF_OK;
+}
+
 /* Waits up to ms (-1: as long as it takes; 0: not at all) for the ring to
  * have something, or for the sender to hang up (then the socket is read
- * to its end): spinning first (not for 0), then asleep. OK: look again;
- * ETIMEDOUT. The receiver stays armed when this says ETIMEDOUT, so that
- * its poll fd wakes. */
+ * to its end): spinning first (not for 0), then dozing on the futex for
+ * the first IPCREF__DOZE_MS of an idle stretch, then asleep on the
+ * doorbell. OK: look again; ETIMEDOUT. The receiver stays armed when this
+ * says ETIMEDOUT after the doorbell, so that its poll fd wakes. */
 IPCREF__PRIVATE ipcref_result ipcref__chan_wait(ipcref_peer *p, int ms) {
   struct ipcref__chan_rx *x = p->rx;
   if (ms != 0 && ipcref__chan_spin(p)) return IPCREF_OK;
-  ipcref__chan_arm(p, 1);
+  if (ms != 0 && x->dozed_ns < (int64_t)IPCREF__DOZE_MS * 1000000)
+    return ipcref__chan_doze(p, ms);
+  ipcref__chan_arm(p, (int)IPCREF__ASLEEP_BELL);
   if (ipcref__chan_ready(x)) return IPCREF_OK;
   if (ms == 0) /* a rung doorbell: look again; its end: hung */
     return ipcref__chan_ring_read(p) >= 0 ? IPCREF_OK : IPCREF_ETIMEDOUT;

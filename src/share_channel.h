@@ -21,18 +21,29 @@
  *             it read only.
  *   control   the receiver's words: `head`, the bytes it consumed (its
  *             own cache line: it moves with every record), then `asleep`,
- *             set while it sleeps, and `closed`, set when it frees its
- *             peer (read by the sender on every record: a line that
- *             rarely changes). The sender only reads them, and trusts
- *             nothing it reads there.
+ *             set while it sleeps (how: 1 on the doorbell, 2 on the
+ *             futex), and `closed`, set when it frees its peer (read by
+ *             the sender on every record: a line that rarely changes).
+ *             The sender trusts nothing it reads there, and writes only
+ *             `asleep`, from 2 to 0, to wake a dozing receiver.
  *   doorbell  a stream socket: the sender sends one byte on it after a
- *             record only while `asleep` is set. MSG_DONTWAIT is the
- *             call's own, so the receiver cannot make it block (an
- *             eventfd's O_NONBLOCK is the shared file's, which the
- *             receiver could clear, and its counter it could fill); it is
- *             an fd, so the peer's poll fd can wait on it (a futex could
- *             not be); and a sleeper waits and drains it in one recv,
- *             which ends too when the sender is gone (end of file).
+ *             record while `asleep` is 1 (or anything but 0 and 2).
+ *             MSG_DONTWAIT is the call's own, so the receiver cannot make
+ *             it block (an eventfd's O_NONBLOCK is the shared file's,
+ *             which the receiver could clear, and its counter it could
+ *             fill); it is an fd, so the peer's poll fd can wait on it;
+ *             and a sleeper waits and drains it in one recv, which ends
+ *             too when the sender is gone (end of file).
+ *
+ * Two ways to sleep, then. A receive that finds the ring empty, once it
+ * has spun, first dozes: `asleep` 2 and a FUTEX_WAIT on that word, which
+ * the sender ends by a compare-and-swap of it to 0 (a receiver that
+ * changed it meanwhile gets the doorbell instead) and a FUTEX_WAKE:
+ * nothing to allocate, queue and drain, a tenth off a sleeping hand-off
+ * (bench/, chan_nospin). But a futex is no fd and does not end when its
+ * sender dies: a receiver dozes the first IPCREF__DOZE_MS of an idle
+ * stretch only, then sleeps on the doorbell, as the poll fd always does;
+ * a sender's death is seen within that much.
  *
  * A record is 16 bytes (u32 length, u32 0, u64 the socket messages sent
  * before it) and a message in the wire format, padded to 8 bytes; it may
@@ -56,6 +67,9 @@
 #define IPCREF__CHAN_MAX         ((size_t)16 << 20)
 #define IPCREF__SPIN_MAX_NS      50000L /* the adaptive spin's longest */
 #define IPCREF__SPIN_CAP_US      10000  /* the longest spin an option asks */
+#define IPCREF__DOZE_MS          50     /* an idle stretch's futex doze */
+#define IPCREF__ASLEEP_BELL      1u     /* `asleep`: ring the doorbell */
+#define IPCREF__ASLEEP_FUTEX     2u     /* `asleep`: wake the futex */
 
 typedef struct ipcref__chan_hdr {
   uint32_t magic, version, bytes, zero;
@@ -68,7 +82,7 @@ typedef struct ipcref__chan_hdr {
 typedef struct ipcref__chan_ctl {
   uint64_t head; /* atomic: bytes the receiver consumed */
   uint64_t pad[7];
-  uint32_t asleep; /* atomic: nonzero while the receiver sleeps */
+  uint32_t asleep; /* atomic: nonzero while the receiver sleeps (how) */
   uint32_t closed; /* atomic: nonzero once the receiver freed its peer */
 } ipcref__chan_ctl;
 
@@ -89,14 +103,15 @@ struct ipcref__chan_rx {
   ipcref__chan_ctl *ctl;
   size_t bytes;
   uint64_t head, sockets; /* consumed; socket messages read since setup */
-  int armed;              /* `asleep` is set */
-  int hung;      /* the sender hung up: the socket is read to its end */
-  int counted;   /* the socket message due next was counted by the sender */
-  long spin;     /* ns the next wait spins first */
-  int spin_opt;  /* the peer's spin_us it was set from */
-  int wait_ms;   /* the doorbell's SO_RCVTIMEO now (-2: none set yet) */
-  int bell_poll; /* the doorbell does not block: sleep in poll() */
-  int sleeps;    /* waits that slept since the spin was cut to 0 */
+  int armed;              /* what `asleep` was set to (0: awake) */
+  int hung;         /* the sender hung up: the socket is read to its end */
+  int counted;      /* the socket message due next was counted by the sender */
+  long spin;        /* ns the next wait spins first */
+  int spin_opt;     /* the peer's spin_us it was set from */
+  int wait_ms;      /* the doorbell's SO_RCVTIMEO now (-2: none set yet) */
+  int bell_poll;    /* the doorbell does not block: sleep in poll() */
+  int sleeps;       /* waits that slept since the spin was cut to 0 */
+  int64_t dozed_ns; /* this idle stretch's futex doze so far */
   unsigned char *rec; /* the record being imported (a private copy) */
   size_t rec_len;
   uintptr_t lease_at; /* the ledger word of the last lease imported (a
@@ -215,13 +230,26 @@ fail:
   return IPCREF_ESYS;
 }
 
-/* After a record or a socket message: the doorbell, if the receiver
- * sleeps. Seq-cst, paired with the receiver's in ipcref__chan_arm: either
- * this load sees `asleep`, or its look after setting it sees the record. */
+/* After a record or a socket message: a dozing receiver's futex woken,
+ * or a sleeping one's doorbell rung. Seq-cst, paired with the receiver's
+ * in ipcref__chan_arm: either this load sees `asleep`, or its look after
+ * setting it sees the record. A dozer's word goes to 0 before the wake,
+ * so that a FUTEX_WAIT not yet begun returns at once. Neither call can
+ * block, whatever the receiver wrote. */
 IPCREF__PRIVATE void ipcref__chan_knock(struct ipcref__chan_tx *t) {
+  uint32_t a;
   __atomic_thread_fence(__ATOMIC_SEQ_CST);
-  if (__atomic_load_n(&t->ctl->asleep, __ATOMIC_RELAXED))
-    (void)send(t->doorbell, "", 1, MSG_DONTWAIT | MSG_NOSIGNAL);
+  a = __atomic_load_n(&t->ctl->asleep, __ATOMIC_RELAXED);
+  if (a == 0) return;
+  if (a == IPCREF__ASLEEP_FUTEX) {
+    if (__atomic_compare_exchange_n(&t->ctl->asleep, &a, 0u, 0,
+                                    __ATOMIC_SEQ_CST, __ATOMIC_RELAXED)) {
+      (void)syscall(SYS_futex, &t->ctl->asleep, FUTEX_WAKE, 1, NULL, NULL, 0);
+      return;
+    }
+    if (a == 0) return; /* it woke meanwhile */
+  }
+  (void)send(t->doorbell, "", 1, MSG_DONTWAIT | MSG_NOSIGNAL);
 }
 
 /* Pushes a message of `len` bytes: 1 when it is in the ring, 0 when it

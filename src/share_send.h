@@ -541,7 +541,10 @@ IPCREF__PRIVATE ipcref_result ipcref__recv_chan(ipcref_peer *p, int timeout_ms,
   for (;;) {
     int k = ipcref__chan_next(p), took, counted = x->counted;
     ipcref_result r;
-    if (k != IPCREF__CHAN_EMPTY && x->armed) ipcref__chan_arm(p, 0);
+    if (k != IPCREF__CHAN_EMPTY) {
+      x->dozed_ns = 0; /* the idle stretch is over */
+      if (x->armed) ipcref__chan_arm(p, 0);
+    }
     if (k == IPCREF__CHAN_BAD) return IPCREF_EPROTO;
     if (k == IPCREF__CHAN_GOT) {
       r = ipcref__import_bytes(p, x->rec, x->rec_len, NULL, 0, stream,

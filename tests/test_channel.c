@@ -12,14 +12,19 @@
  *   - a hostile receiver: its read index and sleep flag corrupted: the
  *     sender never blocks, never overwrites what is unread, and goes on
  *     over the socket;
- *   - waiting: the poll fd wakes for ring records; every spin option ends
- *     its waits on time; options out of range are refused;
+ *   - waiting: a receiver dozes on the futex, then sleeps on the doorbell,
+ *     and a record wakes it either way; a sender dying during the doze
+ *     ends the receive; the poll fd wakes for ring records; every spin
+ *     option ends its waits on time; options out of range are refused;
  *   - processes: 8 consumers of one producer each get theirs; a consumer
  *     killed with records unread pins nothing; a consumer under seccomp
  *     strict mode receives from the ring (no system call while records
  *     are there). */
 #define _GNU_SOURCE
+#include <errno.h>
+#include <linux/futex.h>
 #include <linux/seccomp.h>
+#include <pthread.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <string.h>
@@ -607,7 +612,159 @@ static void test_hostile_receiver_back_and_asleep(void) {
   local_pair_close(&l);
 }
 
+/* A receiver that says it dozes (`asleep` 2) and never does: every send
+ * takes the word back to 0 and wakes nobody, never blocks, and each
+ * record is there to be read, in order. */
+static void test_hostile_receiver_dozes(void) {
+  local_pair l;
+  ipcref_view v, got;
+  uint32_t seq;
+  uint64_t sock0;
+  int i, bad = 0;
+  hostile_pair(&l, &v);
+  if (!l.cp || !l.cp->rx) return;
+  sock0 = info_of(l.pp).sent_socket;
+  for (i = 0; i < 200; i++) {
+    __atomic_store_n(&l.cp->rx->ctl->asleep, 2u, __ATOMIC_RELEASE);
+    CHECK_EQ(send_seq(l.pp, &v, (uint32_t)i), IPCREF_OK);
+    bad += __atomic_load_n(&l.cp->rx->ctl->asleep, __ATOMIC_ACQUIRE) != 0;
+    if (recv_seq(l.cp, &got, 5000, &seq) != IPCREF_OK || seq != (uint32_t)i)
+      bad++;
+    ipcref_view_release(&got);
+  }
+  CHECK_EQ(bad, 0);
+  CHECK_EQ(info_of(l.pp).sent_socket, sock0); /* all through the ring */
+  ipcref_view_release(&v);
+  local_pair_close(&l);
+}
+
 /* ------------------------------------------------------------ waiting */
+
+/* A thread standing in for a dozing receiver: its FUTEX_WAIT on the sleep
+ * word, for up to 10 s; 0 when woken (or the word changed before). */
+static void *futex_waiter(void *arg) {
+  uint32_t *word = (uint32_t *)arg;
+  struct timespec t = {10, 0};
+  long r =
+      syscall(SYS_futex, word, FUTEX_WAIT, IPCREF__ASLEEP_FUTEX, &t, NULL, 0);
+  return (void *)(intptr_t)(r == 0 || errno == EAGAIN ? 0 : errno);
+}
+
+/* A record sent while the receiver dozes takes its word to 0 and wakes
+ * its futex: the wait ends at once, not at its timeout. */
+static void test_sender_wakes_a_dozer(void) {
+  local_pair l;
+  ipcref_view v, got;
+  pthread_t t;
+  void *res = (void *)1;
+  uint32_t seq;
+  hostile_pair(&l, &v);
+  if (!l.cp || !l.cp->rx) return;
+  __atomic_store_n(&l.cp->rx->ctl->asleep, IPCREF__ASLEEP_FUTEX,
+                   __ATOMIC_SEQ_CST);
+  CHECK_EQ(pthread_create(&t, NULL, futex_waiter, &l.cp->rx->ctl->asleep), 0);
+  sleep_us(20000); /* most likely waiting by now; if not, it sees the 0 */
+  CHECK_EQ(send_seq(l.pp, &v, 7), IPCREF_OK);
+  CHECK_EQ(pthread_join(t, &res), 0);
+  CHECK(res == NULL); /* woken, not timed out */
+  CHECK_EQ(__atomic_load_n(&l.cp->rx->ctl->asleep, __ATOMIC_ACQUIRE), 0);
+  CHECK_EQ(recv_seq(l.cp, &got, 5000, &seq), IPCREF_OK);
+  CHECK_EQ(seq, 7);
+  ipcref_view_release(&got);
+  ipcref_view_release(&v);
+  local_pair_close(&l);
+}
+
+/* Waits (up to 10 s) until the receiver's sleep word reads `how`. */
+static int asleep_reads(ipcref_peer *sender, uint32_t how) {
+  long end = now_ms() + 10000 * slow;
+  while (__atomic_load_n(&sender->tx->ctl->asleep, __ATOMIC_ACQUIRE) != how)
+    if (now_ms() > end)
+      return 0;
+    else
+      sleep_us(200);
+  return 1;
+}
+
+static int dozing_consumer(void *arg) {
+  kid *k = (kid *)arg;
+  ipcref_ctx *ctx = make_ctx(NULL);
+  ipcref_peer *p = chan_peer(ctx, k->their_sock[0], 0, 0); /* no spin */
+  ipcref_view v;
+  uint32_t seq;
+  int i;
+  for (i = 0; i < 3; i++) {
+    int r = recv_seq(p, &v, -1, &seq);
+    ctl_put(k->their_ctl, r == IPCREF_OK ? (int)seq : -1);
+    ipcref_view_release(&v);
+  }
+  ipcref_peer_free(p);
+  ipcref_ctx_free(ctx);
+  return 0;
+}
+
+/* A receiver with nothing to read dozes on the futex (`asleep` 2), and a
+ * record wakes it; idle past IPCREF__DOZE_MS, it sleeps on the doorbell
+ * (`asleep` 1), and a record wakes it there too. */
+static void test_doze_then_doorbell(void) {
+  kid k;
+  ipcref_ctx *ctx;
+  ipcref_peer *p;
+  ipcref_view v;
+  kid_start(&k, 1, SOCK_SEQPACKET, dozing_consumer);
+  ctx = new_ctx(0, 0);
+  p = chan_peer(ctx, k.sock[0], 0, 0);
+  k.sock[0] = -1;
+  seeded_view(ctx, 70, &v);
+  CHECK_EQ(send_seq(p, &v, 0), IPCREF_OK); /* the socket: fds */
+  CHECK_EQ(ctl_get(k.ctl, CTL_MS), 0);
+  CHECK(asleep_reads(p, IPCREF__ASLEEP_FUTEX));
+  CHECK_EQ(send_seq(p, &v, 1), IPCREF_OK);
+  CHECK_EQ(ctl_get(k.ctl, CTL_MS), 1);
+  CHECK(asleep_reads(p, IPCREF__ASLEEP_BELL)); /* the doze is over */
+  CHECK_EQ(send_seq(p, &v, 2), IPCREF_OK);
+  CHECK_EQ(ctl_get(k.ctl, CTL_MS), 2);
+  CHECK_EQ(info_of(p).sent_channel, 2);
+  KID_END(&k, "consumer");
+  ipcref_view_release(&v);
+  ipcref_peer_free(p);
+  CHECK_EQ(wait_collected(ctx, 5000), 1);
+  ipcref_ctx_free(ctx);
+}
+
+static int dying_producer(void *arg) {
+  kid *k = (kid *)arg;
+  ipcref_ctx *ctx = make_ctx(NULL);
+  ipcref_peer *p = chan_peer(ctx, k->their_sock[0], 0, 0);
+  ipcref_view v;
+  seeded_view(ctx, 71, &v);
+  if (send_seq(p, &v, 0) != IPCREF_OK) return 2;
+  /* Dies while the receiver dozes: no goodbye, no doorbell. */
+  _exit(asleep_reads(p, IPCREF__ASLEEP_FUTEX) ? 0 : 3);
+}
+
+/* A sender that dies while its receiver dozes on the futex: the receive
+ * waiting for ever ends, EPEER (the doze ends, the doorbell's end of file
+ * says the sender is gone). */
+static void test_sender_dies_during_doze(void) {
+  kid k;
+  ipcref_ctx *ctx;
+  ipcref_peer *p;
+  ipcref_view got;
+  uint32_t seq;
+  kid_start(&k, 1, SOCK_SEQPACKET, dying_producer);
+  ctx = new_ctx(0, 0);
+  p = chan_peer(ctx, k.sock[0], 0, 0);
+  k.sock[0] = -1;
+  CHECK_EQ(recv_seq(p, &got, CTL_MS, &seq), IPCREF_OK);
+  CHECK_EQ(seq, 0);
+  ipcref_view_release(&got);
+  CHECK_EQ(ipcref_recv(p, &got, -1), IPCREF_EPEER);
+  KID_EXIT0(&k, "producer");
+  kid_close(&k);
+  ipcref_peer_free(p);
+  ipcref_ctx_free(ctx);
+}
 
 /* The receiver's poll fd wakes for a record in the ring (after a receive
  * said EAGAIN), and sleeps again once it is received; for every spin. */
@@ -895,6 +1052,10 @@ int main(void) {
   RUN(test_hostile_setups);
   RUN(test_hostile_receiver_head);
   RUN(test_hostile_receiver_back_and_asleep);
+  RUN(test_hostile_receiver_dozes);
+  RUN(test_sender_wakes_a_dozer);
+  RUN(test_doze_then_doorbell);
+  RUN(test_sender_dies_during_doze);
   RUN(test_poll_fd_wakes_for_records);
   RUN(test_options);
   RUN(test_fan_out);
