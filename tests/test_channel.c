@@ -740,7 +740,9 @@ static int dying_producer(void *arg) {
   seeded_view(ctx, 71, &v);
   if (send_seq(p, &v, 0) != IPCREF_OK) return 2;
   /* Dies while the receiver dozes: no goodbye, no doorbell. */
-  _exit(asleep_reads(p, IPCREF__ASLEEP_FUTEX) ? 0 : 3);
+  if (!asleep_reads(p, IPCREF__ASLEEP_FUTEX)) _exit(3);
+  raise(SIGKILL);
+  return 4;
 }
 
 /* A sender that dies while its receiver dozes on the futex: the receive
@@ -760,7 +762,9 @@ static void test_sender_dies_during_doze(void) {
   CHECK_EQ(seq, 0);
   ipcref_view_release(&got);
   CHECK_EQ(ipcref_recv(p, &got, -1), IPCREF_EPEER);
-  KID_EXIT0(&k, "producer");
+  sigkilled_at(wait_child(k.pid, REAP_MS), k.pid, "producer", __FILE__,
+               __LINE__);
+  k.pid = -1;
   kid_close(&k);
   ipcref_peer_free(p);
   ipcref_ctx_free(ctx);
