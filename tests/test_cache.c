@@ -540,6 +540,43 @@ static void test_consumer_frees_its_peer(void) {
 
 #define MANY 300 /* segments: two fds each across the pair, under 1024 */
 
+/* Hands views v[from], v[from + step], ... (below MANY) over the pair and
+ * checks each arrives with byte `at` holding what `want` says: 1 when
+ * all did. */
+static int hand_over(local_pair *l, const ipcref_view *v, int from, int step,
+                     size_t at, int (*want)(int)) {
+  int i;
+  for (i = from; i >= 0 && i < MANY; i += step) {
+    ipcref_view got;
+    int ok = ipcref_send(l->pp, &v[i]) == IPCREF_OK &&
+             ipcref_recv(l->cp, &got, 5000) == IPCREF_OK;
+    CHECK(ok);
+    if (!ok) return 0;
+    CHECK_EQ(((unsigned char *)ipcref_buf_data(got.buf))[at], want(i));
+    ipcref_view_release(&got);
+  }
+  return 1;
+}
+
+/* The byte each view of test_many_segments holds: its index's, then (for
+ * the even ones, made again) the next index's. */
+static int byte_first(int i) {
+  return i & 0xff;
+}
+static int byte_again(int i) {
+  return (i + (i % 2 == 0)) & 0xff;
+}
+
+static void new_views(ipcref_ctx *ctx, ipcref_view *v, int step,
+                      int (*byte)(int)) {
+  const int64_t n = 4096;
+  int i;
+  for (i = 0; i < MANY; i += step) {
+    CHECK_EQ(ipcref_view_new_shared(ctx, IPCREF_U8, 1, &n, &v[i]), IPCREF_OK);
+    memset(ipcref_buf_data(v[i].buf), byte(i), 4096);
+  }
+}
+
 /* What each side finds, with a segment per view: 300 segments cross once
  * and are found again without their fds; half of them destroyed are
  * unmapped by the consumer, the others still found, and new ones cross. */
@@ -547,70 +584,35 @@ static void test_many_segments(void) {
   static ipcref_view v[MANY];
   ipcref_ctx_options po;
   local_pair l;
-  ipcref_view got;
-  const int64_t n = 4096;
   uint64_t fds0;
-  int i, ok = 1;
+  int i;
   memset(&po, 0, sizeof po);
   po.segment_size = 4096;              /* a segment per 4 KiB view */
   po.segment_cache = IPCREF_KEEP_NONE; /* freed segments are destroyed */
   local_pair_open(&l, &po, NULL);
   if (!l.pp || !l.cp) return;
-  for (i = 0; i < MANY; i++) {
-    CHECK_EQ(ipcref_view_new_shared(l.prod, IPCREF_U8, 1, &n, &v[i]),
-             IPCREF_OK);
-    memset(ipcref_buf_data(v[i].buf), i & 0xff, 4096);
-  }
+  new_views(l.prod, v, 1, byte_first);
   CHECK_EQ(stats_of(l.prod).mapped_segments, MANY);
-  for (i = 0; i < MANY && ok; i++) { /* each segment's fd crosses once */
-    ok = ipcref_send(l.pp, &v[i]) == IPCREF_OK &&
-         ipcref_recv(l.cp, &got, 5000) == IPCREF_OK;
-    CHECK(ok);
-    if (!ok) break;
-    CHECK_EQ(((unsigned char *)ipcref_buf_data(got.buf))[4095], i & 0xff);
-    ipcref_view_release(&got);
-  }
+  /* Each segment's fd crosses once; found again, none crosses. */
+  if (!hand_over(&l, v, 0, 1, 4095, byte_first)) goto out;
   CHECK_EQ(stats_of(l.cons).mapped_segments, MANY);
   fds0 = stats_of(l.prod).fds_sent;
-  for (i = MANY - 1; i >= 0 && ok; i--) { /* found again: no fd crosses */
-    ok = ipcref_send(l.pp, &v[i]) == IPCREF_OK &&
-         ipcref_recv(l.cp, &got, 5000) == IPCREF_OK;
-    CHECK(ok);
-    if (!ok) break;
-    CHECK_EQ(((unsigned char *)ipcref_buf_data(got.buf))[0], i & 0xff);
-    ipcref_view_release(&got);
-  }
+  if (!hand_over(&l, v, MANY - 1, -1, 0, byte_first)) goto out;
   CHECK_EQ(stats_of(l.prod).fds_sent, fds0);
+  /* Every other segment destroyed; retired with the next messages. */
   for (i = 0; i < MANY; i += 2) ipcref_view_release(&v[i]);
-  ipcref_collect(l.prod); /* every other segment destroyed */
+  ipcref_collect(l.prod);
   CHECK_EQ(stats_of(l.prod).mapped_segments, MANY / 2);
-  for (i = 1; i < MANY && ok; i += 2) { /* the retired ones go with these */
-    ok = ipcref_send(l.pp, &v[i]) == IPCREF_OK &&
-         ipcref_recv(l.cp, &got, 5000) == IPCREF_OK;
-    CHECK(ok);
-    if (!ok) break;
-    CHECK_EQ(((unsigned char *)ipcref_buf_data(got.buf))[4095], i & 0xff);
-    ipcref_view_release(&got);
-  }
+  if (!hand_over(&l, v, 1, 2, 4095, byte_first)) goto out;
   CHECK_EQ(stats_of(l.prod).fds_sent, fds0);
   (void)ipcref_ctx_trim(l.cons, 0);
   CHECK_EQ(stats_of(l.cons).mapped_segments, MANY / 2);
-  for (i = 0; i < MANY; i += 2) { /* new segments, in the freed ids' place */
-    CHECK_EQ(ipcref_view_new_shared(l.prod, IPCREF_U8, 1, &n, &v[i]),
-             IPCREF_OK);
-    memset(ipcref_buf_data(v[i].buf), (i + 1) & 0xff, 4096);
-  }
-  for (i = 0; i < MANY && ok; i++) {
-    ok = ipcref_send(l.pp, &v[i]) == IPCREF_OK &&
-         ipcref_recv(l.cp, &got, 5000) == IPCREF_OK;
-    CHECK(ok);
-    if (!ok) break;
-    CHECK_EQ(((unsigned char *)ipcref_buf_data(got.buf))[7],
-             (i + (i % 2 == 0)) & 0xff);
-    ipcref_view_release(&got);
-  }
-  CHECK_EQ(stats_of(l.prod).fds_sent, fds0 + MANY / 2); /* the new ones */
+  /* New segments in the freed ones' place: only their fds cross. */
+  new_views(l.prod, v, 2, byte_again);
+  if (!hand_over(&l, v, 0, 1, 7, byte_again)) goto out;
+  CHECK_EQ(stats_of(l.prod).fds_sent, fds0 + MANY / 2);
   CHECK_EQ(stats_of(l.cons).mapped_segments, MANY);
+out:
   for (i = 0; i < MANY; i++) ipcref_view_release(&v[i]);
   local_pair_close(&l);
 }
