@@ -215,8 +215,10 @@ def test_dataloader_worker_killed_mid_epoch(installed):
                                      num_workers=2, timeout=WAIT)
     it = iter(dl)
     kept = [next(it) for _ in range(3)]
-    os.kill(it._workers[0].pid, signal.SIGKILL)
+    # torch's SIGCHLD handler may raise as soon as the worker is gone,
+    # before the next batch is asked for: both are torch saying so.
     with pytest.raises(RuntimeError):
+        os.kill(it._workers[0].pid, signal.SIGKILL)
         for b in it:
             kept.append(b)
     for b in kept:
