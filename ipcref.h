@@ -4031,6 +4031,9 @@ typedef struct ipcref__map {
 } ipcref__map;
 
 typedef struct ipcref__import {
+  ipcref_buf buf; /* host memory: the view's buffer, in the same allocation
+                     (freed with its header: see ipcref__import_view) */
+  int own_buf;    /* 1: `buf` is the view's (host); 0: a buffer of its own */
   ipcref_ctx *ctx;
   ipcref__map *seg, *ledger;
   uint32_t slot, gen;
@@ -4131,6 +4134,9 @@ struct ipcref_ctx {
   ipcref__map **map_index;          /* by (ledger?, nonce, id), chained */
   size_t map_buckets, nmaps_indexed;
   int map_index_off; /* out of memory once: lookups walk the lists */
+  struct ipcref__map *map_last[2]; /* the segment and the ledger found
+                                      last (a hand-off asks for the same
+                                      ones as the one before, mostly) */
   ipcref_peer *peers;
   ipcref__block *limbo;
   ipcref__segment *cache, *cache_oldest; /* empty segments kept, newest
@@ -4410,6 +4416,8 @@ IPCREF__PRIVATE void ipcref__map_index_add(ipcref_ctx *ctx, ipcref__map *m) {
 /* A mapping leaves the cache: its list, and the table. */
 IPCREF__PRIVATE void ipcref__map_index_del(ipcref_ctx *ctx, ipcref__map *m) {
   ipcref__map **pp;
+  if (ctx->map_last[0] == m) ctx->map_last[0] = NULL;
+  if (ctx->map_last[1] == m) ctx->map_last[1] = NULL;
   if (m->retired)
     IPCREF__LIST_REMOVE(ctx->maps_retired, m, next, prev);
   else
@@ -4446,18 +4454,19 @@ IPCREF__PRIVATE int ipcref__map_is(const ipcref__map *m, int kind,
  * segment is found whether it is host or device memory. */
 IPCREF__PRIVATE ipcref__map *ipcref__map_find(ipcref_ctx *ctx, int kind,
                                               uint64_t nonce, uint64_t id) {
-  ipcref__map *m;
+  int led = kind == IPCREF__KIND_LEDGER;
+  ipcref__map *m = ctx->map_last[led];
+  if (m && ipcref__map_is(m, kind, nonce, id)) return m;
   if (ctx->map_index_off) {
-    for (m = ctx->maps; m; m = m->next)
-      if (ipcref__map_is(m, kind, nonce, id)) return m;
-    for (m = ctx->maps_retired; m; m = m->next)
-      if (ipcref__map_is(m, kind, nonce, id)) return m;
-    return NULL;
+    m = ctx->maps;
+    while (m && !ipcref__map_is(m, kind, nonce, id)) m = m->next;
+    if (!m) m = ctx->maps_retired;
+    while (m && !ipcref__map_is(m, kind, nonce, id)) m = m->next;
+  } else if (ctx->map_buckets) {
+    m = ctx->map_index[ipcref__map_bucket(ctx, led, nonce, id)];
+    while (m && !ipcref__map_is(m, kind, nonce, id)) m = m->hnext;
   }
-  if (!ctx->map_buckets) return NULL;
-  m = ctx->map_index[ipcref__map_bucket(ctx, kind == IPCREF__KIND_LEDGER, nonce,
-                                        id)];
-  while (m && !ipcref__map_is(m, kind, nonce, id)) m = m->hnext;
+  if (m) ctx->map_last[led] = m;
   return m;
 }
 
@@ -7757,12 +7766,14 @@ IPCREF__PRIVATE ipcref_result ipcref__events_record(const ipcref_view *views,
                                                     int n, void *stream,
                                                     ipcref__view_event *ev) {
   int i;
-  memset(ev, 0, (size_t)n * sizeof *ev);
   for (i = 0; i < n; i++) {
     ipcref__block *b;
     ipcref_result r;
+    ev[i].be = NULL;
+    ev[i].event = NULL;
     b = ipcref__local_block(views[i].buf);
     if (!b || !b->seg->pool->be) continue;
+    memset(ev[i].handle, 0, sizeof ev[i].handle); /* what goes on the wire */
     ev[i].be = b->seg->pool->be;
     r = ev[i].be->event_record(ev[i].be, b->seg->pool->dev, stream,
                                ev[i].handle, &ev[i].event);
@@ -8392,8 +8403,29 @@ IPCREF__PRIVATE void ipcref__import_end(ipcref__import *imp) {
   if (!pooled) __atomic_fetch_sub(&imp->seg->refs, 1, __ATOMIC_RELEASE);
   __atomic_fetch_sub(&imp->ledger->refs, 1, __ATOMIC_RELEASE);
   ctx = imp->ctx;
-  IPCREF_FREE(imp);
+  if (!imp->own_buf) IPCREF_FREE(imp); /* else its buffer's header frees it */
   ipcref__ctx_unref(ctx); /* only the last one after ctx_free tears down */
+}
+
+IPCREF__PRIVATE void ipcref__import_free_now(void *user, void *ptr,
+                                             size_t size) {
+  (void)user;
+  (void)size;
+  IPCREF_FREE(ptr);
+}
+
+/* The allocator of a host import's buffer header, which is the import's
+ * first member: its last (weak) reference frees the import. Checked, it
+ * waits in the quarantine as a default header does (a release after the
+ * last is heard), the import behind it poisoned. */
+IPCREF__PRIVATE void ipcref__import_free(void *user, void *ptr, size_t size) {
+#ifdef IPCREF_CHECKED
+  (void)size;
+  ipcref__bury(ptr, sizeof(ipcref__import), sizeof(ipcref_buf),
+               ipcref__import_free_now, user);
+#else
+  ipcref__import_free_now(user, ptr, size);
+#endif
 }
 
 /* Device memory is returned only once the work queued on its stream has
@@ -8729,12 +8761,27 @@ IPCREF__PRIVATE int ipcref__import_view(ipcref_ctx *ctx,
   ipcref__import *imp = (ipcref__import *)IPCREF_MALLOC(sizeof *imp);
   ipcref_buf *b = NULL;
   ipcref_device dev;
+  void *addr = ipcref__map_addr(seg, v->block_offset);
   int device = seg->kind == IPCREF__KIND_DEVICE;
   dev.type = device ? seg->dev_type : IPCREF_DEVICE_CPU;
   dev.id = device ? seg->dev_id : 0;
-  if (!imp || ipcref_buf_wrap_device(
-                  ipcref__map_addr(seg, v->block_offset), (size_t)v->block_size,
-                  dev, ipcref__import_release, imp, &b) != IPCREF_OK) {
+  if (!imp) return 0;
+  /* Host memory: one allocation for the import and its buffer, whose
+   * header may outlive the lease (weak references): the header's free
+   * frees both. A device import's release may park it (ipcref__
+   * import_release), past its header: a buffer of its own. */
+  imp->own_buf = !device;
+  if (imp->own_buf) {
+    ipcref_allocator a;
+    a.alloc = ipcref__default_alloc; /* unused: the header is never resized */
+    a.free = ipcref__import_free;
+    a.user = NULL;
+    ipcref__buf_adopt(&imp->buf, addr, (size_t)v->block_size, dev,
+                      ipcref__import_release, imp, &a);
+    b = &imp->buf;
+  } else if (ipcref_buf_wrap_device(addr, (size_t)v->block_size, dev,
+                                    ipcref__import_release, imp,
+                                    &b) != IPCREF_OK) {
     IPCREF_FREE(imp);
     return 0;
   }

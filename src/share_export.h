@@ -54,12 +54,14 @@ IPCREF__PRIVATE ipcref_result ipcref__events_record(const ipcref_view *views,
                                                     int n, void *stream,
                                                     ipcref__view_event *ev) {
   int i;
-  memset(ev, 0, (size_t)n * sizeof *ev);
   for (i = 0; i < n; i++) {
     ipcref__block *b;
     ipcref_result r;
+    ev[i].be = NULL;
+    ev[i].event = NULL;
     b = ipcref__local_block(views[i].buf);
     if (!b || !b->seg->pool->be) continue;
+    memset(ev[i].handle, 0, sizeof ev[i].handle); /* what goes on the wire */
     ev[i].be = b->seg->pool->be;
     r = ev[i].be->event_record(ev[i].be, b->seg->pool->dev, stream,
                                ev[i].handle, &ev[i].event);

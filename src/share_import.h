@@ -32,8 +32,29 @@ IPCREF__PRIVATE void ipcref__import_end(ipcref__import *imp) {
   if (!pooled) __atomic_fetch_sub(&imp->seg->refs, 1, __ATOMIC_RELEASE);
   __atomic_fetch_sub(&imp->ledger->refs, 1, __ATOMIC_RELEASE);
   ctx = imp->ctx;
-  IPCREF_FREE(imp);
+  if (!imp->own_buf) IPCREF_FREE(imp); /* else its buffer's header frees it */
   ipcref__ctx_unref(ctx); /* only the last one after ctx_free tears down */
+}
+
+IPCREF__PRIVATE void ipcref__import_free_now(void *user, void *ptr,
+                                             size_t size) {
+  (void)user;
+  (void)size;
+  IPCREF_FREE(ptr);
+}
+
+/* The allocator of a host import's buffer header, which is the import's
+ * first member: its last (weak) reference frees the import. Checked, it
+ * waits in the quarantine as a default header does (a release after the
+ * last is heard), the import behind it poisoned. */
+IPCREF__PRIVATE void ipcref__import_free(void *user, void *ptr, size_t size) {
+#ifdef IPCREF_CHECKED
+  (void)size;
+  ipcref__bury(ptr, sizeof(ipcref__import), sizeof(ipcref_buf),
+               ipcref__import_free_now, user);
+#else
+  ipcref__import_free_now(user, ptr, size);
+#endif
 }
 
 /* Device memory is returned only once the work queued on its stream has
@@ -369,12 +390,27 @@ IPCREF__PRIVATE int ipcref__import_view(ipcref_ctx *ctx,
   ipcref__import *imp = (ipcref__import *)IPCREF_MALLOC(sizeof *imp);
   ipcref_buf *b = NULL;
   ipcref_device dev;
+  void *addr = ipcref__map_addr(seg, v->block_offset);
   int device = seg->kind == IPCREF__KIND_DEVICE;
   dev.type = device ? seg->dev_type : IPCREF_DEVICE_CPU;
   dev.id = device ? seg->dev_id : 0;
-  if (!imp || ipcref_buf_wrap_device(
-                  ipcref__map_addr(seg, v->block_offset), (size_t)v->block_size,
-                  dev, ipcref__import_release, imp, &b) != IPCREF_OK) {
+  if (!imp) return 0;
+  /* Host memory: one allocation for the import and its buffer, whose
+   * header may outlive the lease (weak references): the header's free
+   * frees both. A device import's release may park it (ipcref__
+   * import_release), past its header: a buffer of its own. */
+  imp->own_buf = !device;
+  if (imp->own_buf) {
+    ipcref_allocator a;
+    a.alloc = ipcref__default_alloc; /* unused: the header is never resized */
+    a.free = ipcref__import_free;
+    a.user = NULL;
+    ipcref__buf_adopt(&imp->buf, addr, (size_t)v->block_size, dev,
+                      ipcref__import_release, imp, &a);
+    b = &imp->buf;
+  } else if (ipcref_buf_wrap_device(addr, (size_t)v->block_size, dev,
+                                    ipcref__import_release, imp,
+                                    &b) != IPCREF_OK) {
     IPCREF_FREE(imp);
     return 0;
   }

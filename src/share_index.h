@@ -81,6 +81,8 @@ IPCREF__PRIVATE void ipcref__map_index_add(ipcref_ctx *ctx, ipcref__map *m) {
 /* A mapping leaves the cache: its list, and the table. */
 IPCREF__PRIVATE void ipcref__map_index_del(ipcref_ctx *ctx, ipcref__map *m) {
   ipcref__map **pp;
+  if (ctx->map_last[0] == m) ctx->map_last[0] = NULL;
+  if (ctx->map_last[1] == m) ctx->map_last[1] = NULL;
   if (m->retired)
     IPCREF__LIST_REMOVE(ctx->maps_retired, m, next, prev);
   else
@@ -117,18 +119,19 @@ IPCREF__PRIVATE int ipcref__map_is(const ipcref__map *m, int kind,
  * segment is found whether it is host or device memory. */
 IPCREF__PRIVATE ipcref__map *ipcref__map_find(ipcref_ctx *ctx, int kind,
                                               uint64_t nonce, uint64_t id) {
-  ipcref__map *m;
+  int led = kind == IPCREF__KIND_LEDGER;
+  ipcref__map *m = ctx->map_last[led];
+  if (m && ipcref__map_is(m, kind, nonce, id)) return m;
   if (ctx->map_index_off) {
-    for (m = ctx->maps; m; m = m->next)
-      if (ipcref__map_is(m, kind, nonce, id)) return m;
-    for (m = ctx->maps_retired; m; m = m->next)
-      if (ipcref__map_is(m, kind, nonce, id)) return m;
-    return NULL;
+    m = ctx->maps;
+    while (m && !ipcref__map_is(m, kind, nonce, id)) m = m->next;
+    if (!m) m = ctx->maps_retired;
+    while (m && !ipcref__map_is(m, kind, nonce, id)) m = m->next;
+  } else if (ctx->map_buckets) {
+    m = ctx->map_index[ipcref__map_bucket(ctx, led, nonce, id)];
+    while (m && !ipcref__map_is(m, kind, nonce, id)) m = m->hnext;
   }
-  if (!ctx->map_buckets) return NULL;
-  m = ctx->map_index[ipcref__map_bucket(ctx, kind == IPCREF__KIND_LEDGER, nonce,
-                                        id)];
-  while (m && !ipcref__map_is(m, kind, nonce, id)) m = m->hnext;
+  if (m) ctx->map_last[led] = m;
   return m;
 }
 

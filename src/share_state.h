@@ -228,6 +228,9 @@ typedef struct ipcref__map {
 } ipcref__map;
 
 typedef struct ipcref__import {
+  ipcref_buf buf; /* host memory: the view's buffer, in the same allocation
+                     (freed with its header: see ipcref__import_view) */
+  int own_buf;    /* 1: `buf` is the view's (host); 0: a buffer of its own */
   ipcref_ctx *ctx;
   ipcref__map *seg, *ledger;
   uint32_t slot, gen;
@@ -328,6 +331,9 @@ struct ipcref_ctx {
   ipcref__map **map_index;          /* by (ledger?, nonce, id), chained */
   size_t map_buckets, nmaps_indexed;
   int map_index_off; /* out of memory once: lookups walk the lists */
+  struct ipcref__map *map_last[2]; /* the segment and the ledger found
+                                      last (a hand-off asks for the same
+                                      ones as the one before, mostly) */
   ipcref_peer *peers;
   ipcref__block *limbo;
   ipcref__segment *cache, *cache_oldest; /* empty segments kept, newest

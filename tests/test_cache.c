@@ -617,6 +617,46 @@ out:
   local_pair_close(&l);
 }
 
+/* An imported buffer's header holds its import (one allocation): a weak
+ * reference keeps the header, never the lease. The lease goes back at the
+ * last strong release, however many there were (the producer's slot is
+ * free again after a sweep); the weak reference then upgrades to nothing,
+ * and its release frees the rest (the sanitizers and valgrind see no
+ * leak, no use after free). */
+static void test_weak_outlives_import(void) {
+  const int64_t n = 4096;
+  ipcref_view v, got;
+  ipcref_weak *w = NULL;
+  ipcref_buf *again;
+  local_pair l;
+  local_pair_open(&l, NULL, NULL);
+  if (!l.pp || !l.cp) return;
+  CHECK_EQ(ipcref_view_new_shared(l.prod, IPCREF_U8, 1, &n, &v), IPCREF_OK);
+  memset(ipcref_buf_data(v.buf), 0x5c, 4096);
+  CHECK_EQ(ipcref_send(l.pp, &v), IPCREF_OK);
+  CHECK_EQ(ipcref_recv(l.cp, &got, 5000), IPCREF_OK);
+  w = ipcref_buf_downgrade(got.buf);
+  CHECK(w != NULL);
+  again = ipcref_weak_upgrade(w); /* a second strong reference */
+  CHECK(again == got.buf);
+  ipcref_view_release(&got);
+  ipcref_collect(l.prod);
+  CHECK_EQ(stats_of(l.prod).live_slots, 1); /* still held */
+  CHECK_EQ(((unsigned char *)ipcref_buf_data(again))[4095], 0x5c);
+  ipcref_buf_release(again);
+  ipcref_collect(l.prod);
+  CHECK_EQ(stats_of(l.prod).live_slots, 0); /* back */
+  CHECK(ipcref_weak_upgrade(w) == NULL);
+  ipcref_weak_release(w);
+  /* The next hand-off finds its mappings as before. */
+  CHECK_EQ(ipcref_send(l.pp, &v), IPCREF_OK);
+  CHECK_EQ(ipcref_recv(l.cp, &got, 5000), IPCREF_OK);
+  CHECK_EQ(((unsigned char *)ipcref_buf_data(got.buf))[0], 0x5c);
+  ipcref_view_release(&got);
+  ipcref_view_release(&v);
+  local_pair_close(&l);
+}
+
 /* The set of what a peer was sent, against a list: marks and forgets of
  * random keys in a few hundred slots (runs that wrap, entries moved back
  * over a forgotten one), then everything forgotten. */
@@ -724,6 +764,7 @@ int main(void) {
   RUN(test_consumer_frees_its_peer);
   RUN(test_consumer_trim);
   RUN(test_many_segments);
+  RUN(test_weak_outlives_import);
   RUN(test_sent_set_model);
   RUN(test_map_index_model);
   return harness_finish();
