@@ -1,9 +1,11 @@
 /* The floor of the channel's protocol: W4's chan_spin hand-off (a 4 KiB
  * buffer the consumer reads two bytes of, the ack through shared memory)
- * with ipcref's shared-memory traffic and none of its code. What each side
- * touches, in order, is what the library touches in the steady state of
- * bench/w4_handoff.c chan_spin (one reused buffer, a 4096-slot ledger, the
- * 64 KiB ring, a one-dimensional view: a 136-byte record):
+ * with ipcref's shared-memory traffic and none of its code; and the floor
+ * of a more compact protocol, to know what changing it would buy.
+ *
+ * Row ipcref_lines: what the library touches, in order, in the steady
+ * state of bench/w4_handoff.c chan_spin (one reused buffer, a 4096-slot
+ * ledger, the 64 KiB ring, a one-dimensional view: a 136-byte record):
  *
  *   producer  writes the buffer's first and last byte (the bench's
  *             "produce"); takes and drops a process-private mutex (the
@@ -14,21 +16,35 @@
  *             receiver's sleep word (the doorbell's check); spins on the
  *             ack. Every 2048 hand-offs, the sweep: it reads and clears
  *             the returned entries and frees their slots.
- *   consumer  spins on the tail (acquire); copies the record out and
+ *   consumer  spins on the tail (acquire), fetching the next lease's line
+ *             as it does (ipcref__chan_prefetch); copies the record out and
  *             stores its head (release); under its own mutex, reads the
  *             slot's word (the import's liveness check); reads the two
  *             bytes; returns the lease: a fetch_add on the ledger's ring
  *             position, the entry stored (release), a seq-cst fence and a
  *             look at the producer's `waiting`; stores the ack.
  *
- * So the row peer=ipcref_lines is what a chan_spin hand-off would cost if
- * the library's own instructions took no time: compare it with c_shm_spin
- * (the same hand-off with one word each way) to see what the protocol's
- * cache lines cost, and with ipcref_chan_spin to see what the code adds.
- * Both processes pinned to two CPUs, as c_shm_spin and chan_spin are
- * (skipped with one). Timed one by one for SECONDS after 3 warm-ups: the
- * median (n, mean, p99 as extras), printed for workload ids w4 and w4_2cpu
- * (each timed on its own: the two setups pin the same way here).
+ * Row ipcref_lines_compact: the same, but for three changes to the
+ * protocol, each taking a cache line off the hand-off's path:
+ *   - the record carries its own sequence word, written last: the consumer
+ *     spins on the record's first line, not on a tail in a line of its own;
+ *   - records of 128 bytes on 64-byte boundaries (two lines, not three);
+ *   - slots published live 8 hand-offs ahead: the line a record's lease
+ *     names was written long before, so the line the consumer fetches
+ *     while it spins is the one it reads when the record comes;
+ * and the lease returned into a ring only this consumer writes (a store
+ * where a fetch_add was; the fence and the look at `waiting` stay).
+ *
+ * So ipcref_lines is what a chan_spin hand-off would cost if the library's
+ * own instructions took no time: compare it with c_shm_spin (the same
+ * hand-off with one word each way) to see what the protocol's cache lines
+ * cost, and with ipcref_chan_spin to see what the code adds; and
+ * ipcref_lines_compact with ipcref_lines, what the changes above would
+ * save before any code. Both processes pinned to two CPUs, as c_shm_spin
+ * and chan_spin are (skipped with one). Timed one by one for SECONDS
+ * after 3 warm-ups: the median (n, mean, p99 as extras), printed for
+ * workload ids w4 and w4_2cpu (each timed on its own: the two setups pin
+ * the same way here).
  * Build: gcc -O2 -std=c11 -pthread lines.c -o lines
  * Run:   ./lines [SECONDS=1.0] */
 #define _GNU_SOURCE /* sched_setaffinity, CPU_* */
@@ -51,8 +67,24 @@
 #define MAX_N      50000000
 #define SLOTS      2048  /* the producer's half of a 4096-slot ledger */
 #define RING       65536 /* the channel's default ring */
-#define RECORD     136   /* 16-byte record header + a 1-D view's message */
-#define LEDGER_HDR 64
+#define MAX_RECORD 136
+
+/* A protocol: the row it prints and how its hand-off differs. */
+typedef struct proto {
+  const char *peer;
+  int record;      /* bytes per record, a multiple of 8 */
+  int stride;      /* bytes from one record to the next (divides RING, or
+                      the record may wrap) */
+  int seq_in_rec;  /* 1: the record's first word says it is there */
+  uint64_t ahead;  /* slots published this many hand-offs ahead */
+  int own_returns; /* 1: returns into a ring only this consumer writes */
+} proto;
+
+static const proto g_protos[] = {
+    {"ipcref_lines", 136, 136, 0, 0, 0},
+    {"ipcref_lines_compact", 128, 128, 1, 8, 1},
+};
+static const proto *P;
 
 /* The shared memory, in the library's files' proportions: the buffer, the
  * ring's header and ring, the receiver's control words, the ledger's
@@ -100,43 +132,72 @@ static void pin(int which) {
   (void)sched_setaffinity(0, sizeof set, &set);
 }
 
-/* Copies a record between `rec` and the ring at byte `at`, where it may
- * wrap: into the ring (`put`) or out of it. */
+/* Copies bytes [from, P->record) of a record between `rec` and the ring
+ * at byte `at`, where it may wrap: into the ring (`put`) or out of it. */
 static void ring_copy(unsigned char *ring, uint64_t at, unsigned char *rec,
-                      int put) {
-  size_t off = (size_t)(at % RING), first = RING - off;
-  if (first > RECORD) first = RECORD;
+                      int from, int put) {
+  size_t off = (size_t)((at + (uint64_t)from) % RING), first = RING - off;
+  size_t n = (size_t)(P->record - from);
+  if (first > n) first = n;
   if (put) {
-    memcpy(ring + off, rec, first);
-    memcpy(ring, rec + first, RECORD - first);
+    memcpy(ring + off, rec + from, first);
+    memcpy(ring, rec + from + first, n - first);
   } else {
-    memcpy(rec, ring + off, first);
-    memcpy(rec + first, ring, RECORD - first);
+    memcpy(rec + from, ring + off, first);
+    memcpy(rec + from + first, ring, n - first);
   }
+}
+
+/* The record's first word, where it says it is there (seq_in_rec). */
+static _Atomic uint64_t *rec_seq(struct shared *s, uint64_t at) {
+  return (_Atomic uint64_t *)(void *)(s->ring + at % RING);
+}
+
+/* A slot's word when live at hand-off k's generation. */
+static uint64_t live_word(uint64_t k) {
+  return (k + 1) << 2 | 1;
 }
 
 /* Until the producer's SIGKILL. */
 static _Noreturn void consumer(struct shared *s) {
   pthread_mutex_t lock = PTHREAD_MUTEX_INITIALIZER;
-  unsigned char rec[RECORD];
-  uint64_t head = 0, k;
+  unsigned char rec[MAX_RECORD];
+  uint64_t at = 0, k;
   for (k = 0;; k++) {
     uint64_t slot, word;
-    while (atomic_load_explicit(&s->tail, memory_order_acquire) == head)
-      relax();
-    ring_copy(s->ring, head, rec, 0);
-    head += RECORD;
-    atomic_store_explicit(&s->head, head, memory_order_release);
-    memcpy(&slot, rec, sizeof slot);
+    /* Spinning, it fetches the coming lease's line, as the library does
+     * (ipcref__chan_prefetch). */
+    const void *next_lease = (const void *)&s->slots[2 * (k % SLOTS)];
+    if (P->seq_in_rec) {
+      while (atomic_load_explicit(rec_seq(s, at), memory_order_acquire) !=
+             k + 1) {
+        __builtin_prefetch(next_lease);
+        relax();
+      }
+      ring_copy(s->ring, at, rec, 8, 0);
+    } else {
+      while (atomic_load_explicit(&s->tail, memory_order_acquire) == at) {
+        __builtin_prefetch(next_lease);
+        relax();
+      }
+      ring_copy(s->ring, at, rec, 0, 0);
+    }
+    at += (uint64_t)P->stride;
+    atomic_store_explicit(&s->head, at, memory_order_release);
+    memcpy(&slot, rec + 8, sizeof slot);
     pthread_mutex_lock(&lock);
     word = atomic_load_explicit(&s->slots[2 * slot], memory_order_acquire);
     pthread_mutex_unlock(&lock);
-    if (word != ((k + 1) << 2 | 1)) _exit(3); /* live at its generation */
+    if (word != live_word(k)) _exit(3); /* live at its generation */
     g_sink += s->buf[0] + s->buf[SIZE - 1];
     {
-      uint64_t pos =
-          atomic_fetch_add_explicit(&s->ledger_head, 1, memory_order_release);
-      atomic_store_explicit(&s->returns[pos % (2 * SLOTS)], slot + 1,
+      uint64_t e = (k + 1) << 32 | (slot + 1), pos = k;
+      if (P->own_returns)
+        atomic_store_explicit(&s->ledger_head, k + 1, memory_order_release);
+      else
+        pos =
+            atomic_fetch_add_explicit(&s->ledger_head, 1, memory_order_release);
+      atomic_store_explicit(&s->returns[pos % (2 * SLOTS)], e,
                             memory_order_release);
       atomic_thread_fence(memory_order_seq_cst);
       g_sink +=
@@ -146,36 +207,55 @@ static _Noreturn void consumer(struct shared *s) {
   }
 }
 
-/* The producer's sweep: what came back frees its slot. */
+/* The producer's sweep: what came back frees its slot, when the slot is
+ * still at that lease's generation (not published ahead again). */
 static void sweep(struct shared *s, uint64_t *drained) {
   uint64_t head = atomic_load_explicit(&s->ledger_head, memory_order_acquire);
   for (; *drained < head; (*drained)++) {
     _Atomic uint64_t *cell = &s->returns[*drained % (2 * SLOTS)];
-    uint64_t e = atomic_load_explicit(cell, memory_order_acquire);
+    uint64_t e = atomic_load_explicit(cell, memory_order_acquire), slot;
     atomic_store_explicit(cell, 0, memory_order_relaxed);
-    if (e)
-      atomic_store_explicit(&s->slots[2 * (e - 1)], 0, memory_order_relaxed);
+    if (!e) continue;
+    slot = (e & 0xffffffffu) - 1;
+    if (atomic_load_explicit(&s->slots[2 * slot], memory_order_relaxed) ==
+        live_word((e >> 32) - 1))
+      atomic_store_explicit(&s->slots[2 * slot], (e >> 32) << 2,
+                            memory_order_relaxed);
   }
+}
+
+/* Publishes hand-off k's lease live in its slot (k mod SLOTS). */
+static void publish_lease(struct shared *s, uint64_t k) {
+  uint64_t slot = k % SLOTS;
+  atomic_store_explicit(&s->slots[2 * slot + 1], g_pid, memory_order_relaxed);
+  atomic_store_explicit(&s->slots[2 * slot], live_word(k),
+                        memory_order_release);
 }
 
 /* One hand-off number i (from 0); its time in ns. */
 static double handoff(struct shared *s, pthread_mutex_t *lock, uint64_t i,
                       uint64_t *drained) {
-  unsigned char rec[RECORD];
-  uint64_t slot = i % SLOTS, tail = i * RECORD;
+  unsigned char rec[MAX_RECORD];
+  uint64_t slot = i % SLOTS, at = i * (uint64_t)P->stride, j;
   double t0;
   s->buf[0] = s->buf[SIZE - 1] = (unsigned char)i; /* "produce" */
   t0 = now_ns();
   pthread_mutex_lock(lock);
   if (slot == 0 && i) sweep(s, drained); /* the free slots ran out */
-  atomic_store_explicit(&s->slots[2 * slot + 1], g_pid, memory_order_relaxed);
-  atomic_store_explicit(&s->slots[2 * slot], (i + 1) << 2 | 1,
-                        memory_order_release);
+  if (i == 0)
+    for (j = 0; j < P->ahead; j++) publish_lease(s, j);
+  publish_lease(s, i + P->ahead);
   pthread_mutex_unlock(lock);
   memset(rec, 0x5a, sizeof rec);
-  memcpy(rec, &slot, sizeof slot);
-  ring_copy(s->ring, tail, rec, 1);
-  atomic_store_explicit(&s->tail, tail + RECORD, memory_order_release);
+  memcpy(rec + 8, &slot, sizeof slot);
+  if (P->seq_in_rec) {
+    ring_copy(s->ring, at, rec, 8, 1);
+    atomic_store_explicit(rec_seq(s, at), i + 1, memory_order_release);
+  } else {
+    ring_copy(s->ring, at, rec, 0, 1);
+    atomic_store_explicit(&s->tail, at + (uint64_t)P->stride,
+                          memory_order_release);
+  }
   atomic_thread_fence(memory_order_seq_cst);
   g_sink += atomic_load_explicit(&s->asleep, memory_order_relaxed);
   while (atomic_load_explicit(&s->taken, memory_order_acquire) != i + 1)
@@ -220,16 +300,16 @@ static int row(const char *id, double secs) {
   kill(child, SIGKILL);
   waitpid(child, &st, 0);
   if (!WIFSIGNALED(st)) { /* it found a slot not live: exit 3 */
-    printf("peer=ipcref_lines workload=%s size=%d status=failed "
+    printf("peer=%s workload=%s size=%d status=failed "
            "reason=consumer-exit-%d\n",
-           id, SIZE, WIFEXITED(st) ? WEXITSTATUS(st) : -1);
+           P->peer, id, SIZE, WIFEXITED(st) ? WEXITSTATUS(st) : -1);
     return 1;
   }
   med = median(v, (int)n);
-  printf("peer=ipcref_lines workload=%s size=%d metric=us_per_handoff "
+  printf("peer=%s workload=%s size=%d metric=us_per_handoff "
          "value=%.3f n=%llu mean=%.3f p99=%.3f pin=split\n",
-         id, SIZE, med / 1e3, (unsigned long long)n, total / (double)n / 1e3,
-         v[(size_t)(0.99 * (double)(n - 1))] / 1e3);
+         P->peer, id, SIZE, med / 1e3, (unsigned long long)n,
+         total / (double)n / 1e3, v[(size_t)(0.99 * (double)(n - 1))] / 1e3);
   free(v);
   munmap(s, sizeof *s);
   return 0;
@@ -237,16 +317,20 @@ static int row(const char *id, double secs) {
 
 int main(int argc, char **argv) {
   double secs = argc > 1 ? atof(argv[1]) : 1.0;
-  int bad = 0;
+  size_t k;
+  int bad = 0, two = two_cpus(); /* before a row pins this process */
   g_pid = (uint64_t)getpid();
-  if (!two_cpus()) {
-    printf("peer=ipcref_lines workload=w4_2cpu size=%d status=skipped "
-           "reason=needs-2-cpus\n",
-           SIZE);
-    return 0;
+  for (k = 0; k < sizeof g_protos / sizeof *g_protos; k++) {
+    P = &g_protos[k];
+    if (!two) {
+      printf("peer=%s workload=w4_2cpu size=%d status=skipped "
+             "reason=needs-2-cpus\n",
+             P->peer, SIZE);
+      continue;
+    }
+    bad |= row("w4", secs);
+    bad |= row("w4_2cpu", secs);
   }
-  bad |= row("w4", secs);
-  bad |= row("w4_2cpu", secs);
   (void)g_sink;
   return bad;
 }

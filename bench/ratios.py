@@ -50,7 +50,7 @@ run has none. Sizes: each one the channel row measured in that setup.
 
 Then a W4 table (us per hand-off, one column per peer), the CPU per hand-off of ipcref's W4 rows
 (producer / consumer), the channel protocol's floor (bench/lines.c's ipcref_lines beside
-c_shm_spin and ipcref_chan_spin, no goal), the w4_tput throughput rows, W5 tables (us per tensor, and the
+c_shm_spin and ipcref_chan_spin, and ipcref_lines_compact, a more compact protocol's; no goal), the w4_tput throughput rows, W5 tables (us per tensor, and the
 consumer's peak memory, one column per peer), W6 tables (us per item, median and p99; us per
 batch; the drop-in's ratios to torch, which have no goal), and the goals below, PASS or MISS, with the margin. The W5 goals, in each setup and stream: ipcref / ipcref_reused <= 1.15 at every size
 (us_median); ipcref's us_p99 <= 3x its us_median (in the mixed stream the items' sizes differ,
@@ -127,8 +127,8 @@ W4_GOALS = [
 # Columns of the W4 table, in this order; other peers follow.
 W4_COLUMNS = ["ipcref", "ipcref_first", "ipcref_chan_spin", "ipcref_chan_sockack",
               "ipcref_chan_nospin", "ipcref_chan_auto", "c_msg64", "c_memfd_scm", "c_shm_spin",
-              "ipcref_lines", "c_pipe_copy", "c_socket_copy", "iceoryx", "iceoryx_waitset", "py_pipe_msg64",
-              "py_shm_pipe", "torch_mp_fd", "torch_mp_fs"]
+              "ipcref_lines", "ipcref_lines_compact", "c_pipe_copy", "c_socket_copy", "iceoryx",
+              "iceoryx_waitset", "py_pipe_msg64", "py_shm_pipe", "torch_mp_fd", "torch_mp_fs"]
 # W5: the same goals in each setup and stream, never across them.
 W5_SETUPS = ("w5_1cpu", "w5_2cpu")
 W5_STREAMS = ("seq", "inflight4", "mixed")
@@ -173,6 +173,7 @@ W4_ICEORYX = ("iceoryx", "iceoryx_waitset")
 # bench/lines.c: the chan_spin hand-off's shared-memory traffic without the library's code, the
 # floor of the channel's protocol; printed beside c_shm_spin and ipcref_chan_spin, with no goal.
 W4_LINES = "ipcref_lines"
+W4_LINES_COMPACT = "ipcref_lines_compact"  # the same for a more compact protocol (bench/lines.c)
 # The producer's CPU per hand-off, channel vs socket path (same ack), at W4_SMALL in each setup;
 # and per record in the throughput rows.
 W4_CPU_CHAN = ("ipcref_chan_sockack", "ipcref_chan_nospin", "ipcref_chan_auto")
@@ -691,24 +692,33 @@ def reclaim_goal_row(vals, notes):
 
 
 def w4_floor_table(vals):
-    """The channel protocol's floor (bench/lines.c), beside c_shm_spin and ipcref_chan_spin."""
+    """The channel protocol's floor (bench/lines.c), beside c_shm_spin and ipcref_chan_spin, and
+    a more compact protocol's."""
     metric, rows = "us_per_handoff", []
+
+    def ratio(a, b):
+        return f"{a / b:.2f}x" if a and b else "n/a"
+
     for wl in W4_SPIN_IDS:
         lines = vals.get((wl, W4_SMALL, metric, W4_LINES))
         if not lines:
             continue
         shm = vals.get((wl, W4_SMALL, metric, "c_shm_spin"))
         spin = vals.get((wl, W4_SMALL, metric, "ipcref_chan_spin"))
-        rows.append(f"| {wl} | {lines:g} | {f'{lines / shm:.2f}x' if shm else 'n/a'} | "
-                    f"{f'{spin / lines:.2f}x' if spin else 'n/a'} |")
+        compact = vals.get((wl, W4_SMALL, metric, W4_LINES_COMPACT))
+        rows.append(f"| {wl} | {lines:g} | {ratio(lines, shm)} | {ratio(spin, lines)} | "
+                    f"{f'{compact:g}' if compact else 'n/a'} | {ratio(compact, shm)} |")
     if not rows:
         return
     print(f"\n### W4: the channel protocol's floor (us per hand-off @ {W4_SMALL}, no goal)\n")
     print(f"{W4_LINES}: chan_spin's shared-memory traffic without the library's code "
           "(bench/lines.c). Its ratio to c_shm_spin is what the protocol's cache lines cost; "
-          "ipcref_chan_spin's ratio to it, what the code adds.\n")
-    print(f"| setup | {W4_LINES} | {W4_LINES} / c_shm_spin | ipcref_chan_spin / {W4_LINES} |")
-    print("|---|---|---|---|")
+          f"ipcref_chan_spin's ratio to it, what the code adds. {W4_LINES_COMPACT}: the same "
+          "for a protocol with the sequence word in the record, 128-byte records on line "
+          "boundaries, leases published ahead and returns into the consumer's own ring.\n")
+    print(f"| setup | {W4_LINES} | {W4_LINES} / c_shm_spin | ipcref_chan_spin / {W4_LINES} | "
+          f"{W4_LINES_COMPACT} | {W4_LINES_COMPACT} / c_shm_spin |")
+    print("|---|---|---|---|---|---|")
     for r in rows:
         print(r)
 

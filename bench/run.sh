@@ -8,7 +8,8 @@
 #              peers' ONLY; doorbell is bench/doorbell.c, what waking a sleeper costs with each
 #              primitive the channel's doorbell could be, DOORBELL_N round trips each; lines is
 #              bench/lines.c, W4's chan_spin hand-off with the library's shared-memory traffic
-#              and none of its code, W4_SECONDS per row: the protocol's floor; maps is
+#              and none of its code, W4_SECONDS per row: the protocol's floor (and a more
+#              compact protocol's, row ipcref_lines_compact); maps is
 #              bench/maps.c, a hand-off with 1, 100 and 1000 segments mapped, MAPS_REPS
 #              each), PEERS
 #              (the peers' folder, default bench/peers; it holds run_peers.sh, or a run_all.sh that
