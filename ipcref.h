@@ -956,7 +956,10 @@ typedef struct ipcref_peer_options {
                             finds the ring full). Rounded up to a power of
                             two, 4 KiB to 16 MiB (default 64 KiB; made on
                             the first send; IPCREF_KEEP_NONE: no ring, the
-                            socket carries everything) */
+                            socket carries everything). A hand-off of one
+                            view of up to 4 dimensions, without metadata,
+                            takes 192 bytes of it (the default ring holds
+                            341) */
   int spin_us;           /* a receive that finds nothing spins this long
                             before it sleeps (at most 10 ms; 0: never
                             spins). IPCREF_SPIN_AUTO, the default when no
@@ -9001,13 +9004,18 @@ IPCREF_API ipcref_result ipcref_import(ipcref_peer *p, ipcref_msg *msg,
  * a sender's death is seen within that much.
  *
  * A record is 16 bytes (u32 length, u32 0, u64 the socket messages sent
- * before it) and a message in the wire format, padded to 8 bytes; it may
- * wrap. A message that needs fds (a new segment or ledger) still goes on
- * the socket, and so does one that finds the ring full (the sender never
- * waits for the receiver here); `sockets` and each record's count keep
- * the order of both paths: the receiver reads the socket's next message
- * whenever it has read fewer of them than the next record (or, with the
- * ring empty, the header) says were sent.
+ * before it) and a message in the wire format, padded to a multiple of 64
+ * bytes (IPCREF__CHAN_LINE); it may wrap. Records start on cache lines:
+ * a spinning receiver loads the first line of the record due next with
+ * every look at the tail, and the two lines then cross CPUs together (see
+ * ipcref__chan_looks), where a record sharing its first line with the end
+ * of the one before would make that line cross twice. The setup says so:
+ * layout 1 (0 was 8-byte records, which this receiver refuses). A message that
+ * needs fds (a new segment or ledger) still goes on the socket, and so does one
+ * that finds the ring full (the sender never waits for the receiver here);
+ * `sockets` and each record's count keep the order of both paths: the receiver
+ * reads the socket's next message whenever it has read fewer of them than the
+ * next record (or, with the ring empty, the header) says were sent.
  *
  * Memory: ring_bytes (default 64 KiB, at most 16 MiB) plus 4 KiB and a
  * socketpair per peer and direction, made on the first send. */
@@ -9016,6 +9024,8 @@ IPCREF_API ipcref_result ipcref_import(ipcref_peer *p, ipcref_msg *msg,
 #define IPCREF__CHAN_HDR         64u
 #define IPCREF__CHAN_CTL         4096u
 #define IPCREF__CHAN_REC         16u
+#define IPCREF__CHAN_LINE        64u /* records start on cache lines */
+#define IPCREF__CHAN_LAYOUT      1u  /* the setup's word for that */
 #define IPCREF__CHAN_SETUP_BYTES 12u
 #define IPCREF__CHAN_DEFAULT     ((size_t)64 << 10)
 #define IPCREF__CHAN_MIN         ((size_t)4 << 10)
@@ -9097,9 +9107,11 @@ IPCREF__PRIVATE void ipcref__chan_copy(unsigned char *ring, size_t bytes,
   }
 }
 
-/* 8-byte aligned record size for a message of `len` bytes. */
+/* The ring bytes a message of `len` bytes takes: its record, padded to
+ * the next cache line. */
 IPCREF__PRIVATE uint64_t ipcref__chan_need(size_t len) {
-  return IPCREF__CHAN_REC + (((uint64_t)len + 7u) & ~(uint64_t)7u);
+  return ((uint64_t)IPCREF__CHAN_REC + len + IPCREF__CHAN_LINE - 1u) &
+         ~(uint64_t)(IPCREF__CHAN_LINE - 1u);
 }
 
 /* ---- the sender -----------------------------------------------------------
@@ -9173,7 +9185,7 @@ IPCREF__PRIVATE ipcref_result ipcref__chan_make(size_t bytes,
   ipcref__wire_init(&w, setup->bytes, sizeof setup->bytes);
   ipcref__wire_put(&w, IPCREF__CHAN_SETUP_MAGIC, 4);
   ipcref__wire_put(&w, IPCREF__MSG_VERSION, 2);
-  ipcref__wire_put(&w, 0, 2);
+  ipcref__wire_put(&w, IPCREF__CHAN_LAYOUT, 2);
   ipcref__wire_put(&w, bytes, 4);
   setup->len = w.pos;
   setup->origin = NULL;
@@ -9222,7 +9234,8 @@ IPCREF__PRIVATE int ipcref__chan_push(ipcref_peer *p, const unsigned char *msg,
    * only when the ring looks full: the line moves with every record. */
   head = __atomic_load_n(&t->ctl->head, __ATOMIC_ACQUIRE);
   used = t->tail - head;
-  if (used > t->bytes || (head & 7u)) { /* it cannot have read that */
+  /* It cannot have read that, or stopped within a record. */
+  if (used > t->bytes || (head & (IPCREF__CHAN_LINE - 1u))) {
     t->broken = 1;
     IPCREF__LOCK(p->ctx);
     ipcref__ctx_report(p->ctx, IPCREF_EPROTO,
@@ -9373,9 +9386,9 @@ IPCREF__PRIVATE const char *ipcref__chan_adopt_why(struct ipcref__chan_rx *x,
   ipcref__wire_init(&w, (unsigned char *)(uintptr_t)b, len);
   (void)ipcref__wire_get(&w, 4); /* the magic, seen */
   if (ipcref__wire_get(&w, 2) != IPCREF__MSG_VERSION ||
-      ipcref__wire_get(&w, 2) != 0 || len != IPCREF__CHAN_SETUP_BYTES ||
-      nfds != 3)
-    return "a channel setup of another version, length or fd count";
+      ipcref__wire_get(&w, 2) != IPCREF__CHAN_LAYOUT ||
+      len != IPCREF__CHAN_SETUP_BYTES || nfds != 3)
+    return "a channel setup of another version, layout, length or fd count";
   bytes = ipcref__wire_get(&w, 4);
   if (bytes < IPCREF__CHAN_MIN || bytes > IPCREF__CHAN_MAX ||
       (bytes & (bytes - 1)))
@@ -9482,7 +9495,7 @@ IPCREF__PRIVATE int ipcref__chan_next(ipcref_peer *p) {
   /* Acquire: a record's bytes are there before the tail that says so. */
   tail = __atomic_load_n(&h->tail, __ATOMIC_ACQUIRE);
   avail = tail - x->head;
-  if (avail > x->bytes || (avail & 7u))
+  if (avail > x->bytes || (avail & (IPCREF__CHAN_LINE - 1u)))
     return ipcref__chan_bad(p, "the channel's write index out of range");
   if (avail == 0) {
     uint64_t socks = __atomic_load_n(&h->sockets, __ATOMIC_ACQUIRE);
@@ -9606,6 +9619,21 @@ IPCREF__PRIVATE void ipcref__chan_lease_seen(struct ipcref__chan_rx *x,
       imp->ledger->base)[2 * (size_t)imp->slot];
 }
 
+/* One look of a spin: 1 when the ring has something (as
+ * ipcref__chan_ready says). With the tail it loads the first word of the
+ * record due next, whose line the sender writes just before the tail:
+ * both lines are asked for on every look and cross CPUs together, where
+ * a look at the tail alone would fetch the record's line only after it
+ * (one cross-CPU miss more per hand-off; bench/lines.c). Only a load: the
+ * record is read and checked by ipcref__chan_next, after the tail. */
+IPCREF__PRIVATE int ipcref__chan_looks(const struct ipcref__chan_rx *x) {
+  int ready = ipcref__chan_ready(x);
+  uint64_t first =
+      ipcref__chan_word(x->map + IPCREF__CHAN_HDR, x->bytes, x->head);
+  __asm__ __volatile__("" : : "r"(first)); /* loaded, whatever it says */
+  return ready;
+}
+
 /* While spinning: the ledger lines around the last lease imported, where
  * the producer most likely writes the next one just before its record.
  * Fetched now, in parallel with the ring's, the import's liveness check
@@ -9642,7 +9670,7 @@ IPCREF__PRIVATE int ipcref__chan_spin(ipcref_peer *p) {
   while (spent < x->spin) {
     for (i = 0; i < 64; i++) {
       ipcref__chan_prefetch(x);
-      if (ipcref__chan_ready(x)) {
+      if (ipcref__chan_looks(x)) {
         if (aut) x->spin = IPCREF__SPIN_MAX_NS;
         return 1;
       }

@@ -5,7 +5,8 @@
  *
  * Row ipcref_lines: what the library touches, in order, in the steady
  * state of bench/w4_handoff.c chan_spin (one reused buffer, a 4096-slot
- * ledger, the 64 KiB ring, a one-dimensional view: a 136-byte record):
+ * ledger, the 64 KiB ring, a one-dimensional view: a 136-byte record in
+ * 192 bytes of the ring, records starting on cache lines):
  *
  *   producer  writes the buffer's first and last byte (the bench's
  *             "produce"); takes and drops a process-private mutex (the
@@ -16,19 +17,21 @@
  *             receiver's sleep word (the doorbell's check); spins on the
  *             ack. Every 2048 hand-offs, the sweep: it reads and clears
  *             the returned entries and frees their slots.
- *   consumer  spins on the tail (acquire), fetching the next lease's line
- *             as it does (ipcref__chan_prefetch); copies the record out and
- *             stores its head (release); under its own mutex, reads the
- *             slot's word (the import's liveness check); reads the two
- *             bytes; returns the lease: a fetch_add on the ledger's ring
- *             position, the entry stored (release), a seq-cst fence and a
- *             look at the producer's `waiting`; stores the ack.
+ *   consumer  spins on the tail (acquire), loading the due record's first
+ *             word with it on each look (ipcref__chan_looks) and fetching
+ *             the next lease's line (ipcref__chan_prefetch); copies the
+ *             record out and stores its head (release); under its own
+ *             mutex, reads the slot's word (the import's liveness check);
+ *             reads the two bytes; returns the lease: a fetch_add on the
+ *             ledger's ring position, the entry stored (release), a
+ *             seq-cst fence and a look at the producer's `waiting`; stores
+ *             the ack.
  *
  * Row ipcref_lines_compact: the same, but for three changes to the
  * protocol, each taking a cache line off the hand-off's path:
  *   - the record carries its own sequence word, written last: the consumer
- *     spins on the record's first line, not on a tail in a line of its own;
- *   - records of 128 bytes on 64-byte boundaries (two lines, not three);
+ *     spins on the record's first line alone, no tail in a line of its own;
+ *   - records of 128 bytes (two lines, not three);
  *   - slots published live 8 hand-offs ahead: the line a record's lease
  *     names was written long before, so the line the consumer fetches
  *     while it spins is the one it reads when the record comes;
@@ -78,11 +81,13 @@ typedef struct proto {
   int seq_in_rec;  /* 1: the record's first word says it is there */
   uint64_t ahead;  /* slots published this many hand-offs ahead */
   int own_returns; /* 1: returns into a ring only this consumer writes */
+  int looks;       /* 1: each look at the tail loads the due record's first
+                      word too (ipcref__chan_looks) */
 } proto;
 
 static const proto g_protos[] = {
-    {"ipcref_lines", 136, 136, 0, 0, 0},
-    {"ipcref_lines_compact", 128, 128, 1, 8, 1},
+    {"ipcref_lines", 136, 192, 0, 0, 0, 1},
+    {"ipcref_lines_compact", 128, 128, 1, 8, 1, 0},
 };
 static const proto *P;
 
@@ -176,7 +181,14 @@ static _Noreturn void consumer(struct shared *s) {
       }
       ring_copy(s->ring, at, rec, 8, 0);
     } else {
-      while (atomic_load_explicit(&s->tail, memory_order_acquire) == at) {
+      for (;;) {
+        uint64_t tail = atomic_load_explicit(&s->tail, memory_order_acquire);
+        if (P->looks) { /* loaded, whatever it says */
+          uint64_t first;
+          memcpy(&first, s->ring + at % RING, sizeof first);
+          __asm__ __volatile__("" : : "r"(first));
+        }
+        if (tail != at) break;
         __builtin_prefetch(next_lease);
         relax();
       }

@@ -35,7 +35,7 @@ IPCREF__PRIVATE int ipcref__chan_next(ipcref_peer *p) {
   /* Acquire: a record's bytes are there before the tail that says so. */
   tail = __atomic_load_n(&h->tail, __ATOMIC_ACQUIRE);
   avail = tail - x->head;
-  if (avail > x->bytes || (avail & 7u))
+  if (avail > x->bytes || (avail & (IPCREF__CHAN_LINE - 1u)))
     return ipcref__chan_bad(p, "the channel's write index out of range");
   if (avail == 0) {
     uint64_t socks = __atomic_load_n(&h->sockets, __ATOMIC_ACQUIRE);
@@ -159,6 +159,21 @@ IPCREF__PRIVATE void ipcref__chan_lease_seen(struct ipcref__chan_rx *x,
       imp->ledger->base)[2 * (size_t)imp->slot];
 }
 
+/* One look of a spin: 1 when the ring has something (as
+ * ipcref__chan_ready says). With the tail it loads the first word of the
+ * record due next, whose line the sender writes just before the tail:
+ * both lines are asked for on every look and cross CPUs together, where
+ * a look at the tail alone would fetch the record's line only after it
+ * (one cross-CPU miss more per hand-off; bench/lines.c). Only a load: the
+ * record is read and checked by ipcref__chan_next, after the tail. */
+IPCREF__PRIVATE int ipcref__chan_looks(const struct ipcref__chan_rx *x) {
+  int ready = ipcref__chan_ready(x);
+  uint64_t first =
+      ipcref__chan_word(x->map + IPCREF__CHAN_HDR, x->bytes, x->head);
+  __asm__ __volatile__("" : : "r"(first)); /* loaded, whatever it says */
+  return ready;
+}
+
 /* While spinning: the ledger lines around the last lease imported, where
  * the producer most likely writes the next one just before its record.
  * Fetched now, in parallel with the ring's, the import's liveness check
@@ -195,7 +210,7 @@ IPCREF__PRIVATE int ipcref__chan_spin(ipcref_peer *p) {
   while (spent < x->spin) {
     for (i = 0; i < 64; i++) {
       ipcref__chan_prefetch(x);
-      if (ipcref__chan_ready(x)) {
+      if (ipcref__chan_looks(x)) {
         if (aut) x->spin = IPCREF__SPIN_MAX_NS;
         return 1;
       }

@@ -46,13 +46,18 @@
  * a sender's death is seen within that much.
  *
  * A record is 16 bytes (u32 length, u32 0, u64 the socket messages sent
- * before it) and a message in the wire format, padded to 8 bytes; it may
- * wrap. A message that needs fds (a new segment or ledger) still goes on
- * the socket, and so does one that finds the ring full (the sender never
- * waits for the receiver here); `sockets` and each record's count keep
- * the order of both paths: the receiver reads the socket's next message
- * whenever it has read fewer of them than the next record (or, with the
- * ring empty, the header) says were sent.
+ * before it) and a message in the wire format, padded to a multiple of 64
+ * bytes (IPCREF__CHAN_LINE); it may wrap. Records start on cache lines:
+ * a spinning receiver loads the first line of the record due next with
+ * every look at the tail, and the two lines then cross CPUs together (see
+ * ipcref__chan_looks), where a record sharing its first line with the end
+ * of the one before would make that line cross twice. The setup says so:
+ * layout 1 (0 was 8-byte records, which this receiver refuses). A message that
+ * needs fds (a new segment or ledger) still goes on the socket, and so does one
+ * that finds the ring full (the sender never waits for the receiver here);
+ * `sockets` and each record's count keep the order of both paths: the receiver
+ * reads the socket's next message whenever it has read fewer of them than the
+ * next record (or, with the ring empty, the header) says were sent.
  *
  * Memory: ring_bytes (default 64 KiB, at most 16 MiB) plus 4 KiB and a
  * socketpair per peer and direction, made on the first send. */
@@ -61,6 +66,8 @@
 #define IPCREF__CHAN_HDR         64u
 #define IPCREF__CHAN_CTL         4096u
 #define IPCREF__CHAN_REC         16u
+#define IPCREF__CHAN_LINE        64u /* records start on cache lines */
+#define IPCREF__CHAN_LAYOUT      1u  /* the setup's word for that */
 #define IPCREF__CHAN_SETUP_BYTES 12u
 #define IPCREF__CHAN_DEFAULT     ((size_t)64 << 10)
 #define IPCREF__CHAN_MIN         ((size_t)4 << 10)
@@ -142,9 +149,11 @@ IPCREF__PRIVATE void ipcref__chan_copy(unsigned char *ring, size_t bytes,
   }
 }
 
-/* 8-byte aligned record size for a message of `len` bytes. */
+/* The ring bytes a message of `len` bytes takes: its record, padded to
+ * the next cache line. */
 IPCREF__PRIVATE uint64_t ipcref__chan_need(size_t len) {
-  return IPCREF__CHAN_REC + (((uint64_t)len + 7u) & ~(uint64_t)7u);
+  return ((uint64_t)IPCREF__CHAN_REC + len + IPCREF__CHAN_LINE - 1u) &
+         ~(uint64_t)(IPCREF__CHAN_LINE - 1u);
 }
 
 /* ---- the sender -----------------------------------------------------------
@@ -218,7 +227,7 @@ IPCREF__PRIVATE ipcref_result ipcref__chan_make(size_t bytes,
   ipcref__wire_init(&w, setup->bytes, sizeof setup->bytes);
   ipcref__wire_put(&w, IPCREF__CHAN_SETUP_MAGIC, 4);
   ipcref__wire_put(&w, IPCREF__MSG_VERSION, 2);
-  ipcref__wire_put(&w, 0, 2);
+  ipcref__wire_put(&w, IPCREF__CHAN_LAYOUT, 2);
   ipcref__wire_put(&w, bytes, 4);
   setup->len = w.pos;
   setup->origin = NULL;
@@ -267,7 +276,8 @@ IPCREF__PRIVATE int ipcref__chan_push(ipcref_peer *p, const unsigned char *msg,
    * only when the ring looks full: the line moves with every record. */
   head = __atomic_load_n(&t->ctl->head, __ATOMIC_ACQUIRE);
   used = t->tail - head;
-  if (used > t->bytes || (head & 7u)) { /* it cannot have read that */
+  /* It cannot have read that, or stopped within a record. */
+  if (used > t->bytes || (head & (IPCREF__CHAN_LINE - 1u))) {
     t->broken = 1;
     IPCREF__LOCK(p->ctx);
     ipcref__ctx_report(p->ctx, IPCREF_EPROTO,
@@ -418,9 +428,9 @@ IPCREF__PRIVATE const char *ipcref__chan_adopt_why(struct ipcref__chan_rx *x,
   ipcref__wire_init(&w, (unsigned char *)(uintptr_t)b, len);
   (void)ipcref__wire_get(&w, 4); /* the magic, seen */
   if (ipcref__wire_get(&w, 2) != IPCREF__MSG_VERSION ||
-      ipcref__wire_get(&w, 2) != 0 || len != IPCREF__CHAN_SETUP_BYTES ||
-      nfds != 3)
-    return "a channel setup of another version, length or fd count";
+      ipcref__wire_get(&w, 2) != IPCREF__CHAN_LAYOUT ||
+      len != IPCREF__CHAN_SETUP_BYTES || nfds != 3)
+    return "a channel setup of another version, layout, length or fd count";
   bytes = ipcref__wire_get(&w, 4);
   if (bytes < IPCREF__CHAN_MIN || bytes > IPCREF__CHAN_MAX ||
       (bytes & (bytes - 1)))
