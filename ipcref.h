@@ -9010,12 +9010,14 @@ IPCREF_API ipcref_result ipcref_import(ipcref_peer *p, ipcref_msg *msg,
  * every look at the tail, and the two lines then cross CPUs together (see
  * ipcref__chan_looks), where a record sharing its first line with the end
  * of the one before would make that line cross twice. The setup says so:
- * layout 1 (0 was 8-byte records, which this receiver refuses). A message that
- * needs fds (a new segment or ledger) still goes on the socket, and so does one
- * that finds the ring full (the sender never waits for the receiver here);
- * `sockets` and each record's count keep the order of both paths: the receiver
- * reads the socket's next message whenever it has read fewer of them than the
- * next record (or, with the ring empty, the header) says were sent.
+ * layout 1 (0 was 8-byte records, which this receiver refuses).
+ *
+ * A message that needs fds (a new segment or ledger) still goes on the
+ * socket, and so does one that finds the ring full (the sender never
+ * waits for the receiver here); `sockets` and each record's count keep
+ * the order of both paths: the receiver reads the socket's next message
+ * whenever it has read fewer of them than the next record (or, with the
+ * ring empty, the header) says were sent.
  *
  * Memory: ring_bytes (default 64 KiB, at most 16 MiB) plus 4 KiB and a
  * socketpair per peer and direction, made on the first send. */
@@ -9624,8 +9626,9 @@ IPCREF__PRIVATE void ipcref__chan_lease_seen(struct ipcref__chan_rx *x,
  * record due next, whose line the sender writes just before the tail:
  * both lines are asked for on every look and cross CPUs together, where
  * a look at the tail alone would fetch the record's line only after it
- * (one cross-CPU miss more per hand-off; bench/lines.c). Only a load: the
- * record is read and checked by ipcref__chan_next, after the tail. */
+ * (with records on cache lines, a spinning hand-off 8% faster: bench/,
+ * chan_spin). Only a load, whatever it finds: the record is read and
+ * checked by ipcref__chan_next, after the tail. */
 IPCREF__PRIVATE int ipcref__chan_looks(const struct ipcref__chan_rx *x) {
   int ready = ipcref__chan_ready(x);
   uint64_t first =

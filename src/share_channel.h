@@ -52,12 +52,14 @@
  * every look at the tail, and the two lines then cross CPUs together (see
  * ipcref__chan_looks), where a record sharing its first line with the end
  * of the one before would make that line cross twice. The setup says so:
- * layout 1 (0 was 8-byte records, which this receiver refuses). A message that
- * needs fds (a new segment or ledger) still goes on the socket, and so does one
- * that finds the ring full (the sender never waits for the receiver here);
- * `sockets` and each record's count keep the order of both paths: the receiver
- * reads the socket's next message whenever it has read fewer of them than the
- * next record (or, with the ring empty, the header) says were sent.
+ * layout 1 (0 was 8-byte records, which this receiver refuses).
+ *
+ * A message that needs fds (a new segment or ledger) still goes on the
+ * socket, and so does one that finds the ring full (the sender never
+ * waits for the receiver here); `sockets` and each record's count keep
+ * the order of both paths: the receiver reads the socket's next message
+ * whenever it has read fewer of them than the next record (or, with the
+ * ring empty, the header) says were sent.
  *
  * Memory: ring_bytes (default 64 KiB, at most 16 MiB) plus 4 KiB and a
  * socketpair per peer and direction, made on the first send. */
