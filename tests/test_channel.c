@@ -355,6 +355,7 @@ static void expect_broken(local_pair *l, const char *why) {
 enum {
   H_TAIL_FAR,
   H_TAIL_ODD,
+  H_TAIL_IN_LINE, /* a multiple of 8 within a line: no record ends there */
   H_LEN_ZERO,
   H_LEN_HUGE,
   H_LEN_PAST,
@@ -365,11 +366,15 @@ enum {
 };
 
 static void test_hostile_sender_indices_and_fields(void) {
-  static const char *const why[H_NCASES] = {
-      "write index out of range", "write index out of range",
-      "length out of range",      "length out of range",
-      "length out of range",      "zero word set",
-      "fewer socket messages",    "socket count went back"};
+  static const char *const why[H_NCASES] = {"write index out of range",
+                                            "write index out of range",
+                                            "write index out of range",
+                                            "length out of range",
+                                            "length out of range",
+                                            "length out of range",
+                                            "zero word set",
+                                            "fewer socket messages",
+                                            "socket count went back"};
   int c;
   for (c = 0; c < H_NCASES; c++) {
     local_pair l;
@@ -390,6 +395,9 @@ static void test_hostile_sender_indices_and_fields(void) {
       break;
     case H_TAIL_ODD:
       __atomic_store_n(&ring_hdr(l.pp)->tail, t->tail + 3, __ATOMIC_RELEASE);
+      break;
+    case H_TAIL_IN_LINE:
+      __atomic_store_n(&ring_hdr(l.pp)->tail, t->tail + 8, __ATOMIC_RELEASE);
       break;
     case H_LEN_ZERO: raw_record(l.pp, 0, t->sockets, body, 0, 64); break;
     case H_LEN_HUGE:
@@ -611,9 +619,14 @@ static uint64_t head_odd(uint64_t tail, size_t bytes) {
   (void)bytes;
   return tail - 5;
 }
+static uint64_t head_in_line(uint64_t tail, size_t bytes) {
+  (void)bytes;
+  return tail - 8; /* a multiple of 8, within a record's line */
+}
 static void test_hostile_receiver_head(void) {
   bad_head(head_far);
   bad_head(head_odd);
+  bad_head(head_in_line);
 }
 
 /* The receiver's read index moved back (it claims to have read less):
