@@ -170,7 +170,7 @@ if wants w4; then
             w4_2cpu) as=(env W4_PIN=split "W4_ID=$variant") ;;
             *) echo "# unknown W4 variant $variant"; continue ;;
         esac
-        for mode in pipe_copy socket_copy memfd_scm msg64 shm_spin; do
+        for mode in pipe_copy socket_copy memfd_scm msg64 msg64_2sock shm_spin; do
             if [ $C_W4 = 0 ]; then
                 skipped "c_$mode" "$variant" apt-get-install-gcc
                 continue
