@@ -38,7 +38,8 @@ memory either way) compare torch_dataloader with peer=ipcref_dropin.
 W4's channel rows (bench/w4_handoff.c: ipcref_chan_spin, ipcref_chan_sockack, ipcref_chan_nospin,
 ipcref_chan_auto; peer=ipcref and ipcref_first are the socket path) have goals of their own
 (issue 18), each in one run: with spinning on (ipcref_chan_spin: a fixed 50 us spin, the ack
-through shared memory), a hand-off within 2x of c_shm_spin (w4 and w4_2cpu) and at most half of
+through shared memory), a hand-off within 2x of c_shm_spin (w4 and w4_2cpu; and within 2x of its own pair, the same
+bare spin interleaved with it in one run: pair_ratio) and at most half of
 iceoryx's busy-polling round trip (same setups); with spinning off (ipcref_chan_nospin, the ack on
 a socket), no slower than c_msg64 and than iceoryx_waitset (every setup); on one CPU (w4_1cpu),
 ipcref_chan_auto (the defaults: ipcref_peer_new, spin IPCREF_SPIN_AUTO) and ipcref_chan_nospin no
@@ -74,7 +75,7 @@ LOWER_IS_BETTER = {"ns_per_op": "time", "us_per_handoff": "time", "us_median": "
 HIGHER_IS_BETTER = {"GBps": "throughput", "records_per_s": "throughput"}
 # Extra fields of a result line kept as figures of their own, under (workload, size, field,
 # peer): W4's CPU per hand-off (and per record in w4_tput) and the messages by each path.
-EXTRA_FIELDS = ("prod_cpu_us", "cons_cpu_us", "sent_channel", "sent_socket")
+EXTRA_FIELDS = ("prod_cpu_us", "cons_cpu_us", "sent_channel", "sent_socket", "bare_us")
 
 # The ipcref rows a peer is compared with; peers not listed are compared with "ipcref".
 OURS_FOR = {
@@ -173,6 +174,11 @@ W4_CHAN_GOALS = [
     (("w4_1cpu",), "ipcref_chan_nospin", "ipcref", 1.0, " (one CPU: no slower)"),
 ]
 W4_ICEORYX = ("iceoryx", "iceoryx_waitset")
+# ipcref_chan_spin's own pair (bench/w4_handoff.c): blocks of its hand-offs interleaved with
+# blocks of c_shm_spin's in one process, metric pair_ratio = its median / the bare spin's
+# (bare_us). The spinning goal again, immune to a machine whose cross-CPU speed changes between
+# runs; the median of the rounds' ratios.
+W4_PAIR = ("ipcref_chan_spin", "pair_ratio", 2.0)
 # bench/lines.c: the chan_spin hand-off's shared-memory traffic without the library's code, the
 # floor of the channel's protocol; printed beside c_shm_spin and ipcref_chan_spin, with no goal.
 W4_LINES = "ipcref_lines"
@@ -639,6 +645,17 @@ def w4_chan_goal_rows(vals, notes=()):
             for sz in sizes:
                 out.append(ratio_goal(vals, wl, sz, metric, ours_name, peer, bound, note,
                                       show=True))
+    ours_name, metric_pair, bound = W4_PAIR
+    for wl in W4_SPIN_IDS:
+        sizes = sorted(k[1] for k in vals if k[0] == wl and k[2] == metric_pair
+                       and k[3] == ours_name)
+        for sz in sizes:
+            r = vals[(wl, sz, metric_pair, ours_name)]
+            bare = vals.get((wl, sz, "bare_us", ours_name))
+            name = (f"{wl} {metric_pair} @ {sz}: {ours_name} <= {bound:g}x its bare spin "
+                    f"(spinning on: c_shm_spin's hand-off interleaved in the same run)")
+            figures = f" (the bare spin {bare:g} us)" if bare else ""
+            out.append((name, f"{r:.3g}x{figures}", r <= bound, margin(r, bound, True)))
     # the producer's CPU per hand-off: the channel no higher than the socket path
     for wl in W4_IDS:
         if wl not in workloads:

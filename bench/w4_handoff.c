@@ -46,7 +46,26 @@
  *                                   and consumer on two CPUs wherever two
  *                                   are allowed (w4 too); under one CPU
  *                                   (w4_1cpu) both share it. Compare with
- *                                   c_shm_spin and iceoryx (busy-polling)
+ *                                   c_shm_spin and iceoryx (busy-polling).
+ *                                   Paired with a bare spin: the timed
+ *                                   hand-offs go in blocks of PAIR_BLOCK,
+ *                                   every other block through the channel
+ *                                   and every other as c_shm_spin makes
+ *                                   one (a sequence number in the shared
+ *                                   page; the consumer checks the first
+ *                                   and last byte of a buffer both
+ *                                   processes mapped before the fork and
+ *                                   acks the same way). A second line,
+ *                                   metric=pair_ratio, says value / the
+ *                                   bare spin's median (bare_us=): the
+ *                                   ratio of the two measured in the same
+ *                                   second, where this machine's
+ *                                   cross-CPU speed changes threefold from
+ *                                   one minute to the next (a ratio to
+ *                                   c_shm_spin's own run can then say 0.8
+ *                                   or 4). Its other figures (value, n,
+ *                                   the CPU, the counts) are the channel's
+ *                                   hand-offs alone
  *   chan_sockack  ipcref_chan_sockack  the channel, spin W4_SPIN_US, the
  *                                   ack on the socket: compare with c_msg64
  *   chan_nospin   ipcref_chan_nospin  the channel, spin_us 0 (the consumer
@@ -130,6 +149,8 @@
 #define TPUT_N      1000000
 #define TPUT_BYTE   0x5a
 #define MAX_RETRIES 1000000 /* tries of one throughput send in a row */
+#define PAIR_BLOCK  4096    /* chan_spin: hand-offs per block of each kind */
+#define BARE_STOP   UINT64_MAX
 
 enum mode {
   MODE_IPCREF,
@@ -157,7 +178,8 @@ static const char *const peer_name[N_MODES] = {"ipcref",
 /* The page both processes share, made before the fork: the shm ack
  * (chan_spin) and, at the end, the consumer's CPU figure. */
 struct shared_page {
-  _Alignas(64) _Atomic uint64_t taken; /* hand-offs acked */
+  _Alignas(64) _Atomic uint64_t taken;  /* hand-offs acked */
+  _Alignas(64) _Atomic uint64_t posted; /* chan_spin's bare hand-offs */
   _Alignas(64) _Atomic uint64_t cons_cpu_ns;
   _Atomic uint64_t cons_n; /* hand-offs (records) in the consumer's window */
 };
@@ -171,6 +193,7 @@ static int g_one_cpu; /* producer and consumer may only share one CPU */
 static const char *g_wl = "w4";
 static const char *g_peer = "ipcref";
 static struct shared_page *g_page;
+static unsigned char *g_bare; /* chan_spin: the bare spin's buffer */
 static pid_t g_child;
 static volatile unsigned g_sink;
 
@@ -183,6 +206,12 @@ static int has_channel(void) {
 }
 static int shm_ack(void) {
   return g_mode == MODE_CHAN_SPIN;
+}
+/* chan_spin's hand-off number k (from 0) is a bare spin: every other
+ * block of PAIR_BLOCK after the warm-ups. */
+static int is_bare(uint64_t k) {
+  return g_mode == MODE_CHAN_SPIN && k >= WARMUPS &&
+         (k - WARMUPS) / PAIR_BLOCK % 2 == 1;
 }
 /* the consumer's spin_us; IPCREF_SPIN_AUTO for the defaults */
 static int consumer_spin(void) {
@@ -225,6 +254,23 @@ static uint64_t cpu_ns(void) {
          ((uint64_t)u.ru_utime.tv_usec + (uint64_t)u.ru_stime.tv_usec) * 1000u;
 }
 
+/* CPU time summed over the stretches a process spends on the row's own
+ * hand-offs (chan_spin leaves its bare blocks out). */
+typedef struct cpu_window {
+  uint64_t sum, since;
+  int on;
+} cpu_window;
+static void cpu_on(cpu_window *w) {
+  if (w->on) return;
+  w->since = cpu_ns();
+  w->on = 1;
+}
+static void cpu_off(cpu_window *w) {
+  if (!w->on) return;
+  w->sum += cpu_ns() - w->since;
+  w->on = 0;
+}
+
 static int g_cpu[2] = {0, 1}; /* first two CPUs of the inherited mask */
 static int allowed_cpus(void) {
   cpu_set_t s;
@@ -261,6 +307,22 @@ static inline void relax(unsigned *spins) {
 #endif
 }
 
+/* chan_spin's bare hand-off k, the consumer's side: c_shm_spin's. 0 when
+ * the producer is done instead. */
+static int bare_take(uint64_t k) {
+  uint64_t v;
+  unsigned spins = 0;
+  while ((v = atomic_load_explicit(&g_page->posted, memory_order_acquire)) !=
+         k + 1) {
+    if (v == BARE_STOP) return 0;
+    relax(&spins);
+  }
+  if (g_bare[0] != (unsigned char)k || g_bare[S - 1] != (unsigned char)k)
+    _exit(3);
+  atomic_store_explicit(&g_page->taken, k + 1, memory_order_release);
+  return 1;
+}
+
 /* The context options of both sides. For the first-hand-off mode every
  * buffer gets a segment of its own and no empty segment is kept for reuse,
  * so each allocation makes a new memfd. */
@@ -291,13 +353,20 @@ static void consumer(int data_fd, int ack_fd) {
   ipcref_ctx *ctx = NULL;
   ipcref_peer *peer = NULL;
   ipcref_result r;
-  uint64_t k = 0, cpu0 = 0, cpu1 = 0, last = 0;
+  uint64_t k = 0, timed = 0, last = 0;
+  cpu_window cpu = {0, 0, 0};
   if ((r = ipcref_ctx_new(&o, &ctx)) || (r = make_peer(ctx, data_fd, &peer)))
     die("consumer setup", r);
   for (;; k++) {
     ipcref_view v;
     const unsigned char *b;
     unsigned char e = (unsigned char)k;
+    if (is_bare(k)) {
+      cpu_off(&cpu);
+      if (!bare_take(k)) break;
+      continue;
+    }
+    if (k > WARMUPS && is_bare(k - 1)) cpu_on(&cpu);
     memset(&v, 0, sizeof v);
     r = ipcref_recv(peer, &v, -1);
     if (r == IPCREF_EPEER) break; /* the producer is done */
@@ -308,8 +377,9 @@ static void consumer(int data_fd, int ack_fd) {
     if (is_tput() && k >= WARMUPS) e = TPUT_BYTE;
     if (b[0] != e || b[S - 1] != e) _exit(3);
     ipcref_view_release(&v);
+    if (k >= WARMUPS) timed++;
     if (is_tput() && k + 1 == WARMUPS + g_tput_n) { /* the last record */
-      cpu1 = cpu_ns();
+      cpu_off(&cpu);
       last = 1;
       write_byte(ack_fd);
     } else if (shm_ack()) {
@@ -317,14 +387,14 @@ static void consumer(int data_fd, int ack_fd) {
     } else if (!is_tput() || k < WARMUPS) {
       write_byte(ack_fd);
     }
-    if (k + 1 == WARMUPS) cpu0 = cpu_ns(); /* the timed window starts */
+    if (k + 1 == WARMUPS) cpu_on(&cpu); /* the timed window starts */
   }
-  if (!last) cpu1 = cpu_ns();
-  atomic_store(&g_page->cons_cpu_ns, k > WARMUPS ? cpu1 - cpu0 : 0);
+  cpu_off(&cpu);
+  atomic_store(&g_page->cons_cpu_ns, cpu.sum);
   if (is_tput())
     atomic_store(&g_page->cons_n, last ? g_tput_n : 0);
   else
-    atomic_store(&g_page->cons_n, k > WARMUPS ? k - WARMUPS : 0);
+    atomic_store(&g_page->cons_n, timed);
   ipcref_peer_free(peer);
   ipcref_ctx_free(ctx);
   _exit(0);
@@ -404,6 +474,17 @@ static double handoff(producer *p, uint64_t i) {
   }
 }
 
+/* chan_spin's bare hand-off number i, as c_shm_spin makes it; its time in
+ * ns. */
+static double bare_handoff(producer *p, uint64_t i) {
+  double t0;
+  g_bare[0] = g_bare[S - 1] = (unsigned char)i; /* "produce" */
+  t0 = now_ns();
+  atomic_store_explicit(&g_page->posted, i + 1, memory_order_release);
+  wait_ack(p, i);
+  return now_ns() - t0;
+}
+
 /* The producer's messages by each path since `before`. */
 static void sent_since(producer *p, const ipcref_peer_info *before,
                        uint64_t *chan, uint64_t *sock) {
@@ -454,9 +535,10 @@ int main(int argc, char **argv) {
   ipcref_stats cs;
   ipcref_result r;
   int dv[2], av[2], st, split;
-  double secs = 1.0, start, total = 0, *v, med, p99;
-  size_t cap = 1 << 16, n = 0;
-  uint64_t i = 0, cpu0, cpu1, chan = 0, sock = 0, retries = 0, cons_n;
+  double secs = 1.0, start, total = 0, *v, *vb, med, p99, bare = 0;
+  size_t cap = 1 << 16, n = 0, capb = 1 << 16, nb = 0;
+  uint64_t i = 0, chan = 0, sock = 0, retries = 0, cons_n;
+  cpu_window cpu = {0, 0, 0};
   char spin[16], ring[24];
 
   g_mode = N_MODES;
@@ -504,6 +586,12 @@ int main(int argc, char **argv) {
   g_page = mmap(NULL, sizeof *g_page, PROT_READ | PROT_WRITE,
                 MAP_SHARED | MAP_ANONYMOUS, -1, 0);
   if (g_page == MAP_FAILED) die("mmap", IPCREF_OK);
+  if (g_mode == MODE_CHAN_SPIN) {
+    g_bare = mmap(NULL, S, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS,
+                  -1, 0);
+    if (g_bare == MAP_FAILED) die("mmap", IPCREF_OK);
+    memset(g_bare, 1, S); /* pre-faulted, as the channel's buffer is */
+  }
   if (socketpair(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0, dv) ||
       socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, av))
     die("socketpair", IPCREF_OK);
@@ -536,20 +624,29 @@ int main(int argc, char **argv) {
   memset(&before, 0, sizeof before);
   if ((r = ipcref_peer_stats(p.peer, &before))) die("ipcref_peer_stats", r);
   v = malloc(cap * sizeof *v);
-  if (!v) die("malloc", IPCREF_OK);
+  vb = malloc(capb * sizeof *vb);
+  if (!v || !vb) die("malloc", IPCREF_OK);
   if (is_tput()) {
     unsigned char *d = (unsigned char *)ipcref_buf_data(p.view.buf);
     d[0] = d[S - 1] = TPUT_BYTE;
-    cpu0 = cpu_ns();
+    cpu_on(&cpu);
     start = now_ns();
     retries = tput_run(&p);
     total = now_ns() - start;
-    cpu1 = cpu_ns();
+    cpu_off(&cpu);
     n = (size_t)g_tput_n;
   } else {
-    cpu0 = cpu_ns();
+    cpu_on(&cpu);
     start = now_ns();
     do {
+      if (is_bare(i)) { /* chan_spin's pair: not the row's own */
+        cpu_off(&cpu);
+        if (nb == capb) vb = realloc(vb, (capb *= 2) * sizeof *vb);
+        if (!vb) die("realloc", IPCREF_OK);
+        vb[nb++] = bare_handoff(&p, i++);
+        continue;
+      }
+      cpu_on(&cpu);
       double dt = handoff(&p, i++);
       if (n == cap) {
         cap *= 2;
@@ -558,9 +655,12 @@ int main(int argc, char **argv) {
       if (!v) die("realloc", IPCREF_OK);
       v[n++] = dt;
       total += dt;
-    } while ((n < 5 || now_ns() - start < secs * 1e9) && n < MAX_N);
-    cpu1 = cpu_ns();
+    } while ((n < 5 || (g_bare && nb < 5) || now_ns() - start < secs * 1e9) &&
+             n < MAX_N);
+    cpu_off(&cpu);
   }
+  if (g_bare) /* a consumer waiting for a bare hand-off: done */
+    atomic_store_explicit(&g_page->posted, BARE_STOP, memory_order_release);
   sent_since(&p, &before, &chan, &sock);
   memset(&cs, 0, sizeof cs);
   ipcref_ctx_stats(p.ctx, &cs); /* before the peer goes with its ledgers */
@@ -604,30 +704,37 @@ int main(int argc, char **argv) {
            "sent_socket=%llu "
            "counter_files=%zu retries=%llu\n",
            g_peer, g_wl, S, (double)n / (total / 1e9), n, total / 1e9,
-           total / (double)n / 1e3, (double)(cpu1 - cpu0) / (double)n / 1e3,
+           total / (double)n / 1e3, (double)cpu.sum / (double)n / 1e3,
            (double)atomic_load(&g_page->cons_cpu_ns) / (double)n / 1e3,
            spin_text(spin, sizeof spin), ring_text(ring, sizeof ring),
            (unsigned long long)chan, (unsigned long long)sock, cs.counter_files,
            (unsigned long long)retries);
     ipcref_ctx_free(p.ctx);
     free(v);
+    free(vb);
     return 0;
   }
   ipcref_collect(p.ctx);
   ipcref_ctx_free(p.ctx);
   med = median(v, (int)n); /* sorts v */
   p99 = v[(size_t)(0.99 * (double)(n - 1))];
+  if (nb) bare = median(vb, (int)nb);
   printf("peer=%s workload=%s size=%zu metric=us_per_handoff value=%.3f n=%zu "
          "mean=%.3f p99=%.3f prod_cpu_us=%.3f cons_cpu_us=%.3f spin_us=%s "
          "ring_bytes=%s ack=%s pin=%s sent_channel=%llu sent_socket=%llu\n",
          g_peer, g_wl, S, med / 1e3, n, total / (double)n / 1e3, p99 / 1e3,
-         (double)(cpu1 - cpu0) / (double)n / 1e3,
+         (double)cpu.sum / (double)n / 1e3,
          (double)atomic_load(&g_page->cons_cpu_ns) / (double)n / 1e3,
          spin_text(spin, sizeof spin), ring_text(ring, sizeof ring),
          shm_ack() ? "shm" : "socket", split ? "split" : "none",
          (unsigned long long)chan, (unsigned long long)sock);
+  if (nb) /* chan_spin: the ratio to its pair */
+    printf("peer=%s workload=%s size=%zu metric=pair_ratio value=%.3f "
+           "bare_us=%.3f n_bare=%zu\n",
+           g_peer, g_wl, S, med / bare, bare / 1e3, nb);
   printf("peer=%s workload=%s size=%zu metric=GBps value=%.3f\n", g_peer, g_wl,
          S, (double)S / med);
   free(v);
+  free(vb);
   return 0;
 }
