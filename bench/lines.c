@@ -37,6 +37,15 @@
  *     while it spins is the one it reads when the record comes;
  * and the lease returned into a ring only this consumer writes (a store
  * where a fetch_add was; the fence and the look at `waiting` stay).
+ * Rows that take one change at a time (tried, not kept) put nearly all of
+ * the gain in the first: the record's own sequence word alone measured
+ * 0.15-0.17 us where ipcref_lines took 0.21-0.23. But that change made in
+ * the library itself (the record's first word stored last, the tail no
+ * longer written) was no faster in 6 alternating pairs of chan_spin, and
+ * slower in 5. Most likely because the library writes a record's first
+ * line in several stores, and the spinning consumer takes the line away
+ * between them, so it crosses CPUs more than once. A floor here is what
+ * the traffic costs when each line is written in one go.
  *
  * So ipcref_lines is what a chan_spin hand-off would cost if the library's
  * own instructions took no time: compare it with c_shm_spin (the same
