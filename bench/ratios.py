@@ -12,11 +12,11 @@ with numpy, torch and c_memcpy_fresh; a pre-faulted, reused destination (peer=ip
 ipcref_view_copy) with numpy_prealloc, torch_prealloc and c_memcpy (the limit). W4: c_memfd_scm
 (an fd crosses and is mapped on every hand-off) is compared with peer=ipcref and with
 peer=ipcref_first (the first hand-off of a new segment: its fd crosses). Every other peer is
-compared with peer=ipcref (the iceoryx peers too: their chunks live in segments both sides
-mapped at start), and those that wait as a channel row does with it too: c_msg64 and
-c_msg64_2sock with ipcref_chan_sockack and ipcref_chan_nospin, c_shm_spin and iceoryx with ipcref_chan_spin,
-iceoryx_waitset with ipcref_chan_nospin. Rows are only ever compared within one workload id
-(w4, w4_1cpu and w4_2cpu are separate setups). c_msg64_2sock is c_msg64 with the ack on a second
+compared with peer=ipcref (the iceoryx peers too: their chunks live in segments both sides mapped
+at start), and those that wait as a channel row does with it too: c_msg64 and c_msg64_2sock with
+ipcref_chan_sockack and ipcref_chan_nospin, c_shm_spin and iceoryx with ipcref_chan_spin,
+iceoryx_waitset with ipcref_chan_nospin. Rows are only ever compared within one workload id (w4,
+w4_1cpu and w4_2cpu are separate setups). c_msg64_2sock is c_msg64 with the ack on a second
 socketpair, as ipcref's rows ack: c_msg64's one socket wakes each process when the other reads
 (bench/peers/w4_handoff.c), which no ipcref row can get; the goals name c_msg64, as issued.
 
@@ -38,18 +38,18 @@ memory either way) compare torch_dataloader with peer=ipcref_dropin.
 W4's channel rows (bench/w4_handoff.c: ipcref_chan_spin, ipcref_chan_sockack, ipcref_chan_nospin,
 ipcref_chan_auto; peer=ipcref and ipcref_first are the socket path) have goals of their own
 (issue 18), each in one run: with spinning on (ipcref_chan_spin: a fixed 50 us spin, the ack
-through shared memory), a hand-off within 2x of c_shm_spin (w4 and w4_2cpu; and within 2x of its own pair, the same
-bare spin interleaved with it in one run: pair_ratio) and at most half of
+through shared memory), a hand-off within 2x of c_shm_spin (w4 and w4_2cpu; and within 2x of its
+own pair, the same bare spin interleaved with it in one run: pair_ratio) and at most half of
 iceoryx's busy-polling round trip (same setups); with spinning off (ipcref_chan_nospin, the ack on
 a socket), no slower than c_msg64 and than iceoryx_waitset (every setup); on one CPU (w4_1cpu),
 ipcref_chan_auto (the defaults: ipcref_peer_new, spin IPCREF_SPIN_AUTO) and ipcref_chan_nospin no
 slower than ipcref (ipcref_chan_spin and ipcref_chan_sockack force a spin, which one CPU pays for:
 their w4_1cpu figures are in the table, with no goal); the producer's CPU per hand-off
 (prod_cpu_us, W4_SMALL) on the channel no higher than on the socket path (ipcref_chan_sockack,
-ipcref_chan_nospin and ipcref_chan_auto, which ack on a socket as ipcref does, against ipcref;
-and ipcref_tput_chan against ipcref_tput_sock); and the throughput (w4_tput, records_per_s)
-of the channel no lower than the socket path's. Every iceoryx goal says "no iceoryx row" when the
-run has none. Sizes: each one the channel row measured in that setup.
+ipcref_chan_nospin and ipcref_chan_auto, which ack on a socket as ipcref does, against ipcref; and
+ipcref_tput_chan against ipcref_tput_sock); and the throughput (w4_tput, records_per_s) of the
+channel no lower than the socket path's. Every iceoryx goal says "no iceoryx row" when the run has
+none. Sizes: each one the channel row measured in that setup.
 
 Then a W4 table (us per hand-off, one column per peer), the CPU per hand-off of ipcref's W4 rows
 (producer / consumer), the channel protocol's floor (bench/lines.c's ipcref_lines beside
@@ -130,9 +130,10 @@ W4_GOALS = [
 ]
 # Columns of the W4 table, in this order; other peers follow.
 W4_COLUMNS = ["ipcref", "ipcref_first", "ipcref_chan_spin", "ipcref_chan_sockack",
-              "ipcref_chan_nospin", "ipcref_chan_auto", "c_msg64", "c_msg64_2sock", "c_memfd_scm",
-              "c_shm_spin", "ipcref_lines", "ipcref_lines_compact", "c_pipe_copy", "c_socket_copy", "iceoryx",
-              "iceoryx_waitset", "py_pipe_msg64", "py_shm_pipe", "torch_mp_fd", "torch_mp_fs"]
+              "ipcref_chan_nospin", "ipcref_chan_auto", "c_msg64", "c_msg64_2sock",
+              "c_memfd_scm", "c_shm_spin", "ipcref_lines", "ipcref_lines_compact",
+              "c_pipe_copy", "c_socket_copy", "iceoryx", "iceoryx_waitset", "py_pipe_msg64",
+              "py_shm_pipe", "torch_mp_fd", "torch_mp_fs"]
 # W5: the same goals in each setup and stream, never across them.
 W5_SETUPS = ("w5_1cpu", "w5_2cpu")
 W5_STREAMS = ("seq", "inflight4", "mixed")
