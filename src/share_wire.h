@@ -60,38 +60,6 @@ IPCREF__PRIVATE void ipcref__wire_init(ipcref__wire *w, unsigned char *p,
 #define IPCREF__WIRE_LE 0
 #endif
 
-IPCREF__PRIVATE IPCREF__INLINE void ipcref__wire_put(ipcref__wire *w,
-                                                     uint64_t v, int bytes) {
-  int i;
-  if (w->pos + (size_t)bytes > w->len) {
-    w->bad = 1;
-    return;
-  }
-  if (IPCREF__WIRE_LE) {
-    memcpy(w->p + w->pos, &v, (size_t)bytes);
-    w->pos += (size_t)bytes;
-    return;
-  }
-  for (i = 0; i < bytes; i++) w->p[w->pos++] = (unsigned char)(v >> (8 * i));
-}
-
-IPCREF__PRIVATE IPCREF__INLINE uint64_t ipcref__wire_get(ipcref__wire *w,
-                                                         int bytes) {
-  uint64_t v = 0;
-  int i;
-  if (w->pos + (size_t)bytes > w->len) {
-    w->bad = 1;
-    return 0;
-  }
-  if (IPCREF__WIRE_LE) {
-    memcpy(&v, w->p + w->pos, (size_t)bytes);
-    w->pos += (size_t)bytes;
-    return v;
-  }
-  for (i = 0; i < bytes; i++) v |= (uint64_t)w->p[w->pos++] << (8 * i);
-  return v;
-}
-
 /* The next `n` bytes of the cursor, taken whole: NULL (and `bad` set)
  * when fewer are left, or the cursor was moved past its end. A record's
  * fixed part is checked once so, not field by field: decoding a hand-off's
@@ -132,6 +100,20 @@ IPCREF__PRIVATE IPCREF__INLINE void ipcref__le_put(unsigned char *q, uint64_t v,
   for (i = 0; i < bytes; i++) q[i] = (unsigned char)(v >> (8 * i));
 }
 
+/* One field of `bytes` bytes: written, or read (0 once the cursor is
+ * bad). */
+IPCREF__PRIVATE IPCREF__INLINE void ipcref__wire_put(ipcref__wire *w,
+                                                     uint64_t v, int bytes) {
+  unsigned char *q = ipcref__wire_take(w, (size_t)bytes);
+  if (q) ipcref__le_put(q, v, bytes);
+}
+
+IPCREF__PRIVATE IPCREF__INLINE uint64_t ipcref__wire_get(ipcref__wire *w,
+                                                         int bytes) {
+  const unsigned char *q = ipcref__wire_take(w, (size_t)bytes);
+  return q ? ipcref__le_get(q, bytes) : 0;
+}
+
 typedef struct ipcref__view_rec {
   uint32_t origin_pid;
   uint64_t origin_nonce, seg_id, seg_size, block_offset, block_size;
@@ -160,26 +142,21 @@ typedef struct ipcref__fd_rec {
   uint64_t chunk[IPCREF_CHUNKS_MAX];
 } ipcref__fd_rec;
 
-/* Writes / reads `n` bytes as they are. */
+/* Writes / reads `n` bytes as they are (read: 0s once the cursor is
+ * bad). */
 IPCREF__PRIVATE void ipcref__put_bytes(ipcref__wire *w, const unsigned char *b,
                                        size_t n) {
-  if (w->pos + n > w->len) {
-    w->bad = 1;
-    return;
-  }
-  memcpy(w->p + w->pos, b, n);
-  w->pos += n;
+  unsigned char *q = ipcref__wire_take(w, n);
+  if (q) memcpy(q, b, n);
 }
 
 IPCREF__PRIVATE void ipcref__get_bytes(ipcref__wire *w, unsigned char *b,
                                        size_t n) {
-  if (w->pos + n > w->len) {
-    w->bad = 1;
+  const unsigned char *q = ipcref__wire_take(w, n);
+  if (q)
+    memcpy(b, q, n);
+  else
     memset(b, 0, n);
-    return;
-  }
-  memcpy(b, w->p + w->pos, n);
-  w->pos += n;
 }
 
 /* Writes / reads a segment or ledger record (0 when malformed). */
