@@ -4077,7 +4077,9 @@ struct ipcref_peer {
   ipcref__sent *sent;      /* what the other side has been sent: a set of
                               capsent slots, nsent used (share_index) */
   size_t nsent, capsent;
-  uint64_t *retired; /* own segments destroyed since, to announce */
+  ipcref__sent sent_last[2]; /* the segment [0] and ledger [1] last found
+                                or added there (used 0: none) */
+  uint64_t *retired;         /* own segments destroyed since, to announce */
   size_t nretired, capretired;
   ipcref_view pending[64]; /* received views not handed out yet */
   int npending, pending_pos;
@@ -4476,7 +4478,8 @@ IPCREF__PRIVATE ipcref__map *ipcref__map_find(ipcref_ctx *ctx, int kind,
 /* ---- what a peer was sent -------------------------------------------------
  * Linear probing, at most half full, deleted by moving the later entries
  * of a run back (no tombstones): p->sent holds p->capsent entries (0 or a
- * power of two), p->nsent of them used. */
+ * power of two), p->nsent of them used. p->sent_last holds the segment and
+ * the ledger last asked for, each in the set until it is forgotten. */
 
 IPCREF__PRIVATE size_t ipcref__sent_home(const ipcref_peer *p, uint64_t nonce,
                                          uint64_t key) {
@@ -4508,13 +4511,29 @@ IPCREF__PRIVATE int ipcref__sent_grow(ipcref_peer *p) {
   return 1;
 }
 
+/* Notes (nonce, key) as the last segment or ledger (its key's low bit)
+ * found in the set or added to it: the next send of a view of the same
+ * block asks for both again, and finds them without hashing. */
+IPCREF__PRIVATE void ipcref__sent_remember(ipcref_peer *p, uint64_t nonce,
+                                           uint64_t key) {
+  ipcref__sent *last = &p->sent_last[key & 1u];
+  last->nonce = nonce;
+  last->key = key;
+  last->used = 1;
+}
+
 /* 1 when peer `p` was sent the segment or ledger (nonce, key) already;
  * else notes it and gives 0 (with *fail set when out of memory). Under the
  * lock, as the next. */
 IPCREF__PRIVATE int ipcref__sent_mark(ipcref_peer *p, uint64_t nonce,
                                       uint64_t key, int *fail) {
+  const ipcref__sent *last = &p->sent_last[key & 1u];
   size_t i;
-  if (p->capsent && p->sent[ipcref__sent_slot(p, nonce, key)].used) return 1;
+  if (last->used && last->key == key && last->nonce == nonce) return 1;
+  if (p->capsent && p->sent[ipcref__sent_slot(p, nonce, key)].used) {
+    ipcref__sent_remember(p, nonce, key);
+    return 1;
+  }
   if (2 * (p->nsent + 1) > p->capsent && !ipcref__sent_grow(p)) {
     *fail = 1;
     return 0;
@@ -4524,6 +4543,7 @@ IPCREF__PRIVATE int ipcref__sent_mark(ipcref_peer *p, uint64_t nonce,
   p->sent[i].key = key;
   p->sent[i].used = 1;
   p->nsent++;
+  ipcref__sent_remember(p, nonce, key);
   return 0;
 }
 
@@ -4533,6 +4553,8 @@ IPCREF__PRIVATE int ipcref__sent_mark(ipcref_peer *p, uint64_t nonce,
 IPCREF__PRIVATE int ipcref__sent_forget(ipcref_peer *p, uint64_t nonce,
                                         uint64_t key) {
   size_t hole, j, home, mask = p->capsent - 1;
+  ipcref__sent *last = &p->sent_last[key & 1u];
+  if (last->used && last->key == key && last->nonce == nonce) last->used = 0;
   if (!p->capsent) return 0;
   hole = ipcref__sent_slot(p, nonce, key);
   if (!p->sent[hole].used) return 0;
@@ -8884,15 +8906,20 @@ IPCREF__PRIVATE void ipcref__refused(ipcref_ctx *ctx, const char *why) {
   ipcref__ctx_report(ctx, IPCREF_EPROTO, m);
 }
 
+/* import_bytes' `how`: the death check runs there (not for a record off
+ * the channel: see recv_chan); the message's metadata is kept in the peer
+ * for ipcref_recv_meta (a receive's, not ipcref_import's). */
+#define IPCREF__IMPORT_PUMP 1
+#define IPCREF__IMPORT_META 2
+
 /* Imports a received message with its fds (takes the fds: each is closed
  * or kept by a mapping). `views` gets one view per record. Decoded first
  * (no side effect), then under the lock: retire, map, check every record,
  * get ready, commit. A refused message changes nothing but the cache of
- * what the sender retired, and the refusal count. `pump`: the death check
- * runs here (not for a record off the channel: see recv_ring). */
+ * what the sender retired, and the refusal count. */
 IPCREF__PRIVATE ipcref_result ipcref__import_bytes(
     ipcref_peer *p, const unsigned char *bytes, size_t len, int *fds, int nfds,
-    void *stream, ipcref_view *views, int *nviews, int pump) {
+    void *stream, ipcref_view *views, int *nviews, int how) {
   ipcref_ctx *ctx = p->ctx;
   ipcref__msg_in m;
   ipcref__msg_maps mm;
@@ -8907,7 +8934,7 @@ IPCREF__PRIVATE ipcref_result ipcref__import_bytes(
   }
   if (m.nfds != nfds) goto done;
   IPCREF__LOCK(ctx);
-  if (pump) (void)ipcref__pump(ctx, 0);
+  if (how & IPCREF__IMPORT_PUMP) (void)ipcref__pump(ctx, 0);
   ipcref__import_retire(ctx, &m);
   r = ipcref__import_map(ctx, &m, fds, &mm);
   for (i = 0; r == IPCREF_OK && i < m.head.nviews; i++)
@@ -8921,6 +8948,9 @@ IPCREF__PRIVATE ipcref_result ipcref__import_bytes(
   if (r != IPCREF_OK) { /* ENOMEM partway */
     for (i = 0; i < *nviews; i++) ipcref_view_release(&views[i]);
     *nviews = 0;
+  } else if (how & IPCREF__IMPORT_META) { /* its last bytes (msg_decode) */
+    p->meta_len = m.head.meta_len;
+    if (p->meta_len) memcpy(p->meta, bytes + len - p->meta_len, p->meta_len);
   }
 done:
   for (i = 0; i < nfds; i++)
@@ -8975,7 +9005,7 @@ IPCREF_API ipcref_result ipcref_import(ipcref_peer *p, ipcref_msg *msg,
                                               : IPCREF_EDEAD;
   if (r == IPCREF_OK)
     r = ipcref__import_bytes(p, msg->bytes, msg->len, msg->fds, msg->nfds, NULL,
-                             views, &n, 1);
+                             views, &n, IPCREF__IMPORT_PUMP);
   else
     for (i = 0; i < msg->nfds; i++) /* its fds, as on any error */
       if (msg->fds[i] >= 0) close(msg->fds[i]);
@@ -10261,14 +10291,6 @@ IPCREF__PRIVATE ipcref_result ipcref__recv_raw(ipcref_peer *p,
   return r;
 }
 
-/* Keeps the metadata of a message just imported (so valid) from `p`, for
- * ipcref_recv_meta. */
-IPCREF__PRIVATE void ipcref__meta_keep(ipcref_peer *p,
-                                       const unsigned char *bytes, size_t len) {
-  const unsigned char *meta = ipcref__msg_meta_at(bytes, len, &p->meta_len);
-  if (p->meta_len) memcpy(p->meta, meta, p->meta_len);
-}
-
 IPCREF_API int ipcref_recv_pending(ipcref_peer *p) {
   if (!p || !IPCREF__PEER_USABLE(p, "ipcref_recv_pending")) return 0;
   return p->npending - p->pending_pos;
@@ -10289,15 +10311,13 @@ IPCREF__PRIVATE ipcref_result ipcref__socket_record(ipcref_peer *p,
                                                     int nfds, void *stream,
                                                     int *n) {
   ipcref__wire w;
-  ipcref_result r;
   *n = 0;
   ipcref__wire_init(&w, (unsigned char *)(uintptr_t)b, len);
   if (ipcref__wire_get(&w, 4) == IPCREF__CHAN_SETUP_MAGIC && !w.bad)
     return ipcref__chan_adopt(p, b, len, fds, nfds);
   IPCREF__STEP("receive");
-  r = ipcref__import_bytes(p, b, len, fds, nfds, stream, p->pending, n, 1);
-  if (r == IPCREF_OK) ipcref__meta_keep(p, b, len);
-  return r;
+  return ipcref__import_bytes(p, b, len, fds, nfds, stream, p->pending, n,
+                              IPCREF__IMPORT_PUMP | IPCREF__IMPORT_META);
 }
 
 /* The socket's next record, within timeout_ms (see socket_record); *took
@@ -10358,11 +10378,8 @@ IPCREF__PRIVATE ipcref_result ipcref__recv_chan(ipcref_peer *p, int timeout_ms,
     if (k == IPCREF__CHAN_BAD) return IPCREF_EPROTO;
     if (k == IPCREF__CHAN_GOT) {
       r = ipcref__import_bytes(p, x->rec, x->rec_len, NULL, 0, stream,
-                               p->pending, n, 0);
-      if (r == IPCREF_OK) {
-        ipcref__meta_keep(p, x->rec, x->rec_len);
-        ipcref__chan_lease_seen(x, &p->pending[0]);
-      }
+                               p->pending, n, IPCREF__IMPORT_META);
+      if (r == IPCREF_OK) ipcref__chan_lease_seen(x, &p->pending[0]);
       return r;
     }
     if (k == IPCREF__CHAN_SOCK) {

@@ -475,15 +475,20 @@ IPCREF__PRIVATE void ipcref__refused(ipcref_ctx *ctx, const char *why) {
   ipcref__ctx_report(ctx, IPCREF_EPROTO, m);
 }
 
+/* import_bytes' `how`: the death check runs there (not for a record off
+ * the channel: see recv_chan); the message's metadata is kept in the peer
+ * for ipcref_recv_meta (a receive's, not ipcref_import's). */
+#define IPCREF__IMPORT_PUMP 1
+#define IPCREF__IMPORT_META 2
+
 /* Imports a received message with its fds (takes the fds: each is closed
  * or kept by a mapping). `views` gets one view per record. Decoded first
  * (no side effect), then under the lock: retire, map, check every record,
  * get ready, commit. A refused message changes nothing but the cache of
- * what the sender retired, and the refusal count. `pump`: the death check
- * runs here (not for a record off the channel: see recv_ring). */
+ * what the sender retired, and the refusal count. */
 IPCREF__PRIVATE ipcref_result ipcref__import_bytes(
     ipcref_peer *p, const unsigned char *bytes, size_t len, int *fds, int nfds,
-    void *stream, ipcref_view *views, int *nviews, int pump) {
+    void *stream, ipcref_view *views, int *nviews, int how) {
   ipcref_ctx *ctx = p->ctx;
   ipcref__msg_in m;
   ipcref__msg_maps mm;
@@ -498,7 +503,7 @@ IPCREF__PRIVATE ipcref_result ipcref__import_bytes(
   }
   if (m.nfds != nfds) goto done;
   IPCREF__LOCK(ctx);
-  if (pump) (void)ipcref__pump(ctx, 0);
+  if (how & IPCREF__IMPORT_PUMP) (void)ipcref__pump(ctx, 0);
   ipcref__import_retire(ctx, &m);
   r = ipcref__import_map(ctx, &m, fds, &mm);
   for (i = 0; r == IPCREF_OK && i < m.head.nviews; i++)
@@ -512,6 +517,9 @@ IPCREF__PRIVATE ipcref_result ipcref__import_bytes(
   if (r != IPCREF_OK) { /* ENOMEM partway */
     for (i = 0; i < *nviews; i++) ipcref_view_release(&views[i]);
     *nviews = 0;
+  } else if (how & IPCREF__IMPORT_META) { /* its last bytes (msg_decode) */
+    p->meta_len = m.head.meta_len;
+    if (p->meta_len) memcpy(p->meta, bytes + len - p->meta_len, p->meta_len);
   }
 done:
   for (i = 0; i < nfds; i++)
@@ -566,7 +574,7 @@ IPCREF_API ipcref_result ipcref_import(ipcref_peer *p, ipcref_msg *msg,
                                               : IPCREF_EDEAD;
   if (r == IPCREF_OK)
     r = ipcref__import_bytes(p, msg->bytes, msg->len, msg->fds, msg->nfds, NULL,
-                             views, &n, 1);
+                             views, &n, IPCREF__IMPORT_PUMP);
   else
     for (i = 0; i < msg->nfds; i++) /* its fds, as on any error */
       if (msg->fds[i] >= 0) close(msg->fds[i]);

@@ -138,7 +138,8 @@ IPCREF__PRIVATE ipcref__map *ipcref__map_find(ipcref_ctx *ctx, int kind,
 /* ---- what a peer was sent -------------------------------------------------
  * Linear probing, at most half full, deleted by moving the later entries
  * of a run back (no tombstones): p->sent holds p->capsent entries (0 or a
- * power of two), p->nsent of them used. */
+ * power of two), p->nsent of them used. p->sent_last holds the segment and
+ * the ledger last asked for, each in the set until it is forgotten. */
 
 IPCREF__PRIVATE size_t ipcref__sent_home(const ipcref_peer *p, uint64_t nonce,
                                          uint64_t key) {
@@ -170,13 +171,29 @@ IPCREF__PRIVATE int ipcref__sent_grow(ipcref_peer *p) {
   return 1;
 }
 
+/* Notes (nonce, key) as the last segment or ledger (its key's low bit)
+ * found in the set or added to it: the next send of a view of the same
+ * block asks for both again, and finds them without hashing. */
+IPCREF__PRIVATE void ipcref__sent_remember(ipcref_peer *p, uint64_t nonce,
+                                           uint64_t key) {
+  ipcref__sent *last = &p->sent_last[key & 1u];
+  last->nonce = nonce;
+  last->key = key;
+  last->used = 1;
+}
+
 /* 1 when peer `p` was sent the segment or ledger (nonce, key) already;
  * else notes it and gives 0 (with *fail set when out of memory). Under the
  * lock, as the next. */
 IPCREF__PRIVATE int ipcref__sent_mark(ipcref_peer *p, uint64_t nonce,
                                       uint64_t key, int *fail) {
+  const ipcref__sent *last = &p->sent_last[key & 1u];
   size_t i;
-  if (p->capsent && p->sent[ipcref__sent_slot(p, nonce, key)].used) return 1;
+  if (last->used && last->key == key && last->nonce == nonce) return 1;
+  if (p->capsent && p->sent[ipcref__sent_slot(p, nonce, key)].used) {
+    ipcref__sent_remember(p, nonce, key);
+    return 1;
+  }
   if (2 * (p->nsent + 1) > p->capsent && !ipcref__sent_grow(p)) {
     *fail = 1;
     return 0;
@@ -186,6 +203,7 @@ IPCREF__PRIVATE int ipcref__sent_mark(ipcref_peer *p, uint64_t nonce,
   p->sent[i].key = key;
   p->sent[i].used = 1;
   p->nsent++;
+  ipcref__sent_remember(p, nonce, key);
   return 0;
 }
 
@@ -195,6 +213,8 @@ IPCREF__PRIVATE int ipcref__sent_mark(ipcref_peer *p, uint64_t nonce,
 IPCREF__PRIVATE int ipcref__sent_forget(ipcref_peer *p, uint64_t nonce,
                                         uint64_t key) {
   size_t hole, j, home, mask = p->capsent - 1;
+  ipcref__sent *last = &p->sent_last[key & 1u];
+  if (last->used && last->key == key && last->nonce == nonce) last->used = 0;
   if (!p->capsent) return 0;
   hole = ipcref__sent_slot(p, nonce, key);
   if (!p->sent[hole].used) return 0;

@@ -451,14 +451,6 @@ IPCREF__PRIVATE ipcref_result ipcref__recv_raw(ipcref_peer *p,
   return r;
 }
 
-/* Keeps the metadata of a message just imported (so valid) from `p`, for
- * ipcref_recv_meta. */
-IPCREF__PRIVATE void ipcref__meta_keep(ipcref_peer *p,
-                                       const unsigned char *bytes, size_t len) {
-  const unsigned char *meta = ipcref__msg_meta_at(bytes, len, &p->meta_len);
-  if (p->meta_len) memcpy(p->meta, meta, p->meta_len);
-}
-
 IPCREF_API int ipcref_recv_pending(ipcref_peer *p) {
   if (!p || !IPCREF__PEER_USABLE(p, "ipcref_recv_pending")) return 0;
   return p->npending - p->pending_pos;
@@ -479,15 +471,13 @@ IPCREF__PRIVATE ipcref_result ipcref__socket_record(ipcref_peer *p,
                                                     int nfds, void *stream,
                                                     int *n) {
   ipcref__wire w;
-  ipcref_result r;
   *n = 0;
   ipcref__wire_init(&w, (unsigned char *)(uintptr_t)b, len);
   if (ipcref__wire_get(&w, 4) == IPCREF__CHAN_SETUP_MAGIC && !w.bad)
     return ipcref__chan_adopt(p, b, len, fds, nfds);
   IPCREF__STEP("receive");
-  r = ipcref__import_bytes(p, b, len, fds, nfds, stream, p->pending, n, 1);
-  if (r == IPCREF_OK) ipcref__meta_keep(p, b, len);
-  return r;
+  return ipcref__import_bytes(p, b, len, fds, nfds, stream, p->pending, n,
+                              IPCREF__IMPORT_PUMP | IPCREF__IMPORT_META);
 }
 
 /* The socket's next record, within timeout_ms (see socket_record); *took
@@ -548,11 +538,8 @@ IPCREF__PRIVATE ipcref_result ipcref__recv_chan(ipcref_peer *p, int timeout_ms,
     if (k == IPCREF__CHAN_BAD) return IPCREF_EPROTO;
     if (k == IPCREF__CHAN_GOT) {
       r = ipcref__import_bytes(p, x->rec, x->rec_len, NULL, 0, stream,
-                               p->pending, n, 0);
-      if (r == IPCREF_OK) {
-        ipcref__meta_keep(p, x->rec, x->rec_len);
-        ipcref__chan_lease_seen(x, &p->pending[0]);
-      }
+                               p->pending, n, IPCREF__IMPORT_META);
+      if (r == IPCREF_OK) ipcref__chan_lease_seen(x, &p->pending[0]);
       return r;
     }
     if (k == IPCREF__CHAN_SOCK) {

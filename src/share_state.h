@@ -271,7 +271,9 @@ struct ipcref_peer {
   ipcref__sent *sent;      /* what the other side has been sent: a set of
                               capsent slots, nsent used (share_index) */
   size_t nsent, capsent;
-  uint64_t *retired; /* own segments destroyed since, to announce */
+  ipcref__sent sent_last[2]; /* the segment [0] and ledger [1] last found
+                                or added there (used 0: none) */
+  uint64_t *retired;         /* own segments destroyed since, to announce */
   size_t nretired, capretired;
   ipcref_view pending[64]; /* received views not handed out yet */
   int npending, pending_pos;
