@@ -182,14 +182,10 @@ IPCREF__PRIVATE void ipcref__sent_remember(ipcref_peer *p, uint64_t nonce,
   last->used = 1;
 }
 
-/* 1 when peer `p` was sent the segment or ledger (nonce, key) already;
- * else notes it and gives 0 (with *fail set when out of memory). Under the
- * lock, as the next. */
-IPCREF__PRIVATE int ipcref__sent_mark(ipcref_peer *p, uint64_t nonce,
-                                      uint64_t key, int *fail) {
-  const ipcref__sent *last = &p->sent_last[key & 1u];
+/* ipcref__sent_mark past its remembered pair: the set itself. */
+IPCREF__PRIVATE IPCREF__NOINLINE int
+ipcref__sent_mark_set(ipcref_peer *p, uint64_t nonce, uint64_t key, int *fail) {
   size_t i;
-  if (last->used && last->key == key && last->nonce == nonce) return 1;
   if (p->capsent && p->sent[ipcref__sent_slot(p, nonce, key)].used) {
     ipcref__sent_remember(p, nonce, key);
     return 1;
@@ -205,6 +201,16 @@ IPCREF__PRIVATE int ipcref__sent_mark(ipcref_peer *p, uint64_t nonce,
   p->nsent++;
   ipcref__sent_remember(p, nonce, key);
   return 0;
+}
+
+/* 1 when peer `p` was sent the segment or ledger (nonce, key) already;
+ * else notes it and gives 0 (with *fail set when out of memory). Under the
+ * lock, as the next. */
+IPCREF__PRIVATE int ipcref__sent_mark(ipcref_peer *p, uint64_t nonce,
+                                      uint64_t key, int *fail) {
+  const ipcref__sent *last = &p->sent_last[key & 1u];
+  if (last->used && last->key == key && last->nonce == nonce) return 1;
+  return ipcref__sent_mark_set(p, nonce, key, fail);
 }
 
 /* Forgets that peer `p` was sent (nonce, key): 1 when it had been. The
