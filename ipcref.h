@@ -4213,7 +4213,7 @@ IPCREF__PRIVATE int ipcref__chan_tx_broken(const ipcref_peer *p);
  * callback runs, their source is released), the wrapped allocations whose
  * last hold went go back to their owners, and the device imports whose
  * fence is done return their leases. */
-IPCREF__PRIVATE void ipcref__unlock(ipcref_ctx *ctx) {
+IPCREF__PRIVATE IPCREF__NOINLINE void ipcref__unlock_and_run(ipcref_ctx *ctx) {
   ipcref__block *b = ctx->released;
   struct ipcref__import *imp = ctx->finished;
   ipcref__alias *a = ctx->unpinned;
@@ -4239,6 +4239,15 @@ IPCREF__PRIVATE void ipcref__unlock(ipcref_ctx *ctx) {
     ipcref__import_end(imp);
     imp = next;
   }
+}
+
+/* IPCREF__UNLOCK: most unlocks have nothing to run after (the lists are
+ * the lock's, read before it goes). */
+IPCREF__PRIVATE void ipcref__unlock(ipcref_ctx *ctx) {
+  if (ctx->released || ctx->finished || ctx->unpinned)
+    ipcref__unlock_and_run(ctx);
+  else
+    pthread_mutex_unlock(&ctx->lock);
 }
 
 IPCREF__PRIVATE void *ipcref__zalloc(size_t n) {
@@ -9173,10 +9182,10 @@ IPCREF__PRIVATE void ipcref__chan_copy(unsigned char *ring, size_t bytes,
   if (first > n) first = n;
   if (put) {
     memcpy(ring + off, buf, first);
-    memcpy(ring, buf + first, n - first);
+    if (n > first) memcpy(ring, buf + first, n - first);
   } else {
     memcpy(buf, ring + off, first);
-    memcpy(buf + first, ring, n - first);
+    if (n > first) memcpy(buf + first, ring, n - first);
   }
 }
 

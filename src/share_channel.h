@@ -144,10 +144,10 @@ IPCREF__PRIVATE void ipcref__chan_copy(unsigned char *ring, size_t bytes,
   if (first > n) first = n;
   if (put) {
     memcpy(ring + off, buf, first);
-    memcpy(ring, buf + first, n - first);
+    if (n > first) memcpy(ring, buf + first, n - first);
   } else {
     memcpy(buf, ring + off, first);
-    memcpy(buf + first, ring, n - first);
+    if (n > first) memcpy(buf + first, ring, n - first);
   }
 }
 

@@ -407,7 +407,7 @@ IPCREF__PRIVATE int ipcref__chan_tx_broken(const ipcref_peer *p);
  * callback runs, their source is released), the wrapped allocations whose
  * last hold went go back to their owners, and the device imports whose
  * fence is done return their leases. */
-IPCREF__PRIVATE void ipcref__unlock(ipcref_ctx *ctx) {
+IPCREF__PRIVATE IPCREF__NOINLINE void ipcref__unlock_and_run(ipcref_ctx *ctx) {
   ipcref__block *b = ctx->released;
   struct ipcref__import *imp = ctx->finished;
   ipcref__alias *a = ctx->unpinned;
@@ -433,6 +433,15 @@ IPCREF__PRIVATE void ipcref__unlock(ipcref_ctx *ctx) {
     ipcref__import_end(imp);
     imp = next;
   }
+}
+
+/* IPCREF__UNLOCK: most unlocks have nothing to run after (the lists are
+ * the lock's, read before it goes). */
+IPCREF__PRIVATE void ipcref__unlock(ipcref_ctx *ctx) {
+  if (ctx->released || ctx->finished || ctx->unpinned)
+    ipcref__unlock_and_run(ctx);
+  else
+    pthread_mutex_unlock(&ctx->lock);
 }
 
 IPCREF__PRIVATE void *ipcref__zalloc(size_t n) {
