@@ -71,7 +71,18 @@
  *   chan_nospin   ipcref_chan_nospin  the channel, spin_us 0 (the consumer
  *                                   sleeps on the doorbell at once), the ack
  *                                   on the socket: compare with c_msg64 and
- *                                   iceoryx_waitset
+ *                                   iceoryx_waitset. Paired as chan_spin
+ *                                   is, with c_msg64's hand-off (blocks of
+ *                                   PAIR_BLOCK_SLEEP): the producer sends
+ *                                   a 64-byte message (the hand-off's
+ *                                   number) on a third socketpair
+ *                                   (SOCK_STREAM), the consumer checks the
+ *                                   first and last byte of the buffer made
+ *                                   before the fork and acks with one byte
+ *                                   on that socket; its pair_ratio line
+ *                                   says value / c_msg64's median, both
+ *                                   woken by the same kernel in the same
+ *                                   second
  *   chan_auto     ipcref_chan_auto  the defaults: peers made with
  *                                   ipcref_peer_new (the channel, spin
  *                                   IPCREF_SPIN_AUTO), the ack on the
@@ -142,15 +153,16 @@
 #include "../ipcref.h"
 #include "bench.h"
 
-#define WARMUPS     3
-#define MAX_N       50000000
-#define SEG_MIN     4096 /* the smallest segment_size ipcref_ctx_new takes */
-#define SPIN_US     50   /* W4_SPIN_US's default */
-#define TPUT_N      1000000
-#define TPUT_BYTE   0x5a
-#define MAX_RETRIES 1000000 /* tries of one throughput send in a row */
-#define PAIR_BLOCK  4096    /* chan_spin: hand-offs per block of each kind */
-#define BARE_STOP   UINT64_MAX
+#define WARMUPS          3
+#define MAX_N            50000000
+#define SEG_MIN          4096 /* the smallest segment_size ipcref_ctx_new takes */
+#define SPIN_US          50   /* W4_SPIN_US's default */
+#define TPUT_N           1000000
+#define TPUT_BYTE        0x5a
+#define MAX_RETRIES      1000000 /* tries of one throughput send in a row */
+#define PAIR_BLOCK       4096 /* chan_spin: hand-offs per block of each kind */
+#define PAIR_BLOCK_SLEEP 512  /* chan_nospin's (45 us each, not 0.4) */
+#define BARE_STOP        UINT64_MAX
 
 enum mode {
   MODE_IPCREF,
@@ -193,7 +205,8 @@ static int g_one_cpu; /* producer and consumer may only share one CPU */
 static const char *g_wl = "w4";
 static const char *g_peer = "ipcref";
 static struct shared_page *g_page;
-static unsigned char *g_bare; /* chan_spin: the bare spin's buffer */
+static unsigned char *g_bare; /* the pair's buffer (chan_spin, chan_nospin) */
+static int g_bare_fd = -1;    /* chan_nospin's pair: its socket, this end */
 static pid_t g_child;
 static volatile unsigned g_sink;
 
@@ -207,11 +220,15 @@ static int has_channel(void) {
 static int shm_ack(void) {
   return g_mode == MODE_CHAN_SPIN;
 }
-/* chan_spin's hand-off number k (from 0) is a bare spin: every other
- * block of PAIR_BLOCK after the warm-ups. */
+/* 1 for the rows paired with a bare hand-off in the same run. */
+static int is_paired(void) {
+  return g_mode == MODE_CHAN_SPIN || g_mode == MODE_CHAN_NOSPIN;
+}
+/* Hand-off number k (from 0) of a paired row is its pair's (c_shm_spin's
+ * or c_msg64's): every other block after the warm-ups. */
 static int is_bare(uint64_t k) {
-  return g_mode == MODE_CHAN_SPIN && k >= WARMUPS &&
-         (k - WARMUPS) / PAIR_BLOCK % 2 == 1;
+  uint64_t block = g_mode == MODE_CHAN_SPIN ? PAIR_BLOCK : PAIR_BLOCK_SLEEP;
+  return is_paired() && k >= WARMUPS && (k - WARMUPS) / block % 2 == 1;
 }
 /* the consumer's spin_us; IPCREF_SPIN_AUTO for the defaults */
 static int consumer_spin(void) {
@@ -307,11 +324,37 @@ static inline void relax(unsigned *spins) {
 #endif
 }
 
-/* chan_spin's bare hand-off k, the consumer's side: c_shm_spin's. 0 when
- * the producer is done instead. */
+/* Reads all n bytes from a stream socket: 0 at its end instead. */
+static int read_all(int fd, void *buf, size_t n) {
+  size_t got = 0;
+  while (got < n) {
+    ssize_t r = read(fd, (char *)buf + got, n - got);
+    if (r == 0) return 0;
+    if (r < 0 && errno != EINTR) die("read", IPCREF_OK);
+    if (r > 0) got += (size_t)r;
+  }
+  return 1;
+}
+
+/* c_msg64's message (bench/peers/w4_handoff.c). */
+struct msg64 {
+  uint64_t seq, offset, length, spare[5];
+};
+
+/* The pair's hand-off k, the consumer's side: c_shm_spin's (chan_spin) or
+ * c_msg64's (chan_nospin). 0 when the producer is done instead. */
 static int bare_take(uint64_t k) {
   uint64_t v;
   unsigned spins = 0;
+  if (g_mode == MODE_CHAN_NOSPIN) {
+    struct msg64 m;
+    if (!read_all(g_bare_fd, &m, sizeof m)) return 0;
+    if (m.seq != k || g_bare[0] != (unsigned char)k ||
+        g_bare[S - 1] != (unsigned char)k)
+      _exit(3);
+    write_byte(g_bare_fd);
+    return 1;
+  }
   while ((v = atomic_load_explicit(&g_page->posted, memory_order_acquire)) !=
          k + 1) {
     if (v == BARE_STOP) return 0;
@@ -474,14 +517,24 @@ static double handoff(producer *p, uint64_t i) {
   }
 }
 
-/* chan_spin's bare hand-off number i, as c_shm_spin makes it; its time in
- * ns. */
+/* The pair's hand-off number i, as c_shm_spin (chan_spin) or c_msg64
+ * (chan_nospin) makes it; its time in ns. */
 static double bare_handoff(producer *p, uint64_t i) {
   double t0;
   g_bare[0] = g_bare[S - 1] = (unsigned char)i; /* "produce" */
   t0 = now_ns();
-  atomic_store_explicit(&g_page->posted, i + 1, memory_order_release);
-  wait_ack(p, i);
+  if (g_mode == MODE_CHAN_NOSPIN) {
+    struct msg64 m;
+    memset(&m, 0, sizeof m);
+    m.seq = i;
+    m.length = S;
+    if (write(g_bare_fd, &m, sizeof m) != (ssize_t)sizeof m)
+      die("write msg64", IPCREF_OK);
+    if (!read_byte(g_bare_fd)) consumer_gone();
+  } else {
+    atomic_store_explicit(&g_page->posted, i + 1, memory_order_release);
+    wait_ack(p, i);
+  }
   return now_ns() - t0;
 }
 
@@ -534,7 +587,7 @@ int main(int argc, char **argv) {
   ipcref_peer_info before;
   ipcref_stats cs;
   ipcref_result r;
-  int dv[2], av[2], st, split;
+  int dv[2], av[2], bv[2] = {-1, -1}, st, split;
   double secs = 1.0, start, total = 0, *v, *vb, med, p99, bare = 0;
   size_t cap = 1 << 16, n = 0, capb = 1 << 16, nb = 0;
   uint64_t i = 0, chan = 0, sock = 0, retries = 0, cons_n;
@@ -586,12 +639,15 @@ int main(int argc, char **argv) {
   g_page = mmap(NULL, sizeof *g_page, PROT_READ | PROT_WRITE,
                 MAP_SHARED | MAP_ANONYMOUS, -1, 0);
   if (g_page == MAP_FAILED) die("mmap", IPCREF_OK);
-  if (g_mode == MODE_CHAN_SPIN) {
+  if (is_paired()) {
     g_bare = mmap(NULL, S, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS,
                   -1, 0);
     if (g_bare == MAP_FAILED) die("mmap", IPCREF_OK);
     memset(g_bare, 1, S); /* pre-faulted, as the channel's buffer is */
   }
+  if (g_mode == MODE_CHAN_NOSPIN &&
+      socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, bv))
+    die("socketpair", IPCREF_OK);
   if (socketpair(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0, dv) ||
       socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, av))
     die("socketpair", IPCREF_OK);
@@ -602,10 +658,14 @@ int main(int argc, char **argv) {
     if (split) pin(1);
     close(dv[0]);
     close(av[0]);
+    if (bv[0] >= 0) close(bv[0]);
+    g_bare_fd = bv[1];
     consumer(dv[1], av[1]);
   }
   close(dv[1]);
   close(av[1]);
+  if (bv[1] >= 0) close(bv[1]);
+  g_bare_fd = bv[0];
   if (split) pin(0);
 
   memset(&p, 0, sizeof p);
@@ -639,7 +699,7 @@ int main(int argc, char **argv) {
     cpu_on(&cpu);
     start = now_ns();
     do {
-      if (is_bare(i)) { /* chan_spin's pair: not the row's own */
+      if (is_bare(i)) { /* the pair's: not the row's own */
         cpu_off(&cpu);
         if (nb == capb) vb = realloc(vb, (capb *= 2) * sizeof *vb);
         if (!vb) die("realloc", IPCREF_OK);
@@ -661,6 +721,7 @@ int main(int argc, char **argv) {
   }
   if (g_bare) /* a consumer waiting for a bare hand-off: done */
     atomic_store_explicit(&g_page->posted, BARE_STOP, memory_order_release);
+  if (g_bare_fd >= 0) close(g_bare_fd); /* the same: its end of file */
   sent_since(&p, &before, &chan, &sock);
   memset(&cs, 0, sizeof cs);
   ipcref_ctx_stats(p.ctx, &cs); /* before the peer goes with its ledgers */
@@ -728,7 +789,7 @@ int main(int argc, char **argv) {
          spin_text(spin, sizeof spin), ring_text(ring, sizeof ring),
          shm_ack() ? "shm" : "socket", split ? "split" : "none",
          (unsigned long long)chan, (unsigned long long)sock);
-  if (nb) /* chan_spin: the ratio to its pair */
+  if (nb) /* a paired row: the ratio to its pair */
     printf("peer=%s workload=%s size=%zu metric=pair_ratio value=%.3f "
            "bare_us=%.3f n_bare=%zu\n",
            g_peer, g_wl, S, med / bare, bare / 1e3, nb);
