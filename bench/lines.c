@@ -47,6 +47,21 @@
  * between them, so it crosses CPUs more than once. A floor here is what
  * the traffic costs when each line is written in one go.
  *
+ * Taking one part of ipcref_lines away at a time (a copy of this program,
+ * every variant in each round, c_shm_spin 0.12 us beside them, the fast
+ * phase): all of it 0.22-0.23 us; without the prefetch of the next lease
+ * 0.25-0.26 (it pays); without the look at the record's first word
+ * 0.20-0.21; without the lease slot (neither written nor read) 0.20;
+ * without the return 0.22; without the seq-cst fence 0.21-0.23; without
+ * the slot, the return and the prefetch 0.16-0.19. In the slow phase
+ * (c_shm_spin 0.47-0.48 us) ipcref_lines took 0.78-0.81, a one-line record
+ * behind a tail 0.77-0.79, a one-line record with its own sequence word
+ * 0.65. So the ring alone costs 1.4-1.9 times the bare spin, and the
+ * library's code on top (send, receive and release: 0.17-0.18 us in
+ * bench/maps.c) costs more than the bare spin's whole round trip: a
+ * hand-off within 2x of it needs both a more compact protocol and a hot
+ * path of about half the instructions (2320 under callgrind today).
+ *
  * So ipcref_lines is what a chan_spin hand-off would cost if the library's
  * own instructions took no time: compare it with c_shm_spin (the same
  * hand-off with one word each way) to see what the protocol's cache lines
