@@ -247,19 +247,36 @@ static _Noreturn void die(const char *what, ipcref_result r) {
   exit(2);
 }
 
+/* Writes all n bytes to a stream socket. */
+static void write_all(int fd, const void *buf, size_t n) {
+  size_t put = 0;
+  while (put < n) {
+    ssize_t r = write(fd, (const char *)buf + put, n - put);
+    if (r < 0 && errno != EINTR) die("write", IPCREF_OK);
+    if (r > 0) put += (size_t)r;
+  }
+}
+
+/* Reads all n bytes from a stream socket: 0 at its end instead. */
+static int read_all(int fd, void *buf, size_t n) {
+  size_t got = 0;
+  while (got < n) {
+    ssize_t r = read(fd, (char *)buf + got, n - got);
+    if (r == 0) return 0;
+    if (r < 0 && errno != EINTR) die("read", IPCREF_OK);
+    if (r > 0) got += (size_t)r;
+  }
+  return 1;
+}
+
 static void write_byte(int fd) {
-  char a = 1;
-  while (write(fd, &a, 1) != 1)
-    if (errno != EINTR) die("write ack", IPCREF_OK);
+  write_all(fd, "", 1);
 }
 
 /* 1 = got the ack, 0 = EOF */
 static int read_byte(int fd) {
   char a;
-  ssize_t r;
-  while ((r = read(fd, &a, 1)) < 0)
-    if (errno != EINTR) die("read ack", IPCREF_OK);
-  return r == 1;
+  return read_all(fd, &a, 1);
 }
 
 /* user + system CPU time of this process, in ns */
@@ -322,18 +339,6 @@ static inline void relax(unsigned *spins) {
 #elif defined(__aarch64__)
   __asm__ volatile("yield");
 #endif
-}
-
-/* Reads all n bytes from a stream socket: 0 at its end instead. */
-static int read_all(int fd, void *buf, size_t n) {
-  size_t got = 0;
-  while (got < n) {
-    ssize_t r = read(fd, (char *)buf + got, n - got);
-    if (r == 0) return 0;
-    if (r < 0 && errno != EINTR) die("read", IPCREF_OK);
-    if (r > 0) got += (size_t)r;
-  }
-  return 1;
 }
 
 /* c_msg64's message (bench/peers/w4_handoff.c). */
@@ -528,8 +533,7 @@ static double bare_handoff(producer *p, uint64_t i) {
     memset(&m, 0, sizeof m);
     m.seq = i;
     m.length = S;
-    if (write(g_bare_fd, &m, sizeof m) != (ssize_t)sizeof m)
-      die("write msg64", IPCREF_OK);
+    write_all(g_bare_fd, &m, sizeof m);
     if (!read_byte(g_bare_fd)) consumer_gone();
   } else {
     atomic_store_explicit(&g_page->posted, i + 1, memory_order_release);
@@ -719,9 +723,11 @@ int main(int argc, char **argv) {
              n < MAX_N);
     cpu_off(&cpu);
   }
-  if (g_bare) /* a consumer waiting for a bare hand-off: done */
+  /* A consumer waiting for a bare hand-off: done (chan_nospin's at its
+   * socket's end of file). */
+  if (g_mode == MODE_CHAN_SPIN)
     atomic_store_explicit(&g_page->posted, BARE_STOP, memory_order_release);
-  if (g_bare_fd >= 0) close(g_bare_fd); /* the same: its end of file */
+  if (g_bare_fd >= 0) close(g_bare_fd);
   sent_since(&p, &before, &chan, &sock);
   memset(&cs, 0, sizeof cs);
   ipcref_ctx_stats(p.ctx, &cs); /* before the peer goes with its ledgers */
