@@ -5,8 +5,9 @@
  *
  * Row ipcref_lines: what the library touches, in order, in the steady
  * state of bench/w4_handoff.c chan_spin (one reused buffer, a 4096-slot
- * ledger, the 64 KiB ring, a one-dimensional view: a 136-byte record in
- * 192 bytes of the ring, records starting on cache lines):
+ * ledger, the 64 KiB ring, a one-dimensional view whose message differs
+ * from the last one's in its lease's slot: a patch record, 24 bytes in
+ * one line of the ring; see src/share_channel.h):
  *
  *   producer  writes the buffer's first and last byte (the bench's
  *             "produce"); takes and drops a process-private mutex (the
@@ -27,25 +28,23 @@
  *             seq-cst fence and a look at the producer's `waiting`; stores
  *             the ack.
  *
- * Row ipcref_lines_compact: the same, but for three changes to the
+ * Row ipcref_lines_compact: the same, but for two changes to the
  * protocol, each taking a cache line off the hand-off's path:
  *   - the record carries its own sequence word, written last: the consumer
  *     spins on the record's first line alone, no tail in a line of its own;
- *   - records of 128 bytes (two lines, not three);
  *   - slots published live 8 hand-offs ahead: the line a record's lease
  *     names was written long before, so the line the consumer fetches
  *     while it spins is the one it reads when the record comes;
  * and the lease returned into a ring only this consumer writes (a store
  * where a fetch_add was; the fence and the look at `waiting` stay).
- * Rows that take one change at a time (tried, not kept) put nearly all of
- * the gain in the first: the record's own sequence word alone measured
- * 0.15-0.17 us where ipcref_lines took 0.21-0.23. But that change made in
- * the library itself (the record's first word stored last, the tail no
- * longer written) was no faster in 6 alternating pairs of chan_spin, and
- * slower in 5. Most likely because the library writes a record's first
- * line in several stores, and the spinning consumer takes the line away
- * between them, so it crosses CPUs more than once. A floor here is what
- * the traffic costs when each line is written in one go.
+ * Before patches, records were 136 bytes in three lines (ipcref_lines was
+ * {136, 192}, and the compact row's records took two), and what follows
+ * was measured so. Rows that take one change at a time (tried, not kept)
+ * put nearly all of the gain in the first: the record's own sequence word
+ * alone measured 0.15-0.17 us where ipcref_lines took 0.21-0.23. But that
+ * change made in the library itself (the record's first word stored
+ * last, the tail no longer written) was no faster in 6 alternating pairs
+ * of chan_spin, and slower in 5.
  *
  * Taking one part of ipcref_lines away at a time (a copy of this program,
  * every variant in each round, c_shm_spin 0.12 us beside them, the fast
@@ -56,11 +55,40 @@
  * the slot, the return and the prefetch 0.16-0.19. In the slow phase
  * (c_shm_spin 0.47-0.48 us) ipcref_lines took 0.78-0.81, a one-line record
  * behind a tail 0.77-0.79, a one-line record with its own sequence word
- * 0.65. So the ring alone costs 1.4-1.9 times the bare spin, and the
+ * 0.65. So the ring alone cost 1.4-1.9 times the bare spin, and the
  * library's code on top (send, receive and release: 0.17-0.18 us in
- * bench/maps.c) costs more than the bare spin's whole round trip: a
- * hand-off within 2x of it needs both a more compact protocol and a hot
- * path of about half the instructions (2320 under callgrind today).
+ * bench/maps.c) more than the bare spin's whole round trip.
+ *
+ * Where a chan_spin hand-off's time went, before patches, stamped with the
+ * time-stamp counter at six points in a copy of the library and of
+ * w4_handoff.c (the fast phase; the stamps add about 0.03 us to the
+ * 0.37-0.39 us): the producer, from its start to the tail's store,
+ * 0.12-0.13 us (the bench's two bytes and the send's checks 0.04, the
+ * export under the context's lock 0.05, the copy into the ring 0.01); the
+ * record reaching the spinning consumer 0.09-0.10 (one way of the bare
+ * spin: 0.05-0.06); the consumer, from seeing the tail to its ack, 0.14
+ * (the record copied out and checked 0.01, the import 0.07, the two bytes
+ * read and the release 0.03); the ack back 0.04-0.05. Stamped with rdtscp
+ * instead (which waits for the loads before it, and costs more here),
+ * copying the record out took 0.04-0.05 us: its second and third lines
+ * crossed only once its first line had said it was there, a round trip
+ * the bare spin does not make. Hence patches: a message that differs
+ * from the ring's last in a few bytes goes in one line, which crosses
+ * with the tail. With patches chan_spin took 0.34-0.35 us where it took
+ * 0.36-0.38 (10 alternating pairs in the fast phase; pair ratio 2.83-3.06
+ * against 3.08-3.25), and 12-20% less in the slow phase. Tried in the
+ * library, not kept: taking lines 2 and 3 of the next record for writing
+ * (prefetchw) once a record is out changed nothing in 6 alternating
+ * pairs; the record's first word written last (its ring position in its
+ * upper half, the rest of its first line stored just before it, the tail
+ * still written after it), which a spinning receiver takes without
+ * waiting for the tail, was 7% faster in the slow phase (14 pairs of 14)
+ * and no faster in the fast one (8 pairs): with records of three lines,
+ * it saved no round trip. The code (both sides together about 0.26 us of
+ * each round trip, run at the speed of their own instructions) is now
+ * most of what separates a hand-off from the bare spin's: a hand-off
+ * within 2x of it needs a hot path of about half the instructions (2320
+ * under callgrind, bench/maps.c).
  *
  * So ipcref_lines is what a chan_spin hand-off would cost if the library's
  * own instructions took no time: compare it with c_shm_spin (the same
@@ -110,8 +138,8 @@ typedef struct proto {
 } proto;
 
 static const proto g_protos[] = {
-    {"ipcref_lines", 136, 192, 0, 0, 0, 1},
-    {"ipcref_lines_compact", 128, 128, 1, 8, 1, 0},
+    {"ipcref_lines", 24, 64, 0, 0, 0, 1},
+    {"ipcref_lines_compact", 24, 64, 1, 8, 1, 0},
 };
 static const proto *P;
 

@@ -283,7 +283,9 @@ typedef struct ipcref_peer_options {
                             socket carries everything). A hand-off of one
                             view of up to 4 dimensions, without metadata,
                             takes 192 bytes of it (the default ring holds
-                            341) */
+                            341), or 64 when it differs from the one
+                            before in a few bytes (the same view again:
+                            1024) */
   int spin_us;           /* a receive that finds nothing spins this long
                             before it sleeps (at most 10 ms; 0: never
                             spins). IPCREF_SPIN_AUTO, the default when no

@@ -22,6 +22,27 @@ IPCREF__PRIVATE int ipcref__chan_bad(ipcref_peer *p, const char *why) {
   return IPCREF__CHAN_BAD;
 }
 
+/* Applies the patch record of `len` bytes (at most 4 +
+ * IPCREF__CHAN_PATCH_MAX) at x->head to the ring's last message, x->rec
+ * (see share_channel): NULL, or what is wrong with it. The patch is
+ * copied out first, as a record is. */
+IPCREF__PRIVATE const char *ipcref__chan_patch(struct ipcref__chan_rx *x,
+                                               const unsigned char *ring,
+                                               uint64_t len) {
+  unsigned char b[4 + IPCREF__CHAN_PATCH_MAX];
+  size_t at, n;
+  ipcref__chan_copy((unsigned char *)(uintptr_t)ring, x->bytes,
+                    x->head + IPCREF__CHAN_REC, b, (size_t)len, 0);
+  at = (size_t)ipcref__le_get(b, 2);
+  n = (size_t)ipcref__le_get(b + 2, 2);
+  if (len < 5 || n + 4 != len)
+    return "a channel patch whose byte count disagrees with its length";
+  if (at > x->rec_len || n > x->rec_len - at)
+    return "a channel patch outside the message before it (or with none)";
+  memcpy(x->rec + at, b + 4, n);
+  return NULL;
+}
+
 /* Takes the next record off the ring, if it is next. Every word the
  * sender wrote is read once and checked before use; the record is copied
  * out before it is decoded, so that nothing the sender does later changes
@@ -30,7 +51,8 @@ IPCREF__PRIVATE int ipcref__chan_next(ipcref_peer *p) {
   struct ipcref__chan_rx *x = p->rx;
   const ipcref__chan_hdr *h = (const ipcref__chan_hdr *)(const void *)x->map;
   const unsigned char *ring = x->map + IPCREF__CHAN_HDR;
-  uint64_t tail, avail, len, before, need;
+  const char *why;
+  uint64_t tail, avail, len, kind, before, need;
   if (p->rx_broken) return IPCREF__CHAN_BAD;
   /* Acquire: a record's bytes are there before the tail that says so. */
   tail = __atomic_load_n(&h->tail, __ATOMIC_ACQUIRE);
@@ -46,11 +68,14 @@ IPCREF__PRIVATE int ipcref__chan_next(ipcref_peer *p) {
   }
   len = ipcref__chan_word(ring, x->bytes, x->head);
   before = ipcref__chan_word(ring, x->bytes, x->head + 8);
-  if (len >> 32) /* its second u32 is 0 */
-    return ipcref__chan_bad(p, "a channel record with its zero word set");
+  kind = len >> 32;
+  len &= 0xffffffffu;
+  if (kind > IPCREF__CHAN_PATCH)
+    return ipcref__chan_bad(p, "a channel record of an unknown kind");
   need = ipcref__chan_need((size_t)len);
   if (avail < IPCREF__CHAN_REC || len == 0 || len > IPCREF_MSG_MAX_BYTES ||
-      need > avail)
+      need > avail ||
+      (kind == IPCREF__CHAN_PATCH && len > 4 + IPCREF__CHAN_PATCH_MAX))
     return ipcref__chan_bad(p, "a channel record of a length out of range");
   if (before < x->sockets)
     return ipcref__chan_bad(p, "a channel record after fewer socket "
@@ -59,9 +84,13 @@ IPCREF__PRIVATE int ipcref__chan_next(ipcref_peer *p) {
     x->counted = 1;
     return IPCREF__CHAN_SOCK;
   }
-  ipcref__chan_copy((unsigned char *)(uintptr_t)ring, x->bytes,
-                    x->head + IPCREF__CHAN_REC, x->rec, (size_t)len, 0);
-  x->rec_len = (size_t)len;
+  if (kind == IPCREF__CHAN_MSG) {
+    ipcref__chan_copy((unsigned char *)(uintptr_t)ring, x->bytes,
+                      x->head + IPCREF__CHAN_REC, x->rec, (size_t)len, 0);
+    x->rec_len = (size_t)len;
+  } else if ((why = ipcref__chan_patch(x, ring, len)) != NULL) {
+    return ipcref__chan_bad(p, why);
+  }
   IPCREF__STEP("channel take");
   x->head += need;
   /* Release: the copy is done before the sender may write there again. */

@@ -8,10 +8,11 @@
  * name). Then the producer, here the fuzzer, writes:
  *
  *   byte 0   flags: bit 0 a genuine record of the held view goes into the
- *            ring first (its lease live; what follows may patch it);
- *            bit 1 the tail is set from bytes 1-2 (else it covers the
- *            bytes written); bit 2 the header's socket count moves by
- *            byte 3 (int8)
+ *            ring first (its lease live; what follows may patch it), a
+ *            whole message, or with bit 3 a patch record of the one
+ *            before (see src/share_channel.h); bit 1 the tail is set
+ *            from bytes 1-2 (else it covers the bytes written); bit 2
+ *            the header's socket count moves by byte 3 (int8)
  *   1-2      u16: the tail, as bytes past the consumer's read index
  *   3        int8: the socket count's move
  *   the rest patch list {u16 offset from the read index, u8 length (mod
@@ -123,6 +124,7 @@ static void run_one(const uint8_t *data, size_t size) {
       ipcref_recv(cp, &held, 1000) != IPCREF_OK)
     fail("the channel did not come up");
   ipcref_view_release(&got);
+  if (!(flags & 8)) pp->tx->last_len = 0; /* whole, not a patch */
   if (flags & 1 && ipcref_send(pp, &v) != IPCREF_OK) fail("genuine record");
   t = pp->tx;
   ring = t->map + IPCREF__CHAN_HDR;
@@ -191,7 +193,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
 #ifdef FUZZ_CHANNEL_SEEDS
 /* Seeds: a genuine record; it patched in its length, its socket count and
  * its message; tails far, odd and short; a socket count moved both ways;
- * raw bytes. */
+ * raw bytes; a genuine patch record, and it patched in its offset, its
+ * count and its bytes; a record of an unknown kind. */
 static void seed(const char *dir, const char *name, const unsigned char *b,
                  size_t n) {
   char path[512];
@@ -216,6 +219,11 @@ int main(int argc, char **argv) {
   static const unsigned char tail_odd[] = {3, 13, 0, 0};
   static const unsigned char sock_up[] = {5, 0, 0, 2};
   static const unsigned char sock_down[] = {5, 0, 0, 0xfe};
+  static const unsigned char patch[] = {9, 0, 0, 0};
+  static const unsigned char patch_at[] = {9, 0, 0, 0, 16, 0, 2, 0xff, 0xff};
+  static const unsigned char patch_n[] = {9, 0, 0, 0, 18, 0, 2, 45, 0};
+  static const unsigned char patch_bytes[] = {9, 0, 0, 0, 20, 0, 1, 0x7f};
+  static const unsigned char kind[] = {1, 0, 0, 0, 4, 0, 1, 2};
   unsigned char raw[64];
   size_t i;
   if (argc != 2) {
@@ -236,6 +244,11 @@ int main(int argc, char **argv) {
   for (i = 4; i < sizeof raw; i++) raw[i] = (unsigned char)(i * 29);
   raw[4] = 40; /* a length of 40, then noise */
   seed(argv[1], "raw", raw, sizeof raw);
+  seed(argv[1], "patch", patch, sizeof patch);
+  seed(argv[1], "patch_at", patch_at, sizeof patch_at);
+  seed(argv[1], "patch_n", patch_n, sizeof patch_n);
+  seed(argv[1], "patch_bytes", patch_bytes, sizeof patch_bytes);
+  seed(argv[1], "kind", kind, sizeof kind);
   return 0;
 }
 #endif
