@@ -75,8 +75,9 @@
  * the bare spin does not make. Hence patches: a message that differs
  * from the ring's last in a few bytes goes in one line, which crosses
  * with the tail. With patches chan_spin took 0.34-0.35 us where it took
- * 0.36-0.38 (10 alternating pairs in the fast phase; pair ratio 2.83-3.06
- * against 3.08-3.25), and 12-20% less in the slow phase. Tried in the
+ * 0.36-0.41 (18 alternating pairs in the fast phase; pair ratio 2.83-3.15
+ * against 3.08-3.74), and 12-20% less in the slow phase (16 pairs of a
+ * first version, whose pair ratio came to 1.98-2.20). Tried in the
  * library, not kept: taking lines 2 and 3 of the next record for writing
  * (prefetchw) once a record is out changed nothing in 6 alternating
  * pairs; the record's first word written last (its ring position in its
