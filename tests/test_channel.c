@@ -360,6 +360,23 @@ static void test_patches(void) {
   }
   CHECK_EQ(bad, 0);
   CHECK(patch_round(&l, &v, 5, &b) && b == 192); /* another length */
+  /* Over the sender's copy (IPCREF__CHAN_LAST): whole, again and again. */
+  for (i = 0; i < 3; i++) {
+    unsigned char meta[IPCREF__CHAN_LAST];
+    const void *gm;
+    size_t glen;
+    uint64_t at = l.pp->tx->tail;
+    memset(meta, 'a' + i, sizeof meta);
+    CHECK_EQ(ipcref_send_meta(l.pp, &v, 1, meta, sizeof meta), IPCREF_OK);
+    CHECK(l.pp->tx->tail - at > IPCREF__CHAN_LAST);
+    CHECK_EQ(ipcref_recv(l.cp, &got, 5000), IPCREF_OK);
+    gm = ipcref_recv_meta(l.cp, &glen);
+    CHECK(seeded_is(&got, 5) && glen == sizeof meta && gm &&
+          memcmp(gm, meta, glen) == 0);
+    ipcref_view_release(&got);
+  }
+  CHECK(patch_round(&l, &v, 5, &b) && b == 192); /* whole: nothing kept */
+  CHECK(patch_round(&l, &v, 5, &b) && b == 64);
   /* A new segment's message on the socket, then a patch of the ring's
    * last: the socket's comes first, then the patched one. */
   memset(&big, 0, sizeof big);
@@ -553,6 +570,50 @@ static void test_hostile_patch_first(void) {
   } else {
     CHECK(!"a channel after the first send");
   }
+  ipcref_view_release(&v);
+  local_pair_close(&l);
+}
+
+/* A patch record replayed: the message it makes is the one just
+ * imported, and the import refuses it as it refuses a replayed message;
+ * once that view is let go and its lease swept, its lease is not live.
+ * The ring goes on. */
+static void test_hostile_patch_replay(void) {
+  local_pair l;
+  ipcref_view v, got, held;
+  unsigned char line[64];
+  struct ipcref__chan_tx *t;
+  uint64_t at;
+  int k;
+  errors_reset();
+  hostile_pair(&l, &v);
+  if (!l.pp || !l.pp->tx) return;
+  t = l.pp->tx;
+  at = t->tail;
+  CHECK_EQ(ipcref_send(l.pp, &v), IPCREF_OK);
+  CHECK_EQ(t->tail - at, 64); /* a patch */
+  ipcref__chan_copy(ring_of(l.pp), t->bytes, at, line, sizeof line, 0);
+  CHECK_EQ(ipcref_recv(l.cp, &held, 5000), IPCREF_OK);
+  for (k = 0; k < 2; k++) {
+    if (k == 1) { /* let go, and swept */
+      ipcref_view_release(&held);
+      ipcref_collect(l.prod);
+    }
+    ipcref__chan_copy(ring_of(l.pp), t->bytes, t->tail, line, sizeof line, 1);
+    t->tail += sizeof line;
+    __atomic_store_n(&ring_hdr(l.pp)->tail, t->tail, __ATOMIC_RELEASE);
+    memset(&got, 0, sizeof got);
+    CHECK_EQ(ipcref_recv(l.cp, &got, 0), IPCREF_EPROTO);
+    CHECK(got.buf == NULL);
+    if (!strstr(err_last, k ? "not live" : "imported twice"))
+      printf("    %s\n", err_last);
+    CHECK(strstr(err_last, k ? "not live" : "imported twice") != NULL);
+  }
+  CHECK_EQ(ipcref_send(l.pp, &v), IPCREF_OK);
+  CHECK_EQ(ipcref_recv(l.cp, &got, 5000), IPCREF_OK);
+  CHECK(seeded_is(&got, 11));
+  ipcref_view_release(&got);
+  CHECK_EQ(info_of(l.cp).channel_in, 1);
   ipcref_view_release(&v);
   local_pair_close(&l);
 }
@@ -1252,6 +1313,7 @@ int main(void) {
   RUN(test_patches);
   RUN(test_hostile_sender_indices_and_fields);
   RUN(test_hostile_patch_first);
+  RUN(test_hostile_patch_replay);
   RUN(test_hostile_sender_records);
   RUN(test_hostile_sender_announces_nothing);
   RUN(test_hostile_setups);
