@@ -4116,12 +4116,45 @@ typedef struct ipcref__hdr_chunk {
   ipcref__hdr h[IPCREF__HDR_CHUNK];
 } ipcref__hdr_chunk;
 
+/* The context's lock: a futex word, 0 free, 1 held, 2 held and maybe
+ * waited for (U. Drepper, "Futexes Are Tricky", its third mutex). Taking
+ * a free lock is one compare-and-swap and giving it back one exchange,
+ * with no call: each side of a hand-off takes it once, and
+ * pthread_mutex_lock with _unlock cost 55 instructions a pair (callgrind,
+ * bench/maps.c; so, 10). Acquire when taken, release when given back, as
+ * a mutex; a waiter sleeps in FUTEX_WAIT, private to the process. */
+typedef struct ipcref__mutex {
+  uint32_t word;
+} ipcref__mutex;
+
+IPCREF__PRIVATE IPCREF__NOINLINE void ipcref__mutex_wait(ipcref__mutex *m,
+                                                         uint32_t c) {
+  /* 2 from here on: whoever gives it back must wake a waiter. */
+  if (c != 2u) c = __atomic_exchange_n(&m->word, 2u, __ATOMIC_ACQUIRE);
+  while (c != 0u) {
+    (void)syscall(SYS_futex, &m->word, FUTEX_WAIT_PRIVATE, 2u, NULL, NULL, 0);
+    c = __atomic_exchange_n(&m->word, 2u, __ATOMIC_ACQUIRE);
+  }
+}
+
+IPCREF__PRIVATE IPCREF__INLINE void ipcref__mutex_lock(ipcref__mutex *m) {
+  uint32_t c = 0u;
+  if (!__atomic_compare_exchange_n(&m->word, &c, 1u, 0, __ATOMIC_ACQUIRE,
+                                   __ATOMIC_RELAXED))
+    ipcref__mutex_wait(m, c);
+}
+
+IPCREF__PRIVATE IPCREF__INLINE void ipcref__mutex_unlock(ipcref__mutex *m) {
+  if (__atomic_exchange_n(&m->word, 0u, __ATOMIC_RELEASE) == 2u)
+    (void)syscall(SYS_futex, &m->word, FUTEX_WAKE_PRIVATE, 1, NULL, NULL, 0);
+}
+
 #define IPCREF__MAX_BACKENDS 8 /* per context: one per device type */
 
 struct ipcref_ctx {
   uint32_t magic; /* IPCREF__ALIVE; IPCREF__DEAD once freed (IPCREF_CHECKED:
                      kept a while in the quarantine) */
-  pthread_mutex_t lock;
+  ipcref__mutex lock;
   ipcref_ctx_options opt;
   uint64_t nonce;
   int pid;
@@ -4193,7 +4226,7 @@ struct ipcref_ctx {
 
 /* ---- small helpers ----------------------------------------------------- */
 
-#define IPCREF__LOCK(c)   pthread_mutex_lock(&(c)->lock)
+#define IPCREF__LOCK(c)   ipcref__mutex_lock(&(c)->lock)
 #define IPCREF__UNLOCK(c) ipcref__unlock(c)
 
 /* ---- forward declarations ----------------------------------------------
@@ -4222,7 +4255,7 @@ IPCREF__PRIVATE IPCREF__NOINLINE void ipcref__unlock_and_run(ipcref_ctx *ctx) {
   ctx->released = NULL;
   ctx->finished = NULL;
   ctx->unpinned = NULL;
-  pthread_mutex_unlock(&ctx->lock);
+  ipcref__mutex_unlock(&ctx->lock);
   while (a) { /* aliases whose last hold went */
     ipcref__alias *next = a->next;
     a->fn(a->user);
@@ -4249,7 +4282,7 @@ IPCREF__PRIVATE void ipcref__unlock(ipcref_ctx *ctx) {
   if (ctx->released || ctx->finished || ctx->unpinned)
     ipcref__unlock_and_run(ctx);
   else
-    pthread_mutex_unlock(&ctx->lock);
+    ipcref__mutex_unlock(&ctx->lock);
 }
 
 IPCREF__PRIVATE void *ipcref__zalloc(size_t n) {
@@ -5646,8 +5679,8 @@ IPCREF_API ipcref_result ipcref_ctx_new(const ipcref_ctx_options *opt,
   ctx->opt.allow_uids = ctx->uids; /* ours, not the caller's */
   ctx->bell_rx = ctx->bell_tx = -1;
   ctx->epfd = epoll_create1(EPOLL_CLOEXEC);
-  if (ctx->epfd < 0 || !ipcref__bell_make(ctx) ||
-      pthread_mutex_init(&ctx->lock, NULL) != 0) {
+  ctx->lock.word = 0;
+  if (ctx->epfd < 0 || !ipcref__bell_make(ctx)) {
     int e = errno;
     if (ctx->epfd >= 0) close(ctx->epfd);
     if (ctx->bell_rx >= 0) close(ctx->bell_rx), close(ctx->bell_tx);
@@ -5656,7 +5689,6 @@ IPCREF_API ipcref_result ipcref_ctx_new(const ipcref_ctx_options *opt,
     return e == ENOMEM ? IPCREF_ENOMEM : IPCREF_ESYS;
   }
   if (pthread_mutex_init(&ctx->hdr_lock, NULL) != 0) {
-    pthread_mutex_destroy(&ctx->lock);
     close(ctx->epfd);
     close(ctx->bell_rx);
     close(ctx->bell_tx);
@@ -5767,7 +5799,6 @@ IPCREF__PRIVATE void ipcref__ctx_destroy(ipcref_ctx *ctx) {
     IPCREF_FREE(c);
   }
   pthread_mutex_destroy(&ctx->hdr_lock);
-  pthread_mutex_destroy(&ctx->lock);
   close(ctx->epfd);
   if (ctx->bell_rx >= 0) close(ctx->bell_rx);
   if (ctx->bell_tx >= 0) close(ctx->bell_tx);
@@ -9129,7 +9160,9 @@ IPCREF_API ipcref_result ipcref_import(ipcref_peer *p, ipcref_msg *msg,
 #define IPCREF__CHAN_LAYOUT      2u  /* the setup's word for that */
 #define IPCREF__CHAN_MSG         0u  /* a record's kinds */
 #define IPCREF__CHAN_PATCH       1u
-#define IPCREF__CHAN_PATCH_MAX   44u  /* bytes a patch replaces: one line */
+#define IPCREF__CHAN_PATCH_MAX                                                 \
+  44u /* bytes a patch replaces: 4 + 44 fill its                               \
+          line after the record header */
 #define IPCREF__CHAN_LAST        512u /* the sender's copy of the last */
 #define IPCREF__CHAN_SETUP_BYTES 12u
 #define IPCREF__CHAN_DEFAULT     ((size_t)64 << 10)
@@ -9326,31 +9359,68 @@ IPCREF__PRIVATE void ipcref__chan_knock(struct ipcref__chan_tx *t) {
   (void)send(t->doorbell, "", 1, MSG_DONTWAIT | MSG_NOSIGNAL);
 }
 
+/* The place (0..7) of the first and of the last byte in which two words
+ * loaded from memory differ, given `x`, their exclusive or (not 0). */
+IPCREF__PRIVATE IPCREF__INLINE size_t ipcref__byte_first(uint64_t x) {
+  return (size_t)(IPCREF__WIRE_LE ? __builtin_ctzll(x) : __builtin_clzll(x)) /
+         8u;
+}
+
+IPCREF__PRIVATE IPCREF__INLINE size_t ipcref__byte_last(uint64_t x) {
+  return 7u -
+         (size_t)(IPCREF__WIRE_LE ? __builtin_clzll(x) : __builtin_ctzll(x)) /
+             8u;
+}
+
 /* Where `msg` (`len` bytes) differs from the ring's last message: the
  * span's length, its start in *at, when a patch can say it (the same
  * length, and 1..IPCREF__CHAN_PATCH_MAX bytes apart), else 0. Word by
- * word from each end: a view's message differs in a few bytes inside. */
+ * word from each end (two words a step from the front), the differing
+ * byte found in its word by counting zero bits: a view's message differs
+ * in a few bytes inside. (Finding them byte by byte took 176 of a
+ * hand-off's 2520 instructions under callgrind, bench/maps.c; so, 133.) */
 IPCREF__PRIVATE size_t ipcref__chan_diff(const struct ipcref__chan_tx *t,
                                          const unsigned char *msg, size_t len,
                                          size_t *at) {
   size_t lo = 0, hi = len;
   uint64_t a, b;
   if (len != t->last_len || len == 0) return 0;
-  while (lo + 8 <= len) {
+  for (; lo + 16 <= len; lo += 16) { /* two words a step */
+    uint64_t a1, b1;
     memcpy(&a, msg + lo, 8);
     memcpy(&b, t->last + lo, 8);
-    if (a != b) break;
-    lo += 8;
+    memcpy(&a1, msg + lo + 8, 8);
+    memcpy(&b1, t->last + lo + 8, 8);
+    if ((a ^ b) | (a1 ^ b1)) break;
   }
-  while (lo < len && msg[lo] == t->last[lo]) lo++;
-  if (lo == len) return 0; /* the same message: never a patch of nothing */
-  while (hi >= lo + 8) {
+  for (;; lo += 8) {
+    if (lo + 8 > len) { /* the last few bytes */
+      while (lo < len && msg[lo] == t->last[lo]) lo++;
+      if (lo == len) return 0; /* the same message: never a patch of nothing */
+      break;
+    }
+    memcpy(&a, msg + lo, 8);
+    memcpy(&b, t->last + lo, 8);
+    if (a != b) {
+      lo += ipcref__byte_first(a ^ b);
+      break;
+    }
+  }
+  /* The bytes below lo are the same, and msg[lo] differs: a word that
+   * reaches down past lo still finds the last byte that differs, and hi
+   * stops above lo. */
+  for (;; hi -= 8) {
+    if (hi < 8) {
+      while (msg[hi - 1] == t->last[hi - 1]) hi--;
+      break;
+    }
     memcpy(&a, msg + hi - 8, 8);
     memcpy(&b, t->last + hi - 8, 8);
-    if (a != b) break;
-    hi -= 8;
+    if (a != b) {
+      hi = hi - 8 + ipcref__byte_last(a ^ b) + 1;
+      break;
+    }
   }
-  while (msg[hi - 1] == t->last[hi - 1]) hi--; /* stops at lo's byte */
   if (hi - lo > IPCREF__CHAN_PATCH_MAX) return 0;
   *at = lo;
   return hi - lo;
@@ -9362,21 +9432,21 @@ IPCREF__PRIVATE size_t ipcref__chan_diff(const struct ipcref__chan_tx *t,
 IPCREF__PRIVATE void ipcref__chan_write(struct ipcref__chan_tx *t,
                                         const unsigned char *msg, size_t len,
                                         size_t at, size_t n) {
-  unsigned char rec[IPCREF__CHAN_LINE], *ring = t->map + IPCREF__CHAN_HDR;
-  ipcref__wire w;
-  ipcref__wire_init(&w, rec, sizeof rec);
-  ipcref__wire_put(&w, n ? 4 + n : len, 4);
-  ipcref__wire_put(&w, n ? IPCREF__CHAN_PATCH : IPCREF__CHAN_MSG, 4);
-  ipcref__wire_put(&w, t->sockets, 8);
-  if (n) { /* one line, in one copy */
-    ipcref__wire_put(&w, at, 2);
-    ipcref__wire_put(&w, n, 2);
-    memcpy(rec + IPCREF__CHAN_REC + 4, msg + at, n);
-    ipcref__chan_copy(ring, t->bytes, t->tail, rec, IPCREF__CHAN_REC + 4 + n,
-                      1);
+  unsigned char rec[IPCREF__CHAN_REC], *ring = t->map + IPCREF__CHAN_HDR;
+  if (n) { /* one line, written in place: records start on lines */
+    unsigned char *line = ring + (size_t)(t->tail & (t->bytes - 1));
+    ipcref__le_put(line, 4 + n, 4);
+    ipcref__le_put(line + 4, IPCREF__CHAN_PATCH, 4);
+    ipcref__le_put(line + 8, t->sockets, 8);
+    ipcref__le_put(line + IPCREF__CHAN_REC, at, 2);
+    ipcref__le_put(line + IPCREF__CHAN_REC + 2, n, 2);
+    memcpy(line + IPCREF__CHAN_REC + 4, msg + at, n);
     memcpy(t->last + at, msg + at, n);
     return;
   }
+  ipcref__le_put(rec, len, 4);
+  ipcref__le_put(rec + 4, IPCREF__CHAN_MSG, 4);
+  ipcref__le_put(rec + 8, t->sockets, 8);
   ipcref__chan_copy(ring, t->bytes, t->tail, rec, IPCREF__CHAN_REC, 1);
   ipcref__chan_copy(ring, t->bytes, t->tail + IPCREF__CHAN_REC,
                     (unsigned char *)(uintptr_t)msg, len, 1);
@@ -9647,10 +9717,12 @@ IPCREF__PRIVATE int ipcref__chan_bad(ipcref_peer *p, const char *why) {
 IPCREF__PRIVATE const char *ipcref__chan_patch(struct ipcref__chan_rx *x,
                                                const unsigned char *ring,
                                                uint64_t len) {
-  unsigned char b[4 + IPCREF__CHAN_PATCH_MAX];
+  unsigned char b[IPCREF__CHAN_LINE - IPCREF__CHAN_REC];
   size_t at, n;
-  ipcref__chan_copy((unsigned char *)(uintptr_t)ring, x->bytes,
-                    x->head + IPCREF__CHAN_REC, b, (size_t)len, 0);
+  /* The rest of the record's line, whatever its length: a copy of a
+   * constant size, and a record never wraps within its line. */
+  memcpy(b, ring + (size_t)(x->head & (x->bytes - 1)) + IPCREF__CHAN_REC,
+         sizeof b);
   at = (size_t)ipcref__le_get(b, 2);
   n = (size_t)ipcref__le_get(b + 2, 2);
   if (len < 5 || n + 4 != len)

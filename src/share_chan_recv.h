@@ -29,10 +29,12 @@ IPCREF__PRIVATE int ipcref__chan_bad(ipcref_peer *p, const char *why) {
 IPCREF__PRIVATE const char *ipcref__chan_patch(struct ipcref__chan_rx *x,
                                                const unsigned char *ring,
                                                uint64_t len) {
-  unsigned char b[4 + IPCREF__CHAN_PATCH_MAX];
+  unsigned char b[IPCREF__CHAN_LINE - IPCREF__CHAN_REC];
   size_t at, n;
-  ipcref__chan_copy((unsigned char *)(uintptr_t)ring, x->bytes,
-                    x->head + IPCREF__CHAN_REC, b, (size_t)len, 0);
+  /* The rest of the record's line, whatever its length: a copy of a
+   * constant size, and a record never wraps within its line. */
+  memcpy(b, ring + (size_t)(x->head & (x->bytes - 1)) + IPCREF__CHAN_REC,
+         sizeof b);
   at = (size_t)ipcref__le_get(b, 2);
   n = (size_t)ipcref__le_get(b + 2, 2);
   if (len < 5 || n + 4 != len)

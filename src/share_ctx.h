@@ -69,8 +69,8 @@ IPCREF_API ipcref_result ipcref_ctx_new(const ipcref_ctx_options *opt,
   ctx->opt.allow_uids = ctx->uids; /* ours, not the caller's */
   ctx->bell_rx = ctx->bell_tx = -1;
   ctx->epfd = epoll_create1(EPOLL_CLOEXEC);
-  if (ctx->epfd < 0 || !ipcref__bell_make(ctx) ||
-      pthread_mutex_init(&ctx->lock, NULL) != 0) {
+  ctx->lock.word = 0;
+  if (ctx->epfd < 0 || !ipcref__bell_make(ctx)) {
     int e = errno;
     if (ctx->epfd >= 0) close(ctx->epfd);
     if (ctx->bell_rx >= 0) close(ctx->bell_rx), close(ctx->bell_tx);
@@ -79,7 +79,6 @@ IPCREF_API ipcref_result ipcref_ctx_new(const ipcref_ctx_options *opt,
     return e == ENOMEM ? IPCREF_ENOMEM : IPCREF_ESYS;
   }
   if (pthread_mutex_init(&ctx->hdr_lock, NULL) != 0) {
-    pthread_mutex_destroy(&ctx->lock);
     close(ctx->epfd);
     close(ctx->bell_rx);
     close(ctx->bell_tx);
@@ -190,7 +189,6 @@ IPCREF__PRIVATE void ipcref__ctx_destroy(ipcref_ctx *ctx) {
     IPCREF_FREE(c);
   }
   pthread_mutex_destroy(&ctx->hdr_lock);
-  pthread_mutex_destroy(&ctx->lock);
   close(ctx->epfd);
   if (ctx->bell_rx >= 0) close(ctx->bell_rx);
   if (ctx->bell_tx >= 0) close(ctx->bell_tx);

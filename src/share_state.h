@@ -308,12 +308,45 @@ typedef struct ipcref__hdr_chunk {
   ipcref__hdr h[IPCREF__HDR_CHUNK];
 } ipcref__hdr_chunk;
 
+/* The context's lock: a futex word, 0 free, 1 held, 2 held and maybe
+ * waited for (U. Drepper, "Futexes Are Tricky", its third mutex). Taking
+ * a free lock is one compare-and-swap and giving it back one exchange,
+ * with no call: each side of a hand-off takes it once, and
+ * pthread_mutex_lock with _unlock cost 55 instructions a pair (callgrind,
+ * bench/maps.c; so, 10). Acquire when taken, release when given back, as
+ * a mutex; a waiter sleeps in FUTEX_WAIT, private to the process. */
+typedef struct ipcref__mutex {
+  uint32_t word;
+} ipcref__mutex;
+
+IPCREF__PRIVATE IPCREF__NOINLINE void ipcref__mutex_wait(ipcref__mutex *m,
+                                                         uint32_t c) {
+  /* 2 from here on: whoever gives it back must wake a waiter. */
+  if (c != 2u) c = __atomic_exchange_n(&m->word, 2u, __ATOMIC_ACQUIRE);
+  while (c != 0u) {
+    (void)syscall(SYS_futex, &m->word, FUTEX_WAIT_PRIVATE, 2u, NULL, NULL, 0);
+    c = __atomic_exchange_n(&m->word, 2u, __ATOMIC_ACQUIRE);
+  }
+}
+
+IPCREF__PRIVATE IPCREF__INLINE void ipcref__mutex_lock(ipcref__mutex *m) {
+  uint32_t c = 0u;
+  if (!__atomic_compare_exchange_n(&m->word, &c, 1u, 0, __ATOMIC_ACQUIRE,
+                                   __ATOMIC_RELAXED))
+    ipcref__mutex_wait(m, c);
+}
+
+IPCREF__PRIVATE IPCREF__INLINE void ipcref__mutex_unlock(ipcref__mutex *m) {
+  if (__atomic_exchange_n(&m->word, 0u, __ATOMIC_RELEASE) == 2u)
+    (void)syscall(SYS_futex, &m->word, FUTEX_WAKE_PRIVATE, 1, NULL, NULL, 0);
+}
+
 #define IPCREF__MAX_BACKENDS 8 /* per context: one per device type */
 
 struct ipcref_ctx {
   uint32_t magic; /* IPCREF__ALIVE; IPCREF__DEAD once freed (IPCREF_CHECKED:
                      kept a while in the quarantine) */
-  pthread_mutex_t lock;
+  ipcref__mutex lock;
   ipcref_ctx_options opt;
   uint64_t nonce;
   int pid;
@@ -385,7 +418,7 @@ struct ipcref_ctx {
 
 /* ---- small helpers ----------------------------------------------------- */
 
-#define IPCREF__LOCK(c)   pthread_mutex_lock(&(c)->lock)
+#define IPCREF__LOCK(c)   ipcref__mutex_lock(&(c)->lock)
 #define IPCREF__UNLOCK(c) ipcref__unlock(c)
 
 /* ---- forward declarations ----------------------------------------------
@@ -414,7 +447,7 @@ IPCREF__PRIVATE IPCREF__NOINLINE void ipcref__unlock_and_run(ipcref_ctx *ctx) {
   ctx->released = NULL;
   ctx->finished = NULL;
   ctx->unpinned = NULL;
-  pthread_mutex_unlock(&ctx->lock);
+  ipcref__mutex_unlock(&ctx->lock);
   while (a) { /* aliases whose last hold went */
     ipcref__alias *next = a->next;
     a->fn(a->user);
@@ -441,7 +474,7 @@ IPCREF__PRIVATE void ipcref__unlock(ipcref_ctx *ctx) {
   if (ctx->released || ctx->finished || ctx->unpinned)
     ipcref__unlock_and_run(ctx);
   else
-    pthread_mutex_unlock(&ctx->lock);
+    ipcref__mutex_unlock(&ctx->lock);
 }
 
 IPCREF__PRIVATE void *ipcref__zalloc(size_t n) {

@@ -20,7 +20,8 @@
  *
  * At the end every count is back to zero (live slots, limbo, buffers,
  * imported buffers, peers), no lease was reclaimed or refused, and the fds
- * are those of the start.
+ * are those of the start. A last test takes the context's own lock (a
+ * futex word) from 4 threads at once, and makes one wait for it.
  *
  * Environment: IPCREF_TEST_UNITS sets the hand-offs per pair (default
  * 1500; 400 with IPCREF_UNDER_VALGRIND=1), IPCREF_TEST_SEED the random
@@ -747,6 +748,74 @@ static void test_threads_in_process(void) {
   run_pairs(0);
 }
 
+/* ---- the context's lock ------------------------------------------------
+ * IPCREF__LOCK is a futex word (share_state). Threads that take it in
+ * turn lose no update of what it guards (and TSan, which runs this file,
+ * would name a race); a thread that finds it held sleeps until it is
+ * given back: the word then says 2 (held, waited for), and the sleeper
+ * gets the lock only after the holder has let go. */
+static struct {
+  ipcref_ctx *ctx;
+  long count, rounds;
+  int released; /* atomic: the holder let go */
+} lk;
+
+static void *lock_hammer(void *arg) {
+  long i;
+  (void)arg;
+  for (i = 0; i < lk.rounds; i++) {
+    IPCREF__LOCK(lk.ctx);
+    lk.count++;
+    IPCREF__UNLOCK(lk.ctx);
+  }
+  return NULL;
+}
+
+static void *lock_waiter(void *arg) {
+  int *saw = (int *)arg;
+  IPCREF__LOCK(lk.ctx);
+  *saw = __atomic_load_n(&lk.released, __ATOMIC_ACQUIRE);
+  IPCREF__UNLOCK(lk.ctx);
+  return NULL;
+}
+
+static uint32_t lock_word(void) {
+  return __atomic_load_n(&lk.ctx->lock.word, __ATOMIC_ACQUIRE);
+}
+
+static void test_ctx_lock(void) {
+  pthread_t th[4];
+  int i, saw = -1, started = 0;
+  long waited_ms = 0;
+  memset(&lk, 0, sizeof lk);
+  CHECK_EQ(ipcref_ctx_new(NULL, &lk.ctx), IPCREF_OK);
+  if (!lk.ctx) return;
+  lk.rounds = under_valgrind ? 20000 : 200000;
+  for (i = 0; i < 4; i++)
+    if (pthread_create(&th[i], NULL, lock_hammer, NULL) == 0) started++;
+  for (i = 0; i < started; i++) pthread_join(th[i], NULL);
+  CHECK_EQ(started, 4);
+  CHECK_EQ(lk.count, started * lk.rounds);
+  CHECK_EQ(lock_word(), 0u);
+  /* Held here: the waiter goes to sleep, saying so in the word. */
+  IPCREF__LOCK(lk.ctx);
+  if (pthread_create(&th[0], NULL, lock_waiter, &saw) != 0) {
+    IPCREF__UNLOCK(lk.ctx);
+    CHECK(!"pthread_create");
+    ipcref_ctx_free(lk.ctx);
+    return;
+  }
+  while (lock_word() != 2u && waited_ms++ < 10000) usleep(1000);
+  CHECK_EQ(lock_word(), 2u);
+  usleep(10000); /* well inside FUTEX_WAIT by now */
+  __atomic_store_n(&lk.released, 1, __ATOMIC_RELEASE);
+  IPCREF__UNLOCK(lk.ctx);
+  pthread_join(th[0], NULL);
+  CHECK_EQ(saw, 1);
+  CHECK_EQ(lock_word(), 0u);
+  ipcref_ctx_free(lk.ctx);
+}
+
 static int detect_valgrind(void) {
   static char buf[1 << 16];
   ssize_t n;
@@ -775,5 +844,6 @@ int main(void) {
          seed, units);
   RUN(test_threads_with_children);
   RUN(test_threads_in_process);
+  RUN(test_ctx_lock);
   return harness_finish();
 }
