@@ -3953,7 +3953,8 @@ struct ipcref__segment {
   ipcref__segment *cache_next, *cache_prev; /* newest first */
 };
 
-#define IPCREF__LATE 16 /* holes stepped over that a ledger remembers */
+#define IPCREF__LATE  16 /* holes stepped over that a ledger remembers */
+#define IPCREF__AHEAD 8  /* slots a ledger publishes ahead of their leases */
 #define IPCREF__HOLE_MS                                                        \
   100 /* a hole at a ring's tail is waited on this long                        \
        */
@@ -3977,8 +3978,11 @@ struct ipcref__ledger {
   uint32_t n;
   uint64_t tail; /* ring entries consumed */
   ipcref__lease *leases;
-  uint32_t *free_stack, nfree; /* free slots of the producer half */
-  uint32_t live;
+  uint32_t *free_stack, nfree;   /* free slots of the producer half */
+  uint32_t ahead[IPCREF__AHEAD]; /* free slots published live, oldest at
+                                    ahead_at (see ipcref__slot_take) */
+  uint32_t ahead_at, nahead;
+  uint32_t live;        /* leases taken and not ended (not those published) */
   ipcref_peer *peer;    /* NULL once the peer is gone */
   ipcref__watch *watch; /* the process it was made for */
   int holder;           /* its pid (watched by pid alone if watch NULL) */
@@ -5154,7 +5158,9 @@ IPCREF__PRIVATE size_t ipcref__block_unlease(ipcref_ctx *ctx,
  *            and for a forwarded lease the parent slot + 1 << 32 }
  *   ring     2 * nslots x u64: returned and linked leases, in order
  *
- * The producer allocates slots [0, nslots/2); forwarders claim slots in
+ * The producer allocates slots [0, nslots/2), each published live (its
+ * generation moved on, its holder written) a few leases before a lease
+ * takes it (see "slots published ahead"); forwarders claim slots in
  * [nslots/2, nslots) with a compare-and-swap. A consumer returns a lease
  * by taking a ring position (one fetch_add) and storing the entry there:
  * no system call, no lock; only while `waiting` is set does it also send
@@ -5384,6 +5390,61 @@ IPCREF__PRIVATE void ipcref__lease_reclaim(ipcref_ctx *ctx, ipcref__ledger *l,
     return;
   l->leases[slot].reclaimed = gen + 1u;
   ctx->st.reclaimed++;
+}
+
+/* ---- slots published ahead ----------------------------------------------
+ * A lease's slot is published live (its generation moved on, its holder
+ * written) IPCREF__AHEAD leases before the lease takes it: the consumer's
+ * import then checks a line written a few hand-offs before, where a slot
+ * published as its lease was taken crossed to the consumer again on the
+ * hand-off's path (a spinning hand-off about 8% faster: bench/lines.c).
+ * A slot published and not taken has no block: a return of it is refused
+ * as a forged one, a death reclaims nothing of it, no stat counts it. A
+ * record that names one is the producer's own lie, which costs only the
+ * producer, as any other (see share_import). Under the lock. */
+
+/* Publishes the free slot on top of `l`'s stack for holder `pid`. */
+IPCREF__PRIVATE void ipcref__slot_publish(ipcref__ledger *l, int pid) {
+  uint64_t *slots = ipcref__ledger_slots(l->base);
+  uint32_t s = l->free_stack[--l->nfree], gen;
+  gen = (uint32_t)(__atomic_load_n(&slots[2 * (size_t)s], __ATOMIC_RELAXED) >>
+                   2) +
+        1u;
+  slots[2 * (size_t)s + 1] = (uint64_t)(uint32_t)pid; /* holder */
+  /* Release: the holder before the state that makes the slot live. */
+  __atomic_store_n(&slots[2 * (size_t)s],
+                   ((uint64_t)gen << 2) | IPCREF__SLOT_LIVE, __ATOMIC_RELEASE);
+  l->ahead[(l->ahead_at + l->nahead++) % IPCREF__AHEAD] = s;
+}
+
+/* 1 when ledger `l` has a slot for a lease. */
+IPCREF__PRIVATE int ipcref__ledger_room(const ipcref__ledger *l) {
+  return l->nfree + l->nahead > 0;
+}
+
+/* Publishes slots of `l` until IPCREF__AHEAD of them are, or none is
+ * free. A send calls it once its record has left (ipcref__send_views): a
+ * store into a line the consumer read, made before the record's, would
+ * hold the record back until it had crossed (so, no faster than a slot
+ * published as its lease is taken). */
+IPCREF__PRIVATE void ipcref__slots_top_up(ipcref__ledger *l, int pid) {
+  while (l->nahead < IPCREF__AHEAD && l->nfree) ipcref__slot_publish(l, pid);
+}
+
+/* The slot for a lease of `l` (which has room), published live already
+ * (now, when none was), and its generation in *gen. */
+IPCREF__PRIVATE uint32_t ipcref__slot_take(ipcref__ledger *l, int pid,
+                                           uint32_t *gen) {
+  uint32_t s;
+  if (l->nahead == 0) ipcref__slot_publish(l, pid);
+  s = l->ahead[l->ahead_at];
+  l->ahead_at = (l->ahead_at + 1u) % IPCREF__AHEAD;
+  l->nahead--;
+  *gen =
+      (uint32_t)(__atomic_load_n(&ipcref__ledger_slots(l->base)[2 * (size_t)s],
+                                 __ATOMIC_RELAXED) >>
+                 2);
+  return s;
 }
 
 /* A ring entry refused (under the lock): counted, and reported to the
@@ -7920,10 +7981,10 @@ IPCREF__PRIVATE ipcref_result ipcref__ledger_with_room(ipcref_peer *p,
                                                        ipcref__ledger **out) {
   ipcref_ctx *ctx = p->ctx;
   ipcref__ledger *l = p->ledger;
-  if (!l || l->nfree == 0) {
+  if (!l || !ipcref__ledger_room(l)) {
     ipcref__sweep(ctx); /* returned leases free their slots first */
     for (l = ctx->ledgers; l; l = l->next)
-      if (l->peer == p && l->nfree) break;
+      if (l->peer == p && ipcref__ledger_room(l)) break;
     if (!l) {
       ipcref_result r = ipcref__ledger_new(ctx, p, &l);
       if (r != IPCREF_OK) return r;
@@ -8000,24 +8061,18 @@ IPCREF__PRIVATE ipcref_result ipcref__lease_device(ipcref__block *b,
 }
 
 /* A lease on block `b`, made here, in a ledger of `p` (under the lock).
- * The slot is published live before anything can fail; a failure after
- * that cancels it. */
+ * Its slot was published live before (ipcref__slot_take); a failure after
+ * it is taken cancels it. */
 IPCREF__PRIVATE ipcref_result ipcref__lease_take_own(
     ipcref_peer *p, ipcref__block *b, ipcref_buf *buf, ipcref__view_event *ev,
     ipcref__view_rec *r, ipcref__lease_src *src) {
   ipcref_ctx *ctx = p->ctx;
   ipcref__ledger *l;
   ipcref__lease *ls;
-  uint64_t *slots;
   ipcref_result res;
   res = ipcref__ledger_with_room(p, &l); /* b is ctx's: views_check */
   if (res != IPCREF_OK) return res;
-  slots = ipcref__ledger_slots(l->base);
-  r->slot = l->free_stack[--l->nfree];
-  r->gen = (uint32_t)(__atomic_load_n(&slots[2 * (size_t)r->slot],
-                                      __ATOMIC_RELAXED) >>
-                      2) +
-           1u;
+  r->slot = ipcref__slot_take(l, p->pid, &r->gen);
   ls = &l->leases[r->slot];
   ls->block = b;
   ls->gen = r->gen;
@@ -8031,10 +8086,6 @@ IPCREF__PRIVATE ipcref_result ipcref__lease_take_own(
   p->held_bytes += b->size;
   r->origin_nonce = ctx->nonce; /* what a cancel needs, from here on */
   r->ledger_id = l->id;
-  slots[2 * (size_t)r->slot + 1] = (uint64_t)(uint32_t)p->pid; /* holder */
-  __atomic_store_n(&slots[2 * (size_t)r->slot],
-                   ((uint64_t)r->gen << 2) | IPCREF__SLOT_LIVE,
-                   __ATOMIC_RELEASE);
   IPCREF__STEP("export");
   /* Read-only: with the segment's F_SEAL_FUTURE_WRITE, no consumer can
    * map it writable, whatever it does with the fd. */
@@ -8784,9 +8835,11 @@ IPCREF__PRIVATE ipcref_result ipcref__import_map(ipcref_ctx *ctx,
 /* Import, step 3: what forbids taking view record `i` (NULL: nothing).
  * Its segment and ledger are mapped and agree with it; its lease is live
  * at exactly its generation (a replay of an older message finds the slot
- * freed or reused) and was not imported already, by an earlier message or
- * an earlier record of this one (one export, one import); every element
- * it reaches lies inside its block. */
+ * freed or reused; a slot the producer published ahead of its lease is
+ * live too, and a record naming one before its lease is the producer's
+ * own lie: see share_ledger) and was not imported already, by an earlier
+ * message or an earlier record of this one (one export, one import);
+ * every element it reaches lies inside its block. */
 IPCREF__PRIVATE const char *ipcref__import_rec_why(ipcref_ctx *ctx,
                                                    const ipcref__msg_in *m,
                                                    ipcref__msg_maps *mm,
@@ -10342,7 +10395,9 @@ IPCREF__PRIVATE ipcref_result ipcref__chan_send(ipcref_peer *p,
 /* ipcref_send, ipcref_send_batch, ipcref_send_meta and ipcref_send_on:
  * the events recorded, the leases taken and the message built under the
  * lock, then sent outside it; a message that could not be sent gives its
- * leases back. `fn` names the public call in reports. */
+ * leases back. Then, under the lock again, the next leases' slots are
+ * published (ipcref__slots_top_up). `fn` names the public call in
+ * reports. */
 IPCREF__PRIVATE ipcref_result ipcref__send_views(ipcref_peer *p,
                                                  const ipcref_view *views,
                                                  int n,
@@ -10374,6 +10429,9 @@ IPCREF__PRIVATE ipcref_result ipcref__send_views(ipcref_peer *p,
     msg.nfds = 0; /* borrowed: not ours to close */
     ipcref_msg_free(&msg);
   }
+  IPCREF__LOCK(p->ctx);
+  if (p->ledger) ipcref__slots_top_up(p->ledger, p->pid);
+  IPCREF__UNLOCK(p->ctx);
   return r;
 }
 

@@ -11,13 +11,15 @@
  *
  *   producer  writes the buffer's first and last byte (the bench's
  *             "produce"); takes and drops a process-private mutex (the
- *             context's lock) around the lease: the slot's generation
- *             word and its holder (16 bytes of the ledger, the next of
- *             2048 slots); copies the record into the ring, publishes its
- *             tail (release), then a seq-cst fence and a look at the
- *             receiver's sleep word (the doorbell's check); spins on the
- *             ack. Every 2048 hand-offs, the sweep: it reads and clears
- *             the returned entries and frees their slots.
+ *             context's lock) around the lease, whose slot (16 bytes of
+ *             the ledger, the next of 2048) was published 8 hand-offs
+ *             before; copies the record into the ring, publishes its tail
+ *             (release), then a seq-cst fence and a look at the
+ *             receiver's sleep word (the doorbell's check); under the
+ *             mutex again, publishes the slot 8 hand-offs ahead live (its
+ *             generation word and holder); spins on the ack. Every 2048
+ *             hand-offs, the sweep: it reads and clears the returned
+ *             entries and frees their slots.
  *   consumer  spins on the tail (acquire), loading the due record's first
  *             word with it on each look (ipcref__chan_looks) and fetching
  *             the next lease's line (ipcref__chan_prefetch); copies the
@@ -28,15 +30,17 @@
  *             seq-cst fence and a look at the producer's `waiting`; stores
  *             the ack.
  *
- * Row ipcref_lines_compact: the same, but for two changes to the
- * protocol, each taking a cache line off the hand-off's path:
- *   - the record carries its own sequence word, written last: the consumer
- *     spins on the record's first line alone, no tail in a line of its own;
- *   - slots published live 8 hand-offs ahead: the line a record's lease
- *     names was written long before, so the line the consumer fetches
- *     while it spins is the one it reads when the record comes;
- * and the lease returned into a ring only this consumer writes (a store
- * where a fetch_add was; the fence and the look at `waiting` stay).
+ * Row ipcref_lines_compact: the same, but for a change to the protocol
+ * that takes a cache line off the hand-off's path: the record carries its
+ * own sequence word, written last, so the consumer spins on the record's
+ * first line alone, no tail in a line of its own; and the lease returned
+ * into a ring only this consumer writes (a store where a fetch_add was;
+ * the fence and the look at `waiting` stay). Its slots are published 8
+ * hand-offs ahead too, before the record rather than after it. (This row
+ * first modelled publishing ahead as well, when the library published
+ * each slot as its lease was taken, just before the record: that line
+ * then crossed to the consumer again on the hand-off's path. The library
+ * now publishes ahead, and ipcref_lines with it.)
  * Before patches, records were 136 bytes in three lines (ipcref_lines was
  * {136, 192}, and the compact row's records took two), and what follows
  * was measured so. Rows that take one change at a time (tried, not kept)
@@ -91,6 +95,28 @@
  * within 2x of it needs a hot path of about half the instructions (2320
  * under callgrind, bench/maps.c).
  *
+ * Then (alternating builds of the library in w4_2cpu chan_spin, the fast
+ * phase): fewer instructions, the patch found by words and written into
+ * its line in place and the context's lock a futex word (2304 a hand-off
+ * under callgrind where 2519 were): 0.342 us where 0.371 (30 pairs; pair
+ * ratio 2.90 against 3.13). Then the ledger's slots published 8 leases
+ * ahead, once the record is out: 0.294 where 0.320 (19 pairs; 2.58
+ * against 2.80), with 2369 instructions. From the first to the last of
+ * these builds: 0.308 where 0.355, better in 24 pairs of 24 (pair ratio
+ * 2.57 against 2.96). A copy of the library that neither wrote nor read a
+ * lease's slot took 0.305 where 0.335: publishing ahead takes most of the
+ * slot's line off the path. Published ahead but before the record (as
+ * its lease is taken): 0.327 where 0.328, since that store holds the
+ * record back until its line has crossed. In the model, publishing after
+ * the record took 0.190 where publishing as the lease is taken took 0.200
+ * (the slow phase: 0.66-0.68 against 0.75-0.77). Tried, not kept: the
+ * producer taking the next slot's line for writing (prefetchw) at the
+ * send's start: 0.333 against 0.327; loads instead of prefetches of the
+ * lease's lines while spinning: no faster. Copies with no seq-cst fence
+ * on either side, or with no lock at all, were no faster either: here
+ * the atomic instructions cost no more than others; the lock's gain is
+ * its instructions.
+ *
  * So ipcref_lines is what a chan_spin hand-off would cost if the library's
  * own instructions took no time: compare it with c_shm_spin (the same
  * hand-off with one word each way) to see what the protocol's cache lines
@@ -133,14 +159,16 @@ typedef struct proto {
                       the record may wrap) */
   int seq_in_rec;  /* 1: the record's first word says it is there */
   uint64_t ahead;  /* slots published this many hand-offs ahead */
+  int after;       /* 1: published once the record is out, under the
+                      mutex again (else before the record) */
   int own_returns; /* 1: returns into a ring only this consumer writes */
   int looks;       /* 1: each look at the tail loads the due record's first
                       word too (ipcref__chan_looks) */
 } proto;
 
 static const proto g_protos[] = {
-    {"ipcref_lines", 24, 64, 0, 0, 0, 1},
-    {"ipcref_lines_compact", 24, 64, 1, 8, 1, 0},
+    {"ipcref_lines", 24, 64, 0, 8, 1, 0, 1},
+    {"ipcref_lines_compact", 24, 64, 1, 8, 0, 1, 0},
 };
 static const proto *P;
 
@@ -309,7 +337,7 @@ static double handoff(struct shared *s, pthread_mutex_t *lock, uint64_t i,
   if (slot == 0 && i) sweep(s, drained); /* the free slots ran out */
   if (i == 0)
     for (j = 0; j < P->ahead; j++) publish_lease(s, j);
-  publish_lease(s, i + P->ahead);
+  if (!P->after) publish_lease(s, i + P->ahead);
   pthread_mutex_unlock(lock);
   memset(rec, 0x5a, sizeof rec);
   memcpy(rec + 8, &slot, sizeof slot);
@@ -323,6 +351,11 @@ static double handoff(struct shared *s, pthread_mutex_t *lock, uint64_t i,
   }
   atomic_thread_fence(memory_order_seq_cst);
   g_sink += atomic_load_explicit(&s->asleep, memory_order_relaxed);
+  if (P->after) {
+    pthread_mutex_lock(lock);
+    publish_lease(s, i + P->ahead);
+    pthread_mutex_unlock(lock);
+  }
   while (atomic_load_explicit(&s->taken, memory_order_acquire) != i + 1)
     relax();
   return now_ns() - t0;

@@ -741,8 +741,8 @@ def w4_floor_table(vals):
     print(f"{W4_LINES}: chan_spin's shared-memory traffic without the library's code "
           "(bench/lines.c). Its ratio to c_shm_spin is what the protocol's cache lines cost; "
           f"ipcref_chan_spin's ratio to it, what the code adds. {W4_LINES_COMPACT}: the same "
-          "for a protocol with the sequence word in the record, 128-byte records on line "
-          "boundaries, leases published ahead and returns into the consumer's own ring.\n")
+          "for a protocol with the sequence word in the record (no tail to wait on) and "
+          "returns into the consumer's own ring.\n")
     print(f"| setup | {W4_LINES} | {W4_LINES} / c_shm_spin | ipcref_chan_spin / {W4_LINES} | "
           f"{W4_LINES_COMPACT} | {W4_LINES_COMPACT} / c_shm_spin |")
     print("|---|---|---|---|---|---|")

@@ -100,10 +100,10 @@ IPCREF__PRIVATE ipcref_result ipcref__ledger_with_room(ipcref_peer *p,
                                                        ipcref__ledger **out) {
   ipcref_ctx *ctx = p->ctx;
   ipcref__ledger *l = p->ledger;
-  if (!l || l->nfree == 0) {
+  if (!l || !ipcref__ledger_room(l)) {
     ipcref__sweep(ctx); /* returned leases free their slots first */
     for (l = ctx->ledgers; l; l = l->next)
-      if (l->peer == p && l->nfree) break;
+      if (l->peer == p && ipcref__ledger_room(l)) break;
     if (!l) {
       ipcref_result r = ipcref__ledger_new(ctx, p, &l);
       if (r != IPCREF_OK) return r;
@@ -180,24 +180,18 @@ IPCREF__PRIVATE ipcref_result ipcref__lease_device(ipcref__block *b,
 }
 
 /* A lease on block `b`, made here, in a ledger of `p` (under the lock).
- * The slot is published live before anything can fail; a failure after
- * that cancels it. */
+ * Its slot was published live before (ipcref__slot_take); a failure after
+ * it is taken cancels it. */
 IPCREF__PRIVATE ipcref_result ipcref__lease_take_own(
     ipcref_peer *p, ipcref__block *b, ipcref_buf *buf, ipcref__view_event *ev,
     ipcref__view_rec *r, ipcref__lease_src *src) {
   ipcref_ctx *ctx = p->ctx;
   ipcref__ledger *l;
   ipcref__lease *ls;
-  uint64_t *slots;
   ipcref_result res;
   res = ipcref__ledger_with_room(p, &l); /* b is ctx's: views_check */
   if (res != IPCREF_OK) return res;
-  slots = ipcref__ledger_slots(l->base);
-  r->slot = l->free_stack[--l->nfree];
-  r->gen = (uint32_t)(__atomic_load_n(&slots[2 * (size_t)r->slot],
-                                      __ATOMIC_RELAXED) >>
-                      2) +
-           1u;
+  r->slot = ipcref__slot_take(l, p->pid, &r->gen);
   ls = &l->leases[r->slot];
   ls->block = b;
   ls->gen = r->gen;
@@ -211,10 +205,6 @@ IPCREF__PRIVATE ipcref_result ipcref__lease_take_own(
   p->held_bytes += b->size;
   r->origin_nonce = ctx->nonce; /* what a cancel needs, from here on */
   r->ledger_id = l->id;
-  slots[2 * (size_t)r->slot + 1] = (uint64_t)(uint32_t)p->pid; /* holder */
-  __atomic_store_n(&slots[2 * (size_t)r->slot],
-                   ((uint64_t)r->gen << 2) | IPCREF__SLOT_LIVE,
-                   __ATOMIC_RELEASE);
   IPCREF__STEP("export");
   /* Read-only: with the segment's F_SEAL_FUTURE_WRITE, no consumer can
    * map it writable, whatever it does with the fd. */

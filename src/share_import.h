@@ -305,9 +305,11 @@ IPCREF__PRIVATE ipcref_result ipcref__import_map(ipcref_ctx *ctx,
 /* Import, step 3: what forbids taking view record `i` (NULL: nothing).
  * Its segment and ledger are mapped and agree with it; its lease is live
  * at exactly its generation (a replay of an older message finds the slot
- * freed or reused) and was not imported already, by an earlier message or
- * an earlier record of this one (one export, one import); every element
- * it reaches lies inside its block. */
+ * freed or reused; a slot the producer published ahead of its lease is
+ * live too, and a record naming one before its lease is the producer's
+ * own lie: see share_ledger) and was not imported already, by an earlier
+ * message or an earlier record of this one (one export, one import);
+ * every element it reaches lies inside its block. */
 IPCREF__PRIVATE const char *ipcref__import_rec_why(ipcref_ctx *ctx,
                                                    const ipcref__msg_in *m,
                                                    ipcref__msg_maps *mm,

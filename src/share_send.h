@@ -310,7 +310,9 @@ IPCREF__PRIVATE ipcref_result ipcref__chan_send(ipcref_peer *p,
 /* ipcref_send, ipcref_send_batch, ipcref_send_meta and ipcref_send_on:
  * the events recorded, the leases taken and the message built under the
  * lock, then sent outside it; a message that could not be sent gives its
- * leases back. `fn` names the public call in reports. */
+ * leases back. Then, under the lock again, the next leases' slots are
+ * published (ipcref__slots_top_up). `fn` names the public call in
+ * reports. */
 IPCREF__PRIVATE ipcref_result ipcref__send_views(ipcref_peer *p,
                                                  const ipcref_view *views,
                                                  int n,
@@ -342,6 +344,9 @@ IPCREF__PRIVATE ipcref_result ipcref__send_views(ipcref_peer *p,
     msg.nfds = 0; /* borrowed: not ours to close */
     ipcref_msg_free(&msg);
   }
+  IPCREF__LOCK(p->ctx);
+  if (p->ledger) ipcref__slots_top_up(p->ledger, p->pid);
+  IPCREF__UNLOCK(p->ctx);
   return r;
 }
 

@@ -145,7 +145,8 @@ struct ipcref__segment {
   ipcref__segment *cache_next, *cache_prev; /* newest first */
 };
 
-#define IPCREF__LATE 16 /* holes stepped over that a ledger remembers */
+#define IPCREF__LATE  16 /* holes stepped over that a ledger remembers */
+#define IPCREF__AHEAD 8  /* slots a ledger publishes ahead of their leases */
 #define IPCREF__HOLE_MS                                                        \
   100 /* a hole at a ring's tail is waited on this long                        \
        */
@@ -169,8 +170,11 @@ struct ipcref__ledger {
   uint32_t n;
   uint64_t tail; /* ring entries consumed */
   ipcref__lease *leases;
-  uint32_t *free_stack, nfree; /* free slots of the producer half */
-  uint32_t live;
+  uint32_t *free_stack, nfree;   /* free slots of the producer half */
+  uint32_t ahead[IPCREF__AHEAD]; /* free slots published live, oldest at
+                                    ahead_at (see ipcref__slot_take) */
+  uint32_t ahead_at, nahead;
+  uint32_t live;        /* leases taken and not ended (not those published) */
   ipcref_peer *peer;    /* NULL once the peer is gone */
   ipcref__watch *watch; /* the process it was made for */
   int holder;           /* its pid (watched by pid alone if watch NULL) */

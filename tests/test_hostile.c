@@ -8,7 +8,9 @@
  *   a. malicious producer: hand-built IPCM messages (bad fds, lying sizes,
  *      offsets past the end, slots past the counter file, wrong generations,
  *      replays, lying ledger headers) are refused with EPROTO, with nothing
- *      mapped, no fd leaked, stats.refused counted, and the peer still works
+ *      mapped, no fd leaked, stats.refused counted, and the peer still works;
+ *      slots published ahead of their leases: a forged return of one is
+ *      refused, a record naming one costs only the producer
  *   b. a consumer cannot shrink, grow, punch or write a segment it received
  *   c. isolation: an isolated block reaches the consumer in a segment of its
  *      own (page-rounded); a pooled one shows its neighbours (the trade-off)
@@ -841,6 +843,99 @@ static void test_malicious_producer(void) {
   }
 }
 
+/* Slots published ahead (share_ledger): after a send, IPCREF__AHEAD free
+ * slots of the peer's ledger are live at their next generation, held by
+ * the peer, with no lease behind them, and no stat counts them. A
+ * consumer that returns one it was never given is refused as any forger
+ * (counted, nothing freed, the slot still published), and the hand-off
+ * that then takes that slot goes through. A producer that names one in a
+ * record lies in a way its consumer cannot see: the view imports (the
+ * block is the producer's own, mapped as any other) and its return is
+ * refused as one of a lease never taken; the lie costs the producer
+ * alone. */
+static void test_published_slots(void) {
+  res_mark start;
+  ipcref__ledger *L;
+  uint64_t *slots, e;
+  ipcref_view got;
+  ipcref_msg msg;
+  ipcref_stats s;
+  uint32_t k, sl, gen;
+  int i;
+  res_begin(&start);
+  a_setup();
+  L = A.l.pp ? A.l.pp->ledger : NULL;
+  CHECK(L != NULL);
+  if (A.seg_i < 0 || A.led_i < 0 || !L) {
+    a_teardown();
+    return;
+  }
+  /* The template's genuine message first: the consumer maps what the
+   * sends below name. Then a hand-off by ipcref_send, after which the
+   * ledger publishes ahead. */
+  memset(&got, 0, sizeof got);
+  evil_msg(&A.w, -1, -1, &msg);
+  CHECK_EQ(ipcref_import(A.l.cp, &msg, &got), IPCREF_OK);
+  ipcref_view_release(&got);
+  CHECK_EQ(ipcref_send(A.l.pp, &A.v), IPCREF_OK);
+  CHECK_EQ(ipcref_recv(A.l.cp, &got, WAIT_MS), IPCREF_OK);
+  ipcref_view_release(&got);
+  (void)ipcref_collect(A.l.prod);
+  slots = ipcref__ledger_slots(L->base);
+  CHECK_EQ(L->nahead, IPCREF__AHEAD);
+  for (k = 0; k < L->nahead; k++) {
+    sl = L->ahead[(L->ahead_at + k) % IPCREF__AHEAD];
+    CHECK(sl < L->n / 2 && L->leases[sl].block == NULL);
+    CHECK_EQ(slots[2 * (size_t)sl] & 3u, IPCREF__SLOT_LIVE);
+    CHECK_EQ(slots[2 * (size_t)sl + 1], (uint64_t)(uint32_t)getpid());
+  }
+  s = stats_of(A.l.prod);
+  CHECK_EQ(s.live_slots, 0);
+  /* A consumer returns the next published slot, never given to it. */
+  sl = L->ahead[L->ahead_at];
+  gen = (uint32_t)(slots[2 * (size_t)sl] >> 2);
+  e = ipcref__ring_entry(IPCREF__RING_RELEASE, sl, gen);
+  ipcref__ring_push(L->base, L->n, -1, &e, 1, NULL);
+  (void)ipcref_collect(A.l.prod);
+  s = stats_of(A.l.prod);
+  CHECK_EQ(s.bad_returns, 1);
+  CHECK_EQ(s.live_slots, 0);
+  CHECK_EQ(slots[2 * (size_t)sl], ((uint64_t)gen << 2) | IPCREF__SLOT_LIVE);
+  CHECK_EQ(L->ahead[L->ahead_at], sl);
+  /* The next hand-offs take the published slots, that one first. */
+  for (i = 0; i < 2 * IPCREF__AHEAD; i++) {
+    memset(&got, 0, sizeof got);
+    CHECK_EQ(ipcref_send(A.l.pp, &A.v), IPCREF_OK);
+    if (i == 0) CHECK(L->leases[sl].block != NULL && L->leases[sl].gen == gen);
+    CHECK_EQ(ipcref_recv(A.l.cp, &got, WAIT_MS), IPCREF_OK);
+    CHECK_EQ(bad_bytes(&got, 5), 0);
+    ipcref_view_release(&got);
+  }
+  (void)ipcref_collect(A.l.prod);
+  s = stats_of(A.l.prod);
+  CHECK_EQ(s.live_slots, 0);
+  CHECK_EQ(s.bad_returns, 1);
+  /* A producer's record naming the youngest published slot. */
+  sl = L->ahead[(L->ahead_at + L->nahead - 1) % IPCREF__AHEAD];
+  gen = (uint32_t)(slots[2 * (size_t)sl] >> 2);
+  {
+    wmsg w = A.w;
+    w.v[0].slot = sl;
+    w.v[0].gen = gen;
+    evil_msg(&w, -1, -1, &msg);
+  }
+  memset(&got, 0, sizeof got);
+  CHECK_EQ(ipcref_import(A.l.cp, &msg, &got), IPCREF_OK);
+  CHECK_EQ(bad_bytes(&got, 5), 0);
+  ipcref_view_release(&got);
+  (void)ipcref_collect(A.l.prod);
+  s = stats_of(A.l.prod);
+  CHECK_EQ(s.bad_returns, 2); /* its return: a lease never taken */
+  CHECK_EQ(s.live_slots, 0);
+  a_teardown();
+  RES_END(&start);
+}
+
 /* ============================================================ b. shrinking */
 
 typedef struct b_arg {
@@ -1571,6 +1666,7 @@ int main(void) {
   signal(SIGPIPE, SIG_IGN);
   warm_up();
   RUN(test_malicious_producer);
+  RUN(test_published_slots);
   RUN(test_shrink_attempts);
   RUN(test_isolation);
   RUN(test_other_uid);
