@@ -3961,8 +3961,8 @@ struct ipcref__segment {
 
 typedef struct ipcref__lease {
   ipcref__block *block; /* NULL: free */
-  uint32_t gen;
-  int holder;           /* forwarded leases: the holder's pid */
+  uint32_t gen; /* free: its last lease's, or the one it is published at */
+  int holder;   /* forwarded leases: the holder's pid */
   ipcref__watch *watch; /* and its watch (NULL: watched by pid alone) */
   ipcref_backend *be;   /* device: the event recorded for this hand-off, */
   void *event;          /* kept until the lease ends */
@@ -5403,13 +5403,13 @@ IPCREF__PRIVATE void ipcref__lease_reclaim(ipcref_ctx *ctx, ipcref__ledger *l,
  * record that names one is the producer's own lie, which costs only the
  * producer, as any other (see share_import). Under the lock. */
 
-/* Publishes the free slot on top of `l`'s stack for holder `pid`. */
+/* Publishes the free slot on top of `l`'s stack for holder `pid`, at the
+ * generation after its last lease's. The generation is kept here, in the
+ * private lease table (the slot is free: no block), never read back from
+ * the shared word, which a consumer can write. */
 IPCREF__PRIVATE void ipcref__slot_publish(ipcref__ledger *l, int pid) {
   uint64_t *slots = ipcref__ledger_slots(l->base);
-  uint32_t s = l->free_stack[--l->nfree], gen;
-  gen = (uint32_t)(__atomic_load_n(&slots[2 * (size_t)s], __ATOMIC_RELAXED) >>
-                   2) +
-        1u;
+  uint32_t s = l->free_stack[--l->nfree], gen = ++l->leases[s].gen;
   slots[2 * (size_t)s + 1] = (uint64_t)(uint32_t)pid; /* holder */
   /* Release: the holder before the state that makes the slot live. */
   __atomic_store_n(&slots[2 * (size_t)s],
@@ -5440,10 +5440,7 @@ IPCREF__PRIVATE uint32_t ipcref__slot_take(ipcref__ledger *l, int pid,
   s = l->ahead[l->ahead_at];
   l->ahead_at = (l->ahead_at + 1u) % IPCREF__AHEAD;
   l->nahead--;
-  *gen =
-      (uint32_t)(__atomic_load_n(&ipcref__ledger_slots(l->base)[2 * (size_t)s],
-                                 __ATOMIC_RELAXED) >>
-                 2);
+  *gen = l->leases[s].gen;
   return s;
 }
 
@@ -9213,9 +9210,9 @@ IPCREF_API ipcref_result ipcref_import(ipcref_peer *p, ipcref_msg *msg,
 #define IPCREF__CHAN_LAYOUT      2u  /* the setup's word for that */
 #define IPCREF__CHAN_MSG         0u  /* a record's kinds */
 #define IPCREF__CHAN_PATCH       1u
-#define IPCREF__CHAN_PATCH_MAX                                                 \
-  44u /* bytes a patch replaces: 4 + 44 fill its                               \
-          line after the record header */
+/* The bytes a patch replaces: its u16 offset and count and these fill
+ * the line after the record's header (44). */
+#define IPCREF__CHAN_PATCH_MAX   (IPCREF__CHAN_LINE - IPCREF__CHAN_REC - 4u)
 #define IPCREF__CHAN_LAST        512u /* the sender's copy of the last */
 #define IPCREF__CHAN_SETUP_BYTES 12u
 #define IPCREF__CHAN_DEFAULT     ((size_t)64 << 10)

@@ -89,9 +89,9 @@
 #define IPCREF__CHAN_LAYOUT      2u  /* the setup's word for that */
 #define IPCREF__CHAN_MSG         0u  /* a record's kinds */
 #define IPCREF__CHAN_PATCH       1u
-#define IPCREF__CHAN_PATCH_MAX                                                 \
-  44u /* bytes a patch replaces: 4 + 44 fill its                               \
-          line after the record header */
+/* The bytes a patch replaces: its u16 offset and count and these fill
+ * the line after the record's header (44). */
+#define IPCREF__CHAN_PATCH_MAX   (IPCREF__CHAN_LINE - IPCREF__CHAN_REC - 4u)
 #define IPCREF__CHAN_LAST        512u /* the sender's copy of the last */
 #define IPCREF__CHAN_SETUP_BYTES 12u
 #define IPCREF__CHAN_DEFAULT     ((size_t)64 << 10)

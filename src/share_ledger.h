@@ -262,13 +262,13 @@ IPCREF__PRIVATE void ipcref__lease_reclaim(ipcref_ctx *ctx, ipcref__ledger *l,
  * record that names one is the producer's own lie, which costs only the
  * producer, as any other (see share_import). Under the lock. */
 
-/* Publishes the free slot on top of `l`'s stack for holder `pid`. */
+/* Publishes the free slot on top of `l`'s stack for holder `pid`, at the
+ * generation after its last lease's. The generation is kept here, in the
+ * private lease table (the slot is free: no block), never read back from
+ * the shared word, which a consumer can write. */
 IPCREF__PRIVATE void ipcref__slot_publish(ipcref__ledger *l, int pid) {
   uint64_t *slots = ipcref__ledger_slots(l->base);
-  uint32_t s = l->free_stack[--l->nfree], gen;
-  gen = (uint32_t)(__atomic_load_n(&slots[2 * (size_t)s], __ATOMIC_RELAXED) >>
-                   2) +
-        1u;
+  uint32_t s = l->free_stack[--l->nfree], gen = ++l->leases[s].gen;
   slots[2 * (size_t)s + 1] = (uint64_t)(uint32_t)pid; /* holder */
   /* Release: the holder before the state that makes the slot live. */
   __atomic_store_n(&slots[2 * (size_t)s],
@@ -299,10 +299,7 @@ IPCREF__PRIVATE uint32_t ipcref__slot_take(ipcref__ledger *l, int pid,
   s = l->ahead[l->ahead_at];
   l->ahead_at = (l->ahead_at + 1u) % IPCREF__AHEAD;
   l->nahead--;
-  *gen =
-      (uint32_t)(__atomic_load_n(&ipcref__ledger_slots(l->base)[2 * (size_t)s],
-                                 __ATOMIC_RELAXED) >>
-                 2);
+  *gen = l->leases[s].gen;
   return s;
 }
 

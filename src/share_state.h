@@ -153,8 +153,8 @@ struct ipcref__segment {
 
 typedef struct ipcref__lease {
   ipcref__block *block; /* NULL: free */
-  uint32_t gen;
-  int holder;           /* forwarded leases: the holder's pid */
+  uint32_t gen; /* free: its last lease's, or the one it is published at */
+  int holder;   /* forwarded leases: the holder's pid */
   ipcref__watch *watch; /* and its watch (NULL: watched by pid alone) */
   ipcref_backend *be;   /* device: the event recorded for this hand-off, */
   void *event;          /* kept until the lease ends */

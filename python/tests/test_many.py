@@ -84,8 +84,8 @@ def test_ten_thousand_fresh_arrays_bounded(procs):
     # The producer runs ahead of the consumer by what the ring and the
     # socket hold: its segments in flight. Many of these hand-offs go as
     # one-line patches (a fresh block of the same shape, in the same
-    # segment), so the default ring holds more of them: 8 fds here where
-    # whole records held 4.
+    # segment), so the default ring holds more of them: up to 8 fds seen
+    # here where whole records held 4; bounded at twice that.
     worst_fds, worst_maps, fds0, fds1, st = _consume(procs, n, {}, 8, 16, 16)
     assert worst_fds <= 8 and worst_maps <= 16
     assert st["mapped_segments"] == 0 and st["counter_files"] == 0
