@@ -9122,9 +9122,9 @@ IPCREF_API ipcref_result ipcref_import(ipcref_peer *p, ipcref_msg *msg,
 /* share_channel: the channel, a ring of hand-off records in shared memory
  * from a peer's sender to its receiver, beside the socket: its layout; the
  * sender's half (made on its first send, announced over the socket,
- * records pushed without a system call while the receiver is awake); the
- * receiver's adoption of it from that announcement, and closing both.
- * Reading it is share_chan_recv's. A peer is used by one thread at a time,
+ * records pushed without a system call while the receiver is awake). The
+ * receiver's half, from its adoption of that announcement to closing
+ * both, is share_chan_recv's. A peer is used by one thread at a time,
  * and its halves are its own: no lock here. */
 
 #ifdef IPCREF__SHARING_IMPL
@@ -9567,8 +9567,21 @@ IPCREF__PRIVATE void ipcref__chan_count(ipcref_peer *p, int on, int sent) {
   if (!on && sent) ipcref__chan_knock(t);
 }
 
-/* ---- the receiver ---------------------------------------------------------
- */
+#endif /* IPCREF__SHARING_IMPL */
+
+/* ---- share_chan_recv: implementation (src/share_chan_recv.h) ------------ */
+
+/* share_chan_recv: the receiving side of the channel (see share_channel):
+ * adopted from the setup record its sender announced over the socket, and
+ * closed with the sending side when the peer is freed; the next record
+ * copied out of the ring and checked, or the socket's turn, so that both
+ * paths keep their order; the sleep flag, the poll fd's flag, the spin
+ * and the sleep on the doorbell. The peer's user's thread only: no lock
+ * but the context's where a refusal is reported. */
+
+#ifdef IPCREF__SHARING_IMPL
+
+/* ---- adopting the channel, and closing it ------------------------------- */
 
 IPCREF__PRIVATE void ipcref__chan_rx_free(struct ipcref__chan_rx *x) {
   if (!x) return;
@@ -9732,17 +9745,7 @@ IPCREF__PRIVATE ipcref_result ipcref__chan_adopt(ipcref_peer *p,
   return r;
 }
 
-#endif /* IPCREF__SHARING_IMPL */
-
-/* ---- share_chan_recv: implementation (src/share_chan_recv.h) ------------ */
-
-/* share_chan_recv: the receiving side of the channel (see share_channel):
- * the next record copied out of the ring and checked, or the socket's
- * turn, so that both paths keep their order; the sleep flag, the poll
- * fd's flag, the spin and the sleep on the doorbell. The peer's user's
- * thread only: no lock but the context's where a refusal is reported. */
-
-#ifdef IPCREF__SHARING_IMPL
+/* ---- reading it ---------------------------------------------------------- */
 
 /* What the receiver finds next. */
 enum {
@@ -10080,11 +10083,11 @@ IPCREF__PRIVATE ipcref_result ipcref__chan_wait(ipcref_peer *p, int ms) {
 
 /* ---- share_send: implementation (src/share_send.h) ---------------------- */
 
-/* share_send: messages. Exported for the user's own transport
- * (ipcref_export, the ipcref_msg calls), or over the peer's socket: a
- * datagram on SOCK_SEQPACKET, a length then the record on SOCK_STREAM,
- * the fds with them; batches, and the views of a received batch handed
- * out one per receive, with their metadata. Not under ctx->lock: the
+/* share_send: messages sent. Exported for the user's own transport
+ * (ipcref_export, the ipcref_msg calls), or to the peer: into its channel
+ * (share_channel), or over its socket, a datagram on SOCK_SEQPACKET, a
+ * length then the record on SOCK_STREAM, the fds with them; batches and
+ * their metadata. Receiving is share_recv's. Not under ctx->lock: the
  * socket may block on the peer. */
 
 #ifdef IPCREF__SHARING_IMPL
@@ -10466,6 +10469,18 @@ IPCREF_API ipcref_result ipcref_send_on(ipcref_peer *p, const ipcref_view *v,
   return ipcref__send_views(p, v, 1, &ipcref__no_meta, stream,
                             "ipcref_send_on");
 }
+
+#endif /* IPCREF__SHARING_IMPL */
+
+/* ---- share_recv: implementation (src/share_recv.h) ---------------------- */
+
+/* share_recv: receiving. The next record, in the order it was sent,
+ * from the channel or the socket (the peer's hello first), decoded and
+ * imported; the views of a received batch handed out one per receive,
+ * with their metadata. Not under ctx->lock: the socket may block on the
+ * peer. */
+
+#ifdef IPCREF__SHARING_IMPL
 
 IPCREF_API ipcref_result ipcref_recv(ipcref_peer *p, ipcref_view *out,
                                      int timeout_ms) {

@@ -1,10 +1,178 @@
 /* share_chan_recv: the receiving side of the channel (see share_channel):
- * the next record copied out of the ring and checked, or the socket's
- * turn, so that both paths keep their order; the sleep flag, the poll
- * fd's flag, the spin and the sleep on the doorbell. The peer's user's
- * thread only: no lock but the context's where a refusal is reported. */
+ * adopted from the setup record its sender announced over the socket, and
+ * closed with the sending side when the peer is freed; the next record
+ * copied out of the ring and checked, or the socket's turn, so that both
+ * paths keep their order; the sleep flag, the poll fd's flag, the spin
+ * and the sleep on the doorbell. The peer's user's thread only: no lock
+ * but the context's where a refusal is reported. */
 
 #ifdef IPCREF__SHARING_IMPL
+
+/* ---- adopting the channel, and closing it ------------------------------- */
+
+IPCREF__PRIVATE void ipcref__chan_rx_free(struct ipcref__chan_rx *x) {
+  if (!x) return;
+  if (x->map) munmap((void *)(uintptr_t)x->map, IPCREF__CHAN_HDR + x->bytes);
+  if (x->ctl) munmap(x->ctl, IPCREF__CHAN_CTL);
+  IPCREF_FREE(x->rec);
+  IPCREF_FREE(x);
+}
+
+/* 1 when the receiver broke the channel to it (ipcref_peer_stats). */
+IPCREF__PRIVATE int ipcref__chan_tx_broken(const ipcref_peer *p) {
+  return p->tx && p->tx->broken;
+}
+
+/* The receiver frees its peer: its sender's next send says EPEER. Set
+ * before the peer's last receives (ipcref_peer_free), so that a record
+ * pushed before the sender saw it is read and given back; one pushed in
+ * between is lost as a socket message sent just before the close is. */
+IPCREF__PRIVATE void ipcref__chan_closing(ipcref_peer *p) {
+  if (!p->rx) return;
+  __atomic_store_n(&p->rx->ctl->closed, 1u, __ATOMIC_SEQ_CST);
+  __atomic_thread_fence(__ATOMIC_SEQ_CST);
+}
+
+/* Closes both halves of peer `p`'s channels (ipcref_peer_free). */
+IPCREF__PRIVATE void ipcref__chan_close(ipcref_peer *p) {
+  ipcref__chan_tx_free(p->tx);
+  ipcref__chan_rx_free(p->rx);
+  if (p->bell_in >= 0) close(p->bell_in);
+  p->tx = NULL;
+  p->rx = NULL;
+  p->bell_in = -1;
+}
+
+/* 1 when `fd` is a memfd of `size` bytes sealed against resizing, opened
+ * read-write when `rw` (and then not sealed against writes). */
+IPCREF__PRIVATE int ipcref__chan_fd_ok(int fd, size_t size, int rw) {
+  struct stat st;
+  int seals = fcntl(fd, F_GET_SEALS), fl = fcntl(fd, F_GETFL);
+  if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode) ||
+      (uint64_t)st.st_size != (uint64_t)size || seals < 0 || fl < 0 ||
+      (seals & (F_SEAL_SHRINK | F_SEAL_GROW)) != (F_SEAL_SHRINK | F_SEAL_GROW))
+    return 0;
+  if (rw)
+    return (fl & O_ACCMODE) == O_RDWR &&
+           !(seals & (F_SEAL_WRITE | F_SEAL_FUTURE_WRITE));
+  return (fl & O_ACCMODE) != O_WRONLY;
+}
+
+/* The spin's first budget. The adaptive one's: none where this process
+ * and its sender may run on the same one CPU only (spinning there would
+ * hold off the sender it waits for); else the longest. The sender's CPUs
+ * are its word, a hint: a wrong one costs only this side's time. */
+IPCREF__PRIVATE long ipcref__chan_spin_start(const ipcref_peer *p,
+                                             const struct ipcref__chan_rx *x) {
+  const ipcref__chan_hdr *h = (const ipcref__chan_hdr *)(const void *)x->map;
+  uint64_t mine, theirs;
+  int n;
+  if (p->opt.spin_us > 0)
+    return (long)(p->opt.spin_us > IPCREF__SPIN_CAP_US ? IPCREF__SPIN_CAP_US
+                                                       : p->opt.spin_us) *
+           1000L;
+  if (p->opt.spin_us == 0) return 0;
+  mine = ipcref__cpus(&n);
+  theirs = __atomic_load_n(&h->cpus, __ATOMIC_RELAXED);
+  if (n == 1 && (theirs == 0 || theirs == mine)) return 0;
+  return n > 0 ? IPCREF__SPIN_MAX_NS : 0;
+}
+
+/* 1 when `fd` is a Unix stream socket, made blocking (a sleeper's recv
+ * waits on it; every other read says MSG_DONTWAIT). */
+IPCREF__PRIVATE int ipcref__chan_bell_ok(int fd) {
+  struct stat st;
+  int type = 0, dom = 0, fl = fcntl(fd, F_GETFL);
+  socklen_t len = sizeof type, dlen = sizeof dom;
+  return fstat(fd, &st) == 0 && S_ISSOCK(st.st_mode) &&
+         getsockopt(fd, SOL_SOCKET, SO_TYPE, &type, &len) == 0 &&
+         type == SOCK_STREAM &&
+         getsockopt(fd, SOL_SOCKET, SO_DOMAIN, &dom, &dlen) == 0 &&
+         dom == AF_UNIX && fl >= 0 && fcntl(fd, F_SETFL, fl & ~O_NONBLOCK) == 0;
+}
+
+/* What is wrong with a setup record (NULL: nothing); maps the ring and
+ * the control words into x. */
+IPCREF__PRIVATE const char *ipcref__chan_adopt_why(struct ipcref__chan_rx *x,
+                                                   const unsigned char *b,
+                                                   size_t len, const int *fds,
+                                                   int nfds) {
+  const ipcref__chan_hdr *h;
+  ipcref__wire w;
+  uint64_t bytes;
+  void *m;
+  ipcref__wire_init(&w, (unsigned char *)(uintptr_t)b, len);
+  (void)ipcref__wire_get(&w, 4); /* the magic, seen */
+  if (ipcref__wire_get(&w, 2) != IPCREF__MSG_VERSION ||
+      ipcref__wire_get(&w, 2) != IPCREF__CHAN_LAYOUT ||
+      len != IPCREF__CHAN_SETUP_BYTES || nfds != 3)
+    return "a channel setup of another version, layout, length or fd count";
+  bytes = ipcref__wire_get(&w, 4);
+  if (bytes < IPCREF__CHAN_MIN || bytes > IPCREF__CHAN_MAX ||
+      (bytes & (bytes - 1)))
+    return "a channel of a size out of range";
+  if (!ipcref__chan_fd_ok(fds[0], IPCREF__CHAN_HDR + (size_t)bytes, 0) ||
+      !ipcref__chan_fd_ok(fds[1], IPCREF__CHAN_CTL, 1) ||
+      !ipcref__chan_bell_ok(fds[2]))
+    return "a channel's fds: not sealed memfds of its size and access, or "
+           "a doorbell that is not a stream socket";
+  m = mmap(NULL, IPCREF__CHAN_HDR + (size_t)bytes, PROT_READ, MAP_SHARED,
+           fds[0], 0);
+  if (m == MAP_FAILED) return "a channel that cannot be mapped";
+  x->map = (const unsigned char *)m;
+  x->bytes = (size_t)bytes;
+  m = mmap(NULL, IPCREF__CHAN_CTL, PROT_READ | PROT_WRITE, MAP_SHARED, fds[1],
+           0);
+  if (m == MAP_FAILED) return "a channel that cannot be mapped";
+  x->ctl = (ipcref__chan_ctl *)m;
+  h = (const ipcref__chan_hdr *)(const void *)x->map;
+  if (h->magic != IPCREF__CHAN_MAGIC || h->version != IPCREF__MSG_VERSION ||
+      h->bytes != bytes)
+    return "a channel whose header disagrees with its setup";
+  return NULL;
+}
+
+/* Adopts the channel a setup record announces (its fds are taken). EPROTO
+ * for a malformed one, or a second: the peer then refuses everything
+ * (records already in a ring it cannot read would be lost otherwise). */
+IPCREF__PRIVATE ipcref_result ipcref__chan_adopt(ipcref_peer *p,
+                                                 const unsigned char *b,
+                                                 size_t len, int *fds,
+                                                 int nfds) {
+  struct ipcref__chan_rx *x;
+  const char *why = "a second channel setup";
+  ipcref_result r = IPCREF_EPROTO;
+  int i;
+  x = p->rx ? NULL : (struct ipcref__chan_rx *)ipcref__zalloc(sizeof *x);
+  if (x) {
+    why = ipcref__chan_adopt_why(x, b, len, fds, nfds);
+    x->rec = why ? NULL : (unsigned char *)IPCREF_MALLOC(IPCREF_MSG_MAX_BYTES);
+    if (!why && !x->rec) why = "out of memory for the channel";
+  } else if (!p->rx) {
+    why = "out of memory for the channel";
+  }
+  if (!why) {
+    p->bell_in = fds[2];
+    fds[2] = -1;
+    x->spin = ipcref__chan_spin_start(p, x);
+    x->spin_opt = p->opt.spin_us;
+    x->wait_ms = -2;
+    p->rx = x;
+    ipcref__poll_doorbell(p);
+    r = IPCREF_OK;
+  } else {
+    ipcref__chan_rx_free(x);
+    p->rx_broken = 1;
+    IPCREF__LOCK(p->ctx);
+    ipcref__refused(p->ctx, why);
+    IPCREF__UNLOCK(p->ctx);
+  }
+  for (i = 0; i < nfds; i++)
+    if (fds[i] >= 0) close(fds[i]);
+  return r;
+}
+
+/* ---- reading it ---------------------------------------------------------- */
 
 /* What the receiver finds next. */
 enum {
