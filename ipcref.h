@@ -7126,6 +7126,21 @@ IPCREF__PRIVATE int ipcref__ms_left(int timeout_ms,
   return left > 0 ? (int)left : 0;
 }
 
+/* Sets up *mh for one buffer of `n` bytes at `b` (through *iov), read
+ * into or sent from, with `ctl_len` bytes of control data (fds,
+ * credentials) at `ctl`. */
+IPCREF__PRIVATE void ipcref__msghdr_one(struct msghdr *mh, struct iovec *iov,
+                                        void *b, size_t n, void *ctl,
+                                        size_t ctl_len) {
+  memset(mh, 0, sizeof *mh);
+  iov->iov_base = b;
+  iov->iov_len = n;
+  mh->msg_iov = iov;
+  mh->msg_iovlen = 1;
+  mh->msg_control = ctl;
+  mh->msg_controllen = ctl_len;
+}
+
 /* One piece (without waiting): up to `n` bytes into `to`, their fds
  * (p->in_fds) and credentials (p->in_pid, in_uid). >0: bytes read; 0: hung
  * up; -1: errno. */
@@ -7140,13 +7155,7 @@ IPCREF__PRIVATE ssize_t ipcref__stream_piece(ipcref_peer *p, unsigned char *to,
   struct iovec iov;
   struct cmsghdr *c;
   ssize_t k;
-  memset(&mh, 0, sizeof mh);
-  iov.iov_base = to;
-  iov.iov_len = n;
-  mh.msg_iov = &iov;
-  mh.msg_iovlen = 1;
-  mh.msg_control = u.buf;
-  mh.msg_controllen = sizeof u.buf;
+  ipcref__msghdr_one(&mh, &iov, to, n, u.buf, sizeof u.buf);
   k = recvmsg(p->fd, &mh, MSG_DONTWAIT | MSG_CMSG_CLOEXEC);
   for (c = k >= 0 ? CMSG_FIRSTHDR(&mh) : NULL; c; c = CMSG_NXTHDR(&mh, c)) {
     if (c->cmsg_level != SOL_SOCKET) continue;
@@ -7257,13 +7266,7 @@ IPCREF__PRIVATE ipcref_result ipcref__hello_send(ipcref_peer *p) {
   cred.uid = getuid();
   cred.gid = getgid();
   memset(&u, 0, sizeof u);
-  memset(&mh, 0, sizeof mh);
-  iov.iov_base = b;
-  iov.iov_len = w.pos;
-  mh.msg_iov = &iov;
-  mh.msg_iovlen = 1;
-  mh.msg_control = u.buf;
-  mh.msg_controllen = sizeof u.buf;
+  ipcref__msghdr_one(&mh, &iov, b, w.pos, u.buf, sizeof u.buf);
   c = CMSG_FIRSTHDR(&mh);
   c->cmsg_level = SOL_SOCKET;
   c->cmsg_type = SCM_CREDENTIALS;
@@ -10523,13 +10526,8 @@ IPCREF__PRIVATE ipcref_result ipcref__recv_raw(ipcref_peer *p,
   ssize_t k;
   int i;
   ipcref_result r;
-  memset(&mh, 0, sizeof mh);
-  iov.iov_base = bytes;
-  iov.iov_len = IPCREF_MSG_MAX_BYTES;
-  mh.msg_iov = &iov;
-  mh.msg_iovlen = 1;
-  mh.msg_control = u.buf;
-  mh.msg_controllen = sizeof u.buf;
+  ipcref__msghdr_one(&mh, &iov, bytes, IPCREF_MSG_MAX_BYTES, u.buf,
+                     sizeof u.buf);
   *nfds = 0;
   k = ipcref__recvmsg(p->fd, &mh);
   for (c = k >= 0 ? CMSG_FIRSTHDR(&mh) : NULL; c; c = CMSG_NXTHDR(&mh, c)) {

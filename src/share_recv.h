@@ -47,13 +47,8 @@ IPCREF__PRIVATE ipcref_result ipcref__recv_raw(ipcref_peer *p,
   ssize_t k;
   int i;
   ipcref_result r;
-  memset(&mh, 0, sizeof mh);
-  iov.iov_base = bytes;
-  iov.iov_len = IPCREF_MSG_MAX_BYTES;
-  mh.msg_iov = &iov;
-  mh.msg_iovlen = 1;
-  mh.msg_control = u.buf;
-  mh.msg_controllen = sizeof u.buf;
+  ipcref__msghdr_one(&mh, &iov, bytes, IPCREF_MSG_MAX_BYTES, u.buf,
+                     sizeof u.buf);
   *nfds = 0;
   k = ipcref__recvmsg(p->fd, &mh);
   for (c = k >= 0 ? CMSG_FIRSTHDR(&mh) : NULL; c; c = CMSG_NXTHDR(&mh, c)) {
