@@ -1898,7 +1898,7 @@ IPCREF__PRIVATE void ipcref__cu_seg_close(ipcref_backend *be, int32_t dev,
   IPCREF_FREE(o);
 }
 
-/* ---- ordering ------------------------------------------------------------ */
+/* ---- gpu_events: ordering (src/gpu_events.h) ---------------------------- */
 
 IPCREF__PRIVATE ipcref_result ipcref__cu_event_record(ipcref_backend *be,
                                                       int32_t dev, void *stream,

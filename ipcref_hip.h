@@ -1759,7 +1759,7 @@ IPCREF__PRIVATE void ipcref__hip_seg_close(ipcref_backend *be, int32_t dev,
   IPCREF_FREE(o);
 }
 
-/* ---- ordering ------------------------------------------------------------ */
+/* ---- gpu_events: ordering (src/gpu_events.h) ---------------------------- */
 
 IPCREF__PRIVATE ipcref_result ipcref__hip_event_record(ipcref_backend *be,
                                                        int32_t dev,

@@ -37,6 +37,7 @@ BACKENDS = {
 DRIVER_MORE = {"cuda.h": ["cuda_vmm.h", "cuda_load.h"], "hip.h": ["hip_vmm.h"]}
 DRIVER_MARKER = "/* @driver */"
 VMM_MARKER = "/* @vmm */"  # where src/gpu_vmm.h goes into src/gpu.h
+EVENTS_MARKER = "/* @events */"  # and src/gpu_events.h
 
 # Bottom to top: a layer uses only the ones before it.
 LAYERS = ["base", "checked", "buf", "view", "view_ops", "view_copy",
@@ -106,15 +107,17 @@ def build_backend(source, names):
     shared = shared[shared.index("*/") + 2:]  # its comment is about src/
     if shared.count(DRIVER_MARKER) != 1:
         sys.exit(f"amalgamate: src/gpu.h must contain exactly one '{DRIVER_MARKER}' line")
-    if shared.count(VMM_MARKER) != 1:
-        sys.exit(f"amalgamate: src/gpu.h must contain exactly one '{VMM_MARKER}' line")
-    by_fd = []
-    for name, what in (("gpu_pool", "pool memory shared by fd"),
-                       ("gpu_vmm", "memory shared by fd")):
-        text = read(name + ".h")
-        by_fd.append(banner(what, name) + "\n\n" +
-                     text[text.index("*/") + 2:].strip("\n"))  # its comment is about src/
-    shared = shared.replace(VMM_MARKER, "\n\n".join(by_fd))
+    for marker, files in ((VMM_MARKER, (("gpu_pool", "pool memory shared by fd"),
+                                        ("gpu_vmm", "memory shared by fd"))),
+                          (EVENTS_MARKER, (("gpu_events", "ordering"),))):
+        if shared.count(marker) != 1:
+            sys.exit(f"amalgamate: src/gpu.h must contain exactly one '{marker}' line")
+        parts = []
+        for name, what in files:
+            text = read(name + ".h")
+            parts.append(banner(what, name) + "\n\n" +
+                         text[text.index("*/") + 2:].strip("\n"))  # its comment is about src/
+        shared = shared.replace(marker, "\n\n".join(parts))
     for old, new in names.items():
         shared = shared.replace(old, new)
     prelude, body = (part.strip("\n") for part in shared.split(DRIVER_MARKER))
@@ -166,7 +169,7 @@ def same_code(a, b):
 def check_sources():
     """Every src/*.h is a layer or a backend's part: a file left out of
     every list would silently be missing from the headers."""
-    known = {n + ".h" for n in LAYERS} | {"gpu.h", "gpu_vmm.h", "gpu_pool.h"}
+    known = {n + ".h" for n in LAYERS} | {"gpu.h", "gpu_vmm.h", "gpu_pool.h", "gpu_events.h"}
     known |= {f for files in DRIVER_MORE.values() for f in files}
     known |= {source for source, _ in BACKENDS.values()}
     unknown = sorted(f for f in os.listdir(SRC) if f.endswith(".h") and f not in known)
