@@ -154,12 +154,11 @@
  * its return, the import's lookups and the view's allocation) and in
  * the protocol's lines.
  * Nor is the producer's work after its record on the path: stamped as
- * above (five runs of the fast phase, 0.34-0.36 us with the stamps, and
- * one of the slow, 0.76), a send returned before the consumer stored its
- * ack in all but 0.007-0.025% of hand-offs, by a median of 171-240 ns
- * (436 in the slow phase; a tenth of them by less than 151-210): the
- * knock and the slots published after the record finish long before the
- * ack can come. What
+ * above (eight runs, 0.34-0.92 us a hand-off with the stamps), a send
+ * returned before the consumer stored its ack in all but 0.007-0.036% of
+ * hand-offs, by a median of 171-240 ns in the fast phase (436-466 in the
+ * slow; a tenth of them by less than 146-210): the knock and the slots
+ * published after the record finish long before the ack can come. What
  * separates a hand-off from the bare spin is the producer's work up to
  * its record (about 0.06 us beyond the bare spin's, whose stores wait for
  * the buffer's lines too) and the consumer's from the record to its ack
