@@ -53,8 +53,9 @@ channel no lower than the socket path's. Every iceoryx goal says "no iceoryx row
 none. Sizes: each one the channel row measured in that setup.
 
 Then a W4 table (us per hand-off, one column per peer), the CPU per hand-off of ipcref's W4 rows
-(producer / consumer), the channel protocol's floor (bench/lines.c's ipcref_lines beside
-c_shm_spin and ipcref_chan_spin, and ipcref_lines_compact, a more compact protocol's; no goal), the w4_tput throughput rows, W5 tables (us per tensor, and the
+(producer / consumer), the channel protocol's floor (bench/lines.c's ipcref_lines, each row's
+pair_ratio to the bare spin interleaved with it beside ipcref_chan_spin's, and ipcref_lines_compact,
+a more compact protocol's; no goal), the w4_tput throughput rows, W5 tables (us per tensor, and the
 consumer's peak memory, one column per peer), W6 tables (us per item, median and p99; us per
 batch; the drop-in's ratios to torch, which have no goal), and the goals below, PASS or MISS, with the margin. The W5 goals, in each setup and stream: ipcref / ipcref_reused <= 1.15 at every size
 (us_median); ipcref's us_p99 <= 3x its us_median (in the mixed stream the items' sizes differ,
@@ -719,33 +720,39 @@ def reclaim_goal_row(vals, notes):
 
 
 def w4_floor_table(vals):
-    """The channel protocol's floor (bench/lines.c), beside c_shm_spin and ipcref_chan_spin, and
-    a more compact protocol's."""
-    metric, rows = "us_per_handoff", []
+    """The channel protocol's floor (bench/lines.c), each row's time as a ratio to the bare spin
+    interleaved with it in the same run (pair_ratio), beside ipcref_chan_spin's own pair_ratio,
+    and a more compact protocol's."""
+    rows = []
 
-    def ratio(a, b):
-        return f"{a / b:.2f}x" if a and b else "n/a"
+    def pair(name, wl):
+        return vals.get((wl, W4_SMALL, "pair_ratio", name))
+
+    def show(x, fmt="{:.2f}x"):
+        return fmt.format(x) if x else "n/a"
 
     for wl in W4_SPIN_IDS:
-        lines = vals.get((wl, W4_SMALL, metric, W4_LINES))
+        lines = vals.get((wl, W4_SMALL, "us_per_handoff", W4_LINES))
         if not lines:
             continue
-        shm = vals.get((wl, W4_SMALL, metric, "c_shm_spin"))
-        spin = vals.get((wl, W4_SMALL, metric, "ipcref_chan_spin"))
-        compact = vals.get((wl, W4_SMALL, metric, W4_LINES_COMPACT))
-        rows.append(f"| {wl} | {lines:g} | {ratio(lines, shm)} | {ratio(spin, lines)} | "
-                    f"{f'{compact:g}' if compact else 'n/a'} | {ratio(compact, shm)} |")
+        lines_r, spin_r = pair(W4_LINES, wl), pair("ipcref_chan_spin", wl)
+        compact = vals.get((wl, W4_SMALL, "us_per_handoff", W4_LINES_COMPACT))
+        code = spin_r / lines_r if spin_r and lines_r else None
+        rows.append(f"| {wl} | {lines:g} | {show(lines_r)} | {show(spin_r)} | {show(code)} | "
+                    f"{show(compact, '{:g}')} | {show(pair(W4_LINES_COMPACT, wl))} |")
     if not rows:
         return
     print(f"\n### W4: the channel protocol's floor (us per hand-off @ {W4_SMALL}, no goal)\n")
     print(f"{W4_LINES}: chan_spin's shared-memory traffic without the library's code "
-          "(bench/lines.c). Its ratio to c_shm_spin is what the protocol's cache lines cost; "
-          f"ipcref_chan_spin's ratio to it, what the code adds. {W4_LINES_COMPACT}: the same "
-          "for a protocol with the sequence word in the record (no tail to wait on) and "
-          "returns into the consumer's own ring.\n")
-    print(f"| setup | {W4_LINES} | {W4_LINES} / c_shm_spin | ipcref_chan_spin / {W4_LINES} | "
-          f"{W4_LINES_COMPACT} | {W4_LINES_COMPACT} / c_shm_spin |")
-    print("|---|---|---|---|---|---|")
+          "(bench/lines.c). Each ratio is to the bare spin (c_shm_spin's hand-off) interleaved "
+          f"with the row in the same run (pair_ratio): {W4_LINES}'s is what the protocol's cache "
+          "lines cost, ipcref_chan_spin's over it what the code adds. "
+          f"{W4_LINES_COMPACT}: the same for a protocol with the sequence word in the record "
+          "(no tail to wait on) and returns into the consumer's own ring.\n")
+    print(f"| setup | {W4_LINES} us | {W4_LINES} / bare | ipcref_chan_spin / bare | "
+          f"ipcref_chan_spin / {W4_LINES} | {W4_LINES_COMPACT} us | "
+          f"{W4_LINES_COMPACT} / bare |")
+    print("|---|---|---|---|---|---|---|")
     for r in rows:
         print(r)
 
