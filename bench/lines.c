@@ -190,8 +190,8 @@
  * no death check, no lookups, no other checks; the allocation, the
  * counts and the release as the library makes them) took 0.280-0.301 us
  * where the library took 0.290-0.320 (16 alternating pairs in the fast
- * phase, faster in 11, as fast in 5): pair ratio 2.32-2.53 against
- * 2.43-2.80, about 3%.
+ * phase: faster in 9, as fast in 6, slower in 1): pair ratio 2.32-2.53
+ * against 2.43-2.80, about 3%.
  *
  * So ipcref_lines is what a chan_spin hand-off would cost if the library's
  * own instructions took no time: compare it with the bare spin (c_shm_spin's
