@@ -198,8 +198,8 @@
  * entry for writing (prefetchw), so that the release would find both
  * its own, took 0.302 us where the library took 0.305 (12 alternating
  * pairs of w4_2cpu chan_spin in the fast phase: faster in 6, as fast in
- * 3, slower in 3; pair ratio 2.63 against 2.66 on average): the release
- * does not wait on those lines.
+ * 3, slower in 3; pair ratio 2.63 against 2.66 on average): whatever
+ * the release waits for those lines is within this noise.
  *
  * So ipcref_lines is what a chan_spin hand-off would cost if the library's
  * own instructions took no time: compare it with the bare spin (c_shm_spin's
