@@ -69,7 +69,8 @@
  *   chan_sockack  ipcref_chan_sockack  the channel, spin W4_SPIN_US, the
  *                                   ack on the socket: compare with c_msg64
  *   chan_nospin   ipcref_chan_nospin  the channel, spin_us 0 (the consumer
- *                                   sleeps on the doorbell at once), the ack
+ *                                   sleeps at once: a futex doze, the
+ *                                   doorbell once idle 50 ms), the ack
  *                                   on the socket: compare with c_msg64 and
  *                                   iceoryx_waitset. Paired as chan_spin
  *                                   is, with c_msg64's hand-off (blocks of
