@@ -70,10 +70,11 @@
  *                                   ack on the socket: compare with c_msg64
  *   chan_nospin   ipcref_chan_nospin  the channel, spin_us 0 (the consumer
  *                                   sleeps at once: a futex doze, the
- *                                   doorbell once idle 50 ms), the ack
- *                                   on the socket: compare with c_msg64 and
- *                                   iceoryx_waitset. Paired as chan_spin
- *                                   is, with c_msg64's hand-off (blocks of
+ *                                   doorbell once idle IPCREF__DOZE_MS),
+ *                                   the ack on the socket: compare with
+ *                                   c_msg64 and iceoryx_waitset. Paired
+ *                                   as chan_spin is, with c_msg64's
+ *                                   hand-off (blocks of
  *                                   PAIR_BLOCK_SLEEP): the producer sends
  *                                   a 64-byte message (the hand-off's
  *                                   number) on a third socketpair
