@@ -1143,8 +1143,12 @@ IPCREF_API ipcref_result ipcref_ctx_stats(ipcref_ctx *ctx, ipcref_stats *out);
  * when it is readable. There are no hidden threads: deaths are also
  * noticed by the calls on the context (at most once per clock tick) and by
  * ipcref_collect. -1 for NULL. The fd belongs to the context: do not
- * close it. Without pidfd_open (Linux < 5.3) it never becomes readable and
- * deaths are seen by ipcref_collect alone. */
+ * close it. It does not wake for a process watched without a pidfd: every
+ * one where there is no pidfd_open (Linux < 5.3, valgrind), and the
+ * holders of forwarded leases that consumers name beyond 64 at a time (so
+ * that a consumer cannot use up this process's fds). Those deaths are
+ * looked for by the calls every 100 ms, by ipcref_collect and by
+ * ipcref_ctx_poll, and ipcref_ctx_timeout asks for a call in time. */
 IPCREF_API int ipcref_ctx_poll_fd(ipcref_ctx *ctx);
 
 /* How long an event loop may sleep on its fds before it must call into
@@ -1153,8 +1157,9 @@ IPCREF_API int ipcref_ctx_poll_fd(ipcref_ctx *ctx);
  * rather than on an fd: a hole in a ring of returned leases (a consumer
  * that died halfway through a return), stepped over 100 ms after it was
  * seen; device releases whose stream work must be checked; a peer's hello
- * awaited until its hello_timeout_ms. Sweeps first. -1 for NULL or a
- * freed context. */
+ * awaited until its hello_timeout_ms; processes watched without a pidfd
+ * (see ipcref_ctx_poll_fd), looked at every 100 ms. Sweeps first. -1 for
+ * NULL or a freed context. */
 IPCREF_API int ipcref_ctx_timeout(ipcref_ctx *ctx);
 
 /* Waits up to timeout_ms (-1: forever, 0: not at all) for a watched
@@ -3860,7 +3865,9 @@ typedef struct ipcref__ledger ipcref__ledger;
  * the number: a reused pid is a new watch. */
 typedef struct ipcref__watch {
   int pid;
-  int pidfd; /* -1: dead, or no pidfd_open here (then kill(pid, 0)) */
+  int pidfd; /* -1: dead, no pidfd_open here, or one more than a consumer
+                may make us open (then kill(pid, 0): see share_watch) */
+  int named; /* its pidfd counts in ctx->named_pidfds */
   int dead;
   int refs;
   struct ipcref__watch *next, *prev;
@@ -4187,11 +4194,13 @@ struct ipcref_ctx {
                                             first (bytes: st.cached_bytes) */
   int ncached;
   ipcref_stats st;
-  int no_pidfd; /* pidfd_open is missing here: deaths seen by pid */
-  int epfd;     /* the poll fd: the watches' pidfds */
+  int no_pidfd;     /* pidfd_open is missing here: deaths seen by pid */
+  int named_pidfds; /* open pidfds of holders a consumer named */
+  int epfd;         /* the poll fd: the watches' pidfds */
   ipcref__watch *watches;
   uint64_t reaped;  /* peer_deaths when the last reap ran */
   long pump_tick;   /* the clock tick of the last death check */
+  long poll_tick;   /* and of the last kill(pid, 0) round */
   uint32_t *uids;   /* allowed besides our own (opt.allow_uids) */
   uint64_t refused; /* atomic: st.refused, counted outside the lock */
   int uid;
@@ -4630,7 +4639,8 @@ IPCREF__PRIVATE int ipcref__sent_forget(ipcref_peer *p, uint64_t nonce,
 
 /* share_watch: the processes a context deals with. Knowing when one dies:
  * one watch per live pid, its pidfd in the context's epoll set
- * (ipcref_ctx_poll_fd), or kill(pid, 0) where there is no pidfd_open;
+ * (ipcref_ctx_poll_fd), or kill(pid, 0) where it has none (no pidfd_open
+ * here, or a holder named beyond IPCREF__NAMED_PIDFDS);
  * whatever notices a death counts it in st.peer_deaths, and share_ctx's
  * reap acts on it (under ctx->lock). And knowing a forked child from the
  * process that made a context (the fork generation: atomic, no lock). */
@@ -4674,9 +4684,30 @@ IPCREF__PRIVATE int ipcref__own(const ipcref_ctx *ctx, const char *fn) {
 
 /* ---- watching processes -------------------------------------------------
  * Under the lock. A death is noticed by the pidfd turning readable (the
- * epoll set: ipcref__watch_events), or, where there is no pidfd, by
- * kill(pid, 0) in ipcref_collect. Whatever notices one counts it in
- * st.peer_deaths; the reap that follows compares that with ctx->reaped. */
+ * epoll set: ipcref__watch_events), or, for a watch without a pidfd, by
+ * kill(pid, 0) (ipcref__watch_poll: in ipcref_collect and ipcref_ctx_poll,
+ * and every IPCREF__POLL_MS in the pump that the calls make). Whatever
+ * notices one counts it in st.peer_deaths; the reap that follows compares
+ * that with ctx->reaped.
+ *
+ * A peer's pid comes from the kernel (its credentials), but the holder of
+ * a forwarded lease is only named, by the forwarder, in shared memory: a
+ * hostile consumer could name every process on the machine, one per
+ * forwarding slot. So at most IPCREF__NAMED_PIDFDS named holders have a
+ * pidfd at a time, and the rest are watched by pid: a consumer cannot use
+ * up the producer's file descriptors. */
+#define IPCREF__NAMED_PIDFDS 64
+#define IPCREF__POLL_MS      100 /* between the pump's kill(pid, 0) rounds */
+
+/* Closes w's pidfd, if any, taking it out of the epoll set. */
+IPCREF__PRIVATE void ipcref__watch_close(ipcref_ctx *ctx, ipcref__watch *w) {
+  if (w->pidfd < 0) return;
+  (void)epoll_ctl(ctx->epfd, EPOLL_CTL_DEL, w->pidfd, NULL);
+  close(w->pidfd);
+  w->pidfd = -1;
+  ctx->named_pidfds -= w->named;
+  w->named = 0;
+}
 
 /* Marks a watched process dead (once), counted in st.peer_deaths; its
  * pidfd leaves the epoll set. */
@@ -4685,22 +4716,52 @@ IPCREF__PRIVATE void ipcref__watch_dead(ipcref_ctx *ctx, ipcref__watch *w) {
   /* Atomic: a sender checks it without the lock (ipcref__chan_gone). */
   __atomic_store_n(&w->dead, 1, __ATOMIC_RELAXED);
   ctx->st.peer_deaths++;
+  ipcref__watch_close(ctx, w);
+}
+
+/* Gives w a pidfd in the epoll set, unless there is no pidfd_open here or
+ * (`named`) the named holders have all the pidfds they may: then w is
+ * watched by pid. A process already gone is dead from the start. */
+IPCREF__PRIVATE void ipcref__watch_open(ipcref_ctx *ctx, ipcref__watch *w,
+                                        int named) {
+#ifdef SYS_pidfd_open
+  if (ctx->no_pidfd || (named && ctx->named_pidfds >= IPCREF__NAMED_PIDFDS))
+    return;
+  w->pidfd = (int)syscall(SYS_pidfd_open, (pid_t)w->pid, 0); /* 5.3, CLOEXEC */
   if (w->pidfd >= 0) {
-    (void)epoll_ctl(ctx->epfd, EPOLL_CTL_DEL, w->pidfd, NULL);
-    close(w->pidfd);
-    w->pidfd = -1;
+    struct epoll_event ev;
+    w->named = named;
+    ctx->named_pidfds += named;
+    memset(&ev, 0, sizeof ev);
+    ev.events = EPOLLIN;
+    ev.data.ptr = w;
+    /* Without the epoll entry the death is still seen by collect. */
+    (void)epoll_ctl(ctx->epfd, EPOLL_CTL_ADD, w->pidfd, &ev);
+  } else if (errno == ESRCH) {
+    ipcref__watch_dead(ctx, w);
+  } else if (errno == ENOSYS) {
+    ctx->no_pidfd = 1;
   }
+#else
+  (void)ctx;
+  (void)w;
+  (void)named;
+#endif
 }
 
 /* The watch on process `pid` (a new one, or one more use of the live
  * one); NULL for pid <= 0 or out of memory (then the caller falls back on
- * the pid). A process already gone is dead from the start. */
-IPCREF__PRIVATE ipcref__watch *ipcref__watch_get(ipcref_ctx *ctx, int pid) {
+ * the pid). `named`: the pid was named by another process (a forwarded
+ * lease's holder), not told by the kernel. A peer's watch that was made
+ * for a named holder without a pidfd gets one now. */
+IPCREF__PRIVATE ipcref__watch *ipcref__watch_get(ipcref_ctx *ctx, int pid,
+                                                 int named) {
   ipcref__watch *w;
   if (pid <= 0) return NULL;
   for (w = ctx->watches; w; w = w->next)
     if (w->pid == pid && !w->dead) {
       w->refs++;
+      if (!named && w->pidfd < 0) ipcref__watch_open(ctx, w, 0);
       return w;
     }
   w = (ipcref__watch *)ipcref__zalloc(sizeof *w);
@@ -4709,33 +4770,14 @@ IPCREF__PRIVATE ipcref__watch *ipcref__watch_get(ipcref_ctx *ctx, int pid) {
   w->pidfd = -1;
   w->refs = 1;
   IPCREF__LIST_PUSH(ctx->watches, w, next, prev);
-#ifdef SYS_pidfd_open
-  if (!ctx->no_pidfd) { /* Linux 5.3; the fd is close-on-exec */
-    w->pidfd = (int)syscall(SYS_pidfd_open, (pid_t)pid, 0);
-    if (w->pidfd >= 0) {
-      struct epoll_event ev;
-      memset(&ev, 0, sizeof ev);
-      ev.events = EPOLLIN;
-      ev.data.ptr = w;
-      /* Without the epoll entry the death is still seen by collect. */
-      (void)epoll_ctl(ctx->epfd, EPOLL_CTL_ADD, w->pidfd, &ev);
-    } else if (errno == ESRCH) {
-      ipcref__watch_dead(ctx, w);
-    } else if (errno == ENOSYS) {
-      ctx->no_pidfd = 1;
-    }
-  }
-#endif
+  ipcref__watch_open(ctx, w, named);
   return w;
 }
 
 /* One use of a watch less; the last one removes it. */
 IPCREF__PRIVATE void ipcref__watch_put(ipcref_ctx *ctx, ipcref__watch *w) {
   if (!w || --w->refs > 0) return;
-  if (w->pidfd >= 0) {
-    (void)epoll_ctl(ctx->epfd, EPOLL_CTL_DEL, w->pidfd, NULL);
-    close(w->pidfd);
-  }
+  ipcref__watch_close(ctx, w);
   IPCREF__LIST_REMOVE(ctx->watches, w, next, prev);
   IPCREF_FREE(w);
 }
@@ -4759,14 +4801,27 @@ IPCREF__PRIVATE int ipcref__watch_events(ipcref_ctx *ctx) {
   return got;
 }
 
-/* Every check there is: the epoll set, then kill(pid, 0) for the watches
- * without a pidfd. */
-IPCREF__PRIVATE void ipcref__watch_refresh(ipcref_ctx *ctx) {
+/* kill(pid, 0) for every live watch without a pidfd. */
+IPCREF__PRIVATE void ipcref__watch_poll(ipcref_ctx *ctx) {
   ipcref__watch *w;
-  (void)ipcref__watch_events(ctx);
   for (w = ctx->watches; w; w = w->next)
     if (!w->dead && w->pidfd < 0 && ipcref__pid_gone(w->pid))
       ipcref__watch_dead(ctx, w);
+}
+
+/* 1 when a live watch has no pidfd: only kill(pid, 0) sees its death. */
+IPCREF__PRIVATE int ipcref__watch_polled(const ipcref_ctx *ctx) {
+  const ipcref__watch *w;
+  for (w = ctx->watches; w; w = w->next)
+    if (!w->dead && w->pidfd < 0) return 1;
+  return 0;
+}
+
+/* Every check there is: the epoll set, then kill(pid, 0) for the watches
+ * without a pidfd. */
+IPCREF__PRIVATE void ipcref__watch_refresh(ipcref_ctx *ctx) {
+  (void)ipcref__watch_events(ctx);
+  ipcref__watch_poll(ctx);
 }
 
 #endif /* IPCREF__SHARING_IMPL */
@@ -5459,7 +5514,7 @@ IPCREF__PRIVATE void ipcref__lease_link(ipcref_ctx *ctx, ipcref__ledger *l,
   l->leases[slot].block = b;
   l->leases[slot].gen = gen;
   l->leases[slot].holder = holder;
-  l->leases[slot].watch = ipcref__watch_get(ctx, holder);
+  l->leases[slot].watch = ipcref__watch_get(ctx, holder, 1);
   b->leases++;
   l->live++;
   ctx->st.live_slots++;
@@ -5991,16 +6046,20 @@ IPCREF__PRIVATE size_t ipcref__reap(ipcref_ctx *ctx) {
 
 /* Notices deaths and reclaims what the dead held (under the lock). Every
  * call on the context pumps this, at most once per clock tick (`force`:
- * now), so that a process that never polls still gets its memory back. */
+ * now), so that a process that never polls still gets its memory back:
+ * the pidfds each time, the watches without one every IPCREF__POLL_MS. */
 IPCREF__PRIVATE size_t ipcref__pump(ipcref_ctx *ctx, int force) {
+  long tick;
   if (ctx->deferred) ipcref__deferred_poll(ctx);
   if (!ctx->watches) return 0;
-  if (!force) {
-    long tick = ipcref__now_ms();
-    if (tick == ctx->pump_tick) return 0;
-    ctx->pump_tick = tick;
-  }
+  tick = ipcref__now_ms();
+  if (!force && tick == ctx->pump_tick) return 0;
+  ctx->pump_tick = tick;
   (void)ipcref__watch_events(ctx);
+  if (force || tick - ctx->poll_tick >= IPCREF__POLL_MS) {
+    ctx->poll_tick = tick;
+    ipcref__watch_poll(ctx);
+  }
   return ctx->st.peer_deaths != ctx->reaped ? ipcref__reap(ctx) : 0;
 }
 
@@ -6057,6 +6116,8 @@ IPCREF_API int ipcref_ctx_timeout(ipcref_ctx *ctx) {
     ipcref__sooner(&best, now, now + 1);
   if (ctx->room_armed) /* waits for room: a look now and then */
     ipcref__sooner(&best, now, now + IPCREF__ROOM_MS);
+  if (ipcref__watch_polled(ctx)) /* deaths that no pidfd will tell */
+    ipcref__sooner(&best, now, ctx->poll_tick + IPCREF__POLL_MS);
   for (p = ctx->peers; p; p = p->next) /* a hello awaited */
     if (!p->hello && p->hello_since)
       ipcref__sooner(&best, now, p->hello_since + p->opt.hello_timeout_ms);
@@ -7395,7 +7456,7 @@ IPCREF__PRIVATE ipcref_result ipcref__hello_read(ipcref_peer *p,
   p->hello = 1;
   /* Watch the process itself (a pidfd: pids get reused). */
   IPCREF__LOCK(p->ctx);
-  p->watch = ipcref__watch_get(p->ctx, p->pid);
+  p->watch = ipcref__watch_get(p->ctx, p->pid, 0);
   IPCREF__UNLOCK(p->ctx);
   return IPCREF_OK;
 }

@@ -467,8 +467,12 @@ IPCREF_API ipcref_result ipcref_ctx_stats(ipcref_ctx *ctx, ipcref_stats *out);
  * when it is readable. There are no hidden threads: deaths are also
  * noticed by the calls on the context (at most once per clock tick) and by
  * ipcref_collect. -1 for NULL. The fd belongs to the context: do not
- * close it. Without pidfd_open (Linux < 5.3) it never becomes readable and
- * deaths are seen by ipcref_collect alone. */
+ * close it. It does not wake for a process watched without a pidfd: every
+ * one where there is no pidfd_open (Linux < 5.3, valgrind), and the
+ * holders of forwarded leases that consumers name beyond 64 at a time (so
+ * that a consumer cannot use up this process's fds). Those deaths are
+ * looked for by the calls every 100 ms, by ipcref_collect and by
+ * ipcref_ctx_poll, and ipcref_ctx_timeout asks for a call in time. */
 IPCREF_API int ipcref_ctx_poll_fd(ipcref_ctx *ctx);
 
 /* How long an event loop may sleep on its fds before it must call into
@@ -477,8 +481,9 @@ IPCREF_API int ipcref_ctx_poll_fd(ipcref_ctx *ctx);
  * rather than on an fd: a hole in a ring of returned leases (a consumer
  * that died halfway through a return), stepped over 100 ms after it was
  * seen; device releases whose stream work must be checked; a peer's hello
- * awaited until its hello_timeout_ms. Sweeps first. -1 for NULL or a
- * freed context. */
+ * awaited until its hello_timeout_ms; processes watched without a pidfd
+ * (see ipcref_ctx_poll_fd), looked at every 100 ms. Sweeps first. -1 for
+ * NULL or a freed context. */
 IPCREF_API int ipcref_ctx_timeout(ipcref_ctx *ctx);
 
 /* Waits up to timeout_ms (-1: forever, 0: not at all) for a watched

@@ -323,16 +323,20 @@ IPCREF__PRIVATE size_t ipcref__reap(ipcref_ctx *ctx) {
 
 /* Notices deaths and reclaims what the dead held (under the lock). Every
  * call on the context pumps this, at most once per clock tick (`force`:
- * now), so that a process that never polls still gets its memory back. */
+ * now), so that a process that never polls still gets its memory back:
+ * the pidfds each time, the watches without one every IPCREF__POLL_MS. */
 IPCREF__PRIVATE size_t ipcref__pump(ipcref_ctx *ctx, int force) {
+  long tick;
   if (ctx->deferred) ipcref__deferred_poll(ctx);
   if (!ctx->watches) return 0;
-  if (!force) {
-    long tick = ipcref__now_ms();
-    if (tick == ctx->pump_tick) return 0;
-    ctx->pump_tick = tick;
-  }
+  tick = ipcref__now_ms();
+  if (!force && tick == ctx->pump_tick) return 0;
+  ctx->pump_tick = tick;
   (void)ipcref__watch_events(ctx);
+  if (force || tick - ctx->poll_tick >= IPCREF__POLL_MS) {
+    ctx->poll_tick = tick;
+    ipcref__watch_poll(ctx);
+  }
   return ctx->st.peer_deaths != ctx->reaped ? ipcref__reap(ctx) : 0;
 }
 
@@ -389,6 +393,8 @@ IPCREF_API int ipcref_ctx_timeout(ipcref_ctx *ctx) {
     ipcref__sooner(&best, now, now + 1);
   if (ctx->room_armed) /* waits for room: a look now and then */
     ipcref__sooner(&best, now, now + IPCREF__ROOM_MS);
+  if (ipcref__watch_polled(ctx)) /* deaths that no pidfd will tell */
+    ipcref__sooner(&best, now, ctx->poll_tick + IPCREF__POLL_MS);
   for (p = ctx->peers; p; p = p->next) /* a hello awaited */
     if (!p->hello && p->hello_since)
       ipcref__sooner(&best, now, p->hello_since + p->opt.hello_timeout_ms);

@@ -318,7 +318,7 @@ IPCREF__PRIVATE void ipcref__lease_link(ipcref_ctx *ctx, ipcref__ledger *l,
   l->leases[slot].block = b;
   l->leases[slot].gen = gen;
   l->leases[slot].holder = holder;
-  l->leases[slot].watch = ipcref__watch_get(ctx, holder);
+  l->leases[slot].watch = ipcref__watch_get(ctx, holder, 1);
   b->leases++;
   l->live++;
   ctx->st.live_slots++;

@@ -345,7 +345,7 @@ IPCREF__PRIVATE ipcref_result ipcref__hello_read(ipcref_peer *p,
   p->hello = 1;
   /* Watch the process itself (a pidfd: pids get reused). */
   IPCREF__LOCK(p->ctx);
-  p->watch = ipcref__watch_get(p->ctx, p->pid);
+  p->watch = ipcref__watch_get(p->ctx, p->pid, 0);
   IPCREF__UNLOCK(p->ctx);
   return IPCREF_OK;
 }

@@ -52,7 +52,9 @@ typedef struct ipcref__ledger ipcref__ledger;
  * the number: a reused pid is a new watch. */
 typedef struct ipcref__watch {
   int pid;
-  int pidfd; /* -1: dead, or no pidfd_open here (then kill(pid, 0)) */
+  int pidfd; /* -1: dead, no pidfd_open here, or one more than a consumer
+                may make us open (then kill(pid, 0): see share_watch) */
+  int named; /* its pidfd counts in ctx->named_pidfds */
   int dead;
   int refs;
   struct ipcref__watch *next, *prev;
@@ -379,11 +381,13 @@ struct ipcref_ctx {
                                             first (bytes: st.cached_bytes) */
   int ncached;
   ipcref_stats st;
-  int no_pidfd; /* pidfd_open is missing here: deaths seen by pid */
-  int epfd;     /* the poll fd: the watches' pidfds */
+  int no_pidfd;     /* pidfd_open is missing here: deaths seen by pid */
+  int named_pidfds; /* open pidfds of holders a consumer named */
+  int epfd;         /* the poll fd: the watches' pidfds */
   ipcref__watch *watches;
   uint64_t reaped;  /* peer_deaths when the last reap ran */
   long pump_tick;   /* the clock tick of the last death check */
+  long poll_tick;   /* and of the last kill(pid, 0) round */
   uint32_t *uids;   /* allowed besides our own (opt.allow_uids) */
   uint64_t refused; /* atomic: st.refused, counted outside the lock */
   int uid;

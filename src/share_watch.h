@@ -1,6 +1,7 @@
 /* share_watch: the processes a context deals with. Knowing when one dies:
  * one watch per live pid, its pidfd in the context's epoll set
- * (ipcref_ctx_poll_fd), or kill(pid, 0) where there is no pidfd_open;
+ * (ipcref_ctx_poll_fd), or kill(pid, 0) where it has none (no pidfd_open
+ * here, or a holder named beyond IPCREF__NAMED_PIDFDS);
  * whatever notices a death counts it in st.peer_deaths, and share_ctx's
  * reap acts on it (under ctx->lock). And knowing a forked child from the
  * process that made a context (the fork generation: atomic, no lock). */
@@ -44,9 +45,30 @@ IPCREF__PRIVATE int ipcref__own(const ipcref_ctx *ctx, const char *fn) {
 
 /* ---- watching processes -------------------------------------------------
  * Under the lock. A death is noticed by the pidfd turning readable (the
- * epoll set: ipcref__watch_events), or, where there is no pidfd, by
- * kill(pid, 0) in ipcref_collect. Whatever notices one counts it in
- * st.peer_deaths; the reap that follows compares that with ctx->reaped. */
+ * epoll set: ipcref__watch_events), or, for a watch without a pidfd, by
+ * kill(pid, 0) (ipcref__watch_poll: in ipcref_collect and ipcref_ctx_poll,
+ * and every IPCREF__POLL_MS in the pump that the calls make). Whatever
+ * notices one counts it in st.peer_deaths; the reap that follows compares
+ * that with ctx->reaped.
+ *
+ * A peer's pid comes from the kernel (its credentials), but the holder of
+ * a forwarded lease is only named, by the forwarder, in shared memory: a
+ * hostile consumer could name every process on the machine, one per
+ * forwarding slot. So at most IPCREF__NAMED_PIDFDS named holders have a
+ * pidfd at a time, and the rest are watched by pid: a consumer cannot use
+ * up the producer's file descriptors. */
+#define IPCREF__NAMED_PIDFDS 64
+#define IPCREF__POLL_MS      100 /* between the pump's kill(pid, 0) rounds */
+
+/* Closes w's pidfd, if any, taking it out of the epoll set. */
+IPCREF__PRIVATE void ipcref__watch_close(ipcref_ctx *ctx, ipcref__watch *w) {
+  if (w->pidfd < 0) return;
+  (void)epoll_ctl(ctx->epfd, EPOLL_CTL_DEL, w->pidfd, NULL);
+  close(w->pidfd);
+  w->pidfd = -1;
+  ctx->named_pidfds -= w->named;
+  w->named = 0;
+}
 
 /* Marks a watched process dead (once), counted in st.peer_deaths; its
  * pidfd leaves the epoll set. */
@@ -55,22 +77,52 @@ IPCREF__PRIVATE void ipcref__watch_dead(ipcref_ctx *ctx, ipcref__watch *w) {
   /* Atomic: a sender checks it without the lock (ipcref__chan_gone). */
   __atomic_store_n(&w->dead, 1, __ATOMIC_RELAXED);
   ctx->st.peer_deaths++;
+  ipcref__watch_close(ctx, w);
+}
+
+/* Gives w a pidfd in the epoll set, unless there is no pidfd_open here or
+ * (`named`) the named holders have all the pidfds they may: then w is
+ * watched by pid. A process already gone is dead from the start. */
+IPCREF__PRIVATE void ipcref__watch_open(ipcref_ctx *ctx, ipcref__watch *w,
+                                        int named) {
+#ifdef SYS_pidfd_open
+  if (ctx->no_pidfd || (named && ctx->named_pidfds >= IPCREF__NAMED_PIDFDS))
+    return;
+  w->pidfd = (int)syscall(SYS_pidfd_open, (pid_t)w->pid, 0); /* 5.3, CLOEXEC */
   if (w->pidfd >= 0) {
-    (void)epoll_ctl(ctx->epfd, EPOLL_CTL_DEL, w->pidfd, NULL);
-    close(w->pidfd);
-    w->pidfd = -1;
+    struct epoll_event ev;
+    w->named = named;
+    ctx->named_pidfds += named;
+    memset(&ev, 0, sizeof ev);
+    ev.events = EPOLLIN;
+    ev.data.ptr = w;
+    /* Without the epoll entry the death is still seen by collect. */
+    (void)epoll_ctl(ctx->epfd, EPOLL_CTL_ADD, w->pidfd, &ev);
+  } else if (errno == ESRCH) {
+    ipcref__watch_dead(ctx, w);
+  } else if (errno == ENOSYS) {
+    ctx->no_pidfd = 1;
   }
+#else
+  (void)ctx;
+  (void)w;
+  (void)named;
+#endif
 }
 
 /* The watch on process `pid` (a new one, or one more use of the live
  * one); NULL for pid <= 0 or out of memory (then the caller falls back on
- * the pid). A process already gone is dead from the start. */
-IPCREF__PRIVATE ipcref__watch *ipcref__watch_get(ipcref_ctx *ctx, int pid) {
+ * the pid). `named`: the pid was named by another process (a forwarded
+ * lease's holder), not told by the kernel. A peer's watch that was made
+ * for a named holder without a pidfd gets one now. */
+IPCREF__PRIVATE ipcref__watch *ipcref__watch_get(ipcref_ctx *ctx, int pid,
+                                                 int named) {
   ipcref__watch *w;
   if (pid <= 0) return NULL;
   for (w = ctx->watches; w; w = w->next)
     if (w->pid == pid && !w->dead) {
       w->refs++;
+      if (!named && w->pidfd < 0) ipcref__watch_open(ctx, w, 0);
       return w;
     }
   w = (ipcref__watch *)ipcref__zalloc(sizeof *w);
@@ -79,33 +131,14 @@ IPCREF__PRIVATE ipcref__watch *ipcref__watch_get(ipcref_ctx *ctx, int pid) {
   w->pidfd = -1;
   w->refs = 1;
   IPCREF__LIST_PUSH(ctx->watches, w, next, prev);
-#ifdef SYS_pidfd_open
-  if (!ctx->no_pidfd) { /* Linux 5.3; the fd is close-on-exec */
-    w->pidfd = (int)syscall(SYS_pidfd_open, (pid_t)pid, 0);
-    if (w->pidfd >= 0) {
-      struct epoll_event ev;
-      memset(&ev, 0, sizeof ev);
-      ev.events = EPOLLIN;
-      ev.data.ptr = w;
-      /* Without the epoll entry the death is still seen by collect. */
-      (void)epoll_ctl(ctx->epfd, EPOLL_CTL_ADD, w->pidfd, &ev);
-    } else if (errno == ESRCH) {
-      ipcref__watch_dead(ctx, w);
-    } else if (errno == ENOSYS) {
-      ctx->no_pidfd = 1;
-    }
-  }
-#endif
+  ipcref__watch_open(ctx, w, named);
   return w;
 }
 
 /* One use of a watch less; the last one removes it. */
 IPCREF__PRIVATE void ipcref__watch_put(ipcref_ctx *ctx, ipcref__watch *w) {
   if (!w || --w->refs > 0) return;
-  if (w->pidfd >= 0) {
-    (void)epoll_ctl(ctx->epfd, EPOLL_CTL_DEL, w->pidfd, NULL);
-    close(w->pidfd);
-  }
+  ipcref__watch_close(ctx, w);
   IPCREF__LIST_REMOVE(ctx->watches, w, next, prev);
   IPCREF_FREE(w);
 }
@@ -129,14 +162,27 @@ IPCREF__PRIVATE int ipcref__watch_events(ipcref_ctx *ctx) {
   return got;
 }
 
-/* Every check there is: the epoll set, then kill(pid, 0) for the watches
- * without a pidfd. */
-IPCREF__PRIVATE void ipcref__watch_refresh(ipcref_ctx *ctx) {
+/* kill(pid, 0) for every live watch without a pidfd. */
+IPCREF__PRIVATE void ipcref__watch_poll(ipcref_ctx *ctx) {
   ipcref__watch *w;
-  (void)ipcref__watch_events(ctx);
   for (w = ctx->watches; w; w = w->next)
     if (!w->dead && w->pidfd < 0 && ipcref__pid_gone(w->pid))
       ipcref__watch_dead(ctx, w);
+}
+
+/* 1 when a live watch has no pidfd: only kill(pid, 0) sees its death. */
+IPCREF__PRIVATE int ipcref__watch_polled(const ipcref_ctx *ctx) {
+  const ipcref__watch *w;
+  for (w = ctx->watches; w; w = w->next)
+    if (!w->dead && w->pidfd < 0) return 1;
+  return 0;
+}
+
+/* Every check there is: the epoll set, then kill(pid, 0) for the watches
+ * without a pidfd. */
+IPCREF__PRIVATE void ipcref__watch_refresh(ipcref_ctx *ctx) {
+  (void)ipcref__watch_events(ctx);
+  ipcref__watch_poll(ctx);
 }
 
 #endif /* IPCREF__SHARING_IMPL */

@@ -9,7 +9,8 @@
  *     defines its own before the include;
  *   - what a case leaves behind: count_fds (fds_ignore: a path prefix not
  *     counted), count_maps, res_begin / RES_END / RES_END_CHILD (with
- *     res_all_maps set, every mapping counts in plain builds), stats_of;
+ *     res_all_maps set, every mapping counts in plain builds), stats_of,
+ *     nothing_waits (ipcref_ctx_timeout with nothing due);
  *   - the error hook (error_hook: err_count, err_eproto, err_epeer,
  *     err_last; errors_reset, EXPECT_ERRORS), new_ctx, make_ctx,
  *     make_peer, and local_pair (two contexts of this process with a peer
@@ -243,6 +244,16 @@ FIXTURE_FN ipcref_stats stats_of(ipcref_ctx *ctx) {
   memset(&s, 0, sizeof s);
   CHECK_EQ(ipcref_ctx_stats(ctx, &s), IPCREF_OK);
   return s;
+}
+
+/* 1 when ipcref_ctx_timeout says that nothing waits on time: -1; but
+ * while the context watches a process without a pidfd (every one under
+ * valgrind, which has no pidfd_open), its next look at it, due within
+ * IPCREF__POLL_MS. */
+FIXTURE_FN int nothing_waits(ipcref_ctx *ctx) {
+  int t = ipcref_ctx_timeout(ctx);
+  if (ipcref__watch_polled(ctx)) return t >= 0 && t <= IPCREF__POLL_MS;
+  return t == -1;
 }
 
 /* ------------------------------------------------------------ contexts */

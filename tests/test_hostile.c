@@ -19,6 +19,9 @@
  *   e. counters that cannot lie: forged ledger entries are reported to the
  *      context's error hook, counted in stats.bad_returns, and never free a
  *      block early
+ *   f. holders a consumer names: a forwarding consumer names the processes
+ *      that hold its forwards, and the producer watches them; a consumer
+ *      naming hundreds cannot take the producer's fds
  *
  * Children are forked before the parent makes its contexts; each reports
  * through its exit status (0: every CHECK held) and a control socket.
@@ -1426,45 +1429,106 @@ static void e_push(unsigned char *base, uint32_t n, uint64_t e) {
   ipcref__ring_push(base, n, -1, &e, 1, NULL);
 }
 
+/* The child: receives one view over its own transport and imports it;
+ * the first time a ledger's fd comes with one, keeps a copy in *ledger
+ * (what a consumer could always do). Its lease: *slot, *gen. */
+static void e_take(const e_arg *a, ipcref_peer *p, ipcref_view *v, int *ledger,
+                   uint32_t *slot, uint32_t *gen) {
+  ipcref_msg msg;
+  wmsg w;
+  int k;
+  CHECK_EQ(xfer_recv(a->xs, &msg, WAIT_MS), 0);
+  CHECK(wparse(&msg, &w) && w.nviews == 1);
+  *slot = w.v[0].slot;
+  *gen = w.v[0].gen;
+  k = wfd_of(&w, 2);
+  if (k >= 0 && k < msg.nfds && *ledger < 0)
+    *ledger = fcntl(msg.fds[k], F_DUPFD_CLOEXEC, 0); /* ours to keep */
+  CHECK_EQ(ipcref_import(p, &msg, v), IPCREF_OK);
+}
+
+/* The child: maps the ledger read-write, as any holder of its fd can.
+ * NULL (CHECKed) unless it has at least `min` slots and the size they
+ * make; else its size in *bytes and its slots in *n. */
+static unsigned char *e_map(int ledger, size_t *bytes, uint32_t *n,
+                            uint32_t min) {
+  unsigned char *base;
+  struct stat st;
+  *bytes = 0;
+  *n = 0;
+  CHECK(ledger >= 0 && fstat(ledger, &st) == 0);
+  if (ledger < 0 || fstat(ledger, &st) != 0) return NULL;
+  base = (unsigned char *)mmap(NULL, (size_t)st.st_size, PROT_READ | PROT_WRITE,
+                               MAP_SHARED, ledger, 0);
+  CHECK(base != MAP_FAILED);
+  if (base == MAP_FAILED) return NULL;
+  *n = ((ipcref__ledger_hdr *)(void *)base)->nslots;
+  CHECK(*n >= min && ipcref__ledger_bytes(*n) == (size_t)st.st_size);
+  if (*n < min || ipcref__ledger_bytes(*n) != (size_t)st.st_size) {
+    munmap(base, (size_t)st.st_size);
+    *n = 0;
+    return NULL;
+  }
+  *bytes = (size_t)st.st_size;
+  return base;
+}
+
+/* The child, at its end: the ledger unmapped and closed, the peer and the
+ * context freed. */
+static void e_end(unsigned char *base, size_t bytes, int ledger, ipcref_peer *p,
+                  ipcref_ctx *ctx) {
+  if (base) munmap(base, bytes);
+  if (ledger >= 0) close(ledger);
+  ipcref_peer_free(p);
+  ipcref_ctx_free(ctx);
+}
+
+/* The parent: forks the hostile consumer `fn` (its peer's socket, its own
+ * transport, its control socket) and makes the producer, whose error
+ * hook counts what it hears, and its peer. */
+static void e_start(kid *k, e_arg *a, child_fn fn, ipcref_ctx **P,
+                    ipcref_peer **pp) {
+  ipcref_ctx_options opt;
+  kid_open(k, 2, SOCK_SEQPACKET); /* the peer, the own transport */
+  a->peer = k->their_sock[0];
+  a->xs = k->their_sock[1];
+  a->ctl = k->their_ctl;
+  kid_fork(k, fn, a, -1);
+  errors_reset();
+  memset(&opt, 0, sizeof opt);
+  opt.error_hook = error_hook;
+  *P = make_ctx(&opt);
+  *pp = kid_peer(k, 0, *P);
+}
+
+/* The parent: exports `v` to the child and sends it, fds and all, over
+ * the child's own transport. */
+static void e_hand(kid *k, ipcref_peer *pp, const ipcref_view *v) {
+  ipcref_msg msg;
+  memset(&msg, 0, sizeof msg);
+  CHECK_EQ(ipcref_export(pp, v, &msg), IPCREF_OK);
+  CHECK_EQ(xfer_send(k->sock[1], &msg), 0);
+  ipcref_msg_sent(&msg);
+}
+
 static int e_child(void *argp) {
   e_arg *a = (e_arg *)argp;
   ipcref_ctx *ctx = NULL;
   ipcref_peer *p = NULL;
-  ipcref_msg msg;
   ipcref_view v[3];
   uint32_t slot[3] = {0, 0, 0}, gen[3] = {0, 0, 0}, n = 0, never;
   unsigned char *base = NULL;
   size_t bytes = 0;
   int ledger = -1, i;
-  wmsg w;
   memset(v, 0, sizeof v);
   CHECK_EQ(ipcref_ctx_new(NULL, &ctx), IPCREF_OK);
   CHECK_EQ(ipcref_peer_new(ctx, a->peer, &p), IPCREF_OK);
   for (i = 0; i < 3; i++) {
-    int k;
-    CHECK_EQ(xfer_recv(a->xs, &msg, WAIT_MS), 0);
-    CHECK(wparse(&msg, &w) && w.nviews == 1);
-    slot[i] = w.v[0].slot;
-    gen[i] = w.v[0].gen;
-    k = wfd_of(&w, 2);
-    if (k >= 0 && k < msg.nfds && ledger < 0)
-      ledger = fcntl(msg.fds[k], F_DUPFD_CLOEXEC, 0); /* ours to keep */
-    CHECK_EQ(ipcref_import(p, &msg, &v[i]), IPCREF_OK);
+    e_take(a, p, &v[i], &ledger, &slot[i], &gen[i]);
     CHECK_EQ(bad_bytes(&v[i], 50 + (uint32_t)i), 0);
   }
-  CHECK(ledger >= 0);
-  if (ledger >= 0) {
-    struct stat st;
-    CHECK_EQ(fstat(ledger, &st), 0);
-    bytes = (size_t)st.st_size;
-    base = (unsigned char *)mmap(NULL, bytes, PROT_READ | PROT_WRITE,
-                                 MAP_SHARED, ledger, 0);
-    CHECK(base != MAP_FAILED);
-    if (base == MAP_FAILED) base = NULL;
-  }
-  if (base) n = ((ipcref__ledger_hdr *)(void *)base)->nslots;
-  CHECK(n >= 8 && ipcref__ledger_bytes(n) == bytes);
-  if (!base || n < 8 || ipcref__ledger_bytes(n) != bytes) {
+  base = e_map(ledger, &bytes, &n, 8);
+  if (!base) {
     ctl_put(a->ctl, 'x');
     goto out;
   }
@@ -1511,10 +1575,7 @@ static int e_child(void *argp) {
   CTL_EXPECT(a->ctl, 'q');
 out:
   for (i = 0; i < 3; i++) ipcref_view_release(&v[i]);
-  if (base) munmap(base, bytes);
-  if (ledger >= 0) close(ledger);
-  ipcref_peer_free(p);
-  ipcref_ctx_free(ctx);
+  e_end(base, bytes, ledger, p, ctx);
   return 0;
 }
 
@@ -1535,38 +1596,24 @@ static void test_forged_returns(void) {
   int sl[2];
   kid k;
   e_arg a;
-  ipcref_ctx_options opt;
   ipcref_ctx *P = NULL, *L = NULL;
   ipcref_peer *pp = NULL, *pl = NULL, *lc = NULL;
   ipcref_view v[3], lv, more[64];
-  ipcref_msg msg;
   ipcref_stats s;
   int i, c;
   res_begin(&m);
   memset(v, 0, sizeof v);
   memset(&lv, 0, sizeof lv);
   memset(more, 0, sizeof more);
-  kid_open(&k, 2, SOCK_SEQPACKET); /* the peer, the own transport */
-  a.peer = k.their_sock[0];
-  a.xs = k.their_sock[1];
-  a.ctl = k.their_ctl;
-  kid_fork(&k, e_child, &a, -1);
-  errors_reset();
-  memset(&opt, 0, sizeof opt);
-  opt.error_hook = error_hook;
-  P = make_ctx(&opt);
+  e_start(&k, &a, e_child, &P, &pp);
   L = make_ctx(NULL);
-  pp = kid_peer(&k, 0, P);
   /* The legitimate consumer, in this process. */
   xsocketpair(SOCK_SEQPACKET, sl);
   pl = make_peer(P, sl[0]);
   lc = make_peer(L, sl[1]);
   for (i = 0; i < 3; i++) {
     CHECK_EQ(u8_view(P, 4096, 50 + (uint32_t)i, &v[i]), IPCREF_OK);
-    memset(&msg, 0, sizeof msg);
-    CHECK_EQ(ipcref_export(pp, &v[i], &msg), IPCREF_OK);
-    CHECK_EQ(xfer_send(k.sock[1], &msg), 0);
-    ipcref_msg_sent(&msg);
+    e_hand(&k, pp, &v[i]);
   }
   CHECK_EQ(ipcref_send(pl, &v[1]), IPCREF_OK);
   CHECK_EQ(ipcref_recv(lc, &lv, WAIT_MS), IPCREF_OK);
@@ -1648,6 +1695,166 @@ out:
   RES_END(&m);
 }
 
+/* ============================================================ f. holders */
+
+/* The processes the hostile consumer names as holders of forwarded
+ * leases: more than the context watches through pidfds. */
+#define F_HOLDERS (IPCREF__NAMED_PIDFDS + 24)
+
+/* A holder: lives until the gate's write end closes (or its parent dies). */
+static void f_holder(int gate) {
+  char b;
+  (void)prctl(PR_SET_PDEATHSIG, SIGKILL);
+  while (read(gate, &b, 1) < 0 && errno == EINTR) continue;
+  _exit(0);
+}
+
+/* Claims forwarding slot `s` of the ledger at `base` (n slots) for
+ * `holder` as a forwarder would (the slot live at a new generation, its
+ * holder and parent written), then links it to the lease (ps, pg). */
+static void f_forge(unsigned char *base, uint32_t n, uint32_t s, int holder,
+                    uint32_t ps, uint32_t pg) {
+  uint64_t *slots = ipcref__ledger_slots(base), e[2];
+  uint64_t w = __atomic_load_n(&slots[2 * (size_t)s], __ATOMIC_ACQUIRE);
+  uint32_t gen = (uint32_t)(w >> 2) + 1u;
+  __atomic_store_n(&slots[2 * (size_t)s],
+                   ((uint64_t)gen << 2) | IPCREF__SLOT_LIVE, __ATOMIC_RELEASE);
+  __atomic_store_n(&slots[2 * (size_t)s + 1],
+                   ((uint64_t)(ps + 1u) << 32) | (uint32_t)holder,
+                   __ATOMIC_RELEASE);
+  e[0] = ipcref__ring_entry(IPCREF__RING_LINK, s, gen);
+  e[1] = ipcref__ring_entry(IPCREF__RING_PARENT, ps, pg);
+  ipcref__ring_push(base, n, -1, e, 2, NULL);
+}
+
+/* Closes the gate's write end and reaps the holders (no zombies: a
+ * zombie's pid still answers kill(pid, 0)). */
+static void f_holders_end(int *gate, pid_t *kids) {
+  int i;
+  if (gate[1] >= 0) close(gate[1]);
+  gate[1] = -1;
+  for (i = 0; i < F_HOLDERS; i++) {
+    if (kids[i] > 0) CHECK_EQ(waitpid(kids[i], NULL, 0), kids[i]);
+    kids[i] = 0;
+  }
+}
+
+static int f_child(void *argp) {
+  e_arg *a = (e_arg *)argp;
+  ipcref_ctx *ctx = NULL;
+  ipcref_peer *p = NULL;
+  ipcref_view v;
+  pid_t kids[F_HOLDERS];
+  unsigned char *base = NULL;
+  size_t bytes = 0;
+  uint32_t n = 0, slot = 0, gen = 0;
+  int ledger = -1, gate[2] = {-1, -1}, i;
+  memset(&v, 0, sizeof v);
+  memset(kids, 0, sizeof kids);
+  /* The holders first, before this process has anything to leak. */
+  CHECK_EQ(pipe(gate), 0);
+  for (i = 0; i < F_HOLDERS && gate[0] >= 0; i++) {
+    kids[i] = fork();
+    if (kids[i] == 0) {
+      close(gate[1]);
+      f_holder(gate[0]);
+    }
+    CHECK(kids[i] > 0);
+  }
+  CHECK_EQ(ipcref_ctx_new(NULL, &ctx), IPCREF_OK);
+  CHECK_EQ(ipcref_peer_new(ctx, a->peer, &p), IPCREF_OK);
+  e_take(a, p, &v, &ledger, &slot, &gen);
+  base = e_map(ledger, &bytes, &n, 2 * F_HOLDERS);
+  if (!base || gate[0] < 0) {
+    ctl_put(a->ctl, 'x');
+    goto out;
+  }
+  ctl_put(a->ctl, 'r');
+  CTL_EXPECT(a->ctl, 'g');
+  for (i = 0; i < F_HOLDERS; i++)
+    if (kids[i] > 0)
+      f_forge(base, n, n / 2 + (uint32_t)i, (int)kids[i], slot, gen);
+  ctl_put(a->ctl, 'f');
+  CTL_EXPECT(a->ctl, 'k');
+  f_holders_end(gate, kids);
+  ctl_put(a->ctl, 'd');
+  CTL_EXPECT(a->ctl, 'q');
+out:
+  f_holders_end(gate, kids);
+  if (gate[0] >= 0) close(gate[0]);
+  ipcref_view_release(&v);
+  e_end(base, bytes, ledger, p, ctx);
+  return 0;
+}
+
+/* Holders a consumer names cannot take the producer's fds: a child that
+ * holds one lease claims F_HOLDERS forwarding slots in its ledger and
+ * names as their holders as many live processes of its own. The producer
+ * counts every such lease (they are indistinguishable from real
+ * forwards), but opens pidfds for the first IPCREF__NAMED_PIDFDS of those
+ * processes only and watches the rest by pid; ipcref_ctx_timeout then
+ * asks for a call within IPCREF__POLL_MS. Once the holders are gone, the
+ * calls an application makes anyway (an allocation, a release) see it,
+ * with no ipcref_collect, and reclaim their leases: the child's own is
+ * all that stays. */
+static void test_forged_holders(void) {
+  res_mark m;
+  kid k;
+  e_arg a;
+  ipcref_ctx *P = NULL;
+  ipcref_peer *pp = NULL;
+  ipcref_view v, t;
+  ipcref_stats s;
+  long end;
+  int c, fds0, to;
+  res_begin(&m);
+  memset(&v, 0, sizeof v);
+  e_start(&k, &a, f_child, &P, &pp);
+  CHECK_EQ(u8_view(P, 4096, 70, &v), IPCREF_OK);
+  e_hand(&k, pp, &v);
+  c = ctl_get(k.ctl, CTL_MS);
+  CHECK_EQ(c, 'r');
+  if (c != 'r') goto out;
+  if (u8_view(P, 64, 71, &t) == IPCREF_OK) /* its segment, made now */
+    ipcref_view_release(&t);
+  fds0 = count_fds();
+  ctl_put(k.ctl, 'g');
+  CTL_EXPECT(k.ctl, 'f');
+  (void)ipcref_collect(P);
+  s = stats_of(P);
+  CHECK_EQ(s.live_slots, 1 + F_HOLDERS);
+  CHECK_EQ(s.bad_returns, 0);
+  CHECK(count_fds() - fds0 <= IPCREF__NAMED_PIDFDS);
+  to = ipcref_ctx_timeout(P);
+  CHECK(to >= 0 && to <= IPCREF__POLL_MS);
+  ipcref_view_release(&v); /* the limbo keeps it for the leases */
+  ctl_put(k.ctl, 'k');
+  CTL_EXPECT(k.ctl, 'd');
+  end = now_ms() + 5000L * slow;
+  while (P->st.live_slots > 1 && now_ms() < end) {
+    if (u8_view(P, 64, 71, &t) == IPCREF_OK) ipcref_view_release(&t);
+    sleep_us(5000);
+  }
+  s = stats_of(P);
+  CHECK_EQ(s.live_slots, 1);
+  CHECK_EQ(s.limbo_blocks, 1);
+  CHECK_EQ(s.bad_returns, 0);
+  CHECK_EQ(err_count, 0);
+  CHECK(count_fds() <= fds0);
+  ctl_put(k.ctl, 'q');
+  KID_EXIT0(&k, "naming consumer");
+  s = stats_of(P);
+  CHECK_EQ(s.live_slots, 0);
+  CHECK_EQ(s.limbo_blocks, 0);
+out:
+  ipcref_view_release(&v);
+  if (c != 'r') KID_EXIT0(&k, "naming consumer");
+  ipcref_peer_free(pp);
+  ipcref_ctx_free(P);
+  kid_close(&k);
+  RES_END(&m);
+}
+
 /* ------------------------------------------------------------ main */
 
 /* One hand-off first, so that one-time allocations (stdio, malloc arenas)
@@ -1671,5 +1878,6 @@ int main(void) {
   RUN(test_isolation);
   RUN(test_other_uid);
   RUN(test_forged_returns);
+  RUN(test_forged_holders);
   return harness_finish();
 }

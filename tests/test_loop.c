@@ -604,10 +604,11 @@ static void test_ctx_timeout(void) {
   h = (ipcref__ledger_hdr *)(void *)l.prod->ledgers->base;
   (void)__atomic_fetch_add(&h->head, 1, __ATOMIC_RELEASE); /* never written */
   t = ipcref_ctx_timeout(l.prod);
-  CHECK(t >= 0 && t <= 100);
-  sleep_us((t + 20) * 1000L);
-  CHECK_EQ(ipcref_ctx_timeout(l.prod), -1); /* stepped over */
-  ipcref_view_release(&got); /* its own return comes after the hole */
+  CHECK(t >= 0 && t <= IPCREF__HOLE_MS);
+  /* Not t: under valgrind the look at the watches may come sooner. */
+  sleep_us((IPCREF__HOLE_MS + 20) * 1000L);
+  CHECK(nothing_waits(l.prod)); /* stepped over */
+  ipcref_view_release(&got);    /* its own return comes after the hole */
   ipcref_collect(l.prod);
   CHECK_EQ(stats_of(l.prod).live_slots, 0);
   CHECK_EQ(stats_of(l.prod).bad_returns, 0);
