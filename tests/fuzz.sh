@@ -9,8 +9,9 @@
 #
 #   usage: bash tests/fuzz.sh OUTDIR [TARGET]
 #   TARGET: view (the default: view op sequences), import (ipcref_import
-#           fed arbitrary bytes and fds) or channel (a receiver's ring
-#           written by a hostile producer)
+#           fed arbitrary bytes and fds), channel (a receiver's ring
+#           written by a hostile producer) or returns (a producer's
+#           ledger and channel control page written by a hostile consumer)
 #   env:   FUZZ_SECONDS (60), FUZZ_CC (clang)
 set -u
 cd "$(dirname "$0")/.." || exit 1
@@ -31,7 +32,8 @@ case $TARGET in
   view) MAXLEN=512; TRACE=FUZZ_VIEW_TRACE ;;
   import) MAXLEN=4096; TRACE=FUZZ_IMPORT_TRACE ;;
   channel) MAXLEN=4200; TRACE=FUZZ_CHANNEL_TRACE ;;
-  *) echo "fuzz.sh: unknown target '$TARGET' (view, import or channel)" >&2; result 2 ;;
+  returns) MAXLEN=1024; TRACE=FUZZ_RETURNS_TRACE ;;
+  *) echo "fuzz.sh: unknown target '$TARGET' (view, import, channel or returns)" >&2; result 2 ;;
 esac
 SRC=$ROOT/tests/fuzz_$TARGET.c
 SEEDS=$ROOT/tests/corpus/$TARGET

@@ -29,7 +29,6 @@
  * Built without -fsanitize=fuzzer and with -DFUZZ_CHANNEL_SEEDS, main()
  * writes the seed corpus to the directory given (tests/corpus/channel/). */
 #define _GNU_SOURCE
-#include <dirent.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -43,21 +42,9 @@
 
 #define RING 4096
 
-static void fail(const char *what) {
-  fprintf(stderr, "fuzz_channel: %s\n", what);
-  abort();
-}
-
-static int count_fds(void) {
-  DIR *d = opendir("/proc/self/fd");
-  struct dirent *e;
-  int n = 0;
-  if (!d) fail("cannot list /proc/self/fd");
-  while ((e = readdir(d)) != NULL)
-    if (e->d_name[0] != '.') n++;
-  closedir(d);
-  return n - 1;
-}
+#define FUZZ_NAME      "fuzz_channel"
+#define FUZZ_TRACE_ENV "FUZZ_CHANNEL_TRACE"
+#include "fuzz_common.h"
 
 static ipcref_peer *peer(ipcref_ctx *ctx, int fd) {
   ipcref_peer_options o;
@@ -83,19 +70,6 @@ static void check_view(const ipcref_view *v) {
   while ((e = (const unsigned char *)ipcref_view_iter_next(&it)) != NULL)
     for (i = 0; i < item; i++) sum += e[i];
   (void)sum;
-}
-
-/* As if the consumer had died: every lease of the producer ends. */
-static void reclaim_all(ipcref_ctx *prod) {
-  ipcref__ledger *l;
-  size_t freed = 0;
-  uint32_t s;
-  IPCREF__LOCK(prod);
-  for (l = prod->ledgers; l; l = l->next)
-    for (s = 0; s < l->n; s++)
-      if (l->leases[s].block) ipcref__lease_reclaim(prod, l, s, &freed);
-  IPCREF__UNLOCK(prod);
-  (void)ipcref_collect(prod);
 }
 
 static void run_one(const uint8_t *data, size_t size) {
@@ -153,6 +127,8 @@ static void run_one(const uint8_t *data, size_t size) {
                      __ATOMIC_RELEASE);
   __atomic_store_n(&((ipcref__chan_hdr *)(void *)t->map)->tail, tail,
                    __ATOMIC_RELEASE);
+  tr("flags %u: tail %llu bytes past the read index\n", flags,
+     (unsigned long long)(tail - head));
   for (k = 0; k < 8; k++) {
     ipcref_result r;
     struct timespec a, b;
@@ -160,6 +136,7 @@ static void run_one(const uint8_t *data, size_t size) {
     clock_gettime(CLOCK_MONOTONIC, &a);
     r = ipcref_recv(cp, &got, 0);
     clock_gettime(CLOCK_MONOTONIC, &b);
+    tr("receive %d: %s\n", k, ipcref_strerror(r));
     if (b.tv_sec - a.tv_sec > 2) fail("a receive with no wait waited");
     if (r == IPCREF_OK) {
       check_view(&got);
@@ -197,12 +174,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
  * count and its bytes; a record of an unknown kind. */
 static void seed(const char *dir, const char *name, const unsigned char *b,
                  size_t n) {
-  char path[512];
-  FILE *f;
-  snprintf(path, sizeof path, "%s/%s", dir, name);
-  f = fopen(path, "wb");
-  if (!f || fwrite(b, 1, n, f) != n) fail("cannot write a seed");
-  fclose(f);
+  write_seed(dir, name, b, n);
   run_one(b, n);
   printf("%s: %zu bytes\n", name, n);
 }

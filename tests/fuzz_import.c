@@ -47,10 +47,8 @@
  * writes the seed corpus to the directory given (tests/corpus/import/)
  * and replays each seed, printing what it gave. */
 #define _GNU_SOURCE
-#include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
-#include <stdarg.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -73,20 +71,9 @@
 #define ISO_SIZE    1000
 #define LARGE_SIZE  ((size_t)160 << 10) /* over SEGMENT / 2: own segment */
 
-/* FUZZ_IMPORT_TRACE=1: print what each input decodes to. */
-static int tracing = -1;
-
-static void tr(const char *fmt, ...) {
-  va_list ap;
-  if (tracing < 0) {
-    const char *e = getenv("FUZZ_IMPORT_TRACE");
-    tracing = e && *e && *e != '0';
-  }
-  if (!tracing) return;
-  va_start(ap, fmt);
-  vfprintf(stderr, fmt, ap);
-  va_end(ap);
-}
+#define FUZZ_NAME      "fuzz_import"
+#define FUZZ_TRACE_ENV "FUZZ_IMPORT_TRACE"
+#include "fuzz_common.h"
 
 /* FUZZ_IMPORT_STRICT=1: ESYS is a finding too (what a hostile producer
  * sends should be EPROTO; a system call can still fail for real, e.g. an
@@ -100,23 +87,7 @@ static int strict(void) {
   return s;
 }
 
-static void fail(const char *what) {
-  fprintf(stderr, "fuzz_import: %s\n", what);
-  abort();
-}
-
 /* ------------------------------------------------------------ resources */
-
-static int count_fds(void) {
-  DIR *d = opendir("/proc/self/fd");
-  struct dirent *e;
-  int n = 0;
-  if (!d) fail("cannot list /proc/self/fd");
-  while ((e = readdir(d)) != NULL)
-    if (e->d_name[0] != '.') n++;
-  closedir(d);
-  return n - 1; /* the directory's own */
-}
 
 /* Reads /proc/self/maps with read(2) into a static buffer (no allocation:
  * this runs between inputs). `lo`..`hi`: when nonzero, returns 1 when one
@@ -865,17 +836,6 @@ static void check_producer(ipcref_ctx *ctx, const ipcref_stats *base) {
 
 /* ------------------------------------------------------------ one input */
 
-typedef struct reader {
-  const uint8_t *p;
-  size_t n;
-} reader;
-
-static unsigned u8(reader *r) {
-  if (!r->n) return 0;
-  r->n--;
-  return *r->p++;
-}
-
 /* Runs one input; returns the result of the import. */
 static ipcref_result run_one(const uint8_t *data, size_t size) {
   reader rd;
@@ -1062,12 +1022,8 @@ static void templated(const ipcref_view *v, int kind, unsigned char *out,
 }
 
 static void seed(const char *name, const unsigned char *b, size_t n) {
-  char path[512];
-  FILE *f;
   ipcref_result rc;
-  snprintf(path, sizeof path, "%s/%s", seed_dir, name);
-  f = fopen(path, "wb");
-  if (!f || fwrite(b, 1, n, f) != n || fclose(f) != 0) fail("seed write");
+  write_seed(seed_dir, name, b, n);
   rc = run_one(b, n);
   nseeds++;
   seeds_ok += rc == IPCREF_OK;

@@ -15,7 +15,6 @@
  * ASan and UBSan catch the rest (out-of-bounds, overflow). Any violation
  * aborts. Built and run by tests/fuzz.sh. */
 #define _GNU_SOURCE /* the sharing layer needs GNU declarations */
-#include <stdarg.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -30,21 +29,9 @@
 #define MAXOPS 48                 /* calls per input, at most */
 #define ALLOC  ((int64_t)1 << 22) /* bytes a copying call may allocate */
 
-/* FUZZ_VIEW_TRACE=1 in the environment prints every call (for replaying
- * one input: ./fuzz_view crash-...). */
-static int tracing = -1;
-
-static void tr(const char *fmt, ...) {
-  va_list ap;
-  if (tracing < 0) {
-    const char *e = getenv("FUZZ_VIEW_TRACE");
-    tracing = e && *e && *e != '0';
-  }
-  if (!tracing) return;
-  va_start(ap, fmt);
-  vfprintf(stderr, fmt, ap);
-  va_end(ap);
-}
+#define FUZZ_NAME      "fuzz_view"
+#define FUZZ_TRACE_ENV "FUZZ_VIEW_TRACE"
+#include "fuzz_common.h"
 
 static void trv(const char *tag, const ipcref_view *v) {
   int d;
@@ -56,11 +43,6 @@ static void trv(const char *tag, const ipcref_view *v) {
   for (d = 0; d < v->ndim && d < MAXD; d++)
     tr("%lld,", (long long)v->strides[d]);
   tr(")\n");
-}
-
-static void fail(const char *what) {
-  fprintf(stderr, "fuzz_view: %s\n", what);
-  abort();
 }
 
 /* ------------------------------------------------------------------ the hook
@@ -102,17 +84,6 @@ static void told(ipcref_result rc) {
 
 /* ------------------------------------------------------------------ decoding
  */
-
-typedef struct reader {
-  const uint8_t *p;
-  size_t n;
-} reader;
-
-static uint8_t u8(reader *r) {
-  if (!r->n) return 0;
-  r->n--;
-  return *r->p++;
-}
 
 static int64_t raw64(reader *r) {
   uint64_t v = 0;

@@ -260,15 +260,16 @@ else
 fi
 
 # ---------------------------------------------------------------- fuzzing
-# Three targets at once on the two cores: view op sequences, ipcref_import
-# fed arbitrary bytes and fds, and a receiver's channel ring written by a
-# hostile producer (what crosses a process boundary).
+# Four targets at once on the two cores: view op sequences, and what
+# crosses a process boundary: ipcref_import fed arbitrary bytes and fds, a
+# receiver's channel ring written by a hostile producer, and a producer's
+# ledger and channel control page written by a hostile consumer.
 if have clang && [ $HAVE_SAN_RT = 1 ]; then
-  for t in view import channel; do
+  for t in view import channel returns; do
     bash tests/fuzz.sh "$B/fuzz-$t" $t >"$B/fuzz-$t.log" 2>&1 &
     eval "FUZZ_PID_$t=\$!"
   done
-  for t in view import channel; do
+  for t in view import channel returns; do
     eval "wait \$FUZZ_PID_$t"
     rc=$?
     cp "$B/fuzz-$t.log" "$LOG"
@@ -276,6 +277,7 @@ if have clang && [ $HAVE_SAN_RT = 1 ]; then
       view) what="view op sequences" ;;
       import) what="ipcref_import" ;;
       channel) what="the channel's ring" ;;
+      returns) what="a consumer's ledger and control page" ;;
     esac
     if [ $rc = 0 ]; then pass "libFuzzer: $what, ${FUZZ_SECONDS:-60} s, no findings"; else fail "libFuzzer: $what"; fi
   done
