@@ -21,7 +21,8 @@
  *      block early
  *   f. holders a consumer names: a forwarding consumer names the processes
  *      that hold its forwards, and the producer watches them; a consumer
- *      naming hundreds cannot take the producer's fds
+ *      naming hundreds cannot take the producer's fds (and the cap's
+ *      bookkeeping, when a named process turns out to be a peer)
  *
  * Children are forked before the parent makes its contexts; each reports
  * through its exit status (0: every CHECK held) and a control socket.
@@ -1855,6 +1856,38 @@ out:
   RES_END(&m);
 }
 
+/* The cap's bookkeeping, on this process's own pid: a named holder's
+ * pidfd counts in named_pidfds until it closes; past the cap a named
+ * holder gets none, and gets one when the same process turns out to be a
+ * peer (whose pid the kernel vouches for), without counting as named. */
+static void test_named_then_peer(void) {
+  res_mark m;
+  ipcref_ctx *P;
+  ipcref__watch *w, *again;
+  res_begin(&m);
+  P = make_ctx(NULL);
+  IPCREF__LOCK(P);
+  w = ipcref__watch_get(P, (int)getpid(), 1);
+  CHECK(w != NULL);
+  CHECK_EQ(P->named_pidfds, P->no_pidfd ? 0 : 1);
+  ipcref__watch_put(P, w);
+  CHECK_EQ(P->named_pidfds, 0);
+  P->named_pidfds = IPCREF__NAMED_PIDFDS; /* as if others held them all */
+  w = ipcref__watch_get(P, (int)getpid(), 1);
+  CHECK(w != NULL && w->pidfd < 0);
+  again = ipcref__watch_get(P, (int)getpid(), 0);
+  CHECK(again == w);
+  if (!P->no_pidfd) CHECK(w->pidfd >= 0); /* valgrind: no pidfd_open */
+  CHECK_EQ(P->named_pidfds, IPCREF__NAMED_PIDFDS);
+  ipcref__watch_put(P, again);
+  ipcref__watch_put(P, w);
+  CHECK_EQ(P->named_pidfds, IPCREF__NAMED_PIDFDS);
+  P->named_pidfds = 0;
+  IPCREF__UNLOCK(P);
+  ipcref_ctx_free(P);
+  RES_END(&m);
+}
+
 /* ------------------------------------------------------------ main */
 
 /* One hand-off first, so that one-time allocations (stdio, malloc arenas)
@@ -1879,5 +1912,6 @@ int main(void) {
   RUN(test_other_uid);
   RUN(test_forged_returns);
   RUN(test_forged_holders);
+  RUN(test_named_then_peer);
   return harness_finish();
 }
