@@ -300,7 +300,9 @@ static void check(world *w) {
   for (i = 0; i < NV; i++)
     if (w->held[i] && !intact(&w->v[i], i + 1))
       fail("a view the producer holds changed");
-  if (ipcref_ctx_stats(w->prod, &st) != IPCREF_OK) fail("stats");
+  /* Read, not asked for: ipcref_ctx_stats sweeps, and entries are left
+   * to pile up until a step of the producer's reads them. */
+  st = w->prod->st;
   /* The producer half of each ledger, and its forwarding half. */
   if (st.live_slots > 2 * (uint64_t)w->led->n + 8 || st.limbo_blocks > NV)
     fail("the stats went out of range");
