@@ -502,7 +502,9 @@ IPCREF_API ipcref_result ipcref_view_new(ipcref_dtype dt, int ndim,
 
 /* A C-contiguous view of `b` from its first byte (retains b). The elements
  * must fit in the buffer (else ERANGE). ndim 0 is a scalar (one element).
- * EINVAL: b or out NULL, dt invalid, shape NULL with ndim > 0. */
+ * EINVAL: b or out NULL, dt invalid, shape NULL with ndim > 0. EDEAD: b
+ * was released, as far as its header still says so (a weak reference or
+ * a shared buffer's context keeps it; IPCREF_CHECKED: always). */
 IPCREF_API ipcref_result ipcref_view_of(ipcref_buf *b, ipcref_dtype dt,
                                         int ndim, const int64_t *shape,
                                         ipcref_view *out);
@@ -730,9 +732,9 @@ typedef struct ipcref_backend ipcref_backend;
  * of IPCREF_KEEP_NONE keeps nothing. */
 #define IPCREF_KEEP_NONE ((size_t)1)
 typedef struct ipcref_ctx_options {
-  size_t segment_size;   /* bytes per shared segment (default 16 MiB);
-                            a block over half of it gets a segment of its
-                            own */
+  size_t segment_size;   /* bytes per shared segment: a multiple of 4096,
+                            at most 1 GiB (default 16 MiB); a block over
+                            half of it gets a segment of its own */
   size_t segment_cache;  /* bytes of empty segments kept for reuse, pooled
                             or a block's own, host and device alike
                             (default 512 MiB; IPCREF_KEEP_NONE: none), 64
@@ -831,7 +833,12 @@ typedef struct ipcref_msg {
   unsigned char bytes[IPCREF_MSG_MAX_BYTES];
   int nfds;
   int fds[IPCREF_MSG_MAX_FDS];
-  ipcref_peer *origin; /* exporting peer; cancels the lease on free */
+  /* Who exported it, until ipcref_msg_sent or ipcref_msg_free settles it:
+   * the context (its nonce) and the peer (its serial there). Ids, not
+   * pointers: a message that outlives its peer or its context, a copy of
+   * it, or one from another process is settled safely. Zero in a message
+   * received from elsewhere: set them so (memset) before filling one. */
+  uint64_t origin_ctx, origin_peer;
 } ipcref_msg;
 
 /* A new context. NULL options mean the defaults. It is this process's:
@@ -1040,13 +1047,17 @@ IPCREF_API const void *ipcref_msg_meta(const ipcref_msg *msg, size_t *len);
  * fds, maps what is new (or finds it in the cache), and returns a view
  * whose buffer returns the lease when it dies. Takes the message's fds
  * (also on error: they are closed). Errors: EPROTO (malformed, replayed,
- * or not matching the fds), EINVAL, ENOMEM, ESYS, ENODEV (device memory,
+ * sent by another process than p's, or not matching the fds), EINVAL
+ * (NULL arguments, nfds or len out of range, or a message p's own context
+ * exported: then nothing is taken), ENOMEM, ESYS, ENODEV (device memory,
  * and no backend for its device in this context). */
 IPCREF_API ipcref_result ipcref_import(ipcref_peer *p, ipcref_msg *msg,
                                        ipcref_view *out);
 
 /* Releases what an unused message holds: its fds, and its leases when it
- * was exported here (the receiver never got them). */
+ * was exported here (the receiver never got them), even once its peer was
+ * freed, as long as its context is alive; the peer, if still there, will
+ * send its fds again. NULL is a no-op. */
 IPCREF_API void ipcref_msg_free(ipcref_msg *msg);
 
 /* After a message exported here was delivered by the caller's own
@@ -1085,7 +1096,8 @@ IPCREF_API ipcref_result ipcref_send_on(ipcref_peer *p, const ipcref_view *v,
 
 /* Receives one message (one view) from the peer's socket and imports it.
  * timeout_ms: -1 waits; 0 polls, never waits, and says EAGAIN when
- * nothing is there (wanting POLLIN); past a longer wait, ETIMEDOUT. On a
+ * nothing is there (wanting POLLIN); past a longer wait, ETIMEDOUT; below
+ * -1, EINVAL. On a
  * SOCK_STREAM
  * socket a record may come in pieces: what came waits in the peer, with
  * its fds, and a later call completes it, so a sender that stops halfway
@@ -1166,8 +1178,8 @@ IPCREF_API int ipcref_ctx_timeout(ipcref_ctx *ctx);
  * process to die, then reclaims what every dead one held: the leases of a
  * consumer, the forwarded holds whose holder is gone, and the blocks that
  * only they kept. *freed (may be NULL) gets the bytes freed. Errors:
- * EINVAL, ETIMEDOUT (no death was left to handle: none within the wait,
- * or another call handled it first), ESYS. */
+ * EINVAL (NULL, timeout_ms below -1), ETIMEDOUT (no death was left to handle:
+ * none within the wait, or another call handled it first), ESYS. */
 IPCREF_API ipcref_result ipcref_ctx_poll(ipcref_ctx *ctx, int timeout_ms,
                                          size_t *freed);
 
@@ -1394,9 +1406,9 @@ extern "C" {
  * to `path` and makes the peer. Each checks the other side as ipcref_peer_new
  * does (its uid against allow_uids, its hello on first use). Errors: EINVAL
  * (NULL, an empty path or one too long for an AF_UNIX address, not a listening
- * socket), EPEER (nobody listens at `path`; a uid not allowed), ETIMEDOUT
- * (accept: nobody connected), ESYS (errno says why: EADDRINUSE when a
- * listener lives at `path`), ENOMEM, EDEAD. */
+ * socket, a timeout below -1), EPEER (nobody listens at `path`; a uid not
+ * allowed), ETIMEDOUT (accept: nobody connected), ESYS (errno says why:
+ * EADDRINUSE when a listener lives at `path`), ENOMEM, EDEAD. */
 IPCREF_API ipcref_result ipcref_listen(ipcref_ctx *ctx, const char *path,
                                        int *listen_fd);
 IPCREF_API ipcref_result ipcref_accept(ipcref_ctx *ctx, int listen_fd,
@@ -2789,6 +2801,7 @@ IPCREF_API ipcref_result ipcref_view_of(ipcref_buf *b, ipcref_dtype dt,
   ipcref_result res;
   if (!b) return ipcref__invalid(__func__, "b is NULL");
   IPCREF__CHECK_NEW(out, dt);
+  if (ipcref__buf_dead(b, __func__)) return IPCREF_EDEAD; /* see checked */
   res = ipcref__shape_numel(ndim, shape, ipcref__dtype_sizes[dt], &n);
   if (res == IPCREF_EINVAL) return ipcref__invalid(__func__, IPCREF__NO_SHAPE);
   if (res != IPCREF_OK) return res;
@@ -3908,9 +3921,12 @@ typedef struct ipcref__alias {
 #define IPCREF__CLASSES     379
 #define IPCREF__BLOCK_CHUNK 256 /* block descriptors made at once */
 #define IPCREF__MIN_BLOCK   64u
-#define IPCREF__FINE_FROM   65536u     /* classes are fine above this size */
-#define IPCREF__FOREIGN     UINT32_MAX /* cls: a wrapped allocation */
-#define IPCREF__CACHE_MAX   64 /* cached segments at most (fds: 2 each) */
+#define IPCREF__FINE_FROM   65536u /* classes are fine above this size */
+#define IPCREF__SEGMENT_MAX                                                    \
+  ((size_t)1 << 30)                  /* opt.segment_size at most:              \
+                                        2^24 blocks of 64 bytes */
+#define IPCREF__FOREIGN   UINT32_MAX /* cls: a wrapped allocation */
+#define IPCREF__CACHE_MAX 64         /* cached segments at most (fds: 2 each) */
 typedef struct ipcref__pool {
   ipcref_backend *be; /* NULL: host memory */
   int32_t dev;
@@ -4078,6 +4094,8 @@ struct ipcref_peer {
   int fd, pid, uid, sock_type;
   ipcref__watch *watch; /* the other process (from its hello) */
   uint64_t nonce;       /* its context (from its hello) */
+  uint64_t serial;      /* this peer's in ctx (from 1): what a message
+                           exported through it names (share_msg) */
   int origin_retired;   /* freed: its mappings here were retired */
   int hello; /* 0: the other side's hello not read yet; 1: read; -1: bad;
                 -2: refused (a uid not allowed, or no hello in time) */
@@ -4217,6 +4235,8 @@ struct ipcref_ctx {
   int room_armed;          /* the ledgers' `waiting` is set (see room) */
   int room_alloc;          /* an allocation was refused under max_bytes */
   int ndead_peers;
+  uint64_t peer_serials; /* the last peer's serial */
+  ipcref_ctx *live_next; /* the process's live contexts (ipcref__live) */
 };
 
 /* Intrusive doubly linked lists: `head` is the first node, nodes link
@@ -5753,6 +5773,60 @@ IPCREF__PRIVATE void ipcref__fork_handlers(void) {
 }
 #endif
 
+/* ---- the process's live contexts -----------------------------------------
+ * A message exported for the user's own transport names its context by
+ * nonce, never by pointer (share_msg): settling it finds the context
+ * here, alive or gone. ipcref__live_lock guards the list alone and is
+ * never held with ctx->lock; pthread_atfork handlers hold it across a
+ * fork, so that a child's copy of the list is whole and unlocked. */
+static pthread_mutex_t ipcref__live_lock = PTHREAD_MUTEX_INITIALIZER;
+static pthread_once_t ipcref__live_once = PTHREAD_ONCE_INIT;
+static ipcref_ctx *ipcref__live;
+IPCREF__PRIVATE void ipcref__live_take(void) {
+  pthread_mutex_lock(&ipcref__live_lock);
+}
+IPCREF__PRIVATE void ipcref__live_give(void) {
+  pthread_mutex_unlock(&ipcref__live_lock);
+}
+IPCREF__PRIVATE void ipcref__live_fork_handlers(void) {
+  (void)pthread_atfork(ipcref__live_take, ipcref__live_give, ipcref__live_give);
+}
+
+/* Joins (1) or leaves (0) the list. */
+IPCREF__PRIVATE void ipcref__live_set(ipcref_ctx *ctx, int live) {
+  ipcref_ctx **pp;
+  (void)pthread_once(&ipcref__live_once, ipcref__live_fork_handlers);
+  ipcref__live_take();
+  for (pp = &ipcref__live; *pp && *pp != ctx; pp = &(*pp)->live_next) {
+  }
+  if (live && !*pp) {
+    ctx->live_next = ipcref__live;
+    ipcref__live = ctx;
+  } else if (!live && *pp) {
+    *pp = ctx->live_next;
+  }
+  ipcref__live_give();
+}
+
+/* The context of this process (not a parent's copy) with `nonce`, one
+ * reference more, or NULL when it is gone or going. */
+IPCREF__PRIVATE ipcref_ctx *ipcref__live_find(uint64_t nonce) {
+  ipcref_ctx *c;
+  int refs = 0;
+  (void)pthread_once(&ipcref__live_once, ipcref__live_fork_handlers);
+  ipcref__live_take();
+  for (c = ipcref__live; c; c = c->live_next)
+    if (c->nonce == nonce && !ipcref__forked(c)) break;
+  if (c) refs = __atomic_load_n(&c->refs, __ATOMIC_RELAXED);
+  /* Never from 0: that context's teardown has begun. */
+  while (refs > 0 &&
+         !__atomic_compare_exchange_n(&c->refs, &refs, refs + 1, 1,
+                                      __ATOMIC_RELAXED, __ATOMIC_RELAXED)) {
+  }
+  ipcref__live_give();
+  return refs > 0 ? c : NULL;
+}
+
 IPCREF_API ipcref_result ipcref_ctx_new(const ipcref_ctx_options *opt,
                                         ipcref_ctx **out) {
   ipcref_ctx *ctx;
@@ -5765,9 +5839,11 @@ IPCREF_API ipcref_result ipcref_ctx_new(const ipcref_ctx_options *opt,
   if (!ctx->opt.segment_cache) ctx->opt.segment_cache = (size_t)512 << 20;
   if (!ctx->opt.retired_maps) ctx->opt.retired_maps = (size_t)64 << 20;
   if (!ctx->opt.ledger_slots) ctx->opt.ledger_slots = 4096;
-  if (ctx->opt.segment_size < 4096 || (ctx->opt.segment_size & 4095)) {
+  if (ctx->opt.segment_size < 4096 || (ctx->opt.segment_size & 4095) ||
+      ctx->opt.segment_size > IPCREF__SEGMENT_MAX) {
     IPCREF_FREE(ctx);
-    return ipcref__invalid(__func__, "segment_size not a multiple of 4096");
+    return ipcref__invalid(__func__,
+                           "segment_size not a multiple of 4096 up to 1 GiB");
   }
   if (ctx->opt.ledger_slots < 8 || ctx->opt.ledger_slots > (1u << 24) ||
       (ctx->opt.ledger_slots & 1)) {
@@ -5822,6 +5898,8 @@ IPCREF_API ipcref_result ipcref_ctx_new(const ipcref_ctx_options *opt,
   clock_gettime(CLOCK_REALTIME, &ts);
   ctx->nonce = ((uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec) ^
                ((uint64_t)ctx->pid << 40) ^ (uint64_t)(uintptr_t)ctx;
+  if (!ctx->nonce) ctx->nonce = 1; /* 0: a message exported nowhere */
+  ipcref__live_set(ctx, 1);
   *out = ctx;
   return IPCREF_OK;
 }
@@ -5879,6 +5957,7 @@ IPCREF__PRIVATE void ipcref__maps_trim(ipcref_ctx *ctx, size_t min_bytes) {
 IPCREF__PRIVATE void ipcref__ctx_destroy(ipcref_ctx *ctx) {
   ipcref__block *b;
   ipcref__pool *pool;
+  ipcref__live_set(ctx, 0);
   IPCREF__LOCK(ctx);
   ipcref__sweep(ctx);
   /* Device memory a consumer may still have open is never freed (that is
@@ -6136,6 +6215,7 @@ IPCREF_API ipcref_result ipcref_ctx_poll(ipcref_ctx *ctx, int timeout_ms,
   size_t bytes;
   if (freed) *freed = 0;
   if (!ctx) return ipcref__invalid(__func__, "ctx is NULL");
+  if (timeout_ms < -1) return ipcref__invalid(__func__, "timeout_ms below -1");
   if (!IPCREF__CTX_USABLE(ctx)) return IPCREF_EDEAD;
   pfd.fd = ctx->epfd;
   pfd.events = POLLIN;
@@ -7524,7 +7604,8 @@ IPCREF_API ipcref_result ipcref_peer_set_options(ipcref_peer *p,
  * the credentials of who made the other end into *cred; *r the code. */
 IPCREF__PRIVATE const char *
 ipcref__sock_why(int sockfd, int *type, struct ucred *cred, ipcref_result *r) {
-  socklen_t len = sizeof *cred, tlen = sizeof *type;
+  int listening = 0;
+  socklen_t len = sizeof *cred, tlen = sizeof *type, llen = sizeof listening;
   *r = IPCREF_EINVAL;
   if (sockfd < 0) return "sockfd is negative";
   if (getsockopt(sockfd, SOL_SOCKET, SO_TYPE, type, &tlen) != 0) {
@@ -7534,7 +7615,10 @@ ipcref__sock_why(int sockfd, int *type, struct ucred *cred, ipcref_result *r) {
   }
   if (*type != SOCK_STREAM && *type != SOCK_SEQPACKET)
     return "sockfd is neither SOCK_STREAM nor SOCK_SEQPACKET";
-  if (getsockopt(sockfd, SOL_SOCKET, SO_PEERCRED, cred, &len) != 0 ||
+  /* A listening socket has credentials too: its own. */
+  if (getsockopt(sockfd, SOL_SOCKET, SO_ACCEPTCONN, &listening, &llen) != 0 ||
+      listening ||
+      getsockopt(sockfd, SOL_SOCKET, SO_PEERCRED, cred, &len) != 0 ||
       cred->pid <= 0)
     return "sockfd is not a connected AF_UNIX socket";
   return NULL;
@@ -7581,6 +7665,7 @@ IPCREF__PRIVATE ipcref_result ipcref__peer_make(ipcref_ctx *ctx, int sockfd,
   }
   IPCREF__LOCK(ctx);
   IPCREF__LIST_PUSH(ctx->peers, p, next, prev);
+  p->serial = ++ctx->peer_serials;
   ctx->st.peers++;
   IPCREF__UNLOCK(ctx);
   *out = p;
@@ -8439,7 +8524,6 @@ IPCREF__PRIVATE ipcref_result ipcref__export_msg(ipcref_peer *p,
   }
   msg->len = w.pos;
   msg->nfds = nfd;
-  msg->origin = p;
   ctx->st.fds_sent += (uint64_t)nfd;
   return IPCREF_OK;
 }
@@ -9095,6 +9179,11 @@ IPCREF__PRIVATE ipcref_result ipcref__import_bytes(
     goto done;
   }
   if (m.nfds != nfds) goto done;
+  if (m.head.sender_nonce != p->nonce) {
+    /* It names what it retires by its sender: only p may speak for p. */
+    mm.why = "a message whose sender is not the peer it came from";
+    goto done;
+  }
   IPCREF__LOCK(ctx);
   if (how & IPCREF__IMPORT_PUMP) (void)ipcref__pump(ctx, 0);
   ipcref__import_retire(ctx, &m);
@@ -9163,8 +9252,14 @@ IPCREF_API ipcref_result ipcref_import(ipcref_peer *p, ipcref_msg *msg,
   if (msg->nfds < 0 || msg->nfds > IPCREF_MSG_MAX_FDS ||
       msg->len > sizeof msg->bytes)
     return ipcref__invalid(__func__, "msg->nfds or msg->len out of range");
-  r = IPCREF__PEER_USABLE(p, "ipcref_import") ? ipcref__hello_need(p)
-                                              : IPCREF_EDEAD;
+  if (!IPCREF__PEER_USABLE(p, "ipcref_import")) {
+    r = IPCREF_EDEAD;
+  } else if (msg->origin_ctx && msg->origin_ctx == p->ctx->nonce) {
+    return ipcref__invalid(__func__, "msg was exported by this context (to "
+                                     "settle it: ipcref_msg_free)");
+  } else {
+    r = ipcref__hello_need(p);
+  }
   if (r == IPCREF_OK)
     r = ipcref__import_bytes(p, msg->bytes, msg->len, msg->fds, msg->nfds, NULL,
                              views, &n, IPCREF__IMPORT_PUMP);
@@ -9172,7 +9267,7 @@ IPCREF_API ipcref_result ipcref_import(ipcref_peer *p, ipcref_msg *msg,
     for (i = 0; i < msg->nfds; i++) /* its fds, as on any error */
       if (msg->fds[i] >= 0) close(msg->fds[i]);
   msg->nfds = 0; /* taken (and closed on error) */
-  msg->origin = NULL;
+  msg->origin_ctx = msg->origin_peer = 0;
   if (r != IPCREF_OK) return r;
   for (i = 1; i < n; i++) ipcref_view_release(&views[i]); /* one per msg */
   *out = views[0];
@@ -9442,7 +9537,7 @@ IPCREF__PRIVATE ipcref_result ipcref__chan_make(size_t bytes,
   ipcref__wire_put(&w, IPCREF__CHAN_LAYOUT, 2);
   ipcref__wire_put(&w, bytes, 4);
   setup->len = w.pos;
-  setup->origin = NULL;
+  setup->origin_ctx = setup->origin_peer = 0;
   *out = t;
   return IPCREF_OK;
 fail:
@@ -10145,18 +10240,19 @@ IPCREF__PRIVATE ipcref_result ipcref__chan_wait(ipcref_peer *p, int ms) {
 
 #endif /* IPCREF__SHARING_IMPL */
 
-/* ---- share_send: implementation (src/share_send.h) ---------------------- */
+/* ---- share_msg: implementation (src/share_msg.h) ------------------------ */
 
-/* share_send: messages sent. Exported for the user's own transport
- * (ipcref_export, the ipcref_msg calls), or to the peer: into its channel
- * (share_channel), or over its socket, a datagram on SOCK_SEQPACKET, a
- * length then the record on SOCK_STREAM, the fds with them; batches and
- * their metadata. Receiving is share_recv's. Not under ctx->lock: the
- * socket may block on the peer. */
+/* share_msg: messages for the user's own transport. Exporting one
+ * (ipcref_export, ipcref_export_meta), reading its metadata, and settling
+ * it: ipcref_msg_sent (delivered: its leases are the receiver's now) or
+ * ipcref_msg_free (never delivered: its leases end here). A message names
+ * who exported it by ids, the context's nonce and the peer's serial, so
+ * that one which outlives its peer or its context, a copy, or one from
+ * another process is settled without a stale pointer: the context is
+ * looked up among the live ones (ipcref__live_find), the peer among its
+ * peers. Under ctx->lock but for the exports' checks and events. */
 
 #ifdef IPCREF__SHARING_IMPL
-
-/* ---- messages for the user's own transport ------------------------------ */
 
 /* ipcref_export and ipcref_export_meta; `fn` names the call. */
 IPCREF__PRIVATE ipcref_result ipcref__export_one(ipcref_peer *p,
@@ -10172,12 +10268,16 @@ IPCREF__PRIVATE ipcref_result ipcref__export_one(ipcref_peer *p,
   if (r != IPCREF_OK) return r;
   msg->len = 0;
   msg->nfds = 0;
-  msg->origin = NULL;
+  msg->origin_ctx = msg->origin_peer = 0;
   r = ipcref__hello_need(p);
   if (r == IPCREF_OK) r = ipcref__events_record(v, 1, NULL, ev);
   if (r != IPCREF_OK) return r;
   IPCREF__LOCK(p->ctx);
   r = ipcref__export_msg(p, v, 1, ev, meta, msg, 1);
+  if (r == IPCREF_OK) {
+    msg->origin_ctx = p->ctx->nonce;
+    msg->origin_peer = p->serial;
+  }
   IPCREF__UNLOCK(p->ctx);
   ipcref__events_free(ev, 1); /* what no lease took */
   return r;
@@ -10210,44 +10310,81 @@ IPCREF_API const void *ipcref_msg_meta(const ipcref_msg *msg, size_t *len) {
   return n ? m : NULL;
 }
 
-IPCREF_API void ipcref_msg_sent(ipcref_msg *msg) {
+/* Ends the leases of a message exported through `p` (NULL once the peer
+ * is gone) that never reached it, and forgets that the peer was sent its
+ * segments and ledgers, so that the next message carries them again
+ * (under the lock). */
+IPCREF__PRIVATE void ipcref__msg_cancel(ipcref_ctx *ctx, ipcref_peer *p,
+                                        unsigned char *bytes, size_t len) {
+  ipcref__wire w;
+  ipcref__msg_head head;
+  ipcref__view_rec rec;
   int i;
-  if (!msg) return;
+  ipcref__wire_init(&w, bytes, len);
+  if (!ipcref__get_msg_head(&w, &head)) head.nviews = head.nrecs = 0;
+  for (i = 0; i < head.nrecs && !w.bad; i++) {
+    ipcref__fd_rec f;
+    if (ipcref__get_fd_rec(&w, &f) && p) ipcref__sent_forget_recs(p, &f, 1);
+  }
+  w.pos += (size_t)head.nretired * 8;
+  for (i = 0; i < head.nviews && ipcref__get_view(&w, &rec); i++)
+    ipcref__lease_cancel(ctx, &rec);
+}
+
+/* The live peer of `ctx` with `serial`, or NULL (under the lock). */
+IPCREF__PRIVATE ipcref_peer *ipcref__peer_by_serial(ipcref_ctx *ctx,
+                                                    uint64_t serial) {
+  ipcref_peer *p;
+  for (p = ctx->peers; p && p->serial != serial; p = p->next) {
+  }
+  return p;
+}
+
+/* Closes the fds a message holds. */
+IPCREF__PRIVATE void ipcref__msg_close(ipcref_msg *msg) {
+  int i;
   for (i = 0; i < msg->nfds && i < IPCREF_MSG_MAX_FDS; i++)
     if (msg->fds[i] >= 0) close(msg->fds[i]);
   msg->nfds = 0;
-  msg->origin = NULL;
+}
+
+IPCREF_API void ipcref_msg_sent(ipcref_msg *msg) {
+  if (!msg) return;
+  ipcref__msg_close(msg);
+  msg->origin_ctx = msg->origin_peer = 0;
 }
 
 IPCREF_API void ipcref_msg_free(ipcref_msg *msg) {
-  int i;
+  ipcref_ctx *ctx;
   if (!msg) return;
-  for (i = 0; i < msg->nfds && i < IPCREF_MSG_MAX_FDS; i++)
-    if (msg->fds[i] >= 0) close(msg->fds[i]);
-  msg->nfds = 0;
-  if (msg->origin && msg->len <= sizeof msg->bytes) {
-    /* Never imported: end the leases it carries. */
-    ipcref_ctx *ctx = msg->origin->ctx;
-    ipcref__wire w;
-    ipcref__msg_head head;
-    ipcref__view_rec rec;
-    ipcref__wire_init(&w, msg->bytes, msg->len);
-    if (!ipcref__get_msg_head(&w, &head)) head.nviews = head.nrecs = 0;
+  ipcref__msg_close(msg);
+  /* Exported here and never imported: end the leases it carries. */
+  ctx = msg->origin_ctx && msg->len <= sizeof msg->bytes
+            ? ipcref__live_find(msg->origin_ctx)
+            : NULL;
+  if (ctx) {
     IPCREF__LOCK(ctx);
-    /* The peer never got these segments: send them again next time. */
-    for (i = 0; i < head.nrecs && !w.bad; i++) {
-      ipcref__fd_rec f;
-      if (ipcref__get_fd_rec(&w, &f))
-        ipcref__sent_forget_recs(msg->origin, &f, 1);
-    }
-    w.pos += (size_t)head.nretired * 8;
-    for (i = 0; i < head.nviews && ipcref__get_view(&w, &rec); i++)
-      ipcref__lease_cancel(ctx, &rec);
+    ipcref__msg_cancel(ctx, ipcref__peer_by_serial(ctx, msg->origin_peer),
+                       msg->bytes, msg->len);
     IPCREF__UNLOCK(ctx);
+    ipcref__ctx_unref(ctx); /* ipcref__live_find's */
   }
-  msg->origin = NULL;
+  msg->origin_ctx = msg->origin_peer = 0;
   msg->len = 0;
 }
+
+#endif /* IPCREF__SHARING_IMPL */
+
+/* ---- share_send: implementation (src/share_send.h) ---------------------- */
+
+/* share_send: messages sent to the peer (those exported for the user's own
+ * transport are share_msg's): into its channel (share_channel), or over
+ * its socket, a datagram on SOCK_SEQPACKET, a
+ * length then the record on SOCK_STREAM, the fds with them; batches and
+ * their metadata. Receiving is share_recv's. Not under ctx->lock: the
+ * socket may block on the peer. */
+
+#ifdef IPCREF__SHARING_IMPL
 
 /* ---- room in the socket ---------------------------------------------------
  * Every write is MSG_DONTWAIT. When the socket is full: a non-blocking one
@@ -10481,7 +10618,6 @@ IPCREF__PRIVATE ipcref_result ipcref__send_views(ipcref_peer *p,
   if (r != IPCREF_OK) return r;
   msg.len = 0;
   msg.nfds = 0;
-  msg.origin = NULL;
   IPCREF__LOCK(p->ctx);
   r = ipcref__export_msg(p, views, n, ev, meta, &msg, 0); /* fds borrowed */
   IPCREF__UNLOCK(p->ctx);
@@ -10489,11 +10625,9 @@ IPCREF__PRIVATE ipcref_result ipcref__send_views(ipcref_peer *p,
   if (r != IPCREF_OK) return r;
   IPCREF__STEP("send");
   r = ipcref__chan_send(p, &msg);
-  if (r != IPCREF_OK) {
-    msg.nfds = 0; /* borrowed: not ours to close */
-    ipcref_msg_free(&msg);
-  }
   IPCREF__LOCK(p->ctx);
+  if (r != IPCREF_OK) /* its fds are borrowed: not ours to close */
+    ipcref__msg_cancel(p->ctx, p, msg.bytes, msg.len);
   if (p->ledger) ipcref__slots_top_up(p->ledger, p->pid);
   IPCREF__UNLOCK(p->ctx);
   return r;
@@ -10749,6 +10883,8 @@ IPCREF_API ipcref_result ipcref_recv_on(ipcref_peer *p, ipcref_view *out,
   int n = 0;
   ipcref_result r;
   if (!p || !out) return ipcref__invalid("ipcref_recv", "p or out is NULL");
+  if (timeout_ms < -1)
+    return ipcref__invalid("ipcref_recv", "timeout_ms below -1");
   if (!IPCREF__PEER_USABLE(p, "ipcref_recv")) return IPCREF_EDEAD;
   if (p->pending_pos < p->npending) { /* the rest of a batch */
     *out = p->pending[p->pending_pos++];
@@ -10852,6 +10988,7 @@ IPCREF_API ipcref_result ipcref_accept(ipcref_ctx *ctx, int listen_fd,
   if (!ctx || !out || listen_fd < 0)
     return ipcref__invalid(__func__, !ctx || !out ? "ctx or out is NULL"
                                                   : "listen_fd is negative");
+  if (timeout_ms < -1) return ipcref__invalid(__func__, "timeout_ms below -1");
   if (!IPCREF__CTX_USABLE(ctx)) return IPCREF_EDEAD;
   r = timeout_ms < 0 ? IPCREF_OK : ipcref__wait_readable(listen_fd, timeout_ms);
   if (r != IPCREF_OK) return r;

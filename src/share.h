@@ -54,9 +54,9 @@ typedef struct ipcref_backend ipcref_backend;
  * of IPCREF_KEEP_NONE keeps nothing. */
 #define IPCREF_KEEP_NONE ((size_t)1)
 typedef struct ipcref_ctx_options {
-  size_t segment_size;   /* bytes per shared segment (default 16 MiB);
-                            a block over half of it gets a segment of its
-                            own */
+  size_t segment_size;   /* bytes per shared segment: a multiple of 4096,
+                            at most 1 GiB (default 16 MiB); a block over
+                            half of it gets a segment of its own */
   size_t segment_cache;  /* bytes of empty segments kept for reuse, pooled
                             or a block's own, host and device alike
                             (default 512 MiB; IPCREF_KEEP_NONE: none), 64
@@ -155,7 +155,12 @@ typedef struct ipcref_msg {
   unsigned char bytes[IPCREF_MSG_MAX_BYTES];
   int nfds;
   int fds[IPCREF_MSG_MAX_FDS];
-  ipcref_peer *origin; /* exporting peer; cancels the lease on free */
+  /* Who exported it, until ipcref_msg_sent or ipcref_msg_free settles it:
+   * the context (its nonce) and the peer (its serial there). Ids, not
+   * pointers: a message that outlives its peer or its context, a copy of
+   * it, or one from another process is settled safely. Zero in a message
+   * received from elsewhere: set them so (memset) before filling one. */
+  uint64_t origin_ctx, origin_peer;
 } ipcref_msg;
 
 /* A new context. NULL options mean the defaults. It is this process's:
@@ -364,13 +369,17 @@ IPCREF_API const void *ipcref_msg_meta(const ipcref_msg *msg, size_t *len);
  * fds, maps what is new (or finds it in the cache), and returns a view
  * whose buffer returns the lease when it dies. Takes the message's fds
  * (also on error: they are closed). Errors: EPROTO (malformed, replayed,
- * or not matching the fds), EINVAL, ENOMEM, ESYS, ENODEV (device memory,
+ * sent by another process than p's, or not matching the fds), EINVAL
+ * (NULL arguments, nfds or len out of range, or a message p's own context
+ * exported: then nothing is taken), ENOMEM, ESYS, ENODEV (device memory,
  * and no backend for its device in this context). */
 IPCREF_API ipcref_result ipcref_import(ipcref_peer *p, ipcref_msg *msg,
                                        ipcref_view *out);
 
 /* Releases what an unused message holds: its fds, and its leases when it
- * was exported here (the receiver never got them). */
+ * was exported here (the receiver never got them), even once its peer was
+ * freed, as long as its context is alive; the peer, if still there, will
+ * send its fds again. NULL is a no-op. */
 IPCREF_API void ipcref_msg_free(ipcref_msg *msg);
 
 /* After a message exported here was delivered by the caller's own
@@ -409,7 +418,8 @@ IPCREF_API ipcref_result ipcref_send_on(ipcref_peer *p, const ipcref_view *v,
 
 /* Receives one message (one view) from the peer's socket and imports it.
  * timeout_ms: -1 waits; 0 polls, never waits, and says EAGAIN when
- * nothing is there (wanting POLLIN); past a longer wait, ETIMEDOUT. On a
+ * nothing is there (wanting POLLIN); past a longer wait, ETIMEDOUT; below
+ * -1, EINVAL. On a
  * SOCK_STREAM
  * socket a record may come in pieces: what came waits in the peer, with
  * its fds, and a later call completes it, so a sender that stops halfway
@@ -490,8 +500,8 @@ IPCREF_API int ipcref_ctx_timeout(ipcref_ctx *ctx);
  * process to die, then reclaims what every dead one held: the leases of a
  * consumer, the forwarded holds whose holder is gone, and the blocks that
  * only they kept. *freed (may be NULL) gets the bytes freed. Errors:
- * EINVAL, ETIMEDOUT (no death was left to handle: none within the wait,
- * or another call handled it first), ESYS. */
+ * EINVAL (NULL, timeout_ms below -1), ETIMEDOUT (no death was left to handle:
+ * none within the wait, or another call handled it first), ESYS. */
 IPCREF_API ipcref_result ipcref_ctx_poll(ipcref_ctx *ctx, int timeout_ms,
                                          size_t *freed);
 

@@ -257,7 +257,7 @@ IPCREF__PRIVATE ipcref_result ipcref__chan_make(size_t bytes,
   ipcref__wire_put(&w, IPCREF__CHAN_LAYOUT, 2);
   ipcref__wire_put(&w, bytes, 4);
   setup->len = w.pos;
-  setup->origin = NULL;
+  setup->origin_ctx = setup->origin_peer = 0;
   *out = t;
   return IPCREF_OK;
 fail:

@@ -30,6 +30,60 @@ IPCREF__PRIVATE void ipcref__fork_handlers(void) {
 }
 #endif
 
+/* ---- the process's live contexts -----------------------------------------
+ * A message exported for the user's own transport names its context by
+ * nonce, never by pointer (share_msg): settling it finds the context
+ * here, alive or gone. ipcref__live_lock guards the list alone and is
+ * never held with ctx->lock; pthread_atfork handlers hold it across a
+ * fork, so that a child's copy of the list is whole and unlocked. */
+static pthread_mutex_t ipcref__live_lock = PTHREAD_MUTEX_INITIALIZER;
+static pthread_once_t ipcref__live_once = PTHREAD_ONCE_INIT;
+static ipcref_ctx *ipcref__live;
+IPCREF__PRIVATE void ipcref__live_take(void) {
+  pthread_mutex_lock(&ipcref__live_lock);
+}
+IPCREF__PRIVATE void ipcref__live_give(void) {
+  pthread_mutex_unlock(&ipcref__live_lock);
+}
+IPCREF__PRIVATE void ipcref__live_fork_handlers(void) {
+  (void)pthread_atfork(ipcref__live_take, ipcref__live_give, ipcref__live_give);
+}
+
+/* Joins (1) or leaves (0) the list. */
+IPCREF__PRIVATE void ipcref__live_set(ipcref_ctx *ctx, int live) {
+  ipcref_ctx **pp;
+  (void)pthread_once(&ipcref__live_once, ipcref__live_fork_handlers);
+  ipcref__live_take();
+  for (pp = &ipcref__live; *pp && *pp != ctx; pp = &(*pp)->live_next) {
+  }
+  if (live && !*pp) {
+    ctx->live_next = ipcref__live;
+    ipcref__live = ctx;
+  } else if (!live && *pp) {
+    *pp = ctx->live_next;
+  }
+  ipcref__live_give();
+}
+
+/* The context of this process (not a parent's copy) with `nonce`, one
+ * reference more, or NULL when it is gone or going. */
+IPCREF__PRIVATE ipcref_ctx *ipcref__live_find(uint64_t nonce) {
+  ipcref_ctx *c;
+  int refs = 0;
+  (void)pthread_once(&ipcref__live_once, ipcref__live_fork_handlers);
+  ipcref__live_take();
+  for (c = ipcref__live; c; c = c->live_next)
+    if (c->nonce == nonce && !ipcref__forked(c)) break;
+  if (c) refs = __atomic_load_n(&c->refs, __ATOMIC_RELAXED);
+  /* Never from 0: that context's teardown has begun. */
+  while (refs > 0 &&
+         !__atomic_compare_exchange_n(&c->refs, &refs, refs + 1, 1,
+                                      __ATOMIC_RELAXED, __ATOMIC_RELAXED)) {
+  }
+  ipcref__live_give();
+  return refs > 0 ? c : NULL;
+}
+
 IPCREF_API ipcref_result ipcref_ctx_new(const ipcref_ctx_options *opt,
                                         ipcref_ctx **out) {
   ipcref_ctx *ctx;
@@ -42,9 +96,11 @@ IPCREF_API ipcref_result ipcref_ctx_new(const ipcref_ctx_options *opt,
   if (!ctx->opt.segment_cache) ctx->opt.segment_cache = (size_t)512 << 20;
   if (!ctx->opt.retired_maps) ctx->opt.retired_maps = (size_t)64 << 20;
   if (!ctx->opt.ledger_slots) ctx->opt.ledger_slots = 4096;
-  if (ctx->opt.segment_size < 4096 || (ctx->opt.segment_size & 4095)) {
+  if (ctx->opt.segment_size < 4096 || (ctx->opt.segment_size & 4095) ||
+      ctx->opt.segment_size > IPCREF__SEGMENT_MAX) {
     IPCREF_FREE(ctx);
-    return ipcref__invalid(__func__, "segment_size not a multiple of 4096");
+    return ipcref__invalid(__func__,
+                           "segment_size not a multiple of 4096 up to 1 GiB");
   }
   if (ctx->opt.ledger_slots < 8 || ctx->opt.ledger_slots > (1u << 24) ||
       (ctx->opt.ledger_slots & 1)) {
@@ -99,6 +155,8 @@ IPCREF_API ipcref_result ipcref_ctx_new(const ipcref_ctx_options *opt,
   clock_gettime(CLOCK_REALTIME, &ts);
   ctx->nonce = ((uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec) ^
                ((uint64_t)ctx->pid << 40) ^ (uint64_t)(uintptr_t)ctx;
+  if (!ctx->nonce) ctx->nonce = 1; /* 0: a message exported nowhere */
+  ipcref__live_set(ctx, 1);
   *out = ctx;
   return IPCREF_OK;
 }
@@ -156,6 +214,7 @@ IPCREF__PRIVATE void ipcref__maps_trim(ipcref_ctx *ctx, size_t min_bytes) {
 IPCREF__PRIVATE void ipcref__ctx_destroy(ipcref_ctx *ctx) {
   ipcref__block *b;
   ipcref__pool *pool;
+  ipcref__live_set(ctx, 0);
   IPCREF__LOCK(ctx);
   ipcref__sweep(ctx);
   /* Device memory a consumer may still have open is never freed (that is
@@ -413,6 +472,7 @@ IPCREF_API ipcref_result ipcref_ctx_poll(ipcref_ctx *ctx, int timeout_ms,
   size_t bytes;
   if (freed) *freed = 0;
   if (!ctx) return ipcref__invalid(__func__, "ctx is NULL");
+  if (timeout_ms < -1) return ipcref__invalid(__func__, "timeout_ms below -1");
   if (!IPCREF__CTX_USABLE(ctx)) return IPCREF_EDEAD;
   pfd.fd = ctx->epfd;
   pfd.events = POLLIN;

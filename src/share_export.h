@@ -497,7 +497,6 @@ IPCREF__PRIVATE ipcref_result ipcref__export_msg(ipcref_peer *p,
   }
   msg->len = w.pos;
   msg->nfds = nfd;
-  msg->origin = p;
   ctx->st.fds_sent += (uint64_t)nfd;
   return IPCREF_OK;
 }

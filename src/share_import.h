@@ -504,6 +504,11 @@ IPCREF__PRIVATE ipcref_result ipcref__import_bytes(
     goto done;
   }
   if (m.nfds != nfds) goto done;
+  if (m.head.sender_nonce != p->nonce) {
+    /* It names what it retires by its sender: only p may speak for p. */
+    mm.why = "a message whose sender is not the peer it came from";
+    goto done;
+  }
   IPCREF__LOCK(ctx);
   if (how & IPCREF__IMPORT_PUMP) (void)ipcref__pump(ctx, 0);
   ipcref__import_retire(ctx, &m);
@@ -572,8 +577,14 @@ IPCREF_API ipcref_result ipcref_import(ipcref_peer *p, ipcref_msg *msg,
   if (msg->nfds < 0 || msg->nfds > IPCREF_MSG_MAX_FDS ||
       msg->len > sizeof msg->bytes)
     return ipcref__invalid(__func__, "msg->nfds or msg->len out of range");
-  r = IPCREF__PEER_USABLE(p, "ipcref_import") ? ipcref__hello_need(p)
-                                              : IPCREF_EDEAD;
+  if (!IPCREF__PEER_USABLE(p, "ipcref_import")) {
+    r = IPCREF_EDEAD;
+  } else if (msg->origin_ctx && msg->origin_ctx == p->ctx->nonce) {
+    return ipcref__invalid(__func__, "msg was exported by this context (to "
+                                     "settle it: ipcref_msg_free)");
+  } else {
+    r = ipcref__hello_need(p);
+  }
   if (r == IPCREF_OK)
     r = ipcref__import_bytes(p, msg->bytes, msg->len, msg->fds, msg->nfds, NULL,
                              views, &n, IPCREF__IMPORT_PUMP);
@@ -581,7 +592,7 @@ IPCREF_API ipcref_result ipcref_import(ipcref_peer *p, ipcref_msg *msg,
     for (i = 0; i < msg->nfds; i++) /* its fds, as on any error */
       if (msg->fds[i] >= 0) close(msg->fds[i]);
   msg->nfds = 0; /* taken (and closed on error) */
-  msg->origin = NULL;
+  msg->origin_ctx = msg->origin_peer = 0;
   if (r != IPCREF_OK) return r;
   for (i = 1; i < n; i++) ipcref_view_release(&views[i]); /* one per msg */
   *out = views[0];

@@ -23,9 +23,9 @@ extern "C" {
  * to `path` and makes the peer. Each checks the other side as ipcref_peer_new
  * does (its uid against allow_uids, its hello on first use). Errors: EINVAL
  * (NULL, an empty path or one too long for an AF_UNIX address, not a listening
- * socket), EPEER (nobody listens at `path`; a uid not allowed), ETIMEDOUT
- * (accept: nobody connected), ESYS (errno says why: EADDRINUSE when a
- * listener lives at `path`), ENOMEM, EDEAD. */
+ * socket, a timeout below -1), EPEER (nobody listens at `path`; a uid not
+ * allowed), ETIMEDOUT (accept: nobody connected), ESYS (errno says why:
+ * EADDRINUSE when a listener lives at `path`), ENOMEM, EDEAD. */
 IPCREF_API ipcref_result ipcref_listen(ipcref_ctx *ctx, const char *path,
                                        int *listen_fd);
 IPCREF_API ipcref_result ipcref_accept(ipcref_ctx *ctx, int listen_fd,
@@ -118,6 +118,7 @@ IPCREF_API ipcref_result ipcref_accept(ipcref_ctx *ctx, int listen_fd,
   if (!ctx || !out || listen_fd < 0)
     return ipcref__invalid(__func__, !ctx || !out ? "ctx or out is NULL"
                                                   : "listen_fd is negative");
+  if (timeout_ms < -1) return ipcref__invalid(__func__, "timeout_ms below -1");
   if (!IPCREF__CTX_USABLE(ctx)) return IPCREF_EDEAD;
   r = timeout_ms < 0 ? IPCREF_OK : ipcref__wait_readable(listen_fd, timeout_ms);
   if (r != IPCREF_OK) return r;

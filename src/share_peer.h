@@ -413,7 +413,8 @@ IPCREF_API ipcref_result ipcref_peer_set_options(ipcref_peer *p,
  * the credentials of who made the other end into *cred; *r the code. */
 IPCREF__PRIVATE const char *
 ipcref__sock_why(int sockfd, int *type, struct ucred *cred, ipcref_result *r) {
-  socklen_t len = sizeof *cred, tlen = sizeof *type;
+  int listening = 0;
+  socklen_t len = sizeof *cred, tlen = sizeof *type, llen = sizeof listening;
   *r = IPCREF_EINVAL;
   if (sockfd < 0) return "sockfd is negative";
   if (getsockopt(sockfd, SOL_SOCKET, SO_TYPE, type, &tlen) != 0) {
@@ -423,7 +424,10 @@ ipcref__sock_why(int sockfd, int *type, struct ucred *cred, ipcref_result *r) {
   }
   if (*type != SOCK_STREAM && *type != SOCK_SEQPACKET)
     return "sockfd is neither SOCK_STREAM nor SOCK_SEQPACKET";
-  if (getsockopt(sockfd, SOL_SOCKET, SO_PEERCRED, cred, &len) != 0 ||
+  /* A listening socket has credentials too: its own. */
+  if (getsockopt(sockfd, SOL_SOCKET, SO_ACCEPTCONN, &listening, &llen) != 0 ||
+      listening ||
+      getsockopt(sockfd, SOL_SOCKET, SO_PEERCRED, cred, &len) != 0 ||
       cred->pid <= 0)
     return "sockfd is not a connected AF_UNIX socket";
   return NULL;
@@ -470,6 +474,7 @@ IPCREF__PRIVATE ipcref_result ipcref__peer_make(ipcref_ctx *ctx, int sockfd,
   }
   IPCREF__LOCK(ctx);
   IPCREF__LIST_PUSH(ctx->peers, p, next, prev);
+  p->serial = ++ctx->peer_serials;
   ctx->st.peers++;
   IPCREF__UNLOCK(ctx);
   *out = p;

@@ -209,6 +209,8 @@ IPCREF_API ipcref_result ipcref_recv_on(ipcref_peer *p, ipcref_view *out,
   int n = 0;
   ipcref_result r;
   if (!p || !out) return ipcref__invalid("ipcref_recv", "p or out is NULL");
+  if (timeout_ms < -1)
+    return ipcref__invalid("ipcref_recv", "timeout_ms below -1");
   if (!IPCREF__PEER_USABLE(p, "ipcref_recv")) return IPCREF_EDEAD;
   if (p->pending_pos < p->npending) { /* the rest of a batch */
     *out = p->pending[p->pending_pos++];

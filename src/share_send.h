@@ -1,104 +1,11 @@
-/* share_send: messages sent. Exported for the user's own transport
- * (ipcref_export, the ipcref_msg calls), or to the peer: into its channel
- * (share_channel), or over its socket, a datagram on SOCK_SEQPACKET, a
+/* share_send: messages sent to the peer (those exported for the user's own
+ * transport are share_msg's): into its channel (share_channel), or over
+ * its socket, a datagram on SOCK_SEQPACKET, a
  * length then the record on SOCK_STREAM, the fds with them; batches and
  * their metadata. Receiving is share_recv's. Not under ctx->lock: the
  * socket may block on the peer. */
 
 #ifdef IPCREF__SHARING_IMPL
-
-/* ---- messages for the user's own transport ------------------------------ */
-
-/* ipcref_export and ipcref_export_meta; `fn` names the call. */
-IPCREF__PRIVATE ipcref_result ipcref__export_one(ipcref_peer *p,
-                                                 const ipcref_view *v,
-                                                 const ipcref__meta *meta,
-                                                 ipcref_msg *msg,
-                                                 const char *fn) {
-  ipcref__view_event ev[1];
-  ipcref_result r;
-  if (!p || !v || !msg) return ipcref__invalid(fn, "p, v or msg is NULL");
-  if (!IPCREF__PEER_USABLE(p, fn)) return IPCREF_EDEAD;
-  r = ipcref__views_check(p, v, 1, fn);
-  if (r != IPCREF_OK) return r;
-  msg->len = 0;
-  msg->nfds = 0;
-  msg->origin = NULL;
-  r = ipcref__hello_need(p);
-  if (r == IPCREF_OK) r = ipcref__events_record(v, 1, NULL, ev);
-  if (r != IPCREF_OK) return r;
-  IPCREF__LOCK(p->ctx);
-  r = ipcref__export_msg(p, v, 1, ev, meta, msg, 1);
-  IPCREF__UNLOCK(p->ctx);
-  ipcref__events_free(ev, 1); /* what no lease took */
-  return r;
-}
-
-IPCREF_API ipcref_result ipcref_export(ipcref_peer *p, const ipcref_view *v,
-                                       ipcref_msg *msg) {
-  static const ipcref__meta none = {NULL, 0};
-  return ipcref__export_one(p, v, &none, msg, "ipcref_export");
-}
-
-IPCREF_API ipcref_result ipcref_export_meta(ipcref_peer *p,
-                                            const ipcref_view *v,
-                                            const void *meta, size_t meta_len,
-                                            ipcref_msg *msg) {
-  ipcref__meta m;
-  ipcref_result r = ipcref__meta_arg(meta, meta_len, "ipcref_export_meta", &m);
-  return r != IPCREF_OK
-             ? r
-             : ipcref__export_one(p, v, &m, msg, "ipcref_export_meta");
-}
-
-IPCREF_API const void *ipcref_msg_meta(const ipcref_msg *msg, size_t *len) {
-  const unsigned char *m;
-  size_t n = 0;
-  if (len) *len = 0;
-  if (!msg || !len || msg->len > sizeof msg->bytes) return NULL;
-  m = ipcref__msg_meta_at(msg->bytes, msg->len, &n);
-  *len = n;
-  return n ? m : NULL;
-}
-
-IPCREF_API void ipcref_msg_sent(ipcref_msg *msg) {
-  int i;
-  if (!msg) return;
-  for (i = 0; i < msg->nfds && i < IPCREF_MSG_MAX_FDS; i++)
-    if (msg->fds[i] >= 0) close(msg->fds[i]);
-  msg->nfds = 0;
-  msg->origin = NULL;
-}
-
-IPCREF_API void ipcref_msg_free(ipcref_msg *msg) {
-  int i;
-  if (!msg) return;
-  for (i = 0; i < msg->nfds && i < IPCREF_MSG_MAX_FDS; i++)
-    if (msg->fds[i] >= 0) close(msg->fds[i]);
-  msg->nfds = 0;
-  if (msg->origin && msg->len <= sizeof msg->bytes) {
-    /* Never imported: end the leases it carries. */
-    ipcref_ctx *ctx = msg->origin->ctx;
-    ipcref__wire w;
-    ipcref__msg_head head;
-    ipcref__view_rec rec;
-    ipcref__wire_init(&w, msg->bytes, msg->len);
-    if (!ipcref__get_msg_head(&w, &head)) head.nviews = head.nrecs = 0;
-    IPCREF__LOCK(ctx);
-    /* The peer never got these segments: send them again next time. */
-    for (i = 0; i < head.nrecs && !w.bad; i++) {
-      ipcref__fd_rec f;
-      if (ipcref__get_fd_rec(&w, &f))
-        ipcref__sent_forget_recs(msg->origin, &f, 1);
-    }
-    w.pos += (size_t)head.nretired * 8;
-    for (i = 0; i < head.nviews && ipcref__get_view(&w, &rec); i++)
-      ipcref__lease_cancel(ctx, &rec);
-    IPCREF__UNLOCK(ctx);
-  }
-  msg->origin = NULL;
-  msg->len = 0;
-}
 
 /* ---- room in the socket ---------------------------------------------------
  * Every write is MSG_DONTWAIT. When the socket is full: a non-blocking one
@@ -332,7 +239,6 @@ IPCREF__PRIVATE ipcref_result ipcref__send_views(ipcref_peer *p,
   if (r != IPCREF_OK) return r;
   msg.len = 0;
   msg.nfds = 0;
-  msg.origin = NULL;
   IPCREF__LOCK(p->ctx);
   r = ipcref__export_msg(p, views, n, ev, meta, &msg, 0); /* fds borrowed */
   IPCREF__UNLOCK(p->ctx);
@@ -340,11 +246,9 @@ IPCREF__PRIVATE ipcref_result ipcref__send_views(ipcref_peer *p,
   if (r != IPCREF_OK) return r;
   IPCREF__STEP("send");
   r = ipcref__chan_send(p, &msg);
-  if (r != IPCREF_OK) {
-    msg.nfds = 0; /* borrowed: not ours to close */
-    ipcref_msg_free(&msg);
-  }
   IPCREF__LOCK(p->ctx);
+  if (r != IPCREF_OK) /* its fds are borrowed: not ours to close */
+    ipcref__msg_cancel(p->ctx, p, msg.bytes, msg.len);
   if (p->ledger) ipcref__slots_top_up(p->ledger, p->pid);
   IPCREF__UNLOCK(p->ctx);
   return r;

@@ -95,9 +95,12 @@ typedef struct ipcref__alias {
 #define IPCREF__CLASSES     379
 #define IPCREF__BLOCK_CHUNK 256 /* block descriptors made at once */
 #define IPCREF__MIN_BLOCK   64u
-#define IPCREF__FINE_FROM   65536u     /* classes are fine above this size */
-#define IPCREF__FOREIGN     UINT32_MAX /* cls: a wrapped allocation */
-#define IPCREF__CACHE_MAX   64 /* cached segments at most (fds: 2 each) */
+#define IPCREF__FINE_FROM   65536u /* classes are fine above this size */
+#define IPCREF__SEGMENT_MAX                                                    \
+  ((size_t)1 << 30)                  /* opt.segment_size at most:              \
+                                        2^24 blocks of 64 bytes */
+#define IPCREF__FOREIGN   UINT32_MAX /* cls: a wrapped allocation */
+#define IPCREF__CACHE_MAX 64         /* cached segments at most (fds: 2 each) */
 typedef struct ipcref__pool {
   ipcref_backend *be; /* NULL: host memory */
   int32_t dev;
@@ -265,6 +268,8 @@ struct ipcref_peer {
   int fd, pid, uid, sock_type;
   ipcref__watch *watch; /* the other process (from its hello) */
   uint64_t nonce;       /* its context (from its hello) */
+  uint64_t serial;      /* this peer's in ctx (from 1): what a message
+                           exported through it names (share_msg) */
   int origin_retired;   /* freed: its mappings here were retired */
   int hello; /* 0: the other side's hello not read yet; 1: read; -1: bad;
                 -2: refused (a uid not allowed, or no hello in time) */
@@ -404,6 +409,8 @@ struct ipcref_ctx {
   int room_armed;          /* the ledgers' `waiting` is set (see room) */
   int room_alloc;          /* an allocation was refused under max_bytes */
   int ndead_peers;
+  uint64_t peer_serials; /* the last peer's serial */
+  ipcref_ctx *live_next; /* the process's live contexts (ipcref__live) */
 };
 
 /* Intrusive doubly linked lists: `head` is the first node, nodes link

@@ -78,7 +78,9 @@ IPCREF_API ipcref_result ipcref_view_new(ipcref_dtype dt, int ndim,
 
 /* A C-contiguous view of `b` from its first byte (retains b). The elements
  * must fit in the buffer (else ERANGE). ndim 0 is a scalar (one element).
- * EINVAL: b or out NULL, dt invalid, shape NULL with ndim > 0. */
+ * EINVAL: b or out NULL, dt invalid, shape NULL with ndim > 0. EDEAD: b
+ * was released, as far as its header still says so (a weak reference or
+ * a shared buffer's context keeps it; IPCREF_CHECKED: always). */
 IPCREF_API ipcref_result ipcref_view_of(ipcref_buf *b, ipcref_dtype dt,
                                         int ndim, const int64_t *shape,
                                         ipcref_view *out);
@@ -551,6 +553,7 @@ IPCREF_API ipcref_result ipcref_view_of(ipcref_buf *b, ipcref_dtype dt,
   ipcref_result res;
   if (!b) return ipcref__invalid(__func__, "b is NULL");
   IPCREF__CHECK_NEW(out, dt);
+  if (ipcref__buf_dead(b, __func__)) return IPCREF_EDEAD; /* see checked */
   res = ipcref__shape_numel(ndim, shape, ipcref__dtype_sizes[dt], &n);
   if (res == IPCREF_EINVAL) return ipcref__invalid(__func__, IPCREF__NO_SHAPE);
   if (res != IPCREF_OK) return res;

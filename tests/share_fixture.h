@@ -409,7 +409,7 @@ FIXTURE_FN int ctl_get(int fd, int timeout_ms) {
 FIXTURE_FN void msg_dup(const ipcref_msg *src, ipcref_msg *dst) {
   int i;
   memcpy(dst, src, sizeof *dst);
-  dst->origin = NULL;
+  dst->origin_ctx = dst->origin_peer = 0;
   for (i = 0; i < src->nfds && i < IPCREF_MSG_MAX_FDS; i++)
     dst->fds[i] = fcntl(src->fds[i], F_DUPFD_CLOEXEC, 0);
 }

@@ -213,7 +213,20 @@ static void test_view_new_of(void) {
           "shape is NULL");
   QUIET(ipcref_view_of(b, IPCREF_F32, 2, shape, &v));
   ipcref_view_release(&v);
-  ipcref_buf_release(b);
+  {
+    /* Released, its header kept readable by a weak reference: refused in
+     * every build, *out untouched, the count still 0. */
+    ipcref_weak *w = ipcref_buf_downgrade(b);
+    ipcref_view before;
+    ipcref_buf_release(b);
+    memset(&v, 0x5a, sizeof v);
+    before = v;
+    TOLD(IPCREF_EDEAD, ipcref_view_of(b, IPCREF_F32, 2, shape, &v),
+         "ipcref_view_of", "already released");
+    CHECK(memcmp(&v, &before, sizeof v) == 0);
+    CHECK_EQ(ipcref_buf_strong_count(b), 0);
+    ipcref_weak_release(w);
+  }
 }
 
 /* A view whose fields were damaged: each reason, through clone. */
@@ -828,6 +841,14 @@ static void test_share_ctx_args(void) {
   memset(&o, 0, sizeof o);
   o.segment_size = 5000;
   REFUSED(ipcref_ctx_new(&o, &ctx), "ipcref_ctx_new", "segment_size");
+  o.segment_size = (size_t)1 << 38; /* 2^32 blocks of 64 bytes */
+  REFUSED(ipcref_ctx_new(&o, &ctx), "ipcref_ctx_new", "up to 1 GiB");
+  o.segment_size = ((size_t)1 << 30) + 4096;
+  REFUSED(ipcref_ctx_new(&o, &ctx), "ipcref_ctx_new", "up to 1 GiB");
+  o.segment_size = (size_t)1 << 30;
+  CHECK_EQ(ipcref_ctx_new(&o, &ctx), IPCREF_OK);
+  ipcref_ctx_free(ctx);
+  ctx = NULL;
   o.segment_size = 0;
   o.ledger_slots = 9;
   REFUSED(ipcref_ctx_new(&o, &ctx), "ipcref_ctx_new", "ledger_slots");
@@ -847,6 +868,8 @@ static void test_share_ctx_args(void) {
   REFUSED(ipcref_view_new_shared(ctx, IPCREF_F32, 1, NULL, &v),
           "ipcref_view_new_shared", "shape is NULL");
   REFUSED(ipcref_ctx_poll(NULL, 0, &freed), "ipcref_ctx_poll", "ctx is NULL");
+  REFUSED(ipcref_ctx_poll(ctx, -2, &freed), "ipcref_ctx_poll",
+          "timeout_ms below -1");
   REFUSED(ipcref_ctx_stats(ctx, NULL), "ipcref_ctx_stats",
           "ctx or out is NULL");
   REFUSED(ipcref_ctx_add_backend(ctx, NULL), "ipcref_ctx_add_backend",
@@ -900,6 +923,14 @@ static void test_share_peer_args(void) {
           "listen_fd is negative");
   REFUSED(ipcref_accept(ctx, pv[0], -1, &p), "ipcref_accept",
           "not a listening socket");
+  CHECK_EQ(ipcref_listen(ctx, "@ipcref-test-errors", &fd), IPCREF_OK);
+  REFUSED(ipcref_accept(ctx, fd, -2, &p), "ipcref_accept",
+          "timeout_ms below -1");
+  /* A listening socket has credentials (its own), but no other end. */
+  REFUSED(ipcref_peer_new(ctx, fd, &p), "ipcref_peer_new",
+          "not a connected AF_UNIX socket");
+  CHECK(p == NULL);
+  close(fd);
   close(pv[0]);
   close(pv[1]);
   close(sv[0]);
@@ -939,6 +970,21 @@ static void test_share_send_args(void) {
   REFUSED(ipcref_export(p, &v, NULL), "ipcref_export", "p, v or msg is NULL");
   REFUSED(ipcref_recv(NULL, &got, 0), "ipcref_recv", "p or out is NULL");
   REFUSED(ipcref_recv_on(q, NULL, 0, NULL), "ipcref_recv", "p or out is NULL");
+  REFUSED(ipcref_recv(q, &got, -2), "ipcref_recv", "timeout_ms below -1");
+  REFUSED(ipcref_recv_on(q, &got, -7, NULL), "ipcref_recv",
+          "timeout_ms below -1");
+  /* A message exported here, imported on the peer it was exported to:
+   * refused, the message untouched (its fds open, its lease live), and
+   * then settled by ipcref_msg_free. */
+  CHECK_EQ(ipcref_export(p, &v, msg), IPCREF_OK);
+  CHECK(msg->nfds > 0);
+  REFUSED(ipcref_import(p, msg, &got), "ipcref_import",
+          "exported by this context");
+  CHECK(msg->nfds > 0 && fcntl(msg->fds[0], F_GETFD) != -1);
+  CHECK_EQ(ipcref_peer_stats(p, &in), IPCREF_OK);
+  CHECK_EQ(in.leases, 1);
+  ipcref_msg_free(msg);
+  CHECK_EQ(msg->nfds, 0);
   memset(msg, 0, sizeof *msg);
   msg->nfds = -1;
   REFUSED(ipcref_import(q, msg, &got), "ipcref_import", "msg->nfds");

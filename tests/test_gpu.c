@@ -2196,7 +2196,7 @@ static void test_lying_size(const kind *k) {
     lie = msg;
     for (i = 0; i < lie.nfds; i++)
       lie.fds[i] = fcntl(msg.fds[i], F_DUPFD_CLOEXEC, 0);
-    lie.origin = NULL;
+    lie.origin_ctx = lie.origin_peer = 0;
     for (i = 0; i < (int)(lie.bytes[8] | lie.bytes[9] << 8); i++) {
       if (lie.bytes[pos] >= 3) bump_le64(lie.bytes + pos + 22, more);
       pos += rec_bytes(lie.bytes + pos); /* a device's, or the ledger's */

@@ -23,6 +23,8 @@
  *      that hold its forwards, and the producer watches them; a consumer
  *      naming hundreds cannot take the producer's fds (and the cap's
  *      bookkeeping, when a named process turns out to be a peer)
+ *   g. impostors: a producer cannot speak for another one (retire the
+ *      segments another producer sent the same consumer)
  *
  * Children are forked before the parent makes its contexts; each reports
  * through its exit status (0: every CHECK held) and a control socket.
@@ -516,7 +518,7 @@ static void a_setup(void) {
   CHECK_EQ(ipcref_export(A.l.pp, &A.v, &orig), IPCREF_OK);
   /* Keep our own copy of the fds; the lease goes to the consumer. */
   A.tmpl = orig;
-  A.tmpl.origin = NULL;
+  A.tmpl.origin_ctx = A.tmpl.origin_peer = 0;
   {
     int i;
     for (i = 0; i < orig.nfds; i++)
@@ -823,7 +825,7 @@ static void test_malicious_producer(void) {
   CHECK_EQ(bad_bytes(&got, 5), 0);
   memset(&msg, 0, sizeof msg);
   CHECK_EQ(ipcref_export(A.l.pp, &A.v, &msg), IPCREF_OK);
-  msg.origin = NULL; /* delivered by hand, in-process */
+  msg.origin_ctx = msg.origin_peer = 0; /* delivered by hand, in-process */
   CHECK_EQ(ipcref_import(A.l.cp, &msg, &again), IPCREF_OK);
   CHECK_EQ(bad_bytes(&again, 5), 0);
   CHECK_EQ(stats_of(A.l.prod).live_slots, 2);
@@ -1888,6 +1890,85 @@ static void test_named_then_peer(void) {
   RES_END(&m);
 }
 
+/* ============================================================ g. impostors */
+
+/* A copy of `src`'s bytes rewritten as `w`, with duplicates of its fds. */
+static void w_lie(const ipcref_msg *src, const wmsg *w, ipcref_msg *out) {
+  int i;
+  memset(out, 0, sizeof *out);
+  wencode(w, out);
+  out->nfds = src->nfds;
+  for (i = 0; i < src->nfds; i++)
+    out->fds[i] = fcntl(src->fds[i], F_DUPFD_CLOEXEC, 0);
+}
+
+/* Producer B sends a message in producer A's name (A's nonce as its
+ * sender) that says A destroyed the segment the consumer has of it:
+ * refused, and A's next message over that segment, which brings no fd for
+ * it, is imported as before. Without the check the consumer unmapped A's
+ * segment, and then refused A's honest message. */
+static void test_speaking_for_another(void) {
+  res_mark m;
+  ipcref_ctx_options co;
+  ipcref_ctx *a, *b, *c;
+  ipcref_peer *pa, *pb, *ca, *cb;
+  ipcref_view va, vb, got;
+  ipcref_msg *msg = (ipcref_msg *)malloc(sizeof *msg);
+  ipcref_msg *lie = (ipcref_msg *)malloc(sizeof *lie);
+  wmsg *w = (wmsg *)malloc(sizeof *w);
+  uint64_t seg_a = 0;
+  int sa[2], sb[2];
+  const int64_t shape[1] = {1024};
+  res_begin(&m);
+  memset(&co, 0, sizeof co);
+  co.retired_maps = IPCREF_KEEP_NONE; /* a retired mapping goes at once */
+  a = make_ctx(NULL);
+  b = make_ctx(NULL);
+  c = make_ctx(&co);
+  CHECK_EQ(xsocketpair(SOCK_SEQPACKET, sa), 0);
+  CHECK_EQ(xsocketpair(SOCK_SEQPACKET, sb), 0);
+  pa = make_peer(a, sa[0]);
+  ca = make_peer(c, sa[1]);
+  pb = make_peer(b, sb[0]);
+  cb = make_peer(c, sb[1]);
+  CHECK_EQ(ipcref_view_new_shared(a, IPCREF_F32, 1, shape, &va), IPCREF_OK);
+  CHECK_EQ(ipcref_view_new_shared(b, IPCREF_F32, 1, shape, &vb), IPCREF_OK);
+  fill(&va, 7);
+  CHECK_EQ(ipcref_send(pa, &va), IPCREF_OK);
+  CHECK_EQ(ipcref_recv(ca, &got, WAIT_MS), IPCREF_OK);
+  CHECK_EQ(bad_bytes(&got, 7), 0);
+  ipcref_view_release(&got); /* A's segment stays mapped in c, unused */
+  CHECK_EQ(ipcref_export(pa, &va, msg), IPCREF_OK); /* for its segment id */
+  if (wparse(msg, w)) seg_a = w->v[0].seg_id;
+  ipcref_msg_free(msg);
+  CHECK_EQ(ipcref_export(pb, &vb, msg), IPCREF_OK);
+  CHECK(wparse(msg, w));
+  w->nonce = a->nonce;
+  w->nret = 1;
+  w->ret[0] = seg_a;
+  w_lie(msg, w, lie);
+  CHECK_EQ(ipcref_import(cb, lie, &got), IPCREF_EPROTO);
+  CHECK(got.buf == NULL);
+  ipcref_msg_free(msg); /* B's lease ends */
+  CHECK_EQ(ipcref_send(pa, &va), IPCREF_OK);
+  CHECK_EQ(ipcref_recv(ca, &got, WAIT_MS), IPCREF_OK);
+  CHECK_EQ(bad_bytes(&got, 7), 0);
+  ipcref_view_release(&got);
+  ipcref_view_release(&va);
+  ipcref_view_release(&vb);
+  ipcref_peer_free(ca);
+  ipcref_peer_free(cb);
+  ipcref_peer_free(pa);
+  ipcref_peer_free(pb);
+  ipcref_ctx_free(c);
+  ipcref_ctx_free(b);
+  ipcref_ctx_free(a);
+  free(w);
+  free(lie);
+  free(msg);
+  RES_END(&m);
+}
+
 /* ------------------------------------------------------------ main */
 
 /* One hand-off first, so that one-time allocations (stdio, malloc arenas)
@@ -1913,5 +1994,6 @@ int main(void) {
   RUN(test_forged_returns);
   RUN(test_forged_holders);
   RUN(test_named_then_peer);
+  RUN(test_speaking_for_another);
   return harness_finish();
 }

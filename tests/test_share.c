@@ -1304,7 +1304,7 @@ static void test_allocation_pressure(void) {
 static void sent_by_hand(ipcref_msg *msg) {
   ipcref_msg_sent(msg); /* the fds are closed, the leases stay live */
   CHECK_EQ(msg->nfds, 0);
-  CHECK(msg->origin == NULL);
+  CHECK(msg->origin_ctx == 0 && msg->origin_peer == 0);
 }
 
 static uint64_t le(const unsigned char *b, size_t at, int bytes) {
@@ -1479,7 +1479,7 @@ static void test_replay_and_malformed(void) {
   memset(&msg, 0, sizeof msg);
   CHECK_EQ(ipcref_export(p, &v0, &msg), IPCREF_OK);
   CHECK_EQ(msg.nfds, 3); /* the segment's, the ledger's and its bell's */
-  CHECK(msg.origin == p);
+  CHECK(msg.origin_ctx != 0 && msg.origin_peer != 0);
   EXPECT_STATS(ctx, 2, 0, 1);
   ipcref_msg_free(&msg);
   CHECK_EQ(msg.nfds, 0);
@@ -1754,6 +1754,55 @@ static void test_wrong_arguments(void) {
   CHECK_EQ(s.peers, 0);
   EXPECT_DRAINED(ctx);
   ipcref_ctx_free(ctx);
+  RES_END(&m);
+}
+
+/* A message exported for the user's own transport outlives its peer (and
+ * the 8 freed peers a context keeps, marked dead), then its context:
+ * ipcref_msg_free ends its lease while the context lives, and only closes
+ * its fds once it is gone; a copy naming a context of another process
+ * only closes its fds too. */
+static void test_msg_outlives_peer(void) {
+  res_mark m;
+  local_pair l;
+  ipcref_msg *msg = (ipcref_msg *)malloc(sizeof *msg);
+  ipcref_msg *later = (ipcref_msg *)malloc(sizeof *later);
+  ipcref_msg *copy = (ipcref_msg *)malloc(sizeof *copy);
+  ipcref_view v;
+  int i, sv[2];
+  const int64_t shape[1] = {256};
+  res_begin(&m);
+  local_pair_open(&l, NULL, NULL);
+  CHECK_EQ(ipcref_view_new_shared(l.prod, IPCREF_F32, 1, shape, &v), IPCREF_OK);
+  CHECK_EQ(ipcref_export(l.pp, &v, msg), IPCREF_OK);
+  CHECK_EQ(ipcref_export(l.pp, &v, later), IPCREF_OK);
+  EXPECT_STATS(l.prod, 1, 0, 2);
+  memcpy(copy, msg, sizeof *copy);
+  for (i = 0; i < copy->nfds; i++)
+    copy->fds[i] = fcntl(msg->fds[i], F_DUPFD_CLOEXEC, 0);
+  copy->origin_ctx ^= 1; /* as another process's message would say */
+  ipcref_msg_free(copy);
+  CHECK_EQ(copy->nfds, 0);
+  EXPECT_STATS(l.prod, 1, 0, 2);
+  ipcref_peer_free(l.pp);
+  l.pp = NULL;
+  for (i = 0; i < 9; i++) {
+    ipcref_peer *q;
+    CHECK_EQ(xsocketpair(SOCK_SEQPACKET, sv), 0);
+    q = make_peer(l.prod, sv[0]);
+    ipcref_peer_free(q);
+    close(sv[1]);
+  }
+  ipcref_msg_free(msg); /* the peer is long gone; its ledger is not */
+  CHECK_EQ(msg->nfds, 0);
+  EXPECT_STATS(l.prod, 1, 0, 1);
+  ipcref_view_release(&v);
+  local_pair_close(&l); /* the producer's context goes with its buffer */
+  ipcref_msg_free(later);
+  CHECK_EQ(later->nfds, 0);
+  free(copy);
+  free(later);
+  free(msg);
   RES_END(&m);
 }
 
@@ -2191,6 +2240,7 @@ int main(void) {
   RUN(test_timeouts_and_hangup_stream);
   RUN(test_wrong_arguments);
   RUN(test_wrong_arguments_with_peer);
+  RUN(test_msg_outlives_peer);
   RUN(test_ctx_free_with_live_buffers);
   RUN(test_table_view_sent);
   RUN(test_consumer_killed);
