@@ -1048,9 +1048,9 @@ IPCREF_API const void *ipcref_msg_meta(const ipcref_msg *msg, size_t *len);
  * whose buffer returns the lease when it dies. Takes the message's fds
  * (also on error: they are closed). Errors: EPROTO (malformed, replayed,
  * sent by another process than p's, or not matching the fds), EINVAL
- * (NULL arguments, nfds or len out of range, or a message p's own context
- * exported: then nothing is taken), ENOMEM, ESYS, ENODEV (device memory,
- * and no backend for its device in this context). */
+ * (NULL arguments, nfds or len out of range, or a message exported
+ * through p itself: then nothing is taken), ENOMEM, ESYS, ENODEV (device
+ * memory, and no backend for its device in this context). */
 IPCREF_API ipcref_result ipcref_import(ipcref_peer *p, ipcref_msg *msg,
                                        ipcref_view *out);
 
@@ -3922,11 +3922,13 @@ typedef struct ipcref__alias {
 #define IPCREF__BLOCK_CHUNK 256 /* block descriptors made at once */
 #define IPCREF__MIN_BLOCK   64u
 #define IPCREF__FINE_FROM   65536u /* classes are fine above this size */
-#define IPCREF__SEGMENT_MAX                                                    \
-  ((size_t)1 << 30)                  /* opt.segment_size at most:              \
-                                        2^24 blocks of 64 bytes */
-#define IPCREF__FOREIGN   UINT32_MAX /* cls: a wrapped allocation */
-#define IPCREF__CACHE_MAX 64         /* cached segments at most (fds: 2 each) */
+/* opt.segment_size at most: 2^24 blocks of 64 bytes. */
+#define IPCREF__SEGMENT_MAX ((size_t)1 << 30)
+/* The views ipcref_peer_free reads at most: a 16 MiB ring's records, twice
+ * over (a sender that keeps sending is not waited for). */
+#define IPCREF__FREE_DRAIN (1L << 19)
+#define IPCREF__FOREIGN    UINT32_MAX /* cls: a wrapped allocation */
+#define IPCREF__CACHE_MAX  64 /* cached segments at most (fds: 2 each) */
 typedef struct ipcref__pool {
   ipcref_backend *be; /* NULL: host memory */
   int32_t dev;
@@ -3976,8 +3978,12 @@ struct ipcref__segment {
   ipcref__segment *cache_next, *cache_prev; /* newest first */
 };
 
-#define IPCREF__LATE  16 /* holes stepped over that a ledger remembers */
-#define IPCREF__AHEAD 8  /* slots a ledger publishes ahead of their leases */
+#define IPCREF__LATE 16 /* holes stepped over that a ledger remembers */
+/* Holes one drain steps over at most: each scans the ledger's forwarding
+ * slots (ipcref__adopt_forwards), so a consumer that makes holes on
+ * purpose buys a bounded cost per sweep; the rest wait for the next. */
+#define IPCREF__HOLES 4
+#define IPCREF__AHEAD 8 /* slots a ledger publishes ahead of their leases */
 #define IPCREF__HOLE_MS                                                        \
   100 /* a hole at a ring's tail is waited on this long                        \
        */
@@ -5371,8 +5377,9 @@ IPCREF__PRIVATE void ipcref__room_update(ipcref_ctx *ctx) {
  * readable until someone does. */
 IPCREF__PRIVATE void ipcref__bell_drain(ipcref_ctx *ctx) {
   char b[16];
-  if (ctx->bell_rx >= 0)
-    while (recv(ctx->bell_rx, b, sizeof b, MSG_DONTWAIT) > 0) continue;
+  int i; /* at most 64: a consumer that keeps ringing must not keep us */
+  for (i = 0; ctx->bell_rx >= 0 && i < 64; i++)
+    if (recv(ctx->bell_rx, b, sizeof b, MSG_DONTWAIT) <= 0) break;
 }
 
 /* A new ledger for peer p. Each one a peer gets is twice the size of its
@@ -5520,10 +5527,13 @@ IPCREF__PRIVATE uint32_t ipcref__slot_take(ipcref__ledger *l, int pid,
 }
 
 /* A ring entry refused (under the lock): counted, and reported to the
- * context's hook. Never a free: the private lease table decides. */
+ * context's hook (the first 8, then the 16th, 32nd, ...: a consumer that
+ * fills its ring with lies every sweep must not flood the log). Never a
+ * free: the private lease table decides. */
 IPCREF__PRIVATE void ipcref__bad_return(ipcref_ctx *ctx, const char *what) {
-  ctx->st.bad_returns++;
-  ipcref__ctx_report(ctx, IPCREF_EPROTO, what);
+  uint64_t n = ++ctx->st.bad_returns;
+  if (n <= 8 || (n & (n - 1)) == 0)
+    ipcref__ctx_report(ctx, IPCREF_EPROTO, what);
 }
 
 /* Records a forwarded lease (slot, gen) on block `b`, held by `holder`
@@ -5680,6 +5690,7 @@ IPCREF__PRIVATE size_t ipcref__ledger_drain(ipcref_ctx *ctx,
    * wrote before taking its positions (a forwarded slot) is seen. */
   uint64_t head = __atomic_load_n(&h->head, __ATOMIC_ACQUIRE);
   size_t freed = 0;
+  int holes = 0; /* stepped over: each scans the forwarding slots */
   if (l->nlate) ipcref__late_entries(ctx, l, head, &freed);
   if (head == l->tail) return freed;
   IPCREF__STEP("sweep");
@@ -5691,8 +5702,9 @@ IPCREF__PRIVATE size_t ipcref__ledger_drain(ipcref_ctx *ctx,
     uint64_t *cell = &ring[l->tail % cap], *next = &ring[(l->tail + 1) % cap];
     uint64_t e = __atomic_load_n(cell, __ATOMIC_ACQUIRE), p;
     if (e == 0) { /* taken but not written (yet) */
-      if (!ipcref__hole_stale(l)) break;
+      if (holes == IPCREF__HOLES || !ipcref__hole_stale(l)) break;
       ipcref__hole_skip(ctx, l, l->tail++);
+      holes++;
       continue;
     }
     if (((e >> 30) & 3u) != IPCREF__RING_LINK) {
@@ -5709,9 +5721,10 @@ IPCREF__PRIVATE size_t ipcref__ledger_drain(ipcref_ctx *ctx,
       l->tail++;
       stale = ipcref__hole_stale(l);
       l->tail--;
-      if (!stale) break;
+      if (!stale || holes == IPCREF__HOLES) break;
       __atomic_store_n(cell, 0, __ATOMIC_RELAXED);
       ipcref__hole_skip(ctx, l, l->tail + 1);
+      holes++;
       l->tail += 2;
       continue;
     }
@@ -7753,13 +7766,14 @@ IPCREF_API ipcref_result ipcref_peer_stats(ipcref_peer *p,
 IPCREF_API void ipcref_peer_free(ipcref_peer *p) {
   ipcref_ctx *ctx;
   ipcref__ledger *l;
+  long drained;
   if (!p || !IPCREF__PEER_USABLE(p, "ipcref_peer_free")) return;
   ctx = p->ctx;
   /* Read what the other side sent and nobody will: the leases in it go
    * back at once, and closing a socket with unread data would reset the
    * connection, so the other side would lose what we sent it. */
   ipcref__chan_closing(p);
-  for (;;) {
+  for (drained = 0; drained < IPCREF__FREE_DRAIN; drained++) {
     ipcref_view v;
     if (ipcref_recv(p, &v, 0) != IPCREF_OK) break;
     ipcref_view_release(&v);
@@ -9254,8 +9268,9 @@ IPCREF_API ipcref_result ipcref_import(ipcref_peer *p, ipcref_msg *msg,
     return ipcref__invalid(__func__, "msg->nfds or msg->len out of range");
   if (!IPCREF__PEER_USABLE(p, "ipcref_import")) {
     r = IPCREF_EDEAD;
-  } else if (msg->origin_ctx && msg->origin_ctx == p->ctx->nonce) {
-    return ipcref__invalid(__func__, "msg was exported by this context (to "
+  } else if (msg->origin_ctx && msg->origin_ctx == p->ctx->nonce &&
+             msg->origin_peer == p->serial) {
+    return ipcref__invalid(__func__, "msg was exported through this peer (to "
                                      "settle it: ipcref_msg_free)");
   } else {
     r = ipcref__hello_need(p);
@@ -9422,8 +9437,6 @@ struct ipcref__chan_rx {
   int counted;      /* the socket message due next was counted by the sender */
   long spin;        /* ns the next wait spins first */
   int spin_opt;     /* the peer's spin_us it was set from */
-  int wait_ms;      /* the doorbell's SO_RCVTIMEO now (-2: none set yet) */
-  int bell_poll;    /* the doorbell does not block: sleep in poll() */
   int sleeps;       /* waits that slept since the spin was cut to 0 */
   int64_t dozed_ns; /* this idle stretch's futex doze so far */
   unsigned char *rec; /* the record being imported (a private copy) */
@@ -9888,7 +9901,6 @@ IPCREF__PRIVATE ipcref_result ipcref__chan_adopt(ipcref_peer *p,
     fds[2] = -1;
     x->spin = ipcref__chan_spin_start(p, x);
     x->spin_opt = p->opt.spin_us;
-    x->wait_ms = -2;
     p->rx = x;
     ipcref__poll_doorbell(p);
     r = IPCREF_OK;
@@ -10025,12 +10037,14 @@ IPCREF__PRIVATE void ipcref__chan_hang(ipcref_peer *p) {
 }
 
 /* What the doorbell holds, read without waiting: >0 bytes, 0 at its end
- * of file (then the sender hung up), -1 nothing. */
+ * of file (then the sender hung up), -1 nothing. At most 4 reads: a sender
+ * that keeps it full must not keep the receiver here. */
 IPCREF__PRIVATE ssize_t ipcref__chan_ring_read(ipcref_peer *p) {
-  char b[64];
+  char b[256];
   ssize_t k, got = -1;
+  int reads = 0;
   do k = recv(p->bell_in, b, sizeof b, MSG_DONTWAIT);
-  while (k == (ssize_t)sizeof b && (got = k) > 0);
+  while (k == (ssize_t)sizeof b && (got = k) > 0 && ++reads < 4);
   if (k == 0 || (k < 0 && errno != EAGAIN && errno != EWOULDBLOCK &&
                  errno != EINTR)) /* its end, or broken: look no more */
     ipcref__chan_hang(p);
@@ -10156,35 +10170,19 @@ IPCREF__PRIVATE int ipcref__chan_spin(ipcref_peer *p) {
   return 0;
 }
 
-/* Sleeps on the doorbell for up to ms (-1: forever): one blocking recv,
- * which takes what it holds too (its SO_RCVTIMEO set when ms changes), or
- * a poll where the doorbell does not block (x->bell_poll). */
+/* Sleeps on the doorbell for up to ms (-1: forever): a poll, then what it
+ * holds read without waiting. Never a blocking recv: the doorbell is the
+ * sender's socket, and a sender that kept the receiving end could change
+ * its options (SO_RCVTIMEO is the socket's, not the call's). */
 IPCREF__PRIVATE ipcref_result ipcref__chan_sleep(ipcref_peer *p, int ms) {
   struct ipcref__chan_rx *x = p->rx;
-  char b[64];
+  struct pollfd pfd;
   ssize_t k;
-  if (x->bell_poll) {
-    struct pollfd pfd;
-    pfd.fd = p->bell_in;
-    pfd.events = POLLIN;
-    pfd.revents = 0;
-    if (poll(&pfd, 1, ms) == 0) return IPCREF_ETIMEDOUT;
-    k = ipcref__chan_ring_read(p);
-  } else {
-    if (x->wait_ms != ms) {
-      struct timeval tv;
-      tv.tv_sec = ms > 0 ? ms / 1000 : 0;
-      tv.tv_usec = ms > 0 ? (ms % 1000) * 1000 : 0;
-      if (setsockopt(p->bell_in, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv))
-        x->bell_poll = 1;
-      x->wait_ms = ms;
-    }
-    k = recv(p->bell_in, b, sizeof b, 0);
-    if (k < 0 && (errno == EAGAIN || errno == EWOULDBLOCK))
-      return IPCREF_ETIMEDOUT;
-    if (k == 0 || (k < 0 && errno != EINTR)) /* its end, or broken */
-      ipcref__chan_hang(p);
-  }
+  pfd.fd = p->bell_in;
+  pfd.events = POLLIN;
+  pfd.revents = 0;
+  if (poll(&pfd, 1, ms) == 0) return IPCREF_ETIMEDOUT;
+  k = ipcref__chan_ring_read(p);
   if (k > 0) { /* rung, and read: awake */
     x->armed = 0;
     __atomic_store_n(&x->ctl->asleep, 0u, __ATOMIC_RELAXED);
@@ -10233,8 +10231,13 @@ IPCREF__PRIVATE ipcref_result ipcref__chan_wait(ipcref_peer *p, int ms) {
     return ipcref__chan_doze(p, ms);
   ipcref__chan_arm(p, (int)IPCREF__ASLEEP_BELL);
   if (ipcref__chan_ready(x)) return IPCREF_OK;
-  if (ms == 0) /* a rung doorbell: look again; its end: hung */
-    return ipcref__chan_ring_read(p) >= 0 ? IPCREF_OK : IPCREF_ETIMEDOUT;
+  if (ms == 0) { /* its end: hung, look again; rung: look again only if
+                     something came (a sender that keeps ringing must not
+                     keep a receive that may not wait) */
+    ssize_t k = ipcref__chan_ring_read(p);
+    return k == 0 || (k > 0 && ipcref__chan_ready(x)) ? IPCREF_OK
+                                                      : IPCREF_ETIMEDOUT;
+  }
   return ipcref__chan_sleep(p, ms);
 }
 
@@ -10712,7 +10715,10 @@ IPCREF__PRIVATE ipcref_result ipcref__recv_raw(ipcref_peer *p,
                                                size_t *len, int *fds,
                                                int *nfds) {
   union {
-    char buf[CMSG_SPACE(sizeof(int) * IPCREF_MSG_MAX_FDS)];
+    /* SO_PASSCRED (see ipcref__peer_make) adds the sender's credentials
+     * to every message: room for them besides the most fds. */
+    char buf[CMSG_SPACE(sizeof(struct ucred)) +
+             CMSG_SPACE(sizeof(int) * IPCREF_MSG_MAX_FDS)];
     struct cmsghdr align;
   } u;
   struct msghdr mh;
@@ -10847,13 +10853,10 @@ IPCREF__PRIVATE ipcref_result ipcref__recv_chan(ipcref_peer *p, int timeout_ms,
     if (p->ctx->ledgers || p->ctx->deferred) (void)ipcref__pump(p->ctx, 0);
     IPCREF__UNLOCK(p->ctx);
     r = ipcref__chan_wait(p, ipcref__ms_until(timeout_ms, end, dated));
-    if (r == IPCREF_ETIMEDOUT && timeout_ms < 0) { /* it did not block */
-      x->bell_poll = 1;
-      continue;
-    }
-    /* SO_RCVTIMEO counts in clock ticks: it may end a tick early. */
-    if (r == IPCREF_ETIMEDOUT && timeout_ms > 0 &&
-        ipcref__ms_left(timeout_ms, end) > 0)
+    /* A wait may end early (a doze, or -1's poll interrupted). */
+    if (r == IPCREF_ETIMEDOUT &&
+        (timeout_ms < 0 ||
+         (timeout_ms > 0 && ipcref__ms_left(timeout_ms, end) > 0)))
       continue;
     if (r != IPCREF_OK) return r;
   }

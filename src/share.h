@@ -370,9 +370,9 @@ IPCREF_API const void *ipcref_msg_meta(const ipcref_msg *msg, size_t *len);
  * whose buffer returns the lease when it dies. Takes the message's fds
  * (also on error: they are closed). Errors: EPROTO (malformed, replayed,
  * sent by another process than p's, or not matching the fds), EINVAL
- * (NULL arguments, nfds or len out of range, or a message p's own context
- * exported: then nothing is taken), ENOMEM, ESYS, ENODEV (device memory,
- * and no backend for its device in this context). */
+ * (NULL arguments, nfds or len out of range, or a message exported
+ * through p itself: then nothing is taken), ENOMEM, ESYS, ENODEV (device
+ * memory, and no backend for its device in this context). */
 IPCREF_API ipcref_result ipcref_import(ipcref_peer *p, ipcref_msg *msg,
                                        ipcref_view *out);
 

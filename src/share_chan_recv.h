@@ -156,7 +156,6 @@ IPCREF__PRIVATE ipcref_result ipcref__chan_adopt(ipcref_peer *p,
     fds[2] = -1;
     x->spin = ipcref__chan_spin_start(p, x);
     x->spin_opt = p->opt.spin_us;
-    x->wait_ms = -2;
     p->rx = x;
     ipcref__poll_doorbell(p);
     r = IPCREF_OK;
@@ -293,12 +292,14 @@ IPCREF__PRIVATE void ipcref__chan_hang(ipcref_peer *p) {
 }
 
 /* What the doorbell holds, read without waiting: >0 bytes, 0 at its end
- * of file (then the sender hung up), -1 nothing. */
+ * of file (then the sender hung up), -1 nothing. At most 4 reads: a sender
+ * that keeps it full must not keep the receiver here. */
 IPCREF__PRIVATE ssize_t ipcref__chan_ring_read(ipcref_peer *p) {
-  char b[64];
+  char b[256];
   ssize_t k, got = -1;
+  int reads = 0;
   do k = recv(p->bell_in, b, sizeof b, MSG_DONTWAIT);
-  while (k == (ssize_t)sizeof b && (got = k) > 0);
+  while (k == (ssize_t)sizeof b && (got = k) > 0 && ++reads < 4);
   if (k == 0 || (k < 0 && errno != EAGAIN && errno != EWOULDBLOCK &&
                  errno != EINTR)) /* its end, or broken: look no more */
     ipcref__chan_hang(p);
@@ -424,35 +425,19 @@ IPCREF__PRIVATE int ipcref__chan_spin(ipcref_peer *p) {
   return 0;
 }
 
-/* Sleeps on the doorbell for up to ms (-1: forever): one blocking recv,
- * which takes what it holds too (its SO_RCVTIMEO set when ms changes), or
- * a poll where the doorbell does not block (x->bell_poll). */
+/* Sleeps on the doorbell for up to ms (-1: forever): a poll, then what it
+ * holds read without waiting. Never a blocking recv: the doorbell is the
+ * sender's socket, and a sender that kept the receiving end could change
+ * its options (SO_RCVTIMEO is the socket's, not the call's). */
 IPCREF__PRIVATE ipcref_result ipcref__chan_sleep(ipcref_peer *p, int ms) {
   struct ipcref__chan_rx *x = p->rx;
-  char b[64];
+  struct pollfd pfd;
   ssize_t k;
-  if (x->bell_poll) {
-    struct pollfd pfd;
-    pfd.fd = p->bell_in;
-    pfd.events = POLLIN;
-    pfd.revents = 0;
-    if (poll(&pfd, 1, ms) == 0) return IPCREF_ETIMEDOUT;
-    k = ipcref__chan_ring_read(p);
-  } else {
-    if (x->wait_ms != ms) {
-      struct timeval tv;
-      tv.tv_sec = ms > 0 ? ms / 1000 : 0;
-      tv.tv_usec = ms > 0 ? (ms % 1000) * 1000 : 0;
-      if (setsockopt(p->bell_in, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv))
-        x->bell_poll = 1;
-      x->wait_ms = ms;
-    }
-    k = recv(p->bell_in, b, sizeof b, 0);
-    if (k < 0 && (errno == EAGAIN || errno == EWOULDBLOCK))
-      return IPCREF_ETIMEDOUT;
-    if (k == 0 || (k < 0 && errno != EINTR)) /* its end, or broken */
-      ipcref__chan_hang(p);
-  }
+  pfd.fd = p->bell_in;
+  pfd.events = POLLIN;
+  pfd.revents = 0;
+  if (poll(&pfd, 1, ms) == 0) return IPCREF_ETIMEDOUT;
+  k = ipcref__chan_ring_read(p);
   if (k > 0) { /* rung, and read: awake */
     x->armed = 0;
     __atomic_store_n(&x->ctl->asleep, 0u, __ATOMIC_RELAXED);
@@ -501,8 +486,13 @@ IPCREF__PRIVATE ipcref_result ipcref__chan_wait(ipcref_peer *p, int ms) {
     return ipcref__chan_doze(p, ms);
   ipcref__chan_arm(p, (int)IPCREF__ASLEEP_BELL);
   if (ipcref__chan_ready(x)) return IPCREF_OK;
-  if (ms == 0) /* a rung doorbell: look again; its end: hung */
-    return ipcref__chan_ring_read(p) >= 0 ? IPCREF_OK : IPCREF_ETIMEDOUT;
+  if (ms == 0) { /* its end: hung, look again; rung: look again only if
+                     something came (a sender that keeps ringing must not
+                     keep a receive that may not wait) */
+    ssize_t k = ipcref__chan_ring_read(p);
+    return k == 0 || (k > 0 && ipcref__chan_ready(x)) ? IPCREF_OK
+                                                      : IPCREF_ETIMEDOUT;
+  }
   return ipcref__chan_sleep(p, ms);
 }
 

@@ -142,8 +142,6 @@ struct ipcref__chan_rx {
   int counted;      /* the socket message due next was counted by the sender */
   long spin;        /* ns the next wait spins first */
   int spin_opt;     /* the peer's spin_us it was set from */
-  int wait_ms;      /* the doorbell's SO_RCVTIMEO now (-2: none set yet) */
-  int bell_poll;    /* the doorbell does not block: sleep in poll() */
   int sleeps;       /* waits that slept since the spin was cut to 0 */
   int64_t dozed_ns; /* this idle stretch's futex doze so far */
   unsigned char *rec; /* the record being imported (a private copy) */

@@ -579,8 +579,9 @@ IPCREF_API ipcref_result ipcref_import(ipcref_peer *p, ipcref_msg *msg,
     return ipcref__invalid(__func__, "msg->nfds or msg->len out of range");
   if (!IPCREF__PEER_USABLE(p, "ipcref_import")) {
     r = IPCREF_EDEAD;
-  } else if (msg->origin_ctx && msg->origin_ctx == p->ctx->nonce) {
-    return ipcref__invalid(__func__, "msg was exported by this context (to "
+  } else if (msg->origin_ctx && msg->origin_ctx == p->ctx->nonce &&
+             msg->origin_peer == p->serial) {
+    return ipcref__invalid(__func__, "msg was exported through this peer (to "
                                      "settle it: ipcref_msg_free)");
   } else {
     r = ipcref__hello_need(p);

@@ -155,8 +155,9 @@ IPCREF__PRIVATE void ipcref__room_update(ipcref_ctx *ctx) {
  * readable until someone does. */
 IPCREF__PRIVATE void ipcref__bell_drain(ipcref_ctx *ctx) {
   char b[16];
-  if (ctx->bell_rx >= 0)
-    while (recv(ctx->bell_rx, b, sizeof b, MSG_DONTWAIT) > 0) continue;
+  int i; /* at most 64: a consumer that keeps ringing must not keep us */
+  for (i = 0; ctx->bell_rx >= 0 && i < 64; i++)
+    if (recv(ctx->bell_rx, b, sizeof b, MSG_DONTWAIT) <= 0) break;
 }
 
 /* A new ledger for peer p. Each one a peer gets is twice the size of its
@@ -304,10 +305,13 @@ IPCREF__PRIVATE uint32_t ipcref__slot_take(ipcref__ledger *l, int pid,
 }
 
 /* A ring entry refused (under the lock): counted, and reported to the
- * context's hook. Never a free: the private lease table decides. */
+ * context's hook (the first 8, then the 16th, 32nd, ...: a consumer that
+ * fills its ring with lies every sweep must not flood the log). Never a
+ * free: the private lease table decides. */
 IPCREF__PRIVATE void ipcref__bad_return(ipcref_ctx *ctx, const char *what) {
-  ctx->st.bad_returns++;
-  ipcref__ctx_report(ctx, IPCREF_EPROTO, what);
+  uint64_t n = ++ctx->st.bad_returns;
+  if (n <= 8 || (n & (n - 1)) == 0)
+    ipcref__ctx_report(ctx, IPCREF_EPROTO, what);
 }
 
 /* Records a forwarded lease (slot, gen) on block `b`, held by `holder`
@@ -464,6 +468,7 @@ IPCREF__PRIVATE size_t ipcref__ledger_drain(ipcref_ctx *ctx,
    * wrote before taking its positions (a forwarded slot) is seen. */
   uint64_t head = __atomic_load_n(&h->head, __ATOMIC_ACQUIRE);
   size_t freed = 0;
+  int holes = 0; /* stepped over: each scans the forwarding slots */
   if (l->nlate) ipcref__late_entries(ctx, l, head, &freed);
   if (head == l->tail) return freed;
   IPCREF__STEP("sweep");
@@ -475,8 +480,9 @@ IPCREF__PRIVATE size_t ipcref__ledger_drain(ipcref_ctx *ctx,
     uint64_t *cell = &ring[l->tail % cap], *next = &ring[(l->tail + 1) % cap];
     uint64_t e = __atomic_load_n(cell, __ATOMIC_ACQUIRE), p;
     if (e == 0) { /* taken but not written (yet) */
-      if (!ipcref__hole_stale(l)) break;
+      if (holes == IPCREF__HOLES || !ipcref__hole_stale(l)) break;
       ipcref__hole_skip(ctx, l, l->tail++);
+      holes++;
       continue;
     }
     if (((e >> 30) & 3u) != IPCREF__RING_LINK) {
@@ -493,9 +499,10 @@ IPCREF__PRIVATE size_t ipcref__ledger_drain(ipcref_ctx *ctx,
       l->tail++;
       stale = ipcref__hole_stale(l);
       l->tail--;
-      if (!stale) break;
+      if (!stale || holes == IPCREF__HOLES) break;
       __atomic_store_n(cell, 0, __ATOMIC_RELAXED);
       ipcref__hole_skip(ctx, l, l->tail + 1);
+      holes++;
       l->tail += 2;
       continue;
     }

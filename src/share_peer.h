@@ -562,13 +562,14 @@ IPCREF_API ipcref_result ipcref_peer_stats(ipcref_peer *p,
 IPCREF_API void ipcref_peer_free(ipcref_peer *p) {
   ipcref_ctx *ctx;
   ipcref__ledger *l;
+  long drained;
   if (!p || !IPCREF__PEER_USABLE(p, "ipcref_peer_free")) return;
   ctx = p->ctx;
   /* Read what the other side sent and nobody will: the leases in it go
    * back at once, and closing a socket with unread data would reset the
    * connection, so the other side would lose what we sent it. */
   ipcref__chan_closing(p);
-  for (;;) {
+  for (drained = 0; drained < IPCREF__FREE_DRAIN; drained++) {
     ipcref_view v;
     if (ipcref_recv(p, &v, 0) != IPCREF_OK) break;
     ipcref_view_release(&v);

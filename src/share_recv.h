@@ -38,7 +38,10 @@ IPCREF__PRIVATE ipcref_result ipcref__recv_raw(ipcref_peer *p,
                                                size_t *len, int *fds,
                                                int *nfds) {
   union {
-    char buf[CMSG_SPACE(sizeof(int) * IPCREF_MSG_MAX_FDS)];
+    /* SO_PASSCRED (see ipcref__peer_make) adds the sender's credentials
+     * to every message: room for them besides the most fds. */
+    char buf[CMSG_SPACE(sizeof(struct ucred)) +
+             CMSG_SPACE(sizeof(int) * IPCREF_MSG_MAX_FDS)];
     struct cmsghdr align;
   } u;
   struct msghdr mh;
@@ -173,13 +176,10 @@ IPCREF__PRIVATE ipcref_result ipcref__recv_chan(ipcref_peer *p, int timeout_ms,
     if (p->ctx->ledgers || p->ctx->deferred) (void)ipcref__pump(p->ctx, 0);
     IPCREF__UNLOCK(p->ctx);
     r = ipcref__chan_wait(p, ipcref__ms_until(timeout_ms, end, dated));
-    if (r == IPCREF_ETIMEDOUT && timeout_ms < 0) { /* it did not block */
-      x->bell_poll = 1;
-      continue;
-    }
-    /* SO_RCVTIMEO counts in clock ticks: it may end a tick early. */
-    if (r == IPCREF_ETIMEDOUT && timeout_ms > 0 &&
-        ipcref__ms_left(timeout_ms, end) > 0)
+    /* A wait may end early (a doze, or -1's poll interrupted). */
+    if (r == IPCREF_ETIMEDOUT &&
+        (timeout_ms < 0 ||
+         (timeout_ms > 0 && ipcref__ms_left(timeout_ms, end) > 0)))
       continue;
     if (r != IPCREF_OK) return r;
   }

@@ -96,11 +96,13 @@ typedef struct ipcref__alias {
 #define IPCREF__BLOCK_CHUNK 256 /* block descriptors made at once */
 #define IPCREF__MIN_BLOCK   64u
 #define IPCREF__FINE_FROM   65536u /* classes are fine above this size */
-#define IPCREF__SEGMENT_MAX                                                    \
-  ((size_t)1 << 30)                  /* opt.segment_size at most:              \
-                                        2^24 blocks of 64 bytes */
-#define IPCREF__FOREIGN   UINT32_MAX /* cls: a wrapped allocation */
-#define IPCREF__CACHE_MAX 64         /* cached segments at most (fds: 2 each) */
+/* opt.segment_size at most: 2^24 blocks of 64 bytes. */
+#define IPCREF__SEGMENT_MAX ((size_t)1 << 30)
+/* The views ipcref_peer_free reads at most: a 16 MiB ring's records, twice
+ * over (a sender that keeps sending is not waited for). */
+#define IPCREF__FREE_DRAIN (1L << 19)
+#define IPCREF__FOREIGN    UINT32_MAX /* cls: a wrapped allocation */
+#define IPCREF__CACHE_MAX  64 /* cached segments at most (fds: 2 each) */
 typedef struct ipcref__pool {
   ipcref_backend *be; /* NULL: host memory */
   int32_t dev;
@@ -150,8 +152,12 @@ struct ipcref__segment {
   ipcref__segment *cache_next, *cache_prev; /* newest first */
 };
 
-#define IPCREF__LATE  16 /* holes stepped over that a ledger remembers */
-#define IPCREF__AHEAD 8  /* slots a ledger publishes ahead of their leases */
+#define IPCREF__LATE 16 /* holes stepped over that a ledger remembers */
+/* Holes one drain steps over at most: each scans the ledger's forwarding
+ * slots (ipcref__adopt_forwards), so a consumer that makes holes on
+ * purpose buys a bounded cost per sweep; the rest wait for the next. */
+#define IPCREF__HOLES 4
+#define IPCREF__AHEAD 8 /* slots a ledger publishes ahead of their leases */
 #define IPCREF__HOLE_MS                                                        \
   100 /* a hole at a ring's tail is waited on this long                        \
        */

@@ -7,8 +7,9 @@
  *     around a small ring;
  *   - a hostile sender: its ring's indices and records corrupted in each
  *     field, a replayed record, a socket message announced that never
- *     comes, malformed setups: EPROTO (or a wait that ends), never a read
- *     out of bounds, a hang or a crash;
+ *     comes, malformed setups, a doorbell kept full or its timeout
+ *     cleared: EPROTO (or a wait that ends), never a read out of bounds,
+ *     a hang or a crash;
  *   - a hostile receiver: its read index and sleep flag corrupted: the
  *     sender never blocks, never overwrites what is unread, and goes on
  *     over the socket;
@@ -665,6 +666,71 @@ static void test_hostile_sender_records(void) {
   ring_goes_on(&l, &v); /* the ring is fine */
 }
 
+/* A sender that keeps its doorbell full and writes no record (threads
+ * here, flooding it): a receive that may not wait says EAGAIN at once,
+ * one that may wait 100 ms says ETIMEDOUT, and the receiver's free
+ * returns. Nor can a sender take a receive's timeout away: SO_RCVTIMEO
+ * is the socket's, and a sender may have kept the receiving end (here a
+ * thread clears it all along). An alarm makes a hang a failure. */
+typedef struct bell_flood {
+  int fd, rx, stop;
+} bell_flood;
+static void *flood_bell(void *arg) {
+  bell_flood *f = (bell_flood *)arg;
+  static char b[4096];
+  while (!__atomic_load_n(&f->stop, __ATOMIC_ACQUIRE))
+    (void)send(f->fd, b, sizeof b, MSG_DONTWAIT | MSG_NOSIGNAL);
+  return NULL;
+}
+static void *clear_rcvtimeo(void *arg) {
+  bell_flood *f = (bell_flood *)arg;
+  struct timeval none = {0, 0};
+  while (!__atomic_load_n(&f->stop, __ATOMIC_ACQUIRE))
+    (void)setsockopt(f->rx, SOL_SOCKET, SO_RCVTIMEO, &none, sizeof none);
+  return NULL;
+}
+static void on_hang(int sig) {
+  static const char m[] = "test_channel: a receive or a free hung\n";
+  (void)sig;
+  if (write(2, m, sizeof m - 1) < 0) _exit(4);
+  _exit(3);
+}
+
+static void test_hostile_sender_doorbell(void) {
+  local_pair l;
+  ipcref_view v, got;
+  bell_flood f;
+  pthread_t t[4];
+  int i, eagain = 0, timedout = 0;
+  hostile_pair(&l, &v);
+  if (!l.cp || !l.cp->rx) return;
+  memset(&got, 0, sizeof got);
+  signal(SIGALRM, on_hang);
+  alarm(120);
+  f.fd = l.pp->tx->doorbell;
+  f.rx = l.cp->bell_in;
+  f.stop = 0;
+  CHECK_EQ(pthread_create(&t[0], NULL, clear_rcvtimeo, &f), 0);
+  for (i = 0; i < 5; i++)
+    timedout += ipcref_recv(l.cp, &got, 100) == IPCREF_ETIMEDOUT;
+  CHECK_EQ(timedout, 5);
+  for (i = 1; i < 4; i++)
+    CHECK_EQ(pthread_create(&t[i], NULL, flood_bell, &f), 0);
+  for (i = 0; i < 100; i++)
+    eagain += ipcref_recv(l.cp, &got, 0) == IPCREF_EAGAIN;
+  CHECK_EQ(eagain, 100);
+  CHECK_EQ(ipcref_recv(l.cp, &got, 100), IPCREF_ETIMEDOUT);
+  CHECK(got.buf == NULL);
+  ipcref_peer_free(l.cp);
+  l.cp = NULL;
+  __atomic_store_n(&f.stop, 1, __ATOMIC_RELEASE);
+  for (i = 0; i < 4; i++) CHECK_EQ(pthread_join(t[i], NULL), 0);
+  alarm(0);
+  signal(SIGALRM, SIG_DFL);
+  ipcref_view_release(&v);
+  local_pair_close(&l);
+}
+
 /* A socket message announced (by the header's count, or a record's) that
  * never comes: the receiver waits for it as long as it was asked to, no
  * longer, and then the message itself still comes in order. */
@@ -1318,6 +1384,7 @@ int main(void) {
   RUN(test_hostile_patch_replay);
   RUN(test_hostile_sender_records);
   RUN(test_hostile_sender_announces_nothing);
+  RUN(test_hostile_sender_doorbell);
   RUN(test_hostile_setups);
   RUN(test_hostile_receiver_head);
   RUN(test_hostile_receiver_back_and_asleep);

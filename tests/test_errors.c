@@ -979,7 +979,7 @@ static void test_share_send_args(void) {
   CHECK_EQ(ipcref_export(p, &v, msg), IPCREF_OK);
   CHECK(msg->nfds > 0);
   REFUSED(ipcref_import(p, msg, &got), "ipcref_import",
-          "exported by this context");
+          "exported through this peer");
   CHECK(msg->nfds > 0 && fcntl(msg->fds[0], F_GETFD) != -1);
   CHECK_EQ(ipcref_peer_stats(p, &in), IPCREF_OK);
   CHECK_EQ(in.leases, 1);
