@@ -187,11 +187,14 @@ IPCREF__PRIVATE ipcref_result ipcref__map_fd(int fd, int bell,
   return IPCREF_OK;
 }
 
-/* Fresh mappings join the cache (under the lock). */
+/* Fresh mappings join the cache, each in the place of the one it
+ * displaces (see ipcref__map_displaced), which goes once unused (under
+ * the lock). */
 IPCREF__PRIVATE void ipcref__maps_commit(ipcref_ctx *ctx, ipcref__map **fresh,
-                                         int n) {
+                                         ipcref__map **old, int n) {
   int k;
   for (k = 0; k < n; k++) {
+    if (old[k]) ipcref__map_unhash(ctx, old[k]);
     ipcref__map_index_add(ctx, fresh[k]);
     if (fresh[k]->kind == IPCREF__KIND_LEDGER)
       ctx->st.counter_files++;
@@ -220,6 +223,7 @@ IPCREF__PRIVATE void ipcref__leases_give_back(const ipcref__view_rec *recs,
  * view, its segment and ledger. */
 typedef struct ipcref__msg_maps {
   ipcref__map *fresh[IPCREF_MSG_MAX_FDS];
+  ipcref__map *old[IPCREF_MSG_MAX_FDS]; /* what each displaces, or NULL */
   int nfresh;
   ipcref__map *seg[IPCREF_MSG_MAX_VIEWS], *ledger[IPCREF_MSG_MAX_VIEWS];
   const char *why; /* what a refusal (EPROTO) found wrong */
@@ -252,22 +256,39 @@ IPCREF__PRIVATE void ipcref__import_retire(ipcref_ctx *ctx,
   ipcref__maps_trim(ctx, ctx->opt.retired_maps);
 }
 
+/* 1 when record `f`, which process `by` brings, displaces mapping `old`
+ * of the same (origin nonce, id): `by` is the origin itself (the kernel
+ * vouches for its pid), and `old` came from somebody else, who vouched
+ * for it. So a process that forwards a segment (or a ledger) under
+ * another producer's name before that producer sends it cannot plant it
+ * in that producer's own messages: the origin's word wins. Host memory
+ * only (a device handle cannot be opened twice). */
+IPCREF__PRIVATE int ipcref__map_displaced(const ipcref__map *old,
+                                          const ipcref__fd_rec *f, int by) {
+  return (f->kind == IPCREF__KIND_SEGMENT || f->kind == IPCREF__KIND_LEDGER) &&
+         old->kind == f->kind && !old->retired && (int)f->origin_pid == by &&
+         old->by_pid != old->origin_pid;
+}
+
 /* Import, step 2: maps what is new, each fd checked against its record
- * first; an fd for something already mapped is redundant. A mapped fd is
- * the map's (set to -1 in `fds`). */
+ * first; an fd for something already mapped is redundant, unless it
+ * displaces it. A mapped fd is the map's (set to -1 in `fds`). `by`: the
+ * sender's pid. */
 IPCREF__PRIVATE ipcref_result ipcref__import_map(ipcref_ctx *ctx,
                                                  const ipcref__msg_in *m,
-                                                 int *fds,
+                                                 int *fds, int by,
                                                  ipcref__msg_maps *mm) {
   int i;
   for (i = 0; i < m->head.nrecs; i++) {
     const ipcref__fd_rec *f = &m->recs[i];
     int kind = f->kind == IPCREF__KIND_LEDGER ? IPCREF__KIND_LEDGER
                                               : IPCREF__KIND_SEGMENT;
+    ipcref__map *old;
     ipcref_result r;
-    if (ipcref__map_find(ctx, kind, f->origin_nonce, f->id) ||
-        ipcref__fresh_find(mm, kind, f->origin_nonce, f->id))
-      continue;
+    if (ipcref__fresh_find(mm, kind, f->origin_nonce, f->id)) continue;
+    old = ipcref__map_find(ctx, kind, f->origin_nonce, f->id);
+    if (old && !ipcref__map_displaced(old, f, by)) continue;
+    mm->old[mm->nfresh] = old;
     if (f->kind == IPCREF__KIND_DEVICE) {
       r = ipcref__map_device(ctx, f, -1, &mm->fresh[mm->nfresh], &mm->why);
     } else if (f->kind == IPCREF__KIND_DEVICE_CHUNKS) {
@@ -296,7 +317,7 @@ IPCREF__PRIVATE ipcref_result ipcref__import_map(ipcref_ctx *ctx,
       if (r == IPCREF_OK && led) fds[at + 1] = -1; /* the bell: the map's */
     }
     if (r != IPCREF_OK) return r;
-    mm->nfresh++;
+    mm->fresh[mm->nfresh++]->by_pid = by;
     IPCREF__STEP("map");
   }
   return IPCREF_OK;
@@ -318,18 +339,23 @@ IPCREF__PRIVATE const char *ipcref__import_rec_why(ipcref_ctx *ctx,
   ipcref__map *seg, *led;
   uint64_t word, end;
   int k;
-  seg = ipcref__map_find(ctx, IPCREF__KIND_SEGMENT, v->origin_nonce, v->seg_id);
+  /* What this message brings first: it may displace a mapping. */
+  seg =
+      ipcref__fresh_find(mm, IPCREF__KIND_SEGMENT, v->origin_nonce, v->seg_id);
   if (!seg)
-    seg = ipcref__fresh_find(mm, IPCREF__KIND_SEGMENT, v->origin_nonce,
-                             v->seg_id);
-  led =
-      ipcref__map_find(ctx, IPCREF__KIND_LEDGER, v->origin_nonce, v->ledger_id);
+    seg =
+        ipcref__map_find(ctx, IPCREF__KIND_SEGMENT, v->origin_nonce, v->seg_id);
+  led = ipcref__fresh_find(mm, IPCREF__KIND_LEDGER, v->origin_nonce,
+                           v->ledger_id);
   if (!led)
-    led = ipcref__fresh_find(mm, IPCREF__KIND_LEDGER, v->origin_nonce,
-                             v->ledger_id);
+    led = ipcref__map_find(ctx, IPCREF__KIND_LEDGER, v->origin_nonce,
+                           v->ledger_id);
   mm->seg[i] = seg;
   mm->ledger[i] = led;
   if (!seg || !led) return "a view of a segment or ledger never sent";
+  if (seg->origin_pid != (int)v->origin_pid ||
+      led->origin_pid != (int)v->origin_pid)
+    return "a view whose origin is not its segment's or its ledger's";
   if (seg->retired) return "a view of a segment its producer retired";
   if (seg->size != v->seg_size || v->block_size == 0 ||
       __builtin_add_overflow(v->block_offset, v->block_size, &end) ||
@@ -368,7 +394,7 @@ IPCREF__PRIVATE ipcref_result ipcref__import_ready(ipcref_ctx *ctx,
   int i, n = m->head.nviews;
   for (i = 0; i < n; i++)
     if (mm->seg[i]->kind == IPCREF__KIND_DEVICE && !mm->seg[i]->be) {
-      ipcref__maps_commit(ctx, mm->fresh, mm->nfresh);
+      ipcref__maps_commit(ctx, mm->fresh, mm->old, mm->nfresh);
       mm->nfresh = 0;
       ipcref__leases_give_back(m->views, mm->ledger, 0, n);
       return IPCREF_ENODEV;
@@ -446,7 +472,7 @@ IPCREF__PRIVATE ipcref_result ipcref__import_commit(
     ipcref_ctx *ctx, const ipcref__msg_in *m, ipcref__msg_maps *mm,
     void *stream, ipcref_view *views, int *nviews) {
   int i, n = m->head.nviews;
-  ipcref__maps_commit(ctx, mm->fresh, mm->nfresh);
+  ipcref__maps_commit(ctx, mm->fresh, mm->old, mm->nfresh);
   mm->nfresh = 0;
   ctx->st.fds_received += (uint64_t)m->nfds;
   for (i = 0; i < n; i++) {
@@ -512,7 +538,7 @@ IPCREF__PRIVATE ipcref_result ipcref__import_bytes(
   IPCREF__LOCK(ctx);
   if (how & IPCREF__IMPORT_PUMP) (void)ipcref__pump(ctx, 0);
   ipcref__import_retire(ctx, &m);
-  r = ipcref__import_map(ctx, &m, fds, &mm);
+  r = ipcref__import_map(ctx, &m, fds, p->pid, &mm);
   for (i = 0; r == IPCREF_OK && i < m.head.nviews; i++)
     if ((mm.why = ipcref__import_rec_why(ctx, &m, &mm, i)) != NULL)
       r = IPCREF_EPROTO;
@@ -565,39 +591,6 @@ IPCREF__PRIVATE ipcref_result ipcref__hello_need(ipcref_peer *p) {
                      "peer refused: its hello did not come in time "
                      "(hello_timeout_ms)");
   return IPCREF_EPEER;
-}
-
-IPCREF_API ipcref_result ipcref_import(ipcref_peer *p, ipcref_msg *msg,
-                                       ipcref_view *out) {
-  ipcref_view views[IPCREF_MSG_MAX_VIEWS];
-  ipcref_result r;
-  int n = 0, i;
-  if (!p || !msg || !out)
-    return ipcref__invalid(__func__, "p, msg or out is NULL");
-  if (msg->nfds < 0 || msg->nfds > IPCREF_MSG_MAX_FDS ||
-      msg->len > sizeof msg->bytes)
-    return ipcref__invalid(__func__, "msg->nfds or msg->len out of range");
-  if (!IPCREF__PEER_USABLE(p, "ipcref_import")) {
-    r = IPCREF_EDEAD;
-  } else if (msg->origin_ctx && msg->origin_ctx == p->ctx->nonce &&
-             msg->origin_peer == p->serial) {
-    return ipcref__invalid(__func__, "msg was exported through this peer (to "
-                                     "settle it: ipcref_msg_free)");
-  } else {
-    r = ipcref__hello_need(p);
-  }
-  if (r == IPCREF_OK)
-    r = ipcref__import_bytes(p, msg->bytes, msg->len, msg->fds, msg->nfds, NULL,
-                             views, &n, IPCREF__IMPORT_PUMP);
-  else
-    for (i = 0; i < msg->nfds; i++) /* its fds, as on any error */
-      if (msg->fds[i] >= 0) close(msg->fds[i]);
-  msg->nfds = 0; /* taken (and closed on error) */
-  msg->origin_ctx = msg->origin_peer = 0;
-  if (r != IPCREF_OK) return r;
-  for (i = 1; i < n; i++) ipcref_view_release(&views[i]); /* one per msg */
-  *out = views[0];
-  return IPCREF_OK;
 }
 
 #endif /* IPCREF__SHARING_IMPL */

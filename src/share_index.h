@@ -106,6 +106,23 @@ IPCREF__PRIVATE void ipcref__map_retire(ipcref_ctx *ctx, ipcref__map *m) {
   IPCREF__LIST_PUSH(ctx->maps_retired, m, next, prev);
 }
 
+/* Another mapping takes `m`'s place (see ipcref__map_displaced): it leaves
+ * the table at once, and goes as a retired one does, once unused. */
+IPCREF__PRIVATE void ipcref__map_unhash(ipcref_ctx *ctx, ipcref__map *m) {
+  ipcref__map **pp;
+  ipcref__map_retire(ctx, m);
+  if (ctx->map_last[0] == m) ctx->map_last[0] = NULL;
+  if (ctx->map_last[1] == m) ctx->map_last[1] = NULL;
+  if (ctx->map_index_off) return; /* lookups find the live list's first */
+  pp = &ctx->map_index[ipcref__map_bucket(ctx, m->kind == IPCREF__KIND_LEDGER,
+                                          m->origin_nonce, m->id)];
+  while (*pp && *pp != m) pp = &(*pp)->hnext;
+  if (*pp) {
+    *pp = m->hnext;
+    ctx->nmaps_indexed--;
+  }
+}
+
 /* 1 when mapping `m` is what a lookup of (kind, nonce, id) asks for: a
  * segment lookup finds host and device segments. */
 IPCREF__PRIVATE int ipcref__map_is(const ipcref__map *m, int kind,

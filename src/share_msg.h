@@ -1,6 +1,7 @@
 /* share_msg: messages for the user's own transport. Exporting one
- * (ipcref_export, ipcref_export_meta), reading its metadata, and settling
- * it: ipcref_msg_sent (delivered: its leases are the receiver's now) or
+ * (ipcref_export, ipcref_export_meta), importing one (ipcref_import: the
+ * checks are share_import's), reading its metadata, and settling it:
+ * ipcref_msg_sent (delivered: its leases are the receiver's now) or
  * ipcref_msg_free (never delivered: its leases end here). A message names
  * who exported it by ids, the context's nonce and the peer's serial, so
  * that one which outlives its peer or its context, a copy, or one from
@@ -64,6 +65,39 @@ IPCREF_API const void *ipcref_msg_meta(const ipcref_msg *msg, size_t *len) {
   m = ipcref__msg_meta_at(msg->bytes, msg->len, &n);
   *len = n;
   return n ? m : NULL;
+}
+
+IPCREF_API ipcref_result ipcref_import(ipcref_peer *p, ipcref_msg *msg,
+                                       ipcref_view *out) {
+  ipcref_view views[IPCREF_MSG_MAX_VIEWS];
+  ipcref_result r;
+  int n = 0, i;
+  if (!p || !msg || !out)
+    return ipcref__invalid(__func__, "p, msg or out is NULL");
+  if (msg->nfds < 0 || msg->nfds > IPCREF_MSG_MAX_FDS ||
+      msg->len > sizeof msg->bytes)
+    return ipcref__invalid(__func__, "msg->nfds or msg->len out of range");
+  if (!IPCREF__PEER_USABLE(p, "ipcref_import")) {
+    r = IPCREF_EDEAD;
+  } else if (msg->origin_ctx && msg->origin_ctx == p->ctx->nonce &&
+             msg->origin_peer == p->serial) {
+    return ipcref__invalid(__func__, "msg was exported through this peer (to "
+                                     "settle it: ipcref_msg_free)");
+  } else {
+    r = ipcref__hello_need(p);
+  }
+  if (r == IPCREF_OK)
+    r = ipcref__import_bytes(p, msg->bytes, msg->len, msg->fds, msg->nfds, NULL,
+                             views, &n, IPCREF__IMPORT_PUMP);
+  else
+    for (i = 0; i < msg->nfds; i++) /* its fds, as on any error */
+      if (msg->fds[i] >= 0) close(msg->fds[i]);
+  msg->nfds = 0; /* taken (and closed on error) */
+  msg->origin_ctx = msg->origin_peer = 0;
+  if (r != IPCREF_OK) return r;
+  for (i = 1; i < n; i++) ipcref_view_release(&views[i]); /* one per msg */
+  *out = views[0];
+  return IPCREF_OK;
 }
 
 /* Ends the leases of a message exported through `p` (NULL once the peer

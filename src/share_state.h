@@ -218,10 +218,12 @@ enum {
 typedef struct ipcref__map {
   int kind; /* IPCREF__KIND_*: segment, ledger or device segment */
   uint64_t origin_nonce, id;
-  int origin_pid;
-  int fd;   /* kept for forwarding */
-  int bell; /* ledgers: the producer's bell (a datagram socket), rung on
-               a return while it waits for room; kept for forwarding */
+  int origin_pid; /* as its record says */
+  int by_pid;     /* who brought it, as the kernel says: the origin itself
+                     (by_pid == origin_pid), or a forwarder vouching */
+  int fd;         /* kept for forwarding */
+  int bell;       /* ledgers: the producer's bell (a datagram socket), rung on
+                     a return while it waits for room; kept for forwarding */
   unsigned char *base;
   size_t size;
   int writable;

@@ -25,7 +25,9 @@
  *      naming hundreds cannot take the producer's fds (and the cap's
  *      bookkeeping, when a named process turns out to be a peer)
  *   g. impostors: a producer cannot speak for another one (retire the
- *      segments another producer sent the same consumer)
+ *      segments another producer sent the same consumer), nor plant a
+ *      segment of its own under another one's name for that one's own
+ *      messages
  *
  * Children are forked before the parent makes its contexts; each reports
  * through its exit status (0: every CHECK held) and a control socket.
@@ -2070,6 +2072,122 @@ static void test_speaking_for_another(void) {
   RES_END(&m);
 }
 
+/* What the planting child is told: the name it forwards under. */
+typedef struct plant_name {
+  uint64_t nonce, seg, led;
+  uint32_t pid;
+} plant_name;
+
+/* A producer of its own (this child) that forwards, as if from producer
+ * A, a segment and a ledger of its own under the ids A will use: its
+ * genuine export with every origin rewritten to A's, and its ledger's
+ * header too. It keeps them alive until told to go. */
+static int planting_producer(void *arg) {
+  kid *k = (kid *)arg;
+  plant_name a;
+  ipcref_ctx *b = make_ctx(NULL);
+  ipcref_peer *p = make_peer(b, k->their_sock[0]);
+  ipcref_msg *msg = (ipcref_msg *)malloc(sizeof *msg);
+  ipcref_msg *lie = (ipcref_msg *)malloc(sizeof *lie);
+  wmsg *w = (wmsg *)malloc(sizeof *w);
+  ipcref__ledger_hdr *h;
+  ipcref_view vb;
+  const int64_t shape[1] = {1024};
+  unsigned i;
+  if (ctl_recv(k->their_ctl, &a, sizeof a, CTL_MS) != (ssize_t)sizeof a)
+    return 2;
+  CHECK_EQ(ipcref_view_new_shared(b, IPCREF_F32, 1, shape, &vb), IPCREF_OK);
+  fill(&vb, 99);
+  CHECK_EQ(ipcref_export(p, &vb, msg), IPCREF_OK);
+  CHECK(wparse(msg, w));
+  for (i = 0; i < w->nfds; i++) {
+    w->fd[i].nonce = a.nonce;
+    w->fd[i].pid = a.pid;
+    w->fd[i].id = w->fd[i].kind == 2 ? a.led : a.seg;
+  }
+  w->v[0].nonce = a.nonce;
+  w->v[0].pid = a.pid;
+  w->v[0].seg_id = a.seg;
+  w->v[0].ledger_id = a.led;
+  h = (ipcref__ledger_hdr *)(void *)b->ledgers->base;
+  h->origin_nonce = a.nonce;
+  h->origin_pid = a.pid;
+  h->ledger_id = a.led;
+  w_lie(msg, w, lie);
+  CHECK_EQ(xfer_send(p->fd, lie), 0);
+  msg_close_fds(lie);
+  ipcref_msg_sent(msg);
+  CTL_EXPECT(k->their_ctl, 'q');
+  ipcref_view_release(&vb);
+  ipcref_peer_free(p);
+  ipcref_ctx_free(b);
+  free(w);
+  free(lie);
+  free(msg);
+  return 0;
+}
+
+/* A process forwards to consumer C, under producer A's name, a segment
+ * and a ledger of its own with the ids A will use, before A sends C
+ * anything: C takes them as forwarded (a forwarder vouches for what it
+ * forwards), but A's own first message brings A's segment and ledger,
+ * which displace the planted ones: C reads A's data, not the planter's.
+ * Without that, C kept the planted mappings (an fd for something mapped
+ * was redundant): A's message was refused, its lease looked up in the
+ * planted ledger, and had the planter marked every slot there live, C
+ * would have read the planter's memory as A's. */
+static void test_planted_segment(void) {
+  res_mark m;
+  kid k;
+  plant_name a;
+  ipcref_ctx *A, *C;
+  ipcref_peer *pa, *ca, *cb;
+  ipcref_view va, got;
+  ipcref_msg *msg = (ipcref_msg *)malloc(sizeof *msg);
+  wmsg *w = (wmsg *)malloc(sizeof *w);
+  int sa[2];
+  const int64_t shape[1] = {1024};
+  res_begin(&m);
+  kid_start(&k, 1, SOCK_SEQPACKET, planting_producer);
+  A = make_ctx(NULL);
+  C = make_ctx(NULL);
+  CHECK_EQ(xsocketpair(SOCK_SEQPACKET, sa), 0);
+  pa = make_peer(A, sa[0]);
+  ca = make_peer(C, sa[1]);
+  cb = kid_peer(&k, 0, C);
+  CHECK_EQ(ipcref_view_new_shared(A, IPCREF_F32, 1, shape, &va), IPCREF_OK);
+  fill(&va, 7);
+  memset(&a, 0, sizeof a);
+  CHECK_EQ(ipcref_export(pa, &va, msg), IPCREF_OK); /* A's ids for C */
+  if (wparse(msg, w)) {
+    a.seg = w->v[0].seg_id;
+    a.led = w->v[0].ledger_id;
+  }
+  ipcref_msg_free(msg); /* never sent: the next one brings the fds again */
+  a.nonce = A->nonce;
+  a.pid = (uint32_t)getpid();
+  CHECK_EQ(ctl_send(k.ctl, &a, sizeof a), 0);
+  CHECK_EQ(ipcref_recv(cb, &got, WAIT_MS), IPCREF_OK); /* vouched for */
+  CHECK_EQ(bad_bytes(&got, 99), 0);
+  ipcref_view_release(&got);
+  CHECK_EQ(ipcref_send(pa, &va), IPCREF_OK);
+  CHECK_EQ(ipcref_recv(ca, &got, WAIT_MS), IPCREF_OK);
+  CHECK_EQ(bad_bytes(&got, 7), 0);
+  ipcref_view_release(&got);
+  ctl_put(k.ctl, 'q');
+  KID_EXIT0(&k, "planting producer");
+  ipcref_view_release(&va);
+  ipcref_peer_free(cb);
+  ipcref_peer_free(ca);
+  ipcref_peer_free(pa);
+  ipcref_ctx_free(C);
+  ipcref_ctx_free(A);
+  kid_close(&k);
+  free(w);
+  free(msg);
+  RES_END(&m);
+}
+
 /* ------------------------------------------------------------ main */
 
 /* One hand-off first, so that one-time allocations (stdio, malloc arenas)
@@ -2098,5 +2216,6 @@ int main(void) {
   RUN(test_forged_holders);
   RUN(test_named_then_peer);
   RUN(test_speaking_for_another);
+  RUN(test_planted_segment);
   return harness_finish();
 }
