@@ -10899,7 +10899,7 @@ IPCREF__PRIVATE ipcref_result ipcref__recv_chan(ipcref_peer *p, int timeout_ms,
     if (p->ctx->ledgers || p->ctx->deferred) (void)ipcref__pump(p->ctx, 0);
     IPCREF__UNLOCK(p->ctx);
     r = ipcref__chan_wait(p, ipcref__ms_until(timeout_ms, end, dated));
-    /* A wait may end early (a doze, or -1's poll interrupted). */
+    /* A wait that ended before the receive's time was up: look again. */
     if (r == IPCREF_ETIMEDOUT &&
         (timeout_ms < 0 ||
          (timeout_ms > 0 && ipcref__ms_left(timeout_ms, end) > 0)))
