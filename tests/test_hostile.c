@@ -953,34 +953,16 @@ static void test_most_fds(void) {
   res_mark m;
   local_pair l;
   ipcref_view got;
-  unsigned char junk[64];
-  int fds[IPCREF_MSG_MAX_FDS], pv[2], i;
-  union {
-    char buf[CMSG_SPACE(sizeof(int) * IPCREF_MSG_MAX_FDS)];
-    struct cmsghdr align;
-  } u;
-  struct msghdr mh;
-  struct iovec iov;
-  struct cmsghdr *c;
+  ipcref_msg *junk = (ipcref_msg *)calloc(1, sizeof *junk);
+  int pv[2], i;
   res_begin(&m);
   local_pair_open(&l, NULL, NULL);
   CHECK_EQ(pipe2(pv, O_CLOEXEC), 0);
-  for (i = 0; i < IPCREF_MSG_MAX_FDS; i++) fds[i] = pv[0];
-  memset(junk, 0xab, sizeof junk);
-  memset(&mh, 0, sizeof mh);
-  memset(&u, 0, sizeof u);
-  iov.iov_base = junk;
-  iov.iov_len = sizeof junk;
-  mh.msg_iov = &iov;
-  mh.msg_iovlen = 1;
-  mh.msg_control = u.buf;
-  mh.msg_controllen = sizeof u.buf;
-  c = CMSG_FIRSTHDR(&mh);
-  c->cmsg_level = SOL_SOCKET;
-  c->cmsg_type = SCM_RIGHTS;
-  c->cmsg_len = CMSG_LEN(sizeof fds);
-  memcpy(CMSG_DATA(c), fds, sizeof fds);
-  CHECK_EQ(sendmsg(l.pp->fd, &mh, MSG_NOSIGNAL), (ssize_t)sizeof junk);
+  junk->len = 64;
+  memset(junk->bytes, 0xab, junk->len);
+  junk->nfds = IPCREF_MSG_MAX_FDS;
+  for (i = 0; i < IPCREF_MSG_MAX_FDS; i++) junk->fds[i] = pv[0];
+  CHECK_EQ(xfer_send(l.pp->fd, junk), 0);
   close(pv[0]);
   close(pv[1]);
   ipcref_set_error_hook(&error_hook);
@@ -992,6 +974,7 @@ static void test_most_fds(void) {
   CHECK(strstr(err_last, "header") != NULL);
   ipcref_set_error_hook(NULL);
   local_pair_close(&l);
+  free(junk);
   RES_END(&m);
 }
 
