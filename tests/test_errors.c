@@ -1008,6 +1008,87 @@ static void test_share_send_args(void) {
   ipcref_ctx_free(ctx);
   free(msg);
 }
+/* The calls that take a message, and a few others that cannot fail:
+ * NULL and counts out of range change nothing and tell nothing (a NULL
+ * peer for the calls that return an error is named). */
+static void test_share_msg_args(void) {
+  ipcref_ctx *ctx = NULL, *other = NULL;
+  ipcref_peer *p = NULL, *q = NULL;
+  ipcref_msg *msg = (ipcref_msg *)calloc(1, sizeof *msg);
+  ipcref_peer_info in;
+  ipcref_view v;
+  ipcref_buf *b = NULL;
+  size_t len = 7;
+  int64_t n = 8;
+  int sv[2];
+  CHECK_EQ(ipcref_ctx_new(NULL, &ctx), IPCREF_OK);
+  CHECK_EQ(ipcref_ctx_new(NULL, &other), IPCREF_OK);
+  CHECK_EQ(socketpair(AF_UNIX, SOCK_SEQPACKET, 0, sv), 0);
+  CHECK_EQ(ipcref_peer_new(ctx, sv[0], &p), IPCREF_OK);
+  CHECK_EQ(ipcref_peer_new(other, sv[1], &q), IPCREF_OK);
+  CHECK_EQ(ipcref_view_new_shared(ctx, IPCREF_U8, 1, &n, &v), IPCREF_OK);
+  hear_nothing_yet();
+  ipcref_msg_free(NULL);
+  ipcref_msg_sent(NULL);
+  CHECK(ipcref_msg_meta(NULL, &len) == NULL && len == 0);
+  CHECK(ipcref_msg_meta(msg, NULL) == NULL);
+  msg->len = sizeof msg->bytes + 1;
+  len = 7;
+  CHECK(ipcref_msg_meta(msg, &len) == NULL && len == 0);
+  CHECK_EQ(ipcref_peer_alive(NULL), 0);
+  CHECK_EQ(ipcref_buf_is_shared_mut(NULL), 0);
+  CHECK_EQ(heard.calls, 0);
+  /* An exported message with its counts damaged: freeing it closes no fd
+   * it does not hold and leaves the lease alone (its bytes are not read
+   * past their length); the undamaged one ends it. */
+  CHECK_EQ(ipcref_export(p, &v, msg), IPCREF_OK);
+  {
+    ipcref_msg *bad = (ipcref_msg *)malloc(sizeof *bad);
+    memcpy(bad, msg, sizeof *bad);
+    bad->nfds = -3;
+    bad->len = sizeof bad->bytes + 1;
+    ipcref_msg_free(bad);
+    CHECK_EQ(bad->nfds, 0);
+    CHECK(fcntl(msg->fds[0], F_GETFD) != -1); /* still msg's */
+    CHECK_EQ(ipcref_peer_stats(p, &in), IPCREF_OK);
+    CHECK_EQ(in.leases, 1);
+    memcpy(bad, msg, sizeof *bad);
+    bad->nfds = 1000; /* at most IPCREF_MSG_MAX_FDS are looked at */
+    bad->origin_ctx = bad->origin_peer = 0; /* a copy, not the export */
+    for (n = 0; n < IPCREF_MSG_MAX_FDS; n++) bad->fds[n] = -1;
+    ipcref_msg_free(bad);
+    CHECK_EQ(ipcref_peer_stats(p, &in), IPCREF_OK);
+    CHECK_EQ(in.leases, 1);
+    free(bad);
+  }
+  ipcref_msg_free(msg);
+  CHECK_EQ(ipcref_peer_stats(p, &in), IPCREF_OK);
+  CHECK_EQ(in.leases, 0);
+  CHECK_EQ(heard.calls, 0);
+  REFUSED(ipcref_send_on(NULL, &v, NULL), "ipcref_send_on",
+          "p or views is NULL");
+  REFUSED(ipcref_send_on(p, NULL, NULL), "ipcref_send_on",
+          "p or views is NULL");
+  CHECK_EQ(ipcref_peer_stats(p, &in), IPCREF_OK);
+  CHECK_EQ(in.leases, 0);
+  {
+    ipcref_peer_options o;
+    memset(&o, 0, sizeof o);
+    o.send_timeout_ms = -5;
+    REFUSED(ipcref_peer_set_options(p, &o), "ipcref_peer_set_options",
+            "a negative timeout");
+    QUIET(ipcref_peer_set_options(p, NULL)); /* the defaults */
+  }
+  CHECK_EQ(ipcref_buf_new(8, &b), IPCREF_OK);
+  CHECK_EQ(ipcref_buf_is_shared_mut(b), 0);
+  ipcref_buf_release(b);
+  ipcref_view_release(&v);
+  ipcref_peer_free(q);
+  ipcref_peer_free(p);
+  ipcref_ctx_free(other);
+  ipcref_ctx_free(ctx);
+  free(msg);
+}
 #endif /* IPCREF__SHARING_IMPL */
 
 int main(void) {
@@ -1038,6 +1119,7 @@ int main(void) {
   RUN(test_share_ctx_args);
   RUN(test_share_peer_args);
   RUN(test_share_send_args);
+  RUN(test_share_msg_args);
 #endif
   ipcref_set_error_hook(NULL);
   return harness_finish();
