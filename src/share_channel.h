@@ -127,6 +127,7 @@ struct ipcref__chan_tx {
   uint64_t head;   /* the receiver's, as last read: reread when full */
   int doorbell;    /* the sending end */
   int broken;      /* the receiver's words made no sense: socket only */
+  int bell_full;   /* a ring found the doorbell full (see chan_knock) */
   size_t last_len; /* the ring's last message, when it fits (else 0) */
   unsigned char last[IPCREF__CHAN_LAST];
 };
@@ -269,12 +270,18 @@ fail:
  * in ipcref__chan_arm: either this load sees `asleep`, or its look after
  * setting it sees the record. A dozer's word goes to 0 before the wake,
  * so that a FUTEX_WAIT not yet begun returns at once. Neither call can
- * block, whatever the receiver wrote. */
+ * block, whatever the receiver wrote. A doorbell found full holds rings
+ * nobody read: no more are sent until the receiver says it is awake (a
+ * receiver that says it sleeps and never reads its doorbell would cost a
+ * system call a record). */
 IPCREF__PRIVATE void ipcref__chan_knock(struct ipcref__chan_tx *t) {
   uint32_t a;
   __atomic_thread_fence(__ATOMIC_SEQ_CST);
   a = __atomic_load_n(&t->ctl->asleep, __ATOMIC_RELAXED);
-  if (a == 0) return;
+  if (a == 0) {
+    t->bell_full = 0;
+    return;
+  }
   if (a == IPCREF__ASLEEP_FUTEX) {
     if (__atomic_compare_exchange_n(&t->ctl->asleep, &a, 0u, 0,
                                     __ATOMIC_SEQ_CST, __ATOMIC_RELAXED)) {
@@ -283,7 +290,10 @@ IPCREF__PRIVATE void ipcref__chan_knock(struct ipcref__chan_tx *t) {
     }
     if (a == 0) return; /* it woke meanwhile */
   }
-  (void)send(t->doorbell, "", 1, MSG_DONTWAIT | MSG_NOSIGNAL);
+  if (!t->bell_full &&
+      send(t->doorbell, "", 1, MSG_DONTWAIT | MSG_NOSIGNAL) < 0 &&
+      (errno == EAGAIN || errno == EWOULDBLOCK))
+    t->bell_full = 1;
 }
 
 /* The place (0..7) of the first and of the last byte in which two words

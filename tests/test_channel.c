@@ -898,7 +898,9 @@ static void test_hostile_receiver_head(void) {
 /* The receiver's read index moved back (it claims to have read less):
  * the sender overwrites nothing the receiver has not read, and what no
  * longer fits goes on the socket; its sleep flag stuck on: every record
- * rings the doorbell, which fills, and the sender never blocks. */
+ * rings the doorbell, which fills, and the sender never blocks; once it
+ * found the doorbell full it rings no more until the receiver says it is
+ * awake. */
 static void test_hostile_receiver_back_and_asleep(void) {
   local_pair l;
   ipcref_view v, got;
@@ -935,6 +937,13 @@ static void test_hostile_receiver_back_and_asleep(void) {
   CHECK_EQ(bad, 0);
   CHECK(now_ms() - t0 < 20000 * slow);
   CHECK(info_of(l.pp).channel_out == 1);
+  CHECK_EQ(l.pp->tx->bell_full, 1);
+  __atomic_store_n(&l.cp->rx->ctl->asleep, 0u, __ATOMIC_RELEASE);
+  CHECK_EQ(send_seq(l.pp, &v, 3000), IPCREF_OK);
+  CHECK_EQ(l.pp->tx->bell_full, 0);
+  if (recv_seq(l.cp, &got, 5000, &seq) != IPCREF_OK || seq != 3000) bad++;
+  ipcref_view_release(&got);
+  CHECK_EQ(bad, 0);
   ipcref_view_release(&v);
   local_pair_close(&l);
 }
