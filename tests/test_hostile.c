@@ -2126,12 +2126,14 @@ static void test_planted_segment(void) {
   ipcref_ctx *A, *C;
   ipcref_peer *pa, *ca, *cb;
   ipcref_view va, got;
-  ipcref_msg *msg = (ipcref_msg *)malloc(sizeof *msg);
-  wmsg *w = (wmsg *)malloc(sizeof *w);
+  ipcref_msg *msg;
+  wmsg *w;
   int sa[2];
   const int64_t shape[1] = {1024};
   res_begin(&m);
   kid_start(&k, 1, SOCK_SEQPACKET, planting_producer);
+  msg = (ipcref_msg *)malloc(sizeof *msg); /* after the fork: the child's */
+  w = (wmsg *)malloc(sizeof *w);           /* copies would be its leaks */
   A = make_ctx(NULL);
   C = make_ctx(NULL);
   CHECK_EQ(xsocketpair(SOCK_SEQPACKET, sa), 0);
