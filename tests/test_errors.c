@@ -938,6 +938,25 @@ static void test_share_peer_args(void) {
   ipcref_ctx_free(ctx);
 }
 
+/* Two contexts of this process, a peer each on a socketpair: p in *ctx,
+ * q in *other. */
+static void two_peers(ipcref_ctx **ctx, ipcref_ctx **other, ipcref_peer **p,
+                      ipcref_peer **q) {
+  int sv[2];
+  CHECK_EQ(ipcref_ctx_new(NULL, ctx), IPCREF_OK);
+  CHECK_EQ(ipcref_ctx_new(NULL, other), IPCREF_OK);
+  CHECK_EQ(socketpair(AF_UNIX, SOCK_SEQPACKET, 0, sv), 0);
+  CHECK_EQ(ipcref_peer_new(*ctx, sv[0], p), IPCREF_OK);
+  CHECK_EQ(ipcref_peer_new(*other, sv[1], q), IPCREF_OK);
+}
+static void two_peers_free(ipcref_ctx *ctx, ipcref_ctx *other, ipcref_peer *p,
+                           ipcref_peer *q) {
+  ipcref_peer_free(q);
+  ipcref_peer_free(p);
+  ipcref_ctx_free(other);
+  ipcref_ctx_free(ctx);
+}
+
 /* The calls on a peer: each wrong argument named; a refused view leaves
  * no lease. */
 static void test_share_send_args(void) {
@@ -947,12 +966,7 @@ static void test_share_send_args(void) {
   ipcref_peer_info in;
   ipcref_msg *msg = (ipcref_msg *)malloc(sizeof *msg);
   int64_t n = 8;
-  int sv[2];
-  CHECK_EQ(ipcref_ctx_new(NULL, &ctx), IPCREF_OK);
-  CHECK_EQ(ipcref_ctx_new(NULL, &other), IPCREF_OK);
-  CHECK_EQ(socketpair(AF_UNIX, SOCK_SEQPACKET, 0, sv), 0);
-  CHECK_EQ(ipcref_peer_new(ctx, sv[0], &p), IPCREF_OK);
-  CHECK_EQ(ipcref_peer_new(other, sv[1], &q), IPCREF_OK);
+  two_peers(&ctx, &other, &p, &q);
   CHECK_EQ(ipcref_view_new_shared(ctx, IPCREF_U8, 1, &n, &v), IPCREF_OK);
   CHECK_EQ(ipcref_view_new(IPCREF_U8, 1, &n, &heap), IPCREF_OK);
   CHECK_EQ(ipcref_view_new_shared(other, IPCREF_U8, 1, &n, &theirs), IPCREF_OK);
@@ -1002,10 +1016,7 @@ static void test_share_send_args(void) {
   ipcref_view_release(&theirs);
   ipcref_view_release(&heap);
   ipcref_view_release(&v);
-  ipcref_peer_free(q);
-  ipcref_peer_free(p);
-  ipcref_ctx_free(other);
-  ipcref_ctx_free(ctx);
+  two_peers_free(ctx, other, p, q);
   free(msg);
 }
 /* The calls that take a message, and a few others that cannot fail:
@@ -1020,12 +1031,7 @@ static void test_share_msg_args(void) {
   ipcref_buf *b = NULL;
   size_t len = 7;
   int64_t n = 8;
-  int sv[2];
-  CHECK_EQ(ipcref_ctx_new(NULL, &ctx), IPCREF_OK);
-  CHECK_EQ(ipcref_ctx_new(NULL, &other), IPCREF_OK);
-  CHECK_EQ(socketpair(AF_UNIX, SOCK_SEQPACKET, 0, sv), 0);
-  CHECK_EQ(ipcref_peer_new(ctx, sv[0], &p), IPCREF_OK);
-  CHECK_EQ(ipcref_peer_new(other, sv[1], &q), IPCREF_OK);
+  two_peers(&ctx, &other, &p, &q);
   CHECK_EQ(ipcref_view_new_shared(ctx, IPCREF_U8, 1, &n, &v), IPCREF_OK);
   hear_nothing_yet();
   ipcref_msg_free(NULL);
@@ -1083,10 +1089,7 @@ static void test_share_msg_args(void) {
   CHECK_EQ(ipcref_buf_is_shared_mut(b), 0);
   ipcref_buf_release(b);
   ipcref_view_release(&v);
-  ipcref_peer_free(q);
-  ipcref_peer_free(p);
-  ipcref_ctx_free(other);
-  ipcref_ctx_free(ctx);
+  two_peers_free(ctx, other, p, q);
   free(msg);
 }
 #endif /* IPCREF__SHARING_IMPL */
