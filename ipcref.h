@@ -1097,13 +1097,11 @@ IPCREF_API ipcref_result ipcref_send_on(ipcref_peer *p, const ipcref_view *v,
 /* Receives one message (one view) from the peer's socket and imports it.
  * timeout_ms: -1 waits; 0 polls, never waits, and says EAGAIN when
  * nothing is there (wanting POLLIN); past a longer wait, ETIMEDOUT; below
- * -1, EINVAL. On a
- * SOCK_STREAM
- * socket a record may come in pieces: what came waits in the peer, with
- * its fds, and a later call completes it, so a sender that stops halfway
- * never holds a receive past its timeout. Errors: ETIMEDOUT, EPEER (hung
- * up), EPROTO, ENOMEM, ESYS, EAGAIN. A batch is received one view per
- * call (see ipcref_peer_poll_fd for event loops). */
+ * -1, EINVAL. On a SOCK_STREAM socket a record may come in pieces: what
+ * came waits in the peer, with its fds, and a later call completes it, so
+ * a sender that stops halfway never holds a receive past its timeout. Errors:
+ * ETIMEDOUT, EPEER (hung up), EPROTO, ENOMEM, ESYS, EAGAIN. A batch is received
+ * one view per call (see ipcref_peer_poll_fd for event loops). */
 IPCREF_API ipcref_result ipcref_recv(ipcref_peer *p, ipcref_view *out,
                                      int timeout_ms);
 
