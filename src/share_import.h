@@ -194,7 +194,7 @@ IPCREF__PRIVATE void ipcref__maps_commit(ipcref_ctx *ctx, ipcref__map **fresh,
                                          ipcref__map **old, int n) {
   int k;
   for (k = 0; k < n; k++) {
-    if (old[k]) ipcref__map_unhash(ctx, old[k]);
+    if (old[k]) ipcref__map_displace(ctx, old[k]);
     ipcref__map_index_add(ctx, fresh[k]);
     if (fresh[k]->kind == IPCREF__KIND_LEDGER)
       ctx->st.counter_files++;

@@ -78,15 +78,11 @@ IPCREF__PRIVATE void ipcref__map_index_add(ipcref_ctx *ctx, ipcref__map *m) {
   ctx->nmaps_indexed++;
 }
 
-/* A mapping leaves the cache: its list, and the table. */
-IPCREF__PRIVATE void ipcref__map_index_del(ipcref_ctx *ctx, ipcref__map *m) {
+/* A mapping leaves the table (lookups no longer find it), not its list. */
+IPCREF__PRIVATE void ipcref__map_unhash(ipcref_ctx *ctx, ipcref__map *m) {
   ipcref__map **pp;
   if (ctx->map_last[0] == m) ctx->map_last[0] = NULL;
   if (ctx->map_last[1] == m) ctx->map_last[1] = NULL;
-  if (m->retired)
-    IPCREF__LIST_REMOVE(ctx->maps_retired, m, next, prev);
-  else
-    IPCREF__LIST_REMOVE(ctx->maps, m, next, prev);
   if (ctx->map_index_off) return;
   pp = &ctx->map_index[ipcref__map_bucket(ctx, m->kind == IPCREF__KIND_LEDGER,
                                           m->origin_nonce, m->id)];
@@ -95,6 +91,15 @@ IPCREF__PRIVATE void ipcref__map_index_del(ipcref_ctx *ctx, ipcref__map *m) {
     *pp = m->hnext;
     ctx->nmaps_indexed--;
   }
+}
+
+/* A mapping leaves the cache: its list, and the table. */
+IPCREF__PRIVATE void ipcref__map_index_del(ipcref_ctx *ctx, ipcref__map *m) {
+  if (m->retired)
+    IPCREF__LIST_REMOVE(ctx->maps_retired, m, next, prev);
+  else
+    IPCREF__LIST_REMOVE(ctx->maps, m, next, prev);
+  ipcref__map_unhash(ctx, m);
 }
 
 /* Its origin destroyed the segment: it moves to the retired list, where
@@ -107,20 +112,11 @@ IPCREF__PRIVATE void ipcref__map_retire(ipcref_ctx *ctx, ipcref__map *m) {
 }
 
 /* Another mapping takes `m`'s place (see ipcref__map_displaced): it leaves
- * the table at once, and goes as a retired one does, once unused. */
-IPCREF__PRIVATE void ipcref__map_unhash(ipcref_ctx *ctx, ipcref__map *m) {
-  ipcref__map **pp;
+ * the table at once (with the table off, lookups walk the live list
+ * first), and goes as a retired one does, once unused. */
+IPCREF__PRIVATE void ipcref__map_displace(ipcref_ctx *ctx, ipcref__map *m) {
   ipcref__map_retire(ctx, m);
-  if (ctx->map_last[0] == m) ctx->map_last[0] = NULL;
-  if (ctx->map_last[1] == m) ctx->map_last[1] = NULL;
-  if (ctx->map_index_off) return; /* lookups find the live list's first */
-  pp = &ctx->map_index[ipcref__map_bucket(ctx, m->kind == IPCREF__KIND_LEDGER,
-                                          m->origin_nonce, m->id)];
-  while (*pp && *pp != m) pp = &(*pp)->hnext;
-  if (*pp) {
-    *pp = m->hnext;
-    ctx->nmaps_indexed--;
-  }
+  ipcref__map_unhash(ctx, m);
 }
 
 /* 1 when mapping `m` is what a lookup of (kind, nonce, id) asks for: a
