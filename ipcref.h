@@ -784,8 +784,8 @@ typedef struct ipcref_stats {
                              because their holder died (a forwarder
                              cancelling a send to a process that died),
                              ever; ignored, not refused */
-  uint64_t refused;       /* imports refused (EPROTO) and peers refused
-                             (EPEER), ever */
+  uint64_t refused;       /* imports refused (EPROTO, or ERANGE: past a
+                             peer's caps) and peers refused (EPEER), ever */
   size_t device_bytes;    /* bytes of own device segments (in
                              segment_bytes too) */
   size_t deferred;        /* device releases waiting for their stream */
@@ -816,6 +816,9 @@ typedef struct ipcref_peer_info {
                              carries all; 0: none (not yet, or none asked) */
   int channel_in;         /* 1: its channel to us is up; -1: refused (a
                              malformed setup or record: EPROTO for good) */
+  size_t maps;            /* what its messages keep mapped here (see
+                             max_maps), and */
+  size_t mapped_bytes;    /* their bytes */
 } ipcref_peer_info;
 
 /* A message: a small byte record plus the fds the peer does not have yet.
@@ -940,41 +943,51 @@ IPCREF_API ipcref_result ipcref_peer_new(ipcref_ctx *ctx, int sockfd,
 
 /* Options for ipcref_peer_new_with; zero fields take the defaults. */
 typedef struct ipcref_peer_options {
-  int send_timeout_ms;   /* a send on a blocking socket waits at most this
-                            long for room in it, then fails with ETIMEDOUT
-                            and takes nothing (default: as long as it
-                            takes). On a non-blocking socket (O_NONBLOCK) a
-                            send never waits: EAGAIN */
-  int hello_timeout_ms;  /* the other side's hello must come within this
-                            long of the first call that needs it (a send,
-                            an export), or the peer is refused: EPEER, for
-                            good (default 5000) */
-  size_t max_bytes_held; /* a send that would leave the other side holding
-                           more bytes of blocks made here than this (by
-                           its leases: forwarded views not counted) waits
-                           for it to return some, as for a full socket:
-                           EAGAIN (IPCREF_WANTS_ROOM) or, blocking, up to
-                           send_timeout_ms, then ETIMEDOUT; nothing taken.
-                           One message larger than the cap goes when the
-                           peer holds nothing. Default: no cap */
-  size_t ring_bytes;     /* the channel: a ring in shared memory that
-                            carries this side's hand-offs without a system
-                            call (the socket still carries fds, and what
-                            finds the ring full). Rounded up to a power of
-                            two, 4 KiB to 16 MiB (default 64 KiB; made on
-                            the first send; IPCREF_KEEP_NONE: no ring, the
-                            socket carries everything). A hand-off of one
-                            view of up to 4 dimensions, without metadata,
-                            takes 192 bytes of it (the default ring holds
-                            341), or 64 when it differs from the one
-                            before in a few bytes (the same view again:
-                            1024) */
-  int spin_us;           /* a receive that finds nothing spins this long
-                            before it sleeps (at most 10 ms; 0: never
-                            spins). IPCREF_SPIN_AUTO, the default when no
-                            options are given: up to 50 us, only where this
-                            process may run on more than one CPU, halved
-                            after each spin that found nothing */
+  int send_timeout_ms;     /* a send on a blocking socket waits at most this
+                              long for room in it, then fails with ETIMEDOUT
+                              and takes nothing (default: as long as it
+                              takes). On a non-blocking socket (O_NONBLOCK) a
+                              send never waits: EAGAIN */
+  int hello_timeout_ms;    /* the other side's hello must come within this
+                              long of the first call that needs it (a send,
+                              an export), or the peer is refused: EPEER, for
+                              good (default 5000) */
+  size_t max_bytes_held;   /* a send that would leave the other side holding
+                             more bytes of blocks made here than this (by
+                             its leases: forwarded views not counted) waits
+                             for it to return some, as for a full socket:
+                             EAGAIN (IPCREF_WANTS_ROOM) or, blocking, up to
+                             send_timeout_ms, then ETIMEDOUT; nothing taken.
+                             One message larger than the cap goes when the
+                             peer holds nothing. Default: no cap */
+  size_t ring_bytes;       /* the channel: a ring in shared memory that
+                              carries this side's hand-offs without a system
+                              call (the socket still carries fds, and what
+                              finds the ring full). Rounded up to a power of
+                              two, 4 KiB to 16 MiB (default 64 KiB; made on
+                              the first send; IPCREF_KEEP_NONE: no ring, the
+                              socket carries everything). A hand-off of one
+                              view of up to 4 dimensions, without metadata,
+                              takes 192 bytes of it (the default ring holds
+                              341), or 64 when it differs from the one
+                              before in a few bytes (the same view again:
+                              1024) */
+  int spin_us;             /* a receive that finds nothing spins this long
+                              before it sleeps (at most 10 ms; 0: never
+                              spins). IPCREF_SPIN_AUTO, the default when no
+                              options are given: up to 50 us, only where this
+                              process may run on more than one CPU, halved
+                              after each spin that found nothing */
+  size_t max_maps;         /* what the other side's messages may keep mapped
+                              here at once: segments, ledgers and device
+                              segments, as many (each holds an fd, a ledger
+                              two) and */
+  size_t max_mapped_bytes; /* as many bytes (default: no cap). A message that
+                            would pass a cap, once idle mappings of what
+                            its producers destroyed are let go, is refused:
+                            ERANGE, its leases given back, nothing it
+                            brought kept. A message checks what it brings
+                            mapped, then lets go of it if refused */
 } ipcref_peer_options;
 
 /* ipcref_peer_options.spin_us: spin where it pays (see there). */
@@ -1049,8 +1062,9 @@ IPCREF_API const void *ipcref_msg_meta(const ipcref_msg *msg, size_t *len);
  * (also on error: they are closed). Errors: EPROTO (malformed, replayed,
  * sent by another process than p's, or not matching the fds), EINVAL
  * (NULL arguments, nfds or len out of range, or a message exported
- * through p itself: then nothing is taken), ENOMEM, ESYS, ENODEV (device
- * memory, and no backend for its device in this context). */
+ * through p itself: then nothing is taken), ERANGE (past p's max_maps or
+ * max_mapped_bytes), ENOMEM, ESYS, ENODEV (device memory, and no backend
+ * for its device in this context). */
 IPCREF_API ipcref_result ipcref_import(ipcref_peer *p, ipcref_msg *msg,
                                        ipcref_view *out);
 
@@ -1100,8 +1114,10 @@ IPCREF_API ipcref_result ipcref_send_on(ipcref_peer *p, const ipcref_view *v,
  * -1, EINVAL. On a SOCK_STREAM socket a record may come in pieces: what
  * came waits in the peer, with its fds, and a later call completes it, so
  * a sender that stops halfway never holds a receive past its timeout. Errors:
- * ETIMEDOUT, EPEER (hung up), EPROTO, ENOMEM, ESYS, EAGAIN. A batch is received
- * one view per call (see ipcref_peer_poll_fd for event loops). */
+ * ETIMEDOUT, EPEER (hung up), EPROTO, ERANGE (a message past the peer's
+ * max_maps or max_mapped_bytes: refused, the next one may go), ENOMEM,
+ * ESYS, EAGAIN. A batch is received one view per call (see
+ * ipcref_peer_poll_fd for event loops). */
 IPCREF_API ipcref_result ipcref_recv(ipcref_peer *p, ipcref_view *out,
                                      int timeout_ms);
 
@@ -4064,6 +4080,8 @@ typedef struct ipcref__map {
                              forwarding) and sizes; `fd` is -1 */
   int refs;                   /* atomic: imported buffers using it */
   int retired;                /* the origin destroyed it: unmap at refs 0 */
+  ipcref_peer *via;           /* whose message brought it, charged for it
+                                 (share_index); NULL once that peer is freed */
   struct ipcref__map *next, *prev; /* ctx->maps, or ctx->maps_retired */
   struct ipcref__map *hnext;       /* its chain in ctx->map_index */
 } ipcref__map;
@@ -4092,6 +4110,7 @@ typedef struct ipcref__sent {
 IPCREF__PRIVATE uint64_t ipcref__sent_key(uint64_t id, int is_ledger) {
   return (id << 1) | (uint64_t)(is_ledger ? 1 : 0);
 }
+#define IPCREF__REFUSED 16 /* refused segments and ledgers a peer recalls */
 
 struct ipcref_peer {
   uint32_t magic; /* IPCREF__ALIVE; IPCREF__DEAD once freed (kept a while:
@@ -4120,8 +4139,12 @@ struct ipcref_peer {
   size_t nretired, capretired;
   ipcref_view pending[64]; /* received views not handed out yet */
   int npending, pending_pos;
-  size_t held_bytes; /* of the blocks its leases (made here) hold */
-  int room_wait;     /* a send was refused for opt.max_bytes_held */
+  size_t held_bytes;          /* of the blocks its leases (made here) hold */
+  size_t nmaps, mapped_bytes; /* what its messages keep mapped here */
+  ipcref__sent refused[IPCREF__REFUSED]; /* what the last messages refused
+                                            for the caps brought (a ring) */
+  unsigned refused_at;
+  int room_wait; /* a send was refused for opt.max_bytes_held */
   unsigned char meta[IPCREF_META_MAX]; /* the last message's metadata */
   size_t meta_len;
   unsigned char *in; /* a stream's record so far, its length first (see
@@ -4425,10 +4448,11 @@ IPCREF__PRIVATE long ipcref__now_ms(void) {
  * many segments a process shares. A consumer's mappings, by origin and id
  * (a hash table over ctx->maps and ctx->maps_retired, chained through
  * `hnext`; retired mappings on a list of their own, so that a receive's
- * trim looks at those alone); and what each peer has been sent (an
- * open-addressing set in the peer). Both under ctx->lock. Out of memory,
- * the mappings are found by walking their lists instead (correct, only
- * slower), and a peer's set says so to its caller (*fail). */
+ * trim looks at those alone), and what each peer's messages keep mapped,
+ * for its caps; what each peer has been sent (an open-addressing set in
+ * the peer). All under ctx->lock. Out of memory, the mappings are found
+ * by walking their lists instead (correct, only slower), and a peer's set
+ * says so to its caller (*fail). */
 
 #ifdef IPCREF__SHARING_IMPL
 
@@ -4569,6 +4593,67 @@ IPCREF__PRIVATE ipcref__map *ipcref__map_find(ipcref_ctx *ctx, int kind,
   }
   if (m) ctx->map_last[led] = m;
   return m;
+}
+
+/* ---- what a peer keeps mapped ---------------------------------------------
+ * Each mapping is charged to the peer whose message brought it (`via`),
+ * whose caps (opt.max_maps, opt.max_mapped_bytes) bound what a producer,
+ * honest or not, can make this process map: fds and address space. The
+ * charge ends when the mapping goes, or the peer (then NULL). */
+
+IPCREF__PRIVATE void ipcref__map_charge(ipcref_peer *p, ipcref__map *m) {
+  m->via = p;
+  if (!p) return;
+  p->nmaps++;
+  p->mapped_bytes += m->size;
+}
+
+IPCREF__PRIVATE void ipcref__map_uncharge(ipcref__map *m) {
+  if (!m->via) return;
+  m->via->nmaps--;
+  m->via->mapped_bytes -= m->size;
+  m->via = NULL;
+}
+
+/* 1 when peer `p` may keep `n` mappings of `bytes` more. */
+IPCREF__PRIVATE int ipcref__map_room(const ipcref_peer *p, size_t n,
+                                     size_t bytes) {
+  size_t total;
+  if (p->opt.max_maps && p->nmaps + n > p->opt.max_maps) return 0;
+  return !p->opt.max_mapped_bytes ||
+         (!__builtin_add_overflow(p->mapped_bytes, bytes, &total) &&
+          total <= p->opt.max_mapped_bytes);
+}
+
+/* Notes a mapping that a message refused for the caps brought (and that
+ * is not kept): a message its producer sent before it heard of that names
+ * it without its fd, and is refused so too (ERANGE), not as a forgery. */
+IPCREF__PRIVATE void ipcref__refused_note(ipcref_peer *p,
+                                          const ipcref__map *m) {
+  ipcref__sent *s = &p->refused[p->refused_at++ % IPCREF__REFUSED];
+  s->nonce = m->origin_nonce;
+  s->key = ipcref__sent_key(m->id, m->kind == IPCREF__KIND_LEDGER);
+  s->used = 1;
+}
+
+/* 1 when segment or ledger `key` of origin `nonce` was noted so lately. */
+IPCREF__PRIVATE int ipcref__refused_was(const ipcref_peer *p, uint64_t nonce,
+                                        uint64_t key) {
+  int i;
+  for (i = 0; i < IPCREF__REFUSED; i++)
+    if (p->refused[i].used && p->refused[i].nonce == nonce &&
+        p->refused[i].key == key)
+      return 1;
+  return 0;
+}
+
+/* Peer `p` is freed: what it brought is charged to nobody. */
+IPCREF__PRIVATE void ipcref__maps_unvia(ipcref_ctx *ctx, ipcref_peer *p) {
+  ipcref__map *m;
+  for (m = ctx->maps; m; m = m->next)
+    if (m->via == p) ipcref__map_uncharge(m);
+  for (m = ctx->maps_retired; m; m = m->next)
+    if (m->via == p) ipcref__map_uncharge(m);
 }
 
 /* ---- what a peer was sent -------------------------------------------------
@@ -5269,6 +5354,10 @@ IPCREF__PRIVATE size_t ipcref__block_unlease(ipcref_ctx *ctx,
 #define IPCREF__RING_RELEASE   0u /* entry: a lease came back */
 #define IPCREF__RING_LINK      1u /* entry pair: a forwarded lease */
 #define IPCREF__RING_PARENT    2u /* second half of a link */
+#define IPCREF__RING_REFUSED                                                   \
+  3u /* entry: a lease came back unused, its                                   \
+        message refused for the caps of the                                    \
+        receiver's peer (ipcref__leases_refuse) */
 
 typedef struct ipcref__ledger_hdr {
   uint32_t magic, version, nslots, origin_pid;
@@ -5620,11 +5709,28 @@ IPCREF__PRIVATE void ipcref__hole_skip(ipcref_ctx *ctx, ipcref__ledger *l,
   ipcref__adopt_forwards(ctx, l);
 }
 
+/* A lease of ours came back refused (IPCREF__RING_REFUSED): its consumer
+ * did not keep what the message brought, so the peer is sent the fds of
+ * the lease's segment and ledger again with its next view of them. */
+IPCREF__PRIVATE void ipcref__lease_refused(ipcref_ctx *ctx, ipcref__ledger *l,
+                                           uint32_t slot, uint32_t gen) {
+  const ipcref__block *b;
+  if (slot >= l->n / 2 || !l->peer || !l->leases[slot].block ||
+      l->leases[slot].gen != gen)
+    return;
+  b = l->leases[slot].block;
+  (void)ipcref__sent_forget(l->peer, ctx->nonce,
+                            ipcref__sent_key(b->seg->id, 0));
+  (void)ipcref__sent_forget(l->peer, ctx->nonce, ipcref__sent_key(l->id, 1));
+}
+
 /* One ring entry that is not a link (under the lock). */
 IPCREF__PRIVATE void ipcref__ring_release(ipcref_ctx *ctx, ipcref__ledger *l,
                                           uint64_t e, size_t *freed) {
   uint32_t slot = (uint32_t)(e & 0x3fffffffu) - 1u, gen = (uint32_t)(e >> 32);
-  if (((e >> 30) & 3u) != IPCREF__RING_RELEASE) {
+  uint32_t kind = (uint32_t)(e >> 30) & 3u;
+  if (kind == IPCREF__RING_REFUSED) ipcref__lease_refused(ctx, l, slot, gen);
+  if (kind != IPCREF__RING_RELEASE && kind != IPCREF__RING_REFUSED) {
     ipcref__bad_return(ctx, "invalid lease return in a ledger");
   } else if (ipcref__lease_end(ctx, l, slot, gen, freed)) {
     return;
@@ -5655,7 +5761,8 @@ IPCREF__PRIVATE void ipcref__late_entries(ipcref_ctx *ctx, ipcref__ledger *l,
       __atomic_store_n(&ring[pos % cap], 0, __ATOMIC_RELAXED);
     }
     l->late[i] = l->late[--l->nlate];
-    if (e && ((e >> 30) & 3u) == IPCREF__RING_RELEASE)
+    if (e && (((e >> 30) & 3u) == IPCREF__RING_RELEASE ||
+              ((e >> 30) & 3u) == IPCREF__RING_REFUSED))
       ipcref__ring_release(ctx, l, e, freed);
   }
 }
@@ -5952,6 +6059,7 @@ IPCREF__PRIVATE void ipcref__map_drop(ipcref__map *m) {
 /* Takes a mapping out of the cache and lets go of it (under the lock). */
 IPCREF__PRIVATE void ipcref__map_evict(ipcref_ctx *ctx, ipcref__map *m) {
   ipcref__map_index_del(ctx, m);
+  ipcref__map_uncharge(m);
   if (m->kind == IPCREF__KIND_LEDGER)
     ctx->st.counter_files--;
   else
@@ -7758,6 +7866,8 @@ IPCREF_API ipcref_result ipcref_peer_stats(ipcref_peer *p,
   ctx = p->ctx;
   IPCREF__LOCK(ctx);
   ipcref__sweep(ctx); /* what came back is not held */
+  out->maps = p->nmaps;
+  out->mapped_bytes = p->mapped_bytes;
   for (l = ctx->ledgers; l; l = l->next) {
     if (l->peer != p || l->live == 0) continue;
     for (s = 0; s < l->n; s++) {
@@ -7788,8 +7898,9 @@ IPCREF_API void ipcref_peer_free(ipcref_peer *p) {
   ipcref__chan_closing(p);
   for (drained = 0; drained < IPCREF__FREE_DRAIN; drained++) {
     ipcref_view v;
-    if (ipcref_recv(p, &v, 0) != IPCREF_OK) break;
-    ipcref_view_release(&v);
+    ipcref_result r = ipcref_recv(p, &v, 0);
+    if (r == IPCREF_OK) ipcref_view_release(&v);
+    if (r != IPCREF_OK && r != IPCREF_ERANGE) break; /* ERANGE: gave back */
   }
   IPCREF__LOCK(ctx);
   IPCREF__LIST_REMOVE(ctx->peers, p, next, prev);
@@ -7800,6 +7911,7 @@ IPCREF_API void ipcref_peer_free(ipcref_peer *p) {
   ctx->st.peers--;
   if (p->room_wait) ipcref__room_update(ctx); /* it waits no more */
   if (ipcref__retire_origin(ctx, p)) ipcref__maps_trim(ctx, 0);
+  ipcref__maps_unvia(ctx, p);
   ipcref__watch_put(ctx, p->watch);
   ipcref__sweep(ctx);
   (void)ipcref__pump(ctx, 0);
@@ -8557,15 +8669,116 @@ IPCREF__PRIVATE ipcref_result ipcref__export_msg(ipcref_peer *p,
 
 #endif /* IPCREF__SHARING_IMPL */
 
-/* ---- share_devmap: implementation (src/share_devmap.h) ------------------ */
+/* ---- share_map: implementation (src/share_map.h) ------------------------ */
 
-/* share_devmap: device segments another process exported, opened for an
- * import: by their IPC handle, by the fd of a VMM allocation or of a pool
- * (with the pointer's data), or as VMM chunks by an fd each; each opening
- * the backend's, checked against what its record announces. Under
- * ctx->lock (share_import's step 2). */
+/* share_map: what a message brings, checked and mapped for an import
+ * (share_import's step 2). A host segment or a ledger by its fd: a memfd
+ * sealed, of its announced size and access, a ledger's header and bell as
+ * its record says. A device segment another process exported: by its IPC
+ * handle, by the fd of a VMM allocation or of a pool (with the pointer's
+ * data), or as VMM chunks by an fd each; each opening the backend's,
+ * checked against what its record announces. Under ctx->lock. */
 
 #ifdef IPCREF__SHARING_IMPL
+
+/* 1 when `fd` may be a ledger's bell: a datagram socket, to which a
+ * return sends one byte, never waiting (whatever it is connected to, the
+ * producer could send there itself). */
+IPCREF__PRIVATE int ipcref__bell_ok(int fd) {
+  struct stat st;
+  int type = 0;
+  socklen_t len = sizeof type;
+  return fstat(fd, &st) == 0 && S_ISSOCK(st.st_mode) &&
+         getsockopt(fd, SOL_SOCKET, SO_TYPE, &type, &len) == 0 &&
+         type == SOCK_DGRAM;
+}
+
+/* What is wrong with a received fd for record `r` (NULL: nothing), and
+ * the protection to map it with. It must be a memfd sealed against
+ * shrinking and growing (so the mapping can never SIGBUS), of exactly the
+ * announced size, opened with the access the mapping needs; a ledger's
+ * bell (the fd after it) must be one (see ipcref__bell_ok). */
+IPCREF__PRIVATE const char *ipcref__fd_why(int fd, int bell,
+                                           const ipcref__fd_rec *r, int *prot) {
+  struct stat st;
+  int seals, fl;
+  if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode))
+    return "a segment or ledger fd that is not a memfd";
+  if ((uint64_t)st.st_size != r->size || r->size == 0 ||
+      r->size > (uint64_t)PTRDIFF_MAX)
+    return "a segment or ledger fd not of the size its record says";
+  seals = fcntl(fd, F_GET_SEALS);
+  if (seals < 0 ||
+      (seals & (F_SEAL_SHRINK | F_SEAL_GROW)) != (F_SEAL_SHRINK | F_SEAL_GROW))
+    return "a segment or ledger fd not sealed against shrinking and growing";
+  fl = fcntl(fd, F_GETFL);
+  if (fl < 0) return "an fd whose access mode cannot be read";
+  if (r->kind == IPCREF__KIND_LEDGER && r->size < IPCREF__LEDGER_HDR)
+    return "a ledger smaller than its header";
+  if (r->kind == IPCREF__KIND_LEDGER && !ipcref__bell_ok(bell))
+    return "a ledger's bell that is not a datagram socket";
+  *prot = PROT_READ;
+  if (r->kind == IPCREF__KIND_LEDGER || r->writable) { /* mapped writable */
+    if ((fl & O_ACCMODE) != O_RDWR ||
+        (seals & (F_SEAL_WRITE | F_SEAL_FUTURE_WRITE)) != 0)
+      return "a ledger or writable segment fd not open read-write, or "
+             "sealed against writes";
+    *prot = PROT_READ | PROT_WRITE;
+  } else if ((fl & O_ACCMODE) == O_WRONLY) {
+    return "a segment fd opened write-only";
+  }
+  return NULL;
+}
+
+/* Checks a received fd against its record and maps it (*why says what
+ * was wrong on EPROTO). A ledger's header must agree with the record. */
+IPCREF__PRIVATE ipcref_result ipcref__map_fd(int fd, int bell,
+                                             const ipcref__fd_rec *r,
+                                             ipcref__map **out,
+                                             const char **why) {
+  int prot = PROT_READ;
+  ipcref__map *m;
+  unsigned char *base;
+  if ((*why = ipcref__fd_why(fd, bell, r, &prot)) != NULL) return IPCREF_EPROTO;
+  base = (unsigned char *)mmap(NULL, (size_t)r->size, prot, MAP_SHARED, fd, 0);
+  if (base == (unsigned char *)MAP_FAILED) return IPCREF_ESYS;
+  m = (ipcref__map *)ipcref__zalloc(sizeof *m);
+  if (!m) {
+    munmap(base, (size_t)r->size);
+    return IPCREF_ENOMEM;
+  }
+  m->kind = r->kind;
+  m->origin_nonce = r->origin_nonce;
+  m->origin_pid = (int)r->origin_pid;
+  m->id = r->id;
+  m->fd = fd;
+  m->bell = r->kind == IPCREF__KIND_LEDGER ? bell : -1;
+  m->base = base;
+  m->size = (size_t)r->size;
+  m->writable = r->kind == IPCREF__KIND_SEGMENT && r->writable;
+  if (r->kind == IPCREF__KIND_LEDGER) {
+    ipcref__ledger_hdr *h = (ipcref__ledger_hdr *)(void *)base;
+    uint32_t n = h->nslots;
+    if (h->magic != IPCREF__LEDGER_MAGIC ||
+        h->version != IPCREF__LEDGER_VERSION || n < 2 || n > (1u << 24) ||
+        (n & 1) || ipcref__ledger_bytes(n) != r->size ||
+        h->origin_nonce != r->origin_nonce || h->ledger_id != r->id) {
+      munmap(base, (size_t)r->size);
+      IPCREF_FREE(m);
+      *why = "a ledger whose header disagrees with its record";
+      return IPCREF_EPROTO;
+    }
+    m->nslots = n;
+    m->imported = (uint32_t *)ipcref__zalloc(n * sizeof(uint32_t));
+    if (!m->imported) {
+      munmap(base, (size_t)r->size);
+      IPCREF_FREE(m);
+      return IPCREF_ENOMEM;
+    }
+  }
+  *out = m;
+  return IPCREF_OK;
+}
 
 /* What every device map takes from its record: origin, id, size, device,
  * and where the backend (NULL: none here) opened it. */
@@ -8790,114 +9003,17 @@ IPCREF__PRIVATE void ipcref__import_release(void *user, void *data) {
   ipcref__import_end(imp);
 }
 
-/* 1 when `fd` may be a ledger's bell: a datagram socket, to which a
- * return sends one byte, never waiting (whatever it is connected to, the
- * producer could send there itself). */
-IPCREF__PRIVATE int ipcref__bell_ok(int fd) {
-  struct stat st;
-  int type = 0;
-  socklen_t len = sizeof type;
-  return fstat(fd, &st) == 0 && S_ISSOCK(st.st_mode) &&
-         getsockopt(fd, SOL_SOCKET, SO_TYPE, &type, &len) == 0 &&
-         type == SOCK_DGRAM;
-}
-
-/* What is wrong with a received fd for record `r` (NULL: nothing), and
- * the protection to map it with. It must be a memfd sealed against
- * shrinking and growing (so the mapping can never SIGBUS), of exactly the
- * announced size, opened with the access the mapping needs; a ledger's
- * bell (the fd after it) must be one (see ipcref__bell_ok). */
-IPCREF__PRIVATE const char *ipcref__fd_why(int fd, int bell,
-                                           const ipcref__fd_rec *r, int *prot) {
-  struct stat st;
-  int seals, fl;
-  if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode))
-    return "a segment or ledger fd that is not a memfd";
-  if ((uint64_t)st.st_size != r->size || r->size == 0 ||
-      r->size > (uint64_t)PTRDIFF_MAX)
-    return "a segment or ledger fd not of the size its record says";
-  seals = fcntl(fd, F_GET_SEALS);
-  if (seals < 0 ||
-      (seals & (F_SEAL_SHRINK | F_SEAL_GROW)) != (F_SEAL_SHRINK | F_SEAL_GROW))
-    return "a segment or ledger fd not sealed against shrinking and growing";
-  fl = fcntl(fd, F_GETFL);
-  if (fl < 0) return "an fd whose access mode cannot be read";
-  if (r->kind == IPCREF__KIND_LEDGER && r->size < IPCREF__LEDGER_HDR)
-    return "a ledger smaller than its header";
-  if (r->kind == IPCREF__KIND_LEDGER && !ipcref__bell_ok(bell))
-    return "a ledger's bell that is not a datagram socket";
-  *prot = PROT_READ;
-  if (r->kind == IPCREF__KIND_LEDGER || r->writable) { /* mapped writable */
-    if ((fl & O_ACCMODE) != O_RDWR ||
-        (seals & (F_SEAL_WRITE | F_SEAL_FUTURE_WRITE)) != 0)
-      return "a ledger or writable segment fd not open read-write, or "
-             "sealed against writes";
-    *prot = PROT_READ | PROT_WRITE;
-  } else if ((fl & O_ACCMODE) == O_WRONLY) {
-    return "a segment fd opened write-only";
-  }
-  return NULL;
-}
-
-/* Checks a received fd against its record and maps it (*why says what
- * was wrong on EPROTO). A ledger's header must agree with the record. */
-IPCREF__PRIVATE ipcref_result ipcref__map_fd(int fd, int bell,
-                                             const ipcref__fd_rec *r,
-                                             ipcref__map **out,
-                                             const char **why) {
-  int prot = PROT_READ;
-  ipcref__map *m;
-  unsigned char *base;
-  if ((*why = ipcref__fd_why(fd, bell, r, &prot)) != NULL) return IPCREF_EPROTO;
-  base = (unsigned char *)mmap(NULL, (size_t)r->size, prot, MAP_SHARED, fd, 0);
-  if (base == (unsigned char *)MAP_FAILED) return IPCREF_ESYS;
-  m = (ipcref__map *)ipcref__zalloc(sizeof *m);
-  if (!m) {
-    munmap(base, (size_t)r->size);
-    return IPCREF_ENOMEM;
-  }
-  m->kind = r->kind;
-  m->origin_nonce = r->origin_nonce;
-  m->origin_pid = (int)r->origin_pid;
-  m->id = r->id;
-  m->fd = fd;
-  m->bell = r->kind == IPCREF__KIND_LEDGER ? bell : -1;
-  m->base = base;
-  m->size = (size_t)r->size;
-  m->writable = r->kind == IPCREF__KIND_SEGMENT && r->writable;
-  if (r->kind == IPCREF__KIND_LEDGER) {
-    ipcref__ledger_hdr *h = (ipcref__ledger_hdr *)(void *)base;
-    uint32_t n = h->nslots;
-    if (h->magic != IPCREF__LEDGER_MAGIC ||
-        h->version != IPCREF__LEDGER_VERSION || n < 2 || n > (1u << 24) ||
-        (n & 1) || ipcref__ledger_bytes(n) != r->size ||
-        h->origin_nonce != r->origin_nonce || h->ledger_id != r->id) {
-      munmap(base, (size_t)r->size);
-      IPCREF_FREE(m);
-      *why = "a ledger whose header disagrees with its record";
-      return IPCREF_EPROTO;
-    }
-    m->nslots = n;
-    m->imported = (uint32_t *)ipcref__zalloc(n * sizeof(uint32_t));
-    if (!m->imported) {
-      munmap(base, (size_t)r->size);
-      IPCREF_FREE(m);
-      return IPCREF_ENOMEM;
-    }
-  }
-  *out = m;
-  return IPCREF_OK;
-}
-
-/* Fresh mappings join the cache, each in the place of the one it
- * displaces (see ipcref__map_displaced), which goes once unused (under
- * the lock). */
-IPCREF__PRIVATE void ipcref__maps_commit(ipcref_ctx *ctx, ipcref__map **fresh,
-                                         ipcref__map **old, int n) {
+/* Fresh mappings join the cache, charged to `via`, each in the place of
+ * the one it displaces (see ipcref__map_displaced), which goes once unused
+ * (under the lock). */
+IPCREF__PRIVATE void ipcref__maps_commit(ipcref_ctx *ctx, ipcref_peer *via,
+                                         ipcref__map **fresh, ipcref__map **old,
+                                         int n) {
   int k;
   for (k = 0; k < n; k++) {
     if (old[k]) ipcref__map_displace(ctx, old[k]);
     ipcref__map_index_add(ctx, fresh[k]);
+    ipcref__map_charge(via, fresh[k]);
     if (fresh[k]->kind == IPCREF__KIND_LEDGER)
       ctx->st.counter_files++;
     else
@@ -8928,7 +9044,9 @@ typedef struct ipcref__msg_maps {
   ipcref__map *old[IPCREF_MSG_MAX_FDS]; /* what each displaces, or NULL */
   int nfresh;
   ipcref__map *seg[IPCREF_MSG_MAX_VIEWS], *ledger[IPCREF_MSG_MAX_VIEWS];
-  const char *why; /* what a refusal (EPROTO) found wrong */
+  ipcref_peer *via; /* the peer it came on, charged for what it brings */
+  int over;         /* a view of what a message refused for the caps brought */
+  const char *why;  /* what a refusal (EPROTO, ERANGE) found wrong */
 } ipcref__msg_maps;
 
 /* A mapping this message brings, or NULL; as ipcref__map_find, a segment
@@ -9054,7 +9172,15 @@ IPCREF__PRIVATE const char *ipcref__import_rec_why(ipcref_ctx *ctx,
                            v->ledger_id);
   mm->seg[i] = seg;
   mm->ledger[i] = led;
-  if (!seg || !led) return "a view of a segment or ledger never sent";
+  if (!seg || !led) {
+    mm->over = (!seg && ipcref__refused_was(mm->via, v->origin_nonce,
+                                            ipcref__sent_key(v->seg_id, 0))) ||
+               (!led && ipcref__refused_was(mm->via, v->origin_nonce,
+                                            ipcref__sent_key(v->ledger_id, 1)));
+    return mm->over ? "a view of what a message refused for the peer's caps "
+                      "brought (max_maps, max_mapped_bytes)"
+                    : "a view of a segment or ledger never sent";
+  }
   if (seg->origin_pid != (int)v->origin_pid ||
       led->origin_pid != (int)v->origin_pid)
     return "a view whose origin is not its segment's or its ledger's";
@@ -9084,7 +9210,68 @@ IPCREF__PRIVATE const char *ipcref__import_rec_why(ipcref_ctx *ctx,
   return NULL;
 }
 
-/* Import, step 4: what is needed before anything is taken. Device memory
+/* A message refused for the caps of the peer it came on (ERANGE), or
+ * naming what one brought: what it brings is noted (see
+ * ipcref__refused_note), and each of its leases that is live at its
+ * generation in a ledger mapped here (checked as step 3 checks it; the
+ * others cannot be returned) goes back, marked imported. A lease of the
+ * sender's own goes back as refused: its producer then sends the fds of
+ * its segment and ledger again. */
+IPCREF__PRIVATE void ipcref__leases_refuse(ipcref_ctx *ctx,
+                                           const ipcref__msg_in *m,
+                                           ipcref__msg_maps *mm) {
+  int k;
+  for (k = 0; k < mm->nfresh; k++) ipcref__refused_note(mm->via, mm->fresh[k]);
+  for (k = 0; k < m->head.nviews; k++) {
+    const ipcref__view_rec *v = &m->views[k];
+    ipcref__map *led = ipcref__fresh_find(mm, IPCREF__KIND_LEDGER,
+                                          v->origin_nonce, v->ledger_id);
+    uint64_t e, live = ((uint64_t)v->gen << 2) | IPCREF__SLOT_LIVE;
+    if (!led)
+      led = ipcref__map_find(ctx, IPCREF__KIND_LEDGER, v->origin_nonce,
+                             v->ledger_id);
+    if (!led || v->slot >= led->nslots ||
+        led->imported[v->slot] == v->gen + 1u ||
+        __atomic_load_n(&ipcref__ledger_slots(led->base)[2 * (size_t)v->slot],
+                        __ATOMIC_ACQUIRE) != live)
+      continue;
+    e = ipcref__ring_entry(v->origin_nonce == m->head.sender_nonce
+                               ? IPCREF__RING_REFUSED
+                               : IPCREF__RING_RELEASE,
+                           v->slot, v->gen);
+    led->imported[v->slot] = v->gen + 1u;
+    ipcref__ring_push(led->base, led->nslots, led->bell, &e, 1, NULL);
+  }
+}
+
+/* Import, step 4: room under the caps of the peer it came on for what it
+ * brings (see ipcref__map_room). Short of it, the idle mappings of what
+ * was retired that are charged to the peer go first (not those the
+ * message names); still short, the message is refused (ERANGE). */
+IPCREF__PRIVATE ipcref_result ipcref__import_room(ipcref_ctx *ctx,
+                                                  const ipcref__msg_in *m,
+                                                  ipcref__msg_maps *mm) {
+  ipcref__map *x, *next;
+  size_t bytes = 0;
+  int k, n = m->head.nviews;
+  for (k = 0; k < mm->nfresh; k++)
+    if (__builtin_add_overflow(bytes, mm->fresh[k]->size, &bytes))
+      bytes = SIZE_MAX;
+  if (ipcref__map_room(mm->via, (size_t)mm->nfresh, bytes)) return IPCREF_OK;
+  for (x = ctx->maps_retired; x; x = next) {
+    next = x->next;
+    if (x->via != mm->via || __atomic_load_n(&x->refs, __ATOMIC_ACQUIRE))
+      continue;
+    for (k = 0; k < n && mm->seg[k] != x && mm->ledger[k] != x; k++) continue;
+    if (k == n) ipcref__map_evict(ctx, x);
+  }
+  if (ipcref__map_room(mm->via, (size_t)mm->nfresh, bytes)) return IPCREF_OK;
+  mm->why = "past the caps of the peer it came on (max_maps, "
+            "max_mapped_bytes)";
+  return IPCREF_ERANGE;
+}
+
+/* Import, step 5: what is needed before anything is taken. Device memory
  * without its backend here is refused (ENODEV), its leases, which are
  * genuine, given back at once and its mappings kept (the peer counts them
  * sent); device data makes `stream` wait for the producer's writes (also
@@ -9096,7 +9283,7 @@ IPCREF__PRIVATE ipcref_result ipcref__import_ready(ipcref_ctx *ctx,
   int i, n = m->head.nviews;
   for (i = 0; i < n; i++)
     if (mm->seg[i]->kind == IPCREF__KIND_DEVICE && !mm->seg[i]->be) {
-      ipcref__maps_commit(ctx, mm->fresh, mm->old, mm->nfresh);
+      ipcref__maps_commit(ctx, mm->via, mm->fresh, mm->old, mm->nfresh);
       mm->nfresh = 0;
       ipcref__leases_give_back(m->views, mm->ledger, 0, n);
       return IPCREF_ENODEV;
@@ -9111,7 +9298,7 @@ IPCREF__PRIVATE ipcref_result ipcref__import_ready(ipcref_ctx *ctx,
   return IPCREF_OK;
 }
 
-/* Import, step 5, for one view: a buffer over its block whose death
+/* Import, step 6, for one view: a buffer over its block whose death
  * returns its lease (see ipcref__import_release). 0 when out of memory. */
 IPCREF__PRIVATE int ipcref__import_view(ipcref_ctx *ctx,
                                         const ipcref__view_rec *v,
@@ -9167,14 +9354,14 @@ IPCREF__PRIVATE int ipcref__import_view(ipcref_ctx *ctx,
   return 1;
 }
 
-/* Import, step 5: the fresh mappings join the cache and each view gets
+/* Import, step 6: the fresh mappings join the cache and each view gets
  * its buffer. Out of memory partway, the leases not used are given back
  * (the views made are released by the caller, after the unlock). */
 IPCREF__PRIVATE ipcref_result ipcref__import_commit(
     ipcref_ctx *ctx, const ipcref__msg_in *m, ipcref__msg_maps *mm,
     void *stream, ipcref_view *views, int *nviews) {
   int i, n = m->head.nviews;
-  ipcref__maps_commit(ctx, mm->fresh, mm->old, mm->nfresh);
+  ipcref__maps_commit(ctx, mm->via, mm->fresh, mm->old, mm->nfresh);
   mm->nfresh = 0;
   ctx->st.fds_received += (uint64_t)m->nfds;
   for (i = 0; i < n; i++) {
@@ -9190,8 +9377,9 @@ IPCREF__PRIVATE ipcref_result ipcref__import_commit(
 }
 
 /* A message refused (EPROTO): counted, and named to the context's hook as
- * "message refused: why". */
-IPCREF__PRIVATE void ipcref__refused(ipcref_ctx *ctx, const char *why) {
+ * "message refused: why" (with `code`, ipcref__refused_as). */
+IPCREF__PRIVATE void ipcref__refused_as(ipcref_ctx *ctx, ipcref_result code,
+                                        const char *why) {
   static const char head[] = "message refused: ";
   char m[192];
   size_t n;
@@ -9202,7 +9390,11 @@ IPCREF__PRIVATE void ipcref__refused(ipcref_ctx *ctx, const char *why) {
   memcpy(m, head, sizeof head - 1);
   memcpy(m + sizeof head - 1, why, n);
   m[sizeof head - 1 + n] = '\0';
-  ipcref__ctx_report(ctx, IPCREF_EPROTO, m);
+  ipcref__ctx_report(ctx, code, m);
+}
+
+IPCREF__PRIVATE void ipcref__refused(ipcref_ctx *ctx, const char *why) {
+  ipcref__refused_as(ctx, IPCREF_EPROTO, why);
 }
 
 /* import_bytes' `how`: the death check runs there (not for a record off
@@ -9214,8 +9406,8 @@ IPCREF__PRIVATE void ipcref__refused(ipcref_ctx *ctx, const char *why) {
 /* Imports a received message with its fds (takes the fds: each is closed
  * or kept by a mapping). `views` gets one view per record. Decoded first
  * (no side effect), then under the lock: retire, map, check every record,
- * get ready, commit. A refused message changes nothing but the cache of
- * what the sender retired, and the refusal count. */
+ * make room, get ready, commit. A refused message changes nothing but the
+ * cache of what was retired, and the refusal count. */
 IPCREF__PRIVATE ipcref_result ipcref__import_bytes(
     ipcref_peer *p, const unsigned char *bytes, size_t len, int *fds, int nfds,
     void *stream, ipcref_view *views, int *nviews, int how) {
@@ -9226,6 +9418,8 @@ IPCREF__PRIVATE ipcref_result ipcref__import_bytes(
   int i, k;
   *nviews = 0;
   mm.nfresh = 0;
+  mm.over = 0;
+  mm.via = p;
   mm.why = "the fds that came are not those its records call for";
   if (!ipcref__msg_decode(bytes, len, &m)) {
     mm.why = m.why;
@@ -9244,6 +9438,9 @@ IPCREF__PRIVATE ipcref_result ipcref__import_bytes(
   for (i = 0; r == IPCREF_OK && i < m.head.nviews; i++)
     if ((mm.why = ipcref__import_rec_why(ctx, &m, &mm, i)) != NULL)
       r = IPCREF_EPROTO;
+  if (r == IPCREF_EPROTO && mm.over) r = IPCREF_ERANGE;
+  if (r == IPCREF_OK) r = ipcref__import_room(ctx, &m, &mm);
+  if (r == IPCREF_ERANGE) ipcref__leases_refuse(ctx, &m, &mm);
   if (r == IPCREF_OK) r = ipcref__import_ready(ctx, &m, &mm, stream);
   if (r == IPCREF_OK)
     r = ipcref__import_commit(ctx, &m, &mm, stream, views, nviews);
@@ -9260,39 +9457,8 @@ done:
   for (i = 0; i < nfds; i++)
     if (fds[i] >= 0) close(fds[i]);
   if (r == IPCREF_EPROTO) ipcref__refused(ctx, mm.why);
+  if (r == IPCREF_ERANGE) ipcref__refused_as(ctx, r, mm.why);
   return r;
-}
-
-/* Before anything goes to a peer or is taken from it (not under the
- * lock): its hello (the other side sends it from ipcref_peer_new), within
- * opt.hello_timeout_ms of the first call that needed it. Nothing is leased
- * to a process we have not identified: its uid decides whether it may
- * connect, and its pid is what is watched for its death (and what a
- * forwarded hold names). Reading it also leaves nothing unread on a
- * producer that only sends (see ipcref__recvmsg). A blocking socket waits
- * for it; a non-blocking one says EAGAIN (wanting POLLIN) until then, so a
- * silent client never holds up an event loop. */
-IPCREF__PRIVATE ipcref_result ipcref__hello_need(ipcref_peer *p) {
-  long now, left;
-  int nonblocking;
-  ipcref_result r;
-  if (p->hello) return ipcref__hello_result(p);
-  now = ipcref__now_ms();
-  if (!p->hello_since) p->hello_since = now;
-  left = p->hello_since + p->opt.hello_timeout_ms - now;
-  nonblocking = ipcref__nonblocking(p->fd);
-  r = ipcref__hello_read(p, left > 0 && !nonblocking ? (int)left : 0);
-  if (r != IPCREF_ETIMEDOUT)
-    return r == IPCREF_OK ? ipcref__hello_result(p) : r;
-  if (left > 0 && nonblocking) {
-    ipcref__want(p, POLLIN);
-    return IPCREF_EAGAIN;
-  }
-  p->hello = -2; /* too late: refused for good */
-  ipcref__ctx_report(p->ctx, IPCREF_EPEER,
-                     "peer refused: its hello did not come in time "
-                     "(hello_timeout_ms)");
-  return IPCREF_EPEER;
 }
 
 #endif /* IPCREF__SHARING_IMPL */
@@ -10270,9 +10436,42 @@ IPCREF__PRIVATE ipcref_result ipcref__chan_wait(ipcref_peer *p, int ms) {
  * that one which outlives its peer or its context, a copy, or one from
  * another process is settled without a stale pointer: the context is
  * looked up among the live ones (ipcref__live_find), the peer among its
- * peers. Under ctx->lock but for the exports' checks and events. */
+ * peers. Before either, the other side's hello. Under ctx->lock but for
+ * the exports' checks and events, and the hello. */
 
 #ifdef IPCREF__SHARING_IMPL
+
+/* Before anything goes to a peer or is taken from it (not under the
+ * lock): its hello (the other side sends it from ipcref_peer_new), within
+ * opt.hello_timeout_ms of the first call that needed it. Nothing is leased
+ * to a process we have not identified: its uid decides whether it may
+ * connect, and its pid is what is watched for its death (and what a
+ * forwarded hold names). Reading it also leaves nothing unread on a
+ * producer that only sends (see ipcref__recvmsg). A blocking socket waits
+ * for it; a non-blocking one says EAGAIN (wanting POLLIN) until then, so a
+ * silent client never holds up an event loop. */
+IPCREF__PRIVATE ipcref_result ipcref__hello_need(ipcref_peer *p) {
+  long now, left;
+  int nonblocking;
+  ipcref_result r;
+  if (p->hello) return ipcref__hello_result(p);
+  now = ipcref__now_ms();
+  if (!p->hello_since) p->hello_since = now;
+  left = p->hello_since + p->opt.hello_timeout_ms - now;
+  nonblocking = ipcref__nonblocking(p->fd);
+  r = ipcref__hello_read(p, left > 0 && !nonblocking ? (int)left : 0);
+  if (r != IPCREF_ETIMEDOUT)
+    return r == IPCREF_OK ? ipcref__hello_result(p) : r;
+  if (left > 0 && nonblocking) {
+    ipcref__want(p, POLLIN);
+    return IPCREF_EAGAIN;
+  }
+  p->hello = -2; /* too late: refused for good */
+  ipcref__ctx_report(p->ctx, IPCREF_EPEER,
+                     "peer refused: its hello did not come in time "
+                     "(hello_timeout_ms)");
+  return IPCREF_EPEER;
+}
 
 /* ipcref_export and ipcref_export_meta; `fn` names the call. */
 IPCREF__PRIVATE ipcref_result ipcref__export_one(ipcref_peer *p,

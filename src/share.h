@@ -106,8 +106,8 @@ typedef struct ipcref_stats {
                              because their holder died (a forwarder
                              cancelling a send to a process that died),
                              ever; ignored, not refused */
-  uint64_t refused;       /* imports refused (EPROTO) and peers refused
-                             (EPEER), ever */
+  uint64_t refused;       /* imports refused (EPROTO, or ERANGE: past a
+                             peer's caps) and peers refused (EPEER), ever */
   size_t device_bytes;    /* bytes of own device segments (in
                              segment_bytes too) */
   size_t deferred;        /* device releases waiting for their stream */
@@ -138,6 +138,9 @@ typedef struct ipcref_peer_info {
                              carries all; 0: none (not yet, or none asked) */
   int channel_in;         /* 1: its channel to us is up; -1: refused (a
                              malformed setup or record: EPROTO for good) */
+  size_t maps;            /* what its messages keep mapped here (see
+                             max_maps), and */
+  size_t mapped_bytes;    /* their bytes */
 } ipcref_peer_info;
 
 /* A message: a small byte record plus the fds the peer does not have yet.
@@ -262,41 +265,51 @@ IPCREF_API ipcref_result ipcref_peer_new(ipcref_ctx *ctx, int sockfd,
 
 /* Options for ipcref_peer_new_with; zero fields take the defaults. */
 typedef struct ipcref_peer_options {
-  int send_timeout_ms;   /* a send on a blocking socket waits at most this
-                            long for room in it, then fails with ETIMEDOUT
-                            and takes nothing (default: as long as it
-                            takes). On a non-blocking socket (O_NONBLOCK) a
-                            send never waits: EAGAIN */
-  int hello_timeout_ms;  /* the other side's hello must come within this
-                            long of the first call that needs it (a send,
-                            an export), or the peer is refused: EPEER, for
-                            good (default 5000) */
-  size_t max_bytes_held; /* a send that would leave the other side holding
-                           more bytes of blocks made here than this (by
-                           its leases: forwarded views not counted) waits
-                           for it to return some, as for a full socket:
-                           EAGAIN (IPCREF_WANTS_ROOM) or, blocking, up to
-                           send_timeout_ms, then ETIMEDOUT; nothing taken.
-                           One message larger than the cap goes when the
-                           peer holds nothing. Default: no cap */
-  size_t ring_bytes;     /* the channel: a ring in shared memory that
-                            carries this side's hand-offs without a system
-                            call (the socket still carries fds, and what
-                            finds the ring full). Rounded up to a power of
-                            two, 4 KiB to 16 MiB (default 64 KiB; made on
-                            the first send; IPCREF_KEEP_NONE: no ring, the
-                            socket carries everything). A hand-off of one
-                            view of up to 4 dimensions, without metadata,
-                            takes 192 bytes of it (the default ring holds
-                            341), or 64 when it differs from the one
-                            before in a few bytes (the same view again:
-                            1024) */
-  int spin_us;           /* a receive that finds nothing spins this long
-                            before it sleeps (at most 10 ms; 0: never
-                            spins). IPCREF_SPIN_AUTO, the default when no
-                            options are given: up to 50 us, only where this
-                            process may run on more than one CPU, halved
-                            after each spin that found nothing */
+  int send_timeout_ms;     /* a send on a blocking socket waits at most this
+                              long for room in it, then fails with ETIMEDOUT
+                              and takes nothing (default: as long as it
+                              takes). On a non-blocking socket (O_NONBLOCK) a
+                              send never waits: EAGAIN */
+  int hello_timeout_ms;    /* the other side's hello must come within this
+                              long of the first call that needs it (a send,
+                              an export), or the peer is refused: EPEER, for
+                              good (default 5000) */
+  size_t max_bytes_held;   /* a send that would leave the other side holding
+                             more bytes of blocks made here than this (by
+                             its leases: forwarded views not counted) waits
+                             for it to return some, as for a full socket:
+                             EAGAIN (IPCREF_WANTS_ROOM) or, blocking, up to
+                             send_timeout_ms, then ETIMEDOUT; nothing taken.
+                             One message larger than the cap goes when the
+                             peer holds nothing. Default: no cap */
+  size_t ring_bytes;       /* the channel: a ring in shared memory that
+                              carries this side's hand-offs without a system
+                              call (the socket still carries fds, and what
+                              finds the ring full). Rounded up to a power of
+                              two, 4 KiB to 16 MiB (default 64 KiB; made on
+                              the first send; IPCREF_KEEP_NONE: no ring, the
+                              socket carries everything). A hand-off of one
+                              view of up to 4 dimensions, without metadata,
+                              takes 192 bytes of it (the default ring holds
+                              341), or 64 when it differs from the one
+                              before in a few bytes (the same view again:
+                              1024) */
+  int spin_us;             /* a receive that finds nothing spins this long
+                              before it sleeps (at most 10 ms; 0: never
+                              spins). IPCREF_SPIN_AUTO, the default when no
+                              options are given: up to 50 us, only where this
+                              process may run on more than one CPU, halved
+                              after each spin that found nothing */
+  size_t max_maps;         /* what the other side's messages may keep mapped
+                              here at once: segments, ledgers and device
+                              segments, as many (each holds an fd, a ledger
+                              two) and */
+  size_t max_mapped_bytes; /* as many bytes (default: no cap). A message that
+                            would pass a cap, once idle mappings of what
+                            its producers destroyed are let go, is refused:
+                            ERANGE, its leases given back, nothing it
+                            brought kept. A message checks what it brings
+                            mapped, then lets go of it if refused */
 } ipcref_peer_options;
 
 /* ipcref_peer_options.spin_us: spin where it pays (see there). */
@@ -371,8 +384,9 @@ IPCREF_API const void *ipcref_msg_meta(const ipcref_msg *msg, size_t *len);
  * (also on error: they are closed). Errors: EPROTO (malformed, replayed,
  * sent by another process than p's, or not matching the fds), EINVAL
  * (NULL arguments, nfds or len out of range, or a message exported
- * through p itself: then nothing is taken), ENOMEM, ESYS, ENODEV (device
- * memory, and no backend for its device in this context). */
+ * through p itself: then nothing is taken), ERANGE (past p's max_maps or
+ * max_mapped_bytes), ENOMEM, ESYS, ENODEV (device memory, and no backend
+ * for its device in this context). */
 IPCREF_API ipcref_result ipcref_import(ipcref_peer *p, ipcref_msg *msg,
                                        ipcref_view *out);
 
@@ -422,8 +436,10 @@ IPCREF_API ipcref_result ipcref_send_on(ipcref_peer *p, const ipcref_view *v,
  * -1, EINVAL. On a SOCK_STREAM socket a record may come in pieces: what
  * came waits in the peer, with its fds, and a later call completes it, so
  * a sender that stops halfway never holds a receive past its timeout. Errors:
- * ETIMEDOUT, EPEER (hung up), EPROTO, ENOMEM, ESYS, EAGAIN. A batch is received
- * one view per call (see ipcref_peer_poll_fd for event loops). */
+ * ETIMEDOUT, EPEER (hung up), EPROTO, ERANGE (a message past the peer's
+ * max_maps or max_mapped_bytes: refused, the next one may go), ENOMEM,
+ * ESYS, EAGAIN. A batch is received one view per call (see
+ * ipcref_peer_poll_fd for event loops). */
 IPCREF_API ipcref_result ipcref_recv(ipcref_peer *p, ipcref_view *out,
                                      int timeout_ms);
 

@@ -183,6 +183,7 @@ IPCREF__PRIVATE void ipcref__map_drop(ipcref__map *m) {
 /* Takes a mapping out of the cache and lets go of it (under the lock). */
 IPCREF__PRIVATE void ipcref__map_evict(ipcref_ctx *ctx, ipcref__map *m) {
   ipcref__map_index_del(ctx, m);
+  ipcref__map_uncharge(m);
   if (m->kind == IPCREF__KIND_LEDGER)
     ctx->st.counter_files--;
   else

@@ -88,114 +88,17 @@ IPCREF__PRIVATE void ipcref__import_release(void *user, void *data) {
   ipcref__import_end(imp);
 }
 
-/* 1 when `fd` may be a ledger's bell: a datagram socket, to which a
- * return sends one byte, never waiting (whatever it is connected to, the
- * producer could send there itself). */
-IPCREF__PRIVATE int ipcref__bell_ok(int fd) {
-  struct stat st;
-  int type = 0;
-  socklen_t len = sizeof type;
-  return fstat(fd, &st) == 0 && S_ISSOCK(st.st_mode) &&
-         getsockopt(fd, SOL_SOCKET, SO_TYPE, &type, &len) == 0 &&
-         type == SOCK_DGRAM;
-}
-
-/* What is wrong with a received fd for record `r` (NULL: nothing), and
- * the protection to map it with. It must be a memfd sealed against
- * shrinking and growing (so the mapping can never SIGBUS), of exactly the
- * announced size, opened with the access the mapping needs; a ledger's
- * bell (the fd after it) must be one (see ipcref__bell_ok). */
-IPCREF__PRIVATE const char *ipcref__fd_why(int fd, int bell,
-                                           const ipcref__fd_rec *r, int *prot) {
-  struct stat st;
-  int seals, fl;
-  if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode))
-    return "a segment or ledger fd that is not a memfd";
-  if ((uint64_t)st.st_size != r->size || r->size == 0 ||
-      r->size > (uint64_t)PTRDIFF_MAX)
-    return "a segment or ledger fd not of the size its record says";
-  seals = fcntl(fd, F_GET_SEALS);
-  if (seals < 0 ||
-      (seals & (F_SEAL_SHRINK | F_SEAL_GROW)) != (F_SEAL_SHRINK | F_SEAL_GROW))
-    return "a segment or ledger fd not sealed against shrinking and growing";
-  fl = fcntl(fd, F_GETFL);
-  if (fl < 0) return "an fd whose access mode cannot be read";
-  if (r->kind == IPCREF__KIND_LEDGER && r->size < IPCREF__LEDGER_HDR)
-    return "a ledger smaller than its header";
-  if (r->kind == IPCREF__KIND_LEDGER && !ipcref__bell_ok(bell))
-    return "a ledger's bell that is not a datagram socket";
-  *prot = PROT_READ;
-  if (r->kind == IPCREF__KIND_LEDGER || r->writable) { /* mapped writable */
-    if ((fl & O_ACCMODE) != O_RDWR ||
-        (seals & (F_SEAL_WRITE | F_SEAL_FUTURE_WRITE)) != 0)
-      return "a ledger or writable segment fd not open read-write, or "
-             "sealed against writes";
-    *prot = PROT_READ | PROT_WRITE;
-  } else if ((fl & O_ACCMODE) == O_WRONLY) {
-    return "a segment fd opened write-only";
-  }
-  return NULL;
-}
-
-/* Checks a received fd against its record and maps it (*why says what
- * was wrong on EPROTO). A ledger's header must agree with the record. */
-IPCREF__PRIVATE ipcref_result ipcref__map_fd(int fd, int bell,
-                                             const ipcref__fd_rec *r,
-                                             ipcref__map **out,
-                                             const char **why) {
-  int prot = PROT_READ;
-  ipcref__map *m;
-  unsigned char *base;
-  if ((*why = ipcref__fd_why(fd, bell, r, &prot)) != NULL) return IPCREF_EPROTO;
-  base = (unsigned char *)mmap(NULL, (size_t)r->size, prot, MAP_SHARED, fd, 0);
-  if (base == (unsigned char *)MAP_FAILED) return IPCREF_ESYS;
-  m = (ipcref__map *)ipcref__zalloc(sizeof *m);
-  if (!m) {
-    munmap(base, (size_t)r->size);
-    return IPCREF_ENOMEM;
-  }
-  m->kind = r->kind;
-  m->origin_nonce = r->origin_nonce;
-  m->origin_pid = (int)r->origin_pid;
-  m->id = r->id;
-  m->fd = fd;
-  m->bell = r->kind == IPCREF__KIND_LEDGER ? bell : -1;
-  m->base = base;
-  m->size = (size_t)r->size;
-  m->writable = r->kind == IPCREF__KIND_SEGMENT && r->writable;
-  if (r->kind == IPCREF__KIND_LEDGER) {
-    ipcref__ledger_hdr *h = (ipcref__ledger_hdr *)(void *)base;
-    uint32_t n = h->nslots;
-    if (h->magic != IPCREF__LEDGER_MAGIC ||
-        h->version != IPCREF__LEDGER_VERSION || n < 2 || n > (1u << 24) ||
-        (n & 1) || ipcref__ledger_bytes(n) != r->size ||
-        h->origin_nonce != r->origin_nonce || h->ledger_id != r->id) {
-      munmap(base, (size_t)r->size);
-      IPCREF_FREE(m);
-      *why = "a ledger whose header disagrees with its record";
-      return IPCREF_EPROTO;
-    }
-    m->nslots = n;
-    m->imported = (uint32_t *)ipcref__zalloc(n * sizeof(uint32_t));
-    if (!m->imported) {
-      munmap(base, (size_t)r->size);
-      IPCREF_FREE(m);
-      return IPCREF_ENOMEM;
-    }
-  }
-  *out = m;
-  return IPCREF_OK;
-}
-
-/* Fresh mappings join the cache, each in the place of the one it
- * displaces (see ipcref__map_displaced), which goes once unused (under
- * the lock). */
-IPCREF__PRIVATE void ipcref__maps_commit(ipcref_ctx *ctx, ipcref__map **fresh,
-                                         ipcref__map **old, int n) {
+/* Fresh mappings join the cache, charged to `via`, each in the place of
+ * the one it displaces (see ipcref__map_displaced), which goes once unused
+ * (under the lock). */
+IPCREF__PRIVATE void ipcref__maps_commit(ipcref_ctx *ctx, ipcref_peer *via,
+                                         ipcref__map **fresh, ipcref__map **old,
+                                         int n) {
   int k;
   for (k = 0; k < n; k++) {
     if (old[k]) ipcref__map_displace(ctx, old[k]);
     ipcref__map_index_add(ctx, fresh[k]);
+    ipcref__map_charge(via, fresh[k]);
     if (fresh[k]->kind == IPCREF__KIND_LEDGER)
       ctx->st.counter_files++;
     else
@@ -226,7 +129,9 @@ typedef struct ipcref__msg_maps {
   ipcref__map *old[IPCREF_MSG_MAX_FDS]; /* what each displaces, or NULL */
   int nfresh;
   ipcref__map *seg[IPCREF_MSG_MAX_VIEWS], *ledger[IPCREF_MSG_MAX_VIEWS];
-  const char *why; /* what a refusal (EPROTO) found wrong */
+  ipcref_peer *via; /* the peer it came on, charged for what it brings */
+  int over;         /* a view of what a message refused for the caps brought */
+  const char *why;  /* what a refusal (EPROTO, ERANGE) found wrong */
 } ipcref__msg_maps;
 
 /* A mapping this message brings, or NULL; as ipcref__map_find, a segment
@@ -352,7 +257,15 @@ IPCREF__PRIVATE const char *ipcref__import_rec_why(ipcref_ctx *ctx,
                            v->ledger_id);
   mm->seg[i] = seg;
   mm->ledger[i] = led;
-  if (!seg || !led) return "a view of a segment or ledger never sent";
+  if (!seg || !led) {
+    mm->over = (!seg && ipcref__refused_was(mm->via, v->origin_nonce,
+                                            ipcref__sent_key(v->seg_id, 0))) ||
+               (!led && ipcref__refused_was(mm->via, v->origin_nonce,
+                                            ipcref__sent_key(v->ledger_id, 1)));
+    return mm->over ? "a view of what a message refused for the peer's caps "
+                      "brought (max_maps, max_mapped_bytes)"
+                    : "a view of a segment or ledger never sent";
+  }
   if (seg->origin_pid != (int)v->origin_pid ||
       led->origin_pid != (int)v->origin_pid)
     return "a view whose origin is not its segment's or its ledger's";
@@ -382,7 +295,68 @@ IPCREF__PRIVATE const char *ipcref__import_rec_why(ipcref_ctx *ctx,
   return NULL;
 }
 
-/* Import, step 4: what is needed before anything is taken. Device memory
+/* A message refused for the caps of the peer it came on (ERANGE), or
+ * naming what one brought: what it brings is noted (see
+ * ipcref__refused_note), and each of its leases that is live at its
+ * generation in a ledger mapped here (checked as step 3 checks it; the
+ * others cannot be returned) goes back, marked imported. A lease of the
+ * sender's own goes back as refused: its producer then sends the fds of
+ * its segment and ledger again. */
+IPCREF__PRIVATE void ipcref__leases_refuse(ipcref_ctx *ctx,
+                                           const ipcref__msg_in *m,
+                                           ipcref__msg_maps *mm) {
+  int k;
+  for (k = 0; k < mm->nfresh; k++) ipcref__refused_note(mm->via, mm->fresh[k]);
+  for (k = 0; k < m->head.nviews; k++) {
+    const ipcref__view_rec *v = &m->views[k];
+    ipcref__map *led = ipcref__fresh_find(mm, IPCREF__KIND_LEDGER,
+                                          v->origin_nonce, v->ledger_id);
+    uint64_t e, live = ((uint64_t)v->gen << 2) | IPCREF__SLOT_LIVE;
+    if (!led)
+      led = ipcref__map_find(ctx, IPCREF__KIND_LEDGER, v->origin_nonce,
+                             v->ledger_id);
+    if (!led || v->slot >= led->nslots ||
+        led->imported[v->slot] == v->gen + 1u ||
+        __atomic_load_n(&ipcref__ledger_slots(led->base)[2 * (size_t)v->slot],
+                        __ATOMIC_ACQUIRE) != live)
+      continue;
+    e = ipcref__ring_entry(v->origin_nonce == m->head.sender_nonce
+                               ? IPCREF__RING_REFUSED
+                               : IPCREF__RING_RELEASE,
+                           v->slot, v->gen);
+    led->imported[v->slot] = v->gen + 1u;
+    ipcref__ring_push(led->base, led->nslots, led->bell, &e, 1, NULL);
+  }
+}
+
+/* Import, step 4: room under the caps of the peer it came on for what it
+ * brings (see ipcref__map_room). Short of it, the idle mappings of what
+ * was retired that are charged to the peer go first (not those the
+ * message names); still short, the message is refused (ERANGE). */
+IPCREF__PRIVATE ipcref_result ipcref__import_room(ipcref_ctx *ctx,
+                                                  const ipcref__msg_in *m,
+                                                  ipcref__msg_maps *mm) {
+  ipcref__map *x, *next;
+  size_t bytes = 0;
+  int k, n = m->head.nviews;
+  for (k = 0; k < mm->nfresh; k++)
+    if (__builtin_add_overflow(bytes, mm->fresh[k]->size, &bytes))
+      bytes = SIZE_MAX;
+  if (ipcref__map_room(mm->via, (size_t)mm->nfresh, bytes)) return IPCREF_OK;
+  for (x = ctx->maps_retired; x; x = next) {
+    next = x->next;
+    if (x->via != mm->via || __atomic_load_n(&x->refs, __ATOMIC_ACQUIRE))
+      continue;
+    for (k = 0; k < n && mm->seg[k] != x && mm->ledger[k] != x; k++) continue;
+    if (k == n) ipcref__map_evict(ctx, x);
+  }
+  if (ipcref__map_room(mm->via, (size_t)mm->nfresh, bytes)) return IPCREF_OK;
+  mm->why = "past the caps of the peer it came on (max_maps, "
+            "max_mapped_bytes)";
+  return IPCREF_ERANGE;
+}
+
+/* Import, step 5: what is needed before anything is taken. Device memory
  * without its backend here is refused (ENODEV), its leases, which are
  * genuine, given back at once and its mappings kept (the peer counts them
  * sent); device data makes `stream` wait for the producer's writes (also
@@ -394,7 +368,7 @@ IPCREF__PRIVATE ipcref_result ipcref__import_ready(ipcref_ctx *ctx,
   int i, n = m->head.nviews;
   for (i = 0; i < n; i++)
     if (mm->seg[i]->kind == IPCREF__KIND_DEVICE && !mm->seg[i]->be) {
-      ipcref__maps_commit(ctx, mm->fresh, mm->old, mm->nfresh);
+      ipcref__maps_commit(ctx, mm->via, mm->fresh, mm->old, mm->nfresh);
       mm->nfresh = 0;
       ipcref__leases_give_back(m->views, mm->ledger, 0, n);
       return IPCREF_ENODEV;
@@ -409,7 +383,7 @@ IPCREF__PRIVATE ipcref_result ipcref__import_ready(ipcref_ctx *ctx,
   return IPCREF_OK;
 }
 
-/* Import, step 5, for one view: a buffer over its block whose death
+/* Import, step 6, for one view: a buffer over its block whose death
  * returns its lease (see ipcref__import_release). 0 when out of memory. */
 IPCREF__PRIVATE int ipcref__import_view(ipcref_ctx *ctx,
                                         const ipcref__view_rec *v,
@@ -465,14 +439,14 @@ IPCREF__PRIVATE int ipcref__import_view(ipcref_ctx *ctx,
   return 1;
 }
 
-/* Import, step 5: the fresh mappings join the cache and each view gets
+/* Import, step 6: the fresh mappings join the cache and each view gets
  * its buffer. Out of memory partway, the leases not used are given back
  * (the views made are released by the caller, after the unlock). */
 IPCREF__PRIVATE ipcref_result ipcref__import_commit(
     ipcref_ctx *ctx, const ipcref__msg_in *m, ipcref__msg_maps *mm,
     void *stream, ipcref_view *views, int *nviews) {
   int i, n = m->head.nviews;
-  ipcref__maps_commit(ctx, mm->fresh, mm->old, mm->nfresh);
+  ipcref__maps_commit(ctx, mm->via, mm->fresh, mm->old, mm->nfresh);
   mm->nfresh = 0;
   ctx->st.fds_received += (uint64_t)m->nfds;
   for (i = 0; i < n; i++) {
@@ -488,8 +462,9 @@ IPCREF__PRIVATE ipcref_result ipcref__import_commit(
 }
 
 /* A message refused (EPROTO): counted, and named to the context's hook as
- * "message refused: why". */
-IPCREF__PRIVATE void ipcref__refused(ipcref_ctx *ctx, const char *why) {
+ * "message refused: why" (with `code`, ipcref__refused_as). */
+IPCREF__PRIVATE void ipcref__refused_as(ipcref_ctx *ctx, ipcref_result code,
+                                        const char *why) {
   static const char head[] = "message refused: ";
   char m[192];
   size_t n;
@@ -500,7 +475,11 @@ IPCREF__PRIVATE void ipcref__refused(ipcref_ctx *ctx, const char *why) {
   memcpy(m, head, sizeof head - 1);
   memcpy(m + sizeof head - 1, why, n);
   m[sizeof head - 1 + n] = '\0';
-  ipcref__ctx_report(ctx, IPCREF_EPROTO, m);
+  ipcref__ctx_report(ctx, code, m);
+}
+
+IPCREF__PRIVATE void ipcref__refused(ipcref_ctx *ctx, const char *why) {
+  ipcref__refused_as(ctx, IPCREF_EPROTO, why);
 }
 
 /* import_bytes' `how`: the death check runs there (not for a record off
@@ -512,8 +491,8 @@ IPCREF__PRIVATE void ipcref__refused(ipcref_ctx *ctx, const char *why) {
 /* Imports a received message with its fds (takes the fds: each is closed
  * or kept by a mapping). `views` gets one view per record. Decoded first
  * (no side effect), then under the lock: retire, map, check every record,
- * get ready, commit. A refused message changes nothing but the cache of
- * what the sender retired, and the refusal count. */
+ * make room, get ready, commit. A refused message changes nothing but the
+ * cache of what was retired, and the refusal count. */
 IPCREF__PRIVATE ipcref_result ipcref__import_bytes(
     ipcref_peer *p, const unsigned char *bytes, size_t len, int *fds, int nfds,
     void *stream, ipcref_view *views, int *nviews, int how) {
@@ -524,6 +503,8 @@ IPCREF__PRIVATE ipcref_result ipcref__import_bytes(
   int i, k;
   *nviews = 0;
   mm.nfresh = 0;
+  mm.over = 0;
+  mm.via = p;
   mm.why = "the fds that came are not those its records call for";
   if (!ipcref__msg_decode(bytes, len, &m)) {
     mm.why = m.why;
@@ -542,6 +523,9 @@ IPCREF__PRIVATE ipcref_result ipcref__import_bytes(
   for (i = 0; r == IPCREF_OK && i < m.head.nviews; i++)
     if ((mm.why = ipcref__import_rec_why(ctx, &m, &mm, i)) != NULL)
       r = IPCREF_EPROTO;
+  if (r == IPCREF_EPROTO && mm.over) r = IPCREF_ERANGE;
+  if (r == IPCREF_OK) r = ipcref__import_room(ctx, &m, &mm);
+  if (r == IPCREF_ERANGE) ipcref__leases_refuse(ctx, &m, &mm);
   if (r == IPCREF_OK) r = ipcref__import_ready(ctx, &m, &mm, stream);
   if (r == IPCREF_OK)
     r = ipcref__import_commit(ctx, &m, &mm, stream, views, nviews);
@@ -558,39 +542,8 @@ done:
   for (i = 0; i < nfds; i++)
     if (fds[i] >= 0) close(fds[i]);
   if (r == IPCREF_EPROTO) ipcref__refused(ctx, mm.why);
+  if (r == IPCREF_ERANGE) ipcref__refused_as(ctx, r, mm.why);
   return r;
-}
-
-/* Before anything goes to a peer or is taken from it (not under the
- * lock): its hello (the other side sends it from ipcref_peer_new), within
- * opt.hello_timeout_ms of the first call that needed it. Nothing is leased
- * to a process we have not identified: its uid decides whether it may
- * connect, and its pid is what is watched for its death (and what a
- * forwarded hold names). Reading it also leaves nothing unread on a
- * producer that only sends (see ipcref__recvmsg). A blocking socket waits
- * for it; a non-blocking one says EAGAIN (wanting POLLIN) until then, so a
- * silent client never holds up an event loop. */
-IPCREF__PRIVATE ipcref_result ipcref__hello_need(ipcref_peer *p) {
-  long now, left;
-  int nonblocking;
-  ipcref_result r;
-  if (p->hello) return ipcref__hello_result(p);
-  now = ipcref__now_ms();
-  if (!p->hello_since) p->hello_since = now;
-  left = p->hello_since + p->opt.hello_timeout_ms - now;
-  nonblocking = ipcref__nonblocking(p->fd);
-  r = ipcref__hello_read(p, left > 0 && !nonblocking ? (int)left : 0);
-  if (r != IPCREF_ETIMEDOUT)
-    return r == IPCREF_OK ? ipcref__hello_result(p) : r;
-  if (left > 0 && nonblocking) {
-    ipcref__want(p, POLLIN);
-    return IPCREF_EAGAIN;
-  }
-  p->hello = -2; /* too late: refused for good */
-  ipcref__ctx_report(p->ctx, IPCREF_EPEER,
-                     "peer refused: its hello did not come in time "
-                     "(hello_timeout_ms)");
-  return IPCREF_EPEER;
 }
 
 #endif /* IPCREF__SHARING_IMPL */

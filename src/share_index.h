@@ -2,10 +2,11 @@
  * many segments a process shares. A consumer's mappings, by origin and id
  * (a hash table over ctx->maps and ctx->maps_retired, chained through
  * `hnext`; retired mappings on a list of their own, so that a receive's
- * trim looks at those alone); and what each peer has been sent (an
- * open-addressing set in the peer). Both under ctx->lock. Out of memory,
- * the mappings are found by walking their lists instead (correct, only
- * slower), and a peer's set says so to its caller (*fail). */
+ * trim looks at those alone), and what each peer's messages keep mapped,
+ * for its caps; what each peer has been sent (an open-addressing set in
+ * the peer). All under ctx->lock. Out of memory, the mappings are found
+ * by walking their lists instead (correct, only slower), and a peer's set
+ * says so to its caller (*fail). */
 
 #ifdef IPCREF__SHARING_IMPL
 
@@ -146,6 +147,67 @@ IPCREF__PRIVATE ipcref__map *ipcref__map_find(ipcref_ctx *ctx, int kind,
   }
   if (m) ctx->map_last[led] = m;
   return m;
+}
+
+/* ---- what a peer keeps mapped ---------------------------------------------
+ * Each mapping is charged to the peer whose message brought it (`via`),
+ * whose caps (opt.max_maps, opt.max_mapped_bytes) bound what a producer,
+ * honest or not, can make this process map: fds and address space. The
+ * charge ends when the mapping goes, or the peer (then NULL). */
+
+IPCREF__PRIVATE void ipcref__map_charge(ipcref_peer *p, ipcref__map *m) {
+  m->via = p;
+  if (!p) return;
+  p->nmaps++;
+  p->mapped_bytes += m->size;
+}
+
+IPCREF__PRIVATE void ipcref__map_uncharge(ipcref__map *m) {
+  if (!m->via) return;
+  m->via->nmaps--;
+  m->via->mapped_bytes -= m->size;
+  m->via = NULL;
+}
+
+/* 1 when peer `p` may keep `n` mappings of `bytes` more. */
+IPCREF__PRIVATE int ipcref__map_room(const ipcref_peer *p, size_t n,
+                                     size_t bytes) {
+  size_t total;
+  if (p->opt.max_maps && p->nmaps + n > p->opt.max_maps) return 0;
+  return !p->opt.max_mapped_bytes ||
+         (!__builtin_add_overflow(p->mapped_bytes, bytes, &total) &&
+          total <= p->opt.max_mapped_bytes);
+}
+
+/* Notes a mapping that a message refused for the caps brought (and that
+ * is not kept): a message its producer sent before it heard of that names
+ * it without its fd, and is refused so too (ERANGE), not as a forgery. */
+IPCREF__PRIVATE void ipcref__refused_note(ipcref_peer *p,
+                                          const ipcref__map *m) {
+  ipcref__sent *s = &p->refused[p->refused_at++ % IPCREF__REFUSED];
+  s->nonce = m->origin_nonce;
+  s->key = ipcref__sent_key(m->id, m->kind == IPCREF__KIND_LEDGER);
+  s->used = 1;
+}
+
+/* 1 when segment or ledger `key` of origin `nonce` was noted so lately. */
+IPCREF__PRIVATE int ipcref__refused_was(const ipcref_peer *p, uint64_t nonce,
+                                        uint64_t key) {
+  int i;
+  for (i = 0; i < IPCREF__REFUSED; i++)
+    if (p->refused[i].used && p->refused[i].nonce == nonce &&
+        p->refused[i].key == key)
+      return 1;
+  return 0;
+}
+
+/* Peer `p` is freed: what it brought is charged to nobody. */
+IPCREF__PRIVATE void ipcref__maps_unvia(ipcref_ctx *ctx, ipcref_peer *p) {
+  ipcref__map *m;
+  for (m = ctx->maps; m; m = m->next)
+    if (m->via == p) ipcref__map_uncharge(m);
+  for (m = ctx->maps_retired; m; m = m->next)
+    if (m->via == p) ipcref__map_uncharge(m);
 }
 
 /* ---- what a peer was sent -------------------------------------------------

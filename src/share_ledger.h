@@ -34,6 +34,10 @@
 #define IPCREF__RING_RELEASE   0u /* entry: a lease came back */
 #define IPCREF__RING_LINK      1u /* entry pair: a forwarded lease */
 #define IPCREF__RING_PARENT    2u /* second half of a link */
+#define IPCREF__RING_REFUSED                                                   \
+  3u /* entry: a lease came back unused, its                                   \
+        message refused for the caps of the                                    \
+        receiver's peer (ipcref__leases_refuse) */
 
 typedef struct ipcref__ledger_hdr {
   uint32_t magic, version, nslots, origin_pid;
@@ -385,11 +389,28 @@ IPCREF__PRIVATE void ipcref__hole_skip(ipcref_ctx *ctx, ipcref__ledger *l,
   ipcref__adopt_forwards(ctx, l);
 }
 
+/* A lease of ours came back refused (IPCREF__RING_REFUSED): its consumer
+ * did not keep what the message brought, so the peer is sent the fds of
+ * the lease's segment and ledger again with its next view of them. */
+IPCREF__PRIVATE void ipcref__lease_refused(ipcref_ctx *ctx, ipcref__ledger *l,
+                                           uint32_t slot, uint32_t gen) {
+  const ipcref__block *b;
+  if (slot >= l->n / 2 || !l->peer || !l->leases[slot].block ||
+      l->leases[slot].gen != gen)
+    return;
+  b = l->leases[slot].block;
+  (void)ipcref__sent_forget(l->peer, ctx->nonce,
+                            ipcref__sent_key(b->seg->id, 0));
+  (void)ipcref__sent_forget(l->peer, ctx->nonce, ipcref__sent_key(l->id, 1));
+}
+
 /* One ring entry that is not a link (under the lock). */
 IPCREF__PRIVATE void ipcref__ring_release(ipcref_ctx *ctx, ipcref__ledger *l,
                                           uint64_t e, size_t *freed) {
   uint32_t slot = (uint32_t)(e & 0x3fffffffu) - 1u, gen = (uint32_t)(e >> 32);
-  if (((e >> 30) & 3u) != IPCREF__RING_RELEASE) {
+  uint32_t kind = (uint32_t)(e >> 30) & 3u;
+  if (kind == IPCREF__RING_REFUSED) ipcref__lease_refused(ctx, l, slot, gen);
+  if (kind != IPCREF__RING_RELEASE && kind != IPCREF__RING_REFUSED) {
     ipcref__bad_return(ctx, "invalid lease return in a ledger");
   } else if (ipcref__lease_end(ctx, l, slot, gen, freed)) {
     return;
@@ -420,7 +441,8 @@ IPCREF__PRIVATE void ipcref__late_entries(ipcref_ctx *ctx, ipcref__ledger *l,
       __atomic_store_n(&ring[pos % cap], 0, __ATOMIC_RELAXED);
     }
     l->late[i] = l->late[--l->nlate];
-    if (e && ((e >> 30) & 3u) == IPCREF__RING_RELEASE)
+    if (e && (((e >> 30) & 3u) == IPCREF__RING_RELEASE ||
+              ((e >> 30) & 3u) == IPCREF__RING_REFUSED))
       ipcref__ring_release(ctx, l, e, freed);
   }
 }

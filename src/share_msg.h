@@ -7,9 +7,42 @@
  * that one which outlives its peer or its context, a copy, or one from
  * another process is settled without a stale pointer: the context is
  * looked up among the live ones (ipcref__live_find), the peer among its
- * peers. Under ctx->lock but for the exports' checks and events. */
+ * peers. Before either, the other side's hello. Under ctx->lock but for
+ * the exports' checks and events, and the hello. */
 
 #ifdef IPCREF__SHARING_IMPL
+
+/* Before anything goes to a peer or is taken from it (not under the
+ * lock): its hello (the other side sends it from ipcref_peer_new), within
+ * opt.hello_timeout_ms of the first call that needed it. Nothing is leased
+ * to a process we have not identified: its uid decides whether it may
+ * connect, and its pid is what is watched for its death (and what a
+ * forwarded hold names). Reading it also leaves nothing unread on a
+ * producer that only sends (see ipcref__recvmsg). A blocking socket waits
+ * for it; a non-blocking one says EAGAIN (wanting POLLIN) until then, so a
+ * silent client never holds up an event loop. */
+IPCREF__PRIVATE ipcref_result ipcref__hello_need(ipcref_peer *p) {
+  long now, left;
+  int nonblocking;
+  ipcref_result r;
+  if (p->hello) return ipcref__hello_result(p);
+  now = ipcref__now_ms();
+  if (!p->hello_since) p->hello_since = now;
+  left = p->hello_since + p->opt.hello_timeout_ms - now;
+  nonblocking = ipcref__nonblocking(p->fd);
+  r = ipcref__hello_read(p, left > 0 && !nonblocking ? (int)left : 0);
+  if (r != IPCREF_ETIMEDOUT)
+    return r == IPCREF_OK ? ipcref__hello_result(p) : r;
+  if (left > 0 && nonblocking) {
+    ipcref__want(p, POLLIN);
+    return IPCREF_EAGAIN;
+  }
+  p->hello = -2; /* too late: refused for good */
+  ipcref__ctx_report(p->ctx, IPCREF_EPEER,
+                     "peer refused: its hello did not come in time "
+                     "(hello_timeout_ms)");
+  return IPCREF_EPEER;
+}
 
 /* ipcref_export and ipcref_export_meta; `fn` names the call. */
 IPCREF__PRIVATE ipcref_result ipcref__export_one(ipcref_peer *p,

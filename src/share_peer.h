@@ -541,6 +541,8 @@ IPCREF_API ipcref_result ipcref_peer_stats(ipcref_peer *p,
   ctx = p->ctx;
   IPCREF__LOCK(ctx);
   ipcref__sweep(ctx); /* what came back is not held */
+  out->maps = p->nmaps;
+  out->mapped_bytes = p->mapped_bytes;
   for (l = ctx->ledgers; l; l = l->next) {
     if (l->peer != p || l->live == 0) continue;
     for (s = 0; s < l->n; s++) {
@@ -571,8 +573,9 @@ IPCREF_API void ipcref_peer_free(ipcref_peer *p) {
   ipcref__chan_closing(p);
   for (drained = 0; drained < IPCREF__FREE_DRAIN; drained++) {
     ipcref_view v;
-    if (ipcref_recv(p, &v, 0) != IPCREF_OK) break;
-    ipcref_view_release(&v);
+    ipcref_result r = ipcref_recv(p, &v, 0);
+    if (r == IPCREF_OK) ipcref_view_release(&v);
+    if (r != IPCREF_OK && r != IPCREF_ERANGE) break; /* ERANGE: gave back */
   }
   IPCREF__LOCK(ctx);
   IPCREF__LIST_REMOVE(ctx->peers, p, next, prev);
@@ -583,6 +586,7 @@ IPCREF_API void ipcref_peer_free(ipcref_peer *p) {
   ctx->st.peers--;
   if (p->room_wait) ipcref__room_update(ctx); /* it waits no more */
   if (ipcref__retire_origin(ctx, p)) ipcref__maps_trim(ctx, 0);
+  ipcref__maps_unvia(ctx, p);
   ipcref__watch_put(ctx, p->watch);
   ipcref__sweep(ctx);
   (void)ipcref__pump(ctx, 0);

@@ -240,6 +240,8 @@ typedef struct ipcref__map {
                              forwarding) and sizes; `fd` is -1 */
   int refs;                   /* atomic: imported buffers using it */
   int retired;                /* the origin destroyed it: unmap at refs 0 */
+  ipcref_peer *via;           /* whose message brought it, charged for it
+                                 (share_index); NULL once that peer is freed */
   struct ipcref__map *next, *prev; /* ctx->maps, or ctx->maps_retired */
   struct ipcref__map *hnext;       /* its chain in ctx->map_index */
 } ipcref__map;
@@ -268,6 +270,7 @@ typedef struct ipcref__sent {
 IPCREF__PRIVATE uint64_t ipcref__sent_key(uint64_t id, int is_ledger) {
   return (id << 1) | (uint64_t)(is_ledger ? 1 : 0);
 }
+#define IPCREF__REFUSED 16 /* refused segments and ledgers a peer recalls */
 
 struct ipcref_peer {
   uint32_t magic; /* IPCREF__ALIVE; IPCREF__DEAD once freed (kept a while:
@@ -296,8 +299,12 @@ struct ipcref_peer {
   size_t nretired, capretired;
   ipcref_view pending[64]; /* received views not handed out yet */
   int npending, pending_pos;
-  size_t held_bytes; /* of the blocks its leases (made here) hold */
-  int room_wait;     /* a send was refused for opt.max_bytes_held */
+  size_t held_bytes;          /* of the blocks its leases (made here) hold */
+  size_t nmaps, mapped_bytes; /* what its messages keep mapped here */
+  ipcref__sent refused[IPCREF__REFUSED]; /* what the last messages refused
+                                            for the caps brought (a ring) */
+  unsigned refused_at;
+  int room_wait; /* a send was refused for opt.max_bytes_held */
   unsigned char meta[IPCREF_META_MAX]; /* the last message's metadata */
   size_t meta_len;
   unsigned char *in; /* a stream's record so far, its length first (see

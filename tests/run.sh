@@ -15,7 +15,7 @@ FAILED=0
 SKIPPED=0
 
 # The suites, as test names under tests/ (tests/NAME.c).
-SUITE="test_buf test_threads test_view_model test_view_args test_wire test_share test_channel test_cache test_loop test_meta test_room test_share_threads test_hostile test_crash test_forward_death test_gpu test_table test_checked test_errors"
+SUITE="test_buf test_threads test_view_model test_view_args test_wire test_share test_channel test_cache test_loop test_meta test_room test_map_caps test_share_threads test_hostile test_crash test_forward_death test_gpu test_table test_checked test_errors"
 # The sharing layer's suite needs POSIX; without it the portable core runs.
 THREADED="test_threads test_share_threads test_table" # also run under TSan
 # The sharing suites run twice: over the channel (the default) and over the

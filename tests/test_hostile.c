@@ -1584,7 +1584,8 @@ static int e_child(void *argp) {
   e_push(base, n,
          ipcref__ring_entry(IPCREF__RING_RELEASE, slot[1], gen[1] + 1));
   e_push(base, n, ipcref__ring_entry(IPCREF__RING_RELEASE, n + 5, 1));
-  e_push(base, n, ((uint64_t)gen[2] << 32) | (3ull << 30) | (slot[2] + 1u));
+  e_push(base, n,
+         ipcref__ring_entry(IPCREF__RING_REFUSED, slot[2], gen[2] + 1));
   e_push(base, n, ipcref__ring_entry(IPCREF__RING_PARENT, slot[2], gen[2]));
   ctl_put(a->ctl, 'f');
   CTL_EXPECT(a->ctl, 'l');
@@ -1621,7 +1622,8 @@ out:
 /* Counters that cannot lie: a consumer (a child) maps the ledger fd it
  * received and writes forged entries into the ring: a second return of a
  * lease it returned, a return for a slot it was never given, stale and
- * future generations, a slot past the ledger, an unknown kind, a lone
+ * future generations, a slot past the ledger, a refusal (the return of a
+ * lease whose message was refused) at a wrong generation, a lone
  * parent half, a link of a forwarding slot never claimed, and finally a
  * second return after its genuine one, behind ring positions it took and
  * never wrote (holes, which the sweep steps over once stale, so a consumer

@@ -44,7 +44,7 @@ LAYERS = ["base", "checked", "buf", "view", "view_ops", "view_copy",
           "share", "share_backend", "share_state", "share_index", "share_watch", "share_segment", "share_ledger",
           "share_ctx", "share_buf", "share_device", "share_wire", "share_peer",
           "share_loop",
-          "share_export", "share_devmap", "share_import", "share_channel", "share_chan_recv", "share_msg", "share_send", "share_recv", "share_path",
+          "share_export", "share_map", "share_import", "share_channel", "share_chan_recv", "share_msg", "share_send", "share_recv", "share_path",
           "dlpack", "table", "table_ops"]
 MARKER = "/* @implementation */"
 

@@ -1,10 +1,111 @@
-/* share_devmap: device segments another process exported, opened for an
- * import: by their IPC handle, by the fd of a VMM allocation or of a pool
- * (with the pointer's data), or as VMM chunks by an fd each; each opening
- * the backend's, checked against what its record announces. Under
- * ctx->lock (share_import's step 2). */
+/* share_map: what a message brings, checked and mapped for an import
+ * (share_import's step 2). A host segment or a ledger by its fd: a memfd
+ * sealed, of its announced size and access, a ledger's header and bell as
+ * its record says. A device segment another process exported: by its IPC
+ * handle, by the fd of a VMM allocation or of a pool (with the pointer's
+ * data), or as VMM chunks by an fd each; each opening the backend's,
+ * checked against what its record announces. Under ctx->lock. */
 
 #ifdef IPCREF__SHARING_IMPL
+
+/* 1 when `fd` may be a ledger's bell: a datagram socket, to which a
+ * return sends one byte, never waiting (whatever it is connected to, the
+ * producer could send there itself). */
+IPCREF__PRIVATE int ipcref__bell_ok(int fd) {
+  struct stat st;
+  int type = 0;
+  socklen_t len = sizeof type;
+  return fstat(fd, &st) == 0 && S_ISSOCK(st.st_mode) &&
+         getsockopt(fd, SOL_SOCKET, SO_TYPE, &type, &len) == 0 &&
+         type == SOCK_DGRAM;
+}
+
+/* What is wrong with a received fd for record `r` (NULL: nothing), and
+ * the protection to map it with. It must be a memfd sealed against
+ * shrinking and growing (so the mapping can never SIGBUS), of exactly the
+ * announced size, opened with the access the mapping needs; a ledger's
+ * bell (the fd after it) must be one (see ipcref__bell_ok). */
+IPCREF__PRIVATE const char *ipcref__fd_why(int fd, int bell,
+                                           const ipcref__fd_rec *r, int *prot) {
+  struct stat st;
+  int seals, fl;
+  if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode))
+    return "a segment or ledger fd that is not a memfd";
+  if ((uint64_t)st.st_size != r->size || r->size == 0 ||
+      r->size > (uint64_t)PTRDIFF_MAX)
+    return "a segment or ledger fd not of the size its record says";
+  seals = fcntl(fd, F_GET_SEALS);
+  if (seals < 0 ||
+      (seals & (F_SEAL_SHRINK | F_SEAL_GROW)) != (F_SEAL_SHRINK | F_SEAL_GROW))
+    return "a segment or ledger fd not sealed against shrinking and growing";
+  fl = fcntl(fd, F_GETFL);
+  if (fl < 0) return "an fd whose access mode cannot be read";
+  if (r->kind == IPCREF__KIND_LEDGER && r->size < IPCREF__LEDGER_HDR)
+    return "a ledger smaller than its header";
+  if (r->kind == IPCREF__KIND_LEDGER && !ipcref__bell_ok(bell))
+    return "a ledger's bell that is not a datagram socket";
+  *prot = PROT_READ;
+  if (r->kind == IPCREF__KIND_LEDGER || r->writable) { /* mapped writable */
+    if ((fl & O_ACCMODE) != O_RDWR ||
+        (seals & (F_SEAL_WRITE | F_SEAL_FUTURE_WRITE)) != 0)
+      return "a ledger or writable segment fd not open read-write, or "
+             "sealed against writes";
+    *prot = PROT_READ | PROT_WRITE;
+  } else if ((fl & O_ACCMODE) == O_WRONLY) {
+    return "a segment fd opened write-only";
+  }
+  return NULL;
+}
+
+/* Checks a received fd against its record and maps it (*why says what
+ * was wrong on EPROTO). A ledger's header must agree with the record. */
+IPCREF__PRIVATE ipcref_result ipcref__map_fd(int fd, int bell,
+                                             const ipcref__fd_rec *r,
+                                             ipcref__map **out,
+                                             const char **why) {
+  int prot = PROT_READ;
+  ipcref__map *m;
+  unsigned char *base;
+  if ((*why = ipcref__fd_why(fd, bell, r, &prot)) != NULL) return IPCREF_EPROTO;
+  base = (unsigned char *)mmap(NULL, (size_t)r->size, prot, MAP_SHARED, fd, 0);
+  if (base == (unsigned char *)MAP_FAILED) return IPCREF_ESYS;
+  m = (ipcref__map *)ipcref__zalloc(sizeof *m);
+  if (!m) {
+    munmap(base, (size_t)r->size);
+    return IPCREF_ENOMEM;
+  }
+  m->kind = r->kind;
+  m->origin_nonce = r->origin_nonce;
+  m->origin_pid = (int)r->origin_pid;
+  m->id = r->id;
+  m->fd = fd;
+  m->bell = r->kind == IPCREF__KIND_LEDGER ? bell : -1;
+  m->base = base;
+  m->size = (size_t)r->size;
+  m->writable = r->kind == IPCREF__KIND_SEGMENT && r->writable;
+  if (r->kind == IPCREF__KIND_LEDGER) {
+    ipcref__ledger_hdr *h = (ipcref__ledger_hdr *)(void *)base;
+    uint32_t n = h->nslots;
+    if (h->magic != IPCREF__LEDGER_MAGIC ||
+        h->version != IPCREF__LEDGER_VERSION || n < 2 || n > (1u << 24) ||
+        (n & 1) || ipcref__ledger_bytes(n) != r->size ||
+        h->origin_nonce != r->origin_nonce || h->ledger_id != r->id) {
+      munmap(base, (size_t)r->size);
+      IPCREF_FREE(m);
+      *why = "a ledger whose header disagrees with its record";
+      return IPCREF_EPROTO;
+    }
+    m->nslots = n;
+    m->imported = (uint32_t *)ipcref__zalloc(n * sizeof(uint32_t));
+    if (!m->imported) {
+      munmap(base, (size_t)r->size);
+      IPCREF_FREE(m);
+      return IPCREF_ENOMEM;
+    }
+  }
+  *out = m;
+  return IPCREF_OK;
+}
 
 /* What every device map takes from its record: origin, id, size, device,
  * and where the backend (NULL: none here) opened it. */

@@ -1,0 +1,303 @@
+/* What a producer can make its consumer map: the caps of the consumer's
+ * peer (ipcref_peer_options.max_maps, max_mapped_bytes).
+ *
+ * Every segment, ledger or device segment a message brings stays mapped
+ * in the consumer (an fd and an address range each) until its producer
+ * destroys it or the peer goes. A peer with caps refuses a message that
+ * would pass them with ERANGE: the message's leases go back to its
+ * producer, nothing it brought stays mapped, the error hook hears it, and
+ * the next message that fits goes. Idle mappings of what the producer
+ * destroyed make room first. A message that brings nothing new goes at
+ * the cap. A hostile producer in another process (fork) that sends a new
+ * segment in every message holds the consumer to its cap in fds. */
+#define _GNU_SOURCE
+#include <stdint.h>
+#include <stdio.h>
+#include <string.h>
+#include <unistd.h>
+
+#define IPCREF_IMPLEMENTATION
+#include "../ipcref.h"
+#include "share_fixture.h"
+
+#define CTL_MS  30000
+#define FLOOD   64 /* messages the hostile producer sends */
+#define CAP     8  /* what the consumer of the flood may keep mapped */
+#define PAGE    4096
+#define WAIT_MS (5000 * slow)
+
+/* A producer whose every block has a segment of its own (and keeps no
+ * empty one), its consumer with the error hook, and their peers. */
+static void caps_open(local_pair *l) {
+  ipcref_ctx_options po, co;
+  memset(&po, 0, sizeof po);
+  memset(&co, 0, sizeof co);
+  po.isolate = 1;
+  po.segment_cache = IPCREF_KEEP_NONE;
+  co.error_hook = error_hook;
+  local_pair_open(l, &po, &co);
+}
+
+/* Sets the caps of peer `p` (0: none). */
+static void set_caps(ipcref_peer *p, size_t maps, size_t bytes) {
+  ipcref_peer_options o;
+  memset(&o, 0, sizeof o);
+  o.max_maps = maps;
+  o.max_mapped_bytes = bytes;
+  CHECK_EQ(ipcref_peer_set_options(p, &o), IPCREF_OK);
+}
+
+static void bytes_view(ipcref_ctx *ctx, int64_t n, ipcref_view *v) {
+  CHECK_EQ(ipcref_view_new_shared(ctx, IPCREF_U8, 1, &n, v), IPCREF_OK);
+}
+
+static ipcref_peer_info info_of(ipcref_peer *p) {
+  ipcref_peer_info in;
+  memset(&in, 0, sizeof in);
+  CHECK_EQ(ipcref_peer_stats(p, &in), IPCREF_OK);
+  return in;
+}
+
+/* The leases the consumer on `p` holds, once what came back is swept. */
+static size_t leases_of(ipcref_peer *p) {
+  return info_of(p).leases;
+}
+
+/* At four mappings (a ledger and three segments) a message with a fourth
+ * segment is refused, its lease given back, nothing kept; one that brings
+ * nothing new goes; a segment the producer destroyed makes room once idle
+ * (here, once the producer says so in its next message). A peer freed
+ * while views it brought live: they stay valid, charged to nobody. */
+static void test_count_cap(void) {
+  local_pair l;
+  ipcref_view v[6], got[6];
+  ipcref_stats before;
+  res_mark mark;
+  int i, have4;
+  res_begin(&mark);
+  caps_open(&l);
+  if (!l.pp || !l.cp) return;
+  set_caps(l.cp, 4, 0);
+  for (i = 0; i < 5; i++) bytes_view(l.prod, PAGE, &v[i]);
+  for (i = 0; i < 4; i++) CHECK_EQ(ipcref_send(l.pp, &v[i]), IPCREF_OK);
+  for (i = 0; i < 3; i++)
+    CHECK_EQ(ipcref_recv(l.cp, &got[i], WAIT_MS), IPCREF_OK);
+  CHECK_EQ(info_of(l.cp).maps, 4);
+  CHECK(info_of(l.cp).mapped_bytes > 3 * PAGE); /* and the ledger's */
+  before = stats_of(l.cons);
+  errors_reset();
+  CHECK_EQ(ipcref_recv(l.cp, &got[3], WAIT_MS), IPCREF_ERANGE);
+  CHECK(strstr(err_last, "max_maps") != NULL);
+  EXPECT_ERRORS(1);
+  CHECK_EQ(stats_of(l.cons).refused, before.refused + 1);
+  CHECK_EQ(stats_of(l.cons).mapped_segments, before.mapped_segments);
+  CHECK_EQ(stats_of(l.cons).imported_bufs, before.imported_bufs);
+  CHECK_EQ(info_of(l.cp).maps, 4);
+  CHECK_EQ(leases_of(l.pp), 3); /* the fourth came back */
+  /* A view of a segment mapped already brings nothing new. */
+  CHECK_EQ(ipcref_send(l.pp, &v[1]), IPCREF_OK);
+  CHECK_EQ(ipcref_recv(l.cp, &got[3], WAIT_MS), IPCREF_OK);
+  CHECK_EQ(info_of(l.cp).maps, 4);
+  /* The first segment's block freed on both sides: the producer destroys
+   * the segment and says so with its next message, which then fits. */
+  ipcref_view_release(&got[0]);
+  ipcref_view_release(&v[0]);
+  CHECK_EQ(ipcref_collect(l.prod), IPCREF_OK);
+  CHECK_EQ(ipcref_send(l.pp, &v[4]), IPCREF_OK);
+  have4 = ipcref_recv(l.cp, &got[4], WAIT_MS) == IPCREF_OK;
+  CHECK(have4);
+  EXPECT_ERRORS(0);
+  CHECK_EQ(info_of(l.cp).maps, 4);
+  /* The consumer's peer goes first; the views it brought stay valid. */
+  ipcref_peer_free(l.cp);
+  l.cp = NULL;
+  ((unsigned char *)ipcref_view_data_mut(&v[4]))[0] = 7;
+  if (have4) CHECK_EQ(((const unsigned char *)ipcref_view_data(&got[4]))[0], 7);
+  for (i = 1; i < 4 + have4; i++) ipcref_view_release(&got[i]);
+  for (i = 1; i < 5; i++) ipcref_view_release(&v[i]);
+  CHECK_EQ(ipcref_collect(l.cons), IPCREF_OK);
+  CHECK_EQ(stats_of(l.cons).mapped_segments, 0);
+  local_pair_close(&l);
+  RES_END(&mark);
+}
+
+/* The byte cap, set after the first message (the ledger's size is the
+ * library's): a block larger than the room left is refused, one that fits
+ * goes, and then nothing more that brings a segment. */
+static void test_byte_cap(void) {
+  local_pair l;
+  ipcref_view v[4], got[4];
+  size_t base;
+  res_mark mark;
+  int i;
+  res_begin(&mark);
+  caps_open(&l);
+  if (!l.pp || !l.cp) return;
+  bytes_view(l.prod, PAGE, &v[0]);
+  bytes_view(l.prod, 4 * PAGE, &v[1]);
+  bytes_view(l.prod, 2 * PAGE, &v[2]);
+  bytes_view(l.prod, PAGE, &v[3]);
+  CHECK_EQ(ipcref_send(l.pp, &v[0]), IPCREF_OK);
+  CHECK_EQ(ipcref_recv(l.cp, &got[0], WAIT_MS), IPCREF_OK);
+  base = info_of(l.cp).mapped_bytes;
+  CHECK(base > PAGE);
+  set_caps(l.cp, 0, base + 2 * PAGE);
+  for (i = 1; i < 4; i++) CHECK_EQ(ipcref_send(l.pp, &v[i]), IPCREF_OK);
+  errors_reset();
+  CHECK_EQ(ipcref_recv(l.cp, &got[1], WAIT_MS), IPCREF_ERANGE);
+  CHECK_EQ(ipcref_recv(l.cp, &got[2], WAIT_MS), IPCREF_OK);
+  CHECK_EQ(ipcref_recv(l.cp, &got[3], WAIT_MS), IPCREF_ERANGE);
+  EXPECT_ERRORS(2);
+  CHECK_EQ(info_of(l.cp).mapped_bytes, base + 2 * PAGE);
+  CHECK_EQ(info_of(l.cp).maps, 3);
+  CHECK_EQ(leases_of(l.pp), 2);
+  /* Without caps, the same message goes. */
+  set_caps(l.cp, 0, 0);
+  CHECK_EQ(ipcref_send(l.pp, &v[3]), IPCREF_OK);
+  CHECK_EQ(ipcref_recv(l.cp, &got[3], WAIT_MS), IPCREF_OK);
+  CHECK_EQ(info_of(l.cp).maps, 4);
+  ipcref_view_release(&got[0]);
+  ipcref_view_release(&got[2]);
+  ipcref_view_release(&got[3]);
+  CHECK_EQ(leases_of(l.pp), 0);
+  for (i = 0; i < 4; i++) ipcref_view_release(&v[i]);
+  local_pair_close(&l);
+  RES_END(&mark);
+}
+
+/* Messages sent before the producer heard of a refusal name what it
+ * brought without its fds: they are refused so too (ERANGE, not EPROTO),
+ * their leases given back. Once the producer has swept the refusal it
+ * sends the fds again, and a view goes when there is room. */
+static void test_refused_in_flight(void) {
+  local_pair l;
+  ipcref_view a, b, got[2];
+  res_mark mark;
+  int i;
+  res_begin(&mark);
+  caps_open(&l);
+  if (!l.pp || !l.cp) return;
+  bytes_view(l.prod, PAGE, &a);
+  bytes_view(l.prod, PAGE, &b);
+  CHECK_EQ(ipcref_send(l.pp, &a), IPCREF_OK);
+  CHECK_EQ(ipcref_recv(l.cp, &got[0], WAIT_MS), IPCREF_OK);
+  set_caps(l.cp, 2, 0);                       /* the ledger and a's segment */
+  CHECK_EQ(ipcref_send(l.pp, &b), IPCREF_OK); /* b's segment's fd */
+  CHECK_EQ(ipcref_send(l.pp, &b), IPCREF_OK); /* none: sent, it thinks */
+  errors_reset();
+  for (i = 0; i < 2; i++)
+    CHECK_EQ(ipcref_recv(l.cp, &got[1], WAIT_MS), IPCREF_ERANGE);
+  CHECK_EQ(err_eproto, 0);
+  EXPECT_ERRORS(2);
+  CHECK_EQ(leases_of(l.pp), 1); /* swept: both came back */
+  CHECK_EQ(ipcref_send(l.pp, &b), IPCREF_OK);
+  CHECK_EQ(ipcref_recv(l.cp, &got[1], WAIT_MS), IPCREF_ERANGE);
+  EXPECT_ERRORS(1);
+  CHECK_EQ(leases_of(l.pp), 1);
+  /* With room, the next view of b goes: its fd came again. */
+  set_caps(l.cp, 3, 0);
+  ((unsigned char *)ipcref_view_data_mut(&b))[PAGE - 1] = 9;
+  CHECK_EQ(ipcref_send(l.pp, &b), IPCREF_OK);
+  if (ipcref_recv(l.cp, &got[1], WAIT_MS) == IPCREF_OK) {
+    CHECK_EQ(((const unsigned char *)ipcref_view_data(&got[1]))[PAGE - 1], 9);
+    ipcref_view_release(&got[1]);
+  } else {
+    CHECK(!"the view after the refusals");
+  }
+  EXPECT_ERRORS(0);
+  CHECK_EQ(info_of(l.cp).maps, 3);
+  ipcref_view_release(&got[0]);
+  CHECK_EQ(leases_of(l.pp), 0);
+  ipcref_view_release(&a);
+  ipcref_view_release(&b);
+  local_pair_close(&l);
+  RES_END(&mark);
+}
+
+/* The hostile producer: a new segment in every one of FLOOD messages.
+ * Told how many the consumer took, it checks that only those leases are
+ * out; told they went, that none is. */
+static int flooder(void *arg) {
+  kid *k = (kid *)arg;
+  ipcref_ctx_options o;
+  ipcref_ctx *ctx;
+  ipcref_peer *p;
+  ipcref_view v;
+  int i, took;
+  memset(&o, 0, sizeof o);
+  o.isolate = 1;
+  ctx = make_ctx(&o);
+  p = make_peer(ctx, k->their_sock[0]);
+  if (!p) return 1;
+  for (i = 0; i < FLOOD; i++) {
+    bytes_view(ctx, PAGE, &v);
+    CHECK_EQ(ipcref_send(p, &v), IPCREF_OK);
+    ipcref_view_release(&v);
+  }
+  took = ctl_get(k->their_ctl, CTL_MS);
+  CHECK_EQ(leases_of(p), (size_t)took);
+  ctl_put(k->their_ctl, 'k');
+  CHECK_EQ(ctl_get(k->their_ctl, CTL_MS), 'f');
+  CHECK_EQ(leases_of(p), 0);
+  CHECK_EQ(stats_of(ctx).live_bytes, 0);
+  ctl_put(k->their_ctl, 'e');
+  ipcref_peer_free(p);
+  ipcref_ctx_free(ctx);
+  return harness_failures_in_test ? 1 : 0;
+}
+
+/* A consumer capped at CAP mappings takes CAP - 1 of the flood's views
+ * (the ledger is the first mapping) and refuses the rest; past the first
+ * message its fds grow by a segment's each, no more, and the producer gets
+ * back every lease it refused. */
+static void test_hostile_flood(void) {
+  ipcref_ctx_options o;
+  ipcref_ctx *ctx;
+  ipcref_peer *p;
+  ipcref_view got[CAP];
+  int i, ok = 0, refused = 0, fds = 0;
+  kid k;
+  kid_start(&k, 1, SOCK_SEQPACKET, flooder);
+  memset(&o, 0, sizeof o);
+  o.error_hook = error_hook;
+  ctx = make_ctx(&o);
+  p = ctx ? kid_peer(&k, 0, ctx) : NULL;
+  if (!p) {
+    KID_KILL(&k, "flooder");
+    kid_close(&k);
+    ipcref_ctx_free(ctx);
+    return;
+  }
+  set_caps(p, CAP, 0);
+  errors_reset();
+  for (i = 0; i < FLOOD; i++) {
+    ipcref_view v;
+    ipcref_result r = ipcref_recv(p, &v, WAIT_MS);
+    if (i == 0) fds = count_fds(); /* the ledger's, the channel's, one more */
+    if (r == IPCREF_OK && ok < CAP) got[ok++] = v;
+    refused += r == IPCREF_ERANGE;
+    if (r != IPCREF_OK && r != IPCREF_ERANGE) CHECK_EQ(r, IPCREF_OK);
+  }
+  CHECK_EQ(ok, CAP - 1);
+  CHECK_EQ(refused, FLOOD - (CAP - 1));
+  EXPECT_ERRORS(FLOOD - (CAP - 1));
+  CHECK_EQ(info_of(p).maps, CAP);
+  CHECK_EQ(count_fds(), fds + CAP - 2); /* a segment's each */
+  ctl_put(k.ctl, ok);
+  CTL_EXPECT(k.ctl, 'k');
+  for (i = 0; i < ok; i++) ipcref_view_release(&got[i]);
+  ctl_put(k.ctl, 'f');
+  CTL_EXPECT(k.ctl, 'e');
+  KID_END(&k, "flooder");
+  ipcref_peer_free(p);
+  ipcref_ctx_free(ctx);
+}
+
+int main(void) {
+  fixture_start();
+  RUN(test_count_cap);
+  RUN(test_byte_cap);
+  RUN(test_refused_in_flight);
+  RUN(test_hostile_flood);
+  return harness_finish();
+}
