@@ -1806,6 +1806,80 @@ static void test_msg_outlives_peer(void) {
   RES_END(&m);
 }
 
+/* What the forked child of test_msg_free_in_child does with its copy of
+ * the parent's message: frees it, says whether that closed its fds and
+ * only those, and is killed (it holds the parent's heap: an exit would
+ * have valgrind's leak check blame it for that heap). */
+typedef struct child_msg {
+  ipcref_msg *msg;
+  int ctl;
+} child_msg;
+
+static int msg_free_child(void *arg) {
+  child_msg *c = (child_msg *)arg;
+  int fds = count_fds(), open = 0, shut = 1, i, n = c->msg->nfds;
+  int fd[IPCREF_MSG_MAX_FDS];
+  /* (fork_child_keeping may have closed one: a number the fd registry
+   * kept from an earlier test's socket) */
+  for (i = 0; i < n; i++) {
+    fd[i] = c->msg->fds[i];
+    open += fcntl(fd[i], F_GETFD) >= 0;
+  }
+  ipcref_msg_free(c->msg);
+  for (i = 0; i < n; i++) shut &= fcntl(fd[i], F_GETFD) < 0;
+  ctl_put(c->ctl,
+          n > 0 && c->msg->nfds == 0 && shut && count_fds() == fds - open);
+  raise(SIGKILL);
+  return 1;
+}
+
+/* A forked child that frees its copy of a message the parent exported
+ * closes its own fds and nothing more: the lease is the parent's (the
+ * child's copy of the context is not live), and the consumer the parent
+ * then gives the message takes it. */
+static void test_msg_free_in_child(void) {
+  res_mark m;
+  local_pair l;
+  child_msg c;
+  ipcref_view v, got;
+  int sv[2];
+  pid_t pid;
+  const int64_t shape[1] = {64};
+  res_begin(&m);
+  local_pair_open(&l, NULL, NULL);
+  c.msg = (ipcref_msg *)malloc(sizeof *c.msg);
+  if (!l.pp || !c.msg || xsocketpair(SOCK_SEQPACKET, sv) != 0) {
+    CHECK(!"the set-up");
+    free(c.msg);
+    local_pair_close(&l);
+    return;
+  }
+  CHECK_EQ(ipcref_view_new_shared(l.prod, IPCREF_F32, 1, shape, &v), IPCREF_OK);
+  CHECK_EQ(ipcref_export(l.pp, &v, c.msg), IPCREF_OK);
+  EXPECT_STATS(l.prod, 1, 0, 1);
+  c.ctl = sv[1];
+  pid = fork_child_keeping(msg_free_child, &c, &sv[1], 1);
+  CHECK_EQ(ctl_get(sv[0], CTL_MS), 1);
+  sigkilled_at(wait_child(pid, REAP_MS), pid, "the child", __FILE__, __LINE__);
+  CHECK_EQ(ipcref_collect(l.prod), IPCREF_OK);
+  EXPECT_STATS(l.prod, 1, 0, 1); /* the child returned nothing */
+  CHECK(c.msg->nfds > 0);        /* the parent's fds are its own */
+  /* and the lease is live still: the consumer takes the message */
+  if (ipcref_import(l.cp, c.msg, &got) == IPCREF_OK)
+    ipcref_view_release(&got);
+  else
+    CHECK(!"the import after the child's free");
+  ipcref_msg_sent(c.msg);
+  CHECK_EQ(ipcref_collect(l.prod), IPCREF_OK);
+  EXPECT_STATS(l.prod, 1, 0, 0);
+  ipcref_view_release(&v);
+  tclose(sv[0]);
+  tclose(sv[1]);
+  free(c.msg);
+  local_pair_close(&l);
+  RES_END(&m);
+}
+
 /* The same with a live peer: NULL views, messages and outs. */
 static void test_wrong_arguments_with_peer(void) {
   res_mark m;
@@ -2241,6 +2315,7 @@ int main(void) {
   RUN(test_wrong_arguments);
   RUN(test_wrong_arguments_with_peer);
   RUN(test_msg_outlives_peer);
+  RUN(test_msg_free_in_child);
   RUN(test_ctx_free_with_live_buffers);
   RUN(test_table_view_sent);
   RUN(test_consumer_killed);
