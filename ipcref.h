@@ -953,13 +953,13 @@ typedef struct ipcref_peer_options {
                               an export), or the peer is refused: EPEER, for
                               good (default 5000) */
   size_t max_bytes_held;   /* a send that would leave the other side holding
-                             more bytes of blocks made here than this (by
-                             its leases: forwarded views not counted) waits
-                             for it to return some, as for a full socket:
-                             EAGAIN (IPCREF_WANTS_ROOM) or, blocking, up to
-                             send_timeout_ms, then ETIMEDOUT; nothing taken.
-                             One message larger than the cap goes when the
-                             peer holds nothing. Default: no cap */
+                              more bytes of blocks made here than this (by
+                              its leases: forwarded views not counted) waits
+                              for it to return some, as for a full socket:
+                              EAGAIN (IPCREF_WANTS_ROOM) or, blocking, up to
+                              send_timeout_ms, then ETIMEDOUT; nothing taken.
+                              One message larger than the cap goes when the
+                              peer holds nothing. Default: no cap */
   size_t ring_bytes;       /* the channel: a ring in shared memory that
                               carries this side's hand-offs without a system
                               call (the socket still carries fds, and what
@@ -978,16 +978,16 @@ typedef struct ipcref_peer_options {
                               options are given: up to 50 us, only where this
                               process may run on more than one CPU, halved
                               after each spin that found nothing */
-  size_t max_maps;         /* what the other side's messages may keep mapped
-                              here at once: segments, ledgers and device
-                              segments, as many (each holds an fd, a ledger
-                              two) and */
-  size_t max_mapped_bytes; /* as many bytes (default: no cap). A message that
-                            would pass a cap, once idle mappings of what
-                            its producers destroyed are let go, is refused:
-                            ERANGE, its leases given back, nothing it
-                            brought kept. A message checks what it brings
-                            mapped, then lets go of it if refused */
+  size_t max_maps;         /* caps on what the other side's messages keep
+                              mapped here at once (default: none): the
+                              segments, ledgers and device segments, each
+                              an fd (a ledger two) and an address range,
+                              and */
+  size_t max_mapped_bytes; /* their bytes. A message that would pass a cap,
+                              once idle mappings of destroyed segments are
+                              let go, is refused: ERANGE, its leases given
+                              back, nothing it brought kept (it is mapped
+                              while it is checked). See ipcref_peer_info */
 } ipcref_peer_options;
 
 /* ipcref_peer_options.spin_us: spin where it pays (see there). */
@@ -4105,12 +4105,14 @@ typedef struct ipcref__import {
  * key: its id, shifted to make room for a bit that is 1 for a ledger. */
 typedef struct ipcref__sent {
   uint64_t nonce, key;
-  int used; /* a slot of the peer's set (see share_index) */
+  int used;   /* a slot of the peer's set (see share_index) */
+  int resend; /* sent, but not kept: its fds go again (ipcref__sent_resend) */
 } ipcref__sent;
 IPCREF__PRIVATE uint64_t ipcref__sent_key(uint64_t id, int is_ledger) {
   return (id << 1) | (uint64_t)(is_ledger ? 1 : 0);
 }
 #define IPCREF__REFUSED 16 /* refused segments and ledgers a peer recalls */
+#define IPCREF__KEPT    4  /* and refused ledgers it keeps mapped */
 
 struct ipcref_peer {
   uint32_t magic; /* IPCREF__ALIVE; IPCREF__DEAD once freed (kept a while:
@@ -4143,7 +4145,9 @@ struct ipcref_peer {
   size_t nmaps, mapped_bytes; /* what its messages keep mapped here */
   ipcref__sent refused[IPCREF__REFUSED]; /* what the last messages refused
                                             for the caps brought (a ring) */
-  unsigned refused_at;
+  unsigned refused_at, kept_at;
+  ipcref__map *kept[IPCREF__KEPT]; /* ledgers they brought, kept for the
+                                      returns (a ring) */
   int room_wait; /* a send was refused for opt.max_bytes_held */
   unsigned char meta[IPCREF_META_MAX]; /* the last message's metadata */
   size_t meta_len;
@@ -4647,6 +4651,17 @@ IPCREF__PRIVATE int ipcref__refused_was(const ipcref_peer *p, uint64_t nonce,
   return 0;
 }
 
+/* A ledger a refused message brought that `p` keeps (see
+ * ipcref__refused_keep), or NULL. */
+IPCREF__PRIVATE ipcref__map *ipcref__kept_find(const ipcref_peer *p,
+                                               uint64_t nonce, uint64_t id) {
+  int i;
+  for (i = 0; i < IPCREF__KEPT; i++)
+    if (p->kept[i] && p->kept[i]->origin_nonce == nonce && p->kept[i]->id == id)
+      return p->kept[i];
+  return NULL;
+}
+
 /* Peer `p` is freed: what it brought is charged to nobody. */
 IPCREF__PRIVATE void ipcref__maps_unvia(ipcref_ctx *ctx, ipcref_peer *p) {
   ipcref__map *m;
@@ -4707,7 +4722,11 @@ IPCREF__PRIVATE void ipcref__sent_remember(ipcref_peer *p, uint64_t nonce,
 IPCREF__PRIVATE IPCREF__NOINLINE int
 ipcref__sent_mark_set(ipcref_peer *p, uint64_t nonce, uint64_t key, int *fail) {
   size_t i;
-  if (p->capsent && p->sent[ipcref__sent_slot(p, nonce, key)].used) {
+  if (p->capsent && p->sent[i = ipcref__sent_slot(p, nonce, key)].used) {
+    if (p->sent[i].resend) { /* once more, then as any other */
+      p->sent[i].resend = 0;
+      return 0;
+    }
     ipcref__sent_remember(p, nonce, key);
     return 1;
   }
@@ -4719,6 +4738,7 @@ ipcref__sent_mark_set(ipcref_peer *p, uint64_t nonce, uint64_t key, int *fail) {
   p->sent[i].nonce = nonce;
   p->sent[i].key = key;
   p->sent[i].used = 1;
+  p->sent[i].resend = 0;
   p->nsent++;
   ipcref__sent_remember(p, nonce, key);
   return 0;
@@ -4732,6 +4752,20 @@ IPCREF__PRIVATE int ipcref__sent_mark(ipcref_peer *p, uint64_t nonce,
   const ipcref__sent *last = &p->sent_last[key & 1u];
   if (last->used && last->key == key && last->nonce == nonce) return 1;
   return ipcref__sent_mark_set(p, nonce, key, fail);
+}
+
+/* Peer `p` did not keep the segment or ledger (nonce, key) a message
+ * brought (its caps refused the message): its fds go with the next view
+ * of it. It stays in the set: it is still told when the segment goes,
+ * should it have kept an earlier copy. */
+IPCREF__PRIVATE void ipcref__sent_resend(ipcref_peer *p, uint64_t nonce,
+                                         uint64_t key) {
+  size_t i;
+  ipcref__sent *last = &p->sent_last[key & 1u];
+  if (last->used && last->key == key && last->nonce == nonce) last->used = 0;
+  if (!p->capsent) return;
+  i = ipcref__sent_slot(p, nonce, key);
+  if (p->sent[i].used) p->sent[i].resend = 1;
 }
 
 /* Forgets that peer `p` was sent (nonce, key): 1 when it had been. The
@@ -5710,8 +5744,9 @@ IPCREF__PRIVATE void ipcref__hole_skip(ipcref_ctx *ctx, ipcref__ledger *l,
 }
 
 /* A lease of ours came back refused (IPCREF__RING_REFUSED): its consumer
- * did not keep what the message brought, so the peer is sent the fds of
- * the lease's segment and ledger again with its next view of them. */
+ * may not have kept what the message brought, so the peer is sent the fds
+ * of the lease's segment and ledger again with its next view of them (an
+ * fd for what it has mapped is closed there). */
 IPCREF__PRIVATE void ipcref__lease_refused(ipcref_ctx *ctx, ipcref__ledger *l,
                                            uint32_t slot, uint32_t gen) {
   const ipcref__block *b;
@@ -5719,9 +5754,8 @@ IPCREF__PRIVATE void ipcref__lease_refused(ipcref_ctx *ctx, ipcref__ledger *l,
       l->leases[slot].gen != gen)
     return;
   b = l->leases[slot].block;
-  (void)ipcref__sent_forget(l->peer, ctx->nonce,
-                            ipcref__sent_key(b->seg->id, 0));
-  (void)ipcref__sent_forget(l->peer, ctx->nonce, ipcref__sent_key(l->id, 1));
+  ipcref__sent_resend(l->peer, ctx->nonce, ipcref__sent_key(b->seg->id, 0));
+  ipcref__sent_resend(l->peer, ctx->nonce, ipcref__sent_key(l->id, 1));
 }
 
 /* One ring entry that is not a link (under the lock). */
@@ -7890,6 +7924,7 @@ IPCREF_API void ipcref_peer_free(ipcref_peer *p) {
   ipcref_ctx *ctx;
   ipcref__ledger *l;
   long drained;
+  int i;
   if (!p || !IPCREF__PEER_USABLE(p, "ipcref_peer_free")) return;
   ctx = p->ctx;
   /* Read what the other side sent and nobody will: the leases in it go
@@ -7912,6 +7947,8 @@ IPCREF_API void ipcref_peer_free(ipcref_peer *p) {
   if (p->room_wait) ipcref__room_update(ctx); /* it waits no more */
   if (ipcref__retire_origin(ctx, p)) ipcref__maps_trim(ctx, 0);
   ipcref__maps_unvia(ctx, p);
+  for (i = 0; i < IPCREF__KEPT; i++)
+    if (p->kept[i]) ipcref__map_drop(p->kept[i]);
   ipcref__watch_put(ctx, p->watch);
   ipcref__sweep(ctx);
   (void)ipcref__pump(ctx, 0);
@@ -9213,8 +9250,9 @@ IPCREF__PRIVATE const char *ipcref__import_rec_why(ipcref_ctx *ctx,
 /* A message refused for the caps of the peer it came on (ERANGE), or
  * naming what one brought: what it brings is noted (see
  * ipcref__refused_note), and each of its leases that is live at its
- * generation in a ledger mapped here (checked as step 3 checks it; the
- * others cannot be returned) goes back, marked imported. A lease of the
+ * generation in a ledger mapped here or kept (ipcref__refused_keep;
+ * checked as step 3 checks it; the others cannot be returned) goes back,
+ * marked imported. A lease of the
  * sender's own goes back as refused: its producer then sends the fds of
  * its segment and ledger again. */
 IPCREF__PRIVATE void ipcref__leases_refuse(ipcref_ctx *ctx,
@@ -9230,6 +9268,7 @@ IPCREF__PRIVATE void ipcref__leases_refuse(ipcref_ctx *ctx,
     if (!led)
       led = ipcref__map_find(ctx, IPCREF__KIND_LEDGER, v->origin_nonce,
                              v->ledger_id);
+    if (!led) led = ipcref__kept_find(mm->via, v->origin_nonce, v->ledger_id);
     if (!led || v->slot >= led->nslots ||
         led->imported[v->slot] == v->gen + 1u ||
         __atomic_load_n(&ipcref__ledger_slots(led->base)[2 * (size_t)v->slot],
@@ -9242,6 +9281,26 @@ IPCREF__PRIVATE void ipcref__leases_refuse(ipcref_ctx *ctx,
     led->imported[v->slot] = v->gen + 1u;
     ipcref__ring_push(led->base, led->nslots, led->bell, &e, 1, NULL);
   }
+}
+
+/* The ledgers a refused message brought stay mapped a while, uncharged
+ * (the peer's last IPCREF__KEPT): a message already on its way that names
+ * one gives its leases back through it (ipcref__leases_refuse). They leave
+ * `mm`; the rest of what it brought goes. */
+IPCREF__PRIVATE void ipcref__refused_keep(ipcref__msg_maps *mm) {
+  ipcref_peer *p = mm->via;
+  int k, n = 0;
+  for (k = 0; k < mm->nfresh; k++) {
+    ipcref__map **slot = &p->kept[p->kept_at % IPCREF__KEPT];
+    if (mm->fresh[k]->kind != IPCREF__KIND_LEDGER) {
+      mm->fresh[n++] = mm->fresh[k];
+      continue;
+    }
+    if (*slot) ipcref__map_drop(*slot);
+    *slot = mm->fresh[k];
+    p->kept_at++;
+  }
+  mm->nfresh = n;
 }
 
 /* Import, step 4: room under the caps of the peer it came on for what it
@@ -9440,7 +9499,10 @@ IPCREF__PRIVATE ipcref_result ipcref__import_bytes(
       r = IPCREF_EPROTO;
   if (r == IPCREF_EPROTO && mm.over) r = IPCREF_ERANGE;
   if (r == IPCREF_OK) r = ipcref__import_room(ctx, &m, &mm);
-  if (r == IPCREF_ERANGE) ipcref__leases_refuse(ctx, &m, &mm);
+  if (r == IPCREF_ERANGE) {
+    ipcref__leases_refuse(ctx, &m, &mm);
+    ipcref__refused_keep(&mm);
+  }
   if (r == IPCREF_OK) r = ipcref__import_ready(ctx, &m, &mm, stream);
   if (r == IPCREF_OK)
     r = ipcref__import_commit(ctx, &m, &mm, stream, views, nviews);

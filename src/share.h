@@ -275,13 +275,13 @@ typedef struct ipcref_peer_options {
                               an export), or the peer is refused: EPEER, for
                               good (default 5000) */
   size_t max_bytes_held;   /* a send that would leave the other side holding
-                             more bytes of blocks made here than this (by
-                             its leases: forwarded views not counted) waits
-                             for it to return some, as for a full socket:
-                             EAGAIN (IPCREF_WANTS_ROOM) or, blocking, up to
-                             send_timeout_ms, then ETIMEDOUT; nothing taken.
-                             One message larger than the cap goes when the
-                             peer holds nothing. Default: no cap */
+                              more bytes of blocks made here than this (by
+                              its leases: forwarded views not counted) waits
+                              for it to return some, as for a full socket:
+                              EAGAIN (IPCREF_WANTS_ROOM) or, blocking, up to
+                              send_timeout_ms, then ETIMEDOUT; nothing taken.
+                              One message larger than the cap goes when the
+                              peer holds nothing. Default: no cap */
   size_t ring_bytes;       /* the channel: a ring in shared memory that
                               carries this side's hand-offs without a system
                               call (the socket still carries fds, and what
@@ -300,16 +300,16 @@ typedef struct ipcref_peer_options {
                               options are given: up to 50 us, only where this
                               process may run on more than one CPU, halved
                               after each spin that found nothing */
-  size_t max_maps;         /* what the other side's messages may keep mapped
-                              here at once: segments, ledgers and device
-                              segments, as many (each holds an fd, a ledger
-                              two) and */
-  size_t max_mapped_bytes; /* as many bytes (default: no cap). A message that
-                            would pass a cap, once idle mappings of what
-                            its producers destroyed are let go, is refused:
-                            ERANGE, its leases given back, nothing it
-                            brought kept. A message checks what it brings
-                            mapped, then lets go of it if refused */
+  size_t max_maps;         /* caps on what the other side's messages keep
+                              mapped here at once (default: none): the
+                              segments, ledgers and device segments, each
+                              an fd (a ledger two) and an address range,
+                              and */
+  size_t max_mapped_bytes; /* their bytes. A message that would pass a cap,
+                              once idle mappings of destroyed segments are
+                              let go, is refused: ERANGE, its leases given
+                              back, nothing it brought kept (it is mapped
+                              while it is checked). See ipcref_peer_info */
 } ipcref_peer_options;
 
 /* ipcref_peer_options.spin_us: spin where it pays (see there). */

@@ -298,8 +298,9 @@ IPCREF__PRIVATE const char *ipcref__import_rec_why(ipcref_ctx *ctx,
 /* A message refused for the caps of the peer it came on (ERANGE), or
  * naming what one brought: what it brings is noted (see
  * ipcref__refused_note), and each of its leases that is live at its
- * generation in a ledger mapped here (checked as step 3 checks it; the
- * others cannot be returned) goes back, marked imported. A lease of the
+ * generation in a ledger mapped here or kept (ipcref__refused_keep;
+ * checked as step 3 checks it; the others cannot be returned) goes back,
+ * marked imported. A lease of the
  * sender's own goes back as refused: its producer then sends the fds of
  * its segment and ledger again. */
 IPCREF__PRIVATE void ipcref__leases_refuse(ipcref_ctx *ctx,
@@ -315,6 +316,7 @@ IPCREF__PRIVATE void ipcref__leases_refuse(ipcref_ctx *ctx,
     if (!led)
       led = ipcref__map_find(ctx, IPCREF__KIND_LEDGER, v->origin_nonce,
                              v->ledger_id);
+    if (!led) led = ipcref__kept_find(mm->via, v->origin_nonce, v->ledger_id);
     if (!led || v->slot >= led->nslots ||
         led->imported[v->slot] == v->gen + 1u ||
         __atomic_load_n(&ipcref__ledger_slots(led->base)[2 * (size_t)v->slot],
@@ -327,6 +329,26 @@ IPCREF__PRIVATE void ipcref__leases_refuse(ipcref_ctx *ctx,
     led->imported[v->slot] = v->gen + 1u;
     ipcref__ring_push(led->base, led->nslots, led->bell, &e, 1, NULL);
   }
+}
+
+/* The ledgers a refused message brought stay mapped a while, uncharged
+ * (the peer's last IPCREF__KEPT): a message already on its way that names
+ * one gives its leases back through it (ipcref__leases_refuse). They leave
+ * `mm`; the rest of what it brought goes. */
+IPCREF__PRIVATE void ipcref__refused_keep(ipcref__msg_maps *mm) {
+  ipcref_peer *p = mm->via;
+  int k, n = 0;
+  for (k = 0; k < mm->nfresh; k++) {
+    ipcref__map **slot = &p->kept[p->kept_at % IPCREF__KEPT];
+    if (mm->fresh[k]->kind != IPCREF__KIND_LEDGER) {
+      mm->fresh[n++] = mm->fresh[k];
+      continue;
+    }
+    if (*slot) ipcref__map_drop(*slot);
+    *slot = mm->fresh[k];
+    p->kept_at++;
+  }
+  mm->nfresh = n;
 }
 
 /* Import, step 4: room under the caps of the peer it came on for what it
@@ -525,7 +547,10 @@ IPCREF__PRIVATE ipcref_result ipcref__import_bytes(
       r = IPCREF_EPROTO;
   if (r == IPCREF_EPROTO && mm.over) r = IPCREF_ERANGE;
   if (r == IPCREF_OK) r = ipcref__import_room(ctx, &m, &mm);
-  if (r == IPCREF_ERANGE) ipcref__leases_refuse(ctx, &m, &mm);
+  if (r == IPCREF_ERANGE) {
+    ipcref__leases_refuse(ctx, &m, &mm);
+    ipcref__refused_keep(&mm);
+  }
   if (r == IPCREF_OK) r = ipcref__import_ready(ctx, &m, &mm, stream);
   if (r == IPCREF_OK)
     r = ipcref__import_commit(ctx, &m, &mm, stream, views, nviews);

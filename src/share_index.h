@@ -201,6 +201,17 @@ IPCREF__PRIVATE int ipcref__refused_was(const ipcref_peer *p, uint64_t nonce,
   return 0;
 }
 
+/* A ledger a refused message brought that `p` keeps (see
+ * ipcref__refused_keep), or NULL. */
+IPCREF__PRIVATE ipcref__map *ipcref__kept_find(const ipcref_peer *p,
+                                               uint64_t nonce, uint64_t id) {
+  int i;
+  for (i = 0; i < IPCREF__KEPT; i++)
+    if (p->kept[i] && p->kept[i]->origin_nonce == nonce && p->kept[i]->id == id)
+      return p->kept[i];
+  return NULL;
+}
+
 /* Peer `p` is freed: what it brought is charged to nobody. */
 IPCREF__PRIVATE void ipcref__maps_unvia(ipcref_ctx *ctx, ipcref_peer *p) {
   ipcref__map *m;
@@ -261,7 +272,11 @@ IPCREF__PRIVATE void ipcref__sent_remember(ipcref_peer *p, uint64_t nonce,
 IPCREF__PRIVATE IPCREF__NOINLINE int
 ipcref__sent_mark_set(ipcref_peer *p, uint64_t nonce, uint64_t key, int *fail) {
   size_t i;
-  if (p->capsent && p->sent[ipcref__sent_slot(p, nonce, key)].used) {
+  if (p->capsent && p->sent[i = ipcref__sent_slot(p, nonce, key)].used) {
+    if (p->sent[i].resend) { /* once more, then as any other */
+      p->sent[i].resend = 0;
+      return 0;
+    }
     ipcref__sent_remember(p, nonce, key);
     return 1;
   }
@@ -273,6 +288,7 @@ ipcref__sent_mark_set(ipcref_peer *p, uint64_t nonce, uint64_t key, int *fail) {
   p->sent[i].nonce = nonce;
   p->sent[i].key = key;
   p->sent[i].used = 1;
+  p->sent[i].resend = 0;
   p->nsent++;
   ipcref__sent_remember(p, nonce, key);
   return 0;
@@ -286,6 +302,20 @@ IPCREF__PRIVATE int ipcref__sent_mark(ipcref_peer *p, uint64_t nonce,
   const ipcref__sent *last = &p->sent_last[key & 1u];
   if (last->used && last->key == key && last->nonce == nonce) return 1;
   return ipcref__sent_mark_set(p, nonce, key, fail);
+}
+
+/* Peer `p` did not keep the segment or ledger (nonce, key) a message
+ * brought (its caps refused the message): its fds go with the next view
+ * of it. It stays in the set: it is still told when the segment goes,
+ * should it have kept an earlier copy. */
+IPCREF__PRIVATE void ipcref__sent_resend(ipcref_peer *p, uint64_t nonce,
+                                         uint64_t key) {
+  size_t i;
+  ipcref__sent *last = &p->sent_last[key & 1u];
+  if (last->used && last->key == key && last->nonce == nonce) last->used = 0;
+  if (!p->capsent) return;
+  i = ipcref__sent_slot(p, nonce, key);
+  if (p->sent[i].used) p->sent[i].resend = 1;
 }
 
 /* Forgets that peer `p` was sent (nonce, key): 1 when it had been. The

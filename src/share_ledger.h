@@ -390,8 +390,9 @@ IPCREF__PRIVATE void ipcref__hole_skip(ipcref_ctx *ctx, ipcref__ledger *l,
 }
 
 /* A lease of ours came back refused (IPCREF__RING_REFUSED): its consumer
- * did not keep what the message brought, so the peer is sent the fds of
- * the lease's segment and ledger again with its next view of them. */
+ * may not have kept what the message brought, so the peer is sent the fds
+ * of the lease's segment and ledger again with its next view of them (an
+ * fd for what it has mapped is closed there). */
 IPCREF__PRIVATE void ipcref__lease_refused(ipcref_ctx *ctx, ipcref__ledger *l,
                                            uint32_t slot, uint32_t gen) {
   const ipcref__block *b;
@@ -399,9 +400,8 @@ IPCREF__PRIVATE void ipcref__lease_refused(ipcref_ctx *ctx, ipcref__ledger *l,
       l->leases[slot].gen != gen)
     return;
   b = l->leases[slot].block;
-  (void)ipcref__sent_forget(l->peer, ctx->nonce,
-                            ipcref__sent_key(b->seg->id, 0));
-  (void)ipcref__sent_forget(l->peer, ctx->nonce, ipcref__sent_key(l->id, 1));
+  ipcref__sent_resend(l->peer, ctx->nonce, ipcref__sent_key(b->seg->id, 0));
+  ipcref__sent_resend(l->peer, ctx->nonce, ipcref__sent_key(l->id, 1));
 }
 
 /* One ring entry that is not a link (under the lock). */

@@ -565,6 +565,7 @@ IPCREF_API void ipcref_peer_free(ipcref_peer *p) {
   ipcref_ctx *ctx;
   ipcref__ledger *l;
   long drained;
+  int i;
   if (!p || !IPCREF__PEER_USABLE(p, "ipcref_peer_free")) return;
   ctx = p->ctx;
   /* Read what the other side sent and nobody will: the leases in it go
@@ -587,6 +588,8 @@ IPCREF_API void ipcref_peer_free(ipcref_peer *p) {
   if (p->room_wait) ipcref__room_update(ctx); /* it waits no more */
   if (ipcref__retire_origin(ctx, p)) ipcref__maps_trim(ctx, 0);
   ipcref__maps_unvia(ctx, p);
+  for (i = 0; i < IPCREF__KEPT; i++)
+    if (p->kept[i]) ipcref__map_drop(p->kept[i]);
   ipcref__watch_put(ctx, p->watch);
   ipcref__sweep(ctx);
   (void)ipcref__pump(ctx, 0);

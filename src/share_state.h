@@ -265,12 +265,14 @@ typedef struct ipcref__import {
  * key: its id, shifted to make room for a bit that is 1 for a ledger. */
 typedef struct ipcref__sent {
   uint64_t nonce, key;
-  int used; /* a slot of the peer's set (see share_index) */
+  int used;   /* a slot of the peer's set (see share_index) */
+  int resend; /* sent, but not kept: its fds go again (ipcref__sent_resend) */
 } ipcref__sent;
 IPCREF__PRIVATE uint64_t ipcref__sent_key(uint64_t id, int is_ledger) {
   return (id << 1) | (uint64_t)(is_ledger ? 1 : 0);
 }
 #define IPCREF__REFUSED 16 /* refused segments and ledgers a peer recalls */
+#define IPCREF__KEPT    4  /* and refused ledgers it keeps mapped */
 
 struct ipcref_peer {
   uint32_t magic; /* IPCREF__ALIVE; IPCREF__DEAD once freed (kept a while:
@@ -303,7 +305,9 @@ struct ipcref_peer {
   size_t nmaps, mapped_bytes; /* what its messages keep mapped here */
   ipcref__sent refused[IPCREF__REFUSED]; /* what the last messages refused
                                             for the caps brought (a ring) */
-  unsigned refused_at;
+  unsigned refused_at, kept_at;
+  ipcref__map *kept[IPCREF__KEPT]; /* ledgers they brought, kept for the
+                                      returns (a ring) */
   int room_wait; /* a send was refused for opt.max_bytes_held */
   unsigned char meta[IPCREF_META_MAX]; /* the last message's metadata */
   size_t meta_len;

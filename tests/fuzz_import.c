@@ -11,7 +11,9 @@
  *
  *   byte 0   flags: bits 0-1 the block (0 pooled, 1 pooled writable,
  *            2 isolated, 3 large); bit 2 a second lease; bit 3 patch mode;
- *            bit 4 the genuine fds, as exported (the fd list is ignored)
+ *            bit 4 the genuine fds, as exported (the fd list is ignored);
+ *            bit 5 the consumer's peer capped at 1 mapping (max_maps), or
+ *            at 2 with bit 6
  *   byte 1   the number of fds (0-7)
  *   2 bytes  per fd: a kind (low 4 bits: see make_fd) with a size index
  *            (high 4 bits), and a content byte (sealed memfds, files)
@@ -26,8 +28,8 @@
  *
  * After every input:
  *   - the result is one of the documented codes (OK, EPROTO, ENOMEM,
- *     ESYS, ENODEV for a device without a backend here, e.g. ROCm; with
- *     FUZZ_IMPORT_STRICT=1 not ESYS);
+ *     ESYS, ENODEV for a device without a backend here, e.g. ROCm, ERANGE
+ *     past the caps; with FUZZ_IMPORT_STRICT=1 not ESYS);
  *   - a view imported is valid, lies inside one mapping (a device view:
  *     inside the segment the mock driver opened, on its device), and every
  *     element it reaches (up to 65,536, else every corner) lies inside its
@@ -864,6 +866,13 @@ static ipcref_result run_one(const uint8_t *data, size_t size) {
   if (ipcref_peer_new(b->ctx, sv[0], &pp) != IPCREF_OK ||
       ipcref_peer_new(cons, sv[1], &cp) != IPCREF_OK)
     fail("peers");
+  if (flags & 32) { /* the consumer's caps: 1 or 2 mappings */
+    ipcref_peer_options o;
+    memset(&o, 0, sizeof o);
+    o.max_maps = (flags & 64) ? 2 : 1;
+    if (ipcref_peer_set_options(cp, &o) != IPCREF_OK) fail("the caps");
+    tr("max_maps %zu\n", o.max_maps);
+  }
   memset(&e1, 0, sizeof e1);
   memset(&e2, 0, sizeof e2);
   if (ipcref_export(pp, &b->v, &e1) != IPCREF_OK || e1.nfds != 3)
@@ -937,6 +946,7 @@ static ipcref_result run_one(const uint8_t *data, size_t size) {
     if (strict()) fail("ESYS for a message (FUZZ_IMPORT_STRICT=1)");
     /* fall through */
   case IPCREF_EPROTO:
+  case IPCREF_ERANGE: /* past the caps (flags bit 5) */
   case IPCREF_ENOMEM:
   case IPCREF_ENODEV: /* a device segment, and no backend for it here */
     if (got.buf) fail("a failed import gave a buffer");
@@ -1282,6 +1292,9 @@ int main(int argc, char **argv) {
   }
   raw_seed("valid_block0_fds", 0, genuine, 3, msg, len);
   patch_seed("patch_none", 0, 0, NULL, 0);
+  patch_seed("patch_capped_1", 32, 0, NULL, 0);
+  patch_seed("patch_capped_2", 32 | 64, 0, NULL, 0);
+  patch_seed("patch_capped_1_two_leases", 32 | 4, 0, NULL, 0);
   /* Geometries over the pooled block (2048 bytes). */
   shape[0] = 16;
   shape[1] = 32;

@@ -8,8 +8,12 @@
  * producer, nothing it brought stays mapped, the error hook hears it, and
  * the next message that fits goes. Idle mappings of what the producer
  * destroyed make room first. A message that brings nothing new goes at
- * the cap. A hostile producer in another process (fork) that sends a new
- * segment in every message holds the consumer to its cap in fds. */
+ * the cap. The producer sends the fds again of what a refused message
+ * brought, and still says when what it sent before goes. Messages on
+ * their way when one was refused are refused too, their leases given
+ * back, through the refused message's ledger when it brought one. A hostile
+ * producer in another process (fork) that sends a new segment in every message
+ * holds the consumer to its cap in fds. */
 #define _GNU_SOURCE
 #include <stdint.h>
 #include <stdio.h>
@@ -214,6 +218,75 @@ static void test_refused_in_flight(void) {
   RES_END(&mark);
 }
 
+/* Refused from its first message on (a cap of 1): the ledger that message
+ * brought is kept a while, so a message already on its way that names it
+ * gives its lease back too; then, without caps, the fds come again. */
+static void test_refused_ledger(void) {
+  local_pair l;
+  ipcref_view v, got;
+  res_mark mark;
+  int i;
+  res_begin(&mark);
+  caps_open(&l);
+  if (!l.pp || !l.cp) return;
+  set_caps(l.cp, 1, 0);
+  bytes_view(l.prod, PAGE, &v);
+  for (i = 0; i < 2; i++) CHECK_EQ(ipcref_send(l.pp, &v), IPCREF_OK);
+  errors_reset();
+  for (i = 0; i < 2; i++)
+    CHECK_EQ(ipcref_recv(l.cp, &got, WAIT_MS), IPCREF_ERANGE);
+  EXPECT_ERRORS(2);
+  CHECK_EQ(info_of(l.cp).maps, 0);
+  CHECK_EQ(leases_of(l.pp), 0);
+  set_caps(l.cp, 0, 0);
+  CHECK_EQ(ipcref_send(l.pp, &v), IPCREF_OK);
+  if (ipcref_recv(l.cp, &got, WAIT_MS) == IPCREF_OK)
+    ipcref_view_release(&got);
+  else
+    CHECK(!"the view without caps");
+  CHECK_EQ(info_of(l.cp).maps, 2);
+  CHECK_EQ(leases_of(l.pp), 0);
+  ipcref_view_release(&v);
+  local_pair_close(&l);
+  RES_END(&mark);
+}
+
+/* A batch refused for one new segment, beside one the consumer has: the
+ * producer still tells the consumer when the one it has goes, and that
+ * makes the room for the next view of the new one. */
+static void test_refused_batch(void) {
+  local_pair l;
+  ipcref_view v[2], got;
+  res_mark mark;
+  res_begin(&mark);
+  caps_open(&l);
+  if (!l.pp || !l.cp) return;
+  bytes_view(l.prod, PAGE, &v[0]);
+  bytes_view(l.prod, PAGE, &v[1]);
+  CHECK_EQ(ipcref_send(l.pp, &v[0]), IPCREF_OK);
+  CHECK_EQ(ipcref_recv(l.cp, &got, WAIT_MS), IPCREF_OK);
+  ipcref_view_release(&got);
+  set_caps(l.cp, 2, 0); /* the ledger and v[0]'s segment */
+  CHECK_EQ(ipcref_send_batch(l.pp, v, 2), IPCREF_OK);
+  errors_reset();
+  CHECK_EQ(ipcref_recv(l.cp, &got, WAIT_MS), IPCREF_ERANGE);
+  EXPECT_ERRORS(1);
+  CHECK_EQ(leases_of(l.pp), 0);
+  ipcref_view_release(&v[0]); /* its segment goes: the consumer is told */
+  CHECK_EQ(ipcref_collect(l.prod), IPCREF_OK);
+  CHECK_EQ(ipcref_send(l.pp, &v[1]), IPCREF_OK);
+  if (ipcref_recv(l.cp, &got, WAIT_MS) == IPCREF_OK)
+    ipcref_view_release(&got);
+  else
+    CHECK(!"v[1] once v[0]'s segment went");
+  EXPECT_ERRORS(0);
+  CHECK_EQ(info_of(l.cp).maps, 2);
+  CHECK_EQ(stats_of(l.cons).mapped_segments, 1);
+  ipcref_view_release(&v[1]);
+  local_pair_close(&l);
+  RES_END(&mark);
+}
+
 /* The hostile producer: a new segment in every one of FLOOD messages.
  * Told how many the consumer took, it checks that only those leases are
  * out; told they went, that none is. */
@@ -298,6 +371,8 @@ int main(void) {
   RUN(test_count_cap);
   RUN(test_byte_cap);
   RUN(test_refused_in_flight);
+  RUN(test_refused_batch);
+  RUN(test_refused_ledger);
   RUN(test_hostile_flood);
   return harness_finish();
 }

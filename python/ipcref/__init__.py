@@ -268,7 +268,8 @@ class Peer:
         return (out if flags & _BATCH or len(out) > 1 else out[0]), meta
 
     def set_options(self, send_timeout=None, hello_timeout=None,
-                    max_bytes_held=None, ring_bytes=None, spin_us=None):
+                    max_bytes_held=None, ring_bytes=None, spin_us=None,
+                    max_maps=None, max_mapped_bytes=None):
         """The peer's options (None: the default): ``send_timeout`` (s) a
         blocking send waits for room at most; ``hello_timeout`` (s) the other
         side's hello may take; ``max_bytes_held``, the bytes of our arrays
@@ -278,15 +279,28 @@ class Peer:
         channel this side's hand-offs take (default 64 KiB; 1 for none, the
         socket then carries everything); ``spin_us``, how long a receive
         that finds nothing spins before it sleeps (0: never; default: where
-        it pays, see the C library's IPCREF_SPIN_AUTO)."""
+        it pays, see the C library's IPCREF_SPIN_AUTO); ``max_maps`` and
+        ``max_mapped_bytes``, how many segments (and their bytes) the other
+        side's messages may keep mapped here: a message past them is
+        refused (Error, name "ERANGE"), its arrays given back to the sender,
+        and the next one that fits comes (default: no cap)."""
         def opt(s):  # 0: the default
             return 0 if s is None else max(1, _ms(s))
+
+        def size(name, n):  # 0: the default
+            n = int(n or 0)
+            if n < 0:
+                raise ValueError("%s must be 0 or more (None: the default)"
+                                 % name)
+            return n
         spin = -1 if spin_us is None else int(spin_us)
         if spin < 0 and spin_us is not None:
             raise ValueError("spin_us must be 0 or more (None: the default)")
         self._peer()._set_options(opt(send_timeout), opt(hello_timeout),
-                                  int(max_bytes_held or 0),
-                                  int(ring_bytes or 0), spin)
+                                  size("max_bytes_held", max_bytes_held),
+                                  size("ring_bytes", ring_bytes), spin,
+                                  size("max_maps", max_maps),
+                                  size("max_mapped_bytes", max_mapped_bytes))
 
     def fileno(self):
         """An fd readable whenever recv(timeout=0) has something to say, for

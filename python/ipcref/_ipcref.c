@@ -928,29 +928,33 @@ static PyObject *peer_stats(PeerObject *po, PyObject *noargs) {
   po->busy = 0;
   if (r != IPCREF_OK) return raise_result(r);
   return Py_BuildValue(
-      "{s:i,s:O,s:n,s:n,s:n,s:n,s:n,s:K,s:K,s:i,s:i}", "pid", in.pid, "alive",
-      in.alive ? Py_True : Py_False, "leases", (Py_ssize_t)in.leases,
+      "{s:i,s:O,s:n,s:n,s:n,s:n,s:n,s:K,s:K,s:i,s:i,s:n,s:n}", "pid", in.pid,
+      "alive", in.alive ? Py_True : Py_False, "leases", (Py_ssize_t)in.leases,
       "bytes_held", (Py_ssize_t)in.bytes_held, "forwarded",
       (Py_ssize_t)in.forwarded, "forwarded_bytes",
       (Py_ssize_t)in.forwarded_bytes, "pending", (Py_ssize_t)in.pending,
       "sent_channel", (unsigned long long)in.sent_channel, "sent_socket",
       (unsigned long long)in.sent_socket, "channel_out", in.channel_out,
-      "channel_in", in.channel_in);
+      "channel_in", in.channel_in, "maps", (Py_ssize_t)in.maps, "mapped_bytes",
+      (Py_ssize_t)in.mapped_bytes);
 }
 
 /* _set_options(send_timeout_ms, hello_timeout_ms, max_bytes_held,
- * ring_bytes, spin_us). */
+ * ring_bytes, spin_us, max_maps, max_mapped_bytes). */
 static PyObject *peer_set_options(PeerObject *po, PyObject *args) {
   ipcref_peer_options o;
-  unsigned long long cap = 0, ring = 0;
+  unsigned long long cap = 0, ring = 0, maps = 0, mapped = 0;
   ipcref_result r;
   memset(&o, 0, sizeof o);
-  if (!PyArg_ParseTuple(args, "iiKKi", &o.send_timeout_ms, &o.hello_timeout_ms,
-                        &cap, &ring, &o.spin_us) ||
+  if (!PyArg_ParseTuple(args, "iiKKiKK", &o.send_timeout_ms,
+                        &o.hello_timeout_ms, &cap, &ring, &o.spin_us, &maps,
+                        &mapped) ||
       !peer_enter(po, "set_options"))
     return NULL;
   o.max_bytes_held = (size_t)cap;
   o.ring_bytes = (size_t)ring;
+  o.max_maps = (size_t)maps;
+  o.max_mapped_bytes = (size_t)mapped;
   CALL_BEGIN();
   r = ipcref_peer_set_options(po->p, &o);
   po->busy = 0;

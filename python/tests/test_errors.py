@@ -267,6 +267,29 @@ def test_send_timeout_when_consumer_holds_too_much(pair):
     pair.tx.set_options()  # back to the defaults
 
 
+def test_map_caps(make_pair):
+    """max_maps on the receiving peer: a message that would keep more
+    mapped is refused (Error, ERANGE), its array given back to the sender,
+    and with room the next one comes."""
+    pair = make_pair(isolate=True)  # a segment per array
+    pair.rx.set_options(max_maps=2)  # the ledger and one segment
+    kept, _ = pair.roundtrip(np.arange(4))
+    pair.tx.send(np.arange(8))
+    with pytest.raises(ipcref.Error) as ei:
+        pair.rx.recv(timeout=WAIT)
+    assert ei.value.name == "ERANGE"
+    assert pair.rx.stats()["maps"] == 2
+    assert pair.tx.stats()["leases"] == 1  # the refused one came back
+    pair.rx.set_options(max_maps=3)
+    got, _ = pair.roundtrip(np.arange(8))
+    assert got.tolist() == list(range(8)) and kept.tolist() == [0, 1, 2, 3]
+    assert pair.rx.stats()["maps"] == 3
+    for name in ("max_maps", "max_mapped_bytes", "max_bytes_held",
+                 "ring_bytes"):
+        with pytest.raises(ValueError):
+            pair.rx.set_options(**{name: -1})
+
+
 def test_error_attributes(pair):
     with pytest.raises(ipcref.Error) as ei:
         pair.prod.empty((-1,))
