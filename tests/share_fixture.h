@@ -10,7 +10,7 @@
  *   - what a case leaves behind: count_fds (fds_ignore: a path prefix not
  *     counted), count_maps, res_begin / RES_END / RES_END_CHILD (with
  *     res_all_maps set, every mapping counts in plain builds), stats_of,
- *     nothing_waits (ipcref_ctx_timeout with nothing due);
+ *     peer_info_of, nothing_waits (ipcref_ctx_timeout with nothing due);
  *   - the error hook (error_hook: err_count, err_eproto, err_epeer,
  *     err_last; errors_reset, EXPECT_ERRORS), new_ctx, make_ctx,
  *     make_peer, and local_pair (two contexts of this process with a peer
@@ -244,6 +244,14 @@ FIXTURE_FN ipcref_stats stats_of(ipcref_ctx *ctx) {
   memset(&s, 0, sizeof s);
   CHECK_EQ(ipcref_ctx_stats(ctx, &s), IPCREF_OK);
   return s;
+}
+
+/* What peer `p` holds and brought (ipcref_peer_stats), CHECKed. */
+FIXTURE_FN ipcref_peer_info peer_info_of(ipcref_peer *p) {
+  ipcref_peer_info in;
+  memset(&in, 0, sizeof in);
+  CHECK_EQ(ipcref_peer_stats(p, &in), IPCREF_OK);
+  return in;
 }
 
 /* 1 when ipcref_ctx_timeout says that nothing waits on time: -1; but

@@ -97,13 +97,6 @@ static int seeded_is(const ipcref_view *v, uint32_t seed) {
   return 1;
 }
 
-static ipcref_peer_info info_of(ipcref_peer *p) {
-  ipcref_peer_info in;
-  memset(&in, 0, sizeof in);
-  CHECK_EQ(ipcref_peer_stats(p, &in), IPCREF_OK);
-  return in;
-}
-
 /* Collects until no lease is live and nothing is in the limbo: 1, or 0
  * after ms. */
 static int wait_collected(ipcref_ctx *ctx, long ms) {
@@ -158,8 +151,8 @@ static void records_take_the_ring(int type) {
     ipcref_view_release(&got);
   }
   CHECK_EQ(bad, 0);
-  pi = info_of(l.pp);
-  ci = info_of(l.cp);
+  pi = peer_info_of(l.pp);
+  ci = peer_info_of(l.cp);
   CHECK_EQ(pi.sent_socket, 1);
   CHECK_EQ(pi.sent_channel, 299);
   CHECK_EQ(pi.channel_out, 1);
@@ -210,7 +203,7 @@ static void order_of_both_paths(int type) {
   }
   CHECK_EQ(bad, 0);
   CHECK_EQ(ipcref_recv(l.cp, &got, 0), IPCREF_EAGAIN);
-  pi = info_of(l.pp);
+  pi = peer_info_of(l.pp);
   CHECK_EQ(pi.sent_socket + pi.sent_channel, 200);
   CHECK(pi.sent_channel > 10);        /* the ring took some */
   CHECK(pi.sent_socket > fresh + 10); /* and the full ring gave way */
@@ -249,7 +242,7 @@ static void test_records_wrap(void) {
     ipcref_view_release(&got);
   }
   CHECK_EQ(bad, 0);
-  CHECK(info_of(l.pp).sent_channel > 2900);
+  CHECK(peer_info_of(l.pp).sent_channel > 2900);
   ipcref_view_release(&v);
   local_pair_close(&l);
 }
@@ -395,7 +388,7 @@ static void test_patches(void) {
   CHECK(seeded_is(&got, 5));
   ipcref_view_release(&got);
   for (i = 0; i < 3; i++) CHECK(patch_round(&l, &w, 6, &b) && b == 64);
-  CHECK(info_of(l.cp).channel_in == 1);
+  CHECK(peer_info_of(l.cp).channel_in == 1);
   ipcref_view_release(&big);
   ipcref_view_release(&r);
   ipcref_view_release(&w);
@@ -460,7 +453,7 @@ static void hostile_pair(local_pair *l, ipcref_view *v) {
   ipcref_view_release(&got);
   CHECK_EQ(ipcref_recv(l->cp, &got, 5000), IPCREF_OK);
   ipcref_view_release(&got);
-  CHECK_EQ(info_of(l->pp).sent_channel, 1);
+  CHECK_EQ(peer_info_of(l->pp).sent_channel, 1);
 }
 
 /* The consumer refuses the broken channel for good, by name. */
@@ -472,7 +465,7 @@ static void expect_broken(local_pair *l, const char *why) {
   if (!strstr(err_last, why)) printf("    last report: %s\n", err_last);
   CHECK(strstr(err_last, why) != NULL);
   CHECK_EQ(ipcref_recv(l->cp, &got, 100), IPCREF_EPROTO); /* for good */
-  CHECK_EQ(info_of(l->cp).channel_in, -1);
+  CHECK_EQ(peer_info_of(l->cp).channel_in, -1);
 }
 
 enum {
@@ -586,7 +579,7 @@ static void ring_goes_on(local_pair *l, ipcref_view *v) {
   CHECK_EQ(ipcref_recv(l->cp, &got, 5000), IPCREF_OK);
   CHECK(seeded_is(&got, 11));
   ipcref_view_release(&got);
-  CHECK_EQ(info_of(l->cp).channel_in, 1);
+  CHECK_EQ(peer_info_of(l->cp).channel_in, 1);
   ipcref_view_release(v);
   local_pair_close(l);
 }
@@ -815,7 +808,7 @@ static void test_hostile_setups(void) {
     case S_SECOND:
       CHECK_EQ(xfer_send(l.pp->fd, &setup), 0);
       CHECK_EQ(ipcref_recv(l.cp, &got, 0), IPCREF_EAGAIN);
-      CHECK_EQ(info_of(l.cp).channel_in, 1);
+      CHECK_EQ(peer_info_of(l.cp).channel_in, 1);
       for (i = 0; i < 3; i++) close(fds[i]);
       CHECK_EQ(ipcref__chan_make(4096, &t2, &second), IPCREF_OK);
       memcpy(fds, second.fds, sizeof fds);
@@ -834,7 +827,7 @@ static void test_hostile_setups(void) {
     if (!strstr(err_last, why[c])) printf("    case %d: %s\n", c, err_last);
     CHECK(strstr(err_last, why[c]) != NULL);
     CHECK_EQ(ipcref_recv(l.cp, &got, 0), IPCREF_EPROTO);
-    CHECK_EQ(info_of(l.cp).channel_in, -1);
+    CHECK_EQ(peer_info_of(l.cp).channel_in, -1);
     CHECK(got.buf == NULL);
     ipcref__chan_tx_free(t);
     ipcref__chan_tx_free(t2);
@@ -863,7 +856,7 @@ static void bad_head(uint64_t (*head)(uint64_t tail, size_t bytes)) {
                    __ATOMIC_RELEASE);
   for (i = 0; i < 100; i++)
     CHECK_EQ(send_seq(l.pp, &v, (uint32_t)i), IPCREF_OK);
-  pi = info_of(l.pp);
+  pi = peer_info_of(l.pp);
   if (pi.channel_out != -1)
     printf("    head %llx tail %llx: %llu by the channel\n",
            (unsigned long long)l.cp->rx->ctl->head,
@@ -917,7 +910,7 @@ static void test_hostile_receiver_back_and_asleep(void) {
   __atomic_store_n(&l.cp->rx->ctl->head, 0, __ATOMIC_RELEASE);
   for (i = 0; i < 100; i++)
     CHECK_EQ(send_seq(l.pp, &v, (uint32_t)i), IPCREF_OK);
-  CHECK(info_of(l.pp).sent_socket >= 100 - 4096 / 64); /* it looked full */
+  CHECK(peer_info_of(l.pp).sent_socket >= 100 - 4096 / 64); /* it looked full */
   for (i = 0; i < 100; i++) {
     if (recv_seq(l.cp, &got, 5000, &seq) != IPCREF_OK || seq != (uint32_t)i ||
         !seeded_is(&got, 11))
@@ -941,7 +934,7 @@ static void test_hostile_receiver_back_and_asleep(void) {
   }
   CHECK_EQ(bad, 0);
   CHECK(now_ms() - t0 < 20000 * slow);
-  CHECK(info_of(l.pp).channel_out == 1);
+  CHECK(peer_info_of(l.pp).channel_out == 1);
   CHECK_EQ(l.pp->tx->bell_full, 1);
   __atomic_store_n(&l.cp->rx->ctl->asleep, 0u, __ATOMIC_RELEASE);
   CHECK_EQ(send_seq(l.pp, &v, 3000), IPCREF_OK);
@@ -964,7 +957,7 @@ static void test_hostile_receiver_dozes(void) {
   int i, bad = 0;
   hostile_pair(&l, &v);
   if (!l.cp || !l.cp->rx) return;
-  sock0 = info_of(l.pp).sent_socket;
+  sock0 = peer_info_of(l.pp).sent_socket;
   for (i = 0; i < 200; i++) {
     __atomic_store_n(&l.cp->rx->ctl->asleep, 2u, __ATOMIC_RELEASE);
     CHECK_EQ(send_seq(l.pp, &v, (uint32_t)i), IPCREF_OK);
@@ -974,7 +967,7 @@ static void test_hostile_receiver_dozes(void) {
     ipcref_view_release(&got);
   }
   CHECK_EQ(bad, 0);
-  CHECK_EQ(info_of(l.pp).sent_socket, sock0); /* all through the ring */
+  CHECK_EQ(peer_info_of(l.pp).sent_socket, sock0); /* all through the ring */
   ipcref_view_release(&v);
   local_pair_close(&l);
 }
@@ -1065,7 +1058,7 @@ static void test_doze_then_doorbell(void) {
   CHECK(asleep_reads(p, IPCREF__ASLEEP_BELL)); /* the doze is over */
   CHECK_EQ(send_seq(p, &v, 2), IPCREF_OK);
   CHECK_EQ(ctl_get(k.ctl, CTL_MS), 2);
-  CHECK_EQ(info_of(p).sent_channel, 2);
+  CHECK_EQ(peer_info_of(p).sent_channel, 2);
   KID_END(&k, "consumer");
   ipcref_view_release(&v);
   ipcref_peer_free(p);
@@ -1143,7 +1136,7 @@ static void poll_fd_wakes(int spin) {
   CHECK_EQ(ipcref_recv(cp, &got, 0), IPCREF_EAGAIN);
   pfd.revents = 0;
   CHECK_EQ(poll(&pfd, 1, 0), 0);
-  CHECK_EQ(info_of(pp).sent_channel, 20);
+  CHECK_EQ(peer_info_of(pp).sent_channel, 20);
   ipcref_view_release(&v);
   ipcref_peer_free(cp);
   ipcref_peer_free(pp);
@@ -1219,9 +1212,9 @@ static void test_options(void) {
       ipcref_view_release(&got);
     }
     CHECK(p->tx == NULL);
-    CHECK_EQ(info_of(p).sent_socket, 10);
-    CHECK_EQ(info_of(p).channel_out, 0);
-    CHECK_EQ(info_of(cp).channel_in, 0);
+    CHECK_EQ(peer_info_of(p).sent_socket, 10);
+    CHECK_EQ(peer_info_of(p).channel_out, 0);
+    CHECK_EQ(peer_info_of(cp).channel_in, 0);
     ipcref_view_release(&v);
     ipcref_peer_free(cp);
     ipcref_peer_free(p);
@@ -1272,7 +1265,7 @@ static void test_fan_out(void) {
     for (c = 0; c < FAN; c++) CHECK_EQ(send_seq(p[c], &v, i), IPCREF_OK);
   for (c = 0; c < FAN; c++) {
     CTL_EXPECT(k[c].ctl, 'd');
-    CHECK_EQ(info_of(p[c]).sent_channel, FAN_MSG - 1);
+    CHECK_EQ(peer_info_of(p[c]).sent_channel, FAN_MSG - 1);
     KID_END(&k[c], "consumer");
   }
   ipcref_view_release(&v);
@@ -1308,7 +1301,7 @@ static void test_consumer_killed_with_records_unread(void) {
   CHECK_EQ(ipcref_send(p, &v), IPCREF_OK);
   CTL_EXPECT(k.ctl, 'r');
   for (i = 0; i < 50; i++) CHECK_EQ(ipcref_send(p, &v), IPCREF_OK);
-  CHECK_EQ(info_of(p).sent_channel, 50);
+  CHECK_EQ(peer_info_of(p).sent_channel, 50);
   s = stats_of(ctx);
   CHECK_EQ(s.live_slots, 51);
   ipcref_view_release(&v); /* in the limbo now, held by the leases */
@@ -1374,7 +1367,7 @@ static void test_seccomp_consumer(void) {
   for (i = 0; i < SEC_N; i++) CHECK_EQ(ipcref_send(p, &v), IPCREF_OK);
   CTL_EXPECT(k.ctl, 'w');
   for (i = 0; i < SEC_N; i++) CHECK_EQ(ipcref_send(p, &v), IPCREF_OK);
-  CHECK_EQ(info_of(p).sent_channel, 2 * SEC_N - 1);
+  CHECK_EQ(peer_info_of(p).sent_channel, 2 * SEC_N - 1);
   CHECK_EQ(ctl_send(k.ctl, &go, 1), 0);
   CTL_EXPECT(k.ctl, 'd');
   KID_END(&k, "consumer under seccomp");

@@ -55,16 +55,9 @@ static void bytes_view(ipcref_ctx *ctx, int64_t n, ipcref_view *v) {
   CHECK_EQ(ipcref_view_new_shared(ctx, IPCREF_U8, 1, &n, v), IPCREF_OK);
 }
 
-static ipcref_peer_info info_of(ipcref_peer *p) {
-  ipcref_peer_info in;
-  memset(&in, 0, sizeof in);
-  CHECK_EQ(ipcref_peer_stats(p, &in), IPCREF_OK);
-  return in;
-}
-
 /* The leases the consumer on `p` holds, once what came back is swept. */
 static size_t leases_of(ipcref_peer *p) {
-  return info_of(p).leases;
+  return peer_info_of(p).leases;
 }
 
 /* At four mappings (a ledger and three segments) a message with a fourth
@@ -86,8 +79,8 @@ static void test_count_cap(void) {
   for (i = 0; i < 4; i++) CHECK_EQ(ipcref_send(l.pp, &v[i]), IPCREF_OK);
   for (i = 0; i < 3; i++)
     CHECK_EQ(ipcref_recv(l.cp, &got[i], WAIT_MS), IPCREF_OK);
-  CHECK_EQ(info_of(l.cp).maps, 4);
-  CHECK(info_of(l.cp).mapped_bytes > 3 * PAGE); /* and the ledger's */
+  CHECK_EQ(peer_info_of(l.cp).maps, 4);
+  CHECK(peer_info_of(l.cp).mapped_bytes > 3 * PAGE); /* and the ledger's */
   before = stats_of(l.cons);
   errors_reset();
   CHECK_EQ(ipcref_recv(l.cp, &got[3], WAIT_MS), IPCREF_ERANGE);
@@ -96,12 +89,12 @@ static void test_count_cap(void) {
   CHECK_EQ(stats_of(l.cons).refused, before.refused + 1);
   CHECK_EQ(stats_of(l.cons).mapped_segments, before.mapped_segments);
   CHECK_EQ(stats_of(l.cons).imported_bufs, before.imported_bufs);
-  CHECK_EQ(info_of(l.cp).maps, 4);
+  CHECK_EQ(peer_info_of(l.cp).maps, 4);
   CHECK_EQ(leases_of(l.pp), 3); /* the fourth came back */
   /* A view of a segment mapped already brings nothing new. */
   CHECK_EQ(ipcref_send(l.pp, &v[1]), IPCREF_OK);
   CHECK_EQ(ipcref_recv(l.cp, &got[3], WAIT_MS), IPCREF_OK);
-  CHECK_EQ(info_of(l.cp).maps, 4);
+  CHECK_EQ(peer_info_of(l.cp).maps, 4);
   /* The first segment's block freed on both sides: the producer destroys
    * the segment and says so with its next message, which then fits. */
   ipcref_view_release(&got[0]);
@@ -111,7 +104,7 @@ static void test_count_cap(void) {
   have4 = ipcref_recv(l.cp, &got[4], WAIT_MS) == IPCREF_OK;
   CHECK(have4);
   EXPECT_ERRORS(0);
-  CHECK_EQ(info_of(l.cp).maps, 4);
+  CHECK_EQ(peer_info_of(l.cp).maps, 4);
   /* The consumer's peer goes first; the views it brought stay valid. */
   ipcref_peer_free(l.cp);
   l.cp = NULL;
@@ -143,7 +136,7 @@ static void test_byte_cap(void) {
   bytes_view(l.prod, PAGE, &v[3]);
   CHECK_EQ(ipcref_send(l.pp, &v[0]), IPCREF_OK);
   CHECK_EQ(ipcref_recv(l.cp, &got[0], WAIT_MS), IPCREF_OK);
-  base = info_of(l.cp).mapped_bytes;
+  base = peer_info_of(l.cp).mapped_bytes;
   CHECK(base > PAGE);
   set_caps(l.cp, 0, base + 2 * PAGE);
   for (i = 1; i < 4; i++) CHECK_EQ(ipcref_send(l.pp, &v[i]), IPCREF_OK);
@@ -152,14 +145,14 @@ static void test_byte_cap(void) {
   CHECK_EQ(ipcref_recv(l.cp, &got[2], WAIT_MS), IPCREF_OK);
   CHECK_EQ(ipcref_recv(l.cp, &got[3], WAIT_MS), IPCREF_ERANGE);
   EXPECT_ERRORS(2);
-  CHECK_EQ(info_of(l.cp).mapped_bytes, base + 2 * PAGE);
-  CHECK_EQ(info_of(l.cp).maps, 3);
+  CHECK_EQ(peer_info_of(l.cp).mapped_bytes, base + 2 * PAGE);
+  CHECK_EQ(peer_info_of(l.cp).maps, 3);
   CHECK_EQ(leases_of(l.pp), 2);
   /* Without caps, the same message goes. */
   set_caps(l.cp, 0, 0);
   CHECK_EQ(ipcref_send(l.pp, &v[3]), IPCREF_OK);
   CHECK_EQ(ipcref_recv(l.cp, &got[3], WAIT_MS), IPCREF_OK);
-  CHECK_EQ(info_of(l.cp).maps, 4);
+  CHECK_EQ(peer_info_of(l.cp).maps, 4);
   ipcref_view_release(&got[0]);
   ipcref_view_release(&got[2]);
   ipcref_view_release(&got[3]);
@@ -209,7 +202,7 @@ static void test_refused_in_flight(void) {
     CHECK(!"the view after the refusals");
   }
   EXPECT_ERRORS(0);
-  CHECK_EQ(info_of(l.cp).maps, 3);
+  CHECK_EQ(peer_info_of(l.cp).maps, 3);
   ipcref_view_release(&got[0]);
   CHECK_EQ(leases_of(l.pp), 0);
   ipcref_view_release(&a);
@@ -236,7 +229,7 @@ static void test_refused_ledger(void) {
   for (i = 0; i < 2; i++)
     CHECK_EQ(ipcref_recv(l.cp, &got, WAIT_MS), IPCREF_ERANGE);
   EXPECT_ERRORS(2);
-  CHECK_EQ(info_of(l.cp).maps, 0);
+  CHECK_EQ(peer_info_of(l.cp).maps, 0);
   CHECK_EQ(leases_of(l.pp), 0);
   set_caps(l.cp, 0, 0);
   CHECK_EQ(ipcref_send(l.pp, &v), IPCREF_OK);
@@ -244,7 +237,7 @@ static void test_refused_ledger(void) {
     ipcref_view_release(&got);
   else
     CHECK(!"the view without caps");
-  CHECK_EQ(info_of(l.cp).maps, 2);
+  CHECK_EQ(peer_info_of(l.cp).maps, 2);
   CHECK_EQ(leases_of(l.pp), 0);
   ipcref_view_release(&v);
   local_pair_close(&l);
@@ -280,7 +273,7 @@ static void test_refused_batch(void) {
   else
     CHECK(!"v[1] once v[0]'s segment went");
   EXPECT_ERRORS(0);
-  CHECK_EQ(info_of(l.cp).maps, 2);
+  CHECK_EQ(peer_info_of(l.cp).maps, 2);
   CHECK_EQ(stats_of(l.cons).mapped_segments, 1);
   ipcref_view_release(&v[1]);
   local_pair_close(&l);
@@ -354,7 +347,7 @@ static void test_hostile_flood(void) {
   CHECK_EQ(ok, CAP - 1);
   CHECK_EQ(refused, FLOOD - (CAP - 1));
   EXPECT_ERRORS(FLOOD - (CAP - 1));
-  CHECK_EQ(info_of(p).maps, CAP);
+  CHECK_EQ(peer_info_of(p).maps, CAP);
   CHECK_EQ(count_fds(), fds + CAP - 2); /* a segment's each */
   ctl_put(k.ctl, ok);
   CTL_EXPECT(k.ctl, 'k');

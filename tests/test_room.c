@@ -38,10 +38,7 @@ static void block_view(ipcref_ctx *ctx, ipcref_view *v) {
 }
 
 static size_t held_by(ipcref_peer *p) {
-  ipcref_peer_info in;
-  memset(&in, 0, sizeof in);
-  CHECK_EQ(ipcref_peer_stats(p, &in), IPCREF_OK);
-  return in.bytes_held;
+  return peer_info_of(p).bytes_held;
 }
 
 /* 1 when the producer's ledgers ask returners to ring. */
