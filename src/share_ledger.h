@@ -34,10 +34,7 @@
 #define IPCREF__RING_RELEASE   0u /* entry: a lease came back */
 #define IPCREF__RING_LINK      1u /* entry pair: a forwarded lease */
 #define IPCREF__RING_PARENT    2u /* second half of a link */
-#define IPCREF__RING_REFUSED                                                   \
-  3u /* entry: a lease came back unused, its                                   \
-        message refused for the caps of the                                    \
-        receiver's peer (ipcref__leases_refuse) */
+#define IPCREF__RING_REFUSED   3u /* entry: a lease given back unused */
 
 typedef struct ipcref__ledger_hdr {
   uint32_t magic, version, nslots, origin_pid;
