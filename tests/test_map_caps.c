@@ -8,12 +8,12 @@
  * producer, nothing it brought stays mapped, the error hook hears it, and
  * the next message that fits goes. Idle mappings of what the producer
  * destroyed make room first. A message that brings nothing new goes at
- * the cap. The producer sends the fds again of what a refused message
- * brought, and still says when what it sent before goes. Messages on
- * their way when one was refused are refused too, their leases given
- * back, through the refused message's ledger when it brought one. A hostile
- * producer in another process (fork) that sends a new segment in every message
- * holds the consumer to its cap in fds. */
+ * the cap. The producer sends the fds of what a refused message brought
+ * again, and still says when what it sent before goes. Messages on their
+ * way when one was refused are refused too, their leases given back
+ * (through the refused message's ledger when it brought one). A hostile
+ * producer in another process (fork) that sends a new segment in every
+ * message holds the consumer to its cap in fds. */
 #define _GNU_SOURCE
 #include <stdint.h>
 #include <stdio.h>
