@@ -753,6 +753,12 @@ typedef struct ipcref_ctx_options {
   const uint32_t *allow_uids; /* uids besides our own whose peers are
                                  accepted (copied); others get EPEER */
   size_t allow_uids_count;
+  size_t max_maps;         /* consumer: caps on what all peers' messages keep
+                              mapped here at once, forwarded memory whose
+                              peer is gone too (default: none); as the
+                              peer options of the same names, which cap one
+                              peer's */
+  size_t max_mapped_bytes; /* and their bytes */
   ipcref_error_hook error_hook; /* hears what peers did wrong (a forged,
                                    replayed or double return, a refused
                                    peer); fn NULL: the process-wide hook.
@@ -793,6 +799,10 @@ typedef struct ipcref_stats {
                              segment_bytes too) */
   uint64_t cache_hits;    /* allocations served from a cached segment, ever */
   uint64_t cache_misses;  /* allocations that made a new segment, ever */
+  size_t maps_in;         /* segments, ledgers and device segments peers'
+                             messages keep mapped here (in mapped_segments
+                             and counter_files too; see max_maps) */
+  size_t maps_in_bytes;   /* their bytes */
 } ipcref_stats;
 
 /* What one peer holds: to find the consumer that pins memory. Exact at the
@@ -4599,34 +4609,58 @@ IPCREF__PRIVATE ipcref__map *ipcref__map_find(ipcref_ctx *ctx, int kind,
   return m;
 }
 
-/* ---- what a peer keeps mapped ---------------------------------------------
- * Each mapping is charged to the peer whose message brought it (`via`),
- * whose caps (opt.max_maps, opt.max_mapped_bytes) bound what a producer,
- * honest or not, can make this process map: fds and address space. The
- * charge ends when the mapping goes, or the peer (then NULL). */
+/* ---- what peers keep mapped -----------------------------------------------
+ * Each mapping is charged to the context, until it goes, and to the peer
+ * whose message brought it (`via`), until it goes or the peer does (then
+ * NULL). Their caps (opt.max_maps, opt.max_mapped_bytes of each) bound
+ * what producers, honest or not, can make this process map: fds and
+ * address space. */
 
-IPCREF__PRIVATE void ipcref__map_charge(ipcref_peer *p, ipcref__map *m) {
+IPCREF__PRIVATE void ipcref__map_charge(ipcref_ctx *ctx, ipcref_peer *p,
+                                        ipcref__map *m) {
+  ctx->st.maps_in++;
+  ctx->st.maps_in_bytes += m->size;
   m->via = p;
   if (!p) return;
   p->nmaps++;
   p->mapped_bytes += m->size;
 }
 
-IPCREF__PRIVATE void ipcref__map_uncharge(ipcref__map *m) {
+/* The peer's charge for `m` ends. */
+IPCREF__PRIVATE void ipcref__map_unvia(ipcref__map *m) {
   if (!m->via) return;
   m->via->nmaps--;
   m->via->mapped_bytes -= m->size;
   m->via = NULL;
 }
 
-/* 1 when peer `p` may keep `n` mappings of `bytes` more. */
+/* `m` goes: both charges end. */
+IPCREF__PRIVATE void ipcref__map_uncharge(ipcref_ctx *ctx, ipcref__map *m) {
+  ctx->st.maps_in--;
+  ctx->st.maps_in_bytes -= m->size;
+  ipcref__map_unvia(m);
+}
+
+/* 1 when `n` mappings of `bytes` more stay within caps `max_n` and
+ * `max_bytes` (0: none) over `have_n` of `have_bytes`. */
+IPCREF__PRIVATE int ipcref__caps_room(size_t have_n, size_t have_bytes,
+                                      size_t max_n, size_t max_bytes, size_t n,
+                                      size_t bytes) {
+  size_t total;
+  if (max_n && have_n + n > max_n) return 0;
+  return !max_bytes || (!__builtin_add_overflow(have_bytes, bytes, &total) &&
+                        total <= max_bytes);
+}
+
+/* 1 when peer `p` and its context may keep `n` mappings of `bytes` more. */
 IPCREF__PRIVATE int ipcref__map_room(const ipcref_peer *p, size_t n,
                                      size_t bytes) {
-  size_t total;
-  if (p->opt.max_maps && p->nmaps + n > p->opt.max_maps) return 0;
-  return !p->opt.max_mapped_bytes ||
-         (!__builtin_add_overflow(p->mapped_bytes, bytes, &total) &&
-          total <= p->opt.max_mapped_bytes);
+  const ipcref_ctx *ctx = p->ctx;
+  return ipcref__caps_room(p->nmaps, p->mapped_bytes, p->opt.max_maps,
+                           p->opt.max_mapped_bytes, n, bytes) &&
+         ipcref__caps_room(ctx->st.maps_in, ctx->st.maps_in_bytes,
+                           ctx->opt.max_maps, ctx->opt.max_mapped_bytes, n,
+                           bytes);
 }
 
 /* Notes a mapping that a message refused for the caps brought (and that
@@ -4666,9 +4700,9 @@ IPCREF__PRIVATE ipcref__map *ipcref__kept_find(const ipcref_peer *p,
 IPCREF__PRIVATE void ipcref__maps_unvia(ipcref_ctx *ctx, ipcref_peer *p) {
   ipcref__map *m;
   for (m = ctx->maps; m; m = m->next)
-    if (m->via == p) ipcref__map_uncharge(m);
+    if (m->via == p) ipcref__map_unvia(m);
   for (m = ctx->maps_retired; m; m = m->next)
-    if (m->via == p) ipcref__map_uncharge(m);
+    if (m->via == p) ipcref__map_unvia(m);
 }
 
 /* ---- what a peer was sent -------------------------------------------------
@@ -6090,7 +6124,7 @@ IPCREF__PRIVATE void ipcref__map_drop(ipcref__map *m) {
 /* Takes a mapping out of the cache and lets go of it (under the lock). */
 IPCREF__PRIVATE void ipcref__map_evict(ipcref_ctx *ctx, ipcref__map *m) {
   ipcref__map_index_del(ctx, m);
-  ipcref__map_uncharge(m);
+  ipcref__map_uncharge(ctx, m);
   if (m->kind == IPCREF__KIND_LEDGER)
     ctx->st.counter_files--;
   else
@@ -6288,23 +6322,28 @@ IPCREF__PRIVATE size_t ipcref__reap(ipcref_ctx *ctx) {
   return freed + ipcref__sweep(ctx);
 }
 
-/* Notices deaths and reclaims what the dead held (under the lock). Every
- * call on the context pumps this, at most once per clock tick (`force`:
- * now), so that a process that never polls still gets its memory back:
- * the pidfds each time, the watches without one every IPCREF__POLL_MS. */
+/* Reads what came back and notices deaths, reclaiming what the dead held
+ * (under the lock). Every call on the context pumps this, at most once per
+ * clock tick (`force`: now), so that a process that never polls or lets
+ * go of a buffer still gets its memory back, and hears of the leases its
+ * consumers refused (ipcref__lease_refused) before its next sends: the
+ * ledgers and the pidfds each time, the watches without one every
+ * IPCREF__POLL_MS. */
 IPCREF__PRIVATE size_t ipcref__pump(ipcref_ctx *ctx, int force) {
   long tick;
+  size_t freed;
   if (ctx->deferred) ipcref__deferred_poll(ctx);
   if (!ctx->watches) return 0;
   tick = ipcref__now_ms();
   if (!force && tick == ctx->pump_tick) return 0;
   ctx->pump_tick = tick;
+  freed = ipcref__sweep(ctx);
   (void)ipcref__watch_events(ctx);
   if (force || tick - ctx->poll_tick >= IPCREF__POLL_MS) {
     ctx->poll_tick = tick;
     ipcref__watch_poll(ctx);
   }
-  return ctx->st.peer_deaths != ctx->reaped ? ipcref__reap(ctx) : 0;
+  return freed + (ctx->st.peer_deaths != ctx->reaped ? ipcref__reap(ctx) : 0);
 }
 
 IPCREF_API size_t ipcref_collect(ipcref_ctx *ctx) {
@@ -9047,7 +9086,7 @@ IPCREF__PRIVATE void ipcref__maps_commit(ipcref_ctx *ctx, ipcref_peer *via,
   for (k = 0; k < n; k++) {
     if (old[k]) ipcref__map_displace(ctx, old[k]);
     ipcref__map_index_add(ctx, fresh[k]);
-    ipcref__map_charge(via, fresh[k]);
+    ipcref__map_charge(ctx, via, fresh[k]);
     if (fresh[k]->kind == IPCREF__KIND_LEDGER)
       ctx->st.counter_files++;
     else
@@ -9211,8 +9250,8 @@ IPCREF__PRIVATE const char *ipcref__import_rec_why(ipcref_ctx *ctx,
                                             ipcref__sent_key(v->seg_id, 0))) ||
                (!led && ipcref__refused_was(mm->via, v->origin_nonce,
                                             ipcref__sent_key(v->ledger_id, 1)));
-    return mm->over ? "a view of what a message refused for the peer's caps "
-                      "brought (max_maps, max_mapped_bytes)"
+    return mm->over ? "a view of what a message refused for the caps "
+                      "(max_maps, max_mapped_bytes) brought"
                     : "a view of a segment or ledger never sent";
   }
   if (seg->origin_pid != (int)v->origin_pid ||
@@ -9300,10 +9339,10 @@ IPCREF__PRIVATE void ipcref__refused_keep(ipcref__msg_maps *mm) {
   mm->nfresh = n;
 }
 
-/* Import, step 4: room under the caps of the peer it came on for what it
- * brings (see ipcref__map_room). Short of it, the idle mappings of what
- * was retired that are charged to the peer go first (not those the
- * message names); still short, the message is refused (ERANGE). */
+/* Import, step 4: room under the caps of the peer it came on, and of the
+ * context, for what it brings (see ipcref__map_room). Short of it, the
+ * idle mappings of what was retired go first (not those the message
+ * names); still short, the message is refused (ERANGE). */
 IPCREF__PRIVATE ipcref_result ipcref__import_room(ipcref_ctx *ctx,
                                                   const ipcref__msg_in *m,
                                                   ipcref__msg_maps *mm) {
@@ -9316,14 +9355,13 @@ IPCREF__PRIVATE ipcref_result ipcref__import_room(ipcref_ctx *ctx,
   if (ipcref__map_room(mm->via, (size_t)mm->nfresh, bytes)) return IPCREF_OK;
   for (x = ctx->maps_retired; x; x = next) {
     next = x->next;
-    if (x->via != mm->via || __atomic_load_n(&x->refs, __ATOMIC_ACQUIRE))
-      continue;
+    if (__atomic_load_n(&x->refs, __ATOMIC_ACQUIRE)) continue;
     for (k = 0; k < n && mm->seg[k] != x && mm->ledger[k] != x; k++) continue;
     if (k == n) ipcref__map_evict(ctx, x);
   }
   if (ipcref__map_room(mm->via, (size_t)mm->nfresh, bytes)) return IPCREF_OK;
-  mm->why = "past the caps of the peer it came on (max_maps, "
-            "max_mapped_bytes)";
+  mm->why = "past the caps (max_maps, max_mapped_bytes) of the peer it "
+            "came on or of the context";
   return IPCREF_ERANGE;
 }
 

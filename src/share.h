@@ -75,6 +75,12 @@ typedef struct ipcref_ctx_options {
   const uint32_t *allow_uids; /* uids besides our own whose peers are
                                  accepted (copied); others get EPEER */
   size_t allow_uids_count;
+  size_t max_maps;         /* consumer: caps on what all peers' messages keep
+                              mapped here at once, forwarded memory whose
+                              peer is gone too (default: none); as the
+                              peer options of the same names, which cap one
+                              peer's */
+  size_t max_mapped_bytes; /* and their bytes */
   ipcref_error_hook error_hook; /* hears what peers did wrong (a forged,
                                    replayed or double return, a refused
                                    peer); fn NULL: the process-wide hook.
@@ -115,6 +121,10 @@ typedef struct ipcref_stats {
                              segment_bytes too) */
   uint64_t cache_hits;    /* allocations served from a cached segment, ever */
   uint64_t cache_misses;  /* allocations that made a new segment, ever */
+  size_t maps_in;         /* segments, ledgers and device segments peers'
+                             messages keep mapped here (in mapped_segments
+                             and counter_files too; see max_maps) */
+  size_t maps_in_bytes;   /* their bytes */
 } ipcref_stats;
 
 /* What one peer holds: to find the consumer that pins memory. Exact at the

@@ -183,7 +183,7 @@ IPCREF__PRIVATE void ipcref__map_drop(ipcref__map *m) {
 /* Takes a mapping out of the cache and lets go of it (under the lock). */
 IPCREF__PRIVATE void ipcref__map_evict(ipcref_ctx *ctx, ipcref__map *m) {
   ipcref__map_index_del(ctx, m);
-  ipcref__map_uncharge(m);
+  ipcref__map_uncharge(ctx, m);
   if (m->kind == IPCREF__KIND_LEDGER)
     ctx->st.counter_files--;
   else
@@ -381,23 +381,28 @@ IPCREF__PRIVATE size_t ipcref__reap(ipcref_ctx *ctx) {
   return freed + ipcref__sweep(ctx);
 }
 
-/* Notices deaths and reclaims what the dead held (under the lock). Every
- * call on the context pumps this, at most once per clock tick (`force`:
- * now), so that a process that never polls still gets its memory back:
- * the pidfds each time, the watches without one every IPCREF__POLL_MS. */
+/* Reads what came back and notices deaths, reclaiming what the dead held
+ * (under the lock). Every call on the context pumps this, at most once per
+ * clock tick (`force`: now), so that a process that never polls or lets
+ * go of a buffer still gets its memory back, and hears of the leases its
+ * consumers refused (ipcref__lease_refused) before its next sends: the
+ * ledgers and the pidfds each time, the watches without one every
+ * IPCREF__POLL_MS. */
 IPCREF__PRIVATE size_t ipcref__pump(ipcref_ctx *ctx, int force) {
   long tick;
+  size_t freed;
   if (ctx->deferred) ipcref__deferred_poll(ctx);
   if (!ctx->watches) return 0;
   tick = ipcref__now_ms();
   if (!force && tick == ctx->pump_tick) return 0;
   ctx->pump_tick = tick;
+  freed = ipcref__sweep(ctx);
   (void)ipcref__watch_events(ctx);
   if (force || tick - ctx->poll_tick >= IPCREF__POLL_MS) {
     ctx->poll_tick = tick;
     ipcref__watch_poll(ctx);
   }
-  return ctx->st.peer_deaths != ctx->reaped ? ipcref__reap(ctx) : 0;
+  return freed + (ctx->st.peer_deaths != ctx->reaped ? ipcref__reap(ctx) : 0);
 }
 
 IPCREF_API size_t ipcref_collect(ipcref_ctx *ctx) {

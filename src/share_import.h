@@ -98,7 +98,7 @@ IPCREF__PRIVATE void ipcref__maps_commit(ipcref_ctx *ctx, ipcref_peer *via,
   for (k = 0; k < n; k++) {
     if (old[k]) ipcref__map_displace(ctx, old[k]);
     ipcref__map_index_add(ctx, fresh[k]);
-    ipcref__map_charge(via, fresh[k]);
+    ipcref__map_charge(ctx, via, fresh[k]);
     if (fresh[k]->kind == IPCREF__KIND_LEDGER)
       ctx->st.counter_files++;
     else
@@ -262,8 +262,8 @@ IPCREF__PRIVATE const char *ipcref__import_rec_why(ipcref_ctx *ctx,
                                             ipcref__sent_key(v->seg_id, 0))) ||
                (!led && ipcref__refused_was(mm->via, v->origin_nonce,
                                             ipcref__sent_key(v->ledger_id, 1)));
-    return mm->over ? "a view of what a message refused for the peer's caps "
-                      "brought (max_maps, max_mapped_bytes)"
+    return mm->over ? "a view of what a message refused for the caps "
+                      "(max_maps, max_mapped_bytes) brought"
                     : "a view of a segment or ledger never sent";
   }
   if (seg->origin_pid != (int)v->origin_pid ||
@@ -351,10 +351,10 @@ IPCREF__PRIVATE void ipcref__refused_keep(ipcref__msg_maps *mm) {
   mm->nfresh = n;
 }
 
-/* Import, step 4: room under the caps of the peer it came on for what it
- * brings (see ipcref__map_room). Short of it, the idle mappings of what
- * was retired that are charged to the peer go first (not those the
- * message names); still short, the message is refused (ERANGE). */
+/* Import, step 4: room under the caps of the peer it came on, and of the
+ * context, for what it brings (see ipcref__map_room). Short of it, the
+ * idle mappings of what was retired go first (not those the message
+ * names); still short, the message is refused (ERANGE). */
 IPCREF__PRIVATE ipcref_result ipcref__import_room(ipcref_ctx *ctx,
                                                   const ipcref__msg_in *m,
                                                   ipcref__msg_maps *mm) {
@@ -367,14 +367,13 @@ IPCREF__PRIVATE ipcref_result ipcref__import_room(ipcref_ctx *ctx,
   if (ipcref__map_room(mm->via, (size_t)mm->nfresh, bytes)) return IPCREF_OK;
   for (x = ctx->maps_retired; x; x = next) {
     next = x->next;
-    if (x->via != mm->via || __atomic_load_n(&x->refs, __ATOMIC_ACQUIRE))
-      continue;
+    if (__atomic_load_n(&x->refs, __ATOMIC_ACQUIRE)) continue;
     for (k = 0; k < n && mm->seg[k] != x && mm->ledger[k] != x; k++) continue;
     if (k == n) ipcref__map_evict(ctx, x);
   }
   if (ipcref__map_room(mm->via, (size_t)mm->nfresh, bytes)) return IPCREF_OK;
-  mm->why = "past the caps of the peer it came on (max_maps, "
-            "max_mapped_bytes)";
+  mm->why = "past the caps (max_maps, max_mapped_bytes) of the peer it "
+            "came on or of the context";
   return IPCREF_ERANGE;
 }
 

@@ -149,34 +149,58 @@ IPCREF__PRIVATE ipcref__map *ipcref__map_find(ipcref_ctx *ctx, int kind,
   return m;
 }
 
-/* ---- what a peer keeps mapped ---------------------------------------------
- * Each mapping is charged to the peer whose message brought it (`via`),
- * whose caps (opt.max_maps, opt.max_mapped_bytes) bound what a producer,
- * honest or not, can make this process map: fds and address space. The
- * charge ends when the mapping goes, or the peer (then NULL). */
+/* ---- what peers keep mapped -----------------------------------------------
+ * Each mapping is charged to the context, until it goes, and to the peer
+ * whose message brought it (`via`), until it goes or the peer does (then
+ * NULL). Their caps (opt.max_maps, opt.max_mapped_bytes of each) bound
+ * what producers, honest or not, can make this process map: fds and
+ * address space. */
 
-IPCREF__PRIVATE void ipcref__map_charge(ipcref_peer *p, ipcref__map *m) {
+IPCREF__PRIVATE void ipcref__map_charge(ipcref_ctx *ctx, ipcref_peer *p,
+                                        ipcref__map *m) {
+  ctx->st.maps_in++;
+  ctx->st.maps_in_bytes += m->size;
   m->via = p;
   if (!p) return;
   p->nmaps++;
   p->mapped_bytes += m->size;
 }
 
-IPCREF__PRIVATE void ipcref__map_uncharge(ipcref__map *m) {
+/* The peer's charge for `m` ends. */
+IPCREF__PRIVATE void ipcref__map_unvia(ipcref__map *m) {
   if (!m->via) return;
   m->via->nmaps--;
   m->via->mapped_bytes -= m->size;
   m->via = NULL;
 }
 
-/* 1 when peer `p` may keep `n` mappings of `bytes` more. */
+/* `m` goes: both charges end. */
+IPCREF__PRIVATE void ipcref__map_uncharge(ipcref_ctx *ctx, ipcref__map *m) {
+  ctx->st.maps_in--;
+  ctx->st.maps_in_bytes -= m->size;
+  ipcref__map_unvia(m);
+}
+
+/* 1 when `n` mappings of `bytes` more stay within caps `max_n` and
+ * `max_bytes` (0: none) over `have_n` of `have_bytes`. */
+IPCREF__PRIVATE int ipcref__caps_room(size_t have_n, size_t have_bytes,
+                                      size_t max_n, size_t max_bytes, size_t n,
+                                      size_t bytes) {
+  size_t total;
+  if (max_n && have_n + n > max_n) return 0;
+  return !max_bytes || (!__builtin_add_overflow(have_bytes, bytes, &total) &&
+                        total <= max_bytes);
+}
+
+/* 1 when peer `p` and its context may keep `n` mappings of `bytes` more. */
 IPCREF__PRIVATE int ipcref__map_room(const ipcref_peer *p, size_t n,
                                      size_t bytes) {
-  size_t total;
-  if (p->opt.max_maps && p->nmaps + n > p->opt.max_maps) return 0;
-  return !p->opt.max_mapped_bytes ||
-         (!__builtin_add_overflow(p->mapped_bytes, bytes, &total) &&
-          total <= p->opt.max_mapped_bytes);
+  const ipcref_ctx *ctx = p->ctx;
+  return ipcref__caps_room(p->nmaps, p->mapped_bytes, p->opt.max_maps,
+                           p->opt.max_mapped_bytes, n, bytes) &&
+         ipcref__caps_room(ctx->st.maps_in, ctx->st.maps_in_bytes,
+                           ctx->opt.max_maps, ctx->opt.max_mapped_bytes, n,
+                           bytes);
 }
 
 /* Notes a mapping that a message refused for the caps brought (and that
@@ -216,9 +240,9 @@ IPCREF__PRIVATE ipcref__map *ipcref__kept_find(const ipcref_peer *p,
 IPCREF__PRIVATE void ipcref__maps_unvia(ipcref_ctx *ctx, ipcref_peer *p) {
   ipcref__map *m;
   for (m = ctx->maps; m; m = m->next)
-    if (m->via == p) ipcref__map_uncharge(m);
+    if (m->via == p) ipcref__map_unvia(m);
   for (m = ctx->maps_retired; m; m = m->next)
-    if (m->via == p) ipcref__map_uncharge(m);
+    if (m->via == p) ipcref__map_unvia(m);
 }
 
 /* ---- what a peer was sent -------------------------------------------------

@@ -1,5 +1,6 @@
 /* What a producer can make its consumer map: the caps of the consumer's
- * peer (ipcref_peer_options.max_maps, max_mapped_bytes).
+ * peer (ipcref_peer_options.max_maps, max_mapped_bytes), and of its
+ * context over every peer (ipcref_ctx_options, the same names).
  *
  * Every segment, ledger or device segment a message brings stays mapped
  * in the consumer (an fd and an address range each) until its producer
@@ -280,6 +281,78 @@ static void test_refused_batch(void) {
   RES_END(&mark);
 }
 
+/* The context's caps count what every peer brought, and what stays mapped
+ * once its peer is gone: with 4 mappings allowed, one producer's ledger
+ * and segment, then another's, fill them; the second producer's next
+ * segment is refused on a peer without caps of its own. The first peer
+ * freed while its view lives keeps its mappings counted; once the view
+ * goes, they make room. */
+static void test_ctx_cap(void) {
+  ipcref_ctx_options po, co;
+  ipcref_ctx *prod[2], *cons;
+  ipcref_peer *pp[2], *cp[2];
+  ipcref_view v[3], got[3];
+  res_mark mark;
+  int i, sv[2];
+  res_begin(&mark);
+  memset(&po, 0, sizeof po);
+  memset(&co, 0, sizeof co);
+  po.isolate = 1;
+  co.max_maps = 4;
+  co.error_hook = error_hook;
+  cons = make_ctx(&co);
+  for (i = 0; i < 2; i++) {
+    prod[i] = make_ctx(&po);
+    pp[i] = cp[i] = NULL;
+    if (xsocketpair(SOCK_SEQPACKET, sv) != 0) continue;
+    pp[i] = prod[i] ? make_peer(prod[i], sv[0]) : NULL;
+    cp[i] = cons ? make_peer(cons, sv[1]) : NULL;
+    if (!pp[i]) tclose(sv[0]);
+    if (!cp[i]) tclose(sv[1]);
+  }
+  if (!pp[0] || !pp[1] || !cp[0] || !cp[1]) {
+    CHECK(!"the set-up");
+    return;
+  }
+  bytes_view(prod[0], PAGE, &v[0]);
+  bytes_view(prod[1], PAGE, &v[1]);
+  bytes_view(prod[1], PAGE, &v[2]);
+  for (i = 0; i < 2; i++) {
+    CHECK_EQ(ipcref_send(pp[i], &v[i]), IPCREF_OK);
+    CHECK_EQ(ipcref_recv(cp[i], &got[i], WAIT_MS), IPCREF_OK);
+  }
+  CHECK_EQ(stats_of(cons).maps_in, 4);
+  CHECK(stats_of(cons).maps_in_bytes > 2 * PAGE);
+  errors_reset();
+  CHECK_EQ(ipcref_send(pp[1], &v[2]), IPCREF_OK);
+  CHECK_EQ(ipcref_recv(cp[1], &got[2], WAIT_MS), IPCREF_ERANGE);
+  CHECK(strstr(err_last, "context") != NULL);
+  EXPECT_ERRORS(1);
+  CHECK_EQ(peer_info_of(cp[1]).maps, 2);
+  /* The first producer's peer goes; its view lives, and so do its maps. */
+  ipcref_peer_free(cp[0]);
+  CHECK_EQ(stats_of(cons).maps_in, 4);
+  CHECK_EQ(ipcref_send(pp[1], &v[2]), IPCREF_OK);
+  CHECK_EQ(ipcref_recv(cp[1], &got[2], WAIT_MS), IPCREF_ERANGE);
+  EXPECT_ERRORS(1);
+  ipcref_view_release(&got[0]);
+  sleep_us(20000); /* a clock tick: the send reads the refusals first */
+  CHECK_EQ(ipcref_send(pp[1], &v[2]), IPCREF_OK);
+  if (ipcref_recv(cp[1], &got[2], WAIT_MS) == IPCREF_OK)
+    ipcref_view_release(&got[2]);
+  else
+    CHECK(!"room once the first producer's view went");
+  EXPECT_ERRORS(0);
+  CHECK_EQ(stats_of(cons).maps_in, 3);
+  ipcref_view_release(&got[1]);
+  for (i = 0; i < 3; i++) ipcref_view_release(&v[i]);
+  for (i = 0; i < 2; i++) ipcref_peer_free(pp[i]);
+  ipcref_peer_free(cp[1]);
+  ipcref_ctx_free(cons);
+  for (i = 0; i < 2; i++) ipcref_ctx_free(prod[i]);
+  RES_END(&mark);
+}
+
 /* The hostile producer: a new segment in every one of FLOOD messages.
  * Told how many the consumer took, it checks that only those leases are
  * out; told they went, that none is. */
@@ -366,6 +439,7 @@ int main(void) {
   RUN(test_refused_in_flight);
   RUN(test_refused_batch);
   RUN(test_refused_ledger);
+  RUN(test_ctx_cap);
   RUN(test_hostile_flood);
   return harness_finish();
 }

@@ -379,7 +379,9 @@ class Context:
     """The library's state in this process: shared memory, peers, leases.
     Options (keywords; 0 means the default): segment_size, max_bytes,
     segment_cache, writable_shares (consumers may write what they get, as
-    with torch.multiprocessing), isolate (a segment per array), ledger_slots.
+    with torch.multiprocessing), isolate (a segment per array), ledger_slots,
+    max_maps and max_mapped_bytes (what all peers may keep mapped here: see
+    Peer.set_options).
     """
 
     def __init__(self, **options):

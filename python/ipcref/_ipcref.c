@@ -411,20 +411,18 @@ static int ctx_open(ContextObject *c, const char *what) {
 }
 
 static int context_init(ContextObject *c, PyObject *args, PyObject *kw) {
-  static char *names[] = {"segment_size",
-                          "max_bytes",
-                          "segment_cache",
-                          "writable_shares",
-                          "isolate",
-                          "ledger_slots",
-                          NULL};
-  unsigned long long seg = 0, max = 0, cache = 0;
+  static char *names[] = {
+      "segment_size",    "max_bytes",        "segment_cache",
+      "writable_shares", "isolate",          "ledger_slots",
+      "max_maps",        "max_mapped_bytes", NULL};
+  unsigned long long seg = 0, max = 0, cache = 0, maps = 0, mapped = 0;
   int writable = 0, isolate = 0;
   unsigned int slots = 0;
   ipcref_ctx_options o;
   ipcref_result r;
-  if (!PyArg_ParseTupleAndKeywords(args, kw, "|KKKppI", names, &seg, &max,
-                                   &cache, &writable, &isolate, &slots))
+  if (!PyArg_ParseTupleAndKeywords(args, kw, "|KKKppIKK", names, &seg, &max,
+                                   &cache, &writable, &isolate, &slots, &maps,
+                                   &mapped))
     return -1;
   memset(&o, 0, sizeof o);
   o.segment_size = (size_t)seg;
@@ -433,6 +431,8 @@ static int context_init(ContextObject *c, PyObject *args, PyObject *kw) {
   o.writable_shares = writable;
   o.isolate = isolate;
   o.ledger_slots = slots;
+  o.max_maps = (size_t)maps;
+  o.max_mapped_bytes = (size_t)mapped;
   if (c->ctx) return 0;
   CALL_BEGIN();
   r = ipcref_ctx_new(&o, &c->ctx);
@@ -590,6 +590,8 @@ static PyObject *context_stats(ContextObject *c, PyObject *noargs) {
   STAT(counter_files);
   STAT(peers);
   STAT(mapped_segments);
+  STAT(maps_in);
+  STAT(maps_in_bytes);
   STAT(imported_bufs);
   STAT64(fds_sent);
   STAT64(fds_received);

@@ -290,6 +290,27 @@ def test_map_caps(make_pair):
             pair.rx.set_options(**{name: -1})
 
 
+def test_context_map_caps():
+    """max_maps on the receiving Context caps all its peers together."""
+    prod = ipcref.Context(isolate=True)
+    cons = ipcref.Context(max_maps=2)  # the ledger and one segment
+    a, b = seqpacket_pair()
+    tx, rx = prod.adopt(a), cons.adopt(b)
+    try:
+        tx.send(np.arange(4))
+        kept, _ = rx.recv(timeout=WAIT)
+        tx.send(np.arange(8))
+        with pytest.raises(ipcref.Error) as ei:
+            rx.recv(timeout=WAIT)
+        assert ei.value.name == "ERANGE"
+        assert cons.stats()["maps_in"] == 2
+        assert kept.tolist() == [0, 1, 2, 3]
+        del kept
+    finally:
+        for o in (tx, rx, prod, cons):
+            o.close()
+
+
 def test_error_attributes(pair):
     with pytest.raises(ipcref.Error) as ei:
         pair.prod.empty((-1,))
