@@ -9283,14 +9283,13 @@ IPCREF__PRIVATE const char *ipcref__import_rec_why(ipcref_ctx *ctx,
   return NULL;
 }
 
-/* A message refused for the caps of the peer it came on (ERANGE), or
- * naming what one brought: what it brings is noted (see
+/* A message refused for the caps (ERANGE: its peer's or the context's),
+ * or naming what one brought: what it brings is noted (see
  * ipcref__refused_note), and each of its leases that is live at its
  * generation in a ledger mapped here or kept (ipcref__refused_keep;
  * checked as step 3 checks it; the others cannot be returned) goes back,
- * marked imported. A lease of the
- * sender's own goes back as refused: its producer then sends the fds of
- * its segment and ledger again. */
+ * marked imported. A lease of the sender's own goes back as refused: its
+ * producer then sends the fds of its segment and ledger again. */
 IPCREF__PRIVATE void ipcref__leases_refuse(ipcref_ctx *ctx,
                                            const ipcref__msg_in *m,
                                            ipcref__msg_maps *mm) {
