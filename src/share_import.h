@@ -106,19 +106,32 @@ IPCREF__PRIVATE void ipcref__maps_commit(ipcref_ctx *ctx, ipcref_peer *via,
   }
 }
 
-/* Gives back the leases of records [from, n) that will not be used: each
- * is marked imported (a replay is refused) and returned to its ledger. */
+/* 1 when the lease record `v` names is live at its generation in ledger
+ * mapping `led` (its slot in range). */
+IPCREF__PRIVATE int ipcref__lease_live(const ipcref__map *led,
+                                       const ipcref__view_rec *v) {
+  return v->slot < led->nslots &&
+         __atomic_load_n(&ipcref__ledger_slots(led->base)[2 * (size_t)v->slot],
+                         __ATOMIC_ACQUIRE) ==
+             (((uint64_t)v->gen << 2) | IPCREF__SLOT_LIVE);
+}
+
+/* Gives the lease record `v` names back through ledger mapping `led`, as
+ * an entry of `kind`, marked imported (a replay is refused). */
+IPCREF__PRIVATE void
+ipcref__lease_give(ipcref__map *led, const ipcref__view_rec *v, uint32_t kind) {
+  uint64_t e = ipcref__ring_entry(kind, v->slot, v->gen);
+  led->imported[v->slot] = v->gen + 1u;
+  ipcref__ring_push(led->base, led->nslots, led->bell, &e, 1, NULL);
+}
+
+/* Gives back the leases of records [from, n) that will not be used. */
 IPCREF__PRIVATE void ipcref__leases_give_back(const ipcref__view_rec *recs,
                                               ipcref__map **ledm, int from,
                                               int n) {
   int k;
-  for (k = from; k < n; k++) {
-    uint64_t e =
-        ipcref__ring_entry(IPCREF__RING_RELEASE, recs[k].slot, recs[k].gen);
-    ledm[k]->imported[recs[k].slot] = recs[k].gen + 1u;
-    ipcref__ring_push(ledm[k]->base, ledm[k]->nslots, ledm[k]->bell, &e, 1,
-                      NULL);
-  }
+  for (k = from; k < n; k++)
+    ipcref__lease_give(ledm[k], &recs[k], IPCREF__RING_RELEASE);
 }
 
 /* The mappings one message needs: those it brings (fresh: out of the
@@ -242,7 +255,7 @@ IPCREF__PRIVATE const char *ipcref__import_rec_why(ipcref_ctx *ctx,
                                                    int i) {
   const ipcref__view_rec *v = &m->views[i];
   ipcref__map *seg, *led;
-  uint64_t word, end;
+  uint64_t end;
   int k;
   /* What this message brings first: it may displace a mapping. */
   seg =
@@ -279,9 +292,7 @@ IPCREF__PRIVATE const char *ipcref__import_rec_why(ipcref_ctx *ctx,
     return "a writable view of a read-only segment";
   if (v->has_event && seg->kind != IPCREF__KIND_DEVICE)
     return "an event with a view of host memory";
-  word = __atomic_load_n(&ipcref__ledger_slots(led->base)[2 * (size_t)v->slot],
-                         __ATOMIC_ACQUIRE);
-  if (word != (((uint64_t)v->gen << 2) | IPCREF__SLOT_LIVE))
+  if (!ipcref__lease_live(led, v))
     return "a lease not live at its generation (never given, or replayed)";
   if (led->imported[v->slot] == v->gen + 1u) return "a lease imported twice";
   for (k = 0; k < i; k++)
@@ -311,22 +322,16 @@ IPCREF__PRIVATE void ipcref__leases_refuse(ipcref_ctx *ctx,
     const ipcref__view_rec *v = &m->views[k];
     ipcref__map *led = ipcref__fresh_find(mm, IPCREF__KIND_LEDGER,
                                           v->origin_nonce, v->ledger_id);
-    uint64_t e, live = ((uint64_t)v->gen << 2) | IPCREF__SLOT_LIVE;
     if (!led)
       led = ipcref__map_find(ctx, IPCREF__KIND_LEDGER, v->origin_nonce,
                              v->ledger_id);
     if (!led) led = ipcref__kept_find(mm->via, v->origin_nonce, v->ledger_id);
-    if (!led || v->slot >= led->nslots ||
-        led->imported[v->slot] == v->gen + 1u ||
-        __atomic_load_n(&ipcref__ledger_slots(led->base)[2 * (size_t)v->slot],
-                        __ATOMIC_ACQUIRE) != live)
-      continue;
-    e = ipcref__ring_entry(v->origin_nonce == m->head.sender_nonce
-                               ? IPCREF__RING_REFUSED
-                               : IPCREF__RING_RELEASE,
-                           v->slot, v->gen);
-    led->imported[v->slot] = v->gen + 1u;
-    ipcref__ring_push(led->base, led->nslots, led->bell, &e, 1, NULL);
+    if (led && ipcref__lease_live(led, v) &&
+        led->imported[v->slot] != v->gen + 1u)
+      ipcref__lease_give(led, v,
+                         v->origin_nonce == m->head.sender_nonce
+                             ? IPCREF__RING_REFUSED
+                             : IPCREF__RING_RELEASE);
   }
 }
 
@@ -360,6 +365,7 @@ IPCREF__PRIVATE ipcref_result ipcref__import_room(ipcref_ctx *ctx,
   ipcref__map *x, *next;
   size_t bytes = 0;
   int k, n = m->head.nviews;
+  if (mm->nfresh == 0) return IPCREF_OK; /* nothing new: always fits */
   for (k = 0; k < mm->nfresh; k++)
     if (__builtin_add_overflow(bytes, mm->fresh[k]->size, &bytes))
       bytes = SIZE_MAX;
