@@ -10675,7 +10675,8 @@ IPCREF__PRIVATE void ipcref__msg_cancel(ipcref_ctx *ctx, ipcref_peer *p,
   ipcref__view_rec rec;
   int i;
   ipcref__wire_init(&w, bytes, len);
-  if (!ipcref__get_msg_head(&w, &head)) head.nviews = head.nrecs = 0;
+  if (!ipcref__get_msg_head(&w, &head))
+    head.nviews = head.nrecs = head.nretired = 0;
   for (i = 0; i < head.nrecs && !w.bad; i++) {
     ipcref__fd_rec f;
     if (ipcref__get_fd_rec(&w, &f) && p) ipcref__sent_forget_recs(p, &f, 1);
