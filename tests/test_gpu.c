@@ -3152,6 +3152,119 @@ GPU_TEST(test_no_backend_consumer, cuda_pool, &K_POOL)
 GPU_TEST(test_no_backend_consumer, hip_pool, &K_HIP_POOL)
 
 /* ======================================================================== */
+/* 8b. Device memory under a consumer's caps (ipcref_peer_options.max_maps):
+ * a device segment counts as a mapping like a host one. A message that
+ * would pass the cap is refused (ERANGE) after its handle was opened: the
+ * driver's mapping is closed again, nothing stays counted and the lease
+ * goes back. With the cap lifted, the producer sends the same view again,
+ * handle and all (ipcref remembers the refusal), and it imports. */
+
+struct caps_arg {
+  const kind *k;
+  int peer, ctl;
+};
+
+static void caps_set(ipcref_peer *p, size_t max_maps) {
+  ipcref_peer_options o;
+  memset(&o, 0, sizeof o);
+  o.max_maps = max_maps;
+  CHECK_EQ(ipcref_peer_set_options(p, &o), IPCREF_OK);
+}
+
+static int caps_child(void *vp) {
+  struct caps_arg *a = (struct caps_arg *)vp;
+  const kind *k = a->k;
+  gdrv d;
+  ipcref_ctx *ctx;
+  ipcref_peer *p;
+  ipcref_view v[2];
+  int me = (int)getpid(), i;
+  memset(v, 0, sizeof v);
+  if (g_open(k, &d) != IPCREF_OK) return 1;
+  ctx = mkctx(SEG, &d);
+  p = make_peer(ctx, a->peer);
+  caps_set(p, 2); /* the producer's ledger and one device segment */
+  CHECK_EQ(ipcref_recv_on(p, &v[0], g_tmo, NULL), IPCREF_OK);
+  if (v[0].buf) CHECK(dev_check(&d, view_ptr(&v[0]), SEG, 0x61, 0));
+  CHECK_EQ(peer_info_of(p).maps, 2);
+  CHECK_EQ(ipcref_recv_on(p, &v[1], g_tmo, NULL), IPCREF_ERANGE);
+  CHECK(v[1].buf == NULL);
+  CHECK_EQ(peer_info_of(p).maps, 2);
+  CHECK_EQ(stats_of(ctx).mapped_segments, 1);
+  CHECK_EQ(stats_of(ctx).refused, 1);
+  /* The refused handle was opened, then closed: one open stays. */
+  LOG_EQ(log_count(me, k->c_open, k->ok), 2);
+  LOG_EQ(log_count(me, k->c_open, k->ok) - log_count(me, k->c_close, k->ok), 1);
+  ctl_put(a->ctl, 1); /* refused */
+  caps_set(p, 0);
+  CTL_EXPECT(a->ctl, 2); /* sent again */
+  CHECK_EQ(ipcref_recv_on(p, &v[1], g_tmo, NULL), IPCREF_OK);
+  if (v[1].buf) CHECK(dev_check(&d, view_ptr(&v[1]), SEG, 0x62, 0));
+  CHECK_EQ(peer_info_of(p).maps, 3);
+  LOG_EQ(log_count(me, k->c_open, k->ok), 3);
+  for (i = 0; i < 2; i++) ipcref_view_release(&v[i]);
+  ipcref_peer_free(p);
+  ipcref_ctx_free(ctx);
+  /* Every handle opened here was closed once. */
+  LOG_EQ(log_count(me, k->c_close, k->ok), 3);
+  ctl_put(a->ctl, 3);
+  g_close(&d);
+  return 0;
+}
+
+static void test_device_caps(const kind *k) {
+  struct caps_arg a;
+  kid ch;
+  gdrv d;
+  ipcref_ctx *ctx;
+  ipcref_peer *p;
+  ipcref_buf *b[2] = {NULL, NULL};
+  ipcref_view v[2];
+  int i;
+  knob(k, "HOSTPTR", "none");
+  kid_open(&ch, 1, SOCK_SEQPACKET);
+  a.k = k;
+  a.peer = ch.their_sock[0];
+  a.ctl = ch.their_ctl;
+  kid_fork(&ch, caps_child, &a, -1);
+  if (g_open(k, &d) != IPCREF_OK) goto out;
+  ctx = mkctx(SEG, &d);
+  p = kid_peer(&ch, 0, ctx);
+  for (i = 0; i < 2; i++) { /* a segment each */
+    CHECK_EQ(g_alloc(ctx, k, 0, SEG, &b[i]), IPCREF_OK);
+    if (!b[i]) goto done;
+    dev_fill(&d, ipcref_buf_data(b[i]), SEG, 0x61u + (uint32_t)i, 0);
+    v[i] = u32_view(b[i], SEG);
+    CHECK_EQ(ipcref_send_on(p, &v[i], NULL), IPCREF_OK);
+  }
+  CTL_EXPECT(ch.ctl, 1);
+  ipcref_collect(ctx); /* the refused lease is back */
+  CHECK_EQ(stats_of(ctx).live_slots, 1);
+  CHECK_EQ(ipcref_send_on(p, &v[1], NULL), IPCREF_OK);
+  ctl_put(ch.ctl, 2);
+  CTL_EXPECT(ch.ctl, 3);
+  ipcref_collect(ctx);
+  CHECK_EQ(stats_of(ctx).live_slots, 0);
+  for (i = 0; i < 2; i++) ipcref_view_release(&v[i]);
+  /* Each handle was got from the driver once: the refused one went again
+   * from what the producer had kept of it. */
+  LOG_EQ(log_count(getpid(), k->c_get, k->ok), 2);
+done:
+  for (i = 0; i < 2; i++) ipcref_buf_release(b[i]);
+  ipcref_peer_free(p);
+  ipcref_ctx_free(ctx);
+  g_close(&d);
+out:
+  KID_END(&ch, "consumer");
+}
+GPU_TEST(test_device_caps, cuda, &K_CUDA)
+GPU_TEST(test_device_caps, hip, &K_HIP)
+GPU_TEST(test_device_caps, cuda_vmm, &K_VMM)
+GPU_TEST(test_device_caps, hip_vmm, &K_HIP_VMM)
+GPU_TEST(test_device_caps, cuda_pool, &K_POOL)
+GPU_TEST(test_device_caps, hip_pool, &K_HIP_POOL)
+
+/* ======================================================================== */
 /* 9. Wrong arguments to every new function. */
 
 static void test_bad_args(const kind *k) {
@@ -3590,6 +3703,7 @@ run:
   RUN_BOTH(test_freed_handle);
   FAKE_ONLY(RUN_ALL(test_device_ops));
   RUN_ALL(test_no_backend_consumer);
+  RUN_ALL(test_device_caps);
   RUN_BOTH(test_bad_args);
   if (vmm) RUN_ONE(test_vmm_hostile_cuda_vmm);
   if (pool) RUN_ONE(test_vmm_hostile_cuda_pool);
@@ -3608,6 +3722,7 @@ run:
   RUN_HIP_VMM(test_lying_size);
   FAKE_ONLY(RUN_HIP_VMM(test_device_ops));
   RUN_HIP_VMM(test_no_backend_consumer);
+  RUN_HIP_VMM(test_device_caps);
   RUN_HIP_POOL(test_full_flow);
   RUN_HIP_POOL(test_wrap_offset);
   FAKE_ONLY(RUN_HIP_POOL(test_stream_order));
@@ -3618,6 +3733,7 @@ run:
   RUN_HIP_POOL(test_lying_size);
   FAKE_ONLY(RUN_HIP_POOL(test_device_ops));
   RUN_HIP_POOL(test_no_backend_consumer);
+  RUN_HIP_POOL(test_device_caps);
 
   if (getenv("IPCREF_GPU_KEEP_LOGS"))
     printf("call logs kept in %s\n", g_tmp);
