@@ -4789,9 +4789,9 @@ IPCREF__PRIVATE int ipcref__sent_mark(ipcref_peer *p, uint64_t nonce,
 }
 
 /* Peer `p` did not keep the segment or ledger (nonce, key) a message
- * brought (its caps refused the message): its fds go with the next view
- * of it. It stays in the set: it is still told when the segment goes,
- * should it have kept an earlier copy. */
+ * brought (its caps refused the message, or the message never left): its
+ * fds go with the next view of it. It stays in the set: it is still told
+ * when the segment goes, should it have kept an earlier copy. */
 IPCREF__PRIVATE void ipcref__sent_resend(ipcref_peer *p, uint64_t nonce,
                                          uint64_t key) {
   size_t i;
@@ -8634,14 +8634,17 @@ ipcref__lease_take(ipcref_peer *p, const ipcref_view *v, ipcref__view_event *ev,
   return res;
 }
 
-/* Forgets that the peer was sent the fds of these records (the message
- * carrying them never left). */
+/* The message carrying the fds of these records never left: they go with
+ * the next view of each. Each stays in the peer's sent set, which may be
+ * right (the fds went again after a refusal, and the peer kept an earlier
+ * copy): the peer is still told when the segment goes, and ignores it if
+ * it never had it. */
 IPCREF__PRIVATE void
-ipcref__sent_forget_recs(ipcref_peer *p, const ipcref__fd_rec *fdr, int n) {
+ipcref__sent_unsend_recs(ipcref_peer *p, const ipcref__fd_rec *fdr, int n) {
   int i;
   for (i = 0; i < n; i++)
     if (fdr[i].kind != IPCREF__KIND_DEVICE_POOL) /* never marked sent */
-      (void)ipcref__sent_forget(
+      ipcref__sent_resend(
           p, fdr[i].origin_nonce,
           ipcref__sent_key(fdr[i].id, fdr[i].kind == IPCREF__KIND_LEDGER));
 }
@@ -8709,7 +8712,7 @@ IPCREF__PRIVATE ipcref_result ipcref__export_msg(ipcref_peer *p,
   if (r != IPCREF_OK) {
     int k;
     for (k = 0; k < i; k++) ipcref__lease_cancel(ctx, &recs[k]);
-    ipcref__sent_forget_recs(p, fdr, nrec);
+    ipcref__sent_unsend_recs(p, fdr, nrec);
     if (dup_fds)
       for (k = 0; k < nfd; k++)
         if (msg->fds[k] >= 0) close(msg->fds[k]);
@@ -10679,7 +10682,7 @@ IPCREF__PRIVATE void ipcref__msg_cancel(ipcref_ctx *ctx, ipcref_peer *p,
     head.nviews = head.nrecs = head.nretired = 0;
   for (i = 0; i < head.nrecs && !w.bad; i++) {
     ipcref__fd_rec f;
-    if (ipcref__get_fd_rec(&w, &f) && p) ipcref__sent_forget_recs(p, &f, 1);
+    if (ipcref__get_fd_rec(&w, &f) && p) ipcref__sent_unsend_recs(p, &f, 1);
   }
   w.pos += (size_t)head.nretired * 8;
   for (i = 0; i < head.nviews && ipcref__get_view(&w, &rec); i++)

@@ -395,14 +395,17 @@ ipcref__lease_take(ipcref_peer *p, const ipcref_view *v, ipcref__view_event *ev,
   return res;
 }
 
-/* Forgets that the peer was sent the fds of these records (the message
- * carrying them never left). */
+/* The message carrying the fds of these records never left: they go with
+ * the next view of each. Each stays in the peer's sent set, which may be
+ * right (the fds went again after a refusal, and the peer kept an earlier
+ * copy): the peer is still told when the segment goes, and ignores it if
+ * it never had it. */
 IPCREF__PRIVATE void
-ipcref__sent_forget_recs(ipcref_peer *p, const ipcref__fd_rec *fdr, int n) {
+ipcref__sent_unsend_recs(ipcref_peer *p, const ipcref__fd_rec *fdr, int n) {
   int i;
   for (i = 0; i < n; i++)
     if (fdr[i].kind != IPCREF__KIND_DEVICE_POOL) /* never marked sent */
-      (void)ipcref__sent_forget(
+      ipcref__sent_resend(
           p, fdr[i].origin_nonce,
           ipcref__sent_key(fdr[i].id, fdr[i].kind == IPCREF__KIND_LEDGER));
 }
@@ -470,7 +473,7 @@ IPCREF__PRIVATE ipcref_result ipcref__export_msg(ipcref_peer *p,
   if (r != IPCREF_OK) {
     int k;
     for (k = 0; k < i; k++) ipcref__lease_cancel(ctx, &recs[k]);
-    ipcref__sent_forget_recs(p, fdr, nrec);
+    ipcref__sent_unsend_recs(p, fdr, nrec);
     if (dup_fds)
       for (k = 0; k < nfd; k++)
         if (msg->fds[k] >= 0) close(msg->fds[k]);

@@ -329,9 +329,9 @@ IPCREF__PRIVATE int ipcref__sent_mark(ipcref_peer *p, uint64_t nonce,
 }
 
 /* Peer `p` did not keep the segment or ledger (nonce, key) a message
- * brought (its caps refused the message): its fds go with the next view
- * of it. It stays in the set: it is still told when the segment goes,
- * should it have kept an earlier copy. */
+ * brought (its caps refused the message, or the message never left): its
+ * fds go with the next view of it. It stays in the set: it is still told
+ * when the segment goes, should it have kept an earlier copy. */
 IPCREF__PRIVATE void ipcref__sent_resend(ipcref_peer *p, uint64_t nonce,
                                          uint64_t key) {
   size_t i;

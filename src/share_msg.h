@@ -148,7 +148,7 @@ IPCREF__PRIVATE void ipcref__msg_cancel(ipcref_ctx *ctx, ipcref_peer *p,
     head.nviews = head.nrecs = head.nretired = 0;
   for (i = 0; i < head.nrecs && !w.bad; i++) {
     ipcref__fd_rec f;
-    if (ipcref__get_fd_rec(&w, &f) && p) ipcref__sent_forget_recs(p, &f, 1);
+    if (ipcref__get_fd_rec(&w, &f) && p) ipcref__sent_unsend_recs(p, &f, 1);
   }
   w.pos += (size_t)head.nretired * 8;
   for (i = 0; i < head.nviews && ipcref__get_view(&w, &rec); i++)
