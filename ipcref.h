@@ -4121,8 +4121,8 @@ typedef struct ipcref__sent {
 IPCREF__PRIVATE uint64_t ipcref__sent_key(uint64_t id, int is_ledger) {
   return (id << 1) | (uint64_t)(is_ledger ? 1 : 0);
 }
-#define IPCREF__REFUSED 16 /* refused segments and ledgers a peer recalls */
-#define IPCREF__KEPT    4  /* and refused ledgers it keeps mapped */
+#define IPCREF__REFUSED 1024 /* refused segments and ledgers a peer recalls */
+#define IPCREF__KEPT    4    /* and refused ledgers it keeps mapped */
 
 struct ipcref_peer {
   uint32_t magic; /* IPCREF__ALIVE; IPCREF__DEAD once freed (kept a while:
@@ -4153,8 +4153,9 @@ struct ipcref_peer {
   int npending, pending_pos;
   size_t held_bytes;          /* of the blocks its leases (made here) hold */
   size_t nmaps, mapped_bytes; /* what its messages keep mapped here */
-  ipcref__sent refused[IPCREF__REFUSED]; /* what the last messages refused
-                                            for the caps brought (a ring) */
+  ipcref__sent *refused;      /* what the last messages refused for the caps
+                                 brought (a ring of IPCREF__REFUSED, made on the
+                                 first refusal) */
   unsigned refused_at, kept_at;
   ipcref__map *kept[IPCREF__KEPT]; /* ledgers they brought, kept for the
                                       returns (a ring) */
@@ -4663,12 +4664,20 @@ IPCREF__PRIVATE int ipcref__map_room(const ipcref_peer *p, size_t n,
                            bytes);
 }
 
-/* Notes a mapping that a message refused for the caps brought (and that
- * is not kept): a message its producer sent before it heard of that names
- * it without its fd, and is refused so too (ERANGE), not as a forgery. */
+/* Notes a mapping that a message refused for the caps brought: a message
+ * its producer sent before it heard of that names it without its fd, and
+ * is refused so too (ERANGE), not as a forgery. A producer may send many
+ * such before it reads the refusal (it reads returns once per clock
+ * tick): the ring recalls the last IPCREF__REFUSED (24 KiB). Out of
+ * memory, nothing is noted: such messages are refused as never sent. */
 IPCREF__PRIVATE void ipcref__refused_note(ipcref_peer *p,
                                           const ipcref__map *m) {
-  ipcref__sent *s = &p->refused[p->refused_at++ % IPCREF__REFUSED];
+  ipcref__sent *s;
+  if (!p->refused)
+    p->refused =
+        (ipcref__sent *)ipcref__zalloc(IPCREF__REFUSED * sizeof *p->refused);
+  if (!p->refused) return;
+  s = &p->refused[p->refused_at++ % IPCREF__REFUSED];
   s->nonce = m->origin_nonce;
   s->key = ipcref__sent_key(m->id, m->kind == IPCREF__KIND_LEDGER);
   s->used = 1;
@@ -4678,7 +4687,7 @@ IPCREF__PRIVATE void ipcref__refused_note(ipcref_peer *p,
 IPCREF__PRIVATE int ipcref__refused_was(const ipcref_peer *p, uint64_t nonce,
                                         uint64_t key) {
   int i;
-  for (i = 0; i < IPCREF__REFUSED; i++)
+  for (i = 0; p->refused && i < IPCREF__REFUSED; i++)
     if (p->refused[i].used && p->refused[i].nonce == nonce &&
         p->refused[i].key == key)
       return 1;
@@ -7997,6 +8006,7 @@ IPCREF_API void ipcref_peer_free(ipcref_peer *p) {
   if (p->batch_fd >= 0) close(p->batch_fd);
   IPCREF_FREE(p->sent);
   IPCREF_FREE(p->retired);
+  IPCREF_FREE(p->refused);
   ipcref__peer_bury(ctx, p);
   IPCREF__UNLOCK(ctx);
 }

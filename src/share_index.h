@@ -203,12 +203,20 @@ IPCREF__PRIVATE int ipcref__map_room(const ipcref_peer *p, size_t n,
                            bytes);
 }
 
-/* Notes a mapping that a message refused for the caps brought (and that
- * is not kept): a message its producer sent before it heard of that names
- * it without its fd, and is refused so too (ERANGE), not as a forgery. */
+/* Notes a mapping that a message refused for the caps brought: a message
+ * its producer sent before it heard of that names it without its fd, and
+ * is refused so too (ERANGE), not as a forgery. A producer may send many
+ * such before it reads the refusal (it reads returns once per clock
+ * tick): the ring recalls the last IPCREF__REFUSED (24 KiB). Out of
+ * memory, nothing is noted: such messages are refused as never sent. */
 IPCREF__PRIVATE void ipcref__refused_note(ipcref_peer *p,
                                           const ipcref__map *m) {
-  ipcref__sent *s = &p->refused[p->refused_at++ % IPCREF__REFUSED];
+  ipcref__sent *s;
+  if (!p->refused)
+    p->refused =
+        (ipcref__sent *)ipcref__zalloc(IPCREF__REFUSED * sizeof *p->refused);
+  if (!p->refused) return;
+  s = &p->refused[p->refused_at++ % IPCREF__REFUSED];
   s->nonce = m->origin_nonce;
   s->key = ipcref__sent_key(m->id, m->kind == IPCREF__KIND_LEDGER);
   s->used = 1;
@@ -218,7 +226,7 @@ IPCREF__PRIVATE void ipcref__refused_note(ipcref_peer *p,
 IPCREF__PRIVATE int ipcref__refused_was(const ipcref_peer *p, uint64_t nonce,
                                         uint64_t key) {
   int i;
-  for (i = 0; i < IPCREF__REFUSED; i++)
+  for (i = 0; p->refused && i < IPCREF__REFUSED; i++)
     if (p->refused[i].used && p->refused[i].nonce == nonce &&
         p->refused[i].key == key)
       return 1;

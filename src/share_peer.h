@@ -602,6 +602,7 @@ IPCREF_API void ipcref_peer_free(ipcref_peer *p) {
   if (p->batch_fd >= 0) close(p->batch_fd);
   IPCREF_FREE(p->sent);
   IPCREF_FREE(p->retired);
+  IPCREF_FREE(p->refused);
   ipcref__peer_bury(ctx, p);
   IPCREF__UNLOCK(ctx);
 }

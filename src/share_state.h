@@ -271,8 +271,8 @@ typedef struct ipcref__sent {
 IPCREF__PRIVATE uint64_t ipcref__sent_key(uint64_t id, int is_ledger) {
   return (id << 1) | (uint64_t)(is_ledger ? 1 : 0);
 }
-#define IPCREF__REFUSED 16 /* refused segments and ledgers a peer recalls */
-#define IPCREF__KEPT    4  /* and refused ledgers it keeps mapped */
+#define IPCREF__REFUSED 1024 /* refused segments and ledgers a peer recalls */
+#define IPCREF__KEPT    4    /* and refused ledgers it keeps mapped */
 
 struct ipcref_peer {
   uint32_t magic; /* IPCREF__ALIVE; IPCREF__DEAD once freed (kept a while:
@@ -303,8 +303,9 @@ struct ipcref_peer {
   int npending, pending_pos;
   size_t held_bytes;          /* of the blocks its leases (made here) hold */
   size_t nmaps, mapped_bytes; /* what its messages keep mapped here */
-  ipcref__sent refused[IPCREF__REFUSED]; /* what the last messages refused
-                                            for the caps brought (a ring) */
+  ipcref__sent *refused;      /* what the last messages refused for the caps
+                                 brought (a ring of IPCREF__REFUSED, made on the
+                                 first refusal) */
   unsigned refused_at, kept_at;
   ipcref__map *kept[IPCREF__KEPT]; /* ledgers they brought, kept for the
                                       returns (a ring) */

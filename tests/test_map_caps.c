@@ -25,11 +25,12 @@
 #include "../ipcref.h"
 #include "share_fixture.h"
 
-#define CTL_MS  30000
-#define FLOOD   64 /* messages the hostile producer sends */
-#define CAP     8  /* what the consumer of the flood may keep mapped */
-#define PAGE    4096
-#define WAIT_MS (5000 * slow)
+#define CTL_MS   30000
+#define FLOOD    64 /* messages the hostile producer sends */
+#define CAP      8  /* what the consumer of the flood may keep mapped */
+#define PAGE     4096
+#define REFUSALS 40 /* in flight at once (test_refused_many) */
+#define WAIT_MS  (5000 * slow)
 
 /* A producer whose every block has a segment of its own (and keeps no
  * empty one), its consumer with the error hook, and their peers. */
@@ -215,6 +216,48 @@ static void test_refused_in_flight(void) {
   CHECK_EQ(leases_of(l.pp), 0);
   ipcref_view_release(&a);
   ipcref_view_release(&b);
+  local_pair_close(&l);
+  RES_END(&mark);
+}
+
+/* A producer may send many messages before it reads a refusal: one on
+ * its way that names a segment refused 40 refusals before is refused the
+ * same way (ERANGE, its lease back), and the fds come again. */
+static void test_refused_many(void) {
+  local_pair l;
+  ipcref_view a, v[REFUSALS], got[2];
+  res_mark mark;
+  int i;
+  res_begin(&mark);
+  caps_open(&l);
+  if (!l.pp || !l.cp) return;
+  bytes_view(l.prod, PAGE, &a);
+  CHECK_EQ(ipcref_send(l.pp, &a), IPCREF_OK);
+  (void)take(l.cp, &got[0]);
+  set_caps(l.cp, 2, 0);            /* the ledger and a's segment */
+  for (i = 0; i < REFUSALS; i++) { /* a new segment each, its fd with it */
+    bytes_view(l.prod, PAGE, &v[i]);
+    CHECK_EQ(ipcref_send(l.pp, &v[i]), IPCREF_OK);
+  }
+  CHECK_EQ(ipcref_send(l.pp, &v[0]), IPCREF_OK); /* no fd: sent, it thinks */
+  errors_reset();
+  for (i = 0; i <= REFUSALS; i++)
+    CHECK_EQ(ipcref_recv(l.cp, &got[1], WAIT_MS), IPCREF_ERANGE);
+  CHECK_EQ(err_eproto, 0);
+  EXPECT_ERRORS(REFUSALS + 1);
+  CHECK_EQ(leases_of(l.pp), 1); /* every refused lease came back */
+  set_caps(l.cp, 0, 0);
+  ((unsigned char *)ipcref_view_data_mut(&v[0]))[1] = 5;
+  CHECK_EQ(ipcref_send(l.pp, &v[0]), IPCREF_OK); /* its fd again */
+  if (take(l.cp, &got[1])) {
+    CHECK_EQ(((const unsigned char *)ipcref_view_data(&got[1]))[1], 5);
+    ipcref_view_release(&got[1]);
+  }
+  EXPECT_ERRORS(0);
+  ipcref_view_release(&got[0]);
+  CHECK_EQ(leases_of(l.pp), 0);
+  ipcref_view_release(&a);
+  for (i = 0; i < REFUSALS; i++) ipcref_view_release(&v[i]);
   local_pair_close(&l);
   RES_END(&mark);
 }
@@ -532,6 +575,7 @@ int main(void) {
   RUN(test_count_cap);
   RUN(test_byte_cap);
   RUN(test_refused_in_flight);
+  RUN(test_refused_many);
   RUN(test_refused_batch);
   RUN(test_resend_unsent);
   RUN(test_refused_ledger);
