@@ -112,8 +112,9 @@ typedef struct ipcref_stats {
                              because their holder died (a forwarder
                              cancelling a send to a process that died),
                              ever; ignored, not refused */
-  uint64_t refused;       /* imports refused (EPROTO, or ERANGE: past a
-                             peer's caps) and peers refused (EPEER), ever */
+  uint64_t refused;       /* imports refused (EPROTO, or ERANGE: past the
+                             caps of a peer or of the context) and peers
+                             refused (EPEER), ever */
   size_t device_bytes;    /* bytes of own device segments (in
                              segment_bytes too) */
   size_t deferred;        /* device releases waiting for their stream */

@@ -381,10 +381,17 @@ class Context:
     segment_cache, writable_shares (consumers may write what they get, as
     with torch.multiprocessing), isolate (a segment per array), ledger_slots,
     max_maps and max_mapped_bytes (what all peers may keep mapped here: see
-    Peer.set_options).
+    Peer.set_options). A negative size is refused (ValueError).
     """
 
+    _SIZES = ("segment_size", "max_bytes", "segment_cache", "ledger_slots",
+              "max_maps", "max_mapped_bytes")
+
     def __init__(self, **options):
+        for name in self._SIZES:  # the C side takes them unsigned
+            if int(options.get(name) or 0) < 0:
+                raise ValueError("%s must be 0 or more (0: the default)"
+                                 % name)
         self._ctx = _ipcref._Context(**options)
 
     def empty(self, shape, dtype="float32", like="numpy"):

@@ -309,6 +309,9 @@ def test_context_map_caps():
     finally:
         for o in (tx, rx, prod, cons):
             o.close()
+    for name in ipcref.Context._SIZES:  # unsigned in C: -1 would be huge
+        with pytest.raises(ValueError):
+            ipcref.Context(**{name: -1})
 
 
 def test_error_attributes(pair):
