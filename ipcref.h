@@ -9605,10 +9605,12 @@ done:
  *   control   the receiver's words: `head`, the bytes it consumed (its
  *             own cache line: it moves with every record), then `asleep`,
  *             set while it sleeps (how: 1 on the doorbell, 2 on the
- *             futex), and `closed`, set when it frees its peer (read by
- *             the sender on every record: a line that rarely changes).
- *             The sender trusts nothing it reads there, and writes only
- *             `asleep`, from 2 to 0, to wake a dozing receiver.
+ *             futex), `closed`, set when it frees its peer (read by
+ *             the sender on every record: a line that rarely changes),
+ *             and `drains`, counted up each time it reads what the
+ *             doorbell holds. The sender trusts nothing it reads there,
+ *             and writes only `asleep`, from 2 to 0, to wake a dozing
+ *             receiver.
  *   doorbell  a stream socket: the sender sends one byte on it after a
  *             record while `asleep` is 1 (or anything but 0 and 2).
  *             MSG_DONTWAIT is the call's own, so the receiver cannot make
@@ -9699,6 +9701,7 @@ typedef struct ipcref__chan_ctl {
   uint64_t pad[7];
   uint32_t asleep; /* atomic: nonzero while the receiver sleeps (how) */
   uint32_t closed; /* atomic: nonzero once the receiver freed its peer */
+  uint32_t drains; /* atomic: the doorbell's reads that found bytes */
 } ipcref__chan_ctl;
 
 /* The sender's half. */
@@ -9707,11 +9710,12 @@ struct ipcref__chan_tx {
   ipcref__chan_ctl *ctl;
   size_t bytes; /* of the ring (a power of two) */
   uint64_t tail, sockets;
-  uint64_t head;   /* the receiver's, as last read: reread when full */
-  int doorbell;    /* the sending end */
-  int broken;      /* the receiver's words made no sense: socket only */
-  int bell_full;   /* a ring found the doorbell full (see chan_knock) */
-  size_t last_len; /* the ring's last message, when it fits (else 0) */
+  uint64_t head;        /* the receiver's, as last read: reread when full */
+  int doorbell;         /* the sending end */
+  int broken;           /* the receiver's words made no sense: socket only */
+  int bell_full;        /* a ring found the doorbell full (see chan_knock) */
+  uint32_t bell_drains; /* `drains` as it was before that ring */
+  size_t last_len;      /* the ring's last message, when it fits (else 0) */
   unsigned char last[IPCREF__CHAN_LAST];
 };
 
@@ -9854,13 +9858,16 @@ fail:
  * setting it sees the record. A dozer's word goes to 0 before the wake,
  * so that a FUTEX_WAIT not yet begun returns at once. Neither call can
  * block, whatever the receiver wrote. A doorbell found full holds rings
- * nobody read: no more are sent until the receiver says it is awake (a
- * receiver that says it sleeps and never reads its doorbell would cost a
- * system call a record). */
+ * nobody read: no more are sent until the receiver says it is awake, or
+ * that it read the doorbell since (`drains` moved: a receiver may read it
+ * and sleep again between two records, never seen awake; a receiver that
+ * says it sleeps and never reads its doorbell would cost a system call a
+ * record). The acquire pairs with the receiver's arming: a sender that
+ * sees it asleep again sees the reads it made before. */
 IPCREF__PRIVATE void ipcref__chan_knock(struct ipcref__chan_tx *t) {
-  uint32_t a;
+  uint32_t a, drains;
   __atomic_thread_fence(__ATOMIC_SEQ_CST);
-  a = __atomic_load_n(&t->ctl->asleep, __ATOMIC_RELAXED);
+  a = __atomic_load_n(&t->ctl->asleep, __ATOMIC_ACQUIRE);
   if (a == 0) {
     t->bell_full = 0;
     return;
@@ -9873,10 +9880,12 @@ IPCREF__PRIVATE void ipcref__chan_knock(struct ipcref__chan_tx *t) {
     }
     if (a == 0) return; /* it woke meanwhile */
   }
-  if (!t->bell_full &&
-      send(t->doorbell, "", 1, MSG_DONTWAIT | MSG_NOSIGNAL) < 0 &&
-      (errno == EAGAIN || errno == EWOULDBLOCK))
-    t->bell_full = 1;
+  drains = __atomic_load_n(&t->ctl->drains, __ATOMIC_RELAXED);
+  if (t->bell_full && drains == t->bell_drains) return;
+  t->bell_full = send(t->doorbell, "", 1, MSG_DONTWAIT | MSG_NOSIGNAL) < 0 &&
+                 (errno == EAGAIN || errno == EWOULDBLOCK);
+  /* Loaded before the send: the receiver's next read moves it past. */
+  t->bell_drains = drains;
 }
 
 /* The place (0..7) of the first and of the last byte in which two words
@@ -10336,7 +10345,11 @@ IPCREF__PRIVATE void ipcref__chan_hang(ipcref_peer *p) {
 
 /* What the doorbell holds, read without waiting: >0 bytes, 0 at its end
  * of file (then the sender hung up), -1 nothing. At most 4 reads: a sender
- * that keeps it full must not keep the receiver here. */
+ * that keeps it full must not keep the receiver here. Bytes read are
+ * counted in `drains`, for a sender that found the doorbell full (see
+ * ipcref__chan_knock); seq-cst, paired with its fence, as the arming is:
+ * the caller looks at the ring after this, or is armed again before it
+ * sleeps. */
 IPCREF__PRIVATE ssize_t ipcref__chan_ring_read(ipcref_peer *p) {
   char b[256];
   ssize_t k, got = -1;
@@ -10346,6 +10359,8 @@ IPCREF__PRIVATE ssize_t ipcref__chan_ring_read(ipcref_peer *p) {
   if (k == 0 || (k < 0 && errno != EAGAIN && errno != EWOULDBLOCK &&
                  errno != EINTR)) /* its end, or broken: look no more */
     ipcref__chan_hang(p);
+  if (k > 0 || got > 0)
+    (void)__atomic_fetch_add(&p->rx->ctl->drains, 1u, __ATOMIC_SEQ_CST);
   return k == 0 ? 0 : k > 0 ? k : got;
 }
 

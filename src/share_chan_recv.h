@@ -293,7 +293,11 @@ IPCREF__PRIVATE void ipcref__chan_hang(ipcref_peer *p) {
 
 /* What the doorbell holds, read without waiting: >0 bytes, 0 at its end
  * of file (then the sender hung up), -1 nothing. At most 4 reads: a sender
- * that keeps it full must not keep the receiver here. */
+ * that keeps it full must not keep the receiver here. Bytes read are
+ * counted in `drains`, for a sender that found the doorbell full (see
+ * ipcref__chan_knock); seq-cst, paired with its fence, as the arming is:
+ * the caller looks at the ring after this, or is armed again before it
+ * sleeps. */
 IPCREF__PRIVATE ssize_t ipcref__chan_ring_read(ipcref_peer *p) {
   char b[256];
   ssize_t k, got = -1;
@@ -303,6 +307,8 @@ IPCREF__PRIVATE ssize_t ipcref__chan_ring_read(ipcref_peer *p) {
   if (k == 0 || (k < 0 && errno != EAGAIN && errno != EWOULDBLOCK &&
                  errno != EINTR)) /* its end, or broken: look no more */
     ipcref__chan_hang(p);
+  if (k > 0 || got > 0)
+    (void)__atomic_fetch_add(&p->rx->ctl->drains, 1u, __ATOMIC_SEQ_CST);
   return k == 0 ? 0 : k > 0 ? k : got;
 }
 

@@ -15,7 +15,8 @@
  *     over the socket;
  *   - waiting: a receiver dozes on the futex, then sleeps on the doorbell,
  *     and a record wakes it either way; a sender dying during the doze
- *     ends the receive; the poll fd wakes for ring records; every spin
+ *     ends the receive; the poll fd wakes for ring records, also after
+ *     a burst filled the doorbell; every spin
  *     option ends its waits on time; options out of range are refused;
  *   - processes: 8 consumers of one producer each get theirs; a consumer
  *     killed with records unread pins nothing; a consumer under seccomp
@@ -1149,6 +1150,80 @@ static void test_poll_fd_wakes_for_records(void) {
   poll_fd_wakes(200);
 }
 
+/* A burst to an idle receiver fills its doorbell (a byte a record: the
+ * sender stops ringing); the receiver reads it all and sleeps again,
+ * never seen awake by the sender: the next record still wakes it, by its
+ * poll fd (`thread` 0) or in a receive waiting for ever (1). */
+typedef struct bell_waiter {
+  ipcref_peer *p;
+  ipcref_result r;
+} bell_waiter;
+static void *bell_recv(void *arg) {
+  bell_waiter *w = (bell_waiter *)arg;
+  ipcref_view got;
+  w->r = ipcref_recv(w->p, &got, 60000);
+  if (w->r == IPCREF_OK) ipcref_view_release(&got);
+  return NULL;
+}
+static void doorbell_refills(int thread) {
+  enum { BURST = 3000 }; /* rings: more than a doorbell holds */
+  ipcref_ctx *prod = new_ctx(0, 0), *cons = new_ctx(0, 0);
+  ipcref_peer *pp, *cp;
+  ipcref_view v, got;
+  struct pollfd pfd;
+  bell_waiter w;
+  pthread_t t;
+  int sv[2], i, n = 0;
+  if (xsocketpair(SOCK_SEQPACKET, sv) != 0) return;
+  pp = chan_peer(prod, sv[0], 1u << 20, IPCREF_SPIN_AUTO);
+  cp = chan_peer(cons, sv[1], 0, 0);
+  seeded_view(prod, 6, &v);
+  CHECK_EQ(ipcref_send(pp, &v), IPCREF_OK); /* the socket: fds */
+  CHECK_EQ(ipcref_recv(cp, &got, 5000), IPCREF_OK);
+  ipcref_view_release(&got);
+  pfd.fd = ipcref_peer_poll_fd(cp);
+  pfd.events = POLLIN;
+  CHECK_EQ(ipcref_recv(cp, &got, 0), IPCREF_EAGAIN); /* idle: armed */
+  for (i = 0; i < BURST; i++) CHECK_EQ(ipcref_send(pp, &v), IPCREF_OK);
+  CHECK_EQ(pp->tx->bell_full, 1);
+  while (ipcref_recv(cp, &got, 0) == IPCREF_OK) {
+    n += seeded_is(&got, 6);
+    ipcref_view_release(&got);
+  }
+  CHECK_EQ(n, BURST);
+  CHECK_EQ(__atomic_load_n(&cp->rx->ctl->asleep, __ATOMIC_ACQUIRE),
+           IPCREF__ASLEEP_BELL);
+  pfd.revents = 0;
+  CHECK_EQ(poll(&pfd, 1, 0), 0);
+  if (thread) {
+    w.p = cp;
+    w.r = IPCREF_EINVAL;
+    CHECK_EQ(pthread_create(&t, NULL, bell_recv, &w), 0);
+    /* Past its doze, most likely: asleep on the doorbell (if not, the
+     * record finds it dozing, and wakes it so). */
+    sleep_us(IPCREF__DOZE_MS * 3000);
+    CHECK_EQ(ipcref_send(pp, &v), IPCREF_OK);
+    CHECK_EQ(pthread_join(t, NULL), 0);
+    CHECK_EQ(w.r, IPCREF_OK);
+  } else {
+    CHECK_EQ(ipcref_send(pp, &v), IPCREF_OK);
+    pfd.revents = 0;
+    CHECK_EQ(poll(&pfd, 1, 5000), 1);
+    CHECK_EQ(ipcref_recv(cp, &got, 0), IPCREF_OK);
+    ipcref_view_release(&got);
+  }
+  CHECK_EQ(pp->tx->bell_full, 0);
+  ipcref_view_release(&v);
+  ipcref_peer_free(cp);
+  ipcref_peer_free(pp);
+  ipcref_ctx_free(cons);
+  ipcref_ctx_free(prod);
+}
+static void test_doorbell_refills(void) {
+  doorbell_refills(0);
+  doorbell_refills(1);
+}
+
 /* Options: out of range refused; the ring's size rounded up to a power of
  * two; no ring at all; every spin keeps the receive's timeout. */
 static void test_options(void) {
@@ -1400,6 +1475,7 @@ int main(void) {
   RUN(test_doze_then_doorbell);
   RUN(test_sender_dies_during_doze);
   RUN(test_poll_fd_wakes_for_records);
+  RUN(test_doorbell_refills);
   RUN(test_options);
   RUN(test_fan_out);
   RUN(test_consumer_killed_with_records_unread);
