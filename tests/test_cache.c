@@ -535,6 +535,50 @@ static void test_consumer_frees_its_peer(void) {
   local_pair_close(&l);
 }
 
+/* A producer connects again after the consumer freed its last peer from
+ * it, while the consumer still holds a view from then (its segment's
+ * mapping retired, in use): the producer sends the segment's fd anew on
+ * the new connection, and the consumer maps it anew; a view of the same
+ * block imports, three times over, with the right bytes; once nothing is
+ * held, nothing stays mapped. */
+static void test_producer_connects_again(void) {
+  ipcref_ctx *prod = make_ctx(NULL), *cons = make_ctx(NULL);
+  ipcref_view v, held[3];
+  const int64_t n = 4096;
+  int round, sv[2], i;
+  CHECK_EQ(ipcref_view_new_shared(prod, IPCREF_U8, 1, &n, &v), IPCREF_OK);
+  for (round = 0; round < 3; round++) {
+    ipcref_peer *pp, *cp;
+    ipcref_result r;
+    held[round].buf = NULL;
+    if (xsocketpair(SOCK_SEQPACKET, sv) != 0) break;
+    pp = make_peer(prod, sv[0]);
+    cp = make_peer(cons, sv[1]);
+    memset(ipcref_view_data_mut(&v), 'a' + round, (size_t)n);
+    CHECK_EQ(ipcref_send(pp, &v), IPCREF_OK);
+    r = ipcref_recv(cp, &held[round], 5000);
+    CHECK_EQ(r, IPCREF_OK);
+    if (r == IPCREF_OK)
+      CHECK_EQ(((const unsigned char *)ipcref_view_data(&held[round]))[7],
+               'a' + round);
+    else
+      held[round].buf = NULL;
+    CHECK_EQ(stats_of(cons).mapped_segments, (uint64_t)round + 1);
+    ipcref_peer_free(cp);
+    ipcref_peer_free(pp);
+  }
+  for (i = 0; i < round; i++)
+    if (held[i].buf) ipcref_view_release(&held[i]);
+  ipcref_collect(cons);
+  CHECK_EQ(stats_of(cons).mapped_segments, 0);
+  CHECK_EQ(stats_of(cons).counter_files, 0);
+  ipcref_view_release(&v);
+  ipcref_ctx_free(cons);
+  ipcref_collect(prod);
+  CHECK_EQ(stats_of(prod).live_bufs, 0);
+  ipcref_ctx_free(prod);
+}
+
 /* ---- many segments: the lookups of share_index ------------------------
  */
 
@@ -762,6 +806,7 @@ int main(void) {
   RUN(test_isolated_never_recycled);
   RUN(test_consumer_mappings_bounded);
   RUN(test_consumer_frees_its_peer);
+  RUN(test_producer_connects_again);
   RUN(test_consumer_trim);
   RUN(test_many_segments);
   RUN(test_weak_outlives_import);
