@@ -9691,6 +9691,7 @@ done:
 #define IPCREF__SPIN_MAX_NS      50000L /* the adaptive spin's longest */
 #define IPCREF__SPIN_CAP_US      10000  /* the longest spin an option asks */
 #define IPCREF__DOZE_MS          50     /* an idle stretch's futex doze */
+#define IPCREF__RECOUNT_MS       50     /* a counted message's wait at once */
 #define IPCREF__ASLEEP_BELL      1u     /* `asleep`: ring the doorbell */
 #define IPCREF__ASLEEP_FUTEX     2u     /* `asleep`: wake the futex */
 
@@ -10041,7 +10042,9 @@ IPCREF__PRIVATE int ipcref__chan_gone(const ipcref_peer *p) {
  * pushed after it, and never finds the socket's message before the count
  * that says it is due; then (`on` 0) the doorbell once it went (`sent`),
  * or the count taken back if nothing of it went (no record was pushed in
- * between: a peer is one thread's at a time). */
+ * between: a peer is one thread's at a time; a receiver that read the
+ * count waits for its message IPCREF__RECOUNT_MS at a time, and looks at
+ * the count again in between). */
 IPCREF__PRIVATE void ipcref__chan_count(ipcref_peer *p, int on, int sent) {
   struct ipcref__chan_tx *t = p->tx;
   if (on || !sent) {
@@ -11231,9 +11234,16 @@ IPCREF__PRIVATE ipcref_result ipcref__recv_chan(ipcref_peer *p, int timeout_ms,
       return r;
     }
     if (k == IPCREF__CHAN_SOCK) {
-      r = ipcref__recv_socket(p, ipcref__ms_until(timeout_ms, end, dated),
-                              stream, n, &took);
+      /* A counted message is waited for a while at a time: its count may
+       * be taken back (its send failed with nothing sent), and records
+       * pushed after that would wait behind a message that never comes. */
+      int ms = ipcref__ms_until(timeout_ms, end, dated);
+      int slice = counted && !x->hung && (ms < 0 || ms > IPCREF__RECOUNT_MS)
+                      ? IPCREF__RECOUNT_MS
+                      : ms;
+      r = ipcref__recv_socket(p, slice, stream, n, &took);
       if (took && counted) x->sockets++;
+      if (r == IPCREF_ETIMEDOUT && slice != ms) continue; /* look again */
       return r;
     }
     IPCREF__LOCK(p->ctx); /* where it has leases out to reclaim */

@@ -102,6 +102,7 @@
 #define IPCREF__SPIN_MAX_NS      50000L /* the adaptive spin's longest */
 #define IPCREF__SPIN_CAP_US      10000  /* the longest spin an option asks */
 #define IPCREF__DOZE_MS          50     /* an idle stretch's futex doze */
+#define IPCREF__RECOUNT_MS       50     /* a counted message's wait at once */
 #define IPCREF__ASLEEP_BELL      1u     /* `asleep`: ring the doorbell */
 #define IPCREF__ASLEEP_FUTEX     2u     /* `asleep`: wake the futex */
 
@@ -452,7 +453,9 @@ IPCREF__PRIVATE int ipcref__chan_gone(const ipcref_peer *p) {
  * pushed after it, and never finds the socket's message before the count
  * that says it is due; then (`on` 0) the doorbell once it went (`sent`),
  * or the count taken back if nothing of it went (no record was pushed in
- * between: a peer is one thread's at a time). */
+ * between: a peer is one thread's at a time; a receiver that read the
+ * count waits for its message IPCREF__RECOUNT_MS at a time, and looks at
+ * the count again in between). */
 IPCREF__PRIVATE void ipcref__chan_count(ipcref_peer *p, int on, int sent) {
   struct ipcref__chan_tx *t = p->tx;
   if (on || !sent) {

@@ -167,9 +167,16 @@ IPCREF__PRIVATE ipcref_result ipcref__recv_chan(ipcref_peer *p, int timeout_ms,
       return r;
     }
     if (k == IPCREF__CHAN_SOCK) {
-      r = ipcref__recv_socket(p, ipcref__ms_until(timeout_ms, end, dated),
-                              stream, n, &took);
+      /* A counted message is waited for a while at a time: its count may
+       * be taken back (its send failed with nothing sent), and records
+       * pushed after that would wait behind a message that never comes. */
+      int ms = ipcref__ms_until(timeout_ms, end, dated);
+      int slice = counted && !x->hung && (ms < 0 || ms > IPCREF__RECOUNT_MS)
+                      ? IPCREF__RECOUNT_MS
+                      : ms;
+      r = ipcref__recv_socket(p, slice, stream, n, &took);
       if (took && counted) x->sockets++;
+      if (r == IPCREF_ETIMEDOUT && slice != ms) continue; /* look again */
       return r;
     }
     IPCREF__LOCK(p->ctx); /* where it has leases out to reclaim */

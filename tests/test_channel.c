@@ -973,6 +973,44 @@ static void test_hostile_receiver_dozes(void) {
   local_pair_close(&l);
 }
 
+/* A socket message counted, then taken back (its send failed with
+ * nothing sent: fds past the kernel's limit, say), after the receiver
+ * read the count and began to wait for it: the records pushed next still
+ * reach a receive that waits for ever (it looks at the count again). */
+typedef struct seq_waiter {
+  ipcref_peer *p;
+  ipcref_result r;
+  uint32_t seq;
+} seq_waiter;
+static void *seq_recv(void *arg) {
+  seq_waiter *w = (seq_waiter *)arg;
+  ipcref_view got;
+  w->r = recv_seq(w->p, &got, 30000, &w->seq);
+  if (w->r == IPCREF_OK) ipcref_view_release(&got);
+  return NULL;
+}
+static void test_socket_count_taken_back(void) {
+  local_pair l;
+  ipcref_view v;
+  seq_waiter w;
+  pthread_t t;
+  hostile_pair(&l, &v);
+  if (!l.cp || !l.cp->rx) return;
+  w.p = l.cp;
+  w.r = IPCREF_EINVAL;
+  ipcref__chan_count(l.pp, 1, 0); /* counted, as a send to the socket is */
+  CHECK_EQ(pthread_create(&t, NULL, seq_recv, &w), 0);
+  sleep_us(200000); /* the receiver waits on the socket, most likely */
+  ipcref__chan_count(l.pp, 0, 0);             /* nothing went: taken back */
+  CHECK_EQ(send_seq(l.pp, &v, 5), IPCREF_OK); /* a record */
+  CHECK_EQ(pthread_join(t, NULL), 0);
+  CHECK_EQ(w.r, IPCREF_OK);
+  CHECK_EQ(w.seq, 5);
+  CHECK_EQ(peer_info_of(l.pp).sent_channel, 2);
+  ipcref_view_release(&v);
+  local_pair_close(&l);
+}
+
 /* ------------------------------------------------------------ waiting */
 
 /* A thread standing in for a dozing receiver: its FUTEX_WAIT on the sleep
@@ -1471,6 +1509,7 @@ int main(void) {
   RUN(test_hostile_receiver_head);
   RUN(test_hostile_receiver_back_and_asleep);
   RUN(test_hostile_receiver_dozes);
+  RUN(test_socket_count_taken_back);
   RUN(test_sender_wakes_a_dozer);
   RUN(test_doze_then_doorbell);
   RUN(test_sender_dies_during_doze);
