@@ -397,16 +397,24 @@ class Context:
     def empty(self, shape, dtype="float32", like="numpy"):
         """An uninitialized array in shared memory: fill it, then send it
         (the fill is the only copy)."""
+        # Every check first: a refusal must leave no segment made.
+        if like not in ("numpy", "torch"):
+            raise ValueError("like is 'numpy' or 'torch', not %r" % (like,))
+        code = _dtype_code(dtype)
+        if like == "numpy" and code == _BF16:
+            raise TypeError("numpy has no bfloat16: like='torch'")
+        if like == "torch":
+            if _load_torch() is None:
+                raise ImportError("like='torch' needs torch, which is not "
+                                  "installed")
+            if code not in _TORCH_CODE.values():
+                raise TypeError("this torch has no %s" % DTYPES[code])
         if isinstance(shape, int):
             shape = (shape,)
         import operator
         dims = tuple(operator.index(s) for s in shape)  # 2.5 is no size
-        buf = self._raw()._empty(_dtype_code(dtype), dims)
-        if like == "numpy":
-            return _as_numpy(buf, False)
-        if like == "torch":
-            return _as_torch(buf, False)
-        raise ValueError("like is 'numpy' or 'torch', not %r" % (like,))
+        buf = self._raw()._empty(code, dims)
+        return (_as_numpy if like == "numpy" else _as_torch)(buf, False)
 
     def listen(self, path, blocking=True):
         """A Listener at ``path`` ("@name": the abstract namespace)."""

@@ -73,6 +73,14 @@ static PyObject *raise_result(ipcref_result r) {
 
 #define CALL_BEGIN() (last_message[0] = '\0')
 
+/* Raises the exception for `r` with `why` as the library's message: a
+ * refusal of this module's own. The package's exceptions take (code, name,
+ * message), so they are raised the one way raise_result builds them. */
+static PyObject *raise_why(ipcref_result r, const char *why) {
+  snprintf(last_message, sizeof last_message, "%s", why);
+  return raise_result(r);
+}
+
 /* ---- dtypes -------------------------------------------------------------- */
 
 /* The buffer protocol's format of each dtype (NULL: none, bf16). */
@@ -151,7 +159,9 @@ static BufferObject *registry_find(uintptr_t lo, uintptr_t hi,
 }
 
 /* A new _Buffer that takes the reference of view `v`, made or received
- * in context `ctx` (NULL: a private copy). */
+ * in context `ctx` (NULL: a private copy). *v is always taken and zeroed,
+ * on failure too (released then), so a caller that releases its views
+ * after a failure never releases this one twice. */
 static PyObject *buffer_new(ipcref_view *v, ipcref_ctx *ctx) {
   BufferObject *b = PyObject_New(BufferObject, &BufferType);
   size_t item = ipcref_dtype_size(v->dtype);
@@ -161,14 +171,15 @@ static PyObject *buffer_new(ipcref_view *v, ipcref_ctx *ctx) {
     return NULL;
   }
   b->v = *v;
+  memset(v, 0, sizeof *v); /* b's now: its dealloc releases it */
   b->ctx = ctx;
-  b->readonly = ipcref_view_data_mut(v) == NULL;
-  for (d = 0; d < v->ndim; d++) {
-    b->shape[d] = (Py_ssize_t)v->shape[d];
-    b->strides[d] = (Py_ssize_t)(v->strides[d] * (int64_t)item);
+  b->readonly = ipcref_view_data_mut(&b->v) == NULL;
+  for (d = 0; d < b->v.ndim; d++) {
+    b->shape[d] = (Py_ssize_t)b->v.shape[d];
+    b->strides[d] = (Py_ssize_t)(b->v.strides[d] * (int64_t)item);
   }
-  b->lo = (uintptr_t)ipcref_buf_data(v->buf);
-  b->hi = b->lo + ipcref_buf_size(v->buf);
+  b->lo = (uintptr_t)ipcref_buf_data(b->v.buf);
+  b->hi = b->lo + ipcref_buf_size(b->v.buf);
   if (registry_add(b) != 0) {
     b->lo = b->hi = 0;
     Py_DECREF(b);
@@ -183,8 +194,29 @@ static void buffer_dealloc(BufferObject *b) {
   PyObject_Free(b);
 }
 
+#define REQUESTS(flags, what) (((flags) & (what)) == (what))
+
+/* Why the layout of `view` (shape and strides filled) cannot be given to a
+ * consumer that asked with `flags`; NULL if it can. A consumer that asks
+ * for no strides reads len bytes on from buf: only a C-contiguous view is
+ * that. */
+static const char *layout_refusal(const Py_buffer *view, int flags) {
+  int c = PyBuffer_IsContiguous(view, 'C');
+  int f = PyBuffer_IsContiguous(view, 'F');
+  if (REQUESTS(flags, PyBUF_C_CONTIGUOUS) && !c)
+    return "not C-contiguous (np.ascontiguousarray copies it)";
+  if (REQUESTS(flags, PyBUF_F_CONTIGUOUS) && !f)
+    return "not Fortran-contiguous (np.asfortranarray copies it)";
+  if (REQUESTS(flags, PyBUF_ANY_CONTIGUOUS) && !c && !f)
+    return "not contiguous (np.ascontiguousarray copies it)";
+  if (!REQUESTS(flags, PyBUF_STRIDES) && !c)
+    return "strided memory, asked for without strides (np.ascontiguousarray "
+           "copies it)";
+  return NULL;
+}
+
 static int buffer_getbuffer(BufferObject *b, Py_buffer *view, int flags) {
-  const char *fmt = dt_format[b->v.dtype];
+  const char *fmt = dt_format[b->v.dtype], *why;
   if (!fmt) {
     PyErr_SetString(PyExc_BufferError,
                     "bfloat16 has no buffer format: receive it as torch");
@@ -197,8 +229,7 @@ static int buffer_getbuffer(BufferObject *b, Py_buffer *view, int flags) {
     return -1;
   }
   view->buf = (void *)(uintptr_t)ipcref_view_data(&b->v);
-  view->obj = (PyObject *)b;
-  Py_INCREF(b);
+  view->obj = NULL;
   view->itemsize = (Py_ssize_t)ipcref_dtype_size(b->v.dtype);
   view->len = (Py_ssize_t)ipcref_view_numel(&b->v) * view->itemsize;
   view->readonly = b->readonly;
@@ -208,6 +239,18 @@ static int buffer_getbuffer(BufferObject *b, Py_buffer *view, int flags) {
   view->strides = b->strides;
   view->suboffsets = NULL;
   view->internal = NULL;
+  if ((why = layout_refusal(view, flags)) != NULL) {
+    PyErr_SetString(PyExc_BufferError, why);
+    return -1;
+  }
+  /* What was not asked for is NULL: the consumer assumes C order, and
+   * without a shape one flat run of len bytes (as PyBuffer_FillInfo). A
+   * scalar has neither. */
+  if (!REQUESTS(flags, PyBUF_STRIDES) || view->ndim == 0) view->strides = NULL;
+  if (!REQUESTS(flags, PyBUF_ND) || view->ndim == 0) view->shape = NULL;
+  if (!REQUESTS(flags, PyBUF_ND)) view->ndim = 1;
+  view->obj = (PyObject *)b;
+  Py_INCREF(b);
   return 0;
 }
 
@@ -269,11 +312,10 @@ static PyObject *dlpack_of(BufferObject *b, int as_u8) {
   dl_export *e;
   int d;
   PyObject *cap;
-  if (b->readonly) {
-    PyErr_SetString(err_base ? err_base : PyExc_BufferError,
-                    "read-only memory: torch has no read-only tensors");
-    return NULL;
-  }
+  if (b->readonly) /* as the library's own DLPack export of such memory */
+    return raise_why(IPCREF_ENEEDCOPY,
+                     "read-only memory: DLPack (torch) has no read-only "
+                     "tensors: take a private copy");
   e = (dl_export *)PyMem_RawCalloc(1, sizeof *e);
   if (!e) return PyErr_NoMemory();
   e->owner = (PyObject *)b;
@@ -342,11 +384,16 @@ static PyObject *buffer_get_dtype(BufferObject *b, void *c) {
 }
 
 static PyObject *buffer_get_shape(BufferObject *b, void *c) {
-  PyObject *t = PyTuple_New(b->v.ndim);
+  PyObject *t = PyTuple_New(b->v.ndim), *n;
   int d;
   (void)c;
-  for (d = 0; t && d < b->v.ndim; d++)
-    PyTuple_SET_ITEM(t, d, PyLong_FromLongLong(b->v.shape[d]));
+  for (d = 0; t && d < b->v.ndim; d++) {
+    if (!(n = PyLong_FromLongLong(b->v.shape[d]))) {
+      Py_DECREF(t); /* its unset items are NULL: fine to free */
+      return NULL;
+    }
+    PyTuple_SET_ITEM(t, d, n);
+  }
   return t;
 }
 
@@ -383,6 +430,7 @@ typedef struct PeerObject PeerObject;
 typedef struct {
   PyObject_HEAD ipcref_ctx *ctx;
   PeerObject *peers; /* its open peers: closed with it */
+  int calls; /* calls on ctx that released the GIL and still run on it */
 } ContextObject;
 
 static PyTypeObject ContextType, PeerType;
@@ -410,19 +458,60 @@ static int ctx_open(ContextObject *c, const char *what) {
   return 0;
 }
 
+/* Around a call that releases the GIL on c->ctx (under the GIL): close
+ * refuses while one runs, which would free the context under it. */
+#define CTX_ENTER(c) ((c)->calls++)
+#define CTX_LEAVE(c) ((c)->calls--)
+
+/* *out = `o` (an int; NULL: the 0 it holds) as a size of at most `max`:
+ * OverflowError above it, ValueError below 0 (unsigned in C: -1 would
+ * be a huge size). */
+static int size_arg(PyObject *o, const char *name, unsigned long long max,
+                    unsigned long long *out) {
+  PyObject *n;
+  int over = 0, big = 0;
+  long long v;
+  if (!o) return 0;
+  if (!(n = PyNumber_Index(o))) return -1;
+  v = PyLong_AsLongLongAndOverflow(n, &over);
+  if (over > 0 && (*out = PyLong_AsUnsignedLongLong(n)) == ULLONG_MAX &&
+      PyErr_Occurred()) {
+    PyErr_Clear(); /* past 64 bits: said below, naming the argument */
+    big = 1;
+  }
+  Py_DECREF(n);
+  if (over < 0 || (over == 0 && v < 0)) {
+    PyErr_Format(PyExc_ValueError, "%s must be 0 or more", name);
+    return -1;
+  }
+  if (over == 0) *out = (unsigned long long)v;
+  if (big || *out > max) {
+    PyErr_Format(PyExc_OverflowError, "%s is at most %llu", name, max);
+    return -1;
+  }
+  return 0;
+}
+
 static int context_init(ContextObject *c, PyObject *args, PyObject *kw) {
   static char *names[] = {
       "segment_size",    "max_bytes",        "segment_cache",
       "writable_shares", "isolate",          "ledger_slots",
       "max_maps",        "max_mapped_bytes", NULL};
-  unsigned long long seg = 0, max = 0, cache = 0, maps = 0, mapped = 0;
+  PyObject *arg[8] = {NULL};
+  unsigned long long seg = 0, max = 0, cache = 0, slots = 0, maps = 0,
+                     mapped = 0;
   int writable = 0, isolate = 0;
-  unsigned int slots = 0;
   ipcref_ctx_options o;
   ipcref_result r;
-  if (!PyArg_ParseTupleAndKeywords(args, kw, "|KKKppIKK", names, &seg, &max,
-                                   &cache, &writable, &isolate, &slots, &maps,
-                                   &mapped))
+  if (!PyArg_ParseTupleAndKeywords(args, kw, "|OOOppOOO", names, &arg[0],
+                                   &arg[1], &arg[2], &writable, &isolate,
+                                   &arg[5], &arg[6], &arg[7]) ||
+      size_arg(arg[0], names[0], SIZE_MAX, &seg) ||
+      size_arg(arg[1], names[1], SIZE_MAX, &max) ||
+      size_arg(arg[2], names[2], SIZE_MAX, &cache) ||
+      size_arg(arg[5], names[5], UINT32_MAX, &slots) ||
+      size_arg(arg[6], names[6], SIZE_MAX, &maps) ||
+      size_arg(arg[7], names[7], SIZE_MAX, &mapped))
     return -1;
   memset(&o, 0, sizeof o);
   o.segment_size = (size_t)seg;
@@ -430,7 +519,7 @@ static int context_init(ContextObject *c, PyObject *args, PyObject *kw) {
   o.segment_cache = (size_t)cache;
   o.writable_shares = writable;
   o.isolate = isolate;
-  o.ledger_slots = slots;
+  o.ledger_slots = (uint32_t)slots;
   o.max_maps = (size_t)maps;
   o.max_mapped_bytes = (size_t)mapped;
   if (c->ctx) return 0;
@@ -449,10 +538,15 @@ static void context_dealloc(ContextObject *c) {
 }
 
 /* Frees the context and with it every open peer (refused while one is in
- * use by another thread). */
+ * use by another thread, or another thread's call runs on the context). */
 static PyObject *context_close(ContextObject *c, PyObject *noargs) {
   PeerObject *po;
   (void)noargs;
+  if (c->calls) {
+    PyErr_SetString(PyExc_RuntimeError,
+                    "close: another thread is in a call on this Context");
+    return NULL;
+  }
   for (po = c->peers; po; po = po->next)
     if (po->busy) {
       PyErr_SetString(PyExc_RuntimeError,
@@ -492,9 +586,11 @@ static PyObject *context_empty(ContextObject *c, PyObject *args) {
     if (shape[d] == -1 && PyErr_Occurred()) return NULL;
   }
   CALL_BEGIN();
+  CTX_ENTER(c);
   Py_BEGIN_ALLOW_THREADS r =
       ipcref_view_new_shared(c->ctx, (ipcref_dtype)dt, (int)nd, shape, &v);
-  Py_END_ALLOW_THREADS if (r != IPCREF_OK) return raise_result(r);
+  Py_END_ALLOW_THREADS CTX_LEAVE(c);
+  if (r != IPCREF_OK) return raise_result(r);
   return buffer_new(&v, c->ctx);
 }
 
@@ -522,8 +618,10 @@ static PyObject *context_connect(ContextObject *c, PyObject *args) {
   if (!PyArg_ParseTuple(args, "s", &path) || !ctx_open(c, "connect"))
     return NULL;
   CALL_BEGIN();
+  CTX_ENTER(c);
   Py_BEGIN_ALLOW_THREADS r = ipcref_connect(c->ctx, path, &p);
-  Py_END_ALLOW_THREADS if (r != IPCREF_OK) return raise_result(r);
+  Py_END_ALLOW_THREADS CTX_LEAVE(c);
+  if (r != IPCREF_OK) return raise_result(r);
   return peer_wrap(c, p);
 }
 
@@ -561,14 +659,30 @@ static PyObject *context_accept(ContextObject *c, PyObject *args) {
   if (!PyArg_ParseTuple(args, "ii", &fd, &ms) || !ctx_open(c, "accept"))
     return NULL;
   CALL_BEGIN();
+  CTX_ENTER(c);
   Py_BEGIN_ALLOW_THREADS r = ipcref_accept(c->ctx, fd, ms, &p);
-  Py_END_ALLOW_THREADS if (r != IPCREF_OK) return raise_result(r);
+  Py_END_ALLOW_THREADS CTX_LEAVE(c);
+  if (r != IPCREF_OK) return raise_result(r);
   return peer_wrap(c, p);
 }
 
-#define STAT(name) PyDict_SetItemString(d, #name, PyLong_FromSize_t(s.name))
+/* d[key] = v, taking the new reference `v` (PyDict_SetItemString takes
+ * its own); -1 with the error set when v is NULL or the set failed. */
+static int dict_take(PyObject *d, const char *key, PyObject *v) {
+  int rc = v ? PyDict_SetItemString(d, key, v) : -1;
+  Py_XDECREF(v);
+  return rc;
+}
+
+#define STAT(name)                                                             \
+  do {                                                                         \
+    if (dict_take(d, #name, PyLong_FromSize_t(s.name)) != 0) goto fail;        \
+  } while (0)
 #define STAT64(name)                                                           \
-  PyDict_SetItemString(d, #name, PyLong_FromUnsignedLongLong(s.name))
+  do {                                                                         \
+    if (dict_take(d, #name, PyLong_FromUnsignedLongLong(s.name)) != 0)         \
+      goto fail;                                                               \
+  } while (0)
 
 static PyObject *context_stats(ContextObject *c, PyObject *noargs) {
   ipcref_stats s;
@@ -600,6 +714,9 @@ static PyObject *context_stats(ContextObject *c, PyObject *noargs) {
   STAT64(cache_hits);
   STAT64(cache_misses);
   return d;
+fail:
+  Py_DECREF(d);
+  return NULL;
 }
 
 static PyObject *context_collect(ContextObject *c, PyObject *noargs) {
@@ -611,8 +728,10 @@ static PyObject *context_collect(ContextObject *c, PyObject *noargs) {
   CALL_BEGIN();
   r = ipcref_ctx_stats(c->ctx, &s); /* EDEAD: a forked child's copy */
   if (r != IPCREF_OK) return raise_result(r);
+  CTX_ENTER(c);
   Py_BEGIN_ALLOW_THREADS n = ipcref_collect(c->ctx);
-  Py_END_ALLOW_THREADS return PyLong_FromSize_t(n);
+  Py_END_ALLOW_THREADS CTX_LEAVE(c);
+  return PyLong_FromSize_t(n);
 }
 
 static PyObject *context_fileno(ContextObject *c, PyObject *noargs) {
@@ -715,6 +834,28 @@ static int extent_of(int nd, const int64_t *shape, const int64_t *strides,
   return 1;
 }
 
+/* The view of live _Buffer `b`'s buffer that the array at `addr` is, in the
+ * array's own dtype: its shape and strides count its elements, whatever
+ * the _Buffer's dtype (a.view(np.int32) of a float32 array). 1: made;
+ * 0: not a view in that dtype (the offset is not a multiple of its size,
+ * or the buffer is smaller than one): the caller copies; -1: raised. */
+static int item_view_of(BufferObject *b, char *addr, int dt, int nd,
+                        const int64_t *shape, const int64_t *strides,
+                        ipcref_view *out) {
+  int64_t off = (int64_t)((uintptr_t)addr - b->lo);
+  ipcref_view whole;
+  ipcref_result r;
+  if (off % (int64_t)ipcref_dtype_size((ipcref_dtype)dt) != 0) return 0;
+  if (ipcref_view_of(b->v.buf, (ipcref_dtype)dt, 0, NULL, &whole) !=
+      IPCREF_OK) {
+    CALL_BEGIN(); /* whatever it told the hook is not this call's error */
+    return 0;
+  }
+  r = ipcref_view_as_strided(&whole, nd, shape, strides, off, out);
+  ipcref_view_release(&whole);
+  return r == IPCREF_OK ? 1 : (raise_result(r), -1);
+}
+
 static int item_make(ContextObject *c, char *addr, int dt, int nd,
                      const int64_t *shape, const int64_t *strides,
                      send_item *it) {
@@ -728,10 +869,8 @@ static int item_make(ContextObject *c, char *addr, int dt, int nd,
   b = registry_find((uintptr_t)(addr + lo),
                     (uintptr_t)(addr + (hi > lo ? hi : lo + 1)), c->ctx);
   if (b) {
-    r = ipcref_view_as_strided(&b->v, nd, shape, strides,
-                               (int64_t)((uintptr_t)addr - b->lo), &it->view);
-    if (r != IPCREF_OK) return (raise_result(r), -1);
-    return 0;
+    int made = item_view_of(b, addr, dt, nd, shape, strides, &it->view);
+    if (made != 0) return made > 0 ? 0 : -1;
   }
   if (hi <= lo) { /* empty: nothing to copy */
     r = ipcref_view_new_shared(c->ctx, (ipcref_dtype)dt, nd, shape, &it->view);
@@ -882,7 +1021,7 @@ static PyObject *peer_recv(PeerObject *po, PyObject *args) {
   list = PyList_New(n);
   for (i = 0; i < n; i++) {
     PyObject *b = list && meta ? buffer_new(&v[i], po->ctx->ctx) : NULL;
-    if (!b) {
+    if (!b) { /* buffer_new took v[i] (zeroed): a no-op here */
       for (; i < n; i++) ipcref_view_release(&v[i]);
       break;
     }
@@ -945,12 +1084,17 @@ static PyObject *peer_stats(PeerObject *po, PyObject *noargs) {
  * ring_bytes, spin_us, max_maps, max_mapped_bytes). */
 static PyObject *peer_set_options(PeerObject *po, PyObject *args) {
   ipcref_peer_options o;
+  PyObject *arg[4];
   unsigned long long cap = 0, ring = 0, maps = 0, mapped = 0;
   ipcref_result r;
   memset(&o, 0, sizeof o);
-  if (!PyArg_ParseTuple(args, "iiKKiKK", &o.send_timeout_ms,
-                        &o.hello_timeout_ms, &cap, &ring, &o.spin_us, &maps,
-                        &mapped) ||
+  if (!PyArg_ParseTuple(args, "iiOOiOO", &o.send_timeout_ms,
+                        &o.hello_timeout_ms, &arg[0], &arg[1], &o.spin_us,
+                        &arg[2], &arg[3]) ||
+      size_arg(arg[0], "max_bytes_held", SIZE_MAX, &cap) ||
+      size_arg(arg[1], "ring_bytes", SIZE_MAX, &ring) ||
+      size_arg(arg[2], "max_maps", SIZE_MAX, &maps) ||
+      size_arg(arg[3], "max_mapped_bytes", SIZE_MAX, &mapped) ||
       !peer_enter(po, "set_options"))
     return NULL;
   o.max_bytes_held = (size_t)cap;
@@ -986,14 +1130,18 @@ static PyTypeObject PeerType = {PyVarObject_HEAD_INIT(NULL, 0).tp_name =
  */
 
 static PyObject *set_errors(PyObject *self, PyObject *args) {
+  PyObject *e[4];
   (void)self;
-  if (!PyArg_ParseTuple(args, "OOOO", &err_base, &err_timeout, &err_wouldblock,
-                        &err_peergone))
-    return NULL;
-  Py_INCREF(err_base);
-  Py_INCREF(err_timeout);
-  Py_INCREF(err_wouldblock);
-  Py_INCREF(err_peergone);
+  if (!PyArg_ParseTuple(args, "OOOO", &e[0], &e[1], &e[2], &e[3])) return NULL;
+  /* Held for good; a second call (a reload) drops the first ones. */
+  Py_INCREF(e[0]);
+  Py_INCREF(e[1]);
+  Py_INCREF(e[2]);
+  Py_INCREF(e[3]);
+  Py_XSETREF(err_base, e[0]);
+  Py_XSETREF(err_timeout, e[1]);
+  Py_XSETREF(err_wouldblock, e[2]);
+  Py_XSETREF(err_peergone, e[3]);
   Py_RETURN_NONE;
 }
 
@@ -1026,17 +1174,21 @@ static struct PyModuleDef module_def = {PyModuleDef_HEAD_INIT,
 static int add_type(PyObject *m, PyTypeObject *t, const char *name) {
   if (PyType_Ready(t) < 0) return -1;
   Py_INCREF(t);
-  return PyModule_AddObject(m, name, (PyObject *)t);
+  if (PyModule_AddObject(m, name, (PyObject *)t) == 0) return 0;
+  Py_DECREF(t); /* taken only on success */
+  return -1;
 }
 
 PyMODINIT_FUNC PyInit__ipcref(void) {
   PyObject *m = PyModule_Create(&module_def);
   if (!m) return NULL;
   if (add_type(m, &BufferType, "_Buffer") || add_type(m, &PeerType, "_Peer") ||
-      add_type(m, &ContextType, "_Context"))
+      add_type(m, &ContextType, "_Context") ||
+      PyModule_AddIntConstant(m, "META_MAX", IPCREF_META_MAX) ||
+      PyModule_AddIntConstant(m, "MAX_VIEWS", IPCREF_MSG_MAX_VIEWS)) {
+    Py_DECREF(m);
     return NULL;
-  PyModule_AddIntConstant(m, "META_MAX", IPCREF_META_MAX);
-  PyModule_AddIntConstant(m, "MAX_VIEWS", IPCREF_MSG_MAX_VIEWS);
+  }
   (void)ipcref_set_error_hook(&the_hook);
   return m;
 }

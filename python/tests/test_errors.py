@@ -1,8 +1,13 @@
 """Bad input from Python: a clear exception, nothing sent, nothing leaked
 (the context's stats unchanged)."""
 
+import gc
 import os
+import shutil
 import socket
+import subprocess
+import sys
+import threading
 import time
 
 import numpy as np
@@ -349,3 +354,149 @@ def test_error_names_match_codes(pair):
     assert len(errors) >= 3
     for e in errors:
         assert e.name == RESULT_NAMES[e.code], (e.code, e.name, e.message)
+
+
+def test_empty_refusals_make_no_segment():
+    """Context.empty checks all its arguments before it allocates: a
+    refused call leaves no segment behind (like= and a bfloat16 for numpy
+    were once checked after the array was made)."""
+    calls = [lambda: ctx.empty(1000, "uint8", like="bad"),
+             lambda: ctx.empty(1000, "bfloat16"),
+             lambda: ctx.empty(1000, "bfloat16", like="numpy"),
+             lambda: ctx.empty(1000, "float128"),
+             lambda: ctx.empty((1000, 2.5))]
+    try:
+        import torch
+        if not hasattr(torch, "uint16"):  # torch 1.x: no such tensors
+            calls.append(lambda: ctx.empty(1000, "uint16", like="torch"))
+    except ImportError:
+        calls.append(lambda: ctx.empty(1000, "uint8", like="torch"))
+    with ipcref.Context() as ctx:
+        for call in calls:
+            with pytest.raises((TypeError, ValueError, ImportError)):
+                call()
+        s = ctx.stats()
+        assert (s["segment_bytes"], s["cached_bytes"], s["live_bufs"]) == \
+            (0, 0, 0)
+
+
+def test_sizes_past_the_c_type_are_refused(pair):
+    """A size option too large for its C field raises OverflowError (it was
+    once cut to its low bits: max_bytes=2**64+1 a budget of 1 byte,
+    ledger_slots=2**32 the default)."""
+    size_max = 2 * sys.maxsize + 1
+    for name, big in [("ledger_slots", 2**32), ("ledger_slots", 2**32 + 4096),
+                      ("max_bytes", 2**64 + 1), ("segment_size", 2**64 + 4096),
+                      ("segment_cache", size_max + 1), ("max_maps", 2**64),
+                      ("max_mapped_bytes", 2**70)]:
+        with pytest.raises(OverflowError, match=name):
+            ipcref.Context(**{name: big})
+    before = pair.tx.stats()
+    for name in ("max_bytes_held", "ring_bytes", "max_maps",
+                 "max_mapped_bytes"):
+        with pytest.raises(OverflowError, match=name):
+            pair.tx.set_options(**{name: 2**64 + 1})
+    assert pair.tx.stats() == before
+    with pytest.raises(ValueError):  # the extension's own check, too
+        ipcref._ipcref._Context(max_bytes=-1)
+    ipcref.Context(max_bytes=size_max).close()  # the largest is taken
+    pair.tx.set_options(max_bytes_held=size_max)
+    got, _ = pair.roundtrip(np.arange(1000))
+    assert got.sum() == 499500
+    pair.tx.set_options()
+
+
+def test_stats_keep_no_reference(pair):
+    """stats() gives each value to its dict (each once kept one reference
+    more: a leak per value per call)."""
+    kept = pair.prod.empty(1 << 16, "uint8")
+    s = pair.prod.stats()
+    big = [k for k, v in s.items() if v > 256]  # not a shared small int
+    assert "segment_bytes" in big and "live_bytes" in big
+    for k in big:  # the dict's and the argument's (out of the assert,
+        n = sys.getrefcount(s[k])  # which pytest keeps its values of)
+        assert n == 2, k
+    del kept
+
+
+def test_context_close_refused_while_a_call_runs_on_it(pair):
+    """close() while another thread is inside a call on the Context that
+    let go of the GIL (accept, waiting for a peer) is refused with
+    RuntimeError, as for a Peer in use: it once freed the context under
+    the call. Once the call is over, close goes."""
+    ctx, path, got = pair.prod, abstract_path(), []
+    lst = ctx.listen(path)
+    t = threading.Thread(target=lambda: got.append(lst.accept(timeout=WAIT)))
+    interval = sys.getswitchinterval()
+    gc.collect()  # no collection (finalizers may let go of the GIL)
+    gc.disable()
+    sys.setswitchinterval(1e3)  # no forced switch: only a blocking call
+    try:  # lets the GIL go, so start() returns once accept waits
+        t.start()
+    finally:
+        sys.setswitchinterval(interval)
+        gc.enable()
+    try:
+        with pytest.raises(RuntimeError, match="another thread"):
+            ctx.close()
+        assert ctx.stats()["peers"] == 1  # still open, its peer too
+    finally:
+        with socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET) as s:
+            s.connect("\0" + path[1:])  # accept returns
+            t.join(WAIT)
+    assert not t.is_alive() and len(got) == 1
+    ctx.close()
+    with pytest.raises(ValueError, match="closed"):
+        got[0].fileno()  # closed with its context
+    lst.close()
+
+
+# Run in a process of its own (under valgrind where there is one): a
+# receive whose second allocation of a _Buffer fails. Only the extension
+# is loaded, so no _Buffer lives before the receive and the registry of
+# them must grow for the first one.
+_NOMEM_RECV = """
+import importlib.util, socket, sys
+import _testcapi
+spec = importlib.util.spec_from_file_location("_ipcref", sys.argv[1])
+m = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(m)
+prod, cons = m._Context(), m._Context()
+a, b = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+tx, rx = prod._adopt(a.detach()), cons._adopt(b.detach())
+src = bytes(range(256))
+for k in range(1, 40):  # the k-th allocation from now fails
+    tx._send([src, src[::-1]], b"x")
+    _testcapi.set_nomemory(k, k + 1)
+    try:
+        bufs, meta = rx._recv(5000)
+        break
+    except MemoryError:
+        assert cons.stats()["imported_bufs"] == 0
+    finally:
+        _testcapi.remove_mem_hooks()
+assert meta == b"x" and k > 1
+assert [bytes(memoryview(x)) for x in bufs] == [src, src[::-1]]
+assert cons.stats()["imported_bufs"] == 2
+del bufs
+assert cons.stats()["imported_bufs"] == 0
+print("ok")
+"""
+
+
+def test_recv_out_of_memory_releases_each_view_once(tmp_path):
+    """A receive whose arrays cannot all be made (out of memory) raises
+    MemoryError and releases each view it got once: it once released the
+    one whose _Buffer could not be registered twice (a use after free,
+    which valgrind sees)."""
+    pytest.importorskip("_testcapi")
+    script = tmp_path / "nomem_recv.py"
+    script.write_text(_NOMEM_RECV)
+    cmd = [sys.executable, str(script), ipcref._ipcref.__file__]
+    env = dict(os.environ)
+    if shutil.which("valgrind"):
+        cmd = ["valgrind", "-q", "--error-exitcode=3"] + cmd
+        env["PYTHONMALLOC"] = "malloc"
+    r = subprocess.run(cmd, capture_output=True, text=True, env=env,
+                       timeout=300)
+    assert r.returncode == 0 and r.stdout == "ok\n", r.stderr

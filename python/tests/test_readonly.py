@@ -121,3 +121,18 @@ def test_default_is_not_writable_shares(make_pair):
     for p, want in ((ro, False), (rw, True)):
         got, _ = p.roundtrip(p.prod.empty(3))
         assert got.flags.writeable is want
+
+
+def test_dlpack_of_read_only_memory_raises_error(pair):
+    """__dlpack__ of memory this process may not write raises ipcref.Error
+    (ENEEDCOPY, as the library's own DLPack export of such memory): it
+    once raised a TypeError, the Error built with one argument of its
+    three."""
+    pair.tx.send(pair.prod.empty((4,), "float32"))
+    got, _ = pair.rx.recv(timeout=WAIT)
+    buf = got.base.obj if isinstance(got.base, memoryview) else got.base
+    assert buf.readonly
+    with pytest.raises(ipcref.Error) as ei:
+        buf.__dlpack__()
+    e = ei.value
+    assert (e.code, e.name) == (-12, "ENEEDCOPY") and "read-only" in e.message

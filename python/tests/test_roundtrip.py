@@ -347,3 +347,86 @@ def test_memory_of_another_context_is_copied(pair):
         arr[:] = np.arange(5)
         got, _ = pair.roundtrip(arr[::-1])
         assert got.tolist() == [4, 3, 2, 1, 0]
+
+
+def test_reinterpreted_view_keeps_its_dtype(pair):
+    """An array over Context memory in another dtype than the one it was
+    made in (a.view(np.int32) of float32 memory) travels in its own dtype,
+    zero copy (it once arrived in the memory's dtype: int32 as float32,
+    uint8 refused); one whose offset its dtype cannot reach is copied."""
+    a = pair.prod.empty((4,), "float32")
+    a[:] = [1, 2, 3, 4]
+    u8 = a.view(np.uint8)
+    bufs = pair.prod.stats()["live_bufs"]
+    for view in (a.view(np.int32), u8, a.view(np.float64), u8[2:10:2],
+                 u8[4:].view(np.int16).reshape(2, 3)[:, ::-1]):
+        got, _ = pair.roundtrip(view)
+        check_same(got, view)
+        assert pair.prod.stats()["live_bufs"] == bufs  # zero copy
+    odd = u8[1:9].view(np.float64)  # at byte 1: no float64 view of it
+    got, _ = pair.roundtrip(odd)
+    check_same(got, odd)
+    assert got.tobytes() == u8[1:9].tobytes()
+
+
+def _buffer_of(arr):
+    """The extension's _Buffer under a received array."""
+    base = arr.base
+    return base.obj if isinstance(base, memoryview) else base
+
+
+def test_buffer_protocol_simple_request_of_strided_memory(pair):
+    """A consumer that asks for plain bytes (PyBUF_SIMPLE, as hashlib)
+    gets them only of C-contiguous memory: of a strided view it gets a
+    BufferError (it once read len bytes on from the first element, past
+    the view)."""
+    import hashlib
+    a = pair.prod.empty((64,), "uint8")
+    a[:] = np.arange(64)
+    got, _ = pair.roundtrip(a)
+    assert hashlib.sha256(_buffer_of(got)).digest() == \
+        hashlib.sha256(a.tobytes()).digest()
+    for view in (a[::-1], a[::2], a.reshape(8, 8).T):
+        got, _ = pair.roundtrip(view)
+        buf = _buffer_of(got)
+        with pytest.raises(BufferError):
+            hashlib.sha256(buf)
+        assert memoryview(buf).tobytes() == view.tobytes()  # strides asked
+        assert np.asarray(buf).tolist() == view.tolist()
+
+
+def test_buffer_protocol_honours_request_flags(pair):
+    """Each request gets the layout it asked for, or a BufferError: a
+    contiguity it lacks is refused, shape and strides are given only when
+    asked for."""
+    tb = pytest.importorskip("_testbuffer")
+    e = pair.prod.empty((3, 4), "int16")
+    e[...] = np.arange(12).reshape(3, 4)
+    C, F, ANY = (tb.PyBUF_C_CONTIGUOUS, tb.PyBUF_F_CONTIGUOUS,
+                 tb.PyBUF_ANY_CONTIGUOUS)
+    cases = [  # view, the requests it satisfies, those it does not
+        (e, [tb.PyBUF_SIMPLE, tb.PyBUF_ND, tb.PyBUF_STRIDES, C, ANY], [F]),
+        (e.T, [tb.PyBUF_STRIDES, F, ANY], [tb.PyBUF_SIMPLE, tb.PyBUF_ND, C]),
+        (e[:, ::2], [tb.PyBUF_STRIDES, tb.PyBUF_FULL_RO],
+         [tb.PyBUF_SIMPLE, tb.PyBUF_ND, C, F, ANY, tb.PyBUF_CONTIG_RO]),
+    ]
+    for view, ok, refused in cases:
+        got, _ = pair.roundtrip(view)
+        buf = _buffer_of(got)
+        for flags in ok:
+            nd = tb.ndarray(buf, getbuf=flags | tb.PyBUF_FORMAT)
+            if flags & tb.PyBUF_ND:
+                assert nd.tolist() == view.tolist()
+            else:  # shape not asked for: the bytes, flat
+                assert nd.tobytes() == view.tobytes()
+        for flags in refused:
+            with pytest.raises(BufferError):
+                tb.ndarray(buf, getbuf=flags | tb.PyBUF_FORMAT)
+        with pytest.raises(BufferError, match="may not write"):
+            tb.ndarray(buf, getbuf=tb.PyBUF_WRITABLE)
+    got, _ = pair.roundtrip(e)  # what was not asked for is not given
+    buf = _buffer_of(got)
+    nd = tb.ndarray(buf, getbuf=tb.PyBUF_ND | tb.PyBUF_FORMAT)
+    assert nd.shape == (3, 4) and nd.strides == ()
+    nd = tb.ndarray(buf, getbuf=tb.PyBUF_SIMPLE)
+    assert nd.shape == () and nd.strides == () and nd.nbytes == e.nbytes
