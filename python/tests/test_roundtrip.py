@@ -430,3 +430,26 @@ def test_buffer_protocol_honours_request_flags(pair):
     assert nd.shape == (3, 4) and nd.strides == ()
     nd = tb.ndarray(buf, getbuf=tb.PyBUF_SIMPLE)
     assert nd.shape == () and nd.strides == () and nd.nbytes == e.nbytes
+
+
+def test_connecting_again_while_holding_an_array():
+    """A consumer that keeps an array from a connection it closed, and
+    connects to the same producer again, receives on the new connection:
+    the producer's segment is mapped anew (it was refused as retired)."""
+    prod, cons = ipcref.Context(), ipcref.Context()
+    a = prod.empty((1024,), "uint8")
+    kept = []
+    for rnd in range(3):
+        s1, s2 = seqpacket_pair()
+        pa, pb = prod.adopt(s1), cons.adopt(s2)
+        a[:] = rnd
+        pa.send(a)
+        got, _ = pb.recv(timeout=WAIT)
+        assert got[7] == rnd
+        kept.append(got)
+        pa.close()
+        pb.close()
+    assert [int(k[0]) for k in kept] == [2, 2, 2]  # one block, shared
+    del kept, got
+    cons.close()
+    prod.close()
