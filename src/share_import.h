@@ -175,23 +175,25 @@ IPCREF__PRIVATE void ipcref__import_retire(ipcref_ctx *ctx,
 }
 
 /* 1 when record `f`, which process `by` brings, displaces mapping `old`
- * of the same (origin nonce, id). Host memory only (a device handle
- * cannot be opened twice), and `by` must be the origin itself (the
+ * of the same (origin nonce, id). `by` must be the origin itself (the
  * kernel vouches for its pid). Then:
- *   - `old` came from somebody else, who vouched for it: so a process
+ *   - `old` was retired, and `by` sent it first: a producer that connects
+ *     again after its last peer here was freed (its mappings retired,
+ *     some still in use) sends its fds anew, and they are mapped anew
+ *     (a device handle too: the backend counts a second open as a use of
+ *     the first);
+ *   - or `old` came from somebody else, who vouched for it: so a process
  *     that forwards a segment (or a ledger) under another producer's name
  *     before that producer sends it cannot plant it in that producer's
- *     own messages: the origin's word wins;
- *   - or `old` was retired, and `by` sent it first: a producer that
- *     connects again after its last peer here was freed (its mappings
- *     retired, some still in use) sends its fds anew, and they are
- *     mapped anew. */
+ *     own messages: the origin's word wins. Host memory only. */
 IPCREF__PRIVATE int ipcref__map_displaced(const ipcref__map *old,
                                           const ipcref__fd_rec *f, int by) {
-  return (f->kind == IPCREF__KIND_SEGMENT || f->kind == IPCREF__KIND_LEDGER) &&
-         old->kind == f->kind && (int)f->origin_pid == by &&
-         (old->retired ? old->origin_pid == by
-                       : old->by_pid != old->origin_pid);
+  int host = f->kind == IPCREF__KIND_SEGMENT || f->kind == IPCREF__KIND_LEDGER;
+  if ((int)f->origin_pid != by) return 0;
+  if (old->retired)
+    return old->origin_pid == by &&
+           old->kind == (host ? f->kind : IPCREF__KIND_DEVICE);
+  return host && old->kind == f->kind && old->by_pid != old->origin_pid;
 }
 
 /* Import, step 2: maps what is new, each fd checked against its record

@@ -3265,6 +3265,96 @@ GPU_TEST(test_device_caps, cuda_pool, &K_POOL)
 GPU_TEST(test_device_caps, hip_pool, &K_HIP_POOL)
 
 /* ======================================================================== */
+/* 8c. A producer that connects again. The consumer frees its peer while it
+ * still holds a view of device memory from it (the segment's mapping
+ * retired, in use), and the producer connects again and sends the same
+ * view: the consumer opens it anew (the backend counts a legacy handle
+ * opened twice as one open) and imports it with the right data; every
+ * handle it opened is closed once, when its last view goes. */
+
+struct again_arg {
+  const kind *k;
+  int peer1, peer2, ctl;
+};
+
+static int again_child(void *vp) {
+  struct again_arg *a = (struct again_arg *)vp;
+  const kind *k = a->k;
+  gdrv d;
+  ipcref_ctx *ctx;
+  ipcref_peer *p;
+  ipcref_view v[2];
+  int me = (int)getpid(), i;
+  memset(v, 0, sizeof v);
+  if (g_open(k, &d) != IPCREF_OK) return 1;
+  ctx = mkctx(SEG, &d);
+  p = make_peer(ctx, a->peer1);
+  CHECK_EQ(ipcref_recv_on(p, &v[0], g_tmo, NULL), IPCREF_OK);
+  ipcref_peer_free(p); /* v[0] held */
+  ctl_put(a->ctl, 1);
+  p = make_peer(ctx, a->peer2);
+  CHECK_EQ(ipcref_recv_on(p, &v[1], g_tmo, NULL), IPCREF_OK);
+  for (i = 0; i < 2; i++)
+    if (v[i].buf) CHECK(dev_check(&d, view_ptr(&v[i]), SEG, 0x71, 0));
+  CHECK_EQ(stats_of(ctx).refused, 0);
+  for (i = 0; i < 2; i++) ipcref_view_release(&v[i]);
+  ipcref_peer_free(p);
+  ipcref_collect(ctx);
+  CHECK_EQ(stats_of(ctx).mapped_segments, 0);
+  ipcref_ctx_free(ctx);
+  LOG_EQ(log_count(me, k->c_open, k->ok) - log_count(me, k->c_close, k->ok), 0);
+  ctl_put(a->ctl, 2);
+  g_close(&d);
+  return 0;
+}
+
+static void test_device_reconnect(const kind *k) {
+  struct again_arg a;
+  kid ch;
+  gdrv d;
+  ipcref_ctx *ctx;
+  ipcref_peer *p[2] = {NULL, NULL};
+  ipcref_buf *b = NULL;
+  ipcref_view v;
+  int i;
+  knob(k, "HOSTPTR", "none");
+  kid_open(&ch, 2, SOCK_SEQPACKET);
+  a.k = k;
+  a.peer1 = ch.their_sock[0];
+  a.peer2 = ch.their_sock[1];
+  a.ctl = ch.their_ctl;
+  kid_fork(&ch, again_child, &a, -1);
+  if (g_open(k, &d) != IPCREF_OK) goto out;
+  ctx = mkctx(SEG, &d);
+  CHECK_EQ(g_alloc(ctx, k, 0, SEG, &b), IPCREF_OK);
+  if (b) {
+    dev_fill(&d, ipcref_buf_data(b), SEG, 0x71, 0);
+    v = u32_view(b, SEG);
+    for (i = 0; i < 2; i++) {
+      p[i] = kid_peer(&ch, i, ctx);
+      CHECK_EQ(ipcref_send_on(p[i], &v, NULL), IPCREF_OK);
+      CTL_EXPECT(ch.ctl, i + 1);
+    }
+    ipcref_view_release(&v);
+  }
+  ipcref_collect(ctx);
+  CHECK_EQ(stats_of(ctx).live_slots, 0);
+  ipcref_buf_release(b);
+  for (i = 0; i < 2; i++)
+    if (p[i]) ipcref_peer_free(p[i]);
+  ipcref_ctx_free(ctx);
+  g_close(&d);
+out:
+  KID_END(&ch, "consumer");
+}
+GPU_TEST(test_device_reconnect, cuda, &K_CUDA)
+GPU_TEST(test_device_reconnect, hip, &K_HIP)
+GPU_TEST(test_device_reconnect, cuda_vmm, &K_VMM)
+GPU_TEST(test_device_reconnect, hip_vmm, &K_HIP_VMM)
+GPU_TEST(test_device_reconnect, cuda_pool, &K_POOL)
+GPU_TEST(test_device_reconnect, hip_pool, &K_HIP_POOL)
+
+/* ======================================================================== */
 /* 9. Wrong arguments to every new function. */
 
 static void test_bad_args(const kind *k) {
@@ -3704,6 +3794,7 @@ run:
   FAKE_ONLY(RUN_ALL(test_device_ops));
   RUN_ALL(test_no_backend_consumer);
   RUN_ALL(test_device_caps);
+  RUN_ALL(test_device_reconnect);
   RUN_BOTH(test_bad_args);
   if (vmm) RUN_ONE(test_vmm_hostile_cuda_vmm);
   if (pool) RUN_ONE(test_vmm_hostile_cuda_pool);
@@ -3723,6 +3814,7 @@ run:
   FAKE_ONLY(RUN_HIP_VMM(test_device_ops));
   RUN_HIP_VMM(test_no_backend_consumer);
   RUN_HIP_VMM(test_device_caps);
+  RUN_HIP_VMM(test_device_reconnect);
   RUN_HIP_POOL(test_full_flow);
   RUN_HIP_POOL(test_wrap_offset);
   FAKE_ONLY(RUN_HIP_POOL(test_stream_order));
@@ -3734,6 +3826,7 @@ run:
   FAKE_ONLY(RUN_HIP_POOL(test_device_ops));
   RUN_HIP_POOL(test_no_backend_consumer);
   RUN_HIP_POOL(test_device_caps);
+  RUN_HIP_POOL(test_device_reconnect);
 
   if (getenv("IPCREF_GPU_KEEP_LOGS"))
     printf("call logs kept in %s\n", g_tmp);
