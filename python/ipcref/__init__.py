@@ -446,7 +446,9 @@ class Context:
         return self._raw().fileno()
 
     def close(self):
-        """Frees the context (arrays made or received stay valid)."""
+        """Frees the context (arrays made or received stay valid).
+        RuntimeError, and nothing freed, while another thread is in a call
+        on it or on one of its peers."""
         if self._ctx is not None:
             self._ctx.close()
             self._ctx = None
