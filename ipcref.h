@@ -319,7 +319,8 @@ IPCREF_API ipcref_result ipcref_buf_new_in(const ipcref_allocator *allocator,
  * memory is borrowed and nothing is called). On error nothing is adopted,
  * `release` is never called, and the caller still owns `data`.
  * Errors: EINVAL (out is NULL, or data is NULL with a non-zero size),
- * ERANGE (size larger than PTRDIFF_MAX), ENOMEM (for the header). */
+ * ERANGE (size larger than PTRDIFF_MAX, or memory that would wrap past the
+ * end of the address space), ENOMEM (for the header). */
 IPCREF_API ipcref_result ipcref_buf_wrap(void *data, size_t size,
                                          void (*release)(void *user,
                                                          void *data),
@@ -1541,7 +1542,8 @@ IPCREF_API ipcref_result ipcref_dtype_from_dlpack(DLDataType dt,
  * checks it, and keeps its own reference. Memory this process cannot write
  * (a consumer's read-only mapping of another process's segment, even an
  * empty view of it, even when the buffer is marked for shared writes: the
- * mapping decides) is refused with ENEEDCOPY, and the error hook gets a
+ * mapping decides; a versioned import flagged READ_ONLY likewise) is
+ * refused with ENEEDCOPY, and the error hook gets a
  * message that names the ways out: a private copy (ipcref_view_make_mut),
  * or a producer context with the option writable_shares (the producer's
  * ipcref_buf_set_shared_mut alone does not make the consumer's mapping
@@ -1571,9 +1573,11 @@ IPCREF_API ipcref_result ipcref_view_to_dlpack_versioned(
  * other than DLPACK_MAJOR_VERSION is EPROTO (the error hook hears both
  * numbers; nothing else is read; the
  * caller still owns `t` and, as DLPack says, should call its deleter).
- * A tensor flagged READ_ONLY gives a view that is never writable (its
- * buffer keeps one weak reference to itself until its data is released, so
- * it is never unique; ipcref_view_make_mut copies). */
+ * A tensor flagged READ_ONLY gives a view that is never writable: its
+ * buffer is read-only here, as a consumer's read-only mapping is (whoever
+ * holds it, and whatever ipcref_buf_set_shared_mut says), so
+ * ipcref_view_make_mut copies, ipcref_view_to_dlpack refuses it with
+ * ENEEDCOPY and ipcref_view_to_dlpack_versioned flags it READ_ONLY. */
 IPCREF_API ipcref_result ipcref_view_from_dlpack_versioned(
     struct DLManagedTensorVersioned *t, ipcref_view *out);
 #endif
@@ -1756,8 +1760,10 @@ IPCREF_API ipcref_result ipcref_table_count(ipcref_table *t, ipcref_id id,
  * table reference then lasts until the alias and every lease taken
  * through it are gone (the consumer's release, then a sweep). The table
  * stays allocated while such views live (ipcref_table_free included; no
- * hook is called after it). Errors: EINVAL (t or out NULL, an invalid
- * src, an id never handed out), EDEAD, ENOMEM. */
+ * hook is called after it). `out` may be `src` (as in view.h): the
+ * caller's reference to src's buffer then goes, the pull keeping its own.
+ * Errors: EINVAL (t or out NULL, an invalid src, an id never handed out),
+ * EDEAD, ENOMEM; on error `out` is unchanged. */
 IPCREF_API ipcref_result ipcref_table_view(ipcref_table *t, ipcref_id id,
                                            const ipcref_view *src,
                                            ipcref_view *out);
@@ -2232,6 +2238,8 @@ IPCREF__PRIVATE ipcref_result ipcref__buf_wrap(void *data, size_t size,
   if (!data && size != 0)
     return ipcref__invalid(fn, "data is NULL with a non-zero size");
   if (size > (size_t)PTRDIFF_MAX) return IPCREF_ERANGE;
+  /* data + size must not wrap: views compute addresses up to it. */
+  if ((uintptr_t)data > UINTPTR_MAX - size) return IPCREF_ERANGE;
   r = ipcref__buf_alloc(NULL, 0, 1, &b, fn);
   if (r != IPCREF_OK) return r;
   b->data = data;
@@ -3385,10 +3393,15 @@ IPCREF_API void *ipcref_view_iter_next(ipcref_view_iter *it) {
     it->cur = it->base;
     return it->cur;
   }
+  /* A dim that wraps goes back by (shape-1) strides, which the view
+   * reaches; shape * stride (a step past the last index) may overflow
+   * int64. */
   for (d = it->ndim - 1; d >= 0; d--) {
-    it->cur += it->byte_strides[d];
-    if (++it->index[d] < it->shape[d]) break;
-    it->cur -= it->shape[d] * it->byte_strides[d];
+    if (++it->index[d] < it->shape[d]) {
+      it->cur += it->byte_strides[d];
+      break;
+    }
+    it->cur -= (it->shape[d] - 1) * it->byte_strides[d];
     it->index[d] = 0;
   }
   return it->cur;
@@ -3674,13 +3687,17 @@ IPCREF__PRIVATE void ipcref__copy_plan_run(const ipcref__copy_plan *p, char *d,
     ipcref__copy_2d(d, p->ds[outer], p->ds[outer + 1], s, p->ss[outer],
                     p->ss[outer + 1], p->shape[outer], p->shape[outer + 1],
                     p->item, p->stream);
-    /* The odometer over the outer dims. */
+    /* The odometer over the outer dims. A dim that wraps goes back by
+     * (shape-1) strides, which the views reach; shape * stride (a step
+     * past the last index) may overflow int64. */
     for (k = outer - 1; k >= 0; k--) {
-      d += p->ds[k];
-      s += p->ss[k];
-      if (++idx[k] < p->shape[k]) break;
-      d -= p->shape[k] * p->ds[k];
-      s -= p->shape[k] * p->ss[k];
+      if (++idx[k] < p->shape[k]) {
+        d += p->ds[k];
+        s += p->ss[k];
+        break;
+      }
+      d -= (p->shape[k] - 1) * p->ds[k];
+      s -= (p->shape[k] - 1) * p->ss[k];
       idx[k] = 0;
     }
     if (k < 0) break;
@@ -11560,7 +11577,8 @@ IPCREF__PRIVATE void ipcref__dlpack_export_deleter(DLManagedTensor *self) {
 }
 
 /* 1 when this process may store into the buffer's memory at all: not a
- * read-only mapping of another process's segment. */
+ * read-only mapping of another process's segment, nor an import flagged
+ * READ_ONLY. */
 IPCREF__PRIVATE int ipcref__dlpack_writable_here(const ipcref_buf *b) {
   return !ipcref__buf_read_only(b);
 }
@@ -11577,10 +11595,12 @@ IPCREF_API ipcref_result ipcref_view_to_dlpack(const ipcref_view *v,
   if (!ipcref__dlpack_writable_here(v->buf)) {
     ipcref__report(
         IPCREF_ENEEDCOPY,
-        "ipcref_view_to_dlpack: the view's memory is mapped read-only in "
-        "this process (received from another one), and a legacy DLPack "
-        "tensor cannot say read-only: a consumer that writes it would crash. "
-        "Make a private copy first (ipcref_view_make_mut), or have the "
+        "ipcref_view_to_dlpack: the view's memory is read-only in this "
+        "process (mapped read-only from another one, or a DLPack import "
+        "flagged READ_ONLY), and a legacy DLPack tensor cannot say "
+        "read-only: a consumer that writes it would crash (or write what "
+        "its producer lent read-only). Make a private copy first "
+        "(ipcref_view_make_mut), or, for received memory, have the "
         "producer open its shares for writing (ipcref_ctx_options "
         "writable_shares: every holder may then write; the producer's "
         "ipcref_buf_set_shared_mut alone does not make this mapping "
@@ -11607,12 +11627,10 @@ IPCREF_API ipcref_result ipcref_view_to_dlpack(const ipcref_view *v,
 /* ---- import */
 
 /* What the wrapped buffer's release callback gets: which managed tensor to
- * delete, and the weak reference that keeps a read-only import from ever
- * being unique. */
+ * delete. */
 typedef struct ipcref__dlpack_adopt {
   void *managed;
   int versioned;
-  ipcref_weak *read_only;
 } ipcref__dlpack_adopt;
 
 IPCREF__PRIVATE void ipcref__dlpack_import_release(void *user, void *data) {
@@ -11629,9 +11647,6 @@ IPCREF__PRIVATE void ipcref__dlpack_import_release(void *user, void *data) {
     if (t->deleter) t->deleter(t);
   }
 #endif
-  /* The buffer's header outlives this call (its implicit weak reference
-   * goes after the callback), so dropping ours here frees nothing yet. */
-  ipcref_weak_release(im->read_only);
   IPCREF_FREE(im);
 }
 
@@ -11698,8 +11713,10 @@ IPCREF__PRIVATE ipcref_result ipcref__dlpack_start(const DLTensor *t,
 }
 
 /* A buffer over the `size` bytes at `start` on `dev` whose release deletes
- * the managed tensor; a read-only import's buffer keeps a weak reference
- * to itself, so it is never unique. Nothing is adopted on error. */
+ * the managed tensor. A read-only import's buffer is marked so, as a
+ * read-only mapping is: no view of it is writable, not even when unique or
+ * open for shared writes, make_mut copies, and it never goes out as
+ * writable. Nothing is adopted on error. */
 IPCREF__PRIVATE ipcref_result ipcref__dlpack_adopt_buf(
     uintptr_t start, size_t size, ipcref_device dev, void *managed,
     int versioned, int read_only, ipcref_buf **out) {
@@ -11709,14 +11726,13 @@ IPCREF__PRIVATE ipcref_result ipcref__dlpack_adopt_buf(
   if (!im) return IPCREF_ENOMEM;
   im->managed = managed;
   im->versioned = versioned;
-  im->read_only = NULL;
   r = ipcref_buf_wrap_device(start ? (void *)start : NULL, size, dev,
                              ipcref__dlpack_import_release, im, out);
   if (r != IPCREF_OK) {
     IPCREF_FREE(im);
     return r;
   }
-  if (read_only) im->read_only = ipcref_buf_downgrade(*out);
+  if (read_only) ipcref__buf_new_read_only(*out); /* no one else sees it */
   return IPCREF_OK;
 }
 
@@ -11793,8 +11809,9 @@ IPCREF_API ipcref_result ipcref_view_to_dlpack_versioned(
   e->mt.manager_ctx = e;
   e->mt.deleter = ipcref__dlpack_export_v_deleter;
   /* The consumer shares the buffer with us: writable only when open for
-   * shared writes, as for any other holder, and never where a store would
-   * fault (a read-only mapping, whatever its flags say). */
+   * shared writes, as for any other holder, and never memory read-only
+   * here (a read-only mapping, an import flagged READ_ONLY), whatever its
+   * flags say. */
   e->mt.flags = ipcref_buf_is_shared_mut(keep.buf) &&
                         ipcref__dlpack_writable_here(keep.buf)
                     ? 0
@@ -12633,7 +12650,10 @@ IPCREF_API ipcref_result ipcref_table_view(ipcref_table *t, ipcref_id id,
   }
   __atomic_fetch_add(&t->refs, 1, __ATOMIC_RELAXED);
   ipcref__buf_set_read_only(b); /* others see the same memory */
-  *out = *src;
+  if (out == src) /* pulled in place: the pin holds its own reference */
+    ipcref_buf_release(src->buf);
+  else
+    *out = *src;
   out->buf = b;
   return IPCREF_OK;
 }

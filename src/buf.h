@@ -50,7 +50,8 @@ IPCREF_API ipcref_result ipcref_buf_new_in(const ipcref_allocator *allocator,
  * memory is borrowed and nothing is called). On error nothing is adopted,
  * `release` is never called, and the caller still owns `data`.
  * Errors: EINVAL (out is NULL, or data is NULL with a non-zero size),
- * ERANGE (size larger than PTRDIFF_MAX), ENOMEM (for the header). */
+ * ERANGE (size larger than PTRDIFF_MAX, or memory that would wrap past the
+ * end of the address space), ENOMEM (for the header). */
 IPCREF_API ipcref_result ipcref_buf_wrap(void *data, size_t size,
                                          void (*release)(void *user,
                                                          void *data),
@@ -280,6 +281,8 @@ IPCREF__PRIVATE ipcref_result ipcref__buf_wrap(void *data, size_t size,
   if (!data && size != 0)
     return ipcref__invalid(fn, "data is NULL with a non-zero size");
   if (size > (size_t)PTRDIFF_MAX) return IPCREF_ERANGE;
+  /* data + size must not wrap: views compute addresses up to it. */
+  if ((uintptr_t)data > UINTPTR_MAX - size) return IPCREF_ERANGE;
   r = ipcref__buf_alloc(NULL, 0, 1, &b, fn);
   if (r != IPCREF_OK) return r;
   b->data = data;

@@ -91,7 +91,8 @@ IPCREF_API ipcref_result ipcref_dtype_from_dlpack(DLDataType dt,
  * checks it, and keeps its own reference. Memory this process cannot write
  * (a consumer's read-only mapping of another process's segment, even an
  * empty view of it, even when the buffer is marked for shared writes: the
- * mapping decides) is refused with ENEEDCOPY, and the error hook gets a
+ * mapping decides; a versioned import flagged READ_ONLY likewise) is
+ * refused with ENEEDCOPY, and the error hook gets a
  * message that names the ways out: a private copy (ipcref_view_make_mut),
  * or a producer context with the option writable_shares (the producer's
  * ipcref_buf_set_shared_mut alone does not make the consumer's mapping
@@ -121,9 +122,11 @@ IPCREF_API ipcref_result ipcref_view_to_dlpack_versioned(
  * other than DLPACK_MAJOR_VERSION is EPROTO (the error hook hears both
  * numbers; nothing else is read; the
  * caller still owns `t` and, as DLPack says, should call its deleter).
- * A tensor flagged READ_ONLY gives a view that is never writable (its
- * buffer keeps one weak reference to itself until its data is released, so
- * it is never unique; ipcref_view_make_mut copies). */
+ * A tensor flagged READ_ONLY gives a view that is never writable: its
+ * buffer is read-only here, as a consumer's read-only mapping is (whoever
+ * holds it, and whatever ipcref_buf_set_shared_mut says), so
+ * ipcref_view_make_mut copies, ipcref_view_to_dlpack refuses it with
+ * ENEEDCOPY and ipcref_view_to_dlpack_versioned flags it READ_ONLY. */
 IPCREF_API ipcref_result ipcref_view_from_dlpack_versioned(
     struct DLManagedTensorVersioned *t, ipcref_view *out);
 #endif
@@ -273,7 +276,8 @@ IPCREF__PRIVATE void ipcref__dlpack_export_deleter(DLManagedTensor *self) {
 }
 
 /* 1 when this process may store into the buffer's memory at all: not a
- * read-only mapping of another process's segment. */
+ * read-only mapping of another process's segment, nor an import flagged
+ * READ_ONLY. */
 IPCREF__PRIVATE int ipcref__dlpack_writable_here(const ipcref_buf *b) {
   return !ipcref__buf_read_only(b);
 }
@@ -290,10 +294,12 @@ IPCREF_API ipcref_result ipcref_view_to_dlpack(const ipcref_view *v,
   if (!ipcref__dlpack_writable_here(v->buf)) {
     ipcref__report(
         IPCREF_ENEEDCOPY,
-        "ipcref_view_to_dlpack: the view's memory is mapped read-only in "
-        "this process (received from another one), and a legacy DLPack "
-        "tensor cannot say read-only: a consumer that writes it would crash. "
-        "Make a private copy first (ipcref_view_make_mut), or have the "
+        "ipcref_view_to_dlpack: the view's memory is read-only in this "
+        "process (mapped read-only from another one, or a DLPack import "
+        "flagged READ_ONLY), and a legacy DLPack tensor cannot say "
+        "read-only: a consumer that writes it would crash (or write what "
+        "its producer lent read-only). Make a private copy first "
+        "(ipcref_view_make_mut), or, for received memory, have the "
         "producer open its shares for writing (ipcref_ctx_options "
         "writable_shares: every holder may then write; the producer's "
         "ipcref_buf_set_shared_mut alone does not make this mapping "
@@ -320,12 +326,10 @@ IPCREF_API ipcref_result ipcref_view_to_dlpack(const ipcref_view *v,
 /* ---- import */
 
 /* What the wrapped buffer's release callback gets: which managed tensor to
- * delete, and the weak reference that keeps a read-only import from ever
- * being unique. */
+ * delete. */
 typedef struct ipcref__dlpack_adopt {
   void *managed;
   int versioned;
-  ipcref_weak *read_only;
 } ipcref__dlpack_adopt;
 
 IPCREF__PRIVATE void ipcref__dlpack_import_release(void *user, void *data) {
@@ -342,9 +346,6 @@ IPCREF__PRIVATE void ipcref__dlpack_import_release(void *user, void *data) {
     if (t->deleter) t->deleter(t);
   }
 #endif
-  /* The buffer's header outlives this call (its implicit weak reference
-   * goes after the callback), so dropping ours here frees nothing yet. */
-  ipcref_weak_release(im->read_only);
   IPCREF_FREE(im);
 }
 
@@ -411,8 +412,10 @@ IPCREF__PRIVATE ipcref_result ipcref__dlpack_start(const DLTensor *t,
 }
 
 /* A buffer over the `size` bytes at `start` on `dev` whose release deletes
- * the managed tensor; a read-only import's buffer keeps a weak reference
- * to itself, so it is never unique. Nothing is adopted on error. */
+ * the managed tensor. A read-only import's buffer is marked so, as a
+ * read-only mapping is: no view of it is writable, not even when unique or
+ * open for shared writes, make_mut copies, and it never goes out as
+ * writable. Nothing is adopted on error. */
 IPCREF__PRIVATE ipcref_result ipcref__dlpack_adopt_buf(
     uintptr_t start, size_t size, ipcref_device dev, void *managed,
     int versioned, int read_only, ipcref_buf **out) {
@@ -422,14 +425,13 @@ IPCREF__PRIVATE ipcref_result ipcref__dlpack_adopt_buf(
   if (!im) return IPCREF_ENOMEM;
   im->managed = managed;
   im->versioned = versioned;
-  im->read_only = NULL;
   r = ipcref_buf_wrap_device(start ? (void *)start : NULL, size, dev,
                              ipcref__dlpack_import_release, im, out);
   if (r != IPCREF_OK) {
     IPCREF_FREE(im);
     return r;
   }
-  if (read_only) im->read_only = ipcref_buf_downgrade(*out);
+  if (read_only) ipcref__buf_new_read_only(*out); /* no one else sees it */
   return IPCREF_OK;
 }
 
@@ -506,8 +508,9 @@ IPCREF_API ipcref_result ipcref_view_to_dlpack_versioned(
   e->mt.manager_ctx = e;
   e->mt.deleter = ipcref__dlpack_export_v_deleter;
   /* The consumer shares the buffer with us: writable only when open for
-   * shared writes, as for any other holder, and never where a store would
-   * fault (a read-only mapping, whatever its flags say). */
+   * shared writes, as for any other holder, and never memory read-only
+   * here (a read-only mapping, an import flagged READ_ONLY), whatever its
+   * flags say. */
   e->mt.flags = ipcref_buf_is_shared_mut(keep.buf) &&
                         ipcref__dlpack_writable_here(keep.buf)
                     ? 0

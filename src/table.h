@@ -151,8 +151,10 @@ IPCREF_API ipcref_result ipcref_table_count(ipcref_table *t, ipcref_id id,
  * table reference then lasts until the alias and every lease taken
  * through it are gone (the consumer's release, then a sweep). The table
  * stays allocated while such views live (ipcref_table_free included; no
- * hook is called after it). Errors: EINVAL (t or out NULL, an invalid
- * src, an id never handed out), EDEAD, ENOMEM. */
+ * hook is called after it). `out` may be `src` (as in view.h): the
+ * caller's reference to src's buffer then goes, the pull keeping its own.
+ * Errors: EINVAL (t or out NULL, an invalid src, an id never handed out),
+ * EDEAD, ENOMEM; on error `out` is unchanged. */
 IPCREF_API ipcref_result ipcref_table_view(ipcref_table *t, ipcref_id id,
                                            const ipcref_view *src,
                                            ipcref_view *out);

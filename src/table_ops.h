@@ -472,7 +472,10 @@ IPCREF_API ipcref_result ipcref_table_view(ipcref_table *t, ipcref_id id,
   }
   __atomic_fetch_add(&t->refs, 1, __ATOMIC_RELAXED);
   ipcref__buf_set_read_only(b); /* others see the same memory */
-  *out = *src;
+  if (out == src) /* pulled in place: the pin holds its own reference */
+    ipcref_buf_release(src->buf);
+  else
+    *out = *src;
   out->buf = b;
   return IPCREF_OK;
 }

@@ -276,13 +276,17 @@ IPCREF__PRIVATE void ipcref__copy_plan_run(const ipcref__copy_plan *p, char *d,
     ipcref__copy_2d(d, p->ds[outer], p->ds[outer + 1], s, p->ss[outer],
                     p->ss[outer + 1], p->shape[outer], p->shape[outer + 1],
                     p->item, p->stream);
-    /* The odometer over the outer dims. */
+    /* The odometer over the outer dims. A dim that wraps goes back by
+     * (shape-1) strides, which the views reach; shape * stride (a step
+     * past the last index) may overflow int64. */
     for (k = outer - 1; k >= 0; k--) {
-      d += p->ds[k];
-      s += p->ss[k];
-      if (++idx[k] < p->shape[k]) break;
-      d -= p->shape[k] * p->ds[k];
-      s -= p->shape[k] * p->ss[k];
+      if (++idx[k] < p->shape[k]) {
+        d += p->ds[k];
+        s += p->ss[k];
+        break;
+      }
+      d -= (p->shape[k] - 1) * p->ds[k];
+      s -= (p->shape[k] - 1) * p->ss[k];
       idx[k] = 0;
     }
     if (k < 0) break;

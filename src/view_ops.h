@@ -527,10 +527,15 @@ IPCREF_API void *ipcref_view_iter_next(ipcref_view_iter *it) {
     it->cur = it->base;
     return it->cur;
   }
+  /* A dim that wraps goes back by (shape-1) strides, which the view
+   * reaches; shape * stride (a step past the last index) may overflow
+   * int64. */
   for (d = it->ndim - 1; d >= 0; d--) {
-    it->cur += it->byte_strides[d];
-    if (++it->index[d] < it->shape[d]) break;
-    it->cur -= it->shape[d] * it->byte_strides[d];
+    if (++it->index[d] < it->shape[d]) {
+      it->cur += it->byte_strides[d];
+      break;
+    }
+    it->cur -= (it->shape[d] - 1) * it->byte_strides[d];
     it->index[d] = 0;
   }
   return it->cur;

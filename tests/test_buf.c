@@ -237,6 +237,46 @@ static void test_wrap_device(void) {
   CHECK(strcmp(ipcref_strerror(IPCREF_EDEVICE), "unknown error") != 0);
 }
 
+/* A release that only counts (the memory below is no allocation). */
+static void count_release(void *user, void *data) {
+  (void)data;
+  *(int *)user += 1;
+}
+
+/* Memory must end inside the address space (its last byte, and the
+ * address past it), or a view's address arithmetic would wrap: ERANGE,
+ * nothing adopted, for host and device memory alike. Nothing here is
+ * dereferenced. */
+static void test_wrap_address_space(void) {
+  static const size_t sizes[3] = {100, 16, SIZE_MAX / 2};
+  ipcref_device dev = {IPCREF_DEVICE_CUDA, 0};
+  void *top = (void *)(UINTPTR_MAX - 15); /* the last 16 addresses */
+  ipcref_buf *b;
+  long before = live_allocs;
+  int calls = 0, i;
+  for (i = 0; i < 6; i++) {
+    size_t size = sizes[i % 3];
+    b = NULL;
+    CHECK_EQ(i < 3 ? ipcref_buf_wrap(top, size, count_release, &calls, &b)
+                   : ipcref_buf_wrap_device(top, size, dev, count_release,
+                                            &calls, &b),
+             IPCREF_ERANGE);
+    CHECK(b == NULL);
+    ipcref_buf_release(b); /* one made by mistake */
+  }
+  CHECK_EQ(calls, 0);
+  CHECK_EQ(live_allocs, before);
+  /* Up to the last address: fine. */
+  CHECK_EQ(ipcref_buf_wrap(top, 15, count_release, &calls, &b), IPCREF_OK);
+  CHECK_EQ(ipcref_buf_size(b), 15);
+  ipcref_buf_release(b);
+  CHECK_EQ(calls, 1);
+  CHECK_EQ(ipcref_buf_wrap_device((void *)UINTPTR_MAX, 0, dev, NULL, NULL, &b),
+           IPCREF_OK);
+  ipcref_buf_release(b);
+  CHECK_EQ(live_allocs, before);
+}
+
 static void test_wrap_exactly_once(void) {
   int user_calls = 0, i;
   char *mem = (char *)malloc(8);
@@ -445,6 +485,7 @@ int main(void) {
   RUN(test_make_mut_wrapped);
   RUN(test_wrap_exactly_once);
   RUN(test_wrap_device);
+  RUN(test_wrap_address_space);
   RUN(test_saturation);
   RUN(test_release_on_dead);
   RUN(test_error_hook_install);

@@ -1,9 +1,11 @@
 /* The DLPack layer: dtypes both ways, export (the deleter releases our
  * reference), import (the producer's deleter runs exactly once, when our
  * last reference goes, and never on error), strided, negative-stride,
- * zero-size and 0-d tensors, every wrong input, and with a DLPack 1.x header
- * the versioned structs. Library allocations go through a counting
- * allocator so that each test proves that everything it made is freed.
+ * zero-size and 0-d tensors, every wrong input, a tensor lent read-only
+ * (never written, even unique or opened for shared writes, nor exported
+ * writable), and with a DLPack 1.x header the versioned structs. Library
+ * allocations go through a counting allocator so that each test proves that
+ * everything it made is freed.
  *
  * Build against the system header (DLPack 0.6 on Debian 12) or any other
  * with -I: the versioned tests run when the header defines
@@ -717,6 +719,71 @@ static void test_chain(void) {
   CHECK_EQ(live_allocs, before);
 }
 
+/* ---- read-only imports */
+
+/* `v`: the whole of a 2x3 f32 tensor at `mem`, lent read-only, and
+ * unique. It is never writable, not even opened for shared writes: no
+ * pointer, no copy into it, no legacy export (ENEEDCOPY, nothing taken);
+ * the versioned export says READ_ONLY; make_mut copies. No weak reference
+ * is ours. */
+static void check_lent_read_only(ipcref_view *v, const float *mem) {
+  DLManagedTensor *const sentinel = (DLManagedTensor *)(void *)&fake_deleted;
+  DLManagedTensor *mt = sentinel;
+  int64_t shape[2] = {2, 3};
+  float lent[6];
+  ipcref_view zeros, c;
+  memcpy(lent, mem, sizeof lent);
+  CHECK_EQ(ipcref_buf_weak_count(v->buf), 0);
+  CHECK(ipcref_buf_is_unique(v->buf));
+  CHECK(ipcref_view_data_mut(v) == NULL);
+  ipcref_buf_set_shared_mut(v->buf, 1);
+  CHECK(ipcref_view_data_mut(v) == NULL);
+  CHECK(ipcref_buf_get_mut(v->buf) == NULL);
+  CHECK_EQ(ipcref_view_new(IPCREF_F32, 2, shape, &zeros), IPCREF_OK);
+  memset(ipcref_buf_data(zeros.buf), 0, sizeof lent);
+  CHECK_EQ(ipcref_view_copy(v, &zeros), IPCREF_EBUSY);
+  ipcref_view_release(&zeros);
+  CHECK(memcmp(mem, lent, sizeof lent) == 0);
+  CHECK_EQ(ipcref_view_to_dlpack(v, &mt), IPCREF_ENEEDCOPY);
+  CHECK(mt == sentinel);
+  CHECK_EQ(ipcref_buf_strong_count(v->buf), 1);
+#ifdef IPCREF_HAVE_DLPACK_VERSIONED
+  {
+    struct DLManagedTensorVersioned *vt = NULL;
+    CHECK_EQ(ipcref_view_to_dlpack_versioned(v, &vt), IPCREF_OK);
+    if (vt) {
+      CHECK(vt->flags & DLPACK_FLAG_BITMASK_READ_ONLY);
+      vt->deleter(vt);
+    }
+  }
+#endif
+  ipcref_buf_set_shared_mut(v->buf, 0);
+  CHECK_EQ(ipcref_view_clone(v, &c), IPCREF_OK);
+  CHECK_EQ(ipcref_view_make_mut(&c), IPCREF_OK);
+  CHECK(ipcref_view_data_mut(&c) != NULL);
+  CHECK(ipcref_view_data_mut(&c) != (const void *)mem);
+  ipcref_view_release(&c);
+}
+
+/* A tensor lent read-only, as the versioned import of one flagged
+ * READ_ONLY takes it: the common import with read_only set, called with
+ * the legacy struct, so that this runs with a DLPack 0.x header too
+ * (test_versioned_read_only goes through the public call). */
+static void test_import_read_only(void) {
+  long before = live_allocs;
+  int64_t shape[2] = {2, 3};
+  fake *f = fake_new(dl_type(kDLFloat, 32), 2, shape, NULL, 24, 0);
+  ipcref_view v;
+  fake_deleted = 0;
+  CHECK_EQ(ipcref__dlpack_import(&f->mt.dl_tensor, &f->mt, 0, 1, &v,
+                                 "test_import_read_only"),
+           IPCREF_OK);
+  check_lent_read_only(&v, (const float *)f->mem);
+  ipcref_view_release(&v);
+  CHECK_EQ(fake_deleted, 1);
+  CHECK_EQ(live_allocs, before);
+}
+
 /* ---- received memory (a real producer and consumer) */
 
 #ifdef IPCREF_HAVE_SHARING
@@ -1120,8 +1187,22 @@ static void test_versioned_import(void) {
   CHECK_EQ(live_allocs, before);
 }
 
-/* A read-only import keeps its marker weak reference until the data goes;
- * the user's own weak references still work, and nothing leaks. */
+/* A tensor flagged READ_ONLY, through the public import: never writable
+ * (see check_lent_read_only), and the deleter runs once. */
+static void test_versioned_read_only(void) {
+  long before = live_allocs;
+  fake_v *ro = fake_v_new(DLPACK_FLAG_BITMASK_READ_ONLY);
+  ipcref_view v;
+  fake_deleted = 0;
+  CHECK_EQ(ipcref_view_from_dlpack_versioned(&ro->mt, &v), IPCREF_OK);
+  check_lent_read_only(&v, (const float *)ro->mem);
+  ipcref_view_release(&v);
+  CHECK_EQ(fake_deleted, 1);
+  CHECK_EQ(live_allocs, before);
+}
+
+/* A read-only import's weak references are the user's alone (read-only
+ * is a flag, not a reference of ours): they work, and nothing leaks. */
 static void test_versioned_read_only_weak(void) {
   long before = live_allocs;
   fake_v *ro = fake_v_new(DLPACK_FLAG_BITMASK_READ_ONLY);
@@ -1130,6 +1211,7 @@ static void test_versioned_read_only_weak(void) {
   fake_deleted = 0;
   CHECK_EQ(ipcref_view_from_dlpack_versioned(&ro->mt, &v), IPCREF_OK);
   w = ipcref_buf_downgrade(v.buf);
+  CHECK_EQ(ipcref_buf_weak_count(v.buf), 1);
   ipcref_view_release(&v);
   CHECK_EQ(fake_deleted, 1);
   CHECK(ipcref_weak_upgrade(w) == NULL);
@@ -1160,6 +1242,7 @@ int main(void) {
   RUN(test_import_null_deleter);
   RUN(test_device_tensor);
   RUN(test_chain);
+  RUN(test_import_read_only);
 #ifdef IPCREF_HAVE_SHARING
   RUN(test_received_read_only);
   RUN(test_received_writable_shares);
@@ -1167,6 +1250,7 @@ int main(void) {
 #ifdef IPCREF_HAVE_DLPACK_VERSIONED
   RUN(test_versioned_export);
   RUN(test_versioned_import);
+  RUN(test_versioned_read_only);
   RUN(test_versioned_read_only_weak);
 #endif
   return harness_finish();

@@ -17,6 +17,8 @@
  *   test_view_pull  ipcref_table_view: the zero-copy pull outlives the
  *                   worker's handle, is read-only, frees the object when it
  *                   goes, and survives ipcref_table_free;
+ *   test_view_pull_in_place  ipcref_table_view(t, id, &v, &v): the
+ *                   caller's reference to the source goes, nothing leaks;
  *   test_threads    8 threads on shared ids (incref/decref, messages passed
  *                   between threads, puts, aliases, pulls): no lost update,
  *                   every object freed once, never while held;
@@ -2899,6 +2901,71 @@ static void test_oom(void) {
   }
 }
 
+/* Pulls store object `slot` (n uint32 in `b`) in place, then lets go. */
+static void pull_in_place(store *s, ipcref_table *t, int slot, ipcref_buf *b,
+                          int64_t n) {
+  ipcref_view v, kept;
+  ipcref_id id = s->id[slot];
+  long deallocs = s->deallocs;
+  CHECK_EQ(ipcref_view_of(b, IPCREF_U32, 1, &n, &v), IPCREF_OK);
+  CHECK_EQ(ipcref_buf_strong_count(b), 2); /* the store's, the view's */
+  CHECK_EQ(ipcref_table_view(t, id, &v, &v), IPCREF_OK);
+  CHECK(v.buf != b);
+  CHECK_EQ(ipcref_buf_strong_count(b), 2); /* the store's, the pull's */
+  CHECK_EQ(count_of(t, id), 2);
+  CHECK(reads_right(&v, 0, 1, n));
+  CHECK(ipcref_view_data_mut(&v) == NULL);
+  kept = v;
+  CHECK_EQ(ipcref_table_view(t, id + 100, &v, &v), IPCREF_EINVAL);
+  CHECK(memcmp(&v, &kept, sizeof v) == 0);
+  CHECK_EQ(ipcref_table_decref(t, id), IPCREF_OK);
+  CHECK_EQ(s->deallocs, deallocs);
+  ipcref_view_release(&v);
+  CHECK_EQ(s->deallocs, deallocs + 1);
+  CHECK(s->buf[slot] == NULL);
+}
+
+/* A pull in place, ipcref_table_view(t, id, &v, &v), as view.h allows
+ * out to be the input: the caller's reference to the source buffer goes
+ * with its old view (the pull holds its own), so the object and the
+ * store's buffer go with the pull; a refused one leaves v as it was. From
+ * a plain buffer, and from a shared one made here (the pull an alias). */
+static void test_view_pull_in_place(void) {
+  store s;
+  ipcref_table_hooks h;
+  ipcref_table *t = NULL;
+  long base = ta_live_now();
+  memset(&s, 0, sizeof s);
+  memset(&h, 0, sizeof h);
+  h.dealloc = store_dealloc;
+  h.user = &s;
+  CHECK_EQ(ipcref_table_new(&h, &t), IPCREF_OK);
+  if (!t) return;
+  CHECK(store_object(&s, t, 0, 64) != 0);
+  if (s.buf[0]) pull_in_place(&s, t, 0, s.buf[0], 64);
+#ifdef IPCREF_HAVE_SHARING
+  {
+    ipcref_ctx *ctx = NULL;
+    ipcref_buf *sb = NULL;
+    int64_t i;
+    CHECK_EQ(ipcref_ctx_new(NULL, &ctx), IPCREF_OK);
+    if (ctx) CHECK_EQ(ipcref_shared_new(ctx, 32 * 4, &sb), IPCREF_OK);
+    if (sb) {
+      for (i = 0; i < 32; i++)
+        ((uint32_t *)ipcref_buf_data(sb))[i] = 0xC0DE0000u + (uint32_t)i;
+      CHECK_EQ(ipcref_table_create(t, &s.id[1]), IPCREF_OK);
+      CHECK_EQ(ipcref_table_put(t, s.id[1], 2, NULL, 0), IPCREF_OK);
+      s.buf[1] = sb;
+      pull_in_place(&s, t, 1, sb, 32);
+    }
+    ipcref_ctx_free(ctx);
+  }
+#endif
+  CHECK_EQ(s.unknown, 0);
+  ipcref_table_free(t);
+  CHECK_EQ(ta_live_now(), base);
+}
+
 /* ======================================================================== */
 
 /* Arguments: the names of the tests to run (all when none). */
@@ -2930,6 +2997,7 @@ int main(int argc, char **argv) {
   TIMED(test_model);
   TIMED(test_chain);
   TIMED(test_view_pull);
+  TIMED(test_view_pull_in_place);
   TIMED(test_threads);
   TIMED(test_semantics);
   TIMED(test_misuse_contained);

@@ -1147,6 +1147,37 @@ static void test_iter_edges(void) {
   ipcref_view_release(&s);
 }
 
+/* Strides whose shape * stride overflows int64 although the view is valid
+ * ((shape-1) * stride is what it reaches): 2x2 u8 over 2^62 + 2 bytes of
+ * device memory (addresses only, never dereferenced). The iterator visits
+ * each element once, in C order, with no overflow on the way (UBSan
+ * watches: a wrapping dim steps back by (shape-1) strides). */
+static void test_iter_huge_strides(void) {
+  ipcref_device dev = {IPCREF_DEVICE_CUDA, 0};
+  int64_t big = (int64_t)1 << 62, one[1] = {1}, shape[2] = {2, 2};
+  int64_t strides[2] = {1, big}, row[2] = {1, 1};
+  uintptr_t base = 0x10000;
+  ipcref_buf *b = NULL;
+  ipcref_view first, v;
+  ipcref_view_iter it;
+  CHECK_EQ(ipcref_buf_wrap_device((void *)base, (size_t)big + 2, dev, NULL,
+                                  NULL, &b),
+           IPCREF_OK);
+  if (!b) return;
+  CHECK_EQ(ipcref_view_of(b, IPCREF_U8, 1, one, &first), IPCREF_OK);
+  CHECK_EQ(ipcref_view_as_strided(&first, 2, shape, strides, 0, &v), IPCREF_OK);
+  CHECK((uintptr_t)ipcref_view_ptr(&v, row) == base + 1 + (uintptr_t)big);
+  CHECK_EQ(ipcref_view_iter_init(&v, &it), IPCREF_OK);
+  CHECK((uintptr_t)ipcref_view_iter_next(&it) == base);
+  CHECK((uintptr_t)ipcref_view_iter_next(&it) == base + (uintptr_t)big);
+  CHECK((uintptr_t)ipcref_view_iter_next(&it) == base + 1);
+  CHECK((uintptr_t)ipcref_view_iter_next(&it) == base + 1 + (uintptr_t)big);
+  CHECK(ipcref_view_iter_next(&it) == NULL);
+  ipcref_view_release(&v);
+  ipcref_view_release(&first);
+  ipcref_buf_release(b);
+}
+
 /* ------------------------------------------------------------------ empty
  * views */
 
@@ -1303,6 +1334,7 @@ int main(void) {
   RUN(test_data_mut_make_mut);
   RUN(test_tampered);
   RUN(test_iter_edges);
+  RUN(test_iter_huge_strides);
   RUN(test_empty_views);
   RUN(test_no_leaks);
   return harness_finish();
