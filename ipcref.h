@@ -1321,6 +1321,11 @@ struct ipcref_backend {
   ipcref_result (*seg_import_chunks)(ipcref_backend *be, int32_t dev,
                                      const int *fds, const uint64_t *sizes,
                                      int n, int writable, uint64_t *addr);
+  /* A wrapped allocation's segment, exported by handle (seg_export), goes
+   * without seg_free (its memory stays its owner's): whatever the backend
+   * noted of it goes too, once no other segment was exported with it.
+   * May be NULL: nothing noted. */
+  void (*seg_forget)(ipcref_backend *be, int32_t dev, uint64_t base);
 };
 
 #ifdef __cplusplus
@@ -5124,8 +5129,12 @@ IPCREF__PRIVATE void ipcref__segment_destroy(ipcref_ctx *ctx,
   IPCREF__LIST_REMOVE(ctx->segments, s, next, prev);
   ipcref__retire_announce(ctx, s->id);
   if (s->pool->be) { /* a wrapped allocation stays its owner's */
+    ipcref_backend *be = s->pool->be;
     if (s->cls != IPCREF__FOREIGN && !s->leaked)
-      s->pool->be->seg_free(s->pool->be, s->pool->dev, s->daddr);
+      be->seg_free(be, s->pool->dev, s->daddr);
+    else if (s->cls == IPCREF__FOREIGN && s->exported && !s->by_fd &&
+             be->seg_forget)
+      be->seg_forget(be, s->pool->dev, s->daddr);
     if (s->fd >= 0) close(s->fd); /* its shareable fd, if exported so */
     if (s->vmm_chunks) {
       int i;

@@ -998,6 +998,7 @@ typedef struct ipcref__cu_open {
 typedef struct ipcref__cu_export {
   unsigned char handle[IPCREF_HANDLE_BYTES];
   uint64_t base;
+  int refs; /* segments exported with it (contexts that wrap it: several) */
   struct ipcref__cu_export *next;
 } ipcref__cu_export;
 
@@ -1769,14 +1770,35 @@ IPCREF__PRIVATE void ipcref__cu_seg_free(ipcref_backend *be, int32_t dev,
                                          uint64_t addr) {
   ipcref_cuda *g = IPCREF__CU_OF(be);
   ipcref__cu_export **pp;
-  if (ipcref__cu_on(g, dev) == IPCREF_OK && !ipcref__cu_vmm_free(g, dev, addr))
-    (void)ipcref__cu_d_free(&g->drv, addr);
   pthread_mutex_lock(&g->lock); /* its handle no longer names it */
   for (pp = &g->exports; *pp; pp = &(*pp)->next)
     if ((*pp)->base == addr) {
       ipcref__cu_export *x = *pp;
       *pp = x->next;
       IPCREF_FREE(x);
+      break;
+    }
+  pthread_mutex_unlock(&g->lock);
+  if (ipcref__cu_on(g, dev) == IPCREF_OK && !ipcref__cu_vmm_free(g, dev, addr))
+    (void)ipcref__cu_d_free(&g->drv, addr);
+}
+
+/* A wrapped allocation's segment went (its memory stays its owner's, who
+ * may free it, and the driver may give its address to another): once no
+ * segment is exported with it, its handle no longer names it here. */
+IPCREF__PRIVATE void ipcref__cu_seg_forget(ipcref_backend *be, int32_t dev,
+                                           uint64_t base) {
+  ipcref_cuda *g = IPCREF__CU_OF(be);
+  ipcref__cu_export **pp;
+  (void)dev;
+  pthread_mutex_lock(&g->lock);
+  for (pp = &g->exports; *pp; pp = &(*pp)->next)
+    if ((*pp)->base == base) {
+      ipcref__cu_export *x = *pp;
+      if (--x->refs == 0) {
+        *pp = x->next;
+        IPCREF_FREE(x);
+      }
       break;
     }
   pthread_mutex_unlock(&g->lock);
@@ -1798,13 +1820,31 @@ IPCREF__PRIVATE ipcref_result ipcref__cu_seg_range(ipcref_backend *be,
               : IPCREF_OK;
 }
 
+/* The export record of the allocation at `base` (under g->lock), or NULL. */
+IPCREF__PRIVATE ipcref__cu_export *ipcref__cu_export_of(ipcref_cuda *g,
+                                                        uint64_t base) {
+  ipcref__cu_export *x = g->exports;
+  while (x && x->base != base) x = x->next;
+  return x;
+}
+
+/* An allocation exported already (another context wraps it too) gives
+ * the handle it got then: one record per allocation, counted. */
 IPCREF__PRIVATE ipcref_result ipcref__cu_seg_export(ipcref_backend *be,
                                                     int32_t dev, uint64_t base,
                                                     unsigned char *handle) {
   ipcref_cuda *g = IPCREF__CU_OF(be);
   ipcref__cu_export *x;
-  ipcref_result r = ipcref__cu_on(g, dev);
+  ipcref_result r;
   int code;
+  pthread_mutex_lock(&g->lock);
+  if ((x = ipcref__cu_export_of(g, base)) != NULL) {
+    memcpy(handle, x->handle, IPCREF_HANDLE_BYTES);
+    x->refs++;
+  }
+  pthread_mutex_unlock(&g->lock);
+  if (x) return IPCREF_OK;
+  r = ipcref__cu_on(g, dev);
   if (r != IPCREF_OK) return r;
   /* VMM and stream-ordered pool memory cannot go through legacy IPC. */
   if (!ipcref__cu_d_ipc_capable(&g->drv, base))
@@ -1819,6 +1859,7 @@ IPCREF__PRIVATE ipcref_result ipcref__cu_seg_export(ipcref_backend *be,
   if (!x) return IPCREF_ENOMEM;
   memcpy(x->handle, handle, IPCREF_HANDLE_BYTES);
   x->base = base;
+  x->refs = 1;
   pthread_mutex_lock(&g->lock);
   x->next = g->exports;
   g->exports = x;
@@ -2089,6 +2130,7 @@ IPCREF_API ipcref_result ipcref_cuda_open(const char *driver_path,
   g->backend.user = g;
   g->backend.seg_alloc = ipcref__cu_seg_alloc;
   g->backend.seg_free = ipcref__cu_seg_free;
+  g->backend.seg_forget = ipcref__cu_seg_forget;
   g->backend.seg_range = ipcref__cu_seg_range;
   g->backend.seg_export = ipcref__cu_seg_export;
   g->backend.seg_import = ipcref__cu_seg_import;

@@ -857,6 +857,7 @@ typedef struct ipcref__hip_open {
 typedef struct ipcref__hip_export {
   unsigned char handle[IPCREF_HANDLE_BYTES];
   uint64_t base;
+  int refs; /* segments exported with it (contexts that wrap it: several) */
   struct ipcref__hip_export *next;
 } ipcref__hip_export;
 
@@ -1630,15 +1631,36 @@ IPCREF__PRIVATE void ipcref__hip_seg_free(ipcref_backend *be, int32_t dev,
                                           uint64_t addr) {
   ipcref_hip *g = IPCREF__HIP_OF(be);
   ipcref__hip_export **pp;
-  if (ipcref__hip_on(g, dev) == IPCREF_OK &&
-      !ipcref__hip_vmm_free(g, dev, addr))
-    (void)ipcref__hip_d_free(&g->drv, addr);
   pthread_mutex_lock(&g->lock); /* its handle no longer names it */
   for (pp = &g->exports; *pp; pp = &(*pp)->next)
     if ((*pp)->base == addr) {
       ipcref__hip_export *x = *pp;
       *pp = x->next;
       IPCREF_FREE(x);
+      break;
+    }
+  pthread_mutex_unlock(&g->lock);
+  if (ipcref__hip_on(g, dev) == IPCREF_OK &&
+      !ipcref__hip_vmm_free(g, dev, addr))
+    (void)ipcref__hip_d_free(&g->drv, addr);
+}
+
+/* A wrapped allocation's segment went (its memory stays its owner's, who
+ * may free it, and the driver may give its address to another): once no
+ * segment is exported with it, its handle no longer names it here. */
+IPCREF__PRIVATE void ipcref__hip_seg_forget(ipcref_backend *be, int32_t dev,
+                                            uint64_t base) {
+  ipcref_hip *g = IPCREF__HIP_OF(be);
+  ipcref__hip_export **pp;
+  (void)dev;
+  pthread_mutex_lock(&g->lock);
+  for (pp = &g->exports; *pp; pp = &(*pp)->next)
+    if ((*pp)->base == base) {
+      ipcref__hip_export *x = *pp;
+      if (--x->refs == 0) {
+        *pp = x->next;
+        IPCREF_FREE(x);
+      }
       break;
     }
   pthread_mutex_unlock(&g->lock);
@@ -1660,13 +1682,31 @@ IPCREF__PRIVATE ipcref_result ipcref__hip_seg_range(ipcref_backend *be,
               : IPCREF_OK;
 }
 
+/* The export record of the allocation at `base` (under g->lock), or NULL. */
+IPCREF__PRIVATE ipcref__hip_export *ipcref__hip_export_of(ipcref_hip *g,
+                                                          uint64_t base) {
+  ipcref__hip_export *x = g->exports;
+  while (x && x->base != base) x = x->next;
+  return x;
+}
+
+/* An allocation exported already (another context wraps it too) gives
+ * the handle it got then: one record per allocation, counted. */
 IPCREF__PRIVATE ipcref_result ipcref__hip_seg_export(ipcref_backend *be,
                                                      int32_t dev, uint64_t base,
                                                      unsigned char *handle) {
   ipcref_hip *g = IPCREF__HIP_OF(be);
   ipcref__hip_export *x;
-  ipcref_result r = ipcref__hip_on(g, dev);
+  ipcref_result r;
   int code;
+  pthread_mutex_lock(&g->lock);
+  if ((x = ipcref__hip_export_of(g, base)) != NULL) {
+    memcpy(handle, x->handle, IPCREF_HANDLE_BYTES);
+    x->refs++;
+  }
+  pthread_mutex_unlock(&g->lock);
+  if (x) return IPCREF_OK;
+  r = ipcref__hip_on(g, dev);
   if (r != IPCREF_OK) return r;
   /* VMM and stream-ordered pool memory cannot go through legacy IPC. */
   if (!ipcref__hip_d_ipc_capable(&g->drv, base))
@@ -1681,6 +1721,7 @@ IPCREF__PRIVATE ipcref_result ipcref__hip_seg_export(ipcref_backend *be,
   if (!x) return IPCREF_ENOMEM;
   memcpy(x->handle, handle, IPCREF_HANDLE_BYTES);
   x->base = base;
+  x->refs = 1;
   pthread_mutex_lock(&g->lock);
   x->next = g->exports;
   g->exports = x;
@@ -1952,6 +1993,7 @@ IPCREF_API ipcref_result ipcref_hip_open(const char *driver_path,
   g->backend.user = g;
   g->backend.seg_alloc = ipcref__hip_seg_alloc;
   g->backend.seg_free = ipcref__hip_seg_free;
+  g->backend.seg_forget = ipcref__hip_seg_forget;
   g->backend.seg_range = ipcref__hip_seg_range;
   g->backend.seg_export = ipcref__hip_seg_export;
   g->backend.seg_import = ipcref__hip_seg_import;

@@ -83,6 +83,11 @@ struct ipcref_backend {
   ipcref_result (*seg_import_chunks)(ipcref_backend *be, int32_t dev,
                                      const int *fds, const uint64_t *sizes,
                                      int n, int writable, uint64_t *addr);
+  /* A wrapped allocation's segment, exported by handle (seg_export), goes
+   * without seg_free (its memory stays its owner's): whatever the backend
+   * noted of it goes too, once no other segment was exported with it.
+   * May be NULL: nothing noted. */
+  void (*seg_forget)(ipcref_backend *be, int32_t dev, uint64_t base);
 };
 
 #ifdef __cplusplus

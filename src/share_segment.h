@@ -75,8 +75,12 @@ IPCREF__PRIVATE void ipcref__segment_destroy(ipcref_ctx *ctx,
   IPCREF__LIST_REMOVE(ctx->segments, s, next, prev);
   ipcref__retire_announce(ctx, s->id);
   if (s->pool->be) { /* a wrapped allocation stays its owner's */
+    ipcref_backend *be = s->pool->be;
     if (s->cls != IPCREF__FOREIGN && !s->leaked)
-      s->pool->be->seg_free(s->pool->be, s->pool->dev, s->daddr);
+      be->seg_free(be, s->pool->dev, s->daddr);
+    else if (s->cls == IPCREF__FOREIGN && s->exported && !s->by_fd &&
+             be->seg_forget)
+      be->seg_forget(be, s->pool->dev, s->daddr);
     if (s->fd >= 0) close(s->fd); /* its shareable fd, if exported so */
     if (s->vmm_chunks) {
       int i;

@@ -2067,6 +2067,89 @@ GPU_TEST(test_self_import, hip_vmm, &K_HIP_VMM)
 GPU_TEST(test_self_import, cuda_pool, &K_POOL)
 GPU_TEST(test_self_import, hip_pool, &K_HIP_POOL)
 
+/* Wrapped memory shared by handle: the backend notes the allocation's
+ * handle once (the handle of ours gives its own address back), counted
+ * by the segments exported with it, two contexts wrapping it here; when
+ * the last of them goes, so does the note. Else the notes grew by one
+ * each time the allocation was wrapped again, and its old handle still
+ * named whatever the driver put at its address after the owner freed it. */
+static void wrap_round(const kind *k, ipcref_ctx *ctx, ipcref_peer *to,
+                       ipcref_peer *from, void *alloc, ipcref_buf **b) {
+  ipcref_view v, w;
+  CHECK_EQ(g_wrap(ctx, k, 0, alloc, 4096, NULL, NULL, b), IPCREF_OK);
+  if (!*b) return;
+  v = u32_view(*b, 4096);
+  CHECK_EQ(ipcref_send_on(to, &v, NULL), IPCREF_OK);
+  ipcref_view_release(&v);
+  CHECK_EQ(ipcref_recv_on(from, &w, g_tmo, NULL), IPCREF_OK);
+  if (w.buf) CHECK(ipcref_buf_data(w.buf) == alloc);
+  ipcref_view_release(&w);
+}
+static int names_ours(gdrv *d, const unsigned char *h, void *alloc) {
+  uint64_t addr = 0;
+  ipcref_result r = d->be->seg_import(d->be, 0, h, &addr);
+  if (r == IPCREF_OK && addr != (uint64_t)(uintptr_t)alloc)
+    d->be->seg_close(d->be, 0, addr); /* opened: not ours */
+  return r == IPCREF_OK && addr == (uint64_t)(uintptr_t)alloc;
+}
+static void test_wrap_export_forgotten(const kind *k) {
+  int sv[2], sw[2], round;
+  gdrv d;
+  ipcref_ctx *ca, *cb, *cc;
+  ipcref_peer *pa, *pb, *pc, *pd;
+  ipcref_buf *b = NULL, *b2 = NULL;
+  void *alloc = NULL;
+  unsigned char h[IPCREF_HANDLE_BYTES];
+  xsocketpair(SOCK_SEQPACKET, sv);
+  xsocketpair(SOCK_SEQPACKET, sw);
+  if (g_open(k, &d) != IPCREF_OK) {
+    tclose(sv[0]), tclose(sv[1]), tclose(sw[0]), tclose(sw[1]);
+    return;
+  }
+  ca = mkctx(SEG, &d);
+  cb = mkctx(SEG, &d);
+  cc = mkctx(SEG, &d);
+  pa = make_peer(ca, sv[0]);
+  pb = make_peer(cb, sv[1]);
+  pc = make_peer(cc, sw[0]);
+  pd = make_peer(cb, sw[1]);
+  CHECK_EQ(g_malloc(&d, 65536, &alloc), 0);
+  for (round = 0; round < 20 && alloc; round++) { /* wrapped again, anew */
+    wrap_round(k, ca, pa, pb, alloc, &b);
+    if (round == 0) { /* its handle, as the backend gives it */
+      CHECK_EQ(d.be->seg_export(d.be, 0, (uint64_t)(uintptr_t)alloc, h),
+               IPCREF_OK);
+      d.be->seg_forget(d.be, 0, (uint64_t)(uintptr_t)alloc);
+      CHECK(names_ours(&d, h, alloc));
+    }
+    ipcref_buf_release(b);
+    ipcref_collect(ca);
+    CHECK(!names_ours(&d, h, alloc)); /* the wrap went: forgotten */
+  }
+  /* Two contexts wrap it: one going leaves it named. */
+  wrap_round(k, ca, pa, pb, alloc, &b);
+  wrap_round(k, cc, pc, pd, alloc, &b2);
+  ipcref_buf_release(b);
+  ipcref_collect(ca);
+  CHECK(names_ours(&d, h, alloc));
+  ipcref_buf_release(b2);
+  ipcref_collect(cc);
+  CHECK(!names_ours(&d, h, alloc));
+  CHECK_EQ(stats_of(ca).live_bufs, 0);
+  CHECK_EQ(stats_of(cc).live_bufs, 0);
+  ipcref_peer_free(pa);
+  ipcref_peer_free(pb);
+  ipcref_peer_free(pc);
+  ipcref_peer_free(pd);
+  ipcref_ctx_free(cc);
+  ipcref_ctx_free(cb);
+  ipcref_ctx_free(ca);
+  if (alloc) CHECK_EQ(g_free(&d, alloc, 65536), 0);
+  g_close(&d);
+}
+GPU_TEST(test_wrap_export_forgotten, cuda, &K_CUDA)
+GPU_TEST(test_wrap_export_forgotten, hip, &K_HIP)
+
 /* One context in this process with both peers of a socketpair in it. */
 typedef struct one_ctx {
   gdrv d;
@@ -3788,6 +3871,7 @@ run:
   FAKE_ONLY(RUN_BOTH(test_open_errors));
   RUN_ALL(test_self_import);
   RUN_ALL(test_self_import_one_ctx);
+  FAKE_ONLY(RUN_BOTH(test_wrap_export_forgotten));
   RUN_ALL(test_lying_size);
   FAKE_ONLY(RUN_BOTH(test_not_ipc_capable));
   RUN_BOTH(test_freed_handle);
