@@ -8457,7 +8457,9 @@ IPCREF__PRIVATE ipcref_result ipcref__lease_device(ipcref__block *b,
 
 /* A lease on block `b`, made here, in a ledger of `p` (under the lock).
  * Its slot was published live before (ipcref__slot_take); a failure after
- * it is taken cancels it. */
+ * it is taken cancels it. None for a peer whose process is known dead
+ * (EPEER): the reap took back what it held once, and looks no more (its
+ * socket may still take the message, held open by another process). */
 IPCREF__PRIVATE ipcref_result ipcref__lease_take_own(
     ipcref_peer *p, ipcref__block *b, ipcref_buf *buf, ipcref__view_event *ev,
     ipcref__view_rec *r, ipcref__lease_src *src) {
@@ -8465,8 +8467,11 @@ IPCREF__PRIVATE ipcref_result ipcref__lease_take_own(
   ipcref__ledger *l;
   ipcref__lease *ls;
   ipcref_result res;
+  if (p->watch && __atomic_load_n(&p->watch->dead, __ATOMIC_RELAXED))
+    return IPCREF_EPEER;
   res = ipcref__ledger_with_room(p, &l); /* b is ctx's: views_check */
   if (res != IPCREF_OK) return res;
+  if (l->holder_dead) return IPCREF_EPEER;
   r->slot = ipcref__slot_take(l, p->pid, &r->gen);
   ls = &l->leases[r->slot];
   ls->block = b;

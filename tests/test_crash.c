@@ -1132,6 +1132,73 @@ static int open_elsewhere(const char *path) {
   return found;
 }
 
+/* A consumer killed while another process (its child) keeps its socket
+ * open: the producer reaps what it held, and a send after that is refused
+ * (EPEER) where the socket took it and its lease stayed out for good (the
+ * reap looks at a dead holder's ledger once). Socket only: the channel
+ * says EPEER for a dead receiver already. */
+typedef struct heir_args {
+  int sock, said, hold;
+} heir_args;
+static int heir_keeper(void *arg) {
+  heir_args *a = (heir_args *)arg;
+  ipcref_ctx *ctx = make_ctx(NULL);
+  ipcref_peer *p = make_peer(ctx, a->sock); /* its hello goes */
+  pid_t g = fork();
+  if (g == 0) { /* keeps the socket open until the test closes `hold` */
+    char b;
+    alarm(CHILD_ALARM_S);
+    while (read(a->hold, &b, 1) < 0 && errno == EINTR) continue;
+    _exit(0);
+  }
+  ctl_put(a->said, g > 0 ? 1 : -1);
+  pause(); /* until killed */
+  (void)p;
+  return 0;
+}
+static void test_send_after_reaped_death(void) {
+  int sv[2], said[2], hold[2];
+  heir_args a;
+  ipcref_ctx *ctx;
+  ipcref_peer *p = NULL;
+  ipcref_peer_options o;
+  ipcref_view v;
+  const int64_t n = 4096;
+  pid_t c;
+  if (xsocketpair(SOCK_SEQPACKET, sv) || xsocketpair(SOCK_SEQPACKET, said) ||
+      xpipe(hold))
+    return;
+  a.sock = sv[1];
+  a.said = said[1];
+  a.hold = hold[0];
+  c = fork_child(heir_keeper, &a, sv[1], said[1], hold[0], -1);
+  tclose(sv[1]);
+  tclose(said[1]);
+  tclose(hold[0]);
+  ctx = make_ctx(NULL);
+  memset(&o, 0, sizeof o);
+  o.ring_bytes = IPCREF_KEEP_NONE;
+  CHECK_EQ(ipcref_peer_new_with(ctx, sv[0], &o, &p), IPCREF_OK);
+  if (p) tforget(sv[0]);
+  CHECK_EQ(ipcref_view_new_shared(ctx, IPCREF_U8, 1, &n, &v), IPCREF_OK);
+  CHECK_EQ(ctl_get(said[0], WAIT_MS), 1);
+  CHECK_EQ(ipcref_send(p, &v), IPCREF_OK);
+  kill(c, SIGKILL);
+  sigkilled_at(wait_child(c, REAP_MS), c, "consumer", __FILE__, __LINE__);
+  ipcref_collect(ctx);
+  CHECK_EQ(stats_of(ctx).live_slots, 0);
+  CHECK_EQ(ipcref_send(p, &v), IPCREF_EPEER);
+  CHECK_EQ(stats_of(ctx).live_slots, 0);
+  tclose(hold[1]); /* its child goes: nobody holds the socket */
+  ipcref_view_release(&v);
+  ipcref_collect(ctx);
+  CHECK_EQ(stats_of(ctx).live_slots, 0);
+  CHECK_EQ(stats_of(ctx).limbo_blocks, 0);
+  ipcref_peer_free(p);
+  ipcref_ctx_free(ctx);
+  tclose(said[0]);
+}
+
 /* New entries in `dir` that stay: other programs' temporaries (a compiler
  * running beside this test) come and go, so a new entry counts only if it
  * is still there after up to 5 s and no other process has it open.
@@ -1220,6 +1287,7 @@ int main(void) {
   RUN(test_kill_producer_at_each_step);
   RUN(test_every_step_labelled);
   RUN(test_producer_killed_while_read);
+  RUN(test_send_after_reaped_death);
   RUN(test_kill_soak);
   if (spawner_stop() != 0) printf("    spawner: not clean\n");
   RUN(test_no_residue);
