@@ -1074,7 +1074,8 @@ IPCREF_API const void *ipcref_msg_meta(const ipcref_msg *msg, size_t *len);
  * (also on error: they are closed). Errors: EPROTO (malformed, replayed,
  * sent by another process than p's, or not matching the fds), EINVAL
  * (NULL arguments, nfds or len out of range, or a message exported
- * through p itself: then nothing is taken), ERANGE (past p's max_maps or
+ * through p itself, or by p's context for another process: then nothing
+ * is taken, and ipcref_msg_free settles it), ERANGE (past p's max_maps or
  * max_mapped_bytes), ENOMEM, ESYS, ENODEV (device memory, and no backend
  * for its device in this context). */
 IPCREF_API ipcref_result ipcref_import(ipcref_peer *p, ipcref_msg *msg,
@@ -10720,6 +10721,13 @@ IPCREF_API ipcref_result ipcref_import(ipcref_peer *p, ipcref_msg *msg,
                                      "settle it: ipcref_msg_free)");
   } else {
     r = ipcref__hello_need(p);
+    /* Exported here for another process: no import here can take it, and
+     * one refused would leave its leases to nobody (msg_free ends them). */
+    if (r == IPCREF_OK && msg->origin_ctx == p->ctx->nonce &&
+        p->nonce != p->ctx->nonce)
+      return ipcref__invalid(__func__,
+                             "msg was exported by this context, for another "
+                             "process (to settle it: ipcref_msg_free)");
   }
   if (r == IPCREF_OK)
     r = ipcref__import_bytes(p, msg->bytes, msg->len, msg->fds, msg->nfds, NULL,

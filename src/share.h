@@ -395,7 +395,8 @@ IPCREF_API const void *ipcref_msg_meta(const ipcref_msg *msg, size_t *len);
  * (also on error: they are closed). Errors: EPROTO (malformed, replayed,
  * sent by another process than p's, or not matching the fds), EINVAL
  * (NULL arguments, nfds or len out of range, or a message exported
- * through p itself: then nothing is taken), ERANGE (past p's max_maps or
+ * through p itself, or by p's context for another process: then nothing
+ * is taken, and ipcref_msg_free settles it), ERANGE (past p's max_maps or
  * max_mapped_bytes), ENOMEM, ESYS, ENODEV (device memory, and no backend
  * for its device in this context). */
 IPCREF_API ipcref_result ipcref_import(ipcref_peer *p, ipcref_msg *msg,

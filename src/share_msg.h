@@ -118,6 +118,13 @@ IPCREF_API ipcref_result ipcref_import(ipcref_peer *p, ipcref_msg *msg,
                                      "settle it: ipcref_msg_free)");
   } else {
     r = ipcref__hello_need(p);
+    /* Exported here for another process: no import here can take it, and
+     * one refused would leave its leases to nobody (msg_free ends them). */
+    if (r == IPCREF_OK && msg->origin_ctx == p->ctx->nonce &&
+        p->nonce != p->ctx->nonce)
+      return ipcref__invalid(__func__,
+                             "msg was exported by this context, for another "
+                             "process (to settle it: ipcref_msg_free)");
   }
   if (r == IPCREF_OK)
     r = ipcref__import_bytes(p, msg->bytes, msg->len, msg->fds, msg->nfds, NULL,

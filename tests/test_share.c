@@ -1833,6 +1833,47 @@ static int msg_free_child(void *arg) {
   return 1;
 }
 
+/* A message exported for one process, imported by mistake through another
+ * peer of the context that exported it: refused (EINVAL), nothing taken,
+ * and ipcref_msg_free still ends its lease (a refusal that took it left
+ * the lease to nobody, for good). Two peers of one context connected to
+ * each other still hand messages over so. */
+static void test_msg_import_by_its_context(void) {
+  ipcref_ctx *c1 = make_ctx(NULL), *c2 = make_ctx(NULL), *c3 = make_ctx(NULL);
+  ipcref_peer *pa, *qa, *pb, *qb, *sa, *sb;
+  ipcref_msg *msg = (ipcref_msg *)malloc(sizeof *msg);
+  ipcref_view v, out;
+  int s1[2], s2[2], s3[2], nfds;
+  const int64_t n = 64;
+  if (xsocketpair(SOCK_SEQPACKET, s1) || xsocketpair(SOCK_SEQPACKET, s2) ||
+      xsocketpair(SOCK_SEQPACKET, s3))
+    return;
+  pa = make_peer(c1, s1[0]), qa = make_peer(c2, s1[1]);
+  pb = make_peer(c1, s2[0]), qb = make_peer(c3, s2[1]);
+  sa = make_peer(c1, s3[0]), sb = make_peer(c1, s3[1]); /* c1 to c1 */
+  CHECK_EQ(ipcref_view_new_shared(c1, IPCREF_U8, 1, &n, &v), IPCREF_OK);
+  CHECK_EQ(ipcref_send(pb, &v), IPCREF_OK); /* pb's hello is done */
+  CHECK_EQ(ipcref_recv(qb, &out, 5000), IPCREF_OK);
+  ipcref_view_release(&out);
+  CHECK_EQ(ipcref_export(pa, &v, msg), IPCREF_OK);
+  nfds = msg->nfds;
+  CHECK_EQ(ipcref_import(pb, msg, &out), IPCREF_EINVAL);
+  CHECK_EQ(msg->nfds, nfds); /* nothing taken */
+  ipcref_msg_free(msg);
+  ipcref_collect(c1);
+  CHECK_EQ(stats_of(c1).live_slots, 0);
+  CHECK_EQ(ipcref_export(sa, &v, msg), IPCREF_OK);
+  CHECK_EQ(ipcref_import(sb, msg, &out), IPCREF_OK);
+  ipcref_view_release(&out);
+  ipcref_view_release(&v);
+  ipcref_collect(c1);
+  CHECK_EQ(stats_of(c1).live_slots, 0);
+  free(msg);
+  ipcref_peer_free(sa), ipcref_peer_free(sb);
+  ipcref_peer_free(qb), ipcref_peer_free(pb);
+  ipcref_peer_free(qa), ipcref_peer_free(pa);
+  ipcref_ctx_free(c3), ipcref_ctx_free(c2), ipcref_ctx_free(c1);
+}
 /* A forked child that frees its copy of a message the parent exported
  * closes its own fds and nothing more: the lease is the parent's (the
  * child's copy of the context is not live), and the consumer the parent
@@ -2315,6 +2356,7 @@ int main(void) {
   RUN(test_wrong_arguments);
   RUN(test_wrong_arguments_with_peer);
   RUN(test_msg_outlives_peer);
+  RUN(test_msg_import_by_its_context);
   RUN(test_msg_free_in_child);
   RUN(test_ctx_free_with_live_buffers);
   RUN(test_table_view_sent);
