@@ -5577,15 +5577,6 @@ IPCREF__PRIVATE void ipcref__room_update(ipcref_ctx *ctx) {
 
 #define IPCREF__ROOM_MS 100 /* longest sleep between looks while waiting */
 
-/* Reads what rang the bell (not under the lock; never waits): it stays
- * readable until someone does. */
-IPCREF__PRIVATE void ipcref__bell_drain(ipcref_ctx *ctx) {
-  char b[16];
-  int i; /* at most 64: a consumer that keeps ringing must not keep us */
-  for (i = 0; ctx->bell_rx >= 0 && i < 64; i++)
-    if (recv(ctx->bell_rx, b, sizeof b, MSG_DONTWAIT) <= 0) break;
-}
-
 /* A new ledger for peer p. Each one a peer gets is twice the size of its
  * last (up to 2^22 slots), so a peer holding n leases needs O(log n)
  * ledgers, and a sweep, which looks at every ledger, stays cheap. */
@@ -5970,6 +5961,45 @@ IPCREF__PRIVATE size_t ipcref__sweep(ipcref_ctx *ctx) {
     if (!l->peer && l->live == 0) ipcref__ledger_destroy(ctx, l);
   }
   return freed;
+}
+
+/* After the bell was read for `self` (a peer waiting for room, or NULL:
+ * the context), not under the lock: the bell is every waiter's, and a
+ * peer whose send waits for room watches it in its poll fd. When the
+ * sweep finds another waiting peer room, the bell rings again, so that
+ * its poll fd wakes (its receive then reads the bell and ends its wait:
+ * ipcref__room_poll): a read for somebody else must not take its
+ * wake-up. */
+IPCREF__PRIVATE void ipcref__bell_pass(ipcref_ctx *ctx,
+                                       const ipcref_peer *self) {
+  ipcref_peer *p;
+  int ring = 0;
+  IPCREF__LOCK(ctx);
+  for (p = ctx->peers; p && !p->room_wait; p = p->next) continue;
+  if (p) ipcref__sweep(ctx);
+  for (; p && !ring; p = p->next)
+    ring = p != self && p->room_wait && p->held_bytes < p->opt.max_bytes_held;
+  IPCREF__UNLOCK(ctx);
+  if (ring) (void)send(ctx->bell_tx, "", 1, MSG_DONTWAIT | MSG_NOSIGNAL);
+}
+
+/* Reads what rang the bell for `self` (see ipcref__bell_pass; not under
+ * the lock; never waits): it stays readable until someone does. */
+IPCREF__PRIVATE void ipcref__bell_drain_for(ipcref_ctx *ctx,
+                                            const ipcref_peer *self) {
+  char b[16];
+  int i, rung = 0; /* at most 64: a consumer that keeps ringing must not
+                      keep us */
+  for (i = 0; ctx->bell_rx >= 0 && i < 64; i++) {
+    if (recv(ctx->bell_rx, b, sizeof b, MSG_DONTWAIT) <= 0) break;
+    rung = 1;
+  }
+  if (rung) ipcref__bell_pass(ctx, self);
+}
+
+/* The same for the context: an allocation, or a wait on its room fd. */
+IPCREF__PRIVATE void ipcref__bell_drain(ipcref_ctx *ctx) {
+  ipcref__bell_drain_for(ctx, NULL);
 }
 
 #endif /* IPCREF__SHARING_IMPL */
@@ -8150,8 +8180,7 @@ IPCREF__PRIVATE ipcref_result ipcref__bell_wait(ipcref_ctx *ctx, int ms,
            left < 0 || left > IPCREF__ROOM_MS ? IPCREF__ROOM_MS : left) < 0 &&
       errno != EINTR)
     return IPCREF_ESYS;
-  ipcref__bell_drain(ctx);
-  return IPCREF_OK;
+  return IPCREF_OK; /* the caller's next try reads the bell */
 }
 
 IPCREF_API int ipcref_ctx_room_fd(ipcref_ctx *ctx) {
@@ -8216,7 +8245,7 @@ IPCREF__PRIVATE void ipcref__room_wait(ipcref_peer *p, int on) {
  * still too large, waits again for the next return). */
 IPCREF__PRIVATE void ipcref__room_poll(ipcref_peer *p) {
   ipcref_ctx *ctx = p->ctx;
-  ipcref__bell_drain(ctx);
+  ipcref__bell_drain_for(ctx, p);
   IPCREF__LOCK(ctx);
   ipcref__sweep(ctx);
   if (p->held_bytes < p->opt.max_bytes_held) ipcref__room_wait(p, 0);
@@ -8245,7 +8274,7 @@ IPCREF__PRIVATE ipcref_result ipcref__room_take(ipcref_peer *p,
   }
   add = ipcref__views_bytes(views, n);
   for (;;) {
-    if (p->room_wait) ipcref__bell_drain(ctx);
+    if (p->room_wait) ipcref__bell_drain_for(ctx, p);
     IPCREF__LOCK(ctx);
     if (!(fits = ipcref__room_fits(p, add))) ipcref__sweep(ctx);
     if (!(fits = fits || ipcref__room_fits(p, add)) && !p->room_wait) {

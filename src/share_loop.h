@@ -181,8 +181,7 @@ IPCREF__PRIVATE ipcref_result ipcref__bell_wait(ipcref_ctx *ctx, int ms,
            left < 0 || left > IPCREF__ROOM_MS ? IPCREF__ROOM_MS : left) < 0 &&
       errno != EINTR)
     return IPCREF_ESYS;
-  ipcref__bell_drain(ctx);
-  return IPCREF_OK;
+  return IPCREF_OK; /* the caller's next try reads the bell */
 }
 
 IPCREF_API int ipcref_ctx_room_fd(ipcref_ctx *ctx) {
@@ -247,7 +246,7 @@ IPCREF__PRIVATE void ipcref__room_wait(ipcref_peer *p, int on) {
  * still too large, waits again for the next return). */
 IPCREF__PRIVATE void ipcref__room_poll(ipcref_peer *p) {
   ipcref_ctx *ctx = p->ctx;
-  ipcref__bell_drain(ctx);
+  ipcref__bell_drain_for(ctx, p);
   IPCREF__LOCK(ctx);
   ipcref__sweep(ctx);
   if (p->held_bytes < p->opt.max_bytes_held) ipcref__room_wait(p, 0);
@@ -276,7 +275,7 @@ IPCREF__PRIVATE ipcref_result ipcref__room_take(ipcref_peer *p,
   }
   add = ipcref__views_bytes(views, n);
   for (;;) {
-    if (p->room_wait) ipcref__bell_drain(ctx);
+    if (p->room_wait) ipcref__bell_drain_for(ctx, p);
     IPCREF__LOCK(ctx);
     if (!(fits = ipcref__room_fits(p, add))) ipcref__sweep(ctx);
     if (!(fits = fits || ipcref__room_fits(p, add)) && !p->room_wait) {

@@ -121,6 +121,73 @@ static void test_peer_cap_nonblocking(void) {
   ipcref_ctx_free(prod);
 }
 
+/* The bell is every waiter's: a peer waiting for room whose consumer
+ * returned a lease keeps its wake-up when something else reads the bell
+ * first (an allocation on the context, a send on another peer waiting for
+ * room): its poll fd stays readable until its own receive takes it, and
+ * the send goes; then nothing is armed and the fds are quiet. */
+static void bell_shared(int by_peer) {
+  ipcref_ctx *prod = make_ctx(NULL), *cons = make_ctx(NULL);
+  ipcref_peer_options o;
+  ipcref_peer *pp, *cp, *qp, *qc;
+  ipcref_view v[2], w[2], got, gw;
+  ipcref_buf *other = NULL;
+  int pfd;
+  memset(&o, 0, sizeof o);
+  o.max_bytes_held = BLOCK;
+  capped_pair(prod, cons, SOCK_SEQPACKET | SOCK_NONBLOCK, &o, &pp, &cp);
+  capped_pair(prod, cons, SOCK_SEQPACKET | SOCK_NONBLOCK, &o, &qp, &qc);
+  if (!pp || !cp || !qp || !qc) return;
+  pfd = ipcref_peer_poll_fd(pp);
+  block_view(prod, &v[0]), block_view(prod, &v[1]);
+  block_view(prod, &w[0]), block_view(prod, &w[1]);
+  (void)ipcref_peer_pid(cp), (void)ipcref_peer_pid(qc); /* hellos */
+  while (ipcref_send(pp, &v[0]) == IPCREF_EAGAIN) CHECK(readable(pfd, 5000));
+  CHECK_EQ(ipcref_recv(cp, &got, 5000), IPCREF_OK);
+  CHECK_EQ(ipcref_send(pp, &v[1]), IPCREF_EAGAIN); /* waits for room */
+  CHECK_EQ(ipcref_peer_wants(pp), IPCREF_WANTS_ROOM);
+  if (by_peer) { /* another peer waits for room too */
+    while (ipcref_send(qp, &w[0]) == IPCREF_EAGAIN)
+      CHECK(readable(ipcref_peer_poll_fd(qp), 5000));
+    CHECK_EQ(ipcref_recv(qc, &gw, 5000), IPCREF_OK);
+    CHECK_EQ(ipcref_send(qp, &w[1]), IPCREF_EAGAIN);
+  }
+  ipcref_view_release(&got); /* the bell rings */
+  CHECK(readable(pfd, 5000));
+  if (by_peer) /* the other peer's send reads the bell: still no room */
+    CHECK_EQ(ipcref_send(qp, &w[1]), IPCREF_EAGAIN);
+  else
+    CHECK_EQ(ipcref_shared_new(prod, 64, &other), IPCREF_OK);
+  CHECK(readable(pfd, 1000)); /* pp's wake-up is still there */
+  CHECK_EQ(ipcref_recv(pp, &got, 0), IPCREF_EAGAIN); /* taken */
+  CHECK_EQ(ipcref_send(pp, &v[1]), IPCREF_OK);
+  CHECK_EQ(ipcref_recv(cp, &got, 5000), IPCREF_OK);
+  ipcref_view_release(&got);
+  if (by_peer) {
+    ipcref_view_release(&gw);
+    CHECK(readable(ipcref_peer_poll_fd(qp), 5000));
+    CHECK_EQ(ipcref_recv(qp, &gw, 0), IPCREF_EAGAIN);
+    CHECK_EQ(ipcref_send(qp, &w[1]), IPCREF_OK);
+    CHECK_EQ(ipcref_recv(qc, &gw, 5000), IPCREF_OK);
+    ipcref_view_release(&gw);
+  }
+  CHECK(!armed(prod));
+  ipcref_buf_release(other);
+  ipcref_collect(prod);
+  CHECK(!readable(pfd, 0));
+  CHECK(!readable(ipcref_ctx_room_fd(prod), 0));
+  ipcref_view_release(&v[0]), ipcref_view_release(&v[1]);
+  ipcref_view_release(&w[0]), ipcref_view_release(&w[1]);
+  ipcref_peer_free(qc), ipcref_peer_free(qp);
+  ipcref_peer_free(cp), ipcref_peer_free(pp);
+  ipcref_ctx_free(cons);
+  ipcref_ctx_free(prod);
+}
+static void test_bell_shared(void) {
+  bell_shared(0);
+  bell_shared(1);
+}
+
 /* A batch counts as a whole; a message larger than the cap goes when the
  * peer holds nothing, and only then. */
 static void test_peer_cap_batch_and_oversize(void) {
@@ -363,6 +430,7 @@ static void test_room_arguments(void) {
 int main(void) {
   fixture_start();
   RUN(test_peer_cap_nonblocking);
+  RUN(test_bell_shared);
   RUN(test_peer_cap_batch_and_oversize);
   RUN(test_peer_cap_blocking_across);
   RUN(test_set_options);
