@@ -277,7 +277,8 @@ IPCREF_API ipcref_result ipcref_peer_new(ipcref_ctx *ctx, int sockfd,
 /* Options for ipcref_peer_new_with; zero fields take the defaults. */
 typedef struct ipcref_peer_options {
   int send_timeout_ms;     /* a send on a blocking socket waits at most this
-                              long for room in it, then fails with ETIMEDOUT
+                              long in all (for room under max_bytes_held,
+                              then in the socket), then fails with ETIMEDOUT
                               and takes nothing (default: as long as it
                               takes). On a non-blocking socket (O_NONBLOCK) a
                               send never waits: EAGAIN */
@@ -415,11 +416,14 @@ IPCREF_API void ipcref_msg_sent(ipcref_msg *msg);
 
 /* Exports `n` views and sends them in one message over the peer's socket.
  * A blocking socket waits while it is full, or while the peer holds its
- * max_bytes_held (up to the peer's send_timeout_ms: ETIMEDOUT); a
- * non-blocking one says EAGAIN (wanting POLLOUT or IPCREF_WANTS_ROOM, see
- * ipcref_peer_wants). Either way a send that fails took nothing: no lease
- * is left behind. Errors: as ipcref_export, EPEER (the
- * peer hung up), EAGAIN, ETIMEDOUT. */
+ * max_bytes_held (up to the peer's send_timeout_ms for the two waits
+ * together: ETIMEDOUT); a non-blocking one says EAGAIN (wanting POLLOUT
+ * or IPCREF_WANTS_ROOM, see ipcref_peer_wants). Either way a send that
+ * fails took nothing: no lease is left behind. A message a SOCK_STREAM
+ * socket took in part was sent (OK): its rest goes before anything else,
+ * on the next send or ipcref_peer_flush (meanwhile the peer wants
+ * POLLOUT). Errors: as ipcref_export, EPEER (the peer hung up), EAGAIN,
+ * ETIMEDOUT. */
 IPCREF_API ipcref_result ipcref_send_batch(ipcref_peer *p,
                                            const ipcref_view *views, int n);
 IPCREF_API ipcref_result ipcref_send(ipcref_peer *p, const ipcref_view *v);

@@ -35,7 +35,9 @@ IPCREF_API int ipcref_peer_poll_fd(ipcref_peer *p);
 
 /* What peer `p` waits for after a call on it said IPCREF_EAGAIN: POLLIN
  * (the other side's hello, on the peer's poll fd or socket), POLLOUT (room
- * in its socket: then call ipcref_peer_flush, or send again),
+ * in its socket: then call ipcref_peer_flush, or send again; while a
+ * record a stream took in part is not all sent, POLLOUT stays, beside
+ * whatever else a later call wants),
  * IPCREF_WANTS_ROOM (the other side to return leases, under
  * max_bytes_held: the peer's poll fd wakes then; send again), 0 for
  * nothing (or NULL). */
@@ -97,9 +99,14 @@ IPCREF__PRIVATE void ipcref__batch_signal(ipcref_peer *p) {
   (void)n;
 }
 
-/* The poll fd also wakes for room in the socket while the peer wants it. */
+/* The poll fd also wakes for room in the socket while the peer wants it.
+ * The rest of a record a stream took in part (p->out) always wants it,
+ * whatever a later call asks (a receive that found nothing, say): else
+ * nothing would wake the loop to send it, and the receiver would wait
+ * for it forever. */
 IPCREF__PRIVATE void ipcref__want(ipcref_peer *p, int events) {
   struct epoll_event ev;
+  if (p->out_pos < p->out_len) events |= POLLOUT;
   if (p->poll_fd >= 0 && (p->wants & POLLOUT) != (events & POLLOUT)) {
     memset(&ev, 0, sizeof ev);
     ev.events =
@@ -256,13 +263,13 @@ IPCREF__PRIVATE void ipcref__room_poll(ipcref_peer *p) {
 /* Before a send of `views` takes leases: room under the peer's
  * max_bytes_held, after a sweep; else, armed, one more sweep (a return
  * before the arming rang no bell). Non-blocking sockets say EAGAIN
- * (IPCREF_WANTS_ROOM); blocking ones wait on the bell, up to
- * opt.send_timeout_ms (ETIMEDOUT). */
+ * (IPCREF_WANTS_ROOM); blocking ones wait on the bell until the send's
+ * deadline `end` (set here if this is its first wait; ETIMEDOUT): the
+ * wait for room in the socket that follows has only what is left of it. */
 IPCREF__PRIVATE ipcref_result ipcref__room_take(ipcref_peer *p,
-                                                const ipcref_view *views,
-                                                int n) {
+                                                const ipcref_view *views, int n,
+                                                struct timespec *end) {
   ipcref_ctx *ctx = p->ctx;
-  struct timespec end = {0, 0};
   size_t add;
   int fits;
   if (!p->opt.max_bytes_held) {
@@ -292,7 +299,7 @@ IPCREF__PRIVATE ipcref_result ipcref__room_take(ipcref_peer *p,
     }
     if (ipcref__bell_wait(ctx,
                           p->opt.send_timeout_ms ? p->opt.send_timeout_ms : -1,
-                          &end) != IPCREF_OK) {
+                          end) != IPCREF_OK) {
       IPCREF__LOCK(ctx);
       ipcref__room_wait(p, 0); /* nobody waits now */
       IPCREF__UNLOCK(ctx);

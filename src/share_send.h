@@ -10,10 +10,14 @@
 /* ---- room in the socket ---------------------------------------------------
  * Every write is MSG_DONTWAIT. When the socket is full: a non-blocking one
  * (O_NONBLOCK) says EAGAIN at once, wanting POLLOUT; a blocking one waits,
- * up to opt.send_timeout_ms (ETIMEDOUT). A message the socket has not
- * begun to take is not sent at all (its leases go back); the rest of one a
- * stream took in part waits in the peer (p->out) and goes before anything
- * else, so the stream stays whole. */
+ * up to opt.send_timeout_ms (ETIMEDOUT): one deadline for the whole send,
+ * set at its first wait (for room under max_bytes_held, for the channel's
+ * setup, for what an earlier record left, for the socket), and every wait
+ * after it has only what is left. A message the socket has not begun to
+ * take is not sent at all (its leases go back); the rest of one a stream
+ * took in part waits in the peer (p->out, made before the first byte went,
+ * so that keeping it cannot fail) and goes before anything else, so the
+ * stream stays whole: that message was sent (its leases stay). */
 
 /* *end = now + ms (CLOCK_MONOTONIC). */
 IPCREF__PRIVATE void ipcref__send_deadline_ms(struct timespec *end, int ms) {
@@ -84,18 +88,17 @@ IPCREF__PRIVATE ipcref_result ipcref__flush_out(ipcref_peer *p,
 }
 
 /* A stream took `sent` bytes of the record `iov` (two parts, `total` in
- * all): the rest waits in p->out, and goes now as far as it can. The
- * record is on its way whatever happens to the rest (OK), unless the peer
- * hung up. */
+ * all): the rest waits in p->out (made by ipcref__send_raw before the
+ * first byte went), and goes now as far as it can. The record is on its
+ * way whatever happens to the rest (OK: its leases stay, since the rest
+ * goes first on the next send or ipcref_peer_flush, which say what stops
+ * it), unless the peer hung up (EPEER: nothing more of it can go). */
 IPCREF__PRIVATE ipcref_result ipcref__keep_rest(ipcref_peer *p,
                                                 const struct iovec *iov,
                                                 size_t sent, size_t total,
                                                 struct timespec *end) {
   size_t at = 0, i;
   ipcref_result r;
-  if (!p->out && !(p->out = (unsigned char *)IPCREF_MALLOC(
-                       4 + (size_t)IPCREF_MSG_MAX_BYTES)))
-    return IPCREF_ENOMEM;   /* the stream is cut: treat the peer as gone */
   for (i = 0; i < 2; i++) { /* the whole record, then skip what went */
     memcpy(p->out + at, iov[i].iov_base, iov[i].iov_len);
     at += iov[i].iov_len;
@@ -103,14 +106,16 @@ IPCREF__PRIVATE ipcref_result ipcref__keep_rest(ipcref_peer *p,
   p->out_len = total;
   p->out_pos = sent;
   r = ipcref__flush_out(p, end);
-  return r == IPCREF_EPEER || r == IPCREF_ESYS ? r : IPCREF_OK;
+  return r == IPCREF_EPEER ? r : IPCREF_OK;
 }
 
 /* Sends a record with fds: one datagram on SOCK_SEQPACKET; on SOCK_STREAM a
  * 4-byte length first (the fds travel with it). What an earlier record
- * left goes first. EAGAIN and ETIMEDOUT: nothing of this one was sent. */
+ * left goes first. Waits until the send's deadline `end` (see above).
+ * Any error but EPEER: nothing of this one was sent. */
 IPCREF__PRIVATE ipcref_result ipcref__send_raw(ipcref_peer *p,
-                                               const ipcref_msg *msg) {
+                                               const ipcref_msg *msg,
+                                               struct timespec *end) {
   union {
     char buf[CMSG_SPACE(sizeof(int) * IPCREF_MSG_MAX_FDS)];
     struct cmsghdr align;
@@ -119,9 +124,16 @@ IPCREF__PRIVATE ipcref_result ipcref__send_raw(ipcref_peer *p,
   ipcref__wire w;
   struct iovec iov[2];
   struct msghdr mh;
-  struct timespec end = {0, 0};
   int stream = p->sock_type == SOCK_STREAM;
-  ipcref_result r = ipcref__flush_out(p, &end);
+  ipcref_result r;
+  /* Room for a rest, before any byte goes: a record cut in the middle
+   * could not be taken back, and the receiver would read what follows as
+   * its rest. Made once, kept until the peer is freed. */
+  if (stream && !p->out &&
+      !(p->out =
+            (unsigned char *)IPCREF_MALLOC(4 + (size_t)IPCREF_MSG_MAX_BYTES)))
+    return IPCREF_ENOMEM;
+  r = ipcref__flush_out(p, end);
   if (r != IPCREF_OK) return r;
   memset(&mh, 0, sizeof mh);
   ipcref__wire_init(&w, lenbuf, 4);
@@ -147,13 +159,13 @@ IPCREF__PRIVATE ipcref_result ipcref__send_raw(ipcref_peer *p,
     ssize_t k = sendmsg(p->fd, &mh, MSG_NOSIGNAL | MSG_DONTWAIT);
     if (k >= 0) {
       size_t total = msg->len + (stream ? 4 : 0);
-      ipcref__want(p, 0);
-      return (size_t)k == total
-                 ? IPCREF_OK
-                 : ipcref__keep_rest(p, iov, (size_t)k, total, &end);
+      r = (size_t)k == total ? IPCREF_OK
+                             : ipcref__keep_rest(p, iov, (size_t)k, total, end);
+      ipcref__want(p, 0); /* POLLOUT while a rest waits (see ipcref__want) */
+      return r;
     }
     if (errno == EAGAIN || errno == EWOULDBLOCK) {
-      r = ipcref__room(p, &end); /* nothing of it sent yet */
+      r = ipcref__room(p, end); /* nothing of it sent yet */
       if (r != IPCREF_OK) return r;
     } else if (errno != EINTR) {
       return errno == EPIPE || errno == ECONNRESET ? IPCREF_EPEER : IPCREF_ESYS;
@@ -167,7 +179,8 @@ IPCREF__PRIVATE ipcref_result ipcref__send_raw(ipcref_peer *p,
  * carries. A ring that cannot be made (out of memfds, say) leaves the
  * socket carrying everything; so does ring_bytes IPCREF_KEEP_NONE. */
 
-IPCREF__PRIVATE ipcref_result ipcref__channel_open(ipcref_peer *p) {
+IPCREF__PRIVATE ipcref_result ipcref__channel_open(ipcref_peer *p,
+                                                   struct timespec *end) {
   struct ipcref__chan_tx *t;
   ipcref_msg setup;
   size_t bytes = ipcref__chan_size(&p->opt);
@@ -178,7 +191,7 @@ IPCREF__PRIVATE ipcref_result ipcref__channel_open(ipcref_peer *p) {
     p->tx_off = 1;
     return IPCREF_OK;
   }
-  r = ipcref__send_raw(p, &setup);
+  r = ipcref__send_raw(p, &setup, end);
   for (i = 0; i < setup.nfds; i++) close(setup.fds[i]);
   if (r == IPCREF_OK)
     p->tx = t;
@@ -190,15 +203,15 @@ IPCREF__PRIVATE ipcref_result ipcref__channel_open(ipcref_peer *p) {
 /* Sends a message built for the peer: into the ring when it needs no fds
  * and fits, else on the socket (counted, so that the other side keeps the
  * order). The channel's setup, on the first, and what a stream left
- * unsent go first. */
+ * unsent go first, all within the send's deadline `end`. */
 IPCREF__PRIVATE ipcref_result ipcref__chan_send(ipcref_peer *p,
-                                                const ipcref_msg *msg) {
-  ipcref_result r = ipcref__channel_open(p);
+                                                const ipcref_msg *msg,
+                                                struct timespec *end) {
+  ipcref_result r = ipcref__channel_open(p, end);
   if (r != IPCREF_OK) return r;
   if (p->tx && ipcref__chan_gone(p)) return IPCREF_EPEER;
   if (p->tx && msg->nfds == 0) {
-    struct timespec end = {0, 0};
-    r = p->out_len ? ipcref__flush_out(p, &end) : IPCREF_OK;
+    r = p->out_len ? ipcref__flush_out(p, end) : IPCREF_OK;
     if (r != IPCREF_OK) return r;
     if (ipcref__chan_push(p, msg->bytes, msg->len)) {
       p->sent_channel++;
@@ -208,7 +221,7 @@ IPCREF__PRIVATE ipcref_result ipcref__chan_send(ipcref_peer *p,
   }
   /* Not under the lock: the socket may block on the peer. */
   if (p->tx) ipcref__chan_count(p, 1, 0);
-  r = ipcref__send_raw(p, msg);
+  r = ipcref__send_raw(p, msg, end);
   if (p->tx) ipcref__chan_count(p, 0, r == IPCREF_OK);
   if (r == IPCREF_OK) p->sent_socket++;
   return r;
@@ -218,8 +231,9 @@ IPCREF__PRIVATE ipcref_result ipcref__chan_send(ipcref_peer *p,
  * the events recorded, the leases taken and the message built under the
  * lock, then sent outside it; a message that could not be sent gives its
  * leases back. Then, under the lock again, the next leases' slots are
- * published (ipcref__slots_top_up). `fn` names the public call in
- * reports. */
+ * published (ipcref__slots_top_up). Every wait in it (room under the
+ * cap, then in the socket) ends at one deadline, send_timeout_ms after the
+ * first began. `fn` names the public call in reports. */
 IPCREF__PRIVATE ipcref_result ipcref__send_views(ipcref_peer *p,
                                                  const ipcref_view *views,
                                                  int n,
@@ -227,6 +241,7 @@ IPCREF__PRIVATE ipcref_result ipcref__send_views(ipcref_peer *p,
                                                  void *stream, const char *fn) {
   ipcref__view_event ev[IPCREF_MSG_MAX_VIEWS];
   ipcref_msg msg;
+  struct timespec end = {0, 0}; /* the send's deadline: set at its first wait */
   ipcref_result r;
   if (!p || !views) return ipcref__invalid(fn, "p or views is NULL");
   if (n < 1 || n > IPCREF_MSG_MAX_VIEWS)
@@ -234,7 +249,7 @@ IPCREF__PRIVATE ipcref_result ipcref__send_views(ipcref_peer *p,
   if (!IPCREF__PEER_USABLE(p, fn)) return IPCREF_EDEAD;
   r = ipcref__views_check(p, views, n, fn);
   if (r == IPCREF_OK) r = ipcref__hello_need(p);
-  if (r == IPCREF_OK) r = ipcref__room_take(p, views, n);
+  if (r == IPCREF_OK) r = ipcref__room_take(p, views, n, &end);
   if (r == IPCREF_OK) r = ipcref__events_record(views, n, stream, ev);
   if (r != IPCREF_OK) return r;
   msg.len = 0;
@@ -245,7 +260,7 @@ IPCREF__PRIVATE ipcref_result ipcref__send_views(ipcref_peer *p,
   ipcref__events_free(ev, n); /* what no lease took */
   if (r != IPCREF_OK) return r;
   IPCREF__STEP("send");
-  r = ipcref__chan_send(p, &msg);
+  r = ipcref__chan_send(p, &msg, &end);
   IPCREF__LOCK(p->ctx);
   if (r != IPCREF_OK) /* its fds are borrowed: not ours to close */
     ipcref__msg_cancel(p->ctx, p, msg.bytes, msg.len);

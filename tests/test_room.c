@@ -7,7 +7,10 @@
  * goes. A context at max_bytes refuses an allocation (ENOMEM); its room fd
  * becomes readable on a return, and ipcref_shared_new_wait sleeps on it.
  * Once room came nothing waits: returns ring no bell, the fds are quiet.
- * Consumers in other processes (fork) return what they were sent. */
+ * Consumers in other processes (fork) return what they were sent. A
+ * blocking send waits at most send_timeout_ms in all, for room under the
+ * cap and then in the socket. A record a stream took in part goes whole:
+ * its rest is kept even out of memory, and wakes the loop. */
 #define _GNU_SOURCE
 #include <stdint.h>
 #include <stdio.h>
@@ -16,6 +19,7 @@
 #include <poll.h>
 #include <unistd.h>
 
+#include "counting_alloc.h" /* before ipcref.h: allocations made to fail */
 #define IPCREF_IMPLEMENTATION
 #include "../ipcref.h"
 #include "share_fixture.h"
@@ -219,6 +223,207 @@ static void test_peer_cap_batch_and_oversize(void) {
   ipcref_peer_free(pp);
   ipcref_ctx_free(cons);
   ipcref_ctx_free(prod);
+}
+
+/* ---- a record a stream took in part ------------------------------------ */
+
+/* A non-blocking SOCK_STREAM pair, socket only, whose producer's socket
+ * takes the least the kernel allows (a large message goes in part), both
+ * hellos read. */
+static void small_stream_pair(ipcref_ctx *prod, ipcref_ctx *cons,
+                              ipcref_peer **pp, ipcref_peer **cp) {
+  ipcref_peer_options o;
+  int small = 1;
+  memset(&o, 0, sizeof o);
+  o.ring_bytes = IPCREF_KEEP_NONE; /* every message on the socket */
+  capped_pair(prod, cons, SOCK_STREAM | SOCK_NONBLOCK, &o, pp, cp);
+  if (!*pp || !*cp) return;
+  CHECK_EQ(setsockopt((*pp)->fd, SOL_SOCKET, SO_SNDBUF, &small, sizeof small),
+           0);
+  (void)ipcref_peer_pid(*pp);
+  (void)ipcref_peer_pid(*cp);
+}
+
+/* Sends the largest messages there are (IPCREF_MSG_MAX_VIEWS views of
+ * `v`, IPCREF_META_MAX bytes of metadata) until one is taken in part (1)
+ * or a send fails otherwise (0); *sent counts the views of those that
+ * went. `starve`: every allocation the send would make fails (ENOMEM
+ * then means that nothing of it went). */
+static int send_until_cut(ipcref_peer *pp, const ipcref_view *v, int starve,
+                          int *sent) {
+  ipcref_view vs[IPCREF_MSG_MAX_VIEWS];
+  char meta[IPCREF_META_MAX];
+  int i;
+  memset(meta, 'm', sizeof meta);
+  for (i = 0; i < IPCREF_MSG_MAX_VIEWS; i++) vs[i] = *v;
+  for (i = 0; i < 1000; i++) {
+    ipcref_result r;
+    fail_next_alloc = starve;
+    r = ipcref_send_meta(pp, vs, IPCREF_MSG_MAX_VIEWS, meta, sizeof meta);
+    fail_next_alloc = 0;
+    if (r == IPCREF_ENOMEM) continue;
+    if (r != IPCREF_OK) return 0;
+    *sent += IPCREF_MSG_MAX_VIEWS;
+    if (pp->out_pos < pp->out_len) return 1;
+  }
+  return 0;
+}
+
+/* Receives what waits for the consumer without waiting, CHECKing that it
+ * makes sense (EAGAIN at the end, not EPROTO); the views it got. */
+static int drain(ipcref_peer *cp) {
+  ipcref_view got;
+  ipcref_result r;
+  int n = 0;
+  while ((r = ipcref_recv(cp, &got, 0)) == IPCREF_OK) {
+    ipcref_view_release(&got);
+    n++;
+  }
+  CHECK_EQ(r, IPCREF_EAGAIN);
+  return n;
+}
+
+/* The consumer reads while the producer sends what a stream left, until
+ * all of it went; the views the consumer got. */
+static int drain_all(ipcref_peer *pp, ipcref_peer *cp) {
+  long t0 = now_ms();
+  int n = drain(cp);
+  ipcref_result r;
+  while ((r = ipcref_peer_flush(pp)) == IPCREF_EAGAIN && now_ms() - t0 < CTL_MS)
+    n += drain(cp);
+  CHECK_EQ(r, IPCREF_OK);
+  return n + drain(cp);
+}
+
+/* An event loop's producer that also receives on its peer: a receive
+ * with nothing to say (EAGAIN, wanting POLLIN) while the rest of a record
+ * waits must leave POLLOUT wanted and in the poll fd, or nothing would
+ * wake the loop to send it, and the consumer would never get the record. */
+static void test_rest_wakes_the_loop(void) {
+  ipcref_ctx *prod = make_ctx(NULL), *cons = make_ctx(NULL);
+  ipcref_peer *pp, *cp;
+  ipcref_view v, none;
+  int sent = 1, got, pfd;
+  small_stream_pair(prod, cons, &pp, &cp);
+  if (!pp || !cp) return;
+  pfd = ipcref_peer_poll_fd(pp);
+  CHECK(pfd >= 0);
+  block_view(prod, &v);
+  CHECK_EQ(ipcref_send(pp, &v), IPCREF_OK); /* unread: the socket part full */
+  CHECK(send_until_cut(pp, &v, 0, &sent));
+  CHECK_EQ(ipcref_peer_wants(pp), POLLOUT);
+  CHECK_EQ(ipcref_recv(pp, &none, 0), IPCREF_EAGAIN);
+  CHECK(ipcref_peer_wants(pp) & POLLOUT); /* beside POLLIN */
+  got = drain(cp);            /* what came: room in the socket again */
+  CHECK(readable(pfd, 5000)); /* the loop wakes for the rest */
+  got += drain_all(pp, cp);
+  CHECK_EQ(got, sent);
+  CHECK_EQ(ipcref_peer_wants(pp), 0); /* all of it went */
+  CHECK(!readable(pfd, 0));
+  ipcref_view_release(&v);
+  ipcref_peer_free(cp);
+  ipcref_peer_free(pp);
+  ipcref_ctx_free(cons);
+  ipcref_ctx_free(prod);
+}
+
+/* Out of memory while a stream takes a record in part: the room for its
+ * rest was made before its first byte went, so the record still goes
+ * whole and its send says OK (its leases stay); a send that fails for
+ * memory sent nothing. The consumer gets every view sent, and the stream
+ * still makes sense after it. */
+static void test_rest_kept_without_memory(void) {
+  ipcref_ctx *prod = make_ctx(NULL), *cons = make_ctx(NULL);
+  ipcref_peer *pp, *cp;
+  ipcref_view v, got;
+  ipcref_result r;
+  int sent = 1, n;
+  small_stream_pair(prod, cons, &pp, &cp);
+  if (!pp || !cp) return;
+  block_view(prod, &v);
+  CHECK_EQ(ipcref_send(pp, &v), IPCREF_OK); /* unread: the socket part full */
+  CHECK(send_until_cut(pp, &v, 1, &sent));
+  n = drain_all(pp, cp);
+  CHECK_EQ(ipcref_send(pp, &v), IPCREF_OK); /* the next one, read as itself */
+  r = ipcref_recv(cp, &got, 5000);
+  CHECK_EQ(r, IPCREF_OK);
+  if (r == IPCREF_OK) ipcref_view_release(&got);
+  CHECK_EQ(n, sent);
+  ipcref_view_release(&v);
+  ipcref_collect(prod);
+  CHECK_EQ(stats_of(prod).live_slots, 0); /* every lease came back, once */
+  ipcref_peer_free(cp);
+  ipcref_peer_free(pp);
+  ipcref_ctx_free(cons);
+  ipcref_ctx_free(prod);
+}
+
+/* ---- one deadline per send ---------------------------------------------- */
+
+#define SEND_MS (500 * slow)  /* test_send_timeout_in_all's send_timeout_ms */
+#define HOLD_MS (1000 * slow) /* and how long its consumer holds the cap */
+
+/* The consumer of test_send_timeout_in_all: takes one view, holds it
+ * HOLD_MS, lets it go, and reads nothing more (what follows is junk: its
+ * free refuses it, to the error hook). */
+static int timed_holder(void *arg) {
+  kid *k = (kid *)arg;
+  ipcref_ctx *ctx = new_ctx(0, 0);
+  ipcref_peer *p = make_peer(ctx, k->their_sock[0]);
+  ipcref_view v;
+  if (p && ipcref_recv(p, &v, 10000) == IPCREF_OK) {
+    ctl_put(k->their_ctl, 'h');
+    sleep_us(HOLD_MS * 1000L);
+    ipcref_view_release(&v);
+  }
+  (void)ctl_get(k->their_ctl, CTL_MS);
+  ipcref_peer_free(p);
+  ipcref_ctx_free(ctx);
+  return 0;
+}
+
+/* A blocking send that waits for room under the cap (the lease comes back
+ * after HOLD_MS), then for room in a full socket (none comes): ETIMEDOUT
+ * once send_timeout_ms has passed since the send began, not a fresh
+ * timeout for each wait (HOLD_MS + SEND_MS). */
+static void test_send_timeout_in_all(void) {
+  kid k;
+  ipcref_ctx *ctx;
+  ipcref_peer *p = NULL;
+  ipcref_peer_options o;
+  ipcref_view v[2];
+  char junk[256];
+  long t0, took;
+  int i, fd;
+  kid_start(&k, 1, SOCK_SEQPACKET, timed_holder);
+  ctx = make_ctx(NULL);
+  memset(&o, 0, sizeof o);
+  o.max_bytes_held = BLOCK;
+  o.send_timeout_ms = SEND_MS;
+  o.ring_bytes = IPCREF_KEEP_NONE; /* every message on the socket */
+  fd = k.sock[0];
+  CHECK_EQ(ipcref_peer_new_with(ctx, fd, &o, &p), IPCREF_OK);
+  if (p) {
+    tforget(fd); /* the peer's now */
+    k.sock[0] = -1;
+  }
+  for (i = 0; i < 2; i++) block_view(ctx, &v[i]);
+  CHECK_EQ(ipcref_send(p, &v[0]), IPCREF_OK);
+  CTL_EXPECT(k.ctl, 'h'); /* it holds the cap, for HOLD_MS */
+  memset(junk, 0, sizeof junk);
+  while (send(fd, junk, sizeof junk, MSG_DONTWAIT | MSG_NOSIGNAL) > 0)
+    continue; /* the socket full, for good */
+  t0 = now_ms();
+  CHECK_EQ(ipcref_send(p, &v[1]), IPCREF_ETIMEDOUT);
+  took = now_ms() - t0;
+  printf("    ETIMEDOUT after %ld ms (send_timeout_ms %d)\n", took, SEND_MS);
+  CHECK(took >= SEND_MS * 9 / 10);
+  CHECK(took < SEND_MS + HOLD_MS / 2);
+  ctl_put(k.ctl, 'x');
+  KID_END(&k, "consumer");
+  for (i = 0; i < 2; i++) ipcref_view_release(&v[i]);
+  ipcref_peer_free(p);
+  ipcref_ctx_free(ctx);
 }
 
 /* Options set on a peer made without them (as ipcref_accept makes it):
@@ -433,6 +638,9 @@ int main(void) {
   RUN(test_bell_shared);
   RUN(test_peer_cap_batch_and_oversize);
   RUN(test_peer_cap_blocking_across);
+  RUN(test_rest_wakes_the_loop);
+  RUN(test_rest_kept_without_memory);
+  RUN(test_send_timeout_in_all);
   RUN(test_set_options);
   RUN(test_ctx_room);
   RUN(test_shared_new_wait_across);
