@@ -1126,8 +1126,9 @@ IPCREF_API ipcref_result ipcref_send_on(ipcref_peer *p, const ipcref_view *v,
                                         void *stream);
 
 /* Receives one message (one view) from the peer's socket and imports it.
- * timeout_ms: -1 waits; 0 polls, never waits, and says EAGAIN when
- * nothing is there (wanting POLLIN); past a longer wait, ETIMEDOUT; below
+ * timeout_ms: -1 waits (a non-blocking socket too); 0 polls, never waits,
+ * and says EAGAIN when nothing is there (wanting POLLIN); past a longer
+ * wait, ETIMEDOUT (signals that interrupt it do not start it over); below
  * -1, EINVAL. On a SOCK_STREAM socket a record may come in pieces: what
  * came waits in the peer, with its fds, and a later call completes it, so
  * a sender that stops halfway never holds a receive past its timeout. Errors:
@@ -1437,16 +1438,20 @@ extern "C" {
  * whose directory's permissions say who may connect, or "@name" in the
  * abstract namespace. A socket file left by a listener that died is
  * replaced: to tell, ipcref_listen connects to it once (a listener that
- * lives there sees a connection that hangs up at once). ipcref_accept
- * takes one connection on it within timeout_ms (-1: waits, 0: polls) as a
- * new peer, non-blocking when the listening socket is (EPEER: it hung up
- * already, or its uid is not allowed; accept the next); ipcref_connect connects
- * to `path` and makes the peer. Each checks the other side as ipcref_peer_new
- * does (its uid against allow_uids, its hello on first use). Errors: EINVAL
- * (NULL, an empty path or one too long for an AF_UNIX address, not a listening
- * socket, a timeout below -1), EPEER (nobody listens at `path`; a uid not
- * allowed), ETIMEDOUT (accept: nobody connected), ESYS (errno says why:
- * EADDRINUSE when a listener lives at `path`), ENOMEM, EDEAD. */
+ * lives there sees a connection that hangs up at once); anything else at
+ * the path (a regular file, a directory, a symlink) is left alone (ESYS,
+ * EADDRINUSE; the error hook says why). ipcref_accept takes one connection
+ * on it within timeout_ms (-1: waits, 0: polls; a non-blocking listening
+ * socket waits the same) as a new peer, non-blocking when the listening
+ * socket is (EPEER: it hung up already, or its uid is not allowed; accept
+ * the next); ipcref_connect connects to `path` and makes the peer. Each
+ * checks the other side as ipcref_peer_new does (its uid against
+ * allow_uids, its hello on first use). Errors: EINVAL (NULL, an empty path
+ * or one too long for an AF_UNIX address, not a listening socket, a
+ * timeout below -1), EPEER (nobody listens at `path`; a uid not allowed),
+ * ETIMEDOUT (accept: nobody connected), ESYS (errno says why: EADDRINUSE
+ * when a listener lives at `path`, or something not a socket is there),
+ * ENOMEM, EDEAD. */
 IPCREF_API ipcref_result ipcref_listen(ipcref_ctx *ctx, const char *path,
                                        int *listen_fd);
 IPCREF_API ipcref_result ipcref_accept(ipcref_ctx *ctx, int listen_fd,
@@ -7474,20 +7479,42 @@ ipcref__msg_meta_at(const unsigned char *bytes, size_t len, size_t *meta_len) {
 
 #ifdef IPCREF__SHARING_IMPL
 
-/* Waits until fd is readable: timeout_ms -1 means no wait at all here (the
- * blocking read that follows waits), 0 polls. */
-IPCREF__PRIVATE ipcref_result ipcref__wait_readable(int fd, int timeout_ms) {
+/* share_send's: the milliseconds left of a timeout, its deadline set at
+ * the first call. */
+IPCREF__PRIVATE int ipcref__ms_until(int timeout_ms, struct timespec *end,
+                                     int *dated);
+
+/* Waits until fd is readable, within timeout_ms (-1: forever, 0: polls) of
+ * a deadline *end that the first call sets (*dated 0; see
+ * ipcref__ms_until). A caller whose read then finds nothing (EAGAIN: a
+ * non-blocking socket, another reader was first) calls again with the same
+ * *end: neither that nor a signal (EINTR) starts the timeout over, so a
+ * steady stream of signals cannot hold a call past it. */
+IPCREF__PRIVATE ipcref_result ipcref__wait_readable(int fd, int timeout_ms,
+                                                    struct timespec *end,
+                                                    int *dated) {
   struct pollfd pfd;
   pfd.fd = fd;
   pfd.events = POLLIN;
-  pfd.revents = 0;
-  for (; timeout_ms >= 0;) {
-    int pr = poll(&pfd, 1, timeout_ms);
-    if (pr > 0) break;
+  for (;;) {
+    int pr;
+    pfd.revents = 0;
+    pr = poll(&pfd, 1, ipcref__ms_until(timeout_ms, end, dated));
+    if (pr > 0) return IPCREF_OK;
     if (pr == 0) return IPCREF_ETIMEDOUT;
     if (errno != EINTR) return IPCREF_ESYS;
   }
-  return IPCREF_OK;
+}
+
+/* After a read that found nothing though fd polled readable (EAGAIN: a
+ * non-blocking socket whose data another reader took): waits again for
+ * what is left of the time; ETIMEDOUT when nothing is (a poll, timeout_ms
+ * 0, looks once). */
+IPCREF__PRIVATE ipcref_result ipcref__wait_again(int fd, int timeout_ms,
+                                                 struct timespec *end,
+                                                 int *dated) {
+  if (ipcref__ms_until(timeout_ms, end, dated) == 0) return IPCREF_ETIMEDOUT;
+  return ipcref__wait_readable(fd, timeout_ms, end, dated);
 }
 
 /* 1 when `fd` is non-blocking (O_NONBLOCK): a call that would wait says
@@ -7733,7 +7760,8 @@ IPCREF__PRIVATE ipcref_result ipcref__hello_bytes(ipcref_peer *p,
                                                   int timeout_ms,
                                                   unsigned char *b,
                                                   ssize_t *k) {
-  int resets = 0;
+  struct timespec end;
+  int resets = 0, dated = 0;
   ipcref_result r;
   if (p->sock_type == SOCK_STREAM) {
     r = ipcref__stream_fill(p, IPCREF__HELLO_BYTES, timeout_ms);
@@ -7743,22 +7771,20 @@ IPCREF__PRIVATE ipcref_result ipcref__hello_bytes(ipcref_peer *p,
     ipcref__stream_next(p, 1); /* fds have no place in a hello */
     return IPCREF_OK;
   }
-  /* A seqpacket record comes whole: one piece, read into b. */
-  r = timeout_ms < 0 ? IPCREF_OK : ipcref__wait_readable(p->fd, timeout_ms);
+  /* A seqpacket record comes whole: one piece, read into b (with no time
+   * limit, a blocking socket's read waits by itself). */
+  r = timeout_ms < 0 ? IPCREF_OK
+                     : ipcref__wait_readable(p->fd, timeout_ms, &end, &dated);
   if (r != IPCREF_OK) return r;
   for (;;) {
-    struct pollfd pfd;
     *k = ipcref__stream_piece(p, b, IPCREF__HELLO_BYTES);
     ipcref__stream_next(p, 1); /* fds have no place in a hello */
     if (*k < 0 && (errno == EINTR || (errno == ECONNRESET && !resets++)))
       continue; /* a reset: what it sent before is still queued here */
-    if (*k >= 0 || errno != EAGAIN || timeout_ms >= 0) break;
-    pfd.fd = p->fd; /* no timeout: wait for it */
-    pfd.events = POLLIN;
-    pfd.revents = 0;
-    if (poll(&pfd, 1, -1) < 0 && errno != EINTR) return IPCREF_ESYS;
+    if (*k >= 0 || (errno != EAGAIN && errno != EWOULDBLOCK)) break;
+    r = ipcref__wait_again(p->fd, timeout_ms, &end, &dated);
+    if (r != IPCREF_OK) return r;
   }
-  if (*k < 0 && errno == EAGAIN) return IPCREF_ETIMEDOUT;
   if (*k == 0 || (*k < 0 && errno == ECONNRESET)) return IPCREF_EPEER;
   return *k < 0 ? IPCREF_ESYS : IPCREF_OK;
 }
@@ -11194,8 +11220,9 @@ IPCREF__PRIVATE ipcref_result ipcref__hello_within(ipcref_peer *p,
 
 /* Receives one seqpacket record and its fds into `bytes`
  * (IPCREF_MSG_MAX_BYTES) and `fds` (IPCREF_MSG_MAX_FDS): the mirror of
- * ipcref__send_raw. On error the fds that came are closed. (A stream's
- * records come through ipcref__stream_fill.) */
+ * ipcref__send_raw. EAGAIN: nothing there (a non-blocking socket). On
+ * error the fds that came are closed. (A stream's records come through
+ * ipcref__stream_fill.) */
 IPCREF__PRIVATE ipcref_result ipcref__recv_raw(ipcref_peer *p,
                                                unsigned char *bytes,
                                                size_t *len, int *fds,
@@ -11225,8 +11252,10 @@ IPCREF__PRIVATE ipcref_result ipcref__recv_raw(ipcref_peer *p,
     *len = (size_t)k;
     return IPCREF_OK;
   }
-  if (k <= 0) {
-    r = k == 0 || errno == ECONNRESET ? IPCREF_EPEER : IPCREF_ESYS;
+  if (k == 0 || (k < 0 && errno == ECONNRESET)) {
+    r = IPCREF_EPEER;
+  } else if (k < 0) {
+    r = errno == EAGAIN || errno == EWOULDBLOCK ? IPCREF_EAGAIN : IPCREF_ESYS;
   } else {
     r = IPCREF_EPROTO;
     ipcref__ctx_report(p->ctx, r,
@@ -11274,7 +11303,8 @@ IPCREF__PRIVATE ipcref_result ipcref__recv_socket(ipcref_peer *p,
                                                   int timeout_ms, void *stream,
                                                   int *n, int *took) {
   unsigned char *bytes;
-  int fds[IPCREF_MSG_MAX_FDS], nfds = 0;
+  struct timespec end;
+  int fds[IPCREF_MSG_MAX_FDS], nfds = 0, dated = 0;
   size_t len = 0;
   ipcref_result r;
   *n = 0;
@@ -11292,11 +11322,20 @@ IPCREF__PRIVATE ipcref_result ipcref__recv_socket(ipcref_peer *p,
     ipcref__stream_next(p, 0); /* the record's fds were taken */
     return r;
   }
-  r = ipcref__wait_readable(p->fd, timeout_ms);
+  /* No time limit: a blocking socket's read waits by itself (no poll on
+   * the hand-off's way); a non-blocking one's says EAGAIN, and waits
+   * then. */
+  r = timeout_ms < 0 ? IPCREF_OK
+                     : ipcref__wait_readable(p->fd, timeout_ms, &end, &dated);
   if (r != IPCREF_OK) return r;
   bytes = (unsigned char *)IPCREF_MALLOC(IPCREF_MSG_MAX_BYTES);
   if (!bytes) return IPCREF_ENOMEM;
-  r = ipcref__recv_raw(p, bytes, &len, fds, &nfds);
+  for (;;) {
+    r = ipcref__recv_raw(p, bytes, &len, fds, &nfds);
+    if (r != IPCREF_EAGAIN) break;
+    r = ipcref__wait_again(p->fd, timeout_ms, &end, &dated);
+    if (r != IPCREF_OK) break;
+  }
   *took = r == IPCREF_OK || r == IPCREF_EPROTO;
   if (r == IPCREF_OK)
     r = ipcref__socket_record(p, bytes, len, fds, nfds, stream, n);
@@ -11432,10 +11471,17 @@ IPCREF__PRIVATE const char *ipcref__path_why(const char *path) {
 }
 
 /* A filesystem socket nobody listens on any more (its listener died): 1
- * when connecting to it is refused, so it may be replaced. */
-IPCREF__PRIVATE int ipcref__socket_stale(const struct sockaddr_un *a,
+ * when `path` is a socket file (lstat: not what a symlink names) and
+ * connecting to it is refused, so it may be replaced. Anything else
+ * stays: a live listener, and a regular file, a directory or a symlink,
+ * which refuse connections too but are nobody's leftover. */
+IPCREF__PRIVATE int ipcref__socket_stale(const char *path,
+                                         const struct sockaddr_un *a,
                                          socklen_t len) {
-  int fd = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0), stale;
+  struct stat st;
+  int fd, stale;
+  if (lstat(path, &st) != 0 || !S_ISSOCK(st.st_mode)) return 0;
+  fd = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0);
   if (fd < 0) return 0;
   stale = connect(fd, (const struct sockaddr *)a, len) != 0 &&
           errno == ECONNREFUSED;
@@ -11443,11 +11489,30 @@ IPCREF__PRIVATE int ipcref__socket_stale(const struct sockaddr_un *a,
   return stale;
 }
 
+/* Binds fd to `path`, replacing a dead listener's socket file once (see
+ * ipcref__socket_stale). 0, or -1 with errno: EADDRINUSE when something
+ * else is there (named to the hook when it is no socket at all). */
+IPCREF__PRIVATE int ipcref__bind_path(ipcref_ctx *ctx, int fd, const char *path,
+                                      const struct sockaddr_un *a,
+                                      socklen_t len) {
+  struct stat st;
+  if (bind(fd, (const struct sockaddr *)a, len) == 0) return 0;
+  if (errno != EADDRINUSE || path[0] == '@') return -1;
+  if (ipcref__socket_stale(path, a, len))
+    return unlink(path) != 0 ? -1 : bind(fd, (const struct sockaddr *)a, len);
+  if (lstat(path, &st) == 0 && !S_ISSOCK(st.st_mode))
+    ipcref__ctx_report(ctx, IPCREF_ESYS,
+                       "ipcref_listen: path is taken by a file that is not "
+                       "a socket (left alone: EADDRINUSE)");
+  errno = EADDRINUSE;
+  return -1;
+}
+
 IPCREF_API ipcref_result ipcref_listen(ipcref_ctx *ctx, const char *path,
                                        int *listen_fd) {
   struct sockaddr_un a;
   socklen_t len = 0;
-  int fd, tries;
+  int fd;
   if (!ctx || !listen_fd || !ipcref__unix_addr(path, &a, &len))
     return ipcref__invalid(__func__, !ctx || !listen_fd
                                          ? "ctx or listen_fd is NULL"
@@ -11455,16 +11520,11 @@ IPCREF_API ipcref_result ipcref_listen(ipcref_ctx *ctx, const char *path,
   if (!IPCREF__CTX_USABLE(ctx)) return IPCREF_EDEAD;
   fd = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0);
   if (fd < 0) return errno == ENOMEM ? IPCREF_ENOMEM : IPCREF_ESYS;
-  for (tries = 0;; tries++) {
-    if (bind(fd, (const struct sockaddr *)&a, len) == 0) break;
-    /* A socket file its dead listener left: replaced, once. */
-    if (errno != EADDRINUSE || tries > 0 || path[0] == '@' ||
-        !ipcref__socket_stale(&a, len) || unlink(path) != 0) {
-      int e = errno;
-      close(fd);
-      errno = e;
-      return IPCREF_ESYS;
-    }
+  if (ipcref__bind_path(ctx, fd, path, &a, len) != 0) {
+    int e = errno;
+    close(fd);
+    errno = e;
+    return IPCREF_ESYS;
   }
   if (listen(fd, 64) != 0) {
     int e = errno;
@@ -11477,30 +11537,46 @@ IPCREF_API ipcref_result ipcref_listen(ipcref_ctx *ctx, const char *path,
   return IPCREF_OK;
 }
 
+/* 1 when fd is a listening socket: an accept on anything else would wait
+ * for nothing (-1) before it failed. */
+IPCREF__PRIVATE int ipcref__listening(int fd) {
+  int on = 0;
+  socklen_t len = sizeof on;
+  return getsockopt(fd, SOL_SOCKET, SO_ACCEPTCONN, &on, &len) == 0 && on;
+}
+
+/* accept4, retried on EINTR; a non-blocking listener's peers are
+ * non-blocking too: an event loop's sends then never wait (see
+ * ipcref_peer_options). */
+IPCREF__PRIVATE int ipcref__accept_one(int listen_fd) {
+  int fl = ipcref__nonblocking(listen_fd) ? SOCK_NONBLOCK : 0, fd;
+  do fd = accept4(listen_fd, NULL, NULL, SOCK_CLOEXEC | fl);
+  while (fd < 0 && errno == EINTR);
+  return fd;
+}
+
 IPCREF_API ipcref_result ipcref_accept(ipcref_ctx *ctx, int listen_fd,
                                        int timeout_ms, ipcref_peer **out) {
+  struct timespec end;
   ipcref_result r;
-  int fd;
+  int fd = -1, dated = 0;
   if (!ctx || !out || listen_fd < 0)
     return ipcref__invalid(__func__, !ctx || !out ? "ctx or out is NULL"
                                                   : "listen_fd is negative");
   if (timeout_ms < -1) return ipcref__invalid(__func__, "timeout_ms below -1");
   if (!IPCREF__CTX_USABLE(ctx)) return IPCREF_EDEAD;
-  r = timeout_ms < 0 ? IPCREF_OK : ipcref__wait_readable(listen_fd, timeout_ms);
+  if (!ipcref__listening(listen_fd))
+    return ipcref__invalid(__func__, "listen_fd is not a listening socket");
+  /* Nobody after all though it polled readable (a non-blocking listener
+   * another process accepted on first): wait again for what is left. */
+  r = ipcref__wait_readable(listen_fd, timeout_ms, &end, &dated);
+  while (r == IPCREF_OK && (fd = ipcref__accept_one(listen_fd)) < 0 &&
+         (errno == EAGAIN || errno == EWOULDBLOCK))
+    r = ipcref__wait_again(listen_fd, timeout_ms, &end, &dated);
   if (r != IPCREF_OK) return r;
-  /* A non-blocking listener's peers are non-blocking too: an event loop's
-   * sends then never wait (see ipcref_peer_options). */
-  for (;;) {
-    fd = accept4(listen_fd, NULL, NULL,
-                 SOCK_CLOEXEC |
-                     (ipcref__nonblocking(listen_fd) ? SOCK_NONBLOCK : 0));
-    if (fd >= 0 || errno != EINTR) break;
-  }
   if (fd < 0 && (errno == EBADF || errno == ENOTSOCK || errno == EINVAL))
     return ipcref__invalid(__func__, "listen_fd is not a listening socket");
-  if (fd < 0)
-    return errno == EAGAIN || errno == EWOULDBLOCK ? IPCREF_ETIMEDOUT
-                                                   : IPCREF_ESYS;
+  if (fd < 0) return IPCREF_ESYS;
   r = ipcref_peer_new(ctx, fd, out);
   if (r != IPCREF_OK) close(fd); /* refused (a uid not allowed), say */
   return r;

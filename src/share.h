@@ -447,8 +447,9 @@ IPCREF_API ipcref_result ipcref_send_on(ipcref_peer *p, const ipcref_view *v,
                                         void *stream);
 
 /* Receives one message (one view) from the peer's socket and imports it.
- * timeout_ms: -1 waits; 0 polls, never waits, and says EAGAIN when
- * nothing is there (wanting POLLIN); past a longer wait, ETIMEDOUT; below
+ * timeout_ms: -1 waits (a non-blocking socket too); 0 polls, never waits,
+ * and says EAGAIN when nothing is there (wanting POLLIN); past a longer
+ * wait, ETIMEDOUT (signals that interrupt it do not start it over); below
  * -1, EINVAL. On a SOCK_STREAM socket a record may come in pieces: what
  * came waits in the peer, with its fds, and a later call completes it, so
  * a sender that stops halfway never holds a receive past its timeout. Errors:

@@ -6,20 +6,42 @@
 
 #ifdef IPCREF__SHARING_IMPL
 
-/* Waits until fd is readable: timeout_ms -1 means no wait at all here (the
- * blocking read that follows waits), 0 polls. */
-IPCREF__PRIVATE ipcref_result ipcref__wait_readable(int fd, int timeout_ms) {
+/* share_send's: the milliseconds left of a timeout, its deadline set at
+ * the first call. */
+IPCREF__PRIVATE int ipcref__ms_until(int timeout_ms, struct timespec *end,
+                                     int *dated);
+
+/* Waits until fd is readable, within timeout_ms (-1: forever, 0: polls) of
+ * a deadline *end that the first call sets (*dated 0; see
+ * ipcref__ms_until). A caller whose read then finds nothing (EAGAIN: a
+ * non-blocking socket, another reader was first) calls again with the same
+ * *end: neither that nor a signal (EINTR) starts the timeout over, so a
+ * steady stream of signals cannot hold a call past it. */
+IPCREF__PRIVATE ipcref_result ipcref__wait_readable(int fd, int timeout_ms,
+                                                    struct timespec *end,
+                                                    int *dated) {
   struct pollfd pfd;
   pfd.fd = fd;
   pfd.events = POLLIN;
-  pfd.revents = 0;
-  for (; timeout_ms >= 0;) {
-    int pr = poll(&pfd, 1, timeout_ms);
-    if (pr > 0) break;
+  for (;;) {
+    int pr;
+    pfd.revents = 0;
+    pr = poll(&pfd, 1, ipcref__ms_until(timeout_ms, end, dated));
+    if (pr > 0) return IPCREF_OK;
     if (pr == 0) return IPCREF_ETIMEDOUT;
     if (errno != EINTR) return IPCREF_ESYS;
   }
-  return IPCREF_OK;
+}
+
+/* After a read that found nothing though fd polled readable (EAGAIN: a
+ * non-blocking socket whose data another reader took): waits again for
+ * what is left of the time; ETIMEDOUT when nothing is (a poll, timeout_ms
+ * 0, looks once). */
+IPCREF__PRIVATE ipcref_result ipcref__wait_again(int fd, int timeout_ms,
+                                                 struct timespec *end,
+                                                 int *dated) {
+  if (ipcref__ms_until(timeout_ms, end, dated) == 0) return IPCREF_ETIMEDOUT;
+  return ipcref__wait_readable(fd, timeout_ms, end, dated);
 }
 
 /* 1 when `fd` is non-blocking (O_NONBLOCK): a call that would wait says
@@ -265,7 +287,8 @@ IPCREF__PRIVATE ipcref_result ipcref__hello_bytes(ipcref_peer *p,
                                                   int timeout_ms,
                                                   unsigned char *b,
                                                   ssize_t *k) {
-  int resets = 0;
+  struct timespec end;
+  int resets = 0, dated = 0;
   ipcref_result r;
   if (p->sock_type == SOCK_STREAM) {
     r = ipcref__stream_fill(p, IPCREF__HELLO_BYTES, timeout_ms);
@@ -275,22 +298,20 @@ IPCREF__PRIVATE ipcref_result ipcref__hello_bytes(ipcref_peer *p,
     ipcref__stream_next(p, 1); /* fds have no place in a hello */
     return IPCREF_OK;
   }
-  /* A seqpacket record comes whole: one piece, read into b. */
-  r = timeout_ms < 0 ? IPCREF_OK : ipcref__wait_readable(p->fd, timeout_ms);
+  /* A seqpacket record comes whole: one piece, read into b (with no time
+   * limit, a blocking socket's read waits by itself). */
+  r = timeout_ms < 0 ? IPCREF_OK
+                     : ipcref__wait_readable(p->fd, timeout_ms, &end, &dated);
   if (r != IPCREF_OK) return r;
   for (;;) {
-    struct pollfd pfd;
     *k = ipcref__stream_piece(p, b, IPCREF__HELLO_BYTES);
     ipcref__stream_next(p, 1); /* fds have no place in a hello */
     if (*k < 0 && (errno == EINTR || (errno == ECONNRESET && !resets++)))
       continue; /* a reset: what it sent before is still queued here */
-    if (*k >= 0 || errno != EAGAIN || timeout_ms >= 0) break;
-    pfd.fd = p->fd; /* no timeout: wait for it */
-    pfd.events = POLLIN;
-    pfd.revents = 0;
-    if (poll(&pfd, 1, -1) < 0 && errno != EINTR) return IPCREF_ESYS;
+    if (*k >= 0 || (errno != EAGAIN && errno != EWOULDBLOCK)) break;
+    r = ipcref__wait_again(p->fd, timeout_ms, &end, &dated);
+    if (r != IPCREF_OK) return r;
   }
-  if (*k < 0 && errno == EAGAIN) return IPCREF_ETIMEDOUT;
   if (*k == 0 || (*k < 0 && errno == ECONNRESET)) return IPCREF_EPEER;
   return *k < 0 ? IPCREF_ESYS : IPCREF_OK;
 }

@@ -31,8 +31,9 @@ IPCREF__PRIVATE ipcref_result ipcref__hello_within(ipcref_peer *p,
 
 /* Receives one seqpacket record and its fds into `bytes`
  * (IPCREF_MSG_MAX_BYTES) and `fds` (IPCREF_MSG_MAX_FDS): the mirror of
- * ipcref__send_raw. On error the fds that came are closed. (A stream's
- * records come through ipcref__stream_fill.) */
+ * ipcref__send_raw. EAGAIN: nothing there (a non-blocking socket). On
+ * error the fds that came are closed. (A stream's records come through
+ * ipcref__stream_fill.) */
 IPCREF__PRIVATE ipcref_result ipcref__recv_raw(ipcref_peer *p,
                                                unsigned char *bytes,
                                                size_t *len, int *fds,
@@ -62,8 +63,10 @@ IPCREF__PRIVATE ipcref_result ipcref__recv_raw(ipcref_peer *p,
     *len = (size_t)k;
     return IPCREF_OK;
   }
-  if (k <= 0) {
-    r = k == 0 || errno == ECONNRESET ? IPCREF_EPEER : IPCREF_ESYS;
+  if (k == 0 || (k < 0 && errno == ECONNRESET)) {
+    r = IPCREF_EPEER;
+  } else if (k < 0) {
+    r = errno == EAGAIN || errno == EWOULDBLOCK ? IPCREF_EAGAIN : IPCREF_ESYS;
   } else {
     r = IPCREF_EPROTO;
     ipcref__ctx_report(p->ctx, r,
@@ -111,7 +114,8 @@ IPCREF__PRIVATE ipcref_result ipcref__recv_socket(ipcref_peer *p,
                                                   int timeout_ms, void *stream,
                                                   int *n, int *took) {
   unsigned char *bytes;
-  int fds[IPCREF_MSG_MAX_FDS], nfds = 0;
+  struct timespec end;
+  int fds[IPCREF_MSG_MAX_FDS], nfds = 0, dated = 0;
   size_t len = 0;
   ipcref_result r;
   *n = 0;
@@ -129,11 +133,20 @@ IPCREF__PRIVATE ipcref_result ipcref__recv_socket(ipcref_peer *p,
     ipcref__stream_next(p, 0); /* the record's fds were taken */
     return r;
   }
-  r = ipcref__wait_readable(p->fd, timeout_ms);
+  /* No time limit: a blocking socket's read waits by itself (no poll on
+   * the hand-off's way); a non-blocking one's says EAGAIN, and waits
+   * then. */
+  r = timeout_ms < 0 ? IPCREF_OK
+                     : ipcref__wait_readable(p->fd, timeout_ms, &end, &dated);
   if (r != IPCREF_OK) return r;
   bytes = (unsigned char *)IPCREF_MALLOC(IPCREF_MSG_MAX_BYTES);
   if (!bytes) return IPCREF_ENOMEM;
-  r = ipcref__recv_raw(p, bytes, &len, fds, &nfds);
+  for (;;) {
+    r = ipcref__recv_raw(p, bytes, &len, fds, &nfds);
+    if (r != IPCREF_EAGAIN) break;
+    r = ipcref__wait_again(p->fd, timeout_ms, &end, &dated);
+    if (r != IPCREF_OK) break;
+  }
   *took = r == IPCREF_OK || r == IPCREF_EPROTO;
   if (r == IPCREF_OK)
     r = ipcref__socket_record(p, bytes, len, fds, nfds, stream, n);

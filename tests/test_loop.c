@@ -14,6 +14,7 @@
 #include <stdio.h>
 #include <string.h>
 #include <fcntl.h>
+#include <pthread.h>
 #include <sys/epoll.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -619,9 +620,10 @@ static void test_ctx_timeout(void) {
  */
 
 static char g_path[108];
+static int g_late_ms; /* path_consumer connects this long after 'g' */
 
-/* A consumer started on its own: connects by path, takes one view, checks
- * its bytes, acks. */
+/* A consumer started on its own: connects by path (g_late_ms after it is
+ * told), takes one view, checks its bytes, acks. */
 static int path_consumer(void *arg) {
   kid *k = (kid *)arg;
   ipcref_ctx *ctx = make_ctx(NULL);
@@ -629,6 +631,7 @@ static int path_consumer(void *arg) {
   ipcref_view v;
   int ok;
   if (ctl_get(k->their_ctl, CTL_MS) != 'g') return 3; /* it listens */
+  sleep_us(g_late_ms * 1000L);
   CHECK_EQ(ipcref_connect(ctx, g_path, &p), IPCREF_OK);
   if (!p) return 2;
   ok = ipcref_recv(p, &v, CTL_MS) == IPCREF_OK;
@@ -730,6 +733,249 @@ static void test_listen_errors(void) {
   }
   ipcref_ctx_free(ctx);
   rmdir(dir);
+}
+
+/* A path taken by anything but a socket is left alone: ipcref_listen
+ * refuses it (ESYS, EADDRINUSE) and the hook says why. Connecting to a
+ * regular file, or a symlink to one, is refused as to a dead listener's
+ * socket, but neither is one: the file keeps its bytes, the link stays. */
+static void test_listen_leaves_files(void) {
+  char dir[] = "/tmp/ipcref-path-XXXXXX", file[108], link[108], got[16];
+  const char *taken[2];
+  ipcref_ctx *ctx = new_ctx(0, 0);
+  struct stat st;
+  int fd, lfd, i;
+  if (!mkdtemp(dir)) {
+    CHECK(!"mkdtemp");
+    ipcref_ctx_free(ctx);
+    return;
+  }
+  snprintf(file, sizeof file, "%s/data", dir);
+  snprintf(link, sizeof link, "%s/link", dir);
+  fd = open(file, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
+  CHECK(fd >= 0 && write(fd, "precious", 8) == 8);
+  if (fd >= 0) close(fd);
+  CHECK_EQ(symlink(file, link), 0);
+  taken[0] = link; /* first, while it names a file */
+  taken[1] = file;
+  errors_reset();
+  for (i = 0; i < 2; i++) {
+    lfd = -1;
+    CHECK_EQ(ipcref_listen(ctx, taken[i], &lfd), IPCREF_ESYS);
+    CHECK_EQ(errno, EADDRINUSE);
+    EXPECT_ERRORS(1);
+    CHECK_EQ(lfd, -1);
+    if (lfd >= 0) close(lfd);
+  }
+  CHECK(lstat(link, &st) == 0 && S_ISLNK(st.st_mode));
+  CHECK(lstat(file, &st) == 0 && S_ISREG(st.st_mode));
+  memset(got, 0, sizeof got);
+  fd = open(file, O_RDONLY | O_CLOEXEC);
+  CHECK(fd >= 0 && read(fd, got, sizeof got) == 8);
+  CHECK(strcmp(got, "precious") == 0);
+  if (fd >= 0) close(fd);
+  unlink(link);
+  unlink(file);
+  rmdir(dir);
+  ipcref_ctx_free(ctx);
+}
+
+/* A non-blocking listener: ipcref_accept with -1 waits for a consumer
+ * that connects late; with a timeout and nobody there, ETIMEDOUT, not
+ * before it. */
+static void test_accept_waits_nonblocking(void) {
+  ipcref_ctx *ctx;
+  ipcref_peer *p = NULL;
+  ipcref_view v;
+  const int64_t n = 4096;
+  int lfd = -1;
+  long t0, dt;
+  kid k;
+  snprintf(g_path, sizeof g_path, "@ipcref-test-late-%d", (int)getpid());
+  g_late_ms = 100;
+  kid_start(&k, 0, SOCK_SEQPACKET, path_consumer); /* before the ctx */
+  g_late_ms = 0;
+  ctx = make_ctx(NULL);
+  CHECK_EQ(ipcref_listen(ctx, g_path, &lfd), IPCREF_OK);
+  CHECK_EQ(fcntl(lfd, F_SETFL, O_NONBLOCK), 0);
+  t0 = now_ms();
+  CHECK_EQ(ipcref_accept(ctx, lfd, 100, &p), IPCREF_ETIMEDOUT); /* nobody */
+  dt = now_ms() - t0;
+  CHECK(dt >= 100 && dt < 1000 * slow);
+  ctl_put(k.ctl, 'g');
+  CHECK_EQ(ipcref_accept(ctx, lfd, -1, &p), IPCREF_OK);
+  if (p) {
+    CHECK_EQ(ipcref_peer_pid(p), k.pid);
+    CHECK_EQ(ipcref_view_new_shared(ctx, IPCREF_U8, 1, &n, &v), IPCREF_OK);
+    memset(ipcref_buf_data(v.buf), 0x33, 4096);
+    CHECK_EQ(ipcref_send(p, &v), IPCREF_OK);
+    ipcref_view_release(&v);
+    CTL_EXPECT(k.ctl, 'y');
+  }
+  close(lfd); /* first: a consumer nobody accepted hears it at once */
+  KID_END(&k, "consumer");
+  ipcref_peer_free(p);
+  ipcref_ctx_free(ctx);
+}
+
+/* ---- waits on a non-blocking socket, and under signals ---------------------
+ */
+
+/* A consumer whose socket is non-blocking: one ipcref_recv(p, .., -1)
+ * waits for the hello, then for the view; replies with what it returned. */
+static int nonblocking_consumer(void *arg) {
+  kid *k = (kid *)arg;
+  ipcref_ctx *ctx = make_ctx(NULL);
+  ipcref_peer *p;
+  ipcref_view v;
+  ipcref_result r;
+  CHECK_EQ(fcntl(k->their_sock[0], F_SETFL, O_NONBLOCK), 0);
+  p = make_peer(ctx, k->their_sock[0]);
+  if (!p) return 2;
+  ctl_put(k->their_ctl, 'w'); /* about to wait */
+  r = ipcref_recv(p, &v, -1);
+  ctl_put(k->their_ctl, (int)r);
+  if (r == IPCREF_OK) ipcref_view_release(&v);
+  ipcref_peer_free(p);
+  ipcref_ctx_free(ctx);
+  return 0;
+}
+
+/* A receive with -1 on a non-blocking socket waits as on a blocking one:
+ * the hello and then the view come later. SOCK_SEQPACKET and
+ * SOCK_STREAM. */
+static void test_recv_waits_nonblocking(void) {
+  int t;
+  for (t = 0; t < 2; t++) {
+    const int64_t n = 256;
+    ipcref_ctx *ctx;
+    ipcref_peer *p;
+    ipcref_view v;
+    kid k;
+    kid_start(&k, 1, t == 0 ? SOCK_SEQPACKET : SOCK_STREAM,
+              nonblocking_consumer);
+    ctx = make_ctx(NULL);
+    CTL_EXPECT(k.ctl, 'w');
+    sleep_us(50 * 1000L); /* it waits for the hello */
+    p = kid_peer(&k, 0, ctx);
+    sleep_us(100 * 1000L); /* and then for the view */
+    CHECK_EQ(ipcref_view_new_shared(ctx, IPCREF_U8, 1, &n, &v), IPCREF_OK);
+    if (p) CHECK_EQ(ipcref_send(p, &v), IPCREF_OK);
+    ipcref_view_release(&v);
+    CTL_EXPECT(k.ctl, IPCREF_OK);
+    KID_END(&k, "consumer");
+    ipcref_peer_free(p);
+    ipcref_ctx_free(ctx);
+  }
+}
+
+#define TICK_MS     50  /* a signal this often */
+#define SIG_WAIT_MS 200 /* the timeout of each wait under them */
+
+static pthread_t tick_target;
+static int tick_stop;
+
+static void on_tick(int sig) {
+  (void)sig;
+}
+
+/* SIGUSR1 to the main thread every TICK_MS, *(int *)arg times at most or
+ * until tick_stop. */
+static void *ticker(void *arg) {
+  int i, max = *(int *)arg;
+  for (i = 0; i < max && !__atomic_load_n(&tick_stop, __ATOMIC_ACQUIRE); i++) {
+    sleep_us(TICK_MS * 1000L);
+    pthread_kill(tick_target, SIGUSR1);
+  }
+  return NULL;
+}
+
+/* What waits: an accept (lfd) or a receive (p). */
+typedef struct sig_case {
+  ipcref_ctx *ctx;
+  ipcref_peer *p;
+  int lfd;
+} sig_case;
+
+static ipcref_result sig_accept(sig_case *c) {
+  ipcref_peer *p = NULL;
+  ipcref_result r = ipcref_accept(c->ctx, c->lfd, SIG_WAIT_MS, &p);
+  ipcref_peer_free(p);
+  return r;
+}
+
+static ipcref_result sig_recv(sig_case *c) {
+  ipcref_view v;
+  ipcref_result r = ipcref_recv(c->p, &v, SIG_WAIT_MS);
+  if (r == IPCREF_OK) ipcref_view_release(&v);
+  return r;
+}
+
+/* fn waits SIG_WAIT_MS for what never comes, a signal cutting it short
+ * every TICK_MS: ETIMEDOUT, not before its time, and well within 10 times
+ * it. The signals go on for twice that, so a wait that each one started
+ * over would outlast it. */
+static void timeout_under_signals(const char *what,
+                                  ipcref_result (*fn)(sig_case *),
+                                  sig_case *c) {
+  int max = 2 * 10 * SIG_WAIT_MS * slow / TICK_MS;
+  ipcref_result r;
+  pthread_t t;
+  long t0, dt;
+  tick_target = pthread_self();
+  __atomic_store_n(&tick_stop, 0, __ATOMIC_RELEASE);
+  if (pthread_create(&t, NULL, ticker, &max) != 0) {
+    CHECK(!"pthread_create");
+    return;
+  }
+  t0 = now_ms();
+  r = fn(c);
+  dt = now_ms() - t0;
+  __atomic_store_n(&tick_stop, 1, __ATOMIC_RELEASE);
+  pthread_join(t, NULL);
+  printf("    %s under signals: %s after %ld ms\n", what, ipcref_strerror(r),
+         dt);
+  CHECK_EQ(r, IPCREF_ETIMEDOUT);
+  CHECK(dt >= SIG_WAIT_MS);
+  CHECK(dt < 10 * SIG_WAIT_MS * slow);
+}
+
+/* Signals (no SA_RESTART) that interrupt a wait do not start its timeout
+ * over: an accept nobody connects to, a receive of a hello that never
+ * comes, and one of a message that never comes. */
+static void test_signals_do_not_restart_waits(void) {
+  struct sigaction sa, old;
+  sig_case c;
+  local_pair l;
+  char name[64];
+  int sv[2];
+  memset(&sa, 0, sizeof sa);
+  sa.sa_handler = on_tick; /* no SA_RESTART: each one is an EINTR */
+  sigemptyset(&sa.sa_mask);
+  CHECK_EQ(sigaction(SIGUSR1, &sa, &old), 0);
+  memset(&c, 0, sizeof c);
+  c.ctx = make_ctx(NULL);
+  c.lfd = -1;
+  snprintf(name, sizeof name, "@ipcref-test-signals-%d", (int)getpid());
+  CHECK_EQ(ipcref_listen(c.ctx, name, &c.lfd), IPCREF_OK);
+  if (c.lfd >= 0) timeout_under_signals("accept", sig_accept, &c);
+  if (c.lfd >= 0) close(c.lfd);
+  if (xsocketpair(SOCK_SEQPACKET, sv) == 0) {
+    c.p = make_peer(c.ctx, sv[0]); /* the other end never says hello */
+    if (c.p) timeout_under_signals("recv, no hello", sig_recv, &c);
+    if (!c.p) tclose(sv[0]);
+    ipcref_peer_free(c.p);
+    tclose(sv[1]);
+  }
+  ipcref_ctx_free(c.ctx);
+  local_pair_open(&l, NULL, NULL);
+  if (l.pp && l.cp) {
+    CHECK_EQ(ipcref_peer_pid(l.cp), (int)getpid()); /* its hello is read */
+    c.p = l.cp;
+    timeout_under_signals("recv, nothing sent", sig_recv, &c);
+  }
+  local_pair_close(&l);
+  CHECK_EQ(sigaction(SIGUSR1, &old, NULL), 0);
 }
 
 /* ---- who holds what -------------------------------------------------------
@@ -873,5 +1119,9 @@ int main(void) {
   RUN(test_ctx_timeout);
   RUN(test_listen_and_connect);
   RUN(test_listen_errors);
+  RUN(test_listen_leaves_files);
+  RUN(test_accept_waits_nonblocking);
+  RUN(test_recv_waits_nonblocking);
+  RUN(test_signals_do_not_restart_waits);
   return harness_finish();
 }
