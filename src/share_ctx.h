@@ -471,21 +471,25 @@ IPCREF_API int ipcref_ctx_poll_fd(ipcref_ctx *ctx) {
   return ctx && IPCREF__CTX_USABLE(ctx) ? ctx->epfd : -1;
 }
 
+/* share_peer's: waits for fd within a deadline that signals do not
+ * start over. */
+IPCREF__PRIVATE ipcref_result ipcref__wait_readable(int fd, int timeout_ms,
+                                                    struct timespec *end,
+                                                    int *dated);
+
 IPCREF_API ipcref_result ipcref_ctx_poll(ipcref_ctx *ctx, int timeout_ms,
                                          size_t *freed) {
-  struct pollfd pfd;
-  int reaped;
+  struct timespec end;
+  int reaped, dated = 0;
   size_t bytes;
   if (freed) *freed = 0;
   if (!ctx) return ipcref__invalid(__func__, "ctx is NULL");
   if (timeout_ms < -1) return ipcref__invalid(__func__, "timeout_ms below -1");
   if (!IPCREF__CTX_USABLE(ctx)) return IPCREF_EDEAD;
-  pfd.fd = ctx->epfd;
-  pfd.events = POLLIN;
-  pfd.revents = 0;
   /* The wait is outside the lock; what woke it is read under it. */
-  while (timeout_ms != 0 && poll(&pfd, 1, timeout_ms) < 0)
-    if (errno != EINTR) return IPCREF_ESYS;
+  if (timeout_ms != 0 &&
+      ipcref__wait_readable(ctx->epfd, timeout_ms, &end, &dated) == IPCREF_ESYS)
+    return IPCREF_ESYS;
   IPCREF__LOCK(ctx);
   ipcref__watch_refresh(ctx);
   reaped = ctx->st.peer_deaths != ctx->reaped;

@@ -911,6 +911,10 @@ static ipcref_result sig_recv(sig_case *c) {
   return r;
 }
 
+static ipcref_result sig_ctx_poll(sig_case *c) {
+  return ipcref_ctx_poll(c->ctx, SIG_WAIT_MS, NULL);
+}
+
 /* fn waits SIG_WAIT_MS for what never comes, a signal cutting it short
  * every TICK_MS: ETIMEDOUT, not before its time, and well within 10 times
  * it. The signals go on for twice that, so a wait that each one started
@@ -941,8 +945,9 @@ static void timeout_under_signals(const char *what,
 }
 
 /* Signals (no SA_RESTART) that interrupt a wait do not start its timeout
- * over: an accept nobody connects to, a receive of a hello that never
- * comes, and one of a message that never comes. */
+ * over: an accept nobody connects to, ipcref_ctx_poll with nobody to
+ * reap, a receive of a hello that never comes, and one of a message that
+ * never comes. */
 static void test_signals_do_not_restart_waits(void) {
   struct sigaction sa, old;
   sig_case c;
@@ -960,6 +965,7 @@ static void test_signals_do_not_restart_waits(void) {
   CHECK_EQ(ipcref_listen(c.ctx, name, &c.lfd), IPCREF_OK);
   if (c.lfd >= 0) timeout_under_signals("accept", sig_accept, &c);
   if (c.lfd >= 0) close(c.lfd);
+  timeout_under_signals("ctx_poll, nobody dies", sig_ctx_poll, &c);
   if (xsocketpair(SOCK_SEQPACKET, sv) == 0) {
     c.p = make_peer(c.ctx, sv[0]); /* the other end never says hello */
     if (c.p) timeout_under_signals("recv, no hello", sig_recv, &c);
