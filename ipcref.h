@@ -5259,6 +5259,13 @@ IPCREF__PRIVATE ipcref_result ipcref__segment_new(ipcref_ctx *ctx,
     char path[64];
     snprintf(path, sizeof path, "/proc/self/fd/%d", s->fd);
     s->ro_fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (s->ro_fd < 0) { /* out of fds: no segment that can never be sent */
+      int e = errno;
+      munmap(s->base, size);
+      close(s->fd);
+      errno = e;
+      goto sys;
+    }
   }
   s->ctx = ctx;
   s->id = ++ctx->next_id;

@@ -13,6 +13,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <sys/resource.h>
 
 #define IPCREF_IMPLEMENTATION
 #include "../ipcref.h"
@@ -579,6 +580,53 @@ static void test_producer_connects_again(void) {
   ipcref_ctx_free(prod);
 }
 
+/* A segment is made with its read-only fd for consumers, or not at all:
+ * out of fds after the memfd, the allocation is refused and nothing is
+ * kept; with fds again, a block is made and sent. In a child, under a
+ * low RLIMIT_NOFILE. */
+static int fd_starved(void *arg) {
+  struct rlimit rl;
+  ipcref_ctx *prod = make_ctx(NULL), *cons = make_ctx(NULL);
+  ipcref_peer *pp, *cp;
+  ipcref_buf *b = NULL;
+  ipcref_view v, got;
+  int sv[2], fd, first = -1, last = -1, bad = 0;
+  const int64_t n = 4096;
+  (void)arg;
+  if (socketpair(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0, sv) != 0) return 2;
+  pp = make_peer(prod, sv[0]);
+  cp = make_peer(cons, sv[1]);
+  if (!pp || !cp || getrlimit(RLIMIT_NOFILE, &rl) != 0) return 3;
+  rl.rlim_cur = 64; /* valgrind refuses a lower hard limit */
+  if (setrlimit(RLIMIT_NOFILE, &rl) != 0) return 3;
+  while ((fd = dup(0)) >= 0) {
+    if (first < 0) first = fd;
+    last = fd;
+  }
+  if (last < 0) return 4;
+  close(last); /* one left: the memfd takes it, its read-only open fails */
+  bad += ipcref_shared_new(prod, 4096, &b) == IPCREF_OK;
+  bad += stats_of(prod).segment_bytes != 0;
+  bad += dup(0) != last; /* the memfd was closed again */
+  for (fd = first; fd <= last; fd++) close(fd);
+  if (ipcref_shared_new(prod, 4096, &b) != IPCREF_OK) return 5;
+  if (ipcref_view_of(b, IPCREF_U8, 1, &n, &v) != IPCREF_OK) return 6;
+  bad += ipcref_send(pp, &v) != IPCREF_OK;
+  bad += ipcref_recv(cp, &got, 5000) != IPCREF_OK;
+  ipcref_view_release(&got);
+  ipcref_view_release(&v);
+  ipcref_buf_release(b);
+  ipcref_peer_free(cp);
+  ipcref_peer_free(pp);
+  ipcref_ctx_free(cons);
+  ipcref_ctx_free(prod);
+  return bad;
+}
+static void test_segment_needs_its_fds(void) {
+  pid_t pid = fork_child(fd_starved, NULL, -1);
+  CHECK(exit0_at(wait_child(pid, REAP_MS), "child", __FILE__, __LINE__));
+}
+
 /* ---- many segments: the lookups of share_index ------------------------
  */
 
@@ -807,6 +855,7 @@ int main(void) {
   RUN(test_consumer_mappings_bounded);
   RUN(test_consumer_frees_its_peer);
   RUN(test_producer_connects_again);
+  RUN(test_segment_needs_its_fds);
   RUN(test_consumer_trim);
   RUN(test_many_segments);
   RUN(test_weak_outlives_import);
