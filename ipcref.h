@@ -1407,8 +1407,9 @@ IPCREF_API int ipcref_ctx_room_fd(ipcref_ctx *ctx);
 /* As ipcref_shared_new, but when the context is at its max_bytes, waits up
  * to timeout_ms (-1: as long as it takes; 0: not at all) for consumers to
  * return enough leases, on the room fd. Errors: as ipcref_shared_new;
- * ETIMEDOUT (no room came in time; nothing allocated), ENOMEM (the block
- * alone is larger than max_bytes, or the system is out of memory). */
+ * ETIMEDOUT (no room came in time; nothing allocated), ENOMEM at once
+ * (the segment the block needs is alone larger than max_bytes, a size
+ * class or segment_size rounding it up; or the system is out of memory). */
 IPCREF_API ipcref_result ipcref_shared_new_wait(ipcref_ctx *ctx, size_t size,
                                                 int timeout_ms,
                                                 ipcref_buf **out);
@@ -5346,6 +5347,27 @@ IPCREF__PRIVATE ipcref_result ipcref__segment_for(ipcref_ctx *ctx,
   return r;
 }
 
+/* The bytes of the segment a new block of `size` bytes is made in (see
+ * ipcref__segment_for and ipcref__block_alloc). */
+IPCREF__PRIVATE size_t ipcref__segment_bytes(const ipcref_ctx *ctx, size_t size,
+                                             int own) {
+  size_t page = ipcref__page(), block;
+  if (own && size < page) size = page;
+  (void)ipcref__class_of(size, &block);
+  if (!own && block <= ctx->opt.segment_size / 2) return ctx->opt.segment_size;
+  return (block + page - 1) & ~(page - 1);
+}
+
+/* 1 when an allocation of `size` refused for want of memory can fit once
+ * consumers return what they hold (under the lock): the cap refused it,
+ * and its segment alone fits under the cap. Else (a segment larger than
+ * max_bytes, or the system out of memory) no return will help. */
+IPCREF__PRIVATE int ipcref__room_can_come(const ipcref_ctx *ctx, size_t size,
+                                          int own) {
+  size_t max = ctx->opt.max_bytes, need = ipcref__segment_bytes(ctx, size, own);
+  return max && need <= max && ctx->st.segment_bytes > max - need;
+}
+
 /* A free block of at least `size` bytes in `pool` (under the lock); `own`:
  * in a new segment of its own (isolated). A block of a segment that has
  * one free comes first, a cached one's counting as a hit; else, with
@@ -6793,7 +6815,8 @@ IPCREF__PRIVATE ipcref_result ipcref__shared_new_in(ipcref_ctx *ctx,
     (void)ipcref__cache_trim(ctx, 0);
     r = ipcref__block_alloc(ctx, pool, size, own, 1, &b);
   }
-  if (r == IPCREF_ENOMEM && ctx->opt.max_bytes && !ctx->room_alloc) {
+  if (r == IPCREF_ENOMEM && !ctx->room_alloc &&
+      ipcref__room_can_come(ctx, size, own)) {
     ctx->room_alloc = 1; /* wake the room fd on returns (see share_loop) */
     ipcref__room_update(ctx);
     ipcref__sweep(ctx); /* what came back before the arming */
@@ -8244,9 +8267,13 @@ IPCREF_API ipcref_result ipcref_shared_new_wait(ipcref_ctx *ctx, size_t size,
   if (!IPCREF__CTX_USABLE(ctx)) return IPCREF_EDEAD;
   if (timeout_ms < -1) return ipcref__invalid(__func__, "timeout_ms below -1");
   for (;;) {
+    int can;
     r = ipcref_shared_new(ctx, size, out);
-    if (r != IPCREF_ENOMEM || !ctx->opt.max_bytes || size > ctx->opt.max_bytes)
-      return r;
+    if (r != IPCREF_ENOMEM) return r;
+    IPCREF__LOCK(ctx);
+    can = ipcref__room_can_come(ctx, size, ctx->opt.isolate);
+    IPCREF__UNLOCK(ctx);
+    if (!can) return r; /* no return will make room */
     r = ipcref__bell_wait(ctx, timeout_ms, &end);
     if (r != IPCREF_OK) return r;
   }

@@ -233,7 +233,8 @@ IPCREF__PRIVATE ipcref_result ipcref__shared_new_in(ipcref_ctx *ctx,
     (void)ipcref__cache_trim(ctx, 0);
     r = ipcref__block_alloc(ctx, pool, size, own, 1, &b);
   }
-  if (r == IPCREF_ENOMEM && ctx->opt.max_bytes && !ctx->room_alloc) {
+  if (r == IPCREF_ENOMEM && !ctx->room_alloc &&
+      ipcref__room_can_come(ctx, size, own)) {
     ctx->room_alloc = 1; /* wake the room fd on returns (see share_loop) */
     ipcref__room_update(ctx);
     ipcref__sweep(ctx); /* what came back before the arming */

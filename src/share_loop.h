@@ -63,8 +63,9 @@ IPCREF_API int ipcref_ctx_room_fd(ipcref_ctx *ctx);
 /* As ipcref_shared_new, but when the context is at its max_bytes, waits up
  * to timeout_ms (-1: as long as it takes; 0: not at all) for consumers to
  * return enough leases, on the room fd. Errors: as ipcref_shared_new;
- * ETIMEDOUT (no room came in time; nothing allocated), ENOMEM (the block
- * alone is larger than max_bytes, or the system is out of memory). */
+ * ETIMEDOUT (no room came in time; nothing allocated), ENOMEM at once
+ * (the segment the block needs is alone larger than max_bytes, a size
+ * class or segment_size rounding it up; or the system is out of memory). */
 IPCREF_API ipcref_result ipcref_shared_new_wait(ipcref_ctx *ctx, size_t size,
                                                 int timeout_ms,
                                                 ipcref_buf **out);
@@ -204,9 +205,13 @@ IPCREF_API ipcref_result ipcref_shared_new_wait(ipcref_ctx *ctx, size_t size,
   if (!IPCREF__CTX_USABLE(ctx)) return IPCREF_EDEAD;
   if (timeout_ms < -1) return ipcref__invalid(__func__, "timeout_ms below -1");
   for (;;) {
+    int can;
     r = ipcref_shared_new(ctx, size, out);
-    if (r != IPCREF_ENOMEM || !ctx->opt.max_bytes || size > ctx->opt.max_bytes)
-      return r;
+    if (r != IPCREF_ENOMEM) return r;
+    IPCREF__LOCK(ctx);
+    can = ipcref__room_can_come(ctx, size, ctx->opt.isolate);
+    IPCREF__UNLOCK(ctx);
+    if (!can) return r; /* no return will make room */
     r = ipcref__bell_wait(ctx, timeout_ms, &end);
     if (r != IPCREF_OK) return r;
   }

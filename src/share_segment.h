@@ -280,6 +280,27 @@ IPCREF__PRIVATE ipcref_result ipcref__segment_for(ipcref_ctx *ctx,
   return r;
 }
 
+/* The bytes of the segment a new block of `size` bytes is made in (see
+ * ipcref__segment_for and ipcref__block_alloc). */
+IPCREF__PRIVATE size_t ipcref__segment_bytes(const ipcref_ctx *ctx, size_t size,
+                                             int own) {
+  size_t page = ipcref__page(), block;
+  if (own && size < page) size = page;
+  (void)ipcref__class_of(size, &block);
+  if (!own && block <= ctx->opt.segment_size / 2) return ctx->opt.segment_size;
+  return (block + page - 1) & ~(page - 1);
+}
+
+/* 1 when an allocation of `size` refused for want of memory can fit once
+ * consumers return what they hold (under the lock): the cap refused it,
+ * and its segment alone fits under the cap. Else (a segment larger than
+ * max_bytes, or the system out of memory) no return will help. */
+IPCREF__PRIVATE int ipcref__room_can_come(const ipcref_ctx *ctx, size_t size,
+                                          int own) {
+  size_t max = ctx->opt.max_bytes, need = ipcref__segment_bytes(ctx, size, own);
+  return max && need <= max && ctx->st.segment_bytes > max - need;
+}
+
 /* A free block of at least `size` bytes in `pool` (under the lock); `own`:
  * in a new segment of its own (isolated). A block of a segment that has
  * one free comes first, a cached one's counting as a hit; else, with

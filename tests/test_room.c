@@ -521,6 +521,35 @@ static void test_peer_cap_blocking_across(void) {
   ipcref_ctx_free(ctx);
 }
 
+/* An allocation that no return can make room for is refused at once
+ * (ENOMEM), even by ipcref_shared_new_wait, and arms nothing: a block
+ * whose size class rounds it past max_bytes, and any pooled block when
+ * segment_size is past it. */
+static void test_room_that_cannot_come(void) {
+  static const size_t sizes[2][3] = {
+      {(size_t)100 << 20, (size_t)99 << 20, 0}, /* max, size, segment */
+      {(size_t)1 << 20, 100, (size_t)16 << 20}};
+  int i;
+  for (i = 0; i < 2; i++) {
+    ipcref_ctx_options o;
+    ipcref_ctx *ctx;
+    ipcref_buf *b = NULL;
+    memset(&o, 0, sizeof o);
+    o.max_bytes = sizes[i][0];
+    o.segment_size = sizes[i][2];
+    ctx = make_ctx(&o);
+    if (!ctx) continue;
+    CHECK_EQ(ipcref_shared_new(ctx, sizes[i][1], &b), IPCREF_ENOMEM);
+    CHECK_EQ(ipcref_ctx_timeout(ctx), -1); /* nothing armed */
+    CHECK(!readable(ipcref_ctx_room_fd(ctx), 0));
+    CHECK_EQ(ipcref_shared_new_wait(ctx, sizes[i][1], 20000, &b),
+             IPCREF_ENOMEM);
+    CHECK(b == NULL);
+    CHECK_EQ(ipcref_ctx_timeout(ctx), -1);
+    CHECK_EQ(stats_of(ctx).segment_bytes, 0);
+    ipcref_ctx_free(ctx);
+  }
+}
 /* A context at max_bytes: the allocation says ENOMEM and arms; the room
  * fd wakes on a return; the next allocation succeeds and disarms; the fd
  * is quiet again. ipcref_shared_new_wait: at once (0), ETIMEDOUT; too
@@ -643,6 +672,7 @@ int main(void) {
   RUN(test_send_timeout_in_all);
   RUN(test_set_options);
   RUN(test_ctx_room);
+  RUN(test_room_that_cannot_come);
   RUN(test_shared_new_wait_across);
   RUN(test_room_arguments);
   return harness_finish();
