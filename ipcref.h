@@ -6368,26 +6368,40 @@ IPCREF__PRIVATE int ipcref__process_gone(int pidfd, int pid) {
   return poll(&pfd, 1, 0) > 0 && (pfd.revents & (POLLIN | POLLHUP)) != 0;
 }
 
-/* When the peer `p` is freed (under the lock), the mappings of its
- * context's segments and ledgers here are retired, to go once nothing
- * uses them: no message can bring them into use again (another connection
- * from the same context would send its fds anew), and a producer that
- * lives on never tells a freed peer what it destroys, so they would
- * otherwise live as long as this context. Not while another peer of this
- * context comes from the same one, which may still use them; nor before
- * the peer is freed (messages it sent may still be queued). 1 if it did. */
+/* 1 when another peer here than `p` comes from the context `nonce`
+ * names (its hello read). */
+IPCREF__PRIVATE int ipcref__origin_here(const ipcref_ctx *ctx,
+                                        const ipcref_peer *p, uint64_t nonce) {
+  const ipcref_peer *q;
+  for (q = ctx->peers; q; q = q->next)
+    if (q != p && q->hello > 0 && q->nonce == nonce) return 1;
+  return 0;
+}
+
+/* When the peer `p` is freed (under the lock), the mappings it leaves with
+ * nobody to name them are retired, to go once nothing uses them: those of
+ * its context's segments and ledgers, and those it brought of another's
+ * (it forwarded them). A producer that lives on never tells a freed peer
+ * what it destroys, so they would otherwise live as long as this context;
+ * another connection from the same context sends its fds anew. A mapping
+ * stays while a peer that may still name it lives: one from its origin,
+ * or another peer that brought it (a forwarder, which will not send its
+ * fds again). Not before the peer is freed (messages it sent may still be
+ * queued). 1 if it retired any. */
 IPCREF__PRIVATE int ipcref__retire_origin(ipcref_ctx *ctx, ipcref_peer *p) {
   ipcref__map *m, *next;
-  ipcref_peer *q;
+  int any = 0;
   if (p->origin_retired || p->hello <= 0) return 0;
-  for (q = ctx->peers; q; q = q->next)
-    if (q != p && q->hello > 0 && q->nonce == p->nonce) return 0;
   p->origin_retired = 1;
   for (m = ctx->maps; m; m = next) {
     next = m->next;
-    if (m->origin_nonce == p->nonce) ipcref__map_retire(ctx, m);
+    if ((m->via ? m->via != p : m->origin_nonce != p->nonce) ||
+        ipcref__origin_here(ctx, p, m->origin_nonce))
+      continue;
+    ipcref__map_retire(ctx, m);
+    any = 1;
   }
-  return 1;
+  return any;
 }
 
 /* Reclaims what dead processes held (under the lock): every lease a dead
@@ -9501,16 +9515,29 @@ IPCREF__PRIVATE void ipcref__refused_keep(ipcref__msg_maps *mm) {
   mm->nfresh = n;
 }
 
+/* 1 when mapping `x` is one message `m` names, or one a mapping it brings
+ * displaces (ipcref__maps_commit still touches those). */
+IPCREF__PRIVATE int ipcref__msg_uses(const ipcref__msg_in *m,
+                                     const ipcref__msg_maps *mm,
+                                     const ipcref__map *x) {
+  int k;
+  for (k = 0; k < m->head.nviews; k++)
+    if (mm->seg[k] == x || mm->ledger[k] == x) return 1;
+  for (k = 0; k < mm->nfresh; k++)
+    if (mm->old[k] == x) return 1;
+  return 0;
+}
+
 /* Import, step 4: room under the caps of the peer it came on, and of the
  * context, for what it brings (see ipcref__map_room). Short of it, the
  * idle mappings of what was retired go first (not those the message
- * names); still short, the message is refused (ERANGE). */
+ * uses); still short, the message is refused (ERANGE). */
 IPCREF__PRIVATE ipcref_result ipcref__import_room(ipcref_ctx *ctx,
                                                   const ipcref__msg_in *m,
                                                   ipcref__msg_maps *mm) {
   ipcref__map *x, *next;
   size_t bytes = 0;
-  int k, n = m->head.nviews;
+  int k;
   if (mm->nfresh == 0) return IPCREF_OK; /* nothing new: always fits */
   for (k = 0; k < mm->nfresh; k++)
     if (__builtin_add_overflow(bytes, mm->fresh[k]->size, &bytes))
@@ -9518,9 +9545,9 @@ IPCREF__PRIVATE ipcref_result ipcref__import_room(ipcref_ctx *ctx,
   if (ipcref__map_room(mm->via, (size_t)mm->nfresh, bytes)) return IPCREF_OK;
   for (x = ctx->maps_retired; x; x = next) {
     next = x->next;
-    if (__atomic_load_n(&x->refs, __ATOMIC_ACQUIRE)) continue;
-    for (k = 0; k < n && mm->seg[k] != x && mm->ledger[k] != x; k++) continue;
-    if (k == n) ipcref__map_evict(ctx, x);
+    if (!__atomic_load_n(&x->refs, __ATOMIC_ACQUIRE) &&
+        !ipcref__msg_uses(m, mm, x))
+      ipcref__map_evict(ctx, x);
   }
   if (ipcref__map_room(mm->via, (size_t)mm->nfresh, bytes)) return IPCREF_OK;
   mm->why = "past the caps (max_maps, max_mapped_bytes) of the peer it "

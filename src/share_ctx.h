@@ -320,26 +320,40 @@ IPCREF__PRIVATE int ipcref__process_gone(int pidfd, int pid) {
   return poll(&pfd, 1, 0) > 0 && (pfd.revents & (POLLIN | POLLHUP)) != 0;
 }
 
-/* When the peer `p` is freed (under the lock), the mappings of its
- * context's segments and ledgers here are retired, to go once nothing
- * uses them: no message can bring them into use again (another connection
- * from the same context would send its fds anew), and a producer that
- * lives on never tells a freed peer what it destroys, so they would
- * otherwise live as long as this context. Not while another peer of this
- * context comes from the same one, which may still use them; nor before
- * the peer is freed (messages it sent may still be queued). 1 if it did. */
+/* 1 when another peer here than `p` comes from the context `nonce`
+ * names (its hello read). */
+IPCREF__PRIVATE int ipcref__origin_here(const ipcref_ctx *ctx,
+                                        const ipcref_peer *p, uint64_t nonce) {
+  const ipcref_peer *q;
+  for (q = ctx->peers; q; q = q->next)
+    if (q != p && q->hello > 0 && q->nonce == nonce) return 1;
+  return 0;
+}
+
+/* When the peer `p` is freed (under the lock), the mappings it leaves with
+ * nobody to name them are retired, to go once nothing uses them: those of
+ * its context's segments and ledgers, and those it brought of another's
+ * (it forwarded them). A producer that lives on never tells a freed peer
+ * what it destroys, so they would otherwise live as long as this context;
+ * another connection from the same context sends its fds anew. A mapping
+ * stays while a peer that may still name it lives: one from its origin,
+ * or another peer that brought it (a forwarder, which will not send its
+ * fds again). Not before the peer is freed (messages it sent may still be
+ * queued). 1 if it retired any. */
 IPCREF__PRIVATE int ipcref__retire_origin(ipcref_ctx *ctx, ipcref_peer *p) {
   ipcref__map *m, *next;
-  ipcref_peer *q;
+  int any = 0;
   if (p->origin_retired || p->hello <= 0) return 0;
-  for (q = ctx->peers; q; q = q->next)
-    if (q != p && q->hello > 0 && q->nonce == p->nonce) return 0;
   p->origin_retired = 1;
   for (m = ctx->maps; m; m = next) {
     next = m->next;
-    if (m->origin_nonce == p->nonce) ipcref__map_retire(ctx, m);
+    if ((m->via ? m->via != p : m->origin_nonce != p->nonce) ||
+        ipcref__origin_here(ctx, p, m->origin_nonce))
+      continue;
+    ipcref__map_retire(ctx, m);
+    any = 1;
   }
-  return 1;
+  return any;
 }
 
 /* Reclaims what dead processes held (under the lock): every lease a dead

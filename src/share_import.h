@@ -363,16 +363,29 @@ IPCREF__PRIVATE void ipcref__refused_keep(ipcref__msg_maps *mm) {
   mm->nfresh = n;
 }
 
+/* 1 when mapping `x` is one message `m` names, or one a mapping it brings
+ * displaces (ipcref__maps_commit still touches those). */
+IPCREF__PRIVATE int ipcref__msg_uses(const ipcref__msg_in *m,
+                                     const ipcref__msg_maps *mm,
+                                     const ipcref__map *x) {
+  int k;
+  for (k = 0; k < m->head.nviews; k++)
+    if (mm->seg[k] == x || mm->ledger[k] == x) return 1;
+  for (k = 0; k < mm->nfresh; k++)
+    if (mm->old[k] == x) return 1;
+  return 0;
+}
+
 /* Import, step 4: room under the caps of the peer it came on, and of the
  * context, for what it brings (see ipcref__map_room). Short of it, the
  * idle mappings of what was retired go first (not those the message
- * names); still short, the message is refused (ERANGE). */
+ * uses); still short, the message is refused (ERANGE). */
 IPCREF__PRIVATE ipcref_result ipcref__import_room(ipcref_ctx *ctx,
                                                   const ipcref__msg_in *m,
                                                   ipcref__msg_maps *mm) {
   ipcref__map *x, *next;
   size_t bytes = 0;
-  int k, n = m->head.nviews;
+  int k;
   if (mm->nfresh == 0) return IPCREF_OK; /* nothing new: always fits */
   for (k = 0; k < mm->nfresh; k++)
     if (__builtin_add_overflow(bytes, mm->fresh[k]->size, &bytes))
@@ -380,9 +393,9 @@ IPCREF__PRIVATE ipcref_result ipcref__import_room(ipcref_ctx *ctx,
   if (ipcref__map_room(mm->via, (size_t)mm->nfresh, bytes)) return IPCREF_OK;
   for (x = ctx->maps_retired; x; x = next) {
     next = x->next;
-    if (__atomic_load_n(&x->refs, __ATOMIC_ACQUIRE)) continue;
-    for (k = 0; k < n && mm->seg[k] != x && mm->ledger[k] != x; k++) continue;
-    if (k == n) ipcref__map_evict(ctx, x);
+    if (!__atomic_load_n(&x->refs, __ATOMIC_ACQUIRE) &&
+        !ipcref__msg_uses(m, mm, x))
+      ipcref__map_evict(ctx, x);
   }
   if (ipcref__map_room(mm->via, (size_t)mm->nfresh, bytes)) return IPCREF_OK;
   mm->why = "past the caps (max_maps, max_mapped_bytes) of the peer it "

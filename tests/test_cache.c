@@ -580,6 +580,42 @@ static void test_producer_connects_again(void) {
   ipcref_ctx_free(prod);
 }
 
+/* The same under a context cap (max_maps 3), the view from before let go
+ * after the peer was freed: what the old connection mapped is retired and
+ * idle, and room for the new connection's is made by unmapping it, all
+ * but the segment mapping the new one displaces, which goes once the new
+ * one took its place (it was unmapped first, then used). */
+static void test_connects_again_under_a_cap(void) {
+  ipcref_ctx_options co;
+  ipcref_ctx *prod = make_ctx(NULL), *cons;
+  ipcref_view v, got;
+  const int64_t n = 4096;
+  int sv[2], round;
+  memset(&co, 0, sizeof co);
+  co.max_maps = 3;
+  cons = make_ctx(&co);
+  CHECK_EQ(ipcref_view_new_shared(prod, IPCREF_U8, 1, &n, &v), IPCREF_OK);
+  for (round = 0; round < 3; round++) {
+    ipcref_peer *pp, *cp;
+    if (xsocketpair(SOCK_SEQPACKET, sv) != 0) break;
+    pp = make_peer(prod, sv[0]);
+    cp = make_peer(cons, sv[1]);
+    CHECK_EQ(ipcref_send(pp, &v), IPCREF_OK);
+    CHECK_EQ(ipcref_recv(cp, &got, 5000), IPCREF_OK);
+    ipcref_peer_free(cp); /* its mappings retired; the segment's in use */
+    ipcref_peer_free(pp);
+    if (got.buf) ipcref_view_release(&got); /* now idle */
+    CHECK(stats_of(cons).maps_in <= 3);
+  }
+  ipcref_collect(cons);
+  CHECK_EQ(stats_of(cons).mapped_segments, 0);
+  ipcref_view_release(&v);
+  ipcref_ctx_free(cons);
+  ipcref_collect(prod);
+  CHECK_EQ(stats_of(prod).live_bufs, 0);
+  ipcref_ctx_free(prod);
+}
+
 /* A segment is made with its read-only fd for consumers, or not at all:
  * out of fds after the memfd, the allocation is refused and nothing is
  * kept; with fds again, a block is made and sent. In a child, under a
@@ -855,6 +891,7 @@ int main(void) {
   RUN(test_consumer_mappings_bounded);
   RUN(test_consumer_frees_its_peer);
   RUN(test_producer_connects_again);
+  RUN(test_connects_again_under_a_cap);
   RUN(test_segment_needs_its_fds);
   RUN(test_consumer_trim);
   RUN(test_many_segments);

@@ -1833,6 +1833,49 @@ static int msg_free_child(void *arg) {
   return 1;
 }
 
+/* A consumer C gets O's block forwarded by F, and has a connection of its
+ * own to O, which it frees: what F brought stays mapped (F may name it
+ * again and will not send its fds again), so F's next forward of the same
+ * block imports, and O gets every lease back; held or not while the peer
+ * goes. */
+static void forward_outlives_origin_peer(int hold) {
+  ipcref_ctx *O = new_ctx(0, 0), *F = new_ctx(0, 0), *C = new_ctx(0, 0);
+  ipcref_peer *o_f, *f_o, *f_c, *c_f, *o_c, *c_o;
+  ipcref_view v, fv, cv1, cv2, none;
+  const int64_t n = 4096;
+  int sv[3][2], i;
+  for (i = 0; i < 3; i++)
+    if (xsocketpair(SOCK_SEQPACKET, sv[i]) != 0) return;
+  o_f = make_peer(O, sv[0][0]), f_o = make_peer(F, sv[0][1]);
+  f_c = make_peer(F, sv[1][0]), c_f = make_peer(C, sv[1][1]);
+  o_c = make_peer(O, sv[2][0]), c_o = make_peer(C, sv[2][1]);
+  CHECK_EQ(ipcref_view_new_shared(O, IPCREF_U8, 1, &n, &v), IPCREF_OK);
+  CHECK_EQ(ipcref_send(o_f, &v), IPCREF_OK);
+  CHECK_EQ(ipcref_recv(f_o, &fv, 5000), IPCREF_OK);
+  CHECK_EQ(ipcref_send(f_c, &fv), IPCREF_OK);
+  CHECK_EQ(ipcref_recv(c_f, &cv1, 5000), IPCREF_OK);
+  if (!hold) ipcref_view_release(&cv1);
+  CHECK_EQ(ipcref_recv(c_o, &none, 0), IPCREF_EAGAIN); /* O's hello read */
+  ipcref_peer_free(c_o);
+  CHECK_EQ(ipcref_send(f_c, &fv), IPCREF_OK);
+  CHECK_EQ(ipcref_recv(c_f, &cv2, 5000), IPCREF_OK);
+  ipcref_view_release(&cv2);
+  if (hold) ipcref_view_release(&cv1);
+  ipcref_view_release(&fv);
+  ipcref_view_release(&v);
+  ipcref_collect(F);
+  ipcref_collect(O);
+  CHECK_EQ(stats_of(O).live_slots, 0);
+  CHECK_EQ(stats_of(O).limbo_blocks, 0);
+  ipcref_peer_free(c_f), ipcref_peer_free(f_c);
+  ipcref_peer_free(f_o), ipcref_peer_free(o_f), ipcref_peer_free(o_c);
+  ipcref_ctx_free(C), ipcref_ctx_free(F), ipcref_ctx_free(O);
+}
+static void test_forward_outlives_origin_peer(void) {
+  forward_outlives_origin_peer(0);
+  forward_outlives_origin_peer(1);
+}
+
 /* A message exported for one process, imported by mistake through another
  * peer of the context that exported it: refused (EINVAL), nothing taken,
  * and ipcref_msg_free still ends its lease (a refusal that took it left
@@ -2357,6 +2400,7 @@ int main(void) {
   RUN(test_wrong_arguments_with_peer);
   RUN(test_msg_outlives_peer);
   RUN(test_msg_import_by_its_context);
+  RUN(test_forward_outlives_origin_peer);
   RUN(test_msg_free_in_child);
   RUN(test_ctx_free_with_live_buffers);
   RUN(test_table_view_sent);
