@@ -359,8 +359,9 @@ IPCREF__PRIVATE int ipcref__retire_origin(ipcref_ctx *ctx, ipcref_peer *p) {
 /* Reclaims what dead processes held (under the lock): every lease a dead
  * consumer held itself, and each forwarded lease whose own holder is gone.
  * A forwarded hold whose holder lives stays, whatever became of the
- * middleman. Then the sweep frees the blocks only they kept, and the
- * ledgers nobody can use any more. Returns the bytes freed. */
+ * middleman; and the forwarding slots they claimed but never linked
+ * (ipcref__forwards_lost). Then the sweep frees the blocks only they
+ * kept, and the ledgers nobody can use any more. Returns the bytes freed. */
 IPCREF__PRIVATE size_t ipcref__reap(ipcref_ctx *ctx) {
   ipcref__ledger *l;
   size_t freed = 0;
@@ -392,6 +393,9 @@ IPCREF__PRIVATE size_t ipcref__reap(ipcref_ctx *ctx) {
         ipcref__lease_reclaim(ctx, l, s, &freed);
     }
   }
+  /* Then the forwarding slots that claimers now dead left unlinked. */
+  for (l = ctx->ledgers; l; l = l->next)
+    if (l->peer || l->live) ipcref__forwards_lost(l);
   return freed + ipcref__sweep(ctx);
 }
 
@@ -462,12 +466,10 @@ IPCREF_API int ipcref_ctx_timeout(ipcref_ctx *ctx) {
   if (!ctx || !IPCREF__CTX_USABLE(ctx)) return -1;
   IPCREF__LOCK(ctx);
   ipcref__sweep(ctx); /* what is due is seen from the rings' tails */
-  for (l = ctx->ledgers; l; l = l->next) /* a hole, stepped over later */
-    if (l->hole_pos == l->tail + 1 &&
-        l->tail <
-            __atomic_load_n(&((ipcref__ledger_hdr *)(void *)l->base)->head,
-                            __ATOMIC_ACQUIRE))
-      ipcref__sooner(&best, now, l->hole_ms + IPCREF__HOLE_MS);
+  for (l = ctx->ledgers; l; l = l->next) { /* a hole, stepped over later */
+    long due;
+    if (ipcref__hole_due(l, now, &due)) ipcref__sooner(&best, now, due);
+  }
   if (ctx->deferred) /* device work to check on */
     ipcref__sooner(&best, now, now + 1);
   if (ctx->room_armed) /* waits for room: a look now and then */

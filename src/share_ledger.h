@@ -14,7 +14,8 @@
  *            ledger id, `head`, the ring's write position, and `waiting`,
  *            set while the producer waits for returns
  *   slots    nslots x { u64 (generation << 2) | state, u64 holder: its pid,
- *            and for a forwarded lease the parent slot + 1 << 32 }
+ *            and for a forwarded lease the parent slot + 1 << 32 (0 while
+ *            a forwarding slot is free) }
  *   ring     2 * nslots x u64: returned and linked leases, in order
  *
  * The producer allocates slots [0, nslots/2), each published live (its
@@ -225,6 +226,10 @@ IPCREF__PRIVATE int ipcref__lease_end(ipcref_ctx *ctx, ipcref__ledger *l,
   l->leases[slot].alias = NULL;
   l->live--;
   if (slot < l->n / 2 && l->peer) l->peer->held_bytes -= b->size;
+  /* A forwarding slot's holder word is cleared (see "forwarding slots a
+   * dead claimer left"); release: before the slot is free. */
+  if (slot >= l->n / 2)
+    __atomic_store_n(&slots[2 * (size_t)slot + 1], 0, __ATOMIC_RELAXED);
   __atomic_store_n(&slots[2 * (size_t)slot],
                    ((uint64_t)gen << 2) | IPCREF__SLOT_FREE, __ATOMIC_RELEASE);
   if (slot < l->n / 2) l->free_stack[l->nfree++] = slot;
@@ -344,6 +349,73 @@ IPCREF__PRIVATE void ipcref__adopt_forwards(ipcref_ctx *ctx,
   }
 }
 
+/* ---- forwarding slots a dead claimer left --------------------------------
+ * A forwarder claims a forwarding slot (the compare-and-swap in
+ * ipcref__lease_take_forward), writes its holder word (parent slot + 1,
+ * holder pid), then takes its ring positions. Killed before it took them,
+ * it leaves the slot live in the shared table with no link and no hole:
+ * nothing adopts it, and each such death would take a forwarding slot from
+ * the ledger for good (forwards fail with EBUSY once all are gone). The
+ * reap frees such a slot once its claimer is known to be gone, never
+ * before: a live claimer still pushes its link and sends the lease, which
+ * must then be counted. What tells:
+ *   - a claimer holds its parent lease from before its claim until its
+ *     forward is done, and that lease's own link (if it is a forwarded one)
+ *     was pushed before the claim. So once the ring is read to a head
+ *     loaded after the slot, a live claimer's parent is live here;
+ *   - the holder word of a free forwarding slot is 0 (ipcref__lease_end
+ *     and ipcref__slot_unclaim clear it before the slot is free), so that
+ *     of a live one is its claimer's, or 0 while the claimer has not
+ *     written it: never a former holder's.
+ * So a slot whose holder word names a parent that is not live was claimed
+ * by a process now dead; one whose holder word is 0 by one of the
+ * ledger's holders, unknown: it is freed once the ledger has no live
+ * lease, which no live claimer allows. (Which holder it was cannot be
+ * told: the claim names nobody. A claim that named its claimer first, its
+ * holder word taken by compare-and-swap from 0 before the slot, would be
+ * a change of the protocol that every forwarder and producer shares.) A
+ * link that still comes for a freed slot (forged: no live claimer is left
+ * to push it) names a generation the slot no longer has, and
+ * ipcref__ring_link refuses it. Under the lock. */
+
+/* 1 when the claimer of forwarding slot `s` of `l` (live in the shared
+ * table, unknown here) is gone, as above. */
+IPCREF__PRIVATE int ipcref__claimer_gone(const ipcref__ledger *l, uint32_t s) {
+  const ipcref__ledger_hdr *h = (const ipcref__ledger_hdr *)(void *)l->base;
+  const uint64_t *slots = ipcref__ledger_slots(l->base);
+  uint64_t w = __atomic_load_n(&slots[2 * (size_t)s + 1], __ATOMIC_ACQUIRE);
+  uint32_t parent = (uint32_t)(w >> 32);
+  /* Acquire, after the slot's word (read by the caller, acquire): a link
+   * pushed before the claim lies before this head. */
+  if (__atomic_load_n(&h->head, __ATOMIC_ACQUIRE) != l->tail) return 0;
+  if (parent == 0 || parent > l->n) return l->live == 0; /* unknown */
+  return !l->leases[parent - 1].block;
+}
+
+/* Frees forwarding slot `s` of `l`, live in the shared table at word `w`:
+ * its holder word cleared first (release: before the slot is free). */
+IPCREF__PRIVATE void ipcref__slot_unclaim(ipcref__ledger *l, uint32_t s,
+                                          uint64_t w) {
+  uint64_t *slots = ipcref__ledger_slots(l->base);
+  __atomic_store_n(&slots[2 * (size_t)s + 1], 0, __ATOMIC_RELAXED);
+  (void)__atomic_compare_exchange_n(&slots[2 * (size_t)s], &w,
+                                    (w & ~(uint64_t)3) | IPCREF__SLOT_FREE, 0,
+                                    __ATOMIC_RELEASE, __ATOMIC_RELAXED);
+}
+
+/* Frees the forwarding slots of `l` that a dead claimer left (the reap,
+ * after the rings were read and the dead's leases reclaimed). */
+IPCREF__PRIVATE void ipcref__forwards_lost(ipcref__ledger *l) {
+  const uint64_t *slots = ipcref__ledger_slots(l->base);
+  uint32_t s;
+  for (s = l->n / 2; s < l->n; s++) {
+    uint64_t w = __atomic_load_n(&slots[2 * (size_t)s], __ATOMIC_ACQUIRE);
+    if ((w & 3u) == IPCREF__SLOT_LIVE && !l->leases[s].block &&
+        ipcref__claimer_gone(l, s))
+      ipcref__slot_unclaim(l, s, w);
+  }
+}
+
 /* A hole at the ring's tail: a position taken whose entry is not written.
  * Normally its writer is between two instructions and the next sweep
  * finds it; but a writer killed there never writes it, and every entry
@@ -354,16 +426,38 @@ IPCREF__PRIVATE void ipcref__adopt_forwards(ipcref_ctx *ctx,
  * have been linking are adopted from the shared slots at once, and its
  * position is remembered, so an entry written late is still read (unless
  * the ring has come round to that cell again by then, when a return is
- * lost and its block stays until its holder dies). */
-IPCREF__PRIVATE int ipcref__hole_stale(ipcref__ledger *l) {
+ * lost and its block stays until its holder dies).
+ *
+ * The hole at ring position `pos` is remembered by that position (+ 1),
+ * whatever the drain was looking at (a link's second half is one past the
+ * tail), and timed from when it was first seen: so ipcref__hole_due tells
+ * an event loop when it is due. 1 when it is to be stepped over now. */
+IPCREF__PRIVATE int ipcref__hole_stale(ipcref__ledger *l, uint64_t pos) {
   long now = ipcref__now_ms();
-  if (l->tail < l->death_head) return 1;
-  if (l->hole_pos != l->tail + 1) {
-    l->hole_pos = l->tail + 1;
+  if (l->hole_pos != pos + 1) {
+    l->hole_pos = pos + 1;
     l->hole_ms = now;
-    return 0;
   }
-  return now - l->hole_ms >= IPCREF__HOLE_MS;
+  return pos < l->death_head || now - l->hole_ms >= IPCREF__HOLE_MS;
+}
+
+/* When the hole that ledger `l`'s drain stopped at is due to be stepped
+ * over, in *due (a time of ipcref__now_ms; `now` for one a death made
+ * stale, left to the next sweep by the IPCREF__HOLES bound): 1, or 0 when
+ * the drain waits on no hole. The hole is the one ipcref__hole_stale
+ * remembered: at the tail, or one past it (a link whose second half is
+ * the hole), and still not written. Under the lock, after a sweep. */
+IPCREF__PRIVATE int ipcref__hole_due(const ipcref__ledger *l, long now,
+                                     long *due) {
+  const ipcref__ledger_hdr *h = (const ipcref__ledger_hdr *)(void *)l->base;
+  const uint64_t *ring = ipcref__ledger_ring(l->base, l->n);
+  uint64_t head = __atomic_load_n(&h->head, __ATOMIC_ACQUIRE);
+  uint64_t pos = l->hole_pos - 1;
+  if (l->hole_pos == 0 || pos < l->tail || pos > l->tail + 1 || pos >= head ||
+      __atomic_load_n(&ring[pos % (2u * (uint64_t)l->n)], __ATOMIC_ACQUIRE))
+    return 0;
+  *due = pos < l->death_head ? now : l->hole_ms + IPCREF__HOLE_MS;
+  return 1;
 }
 
 /* Steps over the hole at ring position `pos` (under the lock). */
@@ -489,8 +583,9 @@ IPCREF__PRIVATE size_t ipcref__ledger_drain(ipcref_ctx *ctx,
   while (l->tail != head) {
     uint64_t *cell = &ring[l->tail % cap], *next = &ring[(l->tail + 1) % cap];
     uint64_t e = __atomic_load_n(cell, __ATOMIC_ACQUIRE), p;
-    if (e == 0) { /* taken but not written (yet) */
-      if (holes == IPCREF__HOLES || !ipcref__hole_stale(l)) break;
+    if (e == 0) { /* taken but not written (yet): remembered, then waited
+                     for, or stepped over (at most IPCREF__HOLES a drain) */
+      if (!ipcref__hole_stale(l, l->tail) || holes == IPCREF__HOLES) break;
       ipcref__hole_skip(ctx, l, l->tail++);
       holes++;
       continue;
@@ -505,11 +600,7 @@ IPCREF__PRIVATE size_t ipcref__ledger_drain(ipcref_ctx *ctx,
     if (l->tail + 1 == head) break; /* the pair is not complete yet */
     p = __atomic_load_n(next, __ATOMIC_ACQUIRE);
     if (p == 0) { /* its second half is a hole: wait, or step over both */
-      int stale;
-      l->tail++;
-      stale = ipcref__hole_stale(l);
-      l->tail--;
-      if (!stale || holes == IPCREF__HOLES) break;
+      if (!ipcref__hole_stale(l, l->tail + 1) || holes == IPCREF__HOLES) break;
       __atomic_store_n(cell, 0, __ATOMIC_RELAXED);
       ipcref__hole_skip(ctx, l, l->tail + 1);
       holes++;
