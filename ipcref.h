@@ -6465,7 +6465,9 @@ IPCREF__PRIVATE int ipcref__origin_here(const ipcref_ctx *ctx,
                                         const ipcref_peer *p, uint64_t nonce) {
   const ipcref_peer *q;
   for (q = ctx->peers; q; q = q->next)
-    if (q != p && q->hello > 0 && q->nonce == nonce) return 1;
+    if (q != p && __atomic_load_n(&q->hello, __ATOMIC_ACQUIRE) > 0 &&
+        q->nonce == nonce)
+      return 1;
   return 0;
 }
 
@@ -6615,9 +6617,12 @@ IPCREF_API int ipcref_ctx_timeout(ipcref_ctx *ctx) {
     ipcref__sooner(&best, now, now + IPCREF__ROOM_MS);
   if (ipcref__watch_polled(ctx)) /* deaths that no pidfd will tell */
     ipcref__sooner(&best, now, ctx->poll_tick + IPCREF__POLL_MS);
-  for (p = ctx->peers; p; p = p->next) /* a hello awaited */
-    if (!p->hello && p->hello_since)
-      ipcref__sooner(&best, now, p->hello_since + p->opt.hello_timeout_ms);
+  for (p = ctx->peers; p; p = p->next) { /* a hello awaited (atomic: the
+                                            peer's thread sets them) */
+    long since = __atomic_load_n(&p->hello_since, __ATOMIC_RELAXED);
+    if (since && !__atomic_load_n(&p->hello, __ATOMIC_RELAXED))
+      ipcref__sooner(&best, now, since + p->opt.hello_timeout_ms);
+  }
   IPCREF__UNLOCK(ctx);
   return best;
 }
@@ -7874,11 +7879,20 @@ IPCREF__PRIVATE int ipcref__uid_allowed(const ipcref_ctx *ctx, uint32_t uid) {
   return 0;
 }
 
+/* The peer's hello state (1 read, 0 awaited, -1 bad, -2 refused), set by
+ * its own thread. Other threads read it under the context's lock
+ * (ipcref_ctx_timeout, a peer freed there: ipcref__origin_here), which its
+ * thread does not take: atomic, and release, so that one that sees 1 sees
+ * the nonce and pid written before. */
+IPCREF__PRIVATE void ipcref__hello_set(ipcref_peer *p, int v) {
+  __atomic_store_n(&p->hello, v, __ATOMIC_RELEASE);
+}
+
 /* A peer refused (its uid): counted and reported, and nothing goes to it
  * or comes from it. */
 IPCREF__PRIVATE ipcref_result ipcref__peer_refuse(ipcref_peer *p) {
   ipcref_ctx *ctx = p->ctx;
-  p->hello = -2;
+  ipcref__hello_set(p, -2);
   __atomic_fetch_add(&ctx->refused, 1, __ATOMIC_RELAXED);
   IPCREF__LOCK(ctx);
   ipcref__ctx_report(ctx, IPCREF_EPEER, "peer of a uid not allowed refused");
@@ -7933,7 +7947,7 @@ IPCREF__PRIVATE ipcref_result ipcref__hello_bytes(ipcref_peer *p,
 /* A hello refused for good (EPROTO), named to the context's hook. */
 IPCREF__PRIVATE ipcref_result ipcref__hello_bad(ipcref_peer *p,
                                                 const char *why) {
-  p->hello = -1;
+  ipcref__hello_set(p, -1);
   ipcref__ctx_report(p->ctx, IPCREF_EPROTO, why);
   return IPCREF_EPROTO;
 }
@@ -7977,7 +7991,7 @@ IPCREF__PRIVATE ipcref_result ipcref__hello_read(ipcref_peer *p,
   p->nonce = ipcref__wire_get(&w, 8);
   if (!ipcref__uid_allowed(p->ctx, (uint32_t)p->uid))
     return ipcref__peer_refuse(p);
-  p->hello = 1;
+  ipcref__hello_set(p, 1); /* after its nonce and pid: see hello_set */
   /* Watch the process itself (a pidfd: pids get reused). */
   IPCREF__LOCK(p->ctx);
   p->watch = ipcref__watch_get(p->ctx, p->pid, 0);
@@ -8040,7 +8054,10 @@ IPCREF_API ipcref_result ipcref_peer_set_options(ipcref_peer *p,
   if (!p) return ipcref__invalid(__func__, "p is NULL");
   if (!ipcref__options_ok(o, __func__)) return IPCREF_EINVAL;
   if (!IPCREF__PEER_USABLE(p, "ipcref_peer_set_options")) return IPCREF_EDEAD;
+  IPCREF__LOCK(p->ctx); /* other threads read them under it (a sweep's
+                           look at who waits for room, the hello's time) */
   ipcref__options_set(p, o);
+  IPCREF__UNLOCK(p->ctx);
   return IPCREF_OK;
 }
 
@@ -10854,7 +10871,8 @@ IPCREF__PRIVATE ipcref_result ipcref__hello_need(ipcref_peer *p) {
   ipcref_result r;
   if (p->hello) return ipcref__hello_result(p);
   now = ipcref__now_ms();
-  if (!p->hello_since) p->hello_since = now;
+  if (!p->hello_since) /* atomic: ipcref_ctx_timeout reads it */
+    __atomic_store_n(&p->hello_since, now, __ATOMIC_RELAXED);
   left = p->hello_since + p->opt.hello_timeout_ms - now;
   nonblocking = ipcref__nonblocking(p->fd);
   r = ipcref__hello_read(p, left > 0 && !nonblocking ? (int)left : 0);
@@ -10864,7 +10882,7 @@ IPCREF__PRIVATE ipcref_result ipcref__hello_need(ipcref_peer *p) {
     ipcref__want(p, POLLIN);
     return IPCREF_EAGAIN;
   }
-  p->hello = -2; /* too late: refused for good */
+  ipcref__hello_set(p, -2); /* too late: refused for good */
   ipcref__ctx_report(p->ctx, IPCREF_EPEER,
                      "peer refused: its hello did not come in time "
                      "(hello_timeout_ms)");

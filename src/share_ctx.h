@@ -326,7 +326,9 @@ IPCREF__PRIVATE int ipcref__origin_here(const ipcref_ctx *ctx,
                                         const ipcref_peer *p, uint64_t nonce) {
   const ipcref_peer *q;
   for (q = ctx->peers; q; q = q->next)
-    if (q != p && q->hello > 0 && q->nonce == nonce) return 1;
+    if (q != p && __atomic_load_n(&q->hello, __ATOMIC_ACQUIRE) > 0 &&
+        q->nonce == nonce)
+      return 1;
   return 0;
 }
 
@@ -476,9 +478,12 @@ IPCREF_API int ipcref_ctx_timeout(ipcref_ctx *ctx) {
     ipcref__sooner(&best, now, now + IPCREF__ROOM_MS);
   if (ipcref__watch_polled(ctx)) /* deaths that no pidfd will tell */
     ipcref__sooner(&best, now, ctx->poll_tick + IPCREF__POLL_MS);
-  for (p = ctx->peers; p; p = p->next) /* a hello awaited */
-    if (!p->hello && p->hello_since)
-      ipcref__sooner(&best, now, p->hello_since + p->opt.hello_timeout_ms);
+  for (p = ctx->peers; p; p = p->next) { /* a hello awaited (atomic: the
+                                            peer's thread sets them) */
+    long since = __atomic_load_n(&p->hello_since, __ATOMIC_RELAXED);
+    if (since && !__atomic_load_n(&p->hello, __ATOMIC_RELAXED))
+      ipcref__sooner(&best, now, since + p->opt.hello_timeout_ms);
+  }
   IPCREF__UNLOCK(ctx);
   return best;
 }

@@ -27,7 +27,8 @@ IPCREF__PRIVATE ipcref_result ipcref__hello_need(ipcref_peer *p) {
   ipcref_result r;
   if (p->hello) return ipcref__hello_result(p);
   now = ipcref__now_ms();
-  if (!p->hello_since) p->hello_since = now;
+  if (!p->hello_since) /* atomic: ipcref_ctx_timeout reads it */
+    __atomic_store_n(&p->hello_since, now, __ATOMIC_RELAXED);
   left = p->hello_since + p->opt.hello_timeout_ms - now;
   nonblocking = ipcref__nonblocking(p->fd);
   r = ipcref__hello_read(p, left > 0 && !nonblocking ? (int)left : 0);
@@ -37,7 +38,7 @@ IPCREF__PRIVATE ipcref_result ipcref__hello_need(ipcref_peer *p) {
     ipcref__want(p, POLLIN);
     return IPCREF_EAGAIN;
   }
-  p->hello = -2; /* too late: refused for good */
+  ipcref__hello_set(p, -2); /* too late: refused for good */
   ipcref__ctx_report(p->ctx, IPCREF_EPEER,
                      "peer refused: its hello did not come in time "
                      "(hello_timeout_ms)");

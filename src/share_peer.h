@@ -260,11 +260,20 @@ IPCREF__PRIVATE int ipcref__uid_allowed(const ipcref_ctx *ctx, uint32_t uid) {
   return 0;
 }
 
+/* The peer's hello state (1 read, 0 awaited, -1 bad, -2 refused), set by
+ * its own thread. Other threads read it under the context's lock
+ * (ipcref_ctx_timeout, a peer freed there: ipcref__origin_here), which its
+ * thread does not take: atomic, and release, so that one that sees 1 sees
+ * the nonce and pid written before. */
+IPCREF__PRIVATE void ipcref__hello_set(ipcref_peer *p, int v) {
+  __atomic_store_n(&p->hello, v, __ATOMIC_RELEASE);
+}
+
 /* A peer refused (its uid): counted and reported, and nothing goes to it
  * or comes from it. */
 IPCREF__PRIVATE ipcref_result ipcref__peer_refuse(ipcref_peer *p) {
   ipcref_ctx *ctx = p->ctx;
-  p->hello = -2;
+  ipcref__hello_set(p, -2);
   __atomic_fetch_add(&ctx->refused, 1, __ATOMIC_RELAXED);
   IPCREF__LOCK(ctx);
   ipcref__ctx_report(ctx, IPCREF_EPEER, "peer of a uid not allowed refused");
@@ -319,7 +328,7 @@ IPCREF__PRIVATE ipcref_result ipcref__hello_bytes(ipcref_peer *p,
 /* A hello refused for good (EPROTO), named to the context's hook. */
 IPCREF__PRIVATE ipcref_result ipcref__hello_bad(ipcref_peer *p,
                                                 const char *why) {
-  p->hello = -1;
+  ipcref__hello_set(p, -1);
   ipcref__ctx_report(p->ctx, IPCREF_EPROTO, why);
   return IPCREF_EPROTO;
 }
@@ -363,7 +372,7 @@ IPCREF__PRIVATE ipcref_result ipcref__hello_read(ipcref_peer *p,
   p->nonce = ipcref__wire_get(&w, 8);
   if (!ipcref__uid_allowed(p->ctx, (uint32_t)p->uid))
     return ipcref__peer_refuse(p);
-  p->hello = 1;
+  ipcref__hello_set(p, 1); /* after its nonce and pid: see hello_set */
   /* Watch the process itself (a pidfd: pids get reused). */
   IPCREF__LOCK(p->ctx);
   p->watch = ipcref__watch_get(p->ctx, p->pid, 0);
@@ -426,7 +435,10 @@ IPCREF_API ipcref_result ipcref_peer_set_options(ipcref_peer *p,
   if (!p) return ipcref__invalid(__func__, "p is NULL");
   if (!ipcref__options_ok(o, __func__)) return IPCREF_EINVAL;
   if (!IPCREF__PEER_USABLE(p, "ipcref_peer_set_options")) return IPCREF_EDEAD;
+  IPCREF__LOCK(p->ctx); /* other threads read them under it (a sweep's
+                           look at who waits for room, the hello's time) */
   ipcref__options_set(p, o);
+  IPCREF__UNLOCK(p->ctx);
   return IPCREF_OK;
 }
 

@@ -816,6 +816,82 @@ static void test_ctx_lock(void) {
   ipcref_ctx_free(lk.ctx);
 }
 
+/* Peers made, hello read and freed by one thread each, in two contexts,
+ * while the other thread makes and frees its own and asks both contexts
+ * what waits on time: the context-wide calls read every peer's hello
+ * state, which each peer's own thread sets (under TSan, a race there
+ * fails the suite). */
+typedef struct hello_arg {
+  ipcref_ctx *p, *c;
+  int rounds, bad, *stop;
+} hello_arg;
+static void hello_round(hello_arg *a) {
+  int sv[2];
+  ipcref_peer *x, *y;
+  ipcref_view v, w;
+  const int64_t n = 16;
+  if (socketpair(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0, sv) != 0) {
+    a->bad++;
+    return;
+  }
+  if (ipcref_peer_new(a->p, sv[0], &x) != IPCREF_OK ||
+      ipcref_peer_new(a->c, sv[1], &y) != IPCREF_OK) {
+    a->bad++; /* (leaks a socket on this failure only) */
+    return;
+  }
+  if (ipcref_view_new_shared(a->p, IPCREF_U8, 1, &n, &v) == IPCREF_OK) {
+    a->bad += ipcref_send(x, &v) != IPCREF_OK;
+    ipcref_view_release(&v);
+    if (ipcref_recv(y, &w, 5000) == IPCREF_OK)
+      ipcref_view_release(&w);
+    else
+      a->bad++;
+  }
+  ipcref_peer_free(y);
+  ipcref_peer_free(x);
+}
+static void *hello_maker(void *arg) {
+  hello_arg *a = (hello_arg *)arg;
+  int i;
+  for (i = 0; i < a->rounds; i++) hello_round(a);
+  __atomic_store_n(a->stop, 1, __ATOMIC_RELEASE);
+  return NULL;
+}
+static void *hello_asker(void *arg) {
+  hello_arg *a = (hello_arg *)arg;
+  while (!__atomic_load_n(a->stop, __ATOMIC_ACQUIRE)) {
+    (void)ipcref_ctx_timeout(a->p);
+    (void)ipcref_ctx_timeout(a->c);
+    hello_round(a);
+  }
+  return NULL;
+}
+static void test_hello_under_ctx_wide_calls(void) {
+  hello_arg a[2];
+  pthread_t t[2];
+  int stop = 0, i;
+  memset(a, 0, sizeof a);
+  CHECK_EQ(ipcref_ctx_new(NULL, &a[0].p), IPCREF_OK);
+  CHECK_EQ(ipcref_ctx_new(NULL, &a[0].c), IPCREF_OK);
+  if (!a[0].p || !a[0].c) return;
+  a[0].rounds = under_valgrind ? 20 : 100;
+  a[0].stop = &stop;
+  a[1] = a[0];
+  CHECK_EQ(pthread_create(&t[0], NULL, hello_maker, &a[0]), 0);
+  CHECK_EQ(pthread_create(&t[1], NULL, hello_asker, &a[1]), 0);
+  for (i = 0; i < 2; i++) pthread_join(t[i], NULL);
+  CHECK_EQ(a[0].bad + a[1].bad, 0);
+  {
+    ipcref_stats st;
+    ipcref_collect(a[0].p);
+    CHECK_EQ(ipcref_ctx_stats(a[0].p, &st), IPCREF_OK);
+    CHECK_EQ(st.live_slots, 0);
+    CHECK_EQ(st.peers, 0);
+  }
+  ipcref_ctx_free(a[0].c);
+  ipcref_ctx_free(a[0].p);
+}
+
 static int detect_valgrind(void) {
   static char buf[1 << 16];
   ssize_t n;
@@ -845,5 +921,6 @@ int main(void) {
   RUN(test_threads_with_children);
   RUN(test_threads_in_process);
   RUN(test_ctx_lock);
+  RUN(test_hello_under_ctx_wide_calls);
   return harness_finish();
 }
