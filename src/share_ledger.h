@@ -629,25 +629,10 @@ IPCREF__PRIVATE size_t ipcref__sweep(ipcref_ctx *ctx) {
   return freed;
 }
 
-/* After the bell was read for `self` (a peer waiting for room, or NULL:
- * the context), not under the lock: the bell is every waiter's, and a
- * peer whose send waits for room watches it in its poll fd. When the
- * sweep finds another waiting peer room, the bell rings again, so that
- * its poll fd wakes (its receive then reads the bell and ends its wait:
- * ipcref__room_poll): a read for somebody else must not take its
- * wake-up. */
+/* share_loop's: tells peers waiting for room that came (after a read of
+ * the bell for `self`). */
 IPCREF__PRIVATE void ipcref__bell_pass(ipcref_ctx *ctx,
-                                       const ipcref_peer *self) {
-  ipcref_peer *p;
-  int ring = 0;
-  IPCREF__LOCK(ctx);
-  for (p = ctx->peers; p && !p->room_wait; p = p->next) continue;
-  if (p) ipcref__sweep(ctx);
-  for (; p && !ring; p = p->next)
-    ring = p != self && p->room_wait && p->held_bytes < p->opt.max_bytes_held;
-  IPCREF__UNLOCK(ctx);
-  if (ring) (void)send(ctx->bell_tx, "", 1, MSG_DONTWAIT | MSG_NOSIGNAL);
-}
+                                       const ipcref_peer *self);
 
 /* Reads what rang the bell for `self` (see ipcref__bell_pass; not under
  * the lock; never waits): it stays readable until someone does. */

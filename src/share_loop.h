@@ -56,8 +56,12 @@ IPCREF_API int ipcref_peer_wants(ipcref_peer *p);
  * (ENOMEM), or a send refused under a peer's max_bytes_held. It stays
  * readable until the next allocation or send on the context reads it, as
  * a socket stays writable until written: add it to your event loop, and
- * try again when it wakes. The context's (made with it); do not close
- * it. -1 for NULL or a freed context (reported). */
+ * try again when it wakes. One wake-up for all that wait on the context:
+ * of two threads whose allocations wait on it, the one that tries first
+ * takes it (a peer's send waiting for room has it passed on; see
+ * ipcref_peer_wants), so the other should not wait on it alone
+ * (ipcref_shared_new_wait looks again every 100 ms). The context's (made
+ * with it); do not close it. -1 for NULL or a freed context (reported). */
 IPCREF_API int ipcref_ctx_room_fd(ipcref_ctx *ctx);
 
 /* As ipcref_shared_new, but when the context is at its max_bytes, waits up
@@ -149,8 +153,10 @@ IPCREF_API int ipcref_peer_poll_fd(ipcref_peer *p) {
     errno = e;
     return -1;
   }
+  IPCREF__LOCK(p->ctx); /* a sweep elsewhere may set its flag for room */
   p->poll_fd = ep;
   p->batch_fd = bf;
+  IPCREF__UNLOCK(p->ctx);
   ipcref__poll_doorbell(p); /* records in the channel from it */
   if (p->room_wait)         /* a send waits for room: returns wake it too */
     (void)ipcref__epoll_add(ep, p->ctx->bell_rx, 0);
@@ -237,9 +243,53 @@ IPCREF__PRIVATE int ipcref__room_fits(const ipcref_peer *p, size_t add) {
          (p->held_bytes <= cap && add <= cap - p->held_bytes);
 }
 
+/* A peer whose send waits for room, and now has it, though another read
+ * of the bell took the ring (an allocation, another peer's send, a
+ * blocking wait): its poll fd's flag is set, once, until its own next try
+ * clears it (ipcref__room_unring). Not the bell rung again: a blocking
+ * wait on it would wake to that over and over. Under the lock. */
+IPCREF__PRIVATE void ipcref__room_ring(ipcref_peer *p) {
+  uint64_t one = 1;
+  ssize_t n;
+  if (p->room_rung || p->batch_fd < 0) return;
+  p->room_rung = 1;
+  n = write(p->batch_fd, &one, sizeof one);
+  (void)n;
+}
+
+/* The peer's own try takes that wake-up (under the lock, in its thread):
+ * the flag is read clear, and set again if a batch still needs it. */
+IPCREF__PRIVATE void ipcref__room_unring(ipcref_peer *p) {
+  uint64_t v = 1;
+  ssize_t n;
+  if (!p->room_rung) return;
+  p->room_rung = 0;
+  n = read(p->batch_fd, &v, sizeof v);
+  v = 1;
+  if (p->flag_on) n = write(p->batch_fd, &v, sizeof v);
+  (void)n;
+}
+
+/* After a read of the bell for `self` (a peer waiting for room, or NULL:
+ * the context), not under the lock: the bell is every waiter's, and a
+ * read for somebody else must not take a waiting peer's wake-up. Each
+ * other peer whose send waits and now fits is told (ipcref__room_ring). */
+IPCREF__PRIVATE void ipcref__bell_pass(ipcref_ctx *ctx,
+                                       const ipcref_peer *self) {
+  ipcref_peer *p;
+  IPCREF__LOCK(ctx);
+  for (p = ctx->peers; p && (p == self || !p->room_wait); p = p->next) continue;
+  if (p) ipcref__sweep(ctx);
+  for (; p; p = p->next)
+    if (p != self && p->room_wait && ipcref__room_fits(p, p->room_need))
+      ipcref__room_ring(p);
+  IPCREF__UNLOCK(ctx);
+}
+
 /* Sets or clears the peer's wait for room (under the lock), and with it
  * the room fd in its poll fd and the ledgers' arming. */
 IPCREF__PRIVATE void ipcref__room_wait(ipcref_peer *p, int on) {
+  if (!on) ipcref__room_unring(p);
   if (p->room_wait == on) return;
   p->room_wait = on;
   if (p->poll_fd >= 0 && p->ctx->bell_rx >= 0) {
@@ -260,6 +310,7 @@ IPCREF__PRIVATE void ipcref__room_poll(ipcref_peer *p) {
   ipcref_ctx *ctx = p->ctx;
   ipcref__bell_drain_for(ctx, p);
   IPCREF__LOCK(ctx);
+  ipcref__room_unring(p);
   ipcref__sweep(ctx);
   if (p->held_bytes < p->opt.max_bytes_held) ipcref__room_wait(p, 0);
   IPCREF__UNLOCK(ctx);
@@ -289,7 +340,9 @@ IPCREF__PRIVATE ipcref_result ipcref__room_take(ipcref_peer *p,
   for (;;) {
     if (p->room_wait) ipcref__bell_drain_for(ctx, p);
     IPCREF__LOCK(ctx);
+    ipcref__room_unring(p); /* this try takes its wake-up */
     if (!(fits = ipcref__room_fits(p, add))) ipcref__sweep(ctx);
+    p->room_need = add;
     if (!(fits = fits || ipcref__room_fits(p, add)) && !p->room_wait) {
       ipcref__room_wait(p, 1);
       ipcref__sweep(ctx);

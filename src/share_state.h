@@ -309,7 +309,10 @@ struct ipcref_peer {
   unsigned refused_at, kept_at;
   ipcref__map *kept[IPCREF__KEPT]; /* ledgers they brought, kept for the
                                       returns (a ring) */
-  int room_wait; /* a send was refused for opt.max_bytes_held */
+  int room_wait;    /* a send was refused for opt.max_bytes_held */
+  size_t room_need; /* what that send adds (under ctx->lock) */
+  int room_rung;    /* its poll fd's flag set for room (ipcref__room_ring;
+                       under ctx->lock) */
   unsigned char meta[IPCREF_META_MAX]; /* the last message's metadata */
   size_t meta_len;
   unsigned char *in; /* a stream's record so far, its length first (see

@@ -192,6 +192,59 @@ static void test_bell_shared(void) {
   bell_shared(1);
 }
 
+/* A blocking send waiting for room beside a non-blocking peer that waits
+ * too and gets room from a return: the blocking wait reads the bell, the
+ * other peer's poll fd is told (its flag set, once), and the blocking
+ * wait goes on sleeping until its time is up. Not the bell rung again for
+ * the other peer: the blocking wait woke to that at once, over and over,
+ * a sweep each time. */
+static void test_blocking_wait_beside_a_waiting_peer(void) {
+  ipcref_ctx *prod = make_ctx(NULL), *cons = make_ctx(NULL);
+  ipcref_peer_options o;
+  ipcref_peer *pp, *cp, *qp, *qc;
+  ipcref_view v[3], w[2], got[2], gw;
+  uint64_t sweeps;
+  int i, pfd;
+  memset(&o, 0, sizeof o);
+  o.max_bytes_held = 2 * BLOCK;
+  capped_pair(prod, cons, SOCK_SEQPACKET | SOCK_NONBLOCK, &o, &pp, &cp);
+  o.max_bytes_held = BLOCK;
+  o.send_timeout_ms = 300 * slow;
+  capped_pair(prod, cons, SOCK_SEQPACKET, &o, &qp, &qc);
+  if (!pp || !cp || !qp || !qc) return;
+  pfd = ipcref_peer_poll_fd(pp);
+  for (i = 0; i < 3; i++) block_view(prod, &v[i]);
+  block_view(prod, &w[0]), block_view(prod, &w[1]);
+  (void)ipcref_peer_pid(cp), (void)ipcref_peer_pid(qc); /* hellos */
+  for (i = 0; i < 2; i++) {
+    while (ipcref_send(pp, &v[i]) == IPCREF_EAGAIN) CHECK(readable(pfd, 5000));
+    CHECK_EQ(ipcref_recv(cp, &got[i], 5000), IPCREF_OK);
+  }
+  CHECK_EQ(ipcref_send(pp, &v[2]), IPCREF_EAGAIN); /* waits for room */
+  CHECK_EQ(ipcref_send(qp, &w[0]), IPCREF_OK);
+  CHECK_EQ(ipcref_recv(qc, &gw, 5000), IPCREF_OK);
+  ipcref_view_release(&got[0]); /* room for pp: the bell rings */
+  sweeps = stats_of(prod).sweeps;
+  CHECK_EQ(ipcref_send(qp, &w[1]), IPCREF_ETIMEDOUT); /* no room for qp */
+  printf("    a blocking wait of %d ms: %llu sweeps\n", 300 * slow,
+         (unsigned long long)(stats_of(prod).sweeps - sweeps));
+  CHECK(stats_of(prod).sweeps - sweeps < 100);
+  CHECK(!readable(ipcref_ctx_room_fd(prod), 0)); /* read, not rung again */
+  CHECK(readable(pfd, 0));                       /* pp was told */
+  CHECK_EQ(ipcref_recv(pp, &got[0], 0), IPCREF_EAGAIN); /* takes it */
+  CHECK_EQ(ipcref_send(pp, &v[2]), IPCREF_OK);
+  CHECK(!readable(pfd, 0));
+  CHECK_EQ(ipcref_recv(cp, &got[0], 5000), IPCREF_OK);
+  ipcref_view_release(&got[0]), ipcref_view_release(&got[1]);
+  ipcref_view_release(&gw);
+  for (i = 0; i < 3; i++) ipcref_view_release(&v[i]);
+  ipcref_view_release(&w[0]), ipcref_view_release(&w[1]);
+  ipcref_peer_free(qc), ipcref_peer_free(qp);
+  ipcref_peer_free(cp), ipcref_peer_free(pp);
+  ipcref_ctx_free(cons);
+  ipcref_ctx_free(prod);
+}
+
 /* A batch counts as a whole; a message larger than the cap goes when the
  * peer holds nothing, and only then. */
 static void test_peer_cap_batch_and_oversize(void) {
@@ -665,6 +718,7 @@ int main(void) {
   fixture_start();
   RUN(test_peer_cap_nonblocking);
   RUN(test_bell_shared);
+  RUN(test_blocking_wait_beside_a_waiting_peer);
   RUN(test_peer_cap_batch_and_oversize);
   RUN(test_peer_cap_blocking_across);
   RUN(test_rest_wakes_the_loop);
