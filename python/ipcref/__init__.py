@@ -18,13 +18,22 @@ shared block when sent.
     with ipcref.Context() as ctx, ctx.connect("@frames") as peer:
         a, meta = peer.recv()          # a numpy array, read-only here
 
+Metadata is bytes, or None, a bool, int, float, str, bytes, or lists,
+tuples and dicts of these (numpy numbers go as Python ones), in a form
+whose decoding runs no code; anything else is pickled, and unpickled on
+receipt only with ``recv(unpickle=True)`` (trusted peers only: unpickling
+runs whatever code the sender chose).
+
 Errors are ``ipcref.Error`` (``.code``, ``.name``, ``.message``), with
 ``Timeout`` (also a ``TimeoutError``), ``WouldBlock`` (a
 ``BlockingIOError``) and ``PeerGone`` (a ``ConnectionError``).
 """
 
+import operator
+import os
 import pickle
 import socket as _socket
+import struct
 
 import numpy as _np
 
@@ -105,9 +114,100 @@ def _dtype_code(dtype):
 
 # ---- metadata: our first byte says what was sent, the rest is the user's
 
-_BATCH, _TORCH, _RAW, _PICKLED = 1, 2, 4, 8
+_BATCH, _TORCH, _RAW, _PICKLED, _VALUE = 1, 2, 4, 8, 16
 _PLAIN = b"\0"  # one numpy array, no metadata
 _BF16 = _CODE["bfloat16"]
+
+# The safe form (_VALUE): None, bool, int, float, str, bytes, and lists,
+# tuples and dicts of them, each a tag byte and its body (sizes and counts
+# as LEB128); a numpy bool, integer or float goes as the Python one.
+# Decoding it makes only those types: no code of the sender's runs,
+# whatever the bytes say.
+_DEPTH = 32  # nesting
+_F64 = struct.Struct("<d")
+_CONTAINER = {list: b"l", tuple: b"t", dict: b"d"}
+
+
+class _NotValue(Exception):
+    """A value the safe form does not hold (it is pickled then)."""
+
+
+def _put_size(n, out):
+    while n >= 0x80:
+        out.append(n & 0x7F | 0x80)
+        n >>= 7
+    out.append(n)
+
+
+def _put(v, out, depth):
+    t = type(v)
+    if v is None:
+        out += b"N"
+    elif t is bool:
+        out += b"T" if v else b"F"
+    elif t is float:
+        out += b"f" + _F64.pack(v)
+    elif t in (int, str, bytes):
+        if t is int:
+            body = v.to_bytes((v.bit_length() + 8) // 8, "little",
+                              signed=True)
+        else:
+            body = v.encode("utf-8", "surrogatepass") if t is str else v
+        out += b"i" if t is int else b"s" if t is str else b"b"
+        _put_size(len(body), out)
+        out += body
+    elif t in _CONTAINER and depth < _DEPTH:
+        out += _CONTAINER[t]
+        _put_size(len(v), out)
+        for x in (y for kv in v.items() for y in kv) if t is dict else v:
+            _put(x, out, depth + 1)
+    elif isinstance(v, _np.generic) and v.dtype.kind in "biuf":
+        _put(v.item(), out, depth)
+    else:
+        raise _NotValue
+
+
+def _get_size(b, i):
+    n = shift = 0
+    while True:
+        c = b[i]
+        i += 1
+        n |= (c & 0x7F) << shift
+        shift += 7
+        if c < 0x80:
+            return n, i
+        if shift > 28:
+            raise ValueError("a size of more than 4 bytes")
+
+
+def _get(b, i, depth):
+    tag = b[i:i + 1]
+    i += 1
+    if tag in (b"N", b"T", b"F"):
+        return {b"N": None, b"T": True, b"F": False}[tag], i
+    if tag == b"f":
+        return _F64.unpack_from(b, i)[0], i + _F64.size
+    if tag in (b"i", b"s", b"b"):
+        n, i = _get_size(b, i)
+        body = b[i:i + n]
+        if len(body) != n:
+            raise ValueError("cut short")
+        if tag == b"i":
+            v = int.from_bytes(body, "little", signed=True)
+        else:
+            v = body.decode("utf-8", "surrogatepass") if tag == b"s" \
+                else bytes(body)
+        return v, i + n
+    if tag in (b"l", b"t", b"d") and depth < _DEPTH:
+        n, i = _get_size(b, i)
+        items = []
+        for _ in range(2 * n if tag == b"d" else n):
+            x, i = _get(b, i, depth + 1)
+            items.append(x)
+        if tag == b"d":
+            return dict(zip(items[::2], items[1::2])), i
+        return (items if tag == b"l" else tuple(items)), i
+    raise ValueError("tag %r at byte %d" % (tag, i - 1))
 
 
 def _meta_encode(meta, batch, torch):
@@ -118,22 +218,49 @@ def _meta_encode(meta, batch, torch):
         flags |= _RAW
         body = bytes(meta)
     else:
-        flags |= _PICKLED
-        body = pickle.dumps(meta, protocol=pickle.HIGHEST_PROTOCOL)
+        out = bytearray()
+        try:
+            _put(meta, out, 0)
+            flags |= _VALUE
+            body = bytes(out)
+        except _NotValue:  # the receiver needs recv(unpickle=True)
+            flags |= _PICKLED
+            body = pickle.dumps(meta, protocol=pickle.HIGHEST_PROTOCOL)
     if len(body) > META_MAX:
         raise ValueError("metadata of %d bytes: at most %d travel with a "
                          "message" % (len(body), META_MAX))
     return bytes((flags,)) + body
 
 
-def _meta_decode(raw):
+def _meta_decode(raw, unpickle):
+    """(flags, the user's metadata); Error (EPROTO) when it cannot be
+    decoded, or came pickled and ``unpickle`` is false."""
     if not raw:
         return 0, None
     flags, body = raw[0], raw[1:]
     if flags & _RAW:
         return flags, body
+    if flags & _VALUE:
+        try:
+            meta, end = _get(body, 0, 0)
+            if end != len(body):
+                raise ValueError("%d bytes past its end" % (len(body) - end))
+        except Exception as e:
+            raise Error(-5, "EPROTO", "malformed metadata (%s): the message "
+                        "is dropped" % e) from None
+        return flags, meta
     if flags & _PICKLED:
-        return flags, pickle.loads(body)
+        if not unpickle:
+            raise Error(-5, "EPROTO", "the metadata came pickled, and "
+                        "unpickling runs whatever code the sender chose: "
+                        "recv(unpickle=True) takes it from a trusted peer; "
+                        "the message is dropped")
+        try:
+            return flags, pickle.loads(body)
+        except Exception as e:
+            raise Error(-5, "EPROTO", "the metadata could not be unpickled "
+                        "(%s: %s): the message is dropped"
+                        % (type(e).__name__, e)) from e
     return flags, None
 
 
@@ -164,11 +291,13 @@ def _as_numpy(buf, copy):
 
 
 def _ms(timeout):
-    """Seconds (None: forever) as the library's milliseconds (-1:
+    """Seconds (None or inf: forever) as the library's milliseconds (-1:
     forever), clamped to what a C int holds."""
-    if timeout is None:
+    if timeout is None or timeout == float("inf"):
         return -1
-    return min(max(0, int(timeout * 1000)), 2**31 - 1)
+    if timeout != timeout:
+        raise ValueError("timeout is NaN")
+    return int(min(max(0, timeout * 1000), 2**31 - 1))
 
 
 # ---- send side: what an object is, to the extension
@@ -207,8 +336,11 @@ class Peer:
 
     def send(self, obj, meta=None):
         """Sends an array or tensor, or a list/tuple of up to MAX_BATCH of
-        them in one message, with optional metadata (bytes travel as they
-        are, anything else pickled; at most META_MAX bytes). Zero copy for
+        them in one message, with optional metadata (at most META_MAX
+        bytes): bytes travel as they are; None, bools, ints, floats, str,
+        bytes and lists, tuples and dicts of them in a safe form (numpy
+        numbers as Python ones); anything else is pickled, which the
+        receiver takes only with ``recv(unpickle=True)``. Zero copy for
         memory made by ``Context.empty`` (or received); any other memory is
         copied once into a new shared block. Raises WouldBlock (a
         non-blocking socket is full), Timeout, PeerGone, Error; nothing is
@@ -228,14 +360,20 @@ class Peer:
             torch = torch or is_torch
         self._peer()._send(items, _meta_encode(meta, batch, torch))
 
-    def recv(self, timeout=None, like=None, copy=False):
+    def recv(self, timeout=None, like=None, copy=False, unpickle=False):
         """Receives one message: ``(obj, meta)``, obj an array, or a list
         when a batch was sent. ``like``: "numpy" or "torch" (default: what
-        the sender sent). ``timeout`` in seconds (None: wait; 0: poll).
-        Arrays of memory this process may not write are read-only numpy
-        arrays; torch has no such tensors, so ``like="torch"`` of such
+        the sender sent). ``timeout`` in seconds (None or inf: wait; 0:
+        poll). Arrays of memory this process may not write are read-only
+        numpy arrays; torch has no such tensors, so ``like="torch"`` of such
         memory raises Error unless ``copy=True``; the message is kept then,
-        and the next recv returns it. Raises Timeout, PeerGone, Error."""
+        and the next recv returns it. Metadata that came pickled is
+        unpickled only with ``unpickle=True``: for trusted peers only, as
+        unpickling runs whatever code the sender chose. Metadata that cannot
+        be decoded (malformed, pickled without ``unpickle``, or failing to
+        unpickle) raises Error (name "EPROTO") once, and the message is
+        dropped: the next recv gets the next one. Raises Timeout, PeerGone,
+        Error."""
         if like is None and not copy and self._kept is None:
             try:  # the common case, kept short: one numpy array, no meta
                 bufs, raw = self._peer()._recv(_ms(timeout))
@@ -244,10 +382,9 @@ class Peer:
             if raw == _PLAIN and len(bufs) == 1 and \
                     bufs[0].dtype != _BF16:
                 return _np.asarray(bufs[0]), None
-            self._kept = (bufs, raw)  # the general way below takes it
         elif like not in (None, "numpy", "torch"):
             raise ValueError("like is 'numpy' or 'torch', not %r" % (like,))
-        if self._kept is not None:  # refused by a call before: its turn
+        elif self._kept is not None:  # refused by a call before: its turn
             bufs, raw = self._kept
         else:
             ms = _ms(timeout)
@@ -255,7 +392,12 @@ class Peer:
                 bufs, raw = self._peer()._recv(ms)
             except WouldBlock as e:  # nothing now (timeout=0)
                 raise Timeout(e.code, e.name, e.message) from None
-        flags, meta = _meta_decode(raw)
+        self._kept = None  # metadata that fails to decode drops the message
+        try:
+            flags, meta = _meta_decode(raw, unpickle)
+        except Error:
+            del bufs  # given back now, not once the exception is gone
+            raise
         if like is None:
             like = "torch" if flags & _TORCH else "numpy"
         convert = _as_torch if like == "torch" else _as_numpy
@@ -264,7 +406,6 @@ class Peer:
         except Exception:
             self._kept = (bufs, raw)  # nothing lost: the next recv has it
             raise
-        self._kept = None
         return (out if flags & _BATCH or len(out) > 1 else out[0]), meta
 
     def set_options(self, send_timeout=None, hello_timeout=None,
@@ -284,8 +425,11 @@ class Peer:
         side's messages may keep mapped here: a message past them is
         refused (Error, name "ERANGE"), its arrays given back to the sender,
         and the next one that fits comes (default: no cap)."""
-        def opt(s):  # 0: the default
-            return 0 if s is None else max(1, _ms(s))
+        def opt(s):  # 0: the default; inf: the longest a C int holds
+            if s is None:
+                return 0
+            ms = _ms(s)
+            return 2**31 - 1 if ms < 0 else max(1, ms)
 
         def size(name, n):  # 0: the default
             n = int(n or 0)
@@ -341,9 +485,9 @@ class Listener:
     sends raise WouldBlock instead of waiting on a consumer)."""
 
     def __init__(self, ctx, path, blocking=True):
-        import os
         self._ctx, self.path = ctx, path
         self._fd = ctx._raw()._listen(path)
+        self._pid = os.getpid()  # only it unlinks the path (not a fork)
         if not blocking:
             os.set_blocking(self._fd, False)
 
@@ -358,11 +502,13 @@ class Listener:
         return self._fd
 
     def close(self):
-        import os
+        """Closes the socket, and removes its path (not in the abstract
+        namespace) in the process that listened, never in a forked
+        child: the parent may still listen there."""
         if self._fd >= 0:
             os.close(self._fd)
             self._fd = -1
-            if not self.path.startswith("@"):
+            if not self.path.startswith("@") and os.getpid() == self._pid:
                 try:
                     os.unlink(self.path)
                 except OSError:
@@ -409,9 +555,10 @@ class Context:
                                   "installed")
             if code not in _TORCH_CODE.values():
                 raise TypeError("this torch has no %s" % DTYPES[code])
-        if isinstance(shape, int):
-            shape = (shape,)
-        import operator
+        try:  # one size (an int, a numpy integer): 1-d
+            shape = (operator.index(shape),)
+        except TypeError:
+            pass
         dims = tuple(operator.index(s) for s in shape)  # 2.5 is no size
         buf = self._raw()._empty(code, dims)
         return (_as_numpy if like == "numpy" else _as_torch)(buf, False)

@@ -25,7 +25,15 @@ is taken for that process then, so its death gives the memory back, and
 its last reference returns the lease (no ``ipc_collect``). A ticket is
 claimed once; one never claimed (the queue dropped, the reader died
 first) is dropped after ``claim_timeout`` seconds, and the memory goes
-back. A claim that comes later raises an ``ipcref.Error``.
+back. A claim that comes later raises an ``ipcref.Error``; one that is not
+answered within ``claim_timeout`` raises ``ipcref.Timeout``, and the view
+that comes late is dropped by the next claim. The sharer takes claims only
+from processes of its own uid (the kernel's credentials of the claims
+socket, as ipcref's peers), and sends the view to the claimer's own peer.
+
+A tensor keeps its strides when they are dense (contiguous, channels_last,
+a transpose; a copy into a block keeps them too), and a ``Parameter``
+arrives a ``Parameter``, with its ``requires_grad``.
 """
 
 import os
@@ -43,7 +51,10 @@ from . import Context, Error, PeerGone, Timeout
 
 __all__ = ["install", "uninstall", "installed"]
 
-_TICKET = struct.Struct("<QQ")  # claimer pid, ticket
+_TICKET = struct.Struct("<QQ")  # pid (the credential's counts), ticket
+_ANSWER = struct.Struct("<QB")  # ticket, _SENT / _NOT_HELD / _NOT_SENT
+_SENT, _NOT_HELD, _NOT_SENT = 1, 0, 2
+_CRED = struct.Struct("3i")  # SO_PEERCRED: pid, uid, gid
 
 _lock = threading.Lock()
 _state = None  # this process's (see _here)
@@ -52,9 +63,10 @@ _saved = {}
 
 
 class _Sharer:
-    """The tickets of this process's tensors, served to whoever claims them:
-    a daemon thread over a listening ipcref socket (peers) and a plain one
-    (claims: pid and ticket, 16 bytes)."""
+    """The tickets of this process's tensors, served to whoever of its uid
+    claims them: a daemon thread over a listening ipcref socket (peers) and
+    a plain one (claims: pid and ticket, 16 bytes, answered with the ticket
+    and whether its view was sent)."""
 
     def __init__(self, ctx):
         self.ctx = ctx
@@ -90,10 +102,9 @@ class _Sharer:
                     if key.data == "peer":
                         self._accept_peer()
                     elif key.data == "claims":
-                        conn, _ = self.claims.accept()
-                        self.sel.register(conn, selectors.EVENT_READ, "claim")
+                        self._accept_claimer()
                     else:
-                        self._claim(key.fileobj)
+                        self._claim(key.fileobj, key.data)
                 except (OSError, Error):
                     pass  # a claimer that went away: nothing of ours to do
             self._expire()
@@ -105,34 +116,63 @@ class _Sharer:
             return
         self.peers[peer.pid] = peer
 
-    def _claim(self, conn):
-        data = conn.recv(_TICKET.size)
-        if len(data) != _TICKET.size:  # the claimer hung up
+    def _accept_claimer(self):
+        """A claims connection, kept with its pid when the kernel says it
+        is of our uid (ipcref's rule for peers), else closed."""
+        conn, _ = self.claims.accept()
+        pid, uid, _ = _CRED.unpack(conn.getsockopt(
+            socket.SOL_SOCKET, socket.SO_PEERCRED, _CRED.size))
+        if uid != os.getuid():
+            conn.close()
+            return
+        self.sel.register(conn, selectors.EVENT_READ, pid)
+
+    def _claim(self, conn, pid):
+        """One claim on `conn`, of process `pid` (the kernel's word, not
+        the message's): its ticket's view goes to that process's peer, and
+        only then is the ticket used up."""
+        data = conn.recv(_TICKET.size + 1)
+        if len(data) != _TICKET.size:  # the claimer hung up, or garbled
             self.sel.unregister(conn)
             conn.close()
             return
-        pid, n = _TICKET.unpack(data)
+        _, n = _TICKET.unpack(data)
         with self.lock:
-            held = self.tickets.pop(n, None)
-        peer = self.peers.get(pid)
-        while peer is None:  # its peer connected first, maybe not accepted
-            self._accept_peer_blocking()
-            peer = self.peers.get(pid)
-        if held is None:
-            conn.send(b"\0")  # expired or claimed: say so
-            return
-        conn.send(b"\1")
-        try:
-            peer.send(held[0], meta=n)
-        except PeerGone:
-            self.peers.pop(pid, None)
+            held = self.tickets.get(n)
+        status = _NOT_HELD if held is None else _NOT_SENT
+        for _ in range(2 if held is not None else 0):
+            peer = self._peer_of(pid)
+            if peer is None:
+                break
+            try:
+                peer.send(held[0], meta=n)
+                status = _SENT
+                break
+            except PeerGone:  # a dead process's, whose pid is the claimer's
+                self.peers.pop(pid, None)
+            except Error:
+                break
+        if status == _SENT:
+            with self.lock:
+                self.tickets.pop(n, None)
+        conn.send(_ANSWER.pack(n, status))
 
-    def _accept_peer_blocking(self):
-        try:
-            peer = self.listener.accept(timeout=5)
-        except Timeout:
-            raise OSError("a claimer's peer never connected")
-        self.peers[peer.pid] = peer
+    def _peer_of(self, pid):
+        """The peer of process `pid`: it connected before it claimed, but
+        may not be accepted yet (None if it does not come within 5 s)."""
+        deadline = time.monotonic() + 5
+        while pid not in self.peers:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return None
+            try:
+                peer = self.listener.accept(timeout=left)
+            except Timeout:
+                return None
+            except Error:  # refused (another uid), or gone: the next
+                continue
+            self.peers[peer.pid] = peer
+        return self.peers[pid]
 
     def _expire(self):
         now = time.monotonic()
@@ -143,7 +183,9 @@ class _Sharer:
 
 class _Claimer:
     """This process's connection to one sharer: an ipcref peer for the
-    views and a plain socket for the claims; one claim at a time."""
+    views and a plain socket for the claims; one claim at a time, so an
+    answer or a view of another ticket is one a claim that timed out left:
+    it is dropped."""
 
     def __init__(self, ctx, path):
         self.peer = ctx.connect(path)
@@ -153,16 +195,47 @@ class _Claimer:
 
     def claim(self, n, timeout):
         with self.lock:
+            deadline = time.monotonic() + timeout
             self.claims.send(_TICKET.pack(os.getpid(), n))
-            self.claims.settimeout(timeout)
-            if self.claims.recv(1) != b"\1":
+            while True:
+                data = self._recv_answer(n, deadline)
+                if len(data) != _ANSWER.size:
+                    raise PeerGone(-8, "EPEER", "ipcref.torch: the sharer of "
+                                   "ticket %d hung up" % n)
+                got, status = _ANSWER.unpack(data)
+                if got == n:
+                    break
+            if status == _NOT_HELD:
                 raise Error(-8, "EPEER", "ipcref.torch: ticket %d was claimed "
                             "already, or not within claim_timeout" % n)
-            t, meta = self.peer.recv(timeout=timeout, like="torch")
-            if meta != n:
-                raise Error(-5, "EPROTO", "ipcref.torch: ticket %d came for "
-                            "%r" % (n, meta))
-            return t
+            if status != _SENT:
+                raise Error(-8, "EPEER", "ipcref.torch: ticket %d: its sharer "
+                            "could not send to this process" % n)
+            while True:
+                try:
+                    t, meta = self.peer.recv(
+                        timeout=max(0, deadline - time.monotonic()),
+                        like="torch")
+                except Timeout:
+                    raise _late(n, "its view did not come") from None
+                if meta == n:
+                    return t
+                del t  # a late view of a claim that timed out: given back
+
+    def _recv_answer(self, n, deadline):
+        left = deadline - time.monotonic()
+        if left <= 0:
+            raise _late(n, "its sharer did not answer")
+        self.claims.settimeout(left)
+        try:
+            return self.claims.recv(_ANSWER.size + 1)
+        except socket.timeout:
+            raise _late(n, "its sharer did not answer") from None
+
+
+def _late(n, what):
+    return Timeout(-9, "ETIMEDOUT", "ipcref.torch: ticket %d: %s within "
+                   "claim_timeout" % (n, what))
 
 
 class _Here:
@@ -186,13 +259,33 @@ def _here():
         return _state
 
 
+def _dense_strides(t):
+    """t's strides when they lay its elements out with neither gaps nor
+    overlap (contiguous, channels_last, a transpose), else None."""
+    if not t.numel():
+        return None
+    expect = 1
+    for stride, size in sorted((st, sz) for sz, st in
+                               zip(t.shape, t.stride()) if sz != 1):
+        if stride != expect:
+            return None
+        expect *= size
+    return tuple(t.stride())
+
+
 def _in_ipcref(t):
     """The tensor itself when its memory is an ipcref block's, else a copy
-    of it in a new block."""
+    of it in a new block: with its strides when they are dense (as torch's
+    own sharing keeps them), else contiguous."""
     from . import _ipcref
     if t.numel() and _ipcref._owns(t.data_ptr(), t.numel() * t.element_size()):
         return t
-    out = _here().ctx.empty(tuple(t.shape), t.dtype, like="torch")
+    strides = _dense_strides(t)
+    if strides is None:
+        out = _here().ctx.empty(tuple(t.shape), t.dtype, like="torch")
+    else:
+        out = _here().ctx.empty((t.numel(),), t.dtype, like="torch") \
+            .as_strided(tuple(t.shape), strides)
     out.copy_(t)
     return out
 
@@ -208,16 +301,19 @@ def _reduce_tensor(t):
         if here.sharer is None:
             here.sharer = _Sharer(here.ctx)
     n = here.sharer.hold(_in_ipcref(t.detach()), here.claim_timeout)
-    return _rebuild_tensor, (here.sharer.path, n, t.requires_grad)
+    return _rebuild_tensor, (here.sharer.path, n, t.requires_grad,
+                             isinstance(t, _torch.nn.Parameter))
 
 
-def _rebuild_tensor(path, n, requires_grad):
+def _rebuild_tensor(path, n, requires_grad, parameter=False):
     here = _here()
     with _lock:
         claimer = here.claimers.get(path)
         if claimer is None:
             claimer = here.claimers[path] = _Claimer(here.ctx, path)
     t = claimer.claim(n, here.claim_timeout)
+    if parameter:  # as torch's rebuild_parameter
+        return _torch.nn.Parameter(t, requires_grad=requires_grad)
     if requires_grad:
         t.requires_grad_(True)
     return t

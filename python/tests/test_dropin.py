@@ -7,11 +7,14 @@ batch right; the producer's memory returns when the consumer lets go, or
 dies holding tensors; a ticket never claimed is given back after
 claim_timeout; thousands of fresh tensors keep the consumer's fds and
 mappings bounded; a malformed ticket unpickled by hand raises a clear
-error.
+error; a claim of another uid is refused; a claim that timed out leaves
+the next ones right; Parameters, requires_grad and dense strides arrive
+as sent.
 """
 
 import os
 import signal
+import socket
 import time
 
 import pytest
@@ -236,3 +239,157 @@ def test_uninstall_gives_torch_back():
     q = ctx_mp.Queue()
     q.put(torch.ones(4))
     assert bool((q.get(timeout=WAIT) == 1).all())
+
+
+def _close(q):
+    """Closes a queue the test put into, and waits for its feeder thread,
+    which closes its pipe: now, not during a later test counting fds."""
+    q.close()
+    q.join_thread()
+
+
+def _report_kinds(q, r):
+    got = q.get(timeout=WAIT)
+    r.put([(type(t).__name__, t.requires_grad, t.tolist()) for t in got])
+
+
+def test_parameters_and_requires_grad_arrive_as_sent(installed):
+    """A Parameter arrives a Parameter (it came a plain Tensor), with its
+    requires_grad, as torch's own sharing gives it."""
+    q, r = ctx_mp.Queue(), ctx_mp.Queue()
+    p = ctx_mp.Process(target=_report_kinds, args=(q, r))
+    p.start()
+    sent = [torch.nn.Parameter(torch.ones(2)),
+            torch.nn.Parameter(torch.zeros(2), requires_grad=False),
+            torch.full((2,), 3.0, requires_grad=True), torch.arange(2.0)]
+    q.put(sent)
+    assert r.get(timeout=WAIT) == [("Parameter", True, [1.0, 1.0]),
+                                   ("Parameter", False, [0.0, 0.0]),
+                                   ("Tensor", True, [3.0, 3.0]),
+                                   ("Tensor", False, [0.0, 1.0])]
+    p.join(WAIT)
+    assert p.exitcode == 0
+    _close(q)
+
+
+def _report_layouts(q, r):
+    got = q.get(timeout=WAIT)
+    r.put([(tuple(t.stride()), t.tolist()) for t in got])
+
+
+def test_dense_strides_are_kept(installed):
+    """A tensor copied into a block keeps its strides when they are dense
+    (channels_last, a transpose; it came contiguous); one with gaps comes
+    contiguous; one in ipcref memory keeps its own."""
+    q, r = ctx_mp.Queue(), ctx_mp.Queue()
+    p = ctx_mp.Process(target=_report_layouts, args=(q, r))
+    p.start()
+    base = torch.arange(120.0).reshape(2, 3, 4, 5)
+    own = dropin._here().ctx.empty((4, 6), torch.float32, like="torch")
+    own.copy_(torch.arange(24.0).reshape(4, 6))
+    sent = [base.contiguous(memory_format=torch.channels_last),
+            base[0].transpose(0, 2), base[:, :, ::2], own.t()]
+    q.put(sent)
+    got = r.get(timeout=WAIT)
+    p.join(WAIT)
+    assert p.exitcode == 0
+    _close(q)
+    assert [s for s, _ in got] == [(60, 1, 15, 3), (1, 5, 20),
+                                   (30, 10, 5, 1), (1, 6)]
+    assert [v for _, v in got] == [t.tolist() for t in sent]
+
+
+def _claims_after_a_timeout(q, r):
+    dropin.install(claim_timeout=0.3)
+    try:
+        q.get(timeout=WAIT)
+        r.put("no timeout")
+    except TimeoutError:  # ipcref.Timeout is one
+        r.put("timed out")
+    dropin.install(claim_timeout=WAIT)
+    got = []
+    for _ in range(2):
+        try:
+            got.append(float(q.get(timeout=WAIT)[0]))
+        except ipcref.Error as e:
+            got.append(str(e))
+    r.put(got)
+
+
+def test_a_claim_that_timed_out_leaves_the_next_right(installed,
+                                                      monkeypatch):
+    """The sharer answers one claim only after its claimer gave up: the
+    late answer and view are dropped, and the next claims get their own
+    tensors (each got the one before's, EPROTO, for ever)."""
+    go = ctx_mp.Event()
+    claim = dropin._Sharer._claim
+    calls = []
+
+    def held_back(self, conn, *args):
+        calls.append(1)
+        if len(calls) == 1:
+            go.wait(WAIT)  # until the claimer has timed out
+        return claim(self, conn, *args)
+    monkeypatch.setattr(dropin._Sharer, "_claim", held_back)
+    q, r = ctx_mp.Queue(), ctx_mp.Queue()
+    p = ctx_mp.Process(target=_claims_after_a_timeout, args=(q, r))
+    p.start()
+    try:
+        for i in range(3):
+            t = dropin._here().ctx.empty((4,), torch.float32, like="torch")
+            t.fill_(i)
+            q.put(t)
+        assert r.get(timeout=WAIT) == "timed out"
+        go.set()
+        assert r.get(timeout=WAIT) == [1.0, 2.0]
+        p.join(WAIT)
+        assert p.exitcode == 0
+        _close(q)
+    finally:
+        go.set()
+        if p.is_alive():
+            p.kill()
+
+
+def _claim_as_nobody(path, n):
+    """Another uid's forged claim of ticket n: 0 when refused."""
+    os.setgroups([])
+    os.setgid(65534)
+    os.setuid(65534)
+    s = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    s.connect("\0" + path[1:] + ".claims")
+    s.settimeout(WAIT / 2)  # refused at once; the wait for it is WAIT
+    try:
+        s.send(dropin._TICKET.pack(os.getpid(), n))
+        return 0 if s.recv(64) == b"" else 2  # closed: refused
+    except (BrokenPipeError, ConnectionResetError):
+        return 0
+    except socket.timeout:
+        return 3
+
+
+def _load(payload, r):
+    r.put(ctx_mp.reducer.ForkingPickler.loads(payload).tolist())
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="needs root to be another uid")
+def test_claims_of_another_uid_are_refused(installed, procs):
+    """The claims socket is abstract, so any local user can connect: a
+    claim from another uid is refused (the kernel's SO_PEERCRED, as
+    ipcref's peers), and the ticket stays for its real claimer (another
+    user's claim took it)."""
+    t = dropin._here().ctx.empty((4,), torch.float32, like="torch")
+    t.fill_(5)
+    payload = ctx_mp.reducer.ForkingPickler.dumps(t)
+    sharer = dropin._here().sharer
+    n = max(sharer.tickets)
+    code = procs.wait(procs.fork(_claim_as_nobody, sharer.path, n))
+    assert code == 0, "another uid's claim was not refused (%d)" % code
+    assert n in sharer.tickets
+    r = ctx_mp.Queue()
+    p = ctx_mp.Process(target=_load, args=(payload, r))
+    p.start()
+    assert r.get(timeout=WAIT) == [5.0] * 4
+    p.join(WAIT)
+    assert p.exitcode == 0
+    assert n not in sharer.tickets

@@ -182,6 +182,24 @@ def test_recv_poll_nothing_raises_timeout(pair):
     assert pair.nothing_waits()
 
 
+def test_infinite_timeouts_wait(pair):
+    """timeout=float("inf") waits with no limit, as None (it raised
+    OverflowError); in set_options it is the longest one there is."""
+    inf = float("inf")
+    pair.tx.set_options(send_timeout=inf, hello_timeout=inf)
+    pair.tx.send(np.arange(3))
+    got, _ = pair.rx.recv(timeout=inf)
+    assert got.tolist() == [0, 1, 2]
+    path = abstract_path()
+    with pair.prod.listen(path) as lst, pair.cons.connect(path) as p:
+        with lst.accept(timeout=inf) as q:
+            q.send(np.arange(2), meta=b"inf")
+            assert p.recv(timeout=inf, like="numpy")[1] == b"inf"
+    with pytest.raises(ValueError):
+        pair.rx.recv(timeout=float("nan"))
+    assert pair.nothing_waits()
+
+
 def test_accept_timeout(pair):
     with pair.prod.listen(abstract_path()) as lst:
         with pytest.raises(ipcref.Timeout):

@@ -203,3 +203,23 @@ def test_child_sends_parents_memory_through_its_own_context(procs,
         finally:
             code = procs.wait(pid)
     assert code == 0, "the child could not send (99: it raised)"
+
+
+def _leave_the_with_block(lst):
+    with lst:
+        pass
+
+
+def test_forked_child_closing_the_listener_keeps_its_path(procs, tmp_path):
+    """A forked child that closes the parent's listener (leaving its
+    `with` block) closes its copy of the socket only: the path, the
+    parent's, stays (it was unlinked, and nobody could connect any more)."""
+    path = str(tmp_path / "lst.sock")
+    with ipcref.Context() as ctx, ctx.listen(path) as lst:
+        procs.expect_ok(procs.fork(_leave_the_with_block, lst))
+        assert os.path.exists(path)
+        with ipcref.Context() as c2, c2.connect(path) as peer:
+            with lst.accept(timeout=WAIT) as back:
+                back.send(np.arange(2))
+                assert peer.recv(timeout=WAIT)[0].tolist() == [0, 1]
+    assert not os.path.exists(path)  # the parent's close removes it

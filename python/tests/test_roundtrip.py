@@ -3,11 +3,14 @@ empty arrays, batches, metadata; copies from foreign memory, zero copy from
 ipcref memory; and the same across real processes."""
 
 
+import pickle
+
 import numpy as np
 import pytest
 
 import ipcref
-from conftest import WAIT, abstract_path, holding, seqpacket_pair
+from conftest import WAIT, abstract_path, holding, poll_until, \
+    seqpacket_pair
 
 NUMPY_DTYPES = [n for n in ipcref.DTYPES if n != "bfloat16"]
 
@@ -111,6 +114,17 @@ def test_context_empty_shapes(pair):
     assert ctx.empty((2, 0, 3), np.int16).shape == (2, 0, 3)
     assert ctx.empty((1,) * 8, "uint8").shape == (1,) * 8
     assert ctx.empty((2, 3), np.dtype("complex64")).dtype == np.complex64
+
+
+def test_context_empty_takes_integer_like_sizes(pair):
+    """One size of any integer type is a 1-d shape (np.int64(3) raised
+    TypeError: it is no Python int, nor iterable)."""
+    ctx = pair.prod
+    assert ctx.empty(np.int64(3)).shape == (3,)
+    assert ctx.empty(np.uint8(2), "int8").shape == (2,)
+    assert ctx.empty((np.int32(2), np.int64(4))).shape == (2, 4)
+    with pytest.raises(TypeError):
+        ctx.empty(2.0)
 
 
 def test_a_copy_only_needs_the_context_for_the_send(pair):
@@ -223,11 +237,78 @@ def test_batch_with_one_bad_item_sends_nothing(pair):
      {"frame": 7, "name": "cam0", "shape": (1080, 1920)}),
     ("a str", "a str"),
     (0, 0),
+    ([True, False, None, -1.5, -(2 ** 70), "\u00e9\U0001f600", b"\0"],
+     [True, False, None, -1.5, -(2 ** 70), "\u00e9\U0001f600", b"\0"]),
+    ({1: (2, (3, [])), (4, "k"): {b"b": {}}, None: ()},
+     {1: (2, (3, [])), (4, "k"): {b"b": {}}, None: ()}),
+    ({"mean": np.float64(1.5), "n": np.uint64(2 ** 63), "ok": np.bool_(1)},
+     {"mean": 1.5, "n": 2 ** 63, "ok": True}),
 ], ids=["none", "empty_bytes", "bytes", "bytearray", "memoryview", "dict",
-        "str", "zero"])
+        "str", "zero", "list_of_scalars", "nested_keys", "numpy_numbers"])
 def test_metadata(pair, meta, want):
     got, m = pair.roundtrip(np.arange(2), meta=meta)
     assert m == want and type(m) is type(want)
+    assert repr(m) == repr(want)  # tuples stay tuples, int keys ints
+
+
+# Metadata with a flag byte of ours and a body, as a hostile sender sends
+# it: 8 says pickled, 16 the safe form.
+_RAN = []
+
+
+def _record(what):
+    _RAN.append(what)
+
+
+class _Evil:
+    def __reduce__(self):
+        return _record, ("the sender's code ran here",)
+
+
+def test_pickled_metadata_is_not_unpickled_by_default(pair):
+    """A pickle in the metadata runs the sender's code where it is
+    unpickled: recv refuses it (Error EPROTO, the message dropped, nothing
+    run) unless asked recv(unpickle=True), for trusted peers."""
+    pair.tx._peer()._send([np.arange(2)], b"\x08" + pickle.dumps(_Evil()))
+    with pytest.raises(ipcref.Error, match="unpickle=True") as ei:
+        pair.rx.recv(timeout=WAIT)
+    assert ei.value.name == "EPROTO" and _RAN == []
+    assert pair.nothing_waits()
+    pair.tx.send(np.arange(2), meta={1, 2})  # no safe form: pickled
+    with pytest.raises(ipcref.Error, match="unpickle=True"):
+        pair.rx.recv(timeout=WAIT)
+    assert pair.nothing_waits()
+    got, m = pair.roundtrip(np.arange(2), meta={1, 2}, unpickle=True)
+    assert m == {1, 2} and got.tolist() == [0, 1]
+    got, m = pair.roundtrip(np.arange(2), meta=[3], unpickle=True)
+    assert m == [3]
+    assert _RAN == []
+
+
+_UNIMPORTABLE = b"\x08cipcref_no_such_module\nThing\n."
+
+
+@pytest.mark.parametrize("raw, kw", [
+    (b"\x10", {}), (b"\x10l\x05N", {}), (b"\x10NN", {}),
+    (b"\x10s\x02\xff\xfe", {}), (b"\x10d\x01l\x00N", {}),
+    (b"\x10i\xff\xff\xff\xff\xff\x01", {}),
+    (b"\x10" + b"l\x01" * 100 + b"N", {}), (_UNIMPORTABLE, {}),
+    (_UNIMPORTABLE, {"unpickle": True}), (b"\x08junk", {"unpickle": True})],
+    ids=["empty", "short_list", "trailing", "bad_utf8", "unhashable_key",
+         "huge_size", "deep", "pickled", "pickled_unimportable",
+         "pickled_junk"])
+def test_undecodable_metadata_raises_once(pair, raw, kw):
+    """Metadata that cannot be decoded raises Error EPROTO once; the
+    message is dropped (its lease given back) and the next one comes (a
+    pickle that failed raised the same for ever, every later message stuck
+    behind it)."""
+    pair.tx._peer()._send([np.arange(1000)], raw)
+    with pytest.raises(ipcref.Error) as ei:
+        pair.rx.recv(timeout=WAIT, **kw)
+    assert ei.value.name == "EPROTO"
+    assert pair.nothing_waits()
+    assert poll_until(lambda: pair.prod.stats()["live_slots"] == 0,
+                      tick=pair.prod.collect)
 
 
 def test_metadata_at_the_limit(pair):
