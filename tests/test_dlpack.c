@@ -721,6 +721,21 @@ static void test_chain(void) {
 
 /* ---- read-only imports */
 
+/* The versioned export of `v` goes out flagged READ_ONLY (where this
+ * DLPack has versioned tensors). */
+static void versioned_read_only(const ipcref_view *v) {
+#ifdef IPCREF_HAVE_DLPACK_VERSIONED
+  struct DLManagedTensorVersioned *vt = NULL;
+  CHECK_EQ(ipcref_view_to_dlpack_versioned(v, &vt), IPCREF_OK);
+  if (vt) {
+    CHECK(vt->flags & DLPACK_FLAG_BITMASK_READ_ONLY);
+    vt->deleter(vt);
+  }
+#else
+  (void)v;
+#endif
+}
+
 /* `v`: the whole of a 2x3 f32 tensor at `mem`, lent read-only, and
  * unique. It is never writable, not even opened for shared writes: no
  * pointer, no copy into it, no legacy export (ENEEDCOPY, nothing taken);
@@ -747,16 +762,7 @@ static void check_lent_read_only(ipcref_view *v, const float *mem) {
   CHECK_EQ(ipcref_view_to_dlpack(v, &mt), IPCREF_ENEEDCOPY);
   CHECK(mt == sentinel);
   CHECK_EQ(ipcref_buf_strong_count(v->buf), 1);
-#ifdef IPCREF_HAVE_DLPACK_VERSIONED
-  {
-    struct DLManagedTensorVersioned *vt = NULL;
-    CHECK_EQ(ipcref_view_to_dlpack_versioned(v, &vt), IPCREF_OK);
-    if (vt) {
-      CHECK(vt->flags & DLPACK_FLAG_BITMASK_READ_ONLY);
-      vt->deleter(vt);
-    }
-  }
-#endif
+  versioned_read_only(v);
   ipcref_buf_set_shared_mut(v->buf, 0);
   CHECK_EQ(ipcref_view_clone(v, &c), IPCREF_OK);
   CHECK_EQ(ipcref_view_make_mut(&c), IPCREF_OK);
@@ -872,16 +878,7 @@ static void consumer_read_only(ipcref_view *v) {
   CHECK_EQ(ipcref_view_to_dlpack(v, &mt), IPCREF_ENEEDCOPY);
   CHECK(mt == sentinel);
   CHECK_EQ(hook_calls, 4);
-#ifdef IPCREF_HAVE_DLPACK_VERSIONED
-  {
-    struct DLManagedTensorVersioned *vt = NULL;
-    CHECK_EQ(ipcref_view_to_dlpack_versioned(v, &vt), IPCREF_OK);
-    if (vt) {
-      CHECK(vt->flags & DLPACK_FLAG_BITMASK_READ_ONLY);
-      vt->deleter(vt);
-    }
-  }
-#endif
+  versioned_read_only(v);
   ipcref_buf_set_shared_mut(v->buf, 0);
 #ifdef IPCREF_HAVE_DLPACK_VERSIONED
   /* The versioned export goes out, flagged READ_ONLY, zero-copy. */

@@ -174,6 +174,23 @@ static void print_stats(const char *what, const ipcref_stats *s) {
 
 /* ------------------------------------------------------------ children */
 
+/* A child's context and its peers on fd[2] and fd[3]: 1 when made. */
+static int child_peers(const child_args *a, ipcref_ctx **ctx, ipcref_peer **p2,
+                       ipcref_peer **p3) {
+  return ipcref_ctx_new(NULL, ctx) == IPCREF_OK &&
+         ipcref_peer_new(*ctx, a->fd[2], p2) == IPCREF_OK &&
+         ipcref_peer_new(*ctx, a->fd[3], p3) == IPCREF_OK;
+}
+
+/* One block received on `p` into v, said to the test ('C': received,
+ * 'B': its words that differ, -1 if none came). */
+static ipcref_result child_recv_one(ipcref_peer *p, ipcref_view *v) {
+  ipcref_result r = ipcref_recv(p, v, WAIT_MS);
+  st_put('C', r == IPCREF_OK);
+  st_put('B', r == IPCREF_OK ? (int)check_view(v, SEED) : -1);
+  return r;
+}
+
 /* B: receives the NV blocks from A, forwards them to C in one message
  * ('f': the result), lets go ('R'), and lives until told to leave ('x'). */
 static int b_child(const child_args *a) {
@@ -184,10 +201,7 @@ static int b_child(const child_args *a) {
   ipcref_result r = IPCREF_OK;
   long bad = 0;
   memset(v, 0, sizeof v);
-  if (ipcref_ctx_new(NULL, &ctx) != IPCREF_OK ||
-      ipcref_peer_new(ctx, a->fd[2], &pa) != IPCREF_OK ||
-      ipcref_peer_new(ctx, a->fd[3], &pc) != IPCREF_OK)
-    return 2;
+  if (!child_peers(a, &ctx, &pa, &pc)) return 2;
   for (n = 0; n < NV; n++) {
     r = ipcref_recv(pa, &v[n], WAIT_MS);
     if (r != IPCREF_OK) break;
@@ -221,10 +235,7 @@ static int c_child(const child_args *a) {
   ipcref_result r = IPCREF_OK;
   long bad = 0;
   memset(v, 0, sizeof v);
-  if (ipcref_ctx_new(NULL, &ctx) != IPCREF_OK ||
-      ipcref_peer_new(ctx, a->fd[2], &pb) != IPCREF_OK ||
-      ipcref_peer_new(ctx, a->fd[3], &pd) != IPCREF_OK)
-    return 2;
+  if (!child_peers(a, &ctx, &pb, &pd)) return 2;
   for (n = 0; n < NV; n++) {
     r = ipcref_recv(pb, &v[n], WAIT_MS);
     if (r != IPCREF_OK) break;
@@ -478,13 +489,8 @@ static int late_b_child(const child_args *a) {
   ipcref_view v;
   ipcref_result r;
   memset(&v, 0, sizeof v);
-  if (ipcref_ctx_new(NULL, &ctx) != IPCREF_OK ||
-      ipcref_peer_new(ctx, a->fd[2], &pa) != IPCREF_OK ||
-      ipcref_peer_new(ctx, a->fd[3], &pc) != IPCREF_OK)
-    return 2;
-  r = ipcref_recv(pa, &v, WAIT_MS);
-  st_put('C', r == IPCREF_OK);
-  st_put('B', r == IPCREF_OK ? (int)check_view(&v, SEED) : -1);
+  if (!child_peers(a, &ctx, &pa, &pc)) return 2;
+  r = child_recv_one(pa, &v);
   if (r != IPCREF_OK || cmd_get(cmd, WAIT_MS * 3) != 's') return 3;
   if (a->mode == LATE_SEND) {
     hook_cmd_fd = cmd;
@@ -660,13 +666,8 @@ static int half_c_child(const child_args *a) {
   ipcref_view v;
   ipcref_result r;
   memset(&v, 0, sizeof v);
-  if (ipcref_ctx_new(NULL, &ctx) != IPCREF_OK ||
-      ipcref_peer_new(ctx, a->fd[2], &pa) != IPCREF_OK ||
-      ipcref_peer_new(ctx, a->fd[3], &pd) != IPCREF_OK)
-    return 2;
-  r = ipcref_recv(pa, &v, WAIT_MS);
-  st_put('C', r == IPCREF_OK);
-  st_put('B', r == IPCREF_OK ? (int)check_view(&v, SEED) : -1);
+  if (!child_peers(a, &ctx, &pa, &pd)) return 2;
+  r = child_recv_one(pa, &v);
   if (r != IPCREF_OK || cmd_get(a->fd[1], WAIT_MS * 3) != 'g') return 3;
   if (v.buf->release == ipcref__import_release) {
     const ipcref__import *imp = (const ipcref__import *)v.buf->release_user;
@@ -784,9 +785,7 @@ static int claim_b_child(const child_args *a) {
   ipcref_peer *pa = NULL, *pc = NULL, *pe = NULL;
   ipcref_view v;
   memset(&v, 0, sizeof v);
-  if (ipcref_ctx_new(NULL, &ctx) != IPCREF_OK ||
-      ipcref_peer_new(ctx, a->fd[2], &pa) != IPCREF_OK ||
-      ipcref_peer_new(ctx, a->fd[3], &pc) != IPCREF_OK ||
+  if (!child_peers(a, &ctx, &pa, &pc) ||
       ipcref_peer_new(ctx, a->fd[4], &pe) != IPCREF_OK || !claim_b_recv(pa, &v))
     return 2;
   for (;;) {
@@ -863,13 +862,8 @@ static int claim_c_child(const child_args *a) {
   uint32_t s;
   int pid;
   memset(&v, 0, sizeof v);
-  if (ipcref_ctx_new(NULL, &ctx) != IPCREF_OK ||
-      ipcref_peer_new(ctx, a->fd[2], &pb) != IPCREF_OK ||
-      ipcref_peer_new(ctx, a->fd[3], &pd) != IPCREF_OK)
-    return 2;
-  r = ipcref_recv(pb, &v, WAIT_MS);
-  st_put('C', r == IPCREF_OK);
-  st_put('B', r == IPCREF_OK ? (int)check_view(&v, SEED) : -1);
+  if (!child_peers(a, &ctx, &pb, &pd)) return 2;
+  r = child_recv_one(pb, &v);
   if (r != IPCREF_OK || cmd_get(a->fd[1], WAIT_MS * 3) != 'g' ||
       v.buf->release != ipcref__import_release)
     return 3;
