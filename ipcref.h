@@ -10778,7 +10778,7 @@ IPCREF__PRIVATE void ipcref__chan_prefetch(const struct ipcref__chan_rx *x) {
 IPCREF__PRIVATE int ipcref__chan_spin(ipcref_peer *p) {
   struct ipcref__chan_rx *x = p->rx;
   struct timespec t0, t;
-  long spent = 0;
+  int64_t spent = 0; /* ns: a long of 32 bits holds 2 s of them */
   int i, aut = p->opt.spin_us == IPCREF_SPIN_AUTO;
   if (x->spin_opt != p->opt.spin_us) { /* ipcref_peer_set_options */
     x->spin_opt = p->opt.spin_us;
@@ -10802,7 +10802,7 @@ IPCREF__PRIVATE int ipcref__chan_spin(ipcref_peer *p) {
     }
     clock_gettime(CLOCK_MONOTONIC, &t);
     spent =
-        (long)(t.tv_sec - t0.tv_sec) * 1000000000L + (t.tv_nsec - t0.tv_nsec);
+        (int64_t)(t.tv_sec - t0.tv_sec) * 1000000000 + (t.tv_nsec - t0.tv_nsec);
   }
   if (aut) x->spin = x->spin / 2 < 1000 ? 0 : x->spin / 2;
   return 0;
