@@ -431,18 +431,40 @@ IPCREF__PRIVATE int ipcref__chan_spin(ipcref_peer *p) {
   return 0;
 }
 
-/* Sleeps on the doorbell for up to ms (-1: forever): a poll, then what it
- * holds read without waiting. Never a blocking recv: the doorbell is the
- * sender's socket, and a sender that kept the receiving end could change
- * its options (SO_RCVTIMEO is the socket's, not the call's). */
+/* 1 when the peer's socket says the other side hung up (`revents` of a
+ * poll of it, or a look now: -1). The doorbell's end of file says so
+ * too, but a child the sender forked may hold the doorbell open long
+ * after: then only the socket tells (the poll fd wakes for it). */
+IPCREF__PRIVATE int ipcref__chan_sock_hup(const ipcref_peer *p, int revents) {
+  if (revents < 0) {
+    struct pollfd q;
+    q.fd = p->fd;
+    q.events = POLLRDHUP;
+    q.revents = 0;
+    revents = poll(&q, 1, 0) == 1 ? q.revents : 0;
+  }
+  return (revents & (POLLHUP | POLLRDHUP)) != 0;
+}
+
+/* Sleeps on the doorbell for up to ms (-1: forever), and on the socket's
+ * hang-up: a poll, then what the doorbell holds read without waiting.
+ * Never a blocking recv: the doorbell is the sender's socket, and a
+ * sender that kept the receiving end could change its options
+ * (SO_RCVTIMEO is the socket's, not the call's). */
 IPCREF__PRIVATE ipcref_result ipcref__chan_sleep(ipcref_peer *p, int ms) {
   struct ipcref__chan_rx *x = p->rx;
-  struct pollfd pfd;
+  struct pollfd pfd[2];
   ssize_t k;
-  pfd.fd = p->bell_in;
-  pfd.events = POLLIN;
-  pfd.revents = 0;
-  if (poll(&pfd, 1, ms) == 0) return IPCREF_ETIMEDOUT;
+  pfd[0].fd = p->bell_in;
+  pfd[0].events = POLLIN;
+  pfd[1].fd = p->fd;
+  pfd[1].events = POLLRDHUP;
+  pfd[0].revents = pfd[1].revents = 0;
+  if (poll(pfd, 2, ms) == 0) return IPCREF_ETIMEDOUT;
+  if (ipcref__chan_sock_hup(p, pfd[1].revents)) {
+    ipcref__chan_hang(p); /* the socket is read to its end */
+    return IPCREF_OK;
+  }
   k = ipcref__chan_ring_read(p);
   if (k > 0) { /* rung, and read: awake */
     x->armed = 0;
@@ -492,10 +514,12 @@ IPCREF__PRIVATE ipcref_result ipcref__chan_wait(ipcref_peer *p, int ms) {
     return ipcref__chan_doze(p, ms);
   ipcref__chan_arm(p, (int)IPCREF__ASLEEP_BELL);
   if (ipcref__chan_ready(x)) return IPCREF_OK;
-  if (ms == 0) { /* its end: hung, look again; rung: look again only if
-                     something came (a sender that keeps ringing must not
-                     keep a receive that may not wait) */
+  if (ms == 0) { /* its end (or the socket's): hung, look again; rung:
+                     look again only if something came (a sender that
+                     keeps ringing must not keep a receive that may not
+                     wait) */
     ssize_t k = ipcref__chan_ring_read(p);
+    if (k != 0 && ipcref__chan_sock_hup(p, -1)) ipcref__chan_hang(p), k = 0;
     return k == 0 || (k > 0 && ipcref__chan_ready(x)) ? IPCREF_OK
                                                       : IPCREF_ETIMEDOUT;
   }

@@ -603,7 +603,10 @@ IPCREF_API void ipcref_peer_free(ipcref_peer *p) {
   ctx = p->ctx;
   /* Read what the other side sent and nobody will: the leases in it go
    * back at once, and closing a socket with unread data would reset the
-   * connection, so the other side would lose what we sent it. */
+   * connection, so the other side would lose what we sent it. Shut for
+   * reading first: what it sends from now on fails there (EPEER, its
+   * leases back) instead of going down with the socket, unread. */
+  (void)shutdown(p->fd, SHUT_RD);
   ipcref__chan_closing(p);
   for (drained = 0; drained < IPCREF__FREE_DRAIN; drained++) {
     ipcref_view v;

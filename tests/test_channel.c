@@ -33,6 +33,7 @@
 #include <string.h>
 #include <sys/prctl.h>
 #include <sys/syscall.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #define IPCREF_IMPLEMENTATION
@@ -1076,6 +1077,74 @@ static int dozing_consumer(void *arg) {
   return 0;
 }
 
+/* A producer that forked a child (which keeps every fd it had, the
+ * channel's doorbell too, but closes the peer's socket), then frees its
+ * peer: its receiver hears the socket hang up, and says EPEER, from a
+ * blocking receive and from the poll fd's loop (the doorbell alone never
+ * ended: a receive waited out its time, and the loop spun on EAGAIN). */
+static int forking_producer(void *arg) {
+  kid *k = (kid *)arg;
+  ipcref_ctx *ctx = make_ctx(NULL);
+  ipcref_peer *p = chan_peer(ctx, k->their_sock[0], 0, 0);
+  ipcref_view v;
+  pid_t g;
+  seeded_view(ctx, 72, &v);
+  if (send_seq(p, &v, 0) != IPCREF_OK) return 2;
+  ipcref_view_release(&v);
+  g = fork();
+  if (g == 0) { /* keeps the doorbell; lets go of the socket */
+    close(k->their_sock[0]);
+    alarm(CHILD_ALARM_S);
+    (void)ctl_get(k->their_ctl, CTL_MS); /* until the test is done */
+    _exit(0);
+  }
+  ipcref_peer_free(p);
+  ctl_put(k->their_ctl, g > 0 ? 1 : -1);
+  (void)ctl_get(k->their_ctl, CTL_MS);
+  if (g > 0) kill(g, SIGKILL), waitpid(g, NULL, 0);
+  ipcref_ctx_free(ctx);
+  return 0;
+}
+static void producer_gone_doorbell_kept(int by_poll) {
+  kid k;
+  ipcref_ctx *ctx;
+  ipcref_peer *p;
+  ipcref_view got;
+  uint32_t seq;
+  kid_start(&k, 1, SOCK_SEQPACKET, forking_producer);
+  ctx = new_ctx(0, 0);
+  p = chan_peer(ctx, k.sock[0], 0, 0);
+  k.sock[0] = -1;
+  CHECK_EQ(recv_seq(p, &got, CTL_MS, &seq), IPCREF_OK);
+  ipcref_view_release(&got);
+  CHECK_EQ(ctl_get(k.ctl, CTL_MS), 1); /* freed, its child holding on */
+  if (by_poll) {
+    struct pollfd pfd;
+    int i;
+    ipcref_result r = IPCREF_EAGAIN;
+    pfd.fd = ipcref_peer_poll_fd(p);
+    pfd.events = POLLIN;
+    for (i = 0; i < 100 && r == IPCREF_EAGAIN; i++) {
+      pfd.revents = 0;
+      if (poll(&pfd, 1, 5000) != 1) break;
+      r = ipcref_recv(p, &got, 0);
+    }
+    CHECK_EQ(r, IPCREF_EPEER);
+    CHECK(i < 100); /* not a loop of wake-ups with nothing to say */
+  } else {
+    CHECK_EQ(ipcref_recv(p, &got, 20000), IPCREF_EPEER);
+  }
+  ctl_put(k.ctl, 'x');
+  ctl_put(k.ctl, 'x');
+  KID_END(&k, "producer");
+  ipcref_peer_free(p);
+  ipcref_ctx_free(ctx);
+}
+static void test_producer_gone_doorbell_kept(void) {
+  producer_gone_doorbell_kept(0);
+  producer_gone_doorbell_kept(1);
+}
+
 /* A receiver with nothing to read dozes on the futex (`asleep` 2), and a
  * record wakes it; idle past IPCREF__DOZE_MS, it sleeps on the doorbell
  * (`asleep` 1), and a record wakes it there too. */
@@ -1513,6 +1582,7 @@ int main(void) {
   RUN(test_sender_wakes_a_dozer);
   RUN(test_doze_then_doorbell);
   RUN(test_sender_dies_during_doze);
+  RUN(test_producer_gone_doorbell_kept);
   RUN(test_poll_fd_wakes_for_records);
   RUN(test_doorbell_refills);
   RUN(test_options);

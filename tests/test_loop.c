@@ -1107,6 +1107,57 @@ static void test_poll_fd_arguments(void) {
   local_pair_close(&l);
 }
 
+/* A consumer that frees its peer while its producer keeps sending, over
+ * the socket: what the producer sent before the free is read and given
+ * back, and every send after it fails (EPEER, its lease back) instead of
+ * going down, unread, with the socket: once the consumer holds nothing,
+ * no lease is out, though it lives on. Rounds: it is a race. */
+static int frees_while_sent_to(void *arg) {
+  kid *k = (kid *)arg;
+  ipcref_ctx *ctx = make_ctx(NULL);
+  ipcref_peer *p = make_peer(ctx, k->their_sock[0]);
+  ipcref_view v;
+  int i;
+  for (i = 0; i < 50; i++) {
+    if (ipcref_recv(p, &v, CTL_MS) != IPCREF_OK) return 2;
+    ipcref_view_release(&v);
+  }
+  ipcref_peer_free(p);
+  ctl_put(k->their_ctl, 1);
+  (void)ctl_get(k->their_ctl, CTL_MS); /* lives on, holding nothing */
+  ipcref_ctx_free(ctx);
+  return 0;
+}
+static void test_consumer_frees_while_sent_to(void) {
+  static const int types[2] = {SOCK_SEQPACKET, SOCK_STREAM};
+  int t, round, out = 0, rounds = under_valgrind ? 3 : 12;
+  for (t = 0; t < 2; t++)
+    for (round = 0; round < rounds; round++) {
+      ipcref_peer_options o;
+      ipcref_ctx *ctx = make_ctx(NULL);
+      ipcref_peer *p = NULL;
+      ipcref_view v;
+      const int64_t n = 64;
+      kid k;
+      kid_start(&k, 1, types[t], frees_while_sent_to);
+      memset(&o, 0, sizeof o);
+      o.ring_bytes = IPCREF_KEEP_NONE; /* the socket: where it was lost */
+      CHECK_EQ(ipcref_peer_new_with(ctx, k.sock[0], &o, &p), IPCREF_OK);
+      if (p) tforget(k.sock[0]), k.sock[0] = -1;
+      CHECK_EQ(ipcref_view_new_shared(ctx, IPCREF_U8, 1, &n, &v), IPCREF_OK);
+      while (p && ipcref_send(p, &v) == IPCREF_OK) continue;
+      CHECK_EQ(ctl_get(k.ctl, CTL_MS), 1);
+      ipcref_view_release(&v);
+      ipcref_collect(ctx);
+      out += stats_of(ctx).live_slots != 0;
+      ctl_put(k.ctl, 'x');
+      KID_END(&k, "consumer");
+      ipcref_peer_free(p);
+      ipcref_ctx_free(ctx);
+    }
+  CHECK_EQ(out, 0);
+}
+
 int main(void) {
   fixture_start();
   RUN(test_poll_fd_arguments);
@@ -1129,5 +1180,6 @@ int main(void) {
   RUN(test_accept_waits_nonblocking);
   RUN(test_recv_waits_nonblocking);
   RUN(test_signals_do_not_restart_waits);
+  RUN(test_consumer_frees_while_sent_to);
   return harness_finish();
 }
