@@ -162,7 +162,10 @@ def _put(v, out, depth):
         for x in (y for kv in v.items() for y in kv) if t is dict else v:
             _put(x, out, depth + 1)
     elif isinstance(v, _np.generic) and v.dtype.kind in "biuf":
-        _put(v.item(), out, depth)
+        item = v.item()  # a longdouble's is a longdouble again: pickled
+        if type(item) not in (bool, int, float):
+            raise _NotValue
+        _put(item, out, depth)
     else:
         raise _NotValue
 

@@ -140,8 +140,11 @@ class _Sharer:
         with self.lock:
             held = self.tickets.get(n)
         status = _NOT_HELD if held is None else _NOT_SENT
-        for _ in range(2 if held is not None else 0):
-            peer = self._peer_of(pid)
+        for wait in (5, 0) if held is not None else ():
+            # Again (wait 0) only for a new process of a dead one's pid,
+            # whose connection is waiting already: a claimer that died
+            # must not hold the sharer, and every other claim, for 5 s.
+            peer = self._peer_of(pid, wait)
             if peer is None:
                 break
             try:
@@ -157,13 +160,14 @@ class _Sharer:
                 self.tickets.pop(n, None)
         conn.send(_ANSWER.pack(n, status))
 
-    def _peer_of(self, pid):
+    def _peer_of(self, pid, wait):
         """The peer of process `pid`: it connected before it claimed, but
-        may not be accepted yet (None if it does not come within 5 s)."""
-        deadline = time.monotonic() + 5
+        may not be accepted yet (None if it does not come within `wait`
+        seconds; 0: only connections already waiting)."""
+        deadline = time.monotonic() + wait
         while pid not in self.peers:
-            left = deadline - time.monotonic()
-            if left <= 0:
+            left = max(0.0, deadline - time.monotonic())
+            if left <= 0 and wait:
                 return None
             try:
                 peer = self.listener.accept(timeout=left)

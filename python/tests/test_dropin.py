@@ -351,6 +351,61 @@ def test_a_claim_that_timed_out_leaves_the_next_right(installed,
             p.kill()
 
 
+def _claims_then_waits(q, r):
+    r.put("ready")
+    q.get(timeout=WAIT)  # killed while the sharer holds its claim back
+
+
+def _claims_in_time(q, r):
+    dropin.install(claim_timeout=3.0)
+    try:
+        r.put(float(q.get(timeout=WAIT)[0]))
+    except Exception as e:  # a Timeout: the sharer was held by the dead
+        r.put("%s: %s" % (type(e).__name__, e))
+
+
+def test_a_dead_claimer_holds_nobody_up(installed, monkeypatch):
+    """A claimer killed while the sharer holds its claim back: serving it
+    finds its peer gone and gives up at once, so the next claimer, with a
+    claim_timeout of 3 s, gets its tensor (the sharer waited 5 s for a new
+    peer of the dead one's pid, and it timed out)."""
+    go, seen = ctx_mp.Event(), ctx_mp.Event()
+    claim = dropin._Sharer._claim
+    calls = []
+
+    def held_back(self, conn, *args):
+        calls.append(1)
+        if len(calls) == 1:
+            seen.set()
+            go.wait(WAIT)  # until the claimer is dead
+        return claim(self, conn, *args)
+    monkeypatch.setattr(dropin._Sharer, "_claim", held_back)
+    q1, q2, r = ctx_mp.Queue(), ctx_mp.Queue(), ctx_mp.Queue()
+    victim = ctx_mp.Process(target=_claims_then_waits, args=(q1, r))
+    victim.start()
+    other = None
+    try:
+        assert r.get(timeout=WAIT) == "ready"
+        q1.put(torch.ones(4))
+        assert seen.wait(WAIT)
+        victim.kill()
+        victim.join(WAIT)
+        other = ctx_mp.Process(target=_claims_in_time, args=(q2, r))
+        other.start()
+        q2.put(torch.full((4,), 7.0))
+        go.set()
+        assert r.get(timeout=WAIT) == 7.0
+        other.join(WAIT)
+        assert other.exitcode == 0
+        _close(q1)
+        _close(q2)
+    finally:
+        go.set()
+        for p in (victim, other):
+            if p is not None and p.is_alive():
+                p.kill()
+
+
 def _claim_as_nobody(path, n):
     """Another uid's forged claim of ticket n: 0 when refused."""
     os.setgroups([])

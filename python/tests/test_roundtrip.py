@@ -534,3 +534,17 @@ def test_connecting_again_while_holding_an_array():
     del kept, got
     cons.close()
     prod.close()
+
+
+def test_numpy_scalars_outside_the_safe_form_are_pickled(pair):
+    """A numpy longdouble (its item() is a longdouble again) goes pickled,
+    as anything else outside the safe form: it recursed until Python's
+    limit, and nothing was sent."""
+    import ipcref as _i
+    meta = {"lr": np.longdouble(1) / 1024}
+    pair.tx.send(np.zeros(2, np.float32), meta=meta)
+    with pytest.raises(_i.Error):
+        pair.rx.recv(timeout=WAIT)  # pickled: not unpickled by default
+    pair.tx.send(np.zeros(2, np.float32), meta=meta)
+    _, got = pair.rx.recv(timeout=WAIT, unpickle=True)
+    assert got == meta and type(got["lr"]) is np.longdouble
