@@ -1134,12 +1134,13 @@ static void test_consumer_frees_while_sent_to(void) {
   for (t = 0; t < 2; t++)
     for (round = 0; round < rounds; round++) {
       ipcref_peer_options o;
-      ipcref_ctx *ctx = make_ctx(NULL);
+      ipcref_ctx *ctx;
       ipcref_peer *p = NULL;
       ipcref_view v;
       const int64_t n = 64;
       kid k;
       kid_start(&k, 1, types[t], frees_while_sent_to);
+      ctx = make_ctx(NULL); /* after the fork: not the child's to free */
       memset(&o, 0, sizeof o);
       o.ring_bytes = IPCREF_KEEP_NONE; /* the socket: where it was lost */
       CHECK_EQ(ipcref_peer_new_with(ctx, k.sock[0], &o, &p), IPCREF_OK);
