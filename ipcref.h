@@ -6633,7 +6633,7 @@ IPCREF_API int ipcref_ctx_poll_fd(ipcref_ctx *ctx) {
   return ctx && IPCREF__CTX_USABLE(ctx) ? ctx->epfd : -1;
 }
 
-/* share_peer's: waits for fd within a deadline that signals do not
+/* share_socket's: waits for fd within a deadline that signals do not
  * start over. */
 IPCREF__PRIVATE ipcref_result ipcref__wait_readable(int fd, int timeout_ms,
                                                     struct timespec *end,
@@ -7617,20 +7617,56 @@ ipcref__msg_meta_at(const unsigned char *bytes, size_t len, size_t *meta_len) {
 
 #endif /* IPCREF__SHARING_IMPL */
 
-/* ---- share_peer: implementation (src/share_peer.h) ---------------------- */
+/* ---- share_socket: implementation (src/share_socket.h) ------------------ */
 
-/* share_peer: the other process. Socket helpers (waiting, SCM_RIGHTS,
- * recvmsg), the hello that identifies it (pid and uid by SCM_CREDENTIALS,
- * the uid policy), what it has been sent, and the peer's own calls: new,
- * pid, alive, free. A peer is used by one thread at a time; what it shares
- * with its context is under ctx->lock. */
+/* share_socket: the peer's socket at its lowest: deadlines that a signal
+ * or an empty read does not start over, waits for readability, recvmsg
+ * with its fds (none ever leaks), and records read in pieces from a stream
+ * socket. Owns no lock: a peer's socket is read by one thread at a time
+ * (the peer's), and these touch nothing of its context. */
 
 #ifdef IPCREF__SHARING_IMPL
 
-/* share_send's: the milliseconds left of a timeout, its deadline set at
- * the first call. */
+/* ---- deadlines -------------------------------------------------------------
+ * A call that may wait more than once (a receive, a send, a hello) sets
+ * its deadline at its first wait, and every wait after it has only what is
+ * left: neither a signal (EINTR) nor a read that found nothing starts the
+ * timeout over. */
+
+/* *end = now + ms (CLOCK_MONOTONIC). */
+IPCREF__PRIVATE void ipcref__deadline_ms(struct timespec *end, int ms) {
+  clock_gettime(CLOCK_MONOTONIC, end);
+  end->tv_sec += ms / 1000;
+  end->tv_nsec += (long)(ms % 1000) * 1000000;
+  if (end->tv_nsec >= 1000000000) end->tv_sec++, end->tv_nsec -= 1000000000;
+}
+
+/* Milliseconds left until `end` (CLOCK_MONOTONIC); -1 waits forever. */
+IPCREF__PRIVATE int ipcref__ms_left(int timeout_ms,
+                                    const struct timespec *end) {
+  struct timespec now;
+  long left;
+  if (timeout_ms <= 0) return timeout_ms;
+  clock_gettime(CLOCK_MONOTONIC, &now);
+  /* Rounded up: a wait never ends before its deadline. */
+  left = (long)(end->tv_sec - now.tv_sec) * 1000 +
+         ((long)(end->tv_nsec - now.tv_nsec) + 999999) / 1000000;
+  return left > 0 ? (int)left : 0;
+}
+
+/* Milliseconds left of a receive's timeout_ms (-1: forever), its deadline
+ * *end set at the first call (*dated): a receive that finds a record
+ * waiting reads no clock. */
 IPCREF__PRIVATE int ipcref__ms_until(int timeout_ms, struct timespec *end,
-                                     int *dated);
+                                     int *dated) {
+  if (timeout_ms <= 0) return timeout_ms;
+  if (*dated) return ipcref__ms_left(timeout_ms, end);
+  ipcref__deadline_ms(end, timeout_ms);
+  *dated = 1;
+  return timeout_ms;
+}
+
+/* ---- waiting and reading ----------------------------------------------- */
 
 /* Waits until fd is readable, within timeout_ms (-1: forever, 0: polls) of
  * a deadline *end that the first call sets (*dated 0; see
@@ -7706,19 +7742,6 @@ IPCREF__PRIVATE ssize_t ipcref__recvmsg(int fd, struct msghdr *mh) {
  * receive waits no longer than its timeout for the rest (0: not at all),
  * and the next call goes on where it stopped. */
 
-/* Milliseconds left until `end` (CLOCK_MONOTONIC); -1 waits forever. */
-IPCREF__PRIVATE int ipcref__ms_left(int timeout_ms,
-                                    const struct timespec *end) {
-  struct timespec now;
-  long left;
-  if (timeout_ms <= 0) return timeout_ms;
-  clock_gettime(CLOCK_MONOTONIC, &now);
-  /* Rounded up: a wait never ends before its deadline. */
-  left = (long)(end->tv_sec - now.tv_sec) * 1000 +
-         ((long)(end->tv_nsec - now.tv_nsec) + 999999) / 1000000;
-  return left > 0 ? (int)left : 0;
-}
-
 /* Sets up *mh for one buffer of `n` bytes at `b` (through *iov), read
  * into or sent from, with `ctl_len` bytes of control data (fds,
  * credentials) at `ctl`. */
@@ -7772,10 +7795,7 @@ IPCREF__PRIVATE ipcref_result ipcref__stream_fill(ipcref_peer *p, size_t max,
                                                   int timeout_ms) {
   struct timespec end;
   int resets = 0;
-  clock_gettime(CLOCK_MONOTONIC, &end);
-  end.tv_sec += timeout_ms / 1000;
-  end.tv_nsec += (long)(timeout_ms % 1000) * 1000000;
-  if (end.tv_nsec >= 1000000000) end.tv_sec++, end.tv_nsec -= 1000000000;
+  ipcref__deadline_ms(&end, timeout_ms);
   if (!p->in && !(p->in = (unsigned char *)IPCREF_MALLOC(
                       4 + (size_t)IPCREF_MSG_MAX_BYTES)))
     return IPCREF_ENOMEM;
@@ -7826,6 +7846,18 @@ IPCREF__PRIVATE void ipcref__stream_next(ipcref_peer *p, int close_fds) {
   p->in_nfds = 0;
   p->in_len = 0;
 }
+
+#endif /* IPCREF__SHARING_IMPL */
+
+/* ---- share_peer: implementation (src/share_peer.h) ---------------------- */
+
+/* share_peer: the other process. The hello that identifies it (pid and
+ * uid by SCM_CREDENTIALS, the uid policy; its socket's reads are
+ * share_socket's), what it has been sent, and the peer's own calls: new,
+ * pid, alive, free. A peer is used by one thread at a time; what it shares
+ * with its context is under ctx->lock. */
+
+#ifdef IPCREF__SHARING_IMPL
 
 /* ---- the hello ----------------------------------------------------------
  * The first message each side sends: "IPCH", version, pid, ctx nonce,
@@ -11152,31 +11184,11 @@ IPCREF_API void ipcref_msg_free(ipcref_msg *msg) {
  * so that keeping it cannot fail) and goes before anything else, so the
  * stream stays whole: that message was sent (its leases stay). */
 
-/* *end = now + ms (CLOCK_MONOTONIC). */
-IPCREF__PRIVATE void ipcref__send_deadline_ms(struct timespec *end, int ms) {
-  clock_gettime(CLOCK_MONOTONIC, end);
-  end->tv_sec += ms / 1000;
-  end->tv_nsec += (long)(ms % 1000) * 1000000;
-  if (end->tv_nsec >= 1000000000) end->tv_sec++, end->tv_nsec -= 1000000000;
-}
-
-/* Milliseconds left of a receive's timeout_ms (-1: forever), its deadline
- * *end set at the first call (*dated): a receive that finds a record
- * waiting reads no clock. */
-IPCREF__PRIVATE int ipcref__ms_until(int timeout_ms, struct timespec *end,
-                                     int *dated) {
-  if (timeout_ms <= 0) return timeout_ms;
-  if (*dated) return ipcref__ms_left(timeout_ms, end);
-  ipcref__send_deadline_ms(end, timeout_ms);
-  *dated = 1;
-  return timeout_ms;
-}
-
 /* The send's deadline: now + opt.send_timeout_ms, set when it first has
  * to wait (a send that finds room reads no clock). */
 IPCREF__PRIVATE void ipcref__send_deadline(const ipcref_peer *p,
                                            struct timespec *end) {
-  ipcref__send_deadline_ms(end, p->opt.send_timeout_ms);
+  ipcref__deadline_ms(end, p->opt.send_timeout_ms);
 }
 
 /* Waits for room in the socket until `end` (see above; all zero: not set

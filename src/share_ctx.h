@@ -492,7 +492,7 @@ IPCREF_API int ipcref_ctx_poll_fd(ipcref_ctx *ctx) {
   return ctx && IPCREF__CTX_USABLE(ctx) ? ctx->epfd : -1;
 }
 
-/* share_peer's: waits for fd within a deadline that signals do not
+/* share_socket's: waits for fd within a deadline that signals do not
  * start over. */
 IPCREF__PRIVATE ipcref_result ipcref__wait_readable(int fd, int timeout_ms,
                                                     struct timespec *end,

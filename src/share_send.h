@@ -19,31 +19,11 @@
  * so that keeping it cannot fail) and goes before anything else, so the
  * stream stays whole: that message was sent (its leases stay). */
 
-/* *end = now + ms (CLOCK_MONOTONIC). */
-IPCREF__PRIVATE void ipcref__send_deadline_ms(struct timespec *end, int ms) {
-  clock_gettime(CLOCK_MONOTONIC, end);
-  end->tv_sec += ms / 1000;
-  end->tv_nsec += (long)(ms % 1000) * 1000000;
-  if (end->tv_nsec >= 1000000000) end->tv_sec++, end->tv_nsec -= 1000000000;
-}
-
-/* Milliseconds left of a receive's timeout_ms (-1: forever), its deadline
- * *end set at the first call (*dated): a receive that finds a record
- * waiting reads no clock. */
-IPCREF__PRIVATE int ipcref__ms_until(int timeout_ms, struct timespec *end,
-                                     int *dated) {
-  if (timeout_ms <= 0) return timeout_ms;
-  if (*dated) return ipcref__ms_left(timeout_ms, end);
-  ipcref__send_deadline_ms(end, timeout_ms);
-  *dated = 1;
-  return timeout_ms;
-}
-
 /* The send's deadline: now + opt.send_timeout_ms, set when it first has
  * to wait (a send that finds room reads no clock). */
 IPCREF__PRIVATE void ipcref__send_deadline(const ipcref_peer *p,
                                            struct timespec *end) {
-  ipcref__send_deadline_ms(end, p->opt.send_timeout_ms);
+  ipcref__deadline_ms(end, p->opt.send_timeout_ms);
 }
 
 /* Waits for room in the socket until `end` (see above; all zero: not set

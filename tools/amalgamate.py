@@ -42,7 +42,7 @@ EVENTS_MARKER = "/* @events */"  # and src/gpu_events.h
 # Bottom to top: a layer uses only the ones before it.
 LAYERS = ["base", "checked", "buf", "view", "view_ops", "view_copy",
           "share", "share_backend", "share_state", "share_index", "share_watch", "share_segment", "share_ledger", "share_claims",
-          "share_ctx", "share_buf", "share_device", "share_wire", "share_peer",
+          "share_ctx", "share_buf", "share_device", "share_wire", "share_socket", "share_peer",
           "share_loop",
           "share_export", "share_map", "share_import", "share_channel", "share_chan_recv", "share_msg", "share_send", "share_recv", "share_path",
           "dlpack", "table", "table_ops"]
