@@ -982,14 +982,40 @@ typedef struct seq_waiter {
   ipcref_peer *p;
   ipcref_result r;
   uint32_t seq;
+  int tid; /* the receiving thread's, once it runs */
 } seq_waiter;
 static void *seq_recv(void *arg) {
   seq_waiter *w = (seq_waiter *)arg;
   ipcref_view got;
+  __atomic_store_n(&w->tid, (int)syscall(SYS_gettid), __ATOMIC_RELEASE);
   w->r = recv_seq(w->p, &got, 30000, &w->seq);
   if (w->r == IPCREF_OK) ipcref_view_release(&got);
   return NULL;
 }
+/* Waits (up to 10 s) until the thread *tid names (0: not yet known) sits
+ * in poll(2) or ppoll(2), as /proc says; 0 when it was not seen there. */
+static int thread_polls(const int *tid) {
+  char path[64], buf[64];
+  int i, fd, t;
+  ssize_t k;
+  for (i = 0; i < 10000; i++, sleep_us(1000)) {
+    long nr;
+    if ((t = __atomic_load_n(tid, __ATOMIC_ACQUIRE)) == 0) continue;
+    snprintf(path, sizeof path, "/proc/self/task/%d/syscall", t);
+    if ((fd = open(path, O_RDONLY | O_CLOEXEC)) < 0) return 0;
+    k = read(fd, buf, sizeof buf - 1);
+    close(fd);
+    if (k <= 0) return 0;
+    buf[k] = 0;
+    nr = strtol(buf, NULL, 10);
+#ifdef SYS_poll
+    if (nr == SYS_poll) return 1;
+#endif
+    if (nr == SYS_ppoll) return 1;
+  }
+  return 0;
+}
+
 static void test_socket_count_taken_back(void) {
   local_pair l;
   ipcref_view v;
@@ -999,9 +1025,12 @@ static void test_socket_count_taken_back(void) {
   if (!l.cp || !l.cp->rx) return;
   w.p = l.cp;
   w.r = IPCREF_EINVAL;
+  w.tid = 0;
   ipcref__chan_count(l.pp, 1, 0); /* counted, as a send to the socket is */
   CHECK_EQ(pthread_create(&t, NULL, seq_recv, &w), 0);
-  sleep_us(200000); /* the receiver waits on the socket, most likely */
+  /* The receiver read the count and waits on the socket (the only poll
+   * it makes here); where /proc cannot say, most likely after 200 ms. */
+  if (!thread_polls(&w.tid)) sleep_us(200000);
   ipcref__chan_count(l.pp, 0, 0);             /* nothing went: taken back */
   CHECK_EQ(send_seq(l.pp, &v, 5), IPCREF_OK); /* a record */
   CHECK_EQ(pthread_join(t, NULL), 0);
