@@ -8267,6 +8267,7 @@ IPCREF_API void ipcref_peer_free(ipcref_peer *p) {
     if (r == IPCREF_OK) ipcref_view_release(&v);
     if (r != IPCREF_OK && r != IPCREF_ERANGE) break; /* ERANGE: gave back */
   }
+  IPCREF__STEP("peer free"); /* drained; the socket not closed yet */
   IPCREF__LOCK(ctx);
   IPCREF__LIST_REMOVE(ctx->peers, p, next, prev);
   /* Its ledgers stay until every lease in them comes back, or their

@@ -92,7 +92,7 @@ static uint64_t mix64(uint64_t x) {
 /* ------------------------------------------------------------ labels */
 
 /* The steps the library names to its test hook (IPCREF_TEST_HOOKS). */
-#define NLABELS 11
+#define NLABELS 12
 enum {
   L_ALLOCATE,
   L_EXPORT,
@@ -104,11 +104,13 @@ enum {
   L_RELEASE,
   L_SWEEP,
   L_CHAN_PUSH, /* a record written to the channel, its tail not moved */
-  L_CHAN_TAKE  /* a record copied off the channel, its head not moved */
+  L_CHAN_TAKE, /* a record copied off the channel, its head not moved */
+  L_PEER_FREE  /* a peer being freed: what came drained, not closed yet */
 };
 static const char *const label_names[NLABELS] = {
-    "allocate", "export",  "send",  "receive",      "map",         "import",
-    "forward",  "release", "sweep", "channel push", "channel take"};
+    "allocate", "export",       "send",         "receive",
+    "map",      "import",       "forward",      "release",
+    "sweep",    "channel push", "channel take", "peer free"};
 
 /* 1 for the labels only the channel passes (none over the socket only:
  * IPCREF_TEST_PATH=socket, see tests/path.h). */
