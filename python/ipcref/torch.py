@@ -79,7 +79,8 @@ class _Sharer:
         self.claims.setblocking(False)
         self.tickets = {}  # number -> (tensor, deadline)
         self.next = 1
-        self.peers = {}  # claimer pid -> Peer
+        self.peers = {}  # claimer pid -> Peer (the sharer thread's)
+        self.pruned = time.monotonic()  # when dead claimers were last let go
         self.lock = threading.Lock()
         self.sel = selectors.DefaultSelector()
         self.sel.register(self.listener.fileno(), selectors.EVENT_READ, "peer")
@@ -108,6 +109,7 @@ class _Sharer:
                 except (OSError, Error):
                     pass  # a claimer that went away: nothing of ours to do
             self._expire()
+            self._prune()
 
     def _accept_peer(self):
         try:
@@ -177,6 +179,24 @@ class _Sharer:
                 continue
             self.peers[peer.pid] = peer
         return self.peers[pid]
+
+    def _prune(self):
+        """Lets go of the peers of claimers that died, once a second at
+        most: a trainer whose DataLoader starts new workers every epoch
+        must not keep a peer, and its fds, for every worker it served.
+        What a dead claimer held comes back by its context's watch."""
+        now = time.monotonic()
+        if now - self.pruned < 1.0:
+            return
+        self.pruned = now
+        for pid, peer in list(self.peers.items()):
+            try:
+                alive = peer.stats()["alive"]
+            except Error:
+                alive = False
+            if not alive:
+                del self.peers[pid]
+                peer.close()
 
     def _expire(self):
         now = time.monotonic()

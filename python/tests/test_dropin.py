@@ -9,7 +9,7 @@ claim_timeout; thousands of fresh tensors keep the consumer's fds and
 mappings bounded; a malformed ticket unpickled by hand raises a clear
 error; a claim of another uid is refused; a claim that timed out leaves
 the next ones right; Parameters, requires_grad and dense strides arrive
-as sent.
+as sent; the sharer lets go of the peers of claimers that died.
 """
 
 import os
@@ -404,6 +404,38 @@ def test_a_dead_claimer_holds_nobody_up(installed, monkeypatch):
         for p in (victim, other):
             if p is not None and p.is_alive():
                 p.kill()
+
+
+def _takes_one(q, r):
+    r.put(float(q.get(timeout=WAIT).sum()))
+
+
+def test_dead_claimers_are_let_go(installed):
+    """The sharer lets go of the peer of each claimer that died (a
+    DataLoader starts new workers every epoch): none stays, and neither
+    do their fds."""
+    fds = len(os.listdir("/proc/self/fd"))
+    pids = []
+    for i in range(3):
+        q, r = ctx_mp.Queue(), ctx_mp.Queue()
+        p = ctx_mp.Process(target=_takes_one, args=(q, r))
+        p.start()
+        q.put(torch.full((4,), float(i)))
+        assert r.get(timeout=WAIT) == 4.0 * i
+        p.join(WAIT)
+        assert p.exitcode == 0
+        pids.append(p.pid)
+        _close(q)
+    sharer = dropin._here().sharer
+
+    def kept():  # read from this thread: a copy of the sharer's keys
+        return [pid for pid in list(sharer.peers) if pid in pids]
+    end = time.monotonic() + WAIT
+    while kept() and time.monotonic() < end:
+        time.sleep(0.05)
+    assert kept() == []
+    settle(lambda s: s["live_slots"] == 0, "the dead claimers' leases back")
+    assert len(os.listdir("/proc/self/fd")) <= fds + 4  # the sharer's own
 
 
 def _claim_as_nobody(path, n):
