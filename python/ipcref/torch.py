@@ -31,6 +31,10 @@ that comes late is dropped by the next claim. The sharer takes claims only
 from processes of its own uid (the kernel's credentials of the claims
 socket, as ipcref's peers), and sends the view to the claimer's own peer.
 
+A tensor in torch's own shared memory already (``share_memory_()``, a
+model trained Hogwild) goes as torch sends it: its holders write it in
+place, and a copy would keep their writes from each other.
+
 A tensor keeps its strides when they are dense (contiguous, channels_last,
 a transpose; a copy into a block keeps them too), and a ``Parameter``
 arrives a ``Parameter``, with its ``requires_grad``.
@@ -297,12 +301,18 @@ def _dense_strides(t):
     return tuple(t.stride())
 
 
+def _in_ipcref_already(t):
+    """True when t's memory is an ipcref block's."""
+    from . import _ipcref
+    return bool(t.numel()) and \
+        _ipcref._owns(t.data_ptr(), t.numel() * t.element_size())
+
+
 def _in_ipcref(t):
     """The tensor itself when its memory is an ipcref block's, else a copy
     of it in a new block: with its strides when they are dense (as torch's
     own sharing keeps them), else contiguous."""
-    from . import _ipcref
-    if t.numel() and _ipcref._owns(t.data_ptr(), t.numel() * t.element_size()):
+    if _in_ipcref_already(t):
         return t
     strides = _dense_strides(t)
     if strides is None:
@@ -316,6 +326,11 @@ def _in_ipcref(t):
 
 def _reduce_tensor(t):
     if t.device.type != "cpu" or t.is_sparse or t.dtype not in _SHAREABLE:
+        return _saved["reduce_tensor"](t)
+    if t.is_shared() and not _in_ipcref_already(t):
+        # In torch's shared memory already (share_memory_(), a Hogwild
+        # model): its holders write it in place, so it goes as torch sends
+        # it, not as a copy whose writes would reach nobody.
         return _saved["reduce_tensor"](t)
     if t.requires_grad and not t.is_leaf:
         raise RuntimeError("Cowardly refusing to serialize non-leaf tensor "

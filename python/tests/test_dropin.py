@@ -9,7 +9,8 @@ claim_timeout; thousands of fresh tensors keep the consumer's fds and
 mappings bounded; a malformed ticket unpickled by hand raises a clear
 error; a claim of another uid is refused; a claim that timed out leaves
 the next ones right; Parameters, requires_grad and dense strides arrive
-as sent; the sharer lets go of the peers of claimers that died.
+as sent; the sharer lets go of the peers of claimers that died; a tensor
+in torch's shared memory stays shared.
 """
 
 import os
@@ -404,6 +405,29 @@ def test_a_dead_claimer_holds_nobody_up(installed, monkeypatch):
         for p in (victim, other):
             if p is not None and p.is_alive():
                 p.kill()
+
+
+def _adds_one(q, r):
+    t = q.get(timeout=WAIT)
+    t.add_(1)
+    r.put("added")
+
+
+def test_torch_shared_memory_stays_shared(installed):
+    """A tensor in torch's shared memory (share_memory_(), as a Hogwild
+    model's parameters) goes as torch sends it: the consumer's in-place
+    writes reach the producer, as without install()."""
+    t = torch.zeros(8)
+    t.share_memory_()
+    q, r = ctx_mp.Queue(), ctx_mp.Queue()
+    p = ctx_mp.Process(target=_adds_one, args=(q, r))
+    p.start()
+    q.put(t)
+    assert r.get(timeout=WAIT) == "added"
+    p.join(WAIT)
+    assert p.exitcode == 0
+    _close(q)
+    assert t.tolist() == [1.0] * 8
 
 
 def _takes_one(q, r):
