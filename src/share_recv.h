@@ -38,13 +38,7 @@ IPCREF__PRIVATE ipcref_result ipcref__recv_raw(ipcref_peer *p,
                                                unsigned char *bytes,
                                                size_t *len, int *fds,
                                                int *nfds) {
-  union {
-    /* SO_PASSCRED (see ipcref__peer_make) adds the sender's credentials
-     * to every message: room for them besides the most fds. */
-    char buf[CMSG_SPACE(sizeof(struct ucred)) +
-             CMSG_SPACE(sizeof(int) * IPCREF_MSG_MAX_FDS)];
-    struct cmsghdr align;
-  } u;
+  ipcref__cmsg_room u;
   struct msghdr mh;
   struct iovec iov;
   struct cmsghdr *c;

@@ -121,6 +121,15 @@ IPCREF__PRIVATE ssize_t ipcref__recvmsg(int fd, struct msghdr *mh) {
  * receive waits no longer than its timeout for the rest (0: not at all),
  * and the next call goes on where it stopped. */
 
+/* Room for the control data one message may bring: the sender's
+ * credentials (SO_PASSCRED, see ipcref__peer_make, adds them to every
+ * message) besides the most fds. */
+typedef union ipcref__cmsg_room {
+  char buf[CMSG_SPACE(sizeof(struct ucred)) +
+           CMSG_SPACE(sizeof(int) * IPCREF_MSG_MAX_FDS)];
+  struct cmsghdr align;
+} ipcref__cmsg_room;
+
 /* Sets up *mh for one buffer of `n` bytes at `b` (through *iov), read
  * into or sent from, with `ctl_len` bytes of control data (fds,
  * credentials) at `ctl`. */
@@ -141,11 +150,7 @@ IPCREF__PRIVATE void ipcref__msghdr_one(struct msghdr *mh, struct iovec *iov,
  * up; -1: errno. */
 IPCREF__PRIVATE ssize_t ipcref__stream_piece(ipcref_peer *p, unsigned char *to,
                                              size_t n) {
-  union {
-    char buf[CMSG_SPACE(sizeof(struct ucred)) +
-             CMSG_SPACE(sizeof(int) * IPCREF_MSG_MAX_FDS)];
-    struct cmsghdr align;
-  } u;
+  ipcref__cmsg_room u;
   struct msghdr mh;
   struct iovec iov;
   struct cmsghdr *c;
