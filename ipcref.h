@@ -185,7 +185,9 @@ IPCREF_API const char *ipcref_strerror(ipcref_result r);
  * DLPack IPCREF_EPROTO) is told as "function: reason", naming the public
  * function called, the argument and the check that failed ("ipcref_view_slice:
  * step is 0"). The hook runs only on such a failure, never on success. It
- * must be reentrant; it may run on any thread. */
+ * must be reentrant; it may run on any thread, and it may run with a
+ * sharing context locked (what a peer did wrong): it must not call ipcref,
+ * which could wait for that lock (note the message; act on it later). */
 typedef struct ipcref_error_hook {
   void (*fn)(void *user, ipcref_result code, const char *message);
   void *user;
@@ -764,7 +766,9 @@ typedef struct ipcref_ctx_options {
                                    replayed or double return, a refused
                                    peer); fn NULL: the process-wide hook.
                                    Runs with the context locked: it must
-                                   not call into this context. */
+                                   not call into this context, nor on its
+                                   buffers (a write's check of a buffer's
+                                   leases takes the lock). */
 } ipcref_ctx_options;
 
 /* Exact counts at the moment of the call. */

@@ -85,7 +85,9 @@ typedef struct ipcref_ctx_options {
                                    replayed or double return, a refused
                                    peer); fn NULL: the process-wide hook.
                                    Runs with the context locked: it must
-                                   not call into this context. */
+                                   not call into this context, nor on its
+                                   buffers (a write's check of a buffer's
+                                   leases takes the lock). */
 } ipcref_ctx_options;
 
 /* Exact counts at the moment of the call. */
