@@ -371,19 +371,25 @@ IPCREF_API size_t ipcref_buf_weak_count(const ipcref_buf *b);
 IPCREF_API int ipcref_buf_is_unique(ipcref_buf *b);
 
 /* A writable pointer to the data when the caller's reference is the only
- * one, strong or weak; NULL when the buffer is shared, when its memory is
- * read-only (a consumer's mapping of another process's buffer), or when b
- * is NULL. */
+ * one, strong or weak, and no other process reads the memory; NULL when
+ * the buffer is shared, when its memory is read-only (a consumer's mapping
+ * of another process's buffer), while a consumer holds it (a shared
+ * buffer sent and not yet released by every process it went to), or when
+ * b is NULL. A sent buffer is writable again, without a copy, once its
+ * consumers let it go: the returns are swept here. A producer that
+ * synchronizes with its consumers itself (they acknowledge, say) opens the
+ * buffer for shared writes instead (ipcref_buf_set_shared_mut) and writes
+ * through its views. */
 IPCREF_API void *ipcref_buf_get_mut(ipcref_buf *b);
 
-/* Copy-on-write. When *b is unique and its memory writable here this does
- * nothing. Otherwise (shared, or a read-only mapping of another process's
- * block) it copies the data into a new buffer (same size and alignment),
- * releases the caller's reference to the old one and stores the new one in *b;
- * weak references keep pointing at the old buffer. Afterwards
- * ipcref_buf_get_mut(*b) succeeds. Errors: EINVAL (b or *b is NULL),
- * ENOMEM (*b unchanged), EDEVICE (device memory, shared: the host cannot
- * copy it). */
+/* Copy-on-write. When *b is unique, its memory writable here and held by
+ * no consumer, this does nothing. Otherwise (shared, a read-only mapping
+ * of another process's block, or a block a consumer holds) it copies the data
+ * into a new buffer (same size and alignment), releases the caller's reference
+ * to the old one and stores the new one in *b; weak references keep pointing at
+ * the old buffer. Afterwards ipcref_buf_get_mut(*b) succeeds. Errors: EINVAL (b
+ * or *b is NULL), ENOMEM (*b unchanged), EDEVICE (device memory, shared: the
+ * host cannot copy it). */
 IPCREF_API ipcref_result ipcref_buf_make_mut(ipcref_buf **b);
 
 /* A new weak reference to `b` (the caller holds a strong one); NULL gives
@@ -638,17 +644,20 @@ IPCREF_API ipcref_result ipcref_view_copy(const ipcref_view *dst,
                                           const ipcref_view *src);
 
 /* Writing. A view's elements may be written only when its buffer is
- * uniquely owned (this view holds the only reference), or when the buffer
- * was opened for shared writes with ipcref_buf_set_shared_mut, in which
- * case the users synchronize among themselves. ipcref_view_data_mut returns
+ * uniquely owned (this view holds the only reference, and no consumer in
+ * another process holds the buffer it was sent: see ipcref_buf_get_mut),
+ * or when the buffer was opened for shared writes with
+ * ipcref_buf_set_shared_mut, in which case the users synchronize among
+ * themselves. ipcref_view_data_mut returns
  * the address of element (0,...,0) for writing, or NULL when the view is
  * not writable (or invalid). */
 IPCREF_API void *ipcref_view_data_mut(const ipcref_view *v);
 
-/* Makes v writable: when its buffer is shared (and not opened for shared
- * writes), copies the viewed elements into a new contiguous buffer and
- * points v there (its strides change); else does nothing. EINVAL (an
- * invalid view), ENOMEM and EDEVICE (device memory) leave v unchanged. */
+/* Makes v writable: when its buffer is shared or held by a consumer (and
+ * not opened for shared writes), copies the viewed elements into a new
+ * contiguous buffer and points v there (its strides change); else does nothing.
+ * EINVAL (an invalid view), ENOMEM and EDEVICE (device memory) leave v
+ * unchanged. */
 IPCREF_API ipcref_result ipcref_view_make_mut(ipcref_view *v);
 
 /* An iterator over a view's elements in C order, for users' own loops:
@@ -2458,9 +2467,27 @@ IPCREF__PRIVATE int ipcref__buf_read_only(const ipcref_buf *b) {
           IPCREF__BUF_READ_ONLY) != 0;
 }
 
+#ifndef IPCREF_NO_SHARING
+/* share_buf's: 1 while another process may be reading b's memory (a
+ * shared buffer made here whose block a consumer holds a lease on). */
+IPCREF__PRIVATE int ipcref__buf_leased(const ipcref_buf *b);
+#else
+#define ipcref__buf_leased(b) 0
+#endif
+
+/* 1 when this process may write b's memory in place, as the one user of
+ * it: the caller's reference is the only one, the memory is writable here,
+ * and no consumer holds a lease on it. The leases are looked at last: only
+ * a shared buffer made here has any, and the look takes its context's
+ * lock. */
+IPCREF__PRIVATE int ipcref__buf_sole(ipcref_buf *b) {
+  return ipcref_buf_is_unique(b) && !ipcref__buf_read_only(b) &&
+         !ipcref__buf_leased(b);
+}
+
 IPCREF_API void *ipcref_buf_get_mut(ipcref_buf *b) {
   IPCREF__BUF_CHECK(b, NULL);
-  return ipcref_buf_is_unique(b) && !ipcref__buf_read_only(b) ? b->data : NULL;
+  return ipcref__buf_sole(b) ? b->data : NULL;
 }
 
 IPCREF_API ipcref_result ipcref_buf_make_mut(ipcref_buf **pb) {
@@ -2471,9 +2498,9 @@ IPCREF_API ipcref_result ipcref_buf_make_mut(ipcref_buf **pb) {
   IPCREF__BUF_CHECK(*pb, IPCREF_EDEAD);
   old = *pb;
   /* Unique is not enough: memory this process may not write (a read-only
-   * mapping of another process's block) is copied too. */
-  if (ipcref_buf_is_unique(old) && !ipcref__buf_read_only(old))
-    return IPCREF_OK;
+   * mapping of another process's block), or that a consumer still reads,
+   * is copied too. */
+  if (ipcref__buf_sole(old)) return IPCREF_OK;
   if (!ipcref__buf_on_host(old)) return IPCREF_EDEVICE;
   /* Inline buffers copy into their own allocator; adopted memory (whose
    * owner we do not know) into the default one. */
@@ -3759,7 +3786,7 @@ IPCREF_API ipcref_result ipcref_view_contiguous(const ipcref_view *v,
 
 IPCREF__PRIVATE int ipcref__view_writable(const ipcref_view *v) {
   if (ipcref__buf_read_only(v->buf)) return 0;
-  return ipcref_buf_is_shared_mut(v->buf) || ipcref_buf_is_unique(v->buf);
+  return ipcref_buf_is_shared_mut(v->buf) || ipcref__buf_sole(v->buf);
 }
 
 /* The absolute address range [lo, hi) a non-empty valid view touches. */
@@ -6775,6 +6802,25 @@ IPCREF__PRIVATE ipcref__block *ipcref__local_block(const ipcref_buf *b) {
   if (b->release == ipcref__alias_release)
     return ((ipcref__alias *)b->release_user)->block;
   return NULL;
+}
+
+IPCREF__PRIVATE int ipcref__buf_leased(const ipcref_buf *b) {
+  ipcref__block *blk = ipcref__local_block(b);
+  ipcref_ctx *ctx;
+  int leased;
+  if (!blk) return 0;
+  ctx = blk->seg->ctx;
+  /* A forked child's copy: the parent's consumers are not known here, and
+   * the memory is the parent's too. */
+  if (ipcref__forked(ctx)) return 1;
+  IPCREF__LOCK(ctx);
+  if (blk->leases) { /* those given back since the last sweep end first */
+    ipcref__sweep(ctx);
+    (void)ipcref__pump(ctx, 0); /* and those of consumers that died */
+  }
+  leased = blk->leases != 0;
+  IPCREF__UNLOCK(ctx);
+  return leased;
 }
 
 /* An alias of `src` (see ipcref__alias) into *out, read-only when `src`

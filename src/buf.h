@@ -100,19 +100,25 @@ IPCREF_API size_t ipcref_buf_weak_count(const ipcref_buf *b);
 IPCREF_API int ipcref_buf_is_unique(ipcref_buf *b);
 
 /* A writable pointer to the data when the caller's reference is the only
- * one, strong or weak; NULL when the buffer is shared, when its memory is
- * read-only (a consumer's mapping of another process's buffer), or when b
- * is NULL. */
+ * one, strong or weak, and no other process reads the memory; NULL when
+ * the buffer is shared, when its memory is read-only (a consumer's mapping
+ * of another process's buffer), while a consumer holds it (a shared
+ * buffer sent and not yet released by every process it went to), or when
+ * b is NULL. A sent buffer is writable again, without a copy, once its
+ * consumers let it go: the returns are swept here. A producer that
+ * synchronizes with its consumers itself (they acknowledge, say) opens the
+ * buffer for shared writes instead (ipcref_buf_set_shared_mut) and writes
+ * through its views. */
 IPCREF_API void *ipcref_buf_get_mut(ipcref_buf *b);
 
-/* Copy-on-write. When *b is unique and its memory writable here this does
- * nothing. Otherwise (shared, or a read-only mapping of another process's
- * block) it copies the data into a new buffer (same size and alignment),
- * releases the caller's reference to the old one and stores the new one in *b;
- * weak references keep pointing at the old buffer. Afterwards
- * ipcref_buf_get_mut(*b) succeeds. Errors: EINVAL (b or *b is NULL),
- * ENOMEM (*b unchanged), EDEVICE (device memory, shared: the host cannot
- * copy it). */
+/* Copy-on-write. When *b is unique, its memory writable here and held by
+ * no consumer, this does nothing. Otherwise (shared, a read-only mapping
+ * of another process's block, or a block a consumer holds) it copies the data
+ * into a new buffer (same size and alignment), releases the caller's reference
+ * to the old one and stores the new one in *b; weak references keep pointing at
+ * the old buffer. Afterwards ipcref_buf_get_mut(*b) succeeds. Errors: EINVAL (b
+ * or *b is NULL), ENOMEM (*b unchanged), EDEVICE (device memory, shared: the
+ * host cannot copy it). */
 IPCREF_API ipcref_result ipcref_buf_make_mut(ipcref_buf **b);
 
 /* A new weak reference to `b` (the caller holds a strong one); NULL gives
@@ -475,9 +481,27 @@ IPCREF__PRIVATE int ipcref__buf_read_only(const ipcref_buf *b) {
           IPCREF__BUF_READ_ONLY) != 0;
 }
 
+#ifndef IPCREF_NO_SHARING
+/* share_buf's: 1 while another process may be reading b's memory (a
+ * shared buffer made here whose block a consumer holds a lease on). */
+IPCREF__PRIVATE int ipcref__buf_leased(const ipcref_buf *b);
+#else
+#define ipcref__buf_leased(b) 0
+#endif
+
+/* 1 when this process may write b's memory in place, as the one user of
+ * it: the caller's reference is the only one, the memory is writable here,
+ * and no consumer holds a lease on it. The leases are looked at last: only
+ * a shared buffer made here has any, and the look takes its context's
+ * lock. */
+IPCREF__PRIVATE int ipcref__buf_sole(ipcref_buf *b) {
+  return ipcref_buf_is_unique(b) && !ipcref__buf_read_only(b) &&
+         !ipcref__buf_leased(b);
+}
+
 IPCREF_API void *ipcref_buf_get_mut(ipcref_buf *b) {
   IPCREF__BUF_CHECK(b, NULL);
-  return ipcref_buf_is_unique(b) && !ipcref__buf_read_only(b) ? b->data : NULL;
+  return ipcref__buf_sole(b) ? b->data : NULL;
 }
 
 IPCREF_API ipcref_result ipcref_buf_make_mut(ipcref_buf **pb) {
@@ -488,9 +512,9 @@ IPCREF_API ipcref_result ipcref_buf_make_mut(ipcref_buf **pb) {
   IPCREF__BUF_CHECK(*pb, IPCREF_EDEAD);
   old = *pb;
   /* Unique is not enough: memory this process may not write (a read-only
-   * mapping of another process's block) is copied too. */
-  if (ipcref_buf_is_unique(old) && !ipcref__buf_read_only(old))
-    return IPCREF_OK;
+   * mapping of another process's block), or that a consumer still reads,
+   * is copied too. */
+  if (ipcref__buf_sole(old)) return IPCREF_OK;
   if (!ipcref__buf_on_host(old)) return IPCREF_EDEVICE;
   /* Inline buffers copy into their own allocator; adopted memory (whose
    * owner we do not know) into the default one. */

@@ -77,6 +77,25 @@ IPCREF__PRIVATE ipcref__block *ipcref__local_block(const ipcref_buf *b) {
   return NULL;
 }
 
+IPCREF__PRIVATE int ipcref__buf_leased(const ipcref_buf *b) {
+  ipcref__block *blk = ipcref__local_block(b);
+  ipcref_ctx *ctx;
+  int leased;
+  if (!blk) return 0;
+  ctx = blk->seg->ctx;
+  /* A forked child's copy: the parent's consumers are not known here, and
+   * the memory is the parent's too. */
+  if (ipcref__forked(ctx)) return 1;
+  IPCREF__LOCK(ctx);
+  if (blk->leases) { /* those given back since the last sweep end first */
+    ipcref__sweep(ctx);
+    (void)ipcref__pump(ctx, 0); /* and those of consumers that died */
+  }
+  leased = blk->leases != 0;
+  IPCREF__UNLOCK(ctx);
+  return leased;
+}
+
 /* An alias of `src` (see ipcref__alias) into *out, read-only when `src`
  * is: 1 when made, 0 when `src` is not a shared buffer made here, -1 when
  * out of memory. */

@@ -211,17 +211,20 @@ IPCREF_API ipcref_result ipcref_view_copy(const ipcref_view *dst,
                                           const ipcref_view *src);
 
 /* Writing. A view's elements may be written only when its buffer is
- * uniquely owned (this view holds the only reference), or when the buffer
- * was opened for shared writes with ipcref_buf_set_shared_mut, in which
- * case the users synchronize among themselves. ipcref_view_data_mut returns
+ * uniquely owned (this view holds the only reference, and no consumer in
+ * another process holds the buffer it was sent: see ipcref_buf_get_mut),
+ * or when the buffer was opened for shared writes with
+ * ipcref_buf_set_shared_mut, in which case the users synchronize among
+ * themselves. ipcref_view_data_mut returns
  * the address of element (0,...,0) for writing, or NULL when the view is
  * not writable (or invalid). */
 IPCREF_API void *ipcref_view_data_mut(const ipcref_view *v);
 
-/* Makes v writable: when its buffer is shared (and not opened for shared
- * writes), copies the viewed elements into a new contiguous buffer and
- * points v there (its strides change); else does nothing. EINVAL (an
- * invalid view), ENOMEM and EDEVICE (device memory) leave v unchanged. */
+/* Makes v writable: when its buffer is shared or held by a consumer (and
+ * not opened for shared writes), copies the viewed elements into a new
+ * contiguous buffer and points v there (its strides change); else does nothing.
+ * EINVAL (an invalid view), ENOMEM and EDEVICE (device memory) leave v
+ * unchanged. */
 IPCREF_API ipcref_result ipcref_view_make_mut(ipcref_view *v);
 
 /* An iterator over a view's elements in C order, for users' own loops:

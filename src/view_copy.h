@@ -322,7 +322,7 @@ IPCREF_API ipcref_result ipcref_view_contiguous(const ipcref_view *v,
 
 IPCREF__PRIVATE int ipcref__view_writable(const ipcref_view *v) {
   if (ipcref__buf_read_only(v->buf)) return 0;
-  return ipcref_buf_is_shared_mut(v->buf) || ipcref_buf_is_unique(v->buf);
+  return ipcref_buf_is_shared_mut(v->buf) || ipcref__buf_sole(v->buf);
 }
 
 /* The absolute address range [lo, hi) a non-empty valid view touches. */

@@ -548,6 +548,8 @@ static void test_producer_connects_again(void) {
   const int64_t n = 4096;
   int round, sv[2], i;
   CHECK_EQ(ipcref_view_new_shared(prod, IPCREF_U8, 1, &n, &v), IPCREF_OK);
+  /* Written again while the consumer holds it: the test knows when. */
+  ipcref_buf_set_shared_mut(v.buf, 1);
   for (round = 0; round < 3; round++) {
     ipcref_peer *pp, *cp;
     ipcref_result r;

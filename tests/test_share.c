@@ -1233,6 +1233,96 @@ static void test_read_only_mapping(void) {
   RES_END(&m);
 }
 
+/* A consumer that holds a sent buffer, checks that the producer's writes
+ * never reached it ('c': look again), and lets go ('d'); a killed one
+ * never does. */
+static int holding_child(void *arg) {
+  kid *k = (kid *)arg;
+  ipcref_ctx *ctx = make_ctx(NULL);
+  ipcref_peer *p = make_peer(ctx, k->their_sock[0]);
+  ipcref_view v;
+  CHECK_EQ(ipcref_recv(p, &v, 5000 * slow), IPCREF_OK);
+  CHECK_EQ(check_pattern(&v, 41), 0);
+  ctl_put(k->their_ctl, 'r');
+  if (ctl_get(k->their_ctl, CTL_MS) == 'c') {
+    CHECK_EQ(check_pattern(&v, 41), 0); /* none of the producer's writes */
+    ipcref_view_release(&v);
+    ctl_put(k->their_ctl, 'd');
+    ctl_get(k->their_ctl, CTL_MS); /* its end closed */
+  }
+  ipcref_peer_free(p);
+  ipcref_ctx_free(ctx);
+  return 0;
+}
+
+/* While a consumer holds a buffer it was sent, the producer's buffer is
+ * not its alone: every way to write it in place is refused (get_mut,
+ * view_data_mut, view_copy) and make_mut copies, so no write of the
+ * producer reaches what the consumer reads. Once the consumer lets go,
+ * or dies, the same memory is writable in place again, without a copy:
+ * the look sweeps the returns, and notices the death. */
+static void test_sent_buffer_not_writable(void) {
+  const int64_t n = 4096;
+  int64_t at[1] = {0};
+  kid kids[2]; /* one lets go, one is killed; forked before the context */
+  ipcref_ctx *ctx;
+  ipcref_peer *p;
+  ipcref_view v, copy, src;
+  ipcref_buf *b;
+  unsigned char *mem;
+  long deadline;
+  int round;
+  for (round = 0; round < 2; round++)
+    kid_start(&kids[round], 1, SOCK_SEQPACKET, holding_child);
+  ctx = make_ctx(NULL);
+  CHECK_EQ(pattern_view(ctx, IPCREF_U8, 1, &n, 41, &v), IPCREF_OK);
+  mem = (unsigned char *)ipcref_view_data_mut(&v);
+  CHECK(mem != NULL); /* unique and not sent: ours */
+  CHECK_EQ(ipcref_view_new(IPCREF_U8, 1, &n, &src), IPCREF_OK);
+  for (round = 0; round < 2; round++) {
+    kid *k = &kids[round];
+    if (k->pid <= 0 || !mem || !(p = kid_peer(k, 0, ctx))) {
+      KID_KILL(k, "consumer");
+      kid_close(k);
+      continue;
+    }
+    CHECK_EQ(ipcref_send(p, &v), IPCREF_OK);
+    CTL_EXPECT(k->ctl, 'r');
+    CHECK(ipcref_buf_get_mut(v.buf) == NULL);
+    CHECK(ipcref_view_data_mut(&v) == NULL);
+    CHECK_EQ(ipcref_view_copy(&v, &src), IPCREF_EBUSY);
+    CHECK_EQ(ipcref_view_clone(&v, &copy), IPCREF_OK);
+    CHECK_EQ(ipcref_view_make_mut(&copy), IPCREF_OK); /* a copy */
+    CHECK(ipcref_view_data_mut(&copy) != NULL &&
+          ipcref_view_data_mut(&copy) != (void *)mem);
+    if (ipcref_view_data_mut(&copy)) memset(ipcref_view_data_mut(&copy), 0, 64);
+    ipcref_view_release(&copy);
+    b = ipcref_buf_retain(v.buf);
+    CHECK_EQ(ipcref_buf_make_mut(&b), IPCREF_OK); /* a copy too */
+    CHECK(b != v.buf && ipcref_buf_get_mut(b) != NULL);
+    ipcref_buf_release(b);
+    CHECK(ipcref_view_ptr(&v, at) == (void *)mem); /* v itself kept */
+    if (round == 0) {
+      ctl_put(k->ctl, 'c');
+      CTL_EXPECT(k->ctl, 'd'); /* it let go: the lease is back */
+    } else {
+      KID_KILL(k, "consumer");
+    }
+    deadline = now_ms() + 5000 * slow; /* a death is heard in a tick */
+    while (!ipcref_buf_get_mut(v.buf) && now_ms() < deadline) sleep_us(1000);
+    CHECK(ipcref_buf_get_mut(v.buf) == (void *)mem); /* no copy */
+    CHECK(ipcref_view_data_mut(&v) == (void *)mem);
+    CHECK_EQ(ipcref_view_copy(&v, &src), IPCREF_OK);
+    CHECK_EQ(fill_pattern(&v, 41), IPCREF_OK); /* as it was, once more */
+    ipcref_peer_free(p);
+    KID_END(k, "consumer");
+  }
+  ipcref_view_release(&src);
+  ipcref_view_release(&v);
+  EXPECT_DRAINED(ctx);
+  ipcref_ctx_free(ctx);
+}
+
 /* ------------------------------------------------------------ 8. pressure */
 
 /* A tiny cap (two 64 KiB segments) filled by blocks the consumer holds: the
@@ -2100,6 +2190,7 @@ static void test_ctx_free_with_live_buffers(void) {
   ipcref_view v, w;
   const int64_t shape[1] = {1000};
   int64_t last[1] = {999};
+  float *p;
   res_begin(&m);
   local_pair_open(&l, NULL, NULL);
   CHECK_EQ(ipcref_view_new_shared(l.prod, IPCREF_F32, 1, shape, &v), IPCREF_OK);
@@ -2110,9 +2201,11 @@ static void test_ctx_free_with_live_buffers(void) {
   ipcref_ctx_free(l.cons);
   CHECK(*(float *)ipcref_view_ptr(&v, last) == 7.5f);
   CHECK(*(float *)ipcref_view_ptr(&w, last) == 7.5f);
-  *(float *)ipcref_view_data_mut(&v) = 1.0f; /* still ours to write */
-  CHECK(*(float *)ipcref_view_ptr(&w, last) == 7.5f);
-  ipcref_view_release(&w); /* the consumer's context goes here */
+  CHECK(ipcref_view_data_mut(&v) == NULL); /* w's lease: not ours alone */
+  ipcref_view_release(&w);               /* the consumer's context goes here */
+  p = (float *)ipcref_view_data_mut(&v); /* the lease back: ours to write */
+  CHECK(p != NULL);
+  if (p) *p = 1.0f;
   ipcref_view_release(&v); /* and the producer's */
   RES_END(&m);
 }
@@ -2391,6 +2484,7 @@ int main(void) {
   RUN(test_many_handoffs);
   RUN(test_release_without_syscalls);
   RUN(test_read_only_mapping);
+  RUN(test_sent_buffer_not_writable);
   RUN(test_allocation_pressure);
   RUN(test_allocation_fails_at_each_step);
   RUN(test_replay_and_malformed);
