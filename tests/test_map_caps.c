@@ -71,6 +71,15 @@ static size_t leases_of(ipcref_peer *p) {
   return peer_info_of(p).leases;
 }
 
+/* Writes byte `at` of the producer's view, which a consumer may hold: the
+ * test knows when it reads, so the buffer is open for shared writes. */
+static void poke(const ipcref_view *v, size_t at, unsigned char val) {
+  unsigned char *d;
+  ipcref_buf_set_shared_mut(v->buf, 1);
+  d = (unsigned char *)ipcref_view_data_mut(v);
+  CHECK(d != NULL);
+  if (d) d[at] = val;
+}
 /* At four mappings (a ledger and three segments) a message with a fourth
  * segment is refused, its lease given back, nothing kept; one that brings
  * nothing new goes; a segment the producer destroyed makes room once idle
@@ -120,7 +129,7 @@ static void test_count_cap(void) {
   /* The consumer's peer goes first; the views it brought stay valid. */
   ipcref_peer_free(l.cp);
   l.cp = NULL;
-  ((unsigned char *)ipcref_view_data_mut(&v[4]))[0] = 7;
+  poke(&v[4], 0, 7);
   if (have4) CHECK_EQ(((const unsigned char *)ipcref_view_data(&got[4]))[0], 7);
   for (i = 1; i < 4 + have4; i++) ipcref_view_release(&got[i]);
   for (i = 1; i < 5; i++) ipcref_view_release(&v[i]);
@@ -205,7 +214,7 @@ static void test_refused_in_flight(void) {
   CHECK_EQ(leases_of(l.pp), 1);
   /* With room, the next view of b goes: its fd came again. */
   set_caps(l.cp, 3, 0);
-  ((unsigned char *)ipcref_view_data_mut(&b))[PAGE - 1] = 9;
+  poke(&b, PAGE - 1, 9);
   CHECK_EQ(ipcref_send(l.pp, &b), IPCREF_OK);
   if (take(l.cp, &got[1]))
     CHECK_EQ(((const unsigned char *)ipcref_view_data(&got[1]))[PAGE - 1], 9);
@@ -247,7 +256,7 @@ static void test_refused_many(void) {
   EXPECT_ERRORS(REFUSALS + 1);
   CHECK_EQ(leases_of(l.pp), 1); /* every refused lease came back */
   set_caps(l.cp, 0, 0);
-  ((unsigned char *)ipcref_view_data_mut(&v[0]))[1] = 5;
+  poke(&v[0], 1, 5);
   CHECK_EQ(ipcref_send(l.pp, &v[0]), IPCREF_OK); /* its fd again */
   if (take(l.cp, &got[1])) {
     CHECK_EQ(((const unsigned char *)ipcref_view_data(&got[1]))[1], 5);
