@@ -2468,21 +2468,31 @@ IPCREF__PRIVATE int ipcref__buf_read_only(const ipcref_buf *b) {
 }
 
 #ifndef IPCREF_NO_SHARING
-/* share_buf's: 1 while another process may be reading b's memory (a
- * shared buffer made here whose block a consumer holds a lease on). */
+/* share_buf's, for a shared buffer made here (any other answers 0 at
+ * once). ipcref__buf_leased: 1 while another process may be reading b's
+ * memory (a consumer holds a lease on its block); only for a b whose
+ * caller's reference is the only one. ipcref__buf_swept: 1 when leases
+ * were out on b's block and the returns were swept: an alias that held a
+ * reference to b (an object table's pull, sent on) may have let go of it
+ * with its last lease. */
 IPCREF__PRIVATE int ipcref__buf_leased(const ipcref_buf *b);
+IPCREF__PRIVATE int ipcref__buf_swept(const ipcref_buf *b);
 #else
 #define ipcref__buf_leased(b) 0
+#define ipcref__buf_swept(b)  0
 #endif
 
 /* 1 when this process may write b's memory in place, as the one user of
- * it: the caller's reference is the only one, the memory is writable here,
- * and no consumer holds a lease on it. The leases are looked at last: only
- * a shared buffer made here has any, and the look takes its context's
- * lock. */
+ * it: the memory is writable here, the caller's reference is the only one
+ * (once the returns are swept, when others are out), and no consumer holds
+ * a lease on it. Only a shared buffer made here has leases; looking at
+ * them takes its context's lock only while some are out. */
 IPCREF__PRIVATE int ipcref__buf_sole(ipcref_buf *b) {
-  return ipcref_buf_is_unique(b) && !ipcref__buf_read_only(b) &&
-         !ipcref__buf_leased(b);
+  if (ipcref__buf_read_only(b)) return 0;
+  if (!ipcref_buf_is_unique(b) &&
+      !(ipcref__buf_swept(b) && ipcref_buf_is_unique(b)))
+    return 0;
+  return !ipcref__buf_leased(b);
 }
 
 IPCREF_API void *ipcref_buf_get_mut(ipcref_buf *b) {
@@ -3985,7 +3995,9 @@ typedef struct ipcref__block {
   ipcref__segment *seg;
   size_t offset;   /* in the segment */
   size_t size;     /* bytes: the class's block size, or a wrap's own */
-  uint32_t leases; /* live leases on it, in any ledger */
+  uint32_t leases; /* live leases on it, in any ledger: changed under the
+                      lock by atomic stores, so that ipcref__buf_leased
+                      may read it without */
   int local;       /* a local buffer still holds it */
   int in_limbo;
   uint32_t index;                                /* in its segment */
@@ -5442,7 +5454,7 @@ IPCREF__PRIVATE ipcref_result ipcref__block_alloc(ipcref_ctx *ctx,
     return IPCREF_ENOMEM;
   }
   if (s->nfree == 0) ipcref__class_remove(s);
-  b->leases = 0;
+  __atomic_store_n(&b->leases, 0u, __ATOMIC_RELAXED);
   b->local = 1;
   b->in_limbo = 0;
   *out = b;
@@ -5488,7 +5500,7 @@ IPCREF__PRIVATE void ipcref__limbo_remove(ipcref_ctx *ctx, ipcref__block *b) {
 IPCREF__PRIVATE size_t ipcref__block_unlease(ipcref_ctx *ctx,
                                              ipcref__block *b) {
   size_t bytes;
-  b->leases--;
+  __atomic_store_n(&b->leases, b->leases - 1u, __ATOMIC_RELEASE);
   ctx->st.live_slots--;
   if (b->leases || b->local) return 0;
   bytes = b->size;
@@ -5823,7 +5835,7 @@ IPCREF__PRIVATE void ipcref__lease_link(ipcref_ctx *ctx, ipcref__ledger *l,
   l->leases[slot].gen = gen;
   l->leases[slot].holder = holder;
   l->leases[slot].watch = ipcref__watch_get(ctx, holder, 1);
-  b->leases++;
+  __atomic_store_n(&b->leases, b->leases + 1u, __ATOMIC_RELAXED);
   l->live++;
   ctx->st.live_slots++;
 }
@@ -6813,6 +6825,16 @@ IPCREF__PRIVATE int ipcref__buf_leased(const ipcref_buf *b) {
   /* A forked child's copy: the parent's consumers are not known here, and
    * the memory is the parent's too. */
   if (ipcref__forked(ctx)) return 1;
+  /* Without the lock first: a lease is taken only by a send of a
+   * reference to b (or of an alias, which holds one), and the caller's is
+   * the only one (ipcref__buf_sole looked, with acquire): every lease ever
+   * taken came before, and none can come now. So a count at 0 is final,
+   * and a buffer never sent, or whose leases were all swept, costs no
+   * lock; a count above 0 may be stale, and is looked at again under it.
+   * Acquire, with the release of the sweep's store that ended the last
+   * lease, after it read the consumer's return: what the consumer read
+   * comes before what the caller writes next. */
+  if (__atomic_load_n(&blk->leases, __ATOMIC_ACQUIRE) == 0) return 0;
   IPCREF__LOCK(ctx);
   if (blk->leases) { /* those given back since the last sweep end first */
     ipcref__sweep(ctx);
@@ -6821,6 +6843,22 @@ IPCREF__PRIVATE int ipcref__buf_leased(const ipcref_buf *b) {
   leased = blk->leases != 0;
   IPCREF__UNLOCK(ctx);
   return leased;
+}
+
+IPCREF__PRIVATE int ipcref__buf_swept(const ipcref_buf *b) {
+  ipcref__block *blk;
+  ipcref_ctx *ctx;
+  if (b->release != ipcref__block_release) return 0; /* not one made here */
+  blk = (ipcref__block *)b->release_user;
+  ctx = blk->seg->ctx;
+  if (ipcref__forked(ctx) ||
+      __atomic_load_n(&blk->leases, __ATOMIC_ACQUIRE) == 0)
+    return 0;
+  IPCREF__LOCK(ctx);
+  ipcref__sweep(ctx);
+  (void)ipcref__pump(ctx, 0);
+  IPCREF__UNLOCK(ctx); /* an alias whose last lease ended lets go here */
+  return 1;
 }
 
 /* An alias of `src` (see ipcref__alias) into *out, read-only when `src`
@@ -8852,7 +8890,7 @@ IPCREF__PRIVATE ipcref_result ipcref__lease_take_own(
     ls->alias->holds++;
   }
   l->live++;
-  b->leases++;
+  __atomic_store_n(&b->leases, b->leases + 1u, __ATOMIC_RELAXED);
   ctx->st.live_slots++;
   p->held_bytes += b->size;
   r->origin_nonce = ctx->nonce; /* what a cancel needs, from here on */

@@ -482,21 +482,31 @@ IPCREF__PRIVATE int ipcref__buf_read_only(const ipcref_buf *b) {
 }
 
 #ifndef IPCREF_NO_SHARING
-/* share_buf's: 1 while another process may be reading b's memory (a
- * shared buffer made here whose block a consumer holds a lease on). */
+/* share_buf's, for a shared buffer made here (any other answers 0 at
+ * once). ipcref__buf_leased: 1 while another process may be reading b's
+ * memory (a consumer holds a lease on its block); only for a b whose
+ * caller's reference is the only one. ipcref__buf_swept: 1 when leases
+ * were out on b's block and the returns were swept: an alias that held a
+ * reference to b (an object table's pull, sent on) may have let go of it
+ * with its last lease. */
 IPCREF__PRIVATE int ipcref__buf_leased(const ipcref_buf *b);
+IPCREF__PRIVATE int ipcref__buf_swept(const ipcref_buf *b);
 #else
 #define ipcref__buf_leased(b) 0
+#define ipcref__buf_swept(b)  0
 #endif
 
 /* 1 when this process may write b's memory in place, as the one user of
- * it: the caller's reference is the only one, the memory is writable here,
- * and no consumer holds a lease on it. The leases are looked at last: only
- * a shared buffer made here has any, and the look takes its context's
- * lock. */
+ * it: the memory is writable here, the caller's reference is the only one
+ * (once the returns are swept, when others are out), and no consumer holds
+ * a lease on it. Only a shared buffer made here has leases; looking at
+ * them takes its context's lock only while some are out. */
 IPCREF__PRIVATE int ipcref__buf_sole(ipcref_buf *b) {
-  return ipcref_buf_is_unique(b) && !ipcref__buf_read_only(b) &&
-         !ipcref__buf_leased(b);
+  if (ipcref__buf_read_only(b)) return 0;
+  if (!ipcref_buf_is_unique(b) &&
+      !(ipcref__buf_swept(b) && ipcref_buf_is_unique(b)))
+    return 0;
+  return !ipcref__buf_leased(b);
 }
 
 IPCREF_API void *ipcref_buf_get_mut(ipcref_buf *b) {

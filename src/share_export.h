@@ -205,7 +205,7 @@ IPCREF__PRIVATE ipcref_result ipcref__lease_take_own(
     ls->alias->holds++;
   }
   l->live++;
-  b->leases++;
+  __atomic_store_n(&b->leases, b->leases + 1u, __ATOMIC_RELAXED);
   ctx->st.live_slots++;
   p->held_bytes += b->size;
   r->origin_nonce = ctx->nonce; /* what a cancel needs, from here on */

@@ -320,7 +320,7 @@ IPCREF__PRIVATE void ipcref__lease_link(ipcref_ctx *ctx, ipcref__ledger *l,
   l->leases[slot].gen = gen;
   l->leases[slot].holder = holder;
   l->leases[slot].watch = ipcref__watch_get(ctx, holder, 1);
-  b->leases++;
+  __atomic_store_n(&b->leases, b->leases + 1u, __ATOMIC_RELAXED);
   l->live++;
   ctx->st.live_slots++;
 }

@@ -337,7 +337,7 @@ IPCREF__PRIVATE ipcref_result ipcref__block_alloc(ipcref_ctx *ctx,
     return IPCREF_ENOMEM;
   }
   if (s->nfree == 0) ipcref__class_remove(s);
-  b->leases = 0;
+  __atomic_store_n(&b->leases, 0u, __ATOMIC_RELAXED);
   b->local = 1;
   b->in_limbo = 0;
   *out = b;
@@ -383,7 +383,7 @@ IPCREF__PRIVATE void ipcref__limbo_remove(ipcref_ctx *ctx, ipcref__block *b) {
 IPCREF__PRIVATE size_t ipcref__block_unlease(ipcref_ctx *ctx,
                                              ipcref__block *b) {
   size_t bytes;
-  b->leases--;
+  __atomic_store_n(&b->leases, b->leases - 1u, __ATOMIC_RELEASE);
   ctx->st.live_slots--;
   if (b->leases || b->local) return 0;
   bytes = b->size;

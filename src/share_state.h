@@ -64,7 +64,9 @@ typedef struct ipcref__block {
   ipcref__segment *seg;
   size_t offset;   /* in the segment */
   size_t size;     /* bytes: the class's block size, or a wrap's own */
-  uint32_t leases; /* live leases on it, in any ledger */
+  uint32_t leases; /* live leases on it, in any ledger: changed under the
+                      lock by atomic stores, so that ipcref__buf_leased
+                      may read it without */
   int local;       /* a local buffer still holds it */
   int in_limbo;
   uint32_t index;                                /* in its segment */

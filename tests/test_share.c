@@ -2184,6 +2184,43 @@ static void test_table_view_sent(void) {
   local_pair_close(&l);
 }
 
+/* A pull of the object table sent on holds the pulled buffer (its alias
+ * does) while the consumer holds the view: the producer's own view of it
+ * is not writable, and make_mut copies. Once the consumer lets go, the
+ * producer's next look sweeps the return, the alias lets go, and the same
+ * memory is writable in place, without ipcref_collect. */
+static void test_table_view_sent_then_written(void) {
+  const int64_t shape[1] = {256};
+  local_pair l;
+  ipcref_table *t = NULL;
+  ipcref_view v, tv, got, copy;
+  ipcref_id id;
+  void *mem;
+  local_pair_open(&l, NULL, NULL);
+  CHECK_EQ(ipcref_table_new(NULL, &t), IPCREF_OK);
+  CHECK_EQ(ipcref_table_create(t, &id), IPCREF_OK);
+  CHECK_EQ(ipcref_view_new_shared(l.prod, IPCREF_I32, 1, shape, &v), IPCREF_OK);
+  mem = ipcref_view_data_mut(&v);
+  CHECK(mem != NULL);
+  CHECK_EQ(ipcref_table_view(t, id, &v, &tv), IPCREF_OK);
+  CHECK_EQ(ipcref_send(l.pp, &tv), IPCREF_OK);
+  ipcref_view_release(&tv);
+  CHECK_EQ(ipcref_recv(l.cp, &got, 5000), IPCREF_OK);
+  CHECK(ipcref_view_data_mut(&v) == NULL); /* the consumer reads it */
+  CHECK_EQ(ipcref_view_clone(&v, &copy), IPCREF_OK);
+  CHECK_EQ(ipcref_view_make_mut(&copy), IPCREF_OK);
+  CHECK(ipcref_view_data_mut(&copy) != NULL &&
+        ipcref_view_data_mut(&copy) != mem);
+  ipcref_view_release(&copy);
+  ipcref_view_release(&got); /* the lease comes back; nothing collects */
+  CHECK(ipcref_view_data_mut(&v) == mem);
+  CHECK(ipcref_buf_get_mut(v.buf) == mem);
+  ipcref_view_release(&v);
+  CHECK_EQ(ipcref_table_decref(t, id), IPCREF_OK);
+  ipcref_table_free(t);
+  local_pair_close(&l);
+}
+
 static void test_ctx_free_with_live_buffers(void) {
   res_mark m;
   local_pair l;
@@ -2498,6 +2535,7 @@ int main(void) {
   RUN(test_msg_free_in_child);
   RUN(test_ctx_free_with_live_buffers);
   RUN(test_table_view_sent);
+  RUN(test_table_view_sent_then_written);
   RUN(test_consumer_killed);
   RUN(test_middleman_killed);
   return harness_finish();
