@@ -502,7 +502,7 @@ IPCREF__PRIVATE int ipcref__buf_swept(const ipcref_buf *b);
  * a lease on it. Only a shared buffer made here has leases; looking at
  * them takes its context's lock only while some are out. */
 IPCREF__PRIVATE int ipcref__buf_sole(ipcref_buf *b) {
-  if (ipcref__buf_read_only(b)) return 0;
+  if (!b || ipcref__buf_read_only(b)) return 0;
   if (!ipcref_buf_is_unique(b) &&
       !(ipcref__buf_swept(b) && ipcref_buf_is_unique(b)))
     return 0;
