@@ -243,6 +243,7 @@ static void test_refused_many(void) {
   bytes_view(l.prod, PAGE, &a);
   CHECK_EQ(ipcref_send(l.pp, &a), IPCREF_OK);
   (void)take(l.cp, &got[0]);
+  CHECK(l.cp->refused == NULL);    /* the recall: made on the first refusal */
   set_caps(l.cp, 2, 0);            /* the ledger and a's segment */
   for (i = 0; i < REFUSALS; i++) { /* a new segment each, its fd with it */
     bytes_view(l.prod, PAGE, &v[i]);
@@ -255,6 +256,11 @@ static void test_refused_many(void) {
   CHECK_EQ(err_eproto, 0);
   EXPECT_ERRORS(REFUSALS + 1);
   CHECK_EQ(leases_of(l.pp), 1); /* every refused lease came back */
+  /* The README's figures: the last 1024 recalled, 24 KiB; 4 kept. */
+  CHECK(l.cp->refused != NULL);
+  CHECK_EQ(IPCREF__REFUSED, 1024);
+  CHECK_EQ(IPCREF__REFUSED * sizeof *l.cp->refused, (size_t)24 * 1024);
+  CHECK_EQ(IPCREF__KEPT, 4);
   set_caps(l.cp, 0, 0);
   poke(&v[0], 1, 5);
   CHECK_EQ(ipcref_send(l.pp, &v[0]), IPCREF_OK); /* its fd again */
