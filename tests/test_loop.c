@@ -1113,8 +1113,9 @@ static void test_poll_fd_arguments(void) {
  * back, and a send after the free drained the socket, before it closed
  * it, fails (EPEER, its lease back) instead of going down, unread, with
  * the socket: once the consumer holds nothing, no lease is out, though it
- * lives on. The consumer stops in ipcref_peer_free at that point (the
- * step hook) until its producer has sent. */
+ * lives on. The consumer leaves 5 records unread for the free's drain,
+ * and stops in ipcref_peer_free after it (the step hook) until its
+ * producer has sent. */
 static int free_stop_ctl = -1; /* the stopped consumer's control socket */
 static void free_stop_hook(const char *step) {
   if (strcmp(step, "peer free") != 0 || free_stop_ctl < 0) return;
@@ -1128,10 +1129,12 @@ static int frees_while_sent_to(void *arg) {
   ipcref_peer *p = make_peer(ctx, k->their_sock[0]);
   ipcref_view v;
   int i;
-  for (i = 0; i < 50; i++) {
+  for (i = 0; i < 45; i++) {
     if (ipcref_recv(p, &v, CTL_MS) != IPCREF_OK) return 2;
     ipcref_view_release(&v);
   }
+  /* All 50 sent: 5 wait unread, for the free's drain to give back. */
+  if (ctl_get(k->their_ctl, CTL_MS) != 'a') return 3;
   free_stop_ctl = k->their_ctl;
   ipcref_test_set_step_hook(free_stop_hook);
   ipcref_peer_free(p);
@@ -1159,6 +1162,7 @@ static void test_consumer_frees_while_sent_to(void) {
     if (p) tforget(k.sock[0]), k.sock[0] = -1;
     CHECK_EQ(ipcref_view_new_shared(ctx, IPCREF_U8, 1, &n, &v), IPCREF_OK);
     for (i = 0; p && i < 50; i++) CHECK_EQ(ipcref_send(p, &v), IPCREF_OK);
+    ctl_put(k.ctl, 'a'); /* it read 45: 5 wait for its free's drain */
     CHECK_EQ(ctl_get(k.ctl, CTL_MS), 'f'); /* it stopped in its free */
     if (p) CHECK_EQ(ipcref_send(p, &v), IPCREF_EPEER); /* not taken */
     ctl_put(k.ctl, 's');
