@@ -93,7 +93,8 @@
  *   decrement followed by an acquire fence before the data is freed. A
  *   buffer's data may be read from many threads; it may be written only
  *   through a pointer from ipcref_buf_get_mut (or after
- *   ipcref_buf_make_mut), which proves there is no other reference. Views
+ *   ipcref_buf_make_mut), which proves there is no other reference, here
+ *   or in a process the buffer was sent to and that still holds it. Views
  *   follow the same rule (ipcref_view_data_mut, ipcref_view_make_mut),
  *   unless the buffer was opened for shared writes with
  *   ipcref_buf_set_shared_mut, when its holders synchronize themselves.
