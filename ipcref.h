@@ -2469,31 +2469,30 @@ IPCREF__PRIVATE int ipcref__buf_read_only(const ipcref_buf *b) {
 }
 
 #ifndef IPCREF_NO_SHARING
-/* share_buf's, for a shared buffer made here (any other answers 0 at
- * once). ipcref__buf_leased: 1 while another process may be reading b's
- * memory (a consumer holds a lease on its block); only for a b whose
- * caller's reference is the only one. ipcref__buf_swept: 1 when leases
- * were out on b's block and the returns were swept: an alias that held a
- * reference to b (an object table's pull, sent on) may have let go of it
- * with its last lease. */
-IPCREF__PRIVATE int ipcref__buf_leased(const ipcref_buf *b);
-IPCREF__PRIVATE int ipcref__buf_swept(const ipcref_buf *b);
+/* share_buf's: the leases out on the block of b, a shared buffer made here
+ * (0 for any other), after the returns are swept when some are out. */
+IPCREF__PRIVATE uint32_t ipcref__buf_leases(const ipcref_buf *b);
 #else
-#define ipcref__buf_leased(b) 0
-#define ipcref__buf_swept(b)  0
+#define ipcref__buf_leases(b) 0u
 #endif
 
 /* 1 when this process may write b's memory in place, as the one user of
- * it: the memory is writable here, the caller's reference is the only one
- * (once the returns are swept, when others are out), and no consumer holds
- * a lease on it. Only a shared buffer made here has leases; looking at
- * them takes its context's lock only while some are out. */
+ * it: the memory is writable here, the caller's reference is the only one,
+ * and no consumer holds a lease on it. Only a shared buffer made here has
+ * leases, and looking at them takes its context's lock only while some
+ * are out. The leases are looked at after the references: a lease is
+ * taken only by a send of a reference to b (or of an alias, which holds
+ * one), so once the caller's is the only one (is_unique's acquire) every
+ * lease ever taken came before and none can come, and a count of 0 is
+ * final. When others hold b, the returns are swept first: an alias that
+ * holds b (an object table's pull, sent on) lets go of it with its last
+ * lease. */
 IPCREF__PRIVATE int ipcref__buf_sole(ipcref_buf *b) {
   if (!b || ipcref__buf_read_only(b)) return 0;
   if (!ipcref_buf_is_unique(b) &&
-      !(ipcref__buf_swept(b) && ipcref_buf_is_unique(b)))
+      (ipcref__buf_leases(b) != 0 || !ipcref_buf_is_unique(b)))
     return 0;
-  return !ipcref__buf_leased(b);
+  return ipcref__buf_leases(b) == 0;
 }
 
 IPCREF_API void *ipcref_buf_get_mut(ipcref_buf *b) {
@@ -3997,7 +3996,7 @@ typedef struct ipcref__block {
   size_t offset;   /* in the segment */
   size_t size;     /* bytes: the class's block size, or a wrap's own */
   uint32_t leases; /* live leases on it, in any ledger: changed under the
-                      lock by atomic stores, so that ipcref__buf_leased
+                      lock by atomic stores, so that ipcref__buf_leases
                       may read it without */
   int local;       /* a local buffer still holds it */
   int in_limbo;
@@ -6817,49 +6816,26 @@ IPCREF__PRIVATE ipcref__block *ipcref__local_block(const ipcref_buf *b) {
   return NULL;
 }
 
-IPCREF__PRIVATE int ipcref__buf_leased(const ipcref_buf *b) {
+IPCREF__PRIVATE uint32_t ipcref__buf_leases(const ipcref_buf *b) {
   ipcref__block *blk = ipcref__local_block(b);
   ipcref_ctx *ctx;
-  int leased;
+  uint32_t n;
   if (!blk) return 0;
   ctx = blk->seg->ctx;
   /* A forked child's copy: the parent's consumers are not known here, and
    * the memory is the parent's too. */
   if (ipcref__forked(ctx)) return 1;
-  /* Without the lock first: a lease is taken only by a send of a
-   * reference to b (or of an alias, which holds one), and the caller's is
-   * the only one (ipcref__buf_sole looked, with acquire): every lease ever
-   * taken came before, and none can come now. So a count at 0 is final,
-   * and a buffer never sent, or whose leases were all swept, costs no
-   * lock; a count above 0 may be stale, and is looked at again under it.
-   * Acquire, with the release of the sweep's store that ended the last
-   * lease, after it read the consumer's return: what the consumer read
-   * comes before what the caller writes next. */
+  /* Without the lock while none is out (see ipcref__buf_sole for when a 0
+   * is final). Acquire, with the release of the sweep's store that ended
+   * the last lease, after it read the consumer's return: what the
+   * consumer read comes before what the caller writes next. */
   if (__atomic_load_n(&blk->leases, __ATOMIC_ACQUIRE) == 0) return 0;
   IPCREF__LOCK(ctx);
-  if (blk->leases) { /* those given back since the last sweep end first */
-    ipcref__sweep(ctx);
-    (void)ipcref__pump(ctx, 0); /* and those of consumers that died */
-  }
-  leased = blk->leases != 0;
-  IPCREF__UNLOCK(ctx);
-  return leased;
-}
-
-IPCREF__PRIVATE int ipcref__buf_swept(const ipcref_buf *b) {
-  ipcref__block *blk;
-  ipcref_ctx *ctx;
-  if (b->release != ipcref__block_release) return 0; /* not one made here */
-  blk = (ipcref__block *)b->release_user;
-  ctx = blk->seg->ctx;
-  if (ipcref__forked(ctx) ||
-      __atomic_load_n(&blk->leases, __ATOMIC_ACQUIRE) == 0)
-    return 0;
-  IPCREF__LOCK(ctx);
-  ipcref__sweep(ctx);
-  (void)ipcref__pump(ctx, 0);
+  ipcref__sweep(ctx);         /* the returns since the last sweep */
+  (void)ipcref__pump(ctx, 0); /* the leases of consumers that died */
+  n = blk->leases;
   IPCREF__UNLOCK(ctx); /* an alias whose last lease ended lets go here */
-  return 1;
+  return n;
 }
 
 /* An alias of `src` (see ipcref__alias) into *out, read-only when `src`

@@ -482,31 +482,30 @@ IPCREF__PRIVATE int ipcref__buf_read_only(const ipcref_buf *b) {
 }
 
 #ifndef IPCREF_NO_SHARING
-/* share_buf's, for a shared buffer made here (any other answers 0 at
- * once). ipcref__buf_leased: 1 while another process may be reading b's
- * memory (a consumer holds a lease on its block); only for a b whose
- * caller's reference is the only one. ipcref__buf_swept: 1 when leases
- * were out on b's block and the returns were swept: an alias that held a
- * reference to b (an object table's pull, sent on) may have let go of it
- * with its last lease. */
-IPCREF__PRIVATE int ipcref__buf_leased(const ipcref_buf *b);
-IPCREF__PRIVATE int ipcref__buf_swept(const ipcref_buf *b);
+/* share_buf's: the leases out on the block of b, a shared buffer made here
+ * (0 for any other), after the returns are swept when some are out. */
+IPCREF__PRIVATE uint32_t ipcref__buf_leases(const ipcref_buf *b);
 #else
-#define ipcref__buf_leased(b) 0
-#define ipcref__buf_swept(b)  0
+#define ipcref__buf_leases(b) 0u
 #endif
 
 /* 1 when this process may write b's memory in place, as the one user of
- * it: the memory is writable here, the caller's reference is the only one
- * (once the returns are swept, when others are out), and no consumer holds
- * a lease on it. Only a shared buffer made here has leases; looking at
- * them takes its context's lock only while some are out. */
+ * it: the memory is writable here, the caller's reference is the only one,
+ * and no consumer holds a lease on it. Only a shared buffer made here has
+ * leases, and looking at them takes its context's lock only while some
+ * are out. The leases are looked at after the references: a lease is
+ * taken only by a send of a reference to b (or of an alias, which holds
+ * one), so once the caller's is the only one (is_unique's acquire) every
+ * lease ever taken came before and none can come, and a count of 0 is
+ * final. When others hold b, the returns are swept first: an alias that
+ * holds b (an object table's pull, sent on) lets go of it with its last
+ * lease. */
 IPCREF__PRIVATE int ipcref__buf_sole(ipcref_buf *b) {
   if (!b || ipcref__buf_read_only(b)) return 0;
   if (!ipcref_buf_is_unique(b) &&
-      !(ipcref__buf_swept(b) && ipcref_buf_is_unique(b)))
+      (ipcref__buf_leases(b) != 0 || !ipcref_buf_is_unique(b)))
     return 0;
-  return !ipcref__buf_leased(b);
+  return ipcref__buf_leases(b) == 0;
 }
 
 IPCREF_API void *ipcref_buf_get_mut(ipcref_buf *b) {

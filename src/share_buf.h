@@ -77,49 +77,26 @@ IPCREF__PRIVATE ipcref__block *ipcref__local_block(const ipcref_buf *b) {
   return NULL;
 }
 
-IPCREF__PRIVATE int ipcref__buf_leased(const ipcref_buf *b) {
+IPCREF__PRIVATE uint32_t ipcref__buf_leases(const ipcref_buf *b) {
   ipcref__block *blk = ipcref__local_block(b);
   ipcref_ctx *ctx;
-  int leased;
+  uint32_t n;
   if (!blk) return 0;
   ctx = blk->seg->ctx;
   /* A forked child's copy: the parent's consumers are not known here, and
    * the memory is the parent's too. */
   if (ipcref__forked(ctx)) return 1;
-  /* Without the lock first: a lease is taken only by a send of a
-   * reference to b (or of an alias, which holds one), and the caller's is
-   * the only one (ipcref__buf_sole looked, with acquire): every lease ever
-   * taken came before, and none can come now. So a count at 0 is final,
-   * and a buffer never sent, or whose leases were all swept, costs no
-   * lock; a count above 0 may be stale, and is looked at again under it.
-   * Acquire, with the release of the sweep's store that ended the last
-   * lease, after it read the consumer's return: what the consumer read
-   * comes before what the caller writes next. */
+  /* Without the lock while none is out (see ipcref__buf_sole for when a 0
+   * is final). Acquire, with the release of the sweep's store that ended
+   * the last lease, after it read the consumer's return: what the
+   * consumer read comes before what the caller writes next. */
   if (__atomic_load_n(&blk->leases, __ATOMIC_ACQUIRE) == 0) return 0;
   IPCREF__LOCK(ctx);
-  if (blk->leases) { /* those given back since the last sweep end first */
-    ipcref__sweep(ctx);
-    (void)ipcref__pump(ctx, 0); /* and those of consumers that died */
-  }
-  leased = blk->leases != 0;
-  IPCREF__UNLOCK(ctx);
-  return leased;
-}
-
-IPCREF__PRIVATE int ipcref__buf_swept(const ipcref_buf *b) {
-  ipcref__block *blk;
-  ipcref_ctx *ctx;
-  if (b->release != ipcref__block_release) return 0; /* not one made here */
-  blk = (ipcref__block *)b->release_user;
-  ctx = blk->seg->ctx;
-  if (ipcref__forked(ctx) ||
-      __atomic_load_n(&blk->leases, __ATOMIC_ACQUIRE) == 0)
-    return 0;
-  IPCREF__LOCK(ctx);
-  ipcref__sweep(ctx);
-  (void)ipcref__pump(ctx, 0);
+  ipcref__sweep(ctx);         /* the returns since the last sweep */
+  (void)ipcref__pump(ctx, 0); /* the leases of consumers that died */
+  n = blk->leases;
   IPCREF__UNLOCK(ctx); /* an alias whose last lease ended lets go here */
-  return 1;
+  return n;
 }
 
 /* An alias of `src` (see ipcref__alias) into *out, read-only when `src`

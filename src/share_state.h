@@ -65,7 +65,7 @@ typedef struct ipcref__block {
   size_t offset;   /* in the segment */
   size_t size;     /* bytes: the class's block size, or a wrap's own */
   uint32_t leases; /* live leases on it, in any ledger: changed under the
-                      lock by atomic stores, so that ipcref__buf_leased
+                      lock by atomic stores, so that ipcref__buf_leases
                       may read it without */
   int local;       /* a local buffer still holds it */
   int in_limbo;

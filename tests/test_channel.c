@@ -1134,18 +1134,28 @@ static int forking_producer(void *arg) {
   ipcref_ctx_free(ctx);
   return 0;
 }
+/* A producer forked from this process (`fn`), this side's channel peer to
+ * it in a context of its own, and the producer's first record received
+ * (sequence number 0) and let go. */
+static ipcref_peer *kid_producer(kid *k, child_fn fn, ipcref_ctx **ctx) {
+  ipcref_peer *p;
+  ipcref_view got;
+  uint32_t seq = 1;
+  kid_start(k, 1, SOCK_SEQPACKET, fn);
+  *ctx = new_ctx(0, 0);
+  p = chan_peer(*ctx, k->sock[0], 0, 0);
+  k->sock[0] = -1;
+  CHECK_EQ(recv_seq(p, &got, CTL_MS, &seq), IPCREF_OK);
+  CHECK_EQ(seq, 0);
+  ipcref_view_release(&got);
+  return p;
+}
+
 static void producer_gone_doorbell_kept(int by_poll) {
   kid k;
   ipcref_ctx *ctx;
-  ipcref_peer *p;
   ipcref_view got;
-  uint32_t seq;
-  kid_start(&k, 1, SOCK_SEQPACKET, forking_producer);
-  ctx = new_ctx(0, 0);
-  p = chan_peer(ctx, k.sock[0], 0, 0);
-  k.sock[0] = -1;
-  CHECK_EQ(recv_seq(p, &got, CTL_MS, &seq), IPCREF_OK);
-  ipcref_view_release(&got);
+  ipcref_peer *p = kid_producer(&k, forking_producer, &ctx);
   CHECK_EQ(ctl_get(k.ctl, CTL_MS), 1); /* freed, its child holding on */
   if (by_poll) {
     struct pollfd pfd;
@@ -1222,16 +1232,8 @@ static int dying_producer(void *arg) {
 static void test_sender_dies_during_doze(void) {
   kid k;
   ipcref_ctx *ctx;
-  ipcref_peer *p;
   ipcref_view got;
-  uint32_t seq;
-  kid_start(&k, 1, SOCK_SEQPACKET, dying_producer);
-  ctx = new_ctx(0, 0);
-  p = chan_peer(ctx, k.sock[0], 0, 0);
-  k.sock[0] = -1;
-  CHECK_EQ(recv_seq(p, &got, CTL_MS, &seq), IPCREF_OK);
-  CHECK_EQ(seq, 0);
-  ipcref_view_release(&got);
+  ipcref_peer *p = kid_producer(&k, dying_producer, &ctx);
   CHECK_EQ(ipcref_recv(p, &got, -1), IPCREF_EPEER);
   sigkilled_at(wait_child(k.pid, REAP_MS), k.pid, "producer", __FILE__,
                __LINE__);

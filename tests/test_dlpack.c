@@ -938,14 +938,10 @@ static void consumer_writable(ipcref_view *v) {
     CHECK_EQ(i, SHARED_N);
     mt->deleter(mt);
   }
+  versioned_read_only(v);
 #ifdef IPCREF_HAVE_DLPACK_VERSIONED
   {
     struct DLManagedTensorVersioned *vt = NULL;
-    CHECK_EQ(ipcref_view_to_dlpack_versioned(v, &vt), IPCREF_OK);
-    if (vt) {
-      CHECK(vt->flags & DLPACK_FLAG_BITMASK_READ_ONLY);
-      vt->deleter(vt);
-    }
     ipcref_buf_set_shared_mut(v->buf, 1);
     CHECK_EQ(ipcref_view_to_dlpack_versioned(v, &vt), IPCREF_OK);
     if (vt) {
